@@ -1,0 +1,1 @@
+"""qwen35-spark components: typed config, node transport, images, the Ray/vLLM cluster."""

@@ -1,0 +1,578 @@
+"""Typed, validated stack configuration: the program's interface to operators.
+
+Stack config (Pulumi.<stack>.yaml) → frozen pydantic models → components. Components never read
+`pulumi.Config`; `load_stack_config` is the one place that does, and a bad config becomes one
+`ConfigError` naming every bad field by path, before any resource is registered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import ipaddress
+import re
+from collections.abc import Mapping
+from enum import Enum
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+NAMESPACE = "qwen35-spark"
+
+# Names that reach Docker and a shell: strict patterns, checked before anything runs.
+NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+# Docker reference grammar (simplified, stricter): lowercase path components, optional registry host:port.
+IMAGE_NAME = re.compile(
+    r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"
+)
+IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+HCA = re.compile(r"^[A-Za-z0-9_.-]{1,64}(:[0-9]{1,2})?$")
+ABS_PATH = re.compile(r"^(/|~/)[A-Za-z0-9_./@+-]*$")
+MODEL_ID = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$|^/[A-Za-z0-9_./-]+$")
+SERVED_NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
+PIP_SPEC = re.compile(
+    r"^(==|>=|<=|~=|!=|>|<)?\s*[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.post[0-9]+|\.dev[0-9]+)?$"
+)
+EXTRA_ARG = re.compile(r"^[A-Za-z0-9_./:=,@+%-]*$")
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class ConfigError(ValueError):
+    """A stack config that cannot be deployed; `problems` are `path: message` lines."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            "invalid stack configuration:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + "\nFix these in Pulumi.<stack>.yaml (or `pulumi config set`) and run again."
+        )
+
+
+class Role(str, Enum):
+    HEAD = "head"
+    WORKER = "worker"
+
+
+class RestartPolicy(str, Enum):
+    # `unless-stopped` brings the cluster back after a reboot; `on-failure` bounds crash loops.
+    UNLESS_STOPPED = "unless-stopped"
+    ALWAYS = "always"
+    ON_FAILURE = "on-failure"
+    NO = "no"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+def _check_host(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if not HOSTNAME.match(value) or value.replace(".", "").isdigit():
+        raise ValueError(f"{value!r} is neither an IP address nor a valid hostname")
+    return value
+
+
+def _check_user(value: str) -> str:
+    if not USER.match(value):
+        raise ValueError(f"{value!r} is not a valid user name")
+    return value
+
+
+def _check_path(value: str | None) -> str | None:
+    if value is not None and not ABS_PATH.match(value):
+        raise ValueError(f"{value!r}: give an absolute path (or ~/…) without spaces or shell characters")
+    return value
+
+
+class RayPorts(_Model):
+    """Ray's per-node ports. Only needed when two Ray nodes share one kernel (the lab)."""
+
+    node_manager_port: Port | None = None
+    object_manager_port: Port | None = None
+    metrics_export_port: Port | None = None
+    dashboard_agent_listen_port: Port | None = None
+    dashboard_agent_grpc_port: Port | None = None
+    runtime_env_agent_port: Port | None = None
+    min_worker_port: Port | None = None
+    max_worker_port: Port | None = None
+
+
+class NodeConfig(_Model):
+    """One machine of the cluster."""
+
+    name: str
+    host: str
+    fabric_ip: str
+    role: Role | None = None
+    port: Port | None = None
+    user: str | None = None
+    proxy_jump: str | None = None
+    gpus: int = Field(default=1, ge=0, le=64)
+    ray_ports: RayPorts = RayPorts()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NODE_NAME.match(v):
+            raise ValueError(f"{v!r}: use lowercase letters, digits and '-' (it names containers)")
+        return v
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        return _check_host(v)
+
+    @field_validator("fabric_ip")
+    @classmethod
+    def _fabric(cls, v: str) -> str:
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise ValueError(
+                f"{v!r} is not an IP address (the node's address on the RoCE/IB fabric)"
+            ) from None
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        return None if v is None else _check_user(v)
+
+    @field_validator("proxy_jump")
+    @classmethod
+    def _jump(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        user, _, hostport = v.rpartition("@")
+        host, _, port = hostport.partition(":")
+        if user and not USER.match(user):
+            raise ValueError(f"{v!r}: bad user in jump host")
+        _check_host(host)
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"{v!r}: bad port in jump host")
+        return v
+
+
+class SshConfig(_Model):
+    """SSH defaults for every node; host keys are always pinned through `known_hosts`."""
+
+    user: str = "root"
+    port: Port = 22
+    identity_file: str | None = None
+    known_hosts: str
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        return _check_user(v)
+
+    @field_validator("identity_file", "known_hosts")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return _check_path(v)
+
+
+class ImageConfig(_Model):
+    """The hybrid image: base (Ray/NCCL) + donor (Qwen3.5 model code), patched."""
+
+    base: str = "vllm-node"
+    base_tag: str = "latest"
+    donor: str = "hellohal2064/vllm-qwen3.5-gb10"
+    donor_tag: str = "latest"
+    name: str = "vllm-node-qwen35"
+    # Empty: a content hash of the build inputs, so unchanged inputs never rebuild.
+    tag: str | None = None
+    # An exact pin: a `>=` spec resolves differently on each rebuild. 5.2.0 first ships qwen3_5.
+    transformers: str = "==5.2.0"
+    platform: str = "linux/arm64"
+    base_vllm_dir: str = "/usr/local/lib/python3.12/dist-packages/vllm"
+    donor_vllm_dir: str = "/usr/local/lib/python3.12/dist-packages/vllm"
+    # Extra pip flags for the build (e.g. a local wheel directory); empty on the Sparks.
+    pip_args: list[str] = []
+    # 0 skips only the final import smoke test (images without torch: the lab). Never on the Sparks.
+    smoke: bool = True
+
+    @field_validator("base", "donor", "name")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not IMAGE_NAME.match(v):
+            raise ValueError(f"{v!r} is not a safe image name (lowercase, digits, '.', '_', '-', '/')")
+        return v
+
+    @field_validator("tag", "base_tag", "donor_tag")
+    @classmethod
+    def _tag(cls, v: str | None) -> str | None:
+        if v is not None and not IMAGE_TAG.match(v):
+            raise ValueError(f"{v!r} is not a safe image tag (letters, digits, '_', '.', '-'; at most 128)")
+        return v
+
+    @field_validator("transformers")
+    @classmethod
+    def _transformers(cls, v: str) -> str:
+        if not PIP_SPEC.match(v):
+            raise ValueError(f"{v!r}: give a version such as '==5.2.0' (an exact pin is recommended)")
+        return v if v[0] in "=<>~!" else f"=={v}"
+
+    @field_validator("platform")
+    @classmethod
+    def _platform(cls, v: str) -> str:
+        if not re.match(r"^linux/(arm64|amd64)(/v[0-9])?$", v):
+            raise ValueError(f"{v!r}: expected linux/arm64 (DGX Spark) or linux/amd64")
+        return v
+
+    @field_validator("base_vllm_dir", "donor_vllm_dir")
+    @classmethod
+    def _dir(cls, v: str) -> str:
+        if not v.startswith("/") or not v.rstrip("/").endswith("/vllm"):
+            raise ValueError(f"{v!r}: give the absolute path of the `vllm` package directory in the image")
+        return _check_path(v)
+
+    @field_validator("pip_args")
+    @classmethod
+    def _pip_args(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if not EXTRA_ARG.match(arg):
+                raise ValueError(f"{arg!r} contains characters that are not allowed in a pip argument")
+        return v
+
+    @property
+    def base_ref(self) -> str:
+        return f"{self.base}:{self.base_tag}"
+
+    @property
+    def donor_ref(self) -> str:
+        return f"{self.donor}:{self.donor_tag}"
+
+
+class ServeConfig(_Model):
+    """`vllm serve` on the head: the model and its parallelism."""
+
+    model: str = "Qwen/Qwen3.5-122B-A10B-FP8"
+    tensor_parallel_size: int = Field(default=2, ge=1, le=512)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
+    port: Port = 8000
+    host: str = "0.0.0.0"
+    gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=1.0)
+    max_model_len: int | None = Field(default=None, ge=128)
+    served_model_name: str | None = None
+    extra_args: list[str] = []
+    # A 120 GB model takes a while to load from disk over two nodes.
+    ready_timeout: int = Field(default=3600, ge=10, le=6 * 3600)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if not MODEL_ID.match(v):
+            raise ValueError(f"{v!r}: give a Hugging Face id (org/name) or an absolute path")
+        return v
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        return _check_host(v)
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served(cls, v: str | None) -> str | None:
+        if v is not None and not SERVED_NAME.match(v):
+            raise ValueError(f"{v!r}: letters, digits and . _ : / - only")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if not EXTRA_ARG.match(arg):
+                raise ValueError(f"{arg!r}: extra args may use letters, digits and ./:=,@+%-_ only")
+        return v
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+class FabricConfig(_Model):
+    """The RoCE/InfiniBand link: interface for sockets, HCAs (all ports), GID index."""
+
+    socket_ifname: str = "enp1s0f0np0"
+    ib_hca: list[str] = ["rocep1s0f0", "roceP2p1s0f0"]
+    ib_gid_index: int | None = Field(default=None, ge=0, le=255)
+
+    @field_validator("socket_ifname")
+    @classmethod
+    def _ifname(cls, v: str) -> str:
+        if not IFNAME.match(v):
+            raise ValueError(f"{v!r} is not a network interface name")
+        return v
+
+    @field_validator("ib_hca")
+    @classmethod
+    def _hca(cls, v: list[str]) -> list[str]:
+        for hca in v:
+            if not HCA.match(hca):
+                raise ValueError(f"{hca!r} is not an HCA name (e.g. rocep1s0f0 or mlx5_0:1)")
+        return v
+
+
+class RayConfig(_Model):
+    """Cluster-wide Ray settings."""
+
+    port: Port = 6379
+    dashboard_port: Port = 8265
+    # The dashboard listens on the head's fabric address only, unless told otherwise.
+    dashboard_host: str | None = None
+
+    @field_validator("dashboard_host")
+    @classmethod
+    def _dash(cls, v: str | None) -> str | None:
+        return None if v is None else _check_host(v)
+
+
+class ContainerConfig(_Model):
+    """How the Ray containers run on every node."""
+
+    hf_cache: str = "~/.cache/huggingface"
+    privileged: bool = False
+    restart: RestartPolicy = RestartPolicy.UNLESS_STOPPED
+    # Devices passed through (RoCE/IB verbs); the lab sets this to [].
+    devices: list[str] = ["/dev/infiniband"]
+    # GPUs requested from the NVIDIA runtime; false in the lab, which has none.
+    gpu_runtime: bool = True
+    shm_size_mb: int = Field(default=16384, ge=64)
+    # Prefix of container names on every node (`qwen35-ray-head`, …).
+    name_prefix: str = "qwen35"
+
+    @field_validator("hf_cache")
+    @classmethod
+    def _hf(cls, v: str) -> str:
+        return _check_path(v)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v: list[str]) -> list[str]:
+        for dev in v:
+            if not re.match(r"^/dev/[A-Za-z0-9_/.-]+$", dev):
+                raise ValueError(f"{dev!r} is not a /dev path")
+        return v
+
+    @field_validator("name_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not NODE_NAME.match(v):
+            raise ValueError(f"{v!r}: lowercase letters, digits and '-'")
+        return v
+
+
+class StackConfig(_Model):
+    """Everything a deployment needs, validated across fields."""
+
+    nodes: list[NodeConfig] = Field(min_length=1)
+    ssh: SshConfig
+    image: ImageConfig = ImageConfig()
+    serve: ServeConfig = ServeConfig()
+    fabric: FabricConfig = FabricConfig()
+    ray: RayConfig = RayConfig()
+    containers: ContainerConfig = ContainerConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> StackConfig:
+        problems: list[tuple[str, str]] = []
+        heads = [i for i, n in enumerate(self.nodes) if n.role == Role.HEAD]
+        if len(heads) > 1:
+            problems.append(("nodes", f"exactly one head allowed, found {len(heads)} (nodes {heads})"))
+        if not heads and self.nodes[0].role == Role.WORKER:
+            problems.append(
+                ("nodes", "no node has role 'head' (and the first node is a worker): mark one `role: head`")
+            )
+        for attr in ("name", "host", "fabric_ip"):
+            seen: dict[str, int] = {}
+            for i, node in enumerate(self.nodes):
+                value = getattr(node, attr)
+                if value in seen:
+                    problems.append((f"nodes.{i}.{attr}", f"{value!r} is also used by nodes.{seen[value]}"))
+                seen.setdefault(value, i)
+        names = {n.name for n in self.nodes}
+        for i, node in enumerate(self.nodes):
+            if node.proxy_jump and node.proxy_jump == node.name:
+                problems.append((f"nodes.{i}.proxy_jump", "a node cannot jump through itself"))
+            elif node.proxy_jump and "@" not in node.proxy_jump and node.proxy_jump not in names:
+                problems.append(
+                    (
+                        f"nodes.{i}.proxy_jump",
+                        f"{node.proxy_jump!r} is not a node name nor user@host[:port]",
+                    )
+                )
+        total_gpus = sum(n.gpus for n in self.nodes)
+        need = self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
+        if need != total_gpus:
+            problems.append(
+                (
+                    "serve.tensor_parallel_size",
+                    f"tensor_parallel_size × pipeline_parallel_size = {need}, but the nodes have "
+                    f"{total_gpus} GPUs in all: make them equal",
+                )
+            )
+        if problems:
+            raise _CrossFieldErrors(problems)
+        return self
+
+    @property
+    def head(self) -> NodeConfig:
+        for node in self.nodes:
+            if node.role == Role.HEAD:
+                return node
+        return self.nodes[0]
+
+    @property
+    def workers(self) -> list[NodeConfig]:
+        head = self.head
+        return [n for n in self.nodes if n is not head]
+
+    def node_user(self, node: NodeConfig) -> str:
+        return node.user or self.ssh.user
+
+    def node_port(self, node: NodeConfig) -> int:
+        return node.port or self.ssh.port
+
+    def jump_spec(self, node: NodeConfig) -> str | None:
+        """`user@host:port` of the node's jump host (node names resolved), or None."""
+        if not node.proxy_jump:
+            return None
+        by_name = {n.name: n for n in self.nodes}
+        jump = by_name.get(node.proxy_jump)
+        if jump is None:
+            return node.proxy_jump
+        return f"{self.node_user(jump)}@{jump.host}:{self.node_port(jump)}"
+
+
+class _CrossFieldErrors(ValueError):
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{p}: {m}" for p, m in problems))
+
+
+SECTIONS: dict[str, type[BaseModel] | None] = {
+    "nodes": NodeConfig,
+    "ssh": SshConfig,
+    "image": ImageConfig,
+    "serve": ServeConfig,
+    "fabric": FabricConfig,
+    "ray": RayConfig,
+    "containers": ContainerConfig,
+}
+SECRET_KEYS = ("hf_token", "api_key")
+
+
+def _did_you_mean(key: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(sorted(choices))})"
+
+
+def _model_for(loc: tuple) -> type[BaseModel] | None:
+    """The model whose field list explains an error at `loc` (for 'did you mean')."""
+    model: type[BaseModel] | None = StackConfig
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        model = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return model
+
+
+def _format_errors(exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        path = ".".join(str(p) for p in loc)
+        if err["type"] == "extra_forbidden":
+            model = _model_for(loc)
+            hint = _did_you_mean(str(loc[-1]), list(model.model_fields)) if model else ""
+            problems.append(f"{path}: unknown key{hint}")
+        elif err["type"] == "value_error" and isinstance(err.get("ctx", {}).get("error"), _CrossFieldErrors):
+            problems.extend(f"{p}: {m}" for p, m in err["ctx"]["error"].problems)
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{path or '(top level)'}: {msg}")
+    return problems
+
+
+def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
+    """Validate the `qwen35-spark:*` keys (without the namespace) into a StackConfig or raise ConfigError."""
+    problems = []
+    known = list(SECTIONS) + list(SECRET_KEYS)
+    body = {}
+    for key, value in raw.items():
+        if key in SECRET_KEYS:
+            continue
+        if key not in SECTIONS:
+            problems.append(f"{key}: unknown key{_did_you_mean(key, known)}")
+            continue
+        body[key] = value
+    if "nodes" not in body:
+        problems.append("nodes: missing: list the cluster's nodes (`qwen35-spark:nodes`)")
+    if "ssh" not in body:
+        problems.append("ssh: missing: at least `ssh.known_hosts` (host keys are pinned)")
+    if problems:
+        raise ConfigError(problems)
+    try:
+        return StackConfig.model_validate(body)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from None
+
+
+def _raw_namespace() -> dict[str, Any]:
+    """Every `qwen35-spark:*` key of the stack, parsed from JSON where it is structured."""
+    import json
+
+    import pulumi.runtime.config as runtime_config
+
+    merged = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    raw: dict[str, Any] = {}
+    for full_key, value in merged.items():
+        namespace, _, key = full_key.partition(":")
+        if namespace != NAMESPACE:
+            continue
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value = json.loads(value)
+        raw[key] = value
+    return raw
+
+
+def load_stack_config() -> StackConfig:
+    """Read and validate this stack's config; a bad config raises `pulumi.RunError` (no traceback)."""
+    import pulumi
+
+    try:
+        return parse_stack_config(_raw_namespace())
+    except ConfigError as exc:
+        raise pulumi.RunError(str(exc)) from None
+
+
+def load_secrets() -> dict[str, Any]:
+    """The optional secrets (`hf_token`, `api_key`) as secret Outputs, or None when unset."""
+    import pulumi
+
+    cfg = pulumi.Config(NAMESPACE)
+    return {key: cfg.get_secret(key) for key in SECRET_KEYS}
