@@ -206,6 +206,8 @@ class ImageConfig(_Model):
     donor_vllm_dir: str = "/usr/local/lib/python3.12/dist-packages/vllm"
     # Extra pip flags for the build (e.g. a local wheel directory); empty on the Sparks.
     pip_args: list[str] = []
+    # Network for RUN steps of the build: `host` where the daemon has no bridge (the lab).
+    build_network: str | None = None
     # 0 skips only the final import smoke test (images without torch: the lab). Never on the Sparks.
     smoke: bool = True
 
@@ -243,6 +245,13 @@ class ImageConfig(_Model):
         if not v.startswith("/") or not v.rstrip("/").endswith("/vllm"):
             raise ValueError(f"{v!r}: give the absolute path of the `vllm` package directory in the image")
         return _check_path(v)
+
+    @field_validator("build_network")
+    @classmethod
+    def _network(cls, v: str | None) -> str | None:
+        if v is not None and v not in ("host", "default", "none"):
+            raise ValueError(f"{v!r}: one of host, default, none")
+        return v
 
     @field_validator("pip_args")
     @classmethod
@@ -533,12 +542,14 @@ def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
         problems.append("nodes: missing: list the cluster's nodes (`qwen35-spark:nodes`)")
     if "ssh" not in body:
         problems.append("ssh: missing: at least `ssh.known_hosts` (host keys are pinned)")
+    try:
+        config = StackConfig.model_validate(body)
+    except ValidationError as exc:
+        missing_sections = {"nodes", "ssh"} - set(body)
+        problems += [p for p in _format_errors(exc) if p.split(":")[0] not in missing_sections]
     if problems:
         raise ConfigError(problems)
-    try:
-        return StackConfig.model_validate(body)
-    except ValidationError as exc:
-        raise ConfigError(_format_errors(exc)) from None
+    return config
 
 
 def _raw_namespace() -> dict[str, Any]:

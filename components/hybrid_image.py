@@ -1,0 +1,85 @@
+"""HybridImage: the base (Ray/NCCL) image plus the donor's Qwen3.5 code, built on the head's Docker.
+
+The tag is a hash of everything that goes into the build, so changed inputs rebuild (and replace
+what depends on the image) while unchanged inputs never do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_docker as docker
+
+from components.config import ImageConfig
+
+PATCH_DIR = Path(__file__).resolve().parent.parent / "patches"
+_IGNORED = {"__pycache__", ".pytest_cache"}
+
+
+def build_args(image: ImageConfig) -> dict[str, str]:
+    """The Dockerfile's build args, from config."""
+    return {
+        "BASE_IMAGE": image.base_ref,
+        "DONOR_IMAGE": image.donor_ref,
+        "BASE_VLLM_DIR": image.base_vllm_dir,
+        "DONOR_VLLM_DIR": image.donor_vllm_dir,
+        "TRANSFORMERS_SPEC": f"transformers{image.transformers}",
+        "PIP_ARGS": " ".join(image.pip_args),
+        "SMOKE": "1" if image.smoke else "0",
+    }
+
+
+def context_files(context: Path) -> list[Path]:
+    """The files that make up the build context, in a stable order."""
+    return sorted(
+        p
+        for p in context.rglob("*")
+        if p.is_file() and not (_IGNORED & set(p.relative_to(context).parts)) and p.suffix != ".pyc"
+    )
+
+
+def content_tag(context: Path, args: dict[str, str], platform: str) -> str:
+    """A tag that changes exactly when a build input changes: files, build args, platform."""
+    digest = hashlib.sha256()
+    for path in context_files(context):
+        digest.update(str(path.relative_to(context)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    digest.update(json.dumps({"args": args, "platform": platform}, sort_keys=True).encode())
+    return "h-" + digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class HybridImageArgs:
+    image: ImageConfig
+    context: Path = PATCH_DIR
+
+
+class HybridImage(pulumi.ComponentResource):
+    """Builds the hybrid image on the head node's Docker (never pushed; no build during preview)."""
+
+    def __init__(self, name: str, args: HybridImageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("qwen35:index:HybridImage", name, None, opts)
+        cfg = args.image
+        bargs = build_args(cfg)
+        self.tag = cfg.tag or content_tag(args.context, bargs, cfg.platform)
+        self.ref = f"{cfg.name}:{self.tag}"
+        self.image = docker.Image(
+            f"{name}-build",
+            image_name=self.ref,
+            build=docker.DockerBuildArgs(
+                context=str(args.context),
+                dockerfile=str(args.context / "Dockerfile"),
+                platform=cfg.platform,
+                args=bargs,
+                network=cfg.build_network,
+            ),
+            skip_push=True,
+            build_on_preview=False,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.image_name = pulumi.Output.from_input(cfg.name)
+        self.register_outputs({"image_name": cfg.name, "tag": self.tag, "ref": self.ref})

@@ -1,0 +1,187 @@
+"""Stack config: a table of bad configs, each refused with the field named; good configs load."""
+
+from __future__ import annotations
+
+import copy
+
+import pulumi
+import pytest
+
+from components.config import ConfigError, Role, parse_stack_config
+from tests.program import run_program, stack_config
+
+
+def dev_raw() -> dict:
+    """The dev stack's config without the namespace, as parse_stack_config takes it."""
+    return {k.split(":", 1)[1]: v for k, v in copy.deepcopy(stack_config("dev")).items()}
+
+
+def test_dev_stack_loads_with_the_seed_procedure_values():
+    cfg = parse_stack_config(dev_raw())
+    assert [n.name for n in cfg.nodes] == ["spark-1", "spark-2"]
+    assert cfg.head.name == "spark-1" and cfg.head.fabric_ip == "192.168.200.12"
+    assert cfg.head.host == "10.1.230.180"
+    assert [w.name for w in cfg.workers] == ["spark-2"]
+    assert cfg.workers[0].fabric_ip == "192.168.200.13"
+    assert cfg.jump_spec(cfg.workers[0]) == "aurora@10.1.230.180:22"
+    assert cfg.jump_spec(cfg.head) is None
+    assert cfg.node_user(cfg.head) == "aurora"
+    assert cfg.image.base == "vllm-node" and cfg.image.donor == "hellohal2064/vllm-qwen3.5-gb10"
+    assert cfg.image.name == "vllm-node-qwen35" and cfg.image.transformers == "==5.2.0"
+    assert cfg.serve.model == "Qwen/Qwen3.5-122B-A10B-FP8" and cfg.serve.tensor_parallel_size == 2
+
+
+def test_first_node_is_head_by_default():
+    raw = dev_raw()
+    for node in raw["nodes"]:
+        node.pop("role")
+    cfg = parse_stack_config(raw)
+    assert cfg.head.name == "spark-1" and cfg.head.role is None
+
+
+def test_config_is_frozen():
+    cfg = parse_stack_config(dev_raw())
+    with pytest.raises(Exception, match="frozen"):
+        cfg.serve.port = 1  # type: ignore[misc]
+
+
+def test_bare_transformers_version_becomes_an_exact_pin():
+    raw = dev_raw()
+    raw["image"]["transformers"] = "5.3.0"
+    assert parse_stack_config(raw).image.transformers == "==5.3.0"
+
+
+def _set(path: str, value):
+    """A mutation of the dev config: set `value` at dotted `path` (list indexes as numbers)."""
+
+    def mutate(raw):
+        *parents, last = path.split(".")
+        target = raw
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target[part]
+        if last.isdigit():
+            target[int(last)] = value
+        else:
+            target[last] = value
+
+    return mutate
+
+
+def _delete(path: str):
+    def mutate(raw):
+        *parents, last = path.split(".")
+        target = raw
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target[part]
+        del target[last]
+
+    return mutate
+
+
+def _both(*mutations):
+    def mutate(raw):
+        for m in mutations:
+            m(raw)
+
+    return mutate
+
+
+BAD = [
+    # (case, mutation, substrings the message must contain)
+    ("missing head", _both(_set("nodes.0.role", "worker")), ["nodes:", "head"]),
+    ("two heads", _set("nodes.1.role", "head"), ["nodes:", "exactly one head"]),
+    ("duplicate names", _set("nodes.1.name", "spark-1"), ["nodes.1.name:", "nodes.0"]),
+    ("duplicate hosts", _set("nodes.1.host", "10.1.230.180"), ["nodes.1.host:", "also used"]),
+    ("duplicate fabric", _set("nodes.1.fabric_ip", "192.168.200.12"), ["nodes.1.fabric_ip:"]),
+    ("bad fabric ip", _set("nodes.1.fabric_ip", "192.168.200.300"), ["nodes.1.fabric_ip:", "not an IP"]),
+    ("bad host", _set("nodes.0.host", "spark 1;rm -rf /"), ["nodes.0.host:", "hostname"]),
+    ("bad node name", _set("nodes.0.name", "Spark_1"), ["nodes.0.name:"]),
+    ("negative port", _set("ssh.port", -22), ["ssh.port:"]),
+    ("port too big", _set("serve.port", 70000), ["serve.port:"]),
+    ("node port zero", _set("nodes.1.port", 0), ["nodes.1.port:"]),
+    ("tp x pp mismatch", _set("serve.tensor_parallel_size", 4), ["serve.tensor_parallel_size:", "2 GPUs"]),
+    ("pp mismatch", _set("serve.pipeline_parallel_size", 2), ["tensor_parallel_size × pipeline"]),
+    ("unknown top key", lambda raw: raw.update(sever={"port": 1}), ["sever: unknown key", "'serve'"]),
+    ("unknown nested key", _set("serve.tensor_paralel_size", 2), ["serve.tensor_paralel_size", "did you"]),
+    ("unknown node key", _set("nodes.1.fabric_addr", "1.2.3.4"), ["nodes.1.fabric_addr", "'fabric_ip'"]),
+    ("tag with shell chars", _set("image.tag", "v1;reboot"), ["image.tag:", "safe image tag"]),
+    ("tag with backticks", _set("image.tag", "`id`"), ["image.tag:"]),
+    ("uppercase image", _set("image.name", "VLLM-Node"), ["image.name:"]),
+    ("image with space", _set("image.base", "vllm node"), ["image.base:"]),
+    ("bad transformers", _set("image.transformers", "latest"), ["image.transformers:"]),
+    ("bad platform", _set("image.platform", "windows/arm64"), ["image.platform:"]),
+    ("no known_hosts", _delete("ssh.known_hosts"), ["ssh.known_hosts:"]),
+    ("no nodes", _delete("nodes"), ["nodes: missing"]),
+    ("empty nodes", _set("nodes", []), ["nodes:"]),
+    ("bad gpu memory", _set("serve.gpu_memory_utilization", 1.5), ["serve.gpu_memory_utilization:"]),
+    ("extra arg injection", _set("serve.extra_args", ["--x", "$(reboot)"]), ["serve.extra_args:"]),
+    ("bad ifname", _set("fabric.socket_ifname", "eth0; ls"), ["fabric.socket_ifname:"]),
+    ("bad hca", _set("fabric.ib_hca", ["mlx5 0"]), ["fabric.ib_hca:"]),
+    ("unknown jump", _set("nodes.1.proxy_jump", "spark-9"), ["nodes.1.proxy_jump:"]),
+    ("self jump", _set("nodes.0.proxy_jump", "spark-1"), ["nodes.0.proxy_jump:"]),
+    ("bad role", _set("nodes.1.role", "master"), ["nodes.1.role:"]),
+    ("negative gpus", _set("nodes.1.gpus", -1), ["nodes.1.gpus:"]),
+    ("relative known_hosts", _set("ssh.known_hosts", "known hosts"), ["ssh.known_hosts:"]),
+]
+
+
+@pytest.mark.parametrize(("case", "mutate", "expected"), BAD, ids=[b[0] for b in BAD])
+def test_bad_config_names_the_field(case, mutate, expected):
+    raw = dev_raw()
+    mutate(raw)
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config(raw)
+    message = str(info.value)
+    for part in expected:
+        assert part in message, f"{case}: {part!r} not in:\n{message}"
+    assert "Traceback" not in message
+
+
+def test_table_is_large_enough():
+    assert len(BAD) >= 15
+
+
+def test_every_problem_is_reported_at_once():
+    raw = dev_raw()
+    raw["nodes"][1]["fabric_ip"] = "nope"
+    raw["serve"]["port"] = 0
+    raw["image"]["tag"] = "a b"
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config(raw)
+    paths = [p.split(":")[0] for p in info.value.problems]
+    assert {"nodes.1.fabric_ip", "serve.port", "image.tag"} <= set(paths)
+
+
+def test_bad_config_fails_the_program_before_any_resource():
+    config = stack_config("dev")
+    config["qwen35-spark:nodes"][1]["fabric_ip"] = "192.168.200.999"
+    with pytest.raises(pulumi.RunError) as info:
+        run_program(config)
+    assert "nodes.1.fabric_ip:" in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_bad_config_registers_no_resources():
+    from tests import program
+
+    recorded = []
+
+    class Spy(program.RecordingMocks):
+        def new_resource(self, args):
+            recorded.append(args.name)
+            return super().new_resource(args)
+
+    config = stack_config("dev")
+    config["qwen35-spark:serve"]["tensor_parallel_size"] = 3
+    original = program.RecordingMocks
+    program.RecordingMocks = Spy
+    try:
+        with pytest.raises(pulumi.RunError, match="tensor_parallel_size"):
+            run_program(config)
+    finally:
+        program.RecordingMocks = original
+    assert recorded == []
+
+
+def test_role_enum_values():
+    assert Role("head") is Role.HEAD and Role("worker") is Role.WORKER

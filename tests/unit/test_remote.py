@@ -1,0 +1,135 @@
+"""The transport's pure parts: quoting, SSH options, errors, retries (tables, no node needed)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from components.config import parse_stack_config
+from components.nodes import node_access
+from components.remote import (
+    LocalTransport,
+    RemoteError,
+    Result,
+    SshTarget,
+    shell_join,
+    ssh_argv,
+    ssh_options,
+    with_retries,
+)
+from tests.unit.test_config import dev_raw
+
+TARGET = SshTarget(host="10.0.0.1", user="aurora", known_hosts="/k/known_hosts", name="spark-1")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["docker", "image", "inspect", "a:b"], "docker image inspect a:b"),
+        (["echo", "a b"], "echo 'a b'"),
+        (["echo", "$(reboot)"], "echo '$(reboot)'"),
+        (["echo", "it's"], "echo 'it'\"'\"'s'"),
+        (["sh", "-c", "x; y"], "sh -c 'x; y'"),
+        ([], ""),
+    ],
+)
+def test_shell_join_round_trips(argv, expected):
+    assert shell_join(argv) == expected
+    assert shlex.split(shell_join(argv)) == argv
+
+
+@pytest.mark.parametrize("bad", ["docker ps", ["a\nb"], ["a\x00"], [1]])
+def test_shell_join_refuses_strings_and_unsafe_args(bad):
+    with pytest.raises((TypeError, ValueError)):
+        shell_join(bad)
+
+
+def _opt(opts: list[str], key: str) -> str | None:
+    for i, item in enumerate(opts):
+        if item == "-o" and opts[i + 1].startswith(key + "="):
+            return opts[i + 1].split("=", 1)[1]
+    return None
+
+
+def test_ssh_options_pin_host_keys_and_fail_fast():
+    opts = ssh_options(TARGET)
+    assert _opt(opts, "StrictHostKeyChecking") == "yes"
+    assert _opt(opts, "UserKnownHostsFile") == "/k/known_hosts"
+    assert _opt(opts, "BatchMode") == "yes"
+    assert _opt(opts, "ServerAliveInterval") == "15" and _opt(opts, "ServerAliveCountMax") == "3"
+    assert _opt(opts, "ConnectTimeout") == "10"
+    assert opts[opts.index("-p") + 1] == "22"
+    assert "-i" not in opts
+
+
+def test_identity_and_control_master():
+    opts = ssh_options(SshTarget(**{**TARGET.__dict__, "identity_file": "/k/id"}), control_path="/tmp/cm-%C")
+    assert opts[opts.index("-i") + 1] == "/k/id" and _opt(opts, "IdentitiesOnly") == "yes"
+    assert _opt(opts, "ControlMaster") == "auto" and _opt(opts, "ControlPath") == "/tmp/cm-%C"
+
+
+def test_proxy_jump_uses_the_same_pinned_keys():
+    target = SshTarget(
+        host="192.168.200.13", user="aurora", known_hosts="/k/kh", proxy_jump="aurora@10.1.230.180:22"
+    )
+    proxy = shlex.split(_opt(ssh_options(target), "ProxyCommand"))
+    assert proxy[0] == "ssh" and proxy[-1] == "aurora@10.1.230.180" and "%h:%p" in proxy
+    assert _opt(proxy, "UserKnownHostsFile") == "/k/kh" and _opt(proxy, "StrictHostKeyChecking") == "yes"
+
+
+def test_ssh_argv_quotes_the_remote_command_once():
+    argv = ssh_argv(TARGET, ["docker", "tag", "a:b", "c d"])
+    assert argv[0] == "ssh" and argv[-3:] == ["aurora@10.0.0.1", "--", "docker tag a:b 'c d'"]
+
+
+def test_dev_stack_access_resolves_the_jump_through_the_head():
+    access = node_access(parse_stack_config(dev_raw()))
+    assert access["spark-1"].target.proxy_jump is None
+    assert access["spark-2"].target.proxy_jump == "aurora@10.1.230.180:22"
+    assert access["spark-2"].docker_host == "ssh://aurora@192.168.200.13:22"
+    assert access["spark-2"].node_image_dict()["fabric_host"] == "192.168.200.13"
+
+
+def test_remote_error_names_node_and_stderr_tail():
+    err = RemoteError(
+        "spark-2", ["docker", "load"], 1, b"line1\nno space left on device\n", "free disk space"
+    )
+    text = str(err)
+    assert text.startswith("spark-2: `docker load` failed (exit 1)")
+    assert "no space left on device" in text and "next: free disk space" in text
+    assert not err.transport_failed
+    assert RemoteError("spark-2", ["true"], 255, b"").transport_failed
+    assert "could not be reached over SSH" in str(RemoteError("spark-2", ["true"], 255, b""))
+
+
+def test_local_transport_runs_and_checks():
+    result = LocalTransport().run(["sh", "-c", "printf out; printf err >&2; exit 3"])
+    assert (result.returncode, result.stdout, result.stderr) == (3, b"out", b"err")
+    with pytest.raises(RemoteError, match="exit 3"):
+        result.check()
+    assert LocalTransport().run(["cat"], stdin=b"abc").stdout == b"abc"
+    with pytest.raises(RemoteError, match="timed out"):
+        LocalTransport().run(["sleep", "5"], timeout=0.2)
+
+
+def test_retries_only_transport_failures_until_deadline():
+    calls, sleeps = [], []
+    clock = iter(range(0, 1000, 1)).__next__
+
+    def flaky():
+        calls.append(1)
+        return Result(("x",), 255 if len(calls) < 3 else 0)
+
+    assert with_retries(flaky, deadline_s=100, sleep=sleeps.append, clock=clock).ok
+    assert len(calls) == 3 and len(sleeps) == 2
+
+    calls.clear()
+    failing = with_retries(lambda: calls.append(1) or Result(("x",), 1), sleep=sleeps.append, clock=clock)
+    assert failing.returncode == 1 and len(calls) == 1
+
+    calls.clear()
+    dead = with_retries(
+        lambda: calls.append(1) or Result(("x",), 255), deadline_s=5, sleep=lambda s: None, clock=clock
+    )
+    assert dead.returncode == 255 and 1 <= len(calls) <= 6
