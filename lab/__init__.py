@@ -1,0 +1,48 @@
+"""The lab: Docker daemons on this machine, each behind its own OpenSSH server, standing in for Sparks.
+
+from lab import up, docker
+nodes = up(["node-a", "node-b"])
+docker(nodes["node-a"], "info")
+"""
+
+from __future__ import annotations
+
+from lab.images import busybox_image, debian_image
+from lab.layout import NODE_NAMES, NODE_SPECS, LabError, LabNode, NodeSpec
+from lab.nodes import down, running_nodes, status, up
+from lab.remote import Result, docker, on_node, pipeline, remote_command, ssh_argv, ssh_options
+
+
+def node_config(node: LabNode) -> dict:
+    """The NodeImage/stack node dict for a lab node."""
+    return {
+        "host": node.host,
+        "port": node.port,
+        "user": node.user,
+        "identity_file": node.identity_file,
+        "known_hosts": node.known_hosts,
+        "fabric_host": node.host,  # the lab's "fabric" is loopback: the node's own address
+    }
+
+
+__all__ = [
+    "NODE_NAMES",
+    "NODE_SPECS",
+    "LabError",
+    "LabNode",
+    "NodeSpec",
+    "Result",
+    "busybox_image",
+    "debian_image",
+    "docker",
+    "down",
+    "node_config",
+    "on_node",
+    "pipeline",
+    "remote_command",
+    "running_nodes",
+    "ssh_argv",
+    "ssh_options",
+    "status",
+    "up",
+]

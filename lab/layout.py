@@ -1,0 +1,175 @@
+"""The lab's fixed shape: which nodes exist, where each keeps its state, and the handle tests get."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+SSH_PORT = 2222
+LAB_USER = "root"
+
+
+class LabError(RuntimeError):
+    """A lab step failed; the message says what, where, and what to do next."""
+
+
+class Engine(str, Enum):
+    """Where a node's dockerd comes from."""
+
+    BOOKWORM = "bookworm"  # the machine's own docker.io (20.10)
+    TRIXIE = "trixie"  # Debian trixie's docker.io (26.x), unpacked into the cache, never installed
+
+
+class Store(str, Enum):
+    """The daemon's image store."""
+
+    CLASSIC = "classic"  # graph driver (overlay2)
+    CONTAINERD = "containerd"  # containerd snapshotter
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One lab node as designed: name, loopback address, engine and image store."""
+
+    name: str
+    host: str
+    engine: Engine
+    store: Store
+
+
+NODE_SPECS: tuple[NodeSpec, ...] = (
+    NodeSpec("node-a", "127.0.0.2", Engine.BOOKWORM, Store.CLASSIC),
+    NodeSpec("node-b", "127.0.0.3", Engine.BOOKWORM, Store.CLASSIC),
+    NodeSpec("node-c", "127.0.0.4", Engine.TRIXIE, Store.CLASSIC),
+    NodeSpec("node-d", "127.0.0.5", Engine.TRIXIE, Store.CONTAINERD),
+)
+NODE_NAMES = tuple(spec.name for spec in NODE_SPECS)
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """A running lab node as tests and stack config see it: SSH target plus the daemon behind it."""
+
+    name: str
+    host: str
+    port: int
+    user: str
+    identity_file: str
+    known_hosts: str
+    docker_host: str  # unix://… socket the node's SSH sessions get as DOCKER_HOST
+    engine: str  # the daemon's own version string, e.g. "20.10.24+dfsg1"
+    store: str  # "classic" | "containerd"
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@{self.host}"
+
+
+def lab_dir() -> Path:
+    """Runtime state (sockets, pidfiles, keys, logs); short because unix socket paths are limited."""
+    return Path(os.environ.get("LAB_DIR", "/run/qwen35-lab"))
+
+
+def data_dir() -> Path:
+    """Docker data roots; must be a real filesystem (overlay2 cannot sit on overlay)."""
+    return Path(os.environ.get("LAB_DATA_DIR", "/var/lib/qwen35-lab"))
+
+
+def cache_dir() -> Path:
+    """Slow-to-make things (trixie engine, Debian rootfs) that survive clean clones."""
+    base = os.environ.get("QWEN35_CACHE") or "~/.cache/qwen35-spark"
+    return Path(base).expanduser() / "lab"
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Every file one node's dockerd and sshd use."""
+
+    root: Path
+    data_root: Path
+
+    @property
+    def exec_root(self) -> Path:
+        return self.root / "exec"
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "docker.sock"
+
+    @property
+    def docker_pid(self) -> Path:
+        return self.root / "docker.pid"
+
+    @property
+    def docker_log(self) -> Path:
+        return self.root / "dockerd.log"
+
+    @property
+    def daemon_json(self) -> Path:
+        return self.root / "daemon.json"
+
+    @property
+    def sshd_config(self) -> Path:
+        return self.root / "sshd_config"
+
+    @property
+    def sshd_pid(self) -> Path:
+        return self.root / "sshd.pid"
+
+    @property
+    def sshd_log(self) -> Path:
+        return self.root / "sshd.log"
+
+    @property
+    def host_key(self) -> Path:
+        return self.root / "ssh_host_ed25519_key"
+
+
+@dataclass(frozen=True)
+class SshPaths:
+    """The lab's one client key pair and the known_hosts file pinning every node's host key."""
+
+    root: Path
+
+    @property
+    def identity_file(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.root / "authorized_keys"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+
+def node_paths(name: str) -> NodePaths:
+    return NodePaths(root=lab_dir() / name, data_root=data_dir() / name)
+
+
+def ssh_paths() -> SshPaths:
+    return SshPaths(root=lab_dir() / "ssh")
+
+
+def select_specs(names: list[str] | tuple[str, ...] | None) -> tuple[NodeSpec, ...]:
+    """The specs for `names` (all when None), in lab order; unknown names get a "did you mean"."""
+    if names is None:
+        return NODE_SPECS
+    wanted = set(names)
+    for name in wanted:
+        if name not in NODE_NAMES:
+            close = difflib.get_close_matches(name, NODE_NAMES, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise LabError(f"lab: unknown node {name!r}{hint}; nodes are {', '.join(NODE_NAMES)}")
+    return tuple(spec for spec in NODE_SPECS if spec.name in wanted)
+
+
+def known_hosts_line(host: str, port: int, public_key: str) -> str:
+    """One known_hosts entry; a non-22 port needs the bracketed form."""
+    key_type, key_body = public_key.split()[:2]
+    address = host if port == 22 else f"[{host}]:{port}"
+    return f"{address} {key_type} {key_body}"

@@ -1,0 +1,463 @@
+"""Lab nodes: one dockerd and one sshd per node, started, reused, checked and stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab.engines import SYSTEM_PATH, dockerd_binary, engine_bin_dirs, find_binary
+from lab.layout import (
+    LAB_USER,
+    NODE_SPECS,
+    SSH_PORT,
+    LabError,
+    LabNode,
+    NodePaths,
+    NodeSpec,
+    SshPaths,
+    Store,
+    data_dir,
+    known_hosts_line,
+    lab_dir,
+    node_paths,
+    select_specs,
+    ssh_paths,
+)
+
+DOCKERD_DEADLINE = 60.0
+SSHD_DEADLINE = 15.0
+STOP_DEADLINE = 30.0
+
+
+# ---- pure pieces: command lines and config files -------------------------------------------------
+
+
+def dockerd_argv(binary: str, paths: NodePaths) -> list[str]:
+    """dockerd for one node: its own roots, socket and pidfile; no bridge or iptables (they are shared)."""
+    return [
+        binary,
+        "--data-root", str(paths.data_root),
+        "--exec-root", str(paths.exec_root),
+        "--host", f"unix://{paths.socket}",
+        "--pidfile", str(paths.docker_pid),
+        "--config-file", str(paths.daemon_json),  # never the machine's /etc/docker/daemon.json
+        "--bridge=none",
+        "--iptables=false",
+        "--ip6tables=false",
+        "--ip-forward=false",
+        "--ip-masq=false",
+    ]  # fmt: skip
+
+
+def daemon_config(spec: NodeSpec) -> dict:
+    if spec.store is Store.CONTAINERD:
+        return {"features": {"containerd-snapshotter": True}}
+    return {}
+
+
+def sshd_config_text(spec: NodeSpec, paths: NodePaths, keys: SshPaths) -> str:
+    """sshd on the node's own address; every session lands on the node's daemon via DOCKER_HOST."""
+    return "\n".join(
+        [
+            f"ListenAddress {spec.host}:{SSH_PORT}",
+            f"HostKey {paths.host_key}",
+            f"PidFile {paths.sshd_pid}",
+            f"AuthorizedKeysFile {keys.authorized_keys}",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "X11Forwarding no",
+            "PrintMotd no",
+            "MaxSessions 50",
+            "MaxStartups 50:30:100",
+            f"SetEnv DOCKER_HOST=unix://{paths.socket} LAB_NODE={spec.name}",
+            "LogLevel INFO",
+            "",
+        ]
+    )
+
+
+def lab_node(spec: NodeSpec, engine_version: str) -> LabNode:
+    keys = ssh_paths()
+    return LabNode(
+        name=spec.name,
+        host=spec.host,
+        port=SSH_PORT,
+        user=LAB_USER,
+        identity_file=str(keys.identity_file),
+        known_hosts=str(keys.known_hosts),
+        docker_host=f"unix://{node_paths(spec.name).socket}",
+        engine=engine_version,
+        store=spec.store.value,
+    )
+
+
+def store_of(info: dict) -> str:
+    """'containerd' when the daemon stores images in containerd's snapshotter, else 'classic'."""
+    for pair in info.get("DriverStatus") or []:
+        if len(pair) == 2 and pair[0] == "driver-type" and pair[1].startswith("io.containerd.snapshotter"):
+            return Store.CONTAINERD.value
+    return Store.CLASSIC.value
+
+
+# ---- facts: what is running ----------------------------------------------------------------------
+
+
+def engine_get(sock: Path, path: str, timeout: float = 3.0) -> dict | None:
+    """GET an Engine API path over the unix socket; None when the daemon does not answer 200."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(str(sock))
+            conn.sendall(f"GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+            chunks = []
+            while chunk := conn.recv(65536):
+                chunks.append(chunk)
+    except OSError:
+        return None
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    if not head.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200")):
+        return None
+    if path == "/_ping":
+        return {"ping": body.decode(errors="replace")}
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def read_pid(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def process_cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie we spawned ourselves still answers kill(0); it is not running.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def owned_pid(pidfile: Path, marker: str) -> int | None:
+    """The pid in `pidfile` if that process is alive and its command line names `marker` (not reused)."""
+    pid = read_pid(pidfile)
+    if pid and pid_alive(pid) and marker in process_cmdline(pid):
+        return pid
+    return None
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What `status` reports for one node."""
+
+    name: str
+    dockerd_pid: int | None
+    sshd_pid: int | None
+    engine: str | None
+    store: str | None
+
+    @property
+    def running(self) -> bool:
+        return bool(self.dockerd_pid and self.sshd_pid and self.engine)
+
+
+def node_state(spec: NodeSpec) -> NodeState:
+    paths = node_paths(spec.name)
+    dockerd_pid = owned_pid(paths.docker_pid, str(paths.data_root))
+    sshd_pid = owned_pid(paths.sshd_pid, str(paths.sshd_config))
+    version = engine_get(paths.socket, "/version") if dockerd_pid else None
+    info = engine_get(paths.socket, "/info") if version else None
+    return NodeState(
+        name=spec.name,
+        dockerd_pid=dockerd_pid,
+        sshd_pid=sshd_pid,
+        engine=version.get("Version") if version else None,
+        store=store_of(info) if info else None,
+    )
+
+
+# ---- operations ----------------------------------------------------------------------------------
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("lab: must run as root (dockerd and sshd need it)")
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return f"last lines of {path}:\n" + "\n".join(text[-lines:])
+
+
+def ensure_client_keys(keys: SshPaths) -> None:
+    keys.root.mkdir(parents=True, exist_ok=True)
+    os.chmod(keys.root, 0o700)
+    if not keys.identity_file.exists():
+        _keygen(keys.identity_file, "qwen35-lab-client")
+    public = Path(f"{keys.identity_file}.pub").read_text()
+    _write_if_changed(keys.authorized_keys, public, mode=0o600)
+
+
+def ensure_host_keys_and_known_hosts(keys: SshPaths) -> None:
+    """A host key for every node (so known_hosts never changes with the subset started)."""
+    lines = []
+    for spec in NODE_SPECS:
+        paths = node_paths(spec.name)
+        paths.root.mkdir(parents=True, exist_ok=True)
+        if not paths.host_key.exists():
+            _keygen(paths.host_key, f"{spec.name}-host")
+        public = Path(f"{paths.host_key}.pub").read_text()
+        lines.append(known_hosts_line(spec.host, SSH_PORT, public))
+    _write_if_changed(keys.known_hosts, "\n".join(lines) + "\n", mode=0o644)
+
+
+def _keygen(path: Path, comment: str) -> None:
+    done = subprocess.run(
+        [find_binary("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise LabError(f"lab: ssh-keygen for {path} failed: {done.stderr.strip()}")
+
+
+def _write_if_changed(path: Path, text: str, mode: int) -> None:
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        os.chmod(tmp, mode)
+        tmp.replace(path)
+
+
+def check_port_free(spec: NodeSpec) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((spec.host, SSH_PORT))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise LabError(
+                    f"lab: {spec.name}: {spec.host}:{SSH_PORT} is taken by another process "
+                    f"(see: ss -ltnp 'sport = :{SSH_PORT}')"
+                ) from None
+            raise LabError(f"lab: {spec.name}: cannot bind {spec.host}:{SSH_PORT}: {exc}") from None
+
+
+def start_dockerd(spec: NodeSpec) -> str:
+    """Start (or reuse) the node's dockerd; returns the engine version it reports."""
+    paths = node_paths(spec.name)
+    if owned_pid(paths.docker_pid, str(paths.data_root)):
+        version = engine_get(paths.socket, "/version")
+        if version:
+            return version["Version"]
+    for name in ("containerd", "runc"):
+        find_binary(name)
+    binary = dockerd_binary(spec.engine)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.data_root.mkdir(parents=True, exist_ok=True)
+    _write_if_changed(paths.daemon_json, json.dumps(daemon_config(spec)) + "\n", mode=0o644)
+    path_var = ":".join([*(str(p) for p in engine_bin_dirs(spec.engine)), SYSTEM_PATH])
+    env = {"PATH": path_var, "HOME": "/root", "LANG": "C.UTF-8"}
+    with open(paths.docker_log, "ab") as log:
+        process = subprocess.Popen(
+            dockerd_argv(binary, paths),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=paths.root,
+            start_new_session=True,  # survives the CLI; `down` stops it by pidfile
+        )
+    deadline = time.monotonic() + DOCKERD_DEADLINE
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise LabError(
+                f"lab: {spec.name}: dockerd exited with {process.returncode}; {log_tail(paths.docker_log)}"
+            )
+        version = engine_get(paths.socket, "/version")
+        if version:
+            return version["Version"]
+        time.sleep(0.2)
+    raise LabError(
+        f"lab: {spec.name}: dockerd did not answer on {paths.socket} within {DOCKERD_DEADLINE:.0f}s; "
+        f"{log_tail(paths.docker_log)}"
+    )
+
+
+def start_sshd(spec: NodeSpec, keys: SshPaths) -> None:
+    paths = node_paths(spec.name)
+    _write_if_changed(paths.sshd_config, sshd_config_text(spec, paths, keys), mode=0o600)
+    if owned_pid(paths.sshd_pid, str(paths.sshd_config)):
+        return
+    check_port_free(spec)
+    sshd = find_binary("sshd")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+    test = subprocess.run([sshd, "-t", "-f", str(paths.sshd_config)], capture_output=True, text=True)
+    if test.returncode != 0:
+        raise LabError(f"lab: {spec.name}: sshd rejects {paths.sshd_config}: {test.stderr.strip()}")
+    started = subprocess.run(
+        [sshd, "-f", str(paths.sshd_config), "-E", str(paths.sshd_log)], capture_output=True, text=True
+    )
+    if started.returncode != 0:
+        raise LabError(
+            f"lab: {spec.name}: sshd failed to start ({started.stderr.strip()}); {log_tail(paths.sshd_log)}"
+        )
+    deadline = time.monotonic() + SSHD_DEADLINE
+    while time.monotonic() < deadline:
+        if owned_pid(paths.sshd_pid, str(paths.sshd_config)) and _accepts(spec.host, SSH_PORT):
+            return
+        time.sleep(0.1)
+    raise LabError(
+        f"lab: {spec.name}: sshd not listening on {spec.host}:{SSH_PORT} within {SSHD_DEADLINE:.0f}s; "
+        f"{log_tail(paths.sshd_log)}"
+    )
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def up(nodes: list[str] | tuple[str, ...] | None = None) -> dict[str, LabNode]:
+    """Start the named nodes (all by default), reusing whatever already runs; name -> LabNode."""
+    require_root()
+    specs = select_specs(nodes)
+    for name in ("sshd", "ssh", "ssh-keygen", "dockerd"):
+        find_binary(name)
+    keys = ssh_paths()
+    ensure_client_keys(keys)
+    ensure_host_keys_and_known_hosts(keys)
+    started: dict[str, LabNode] = {}
+    for spec in specs:
+        version = start_dockerd(spec)
+        start_sshd(spec, keys)
+        started[spec.name] = lab_node(spec, version)
+    return started
+
+
+def stop_pid(pid: int, deadline: float) -> bool:
+    """SIGTERM, wait until `deadline` seconds, then SIGKILL; True if it stopped on its own."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return False
+
+
+def lab_processes(markers: list[str]) -> dict[int, str]:
+    """Processes (other than this one) whose command line names one of `markers`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        cmdline = process_cmdline(int(entry.name))
+        if cmdline and any(marker in cmdline for marker in markers) and pid_alive(int(entry.name)):
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def lab_mounts(prefixes: list[str]) -> list[str]:
+    """Mount points under the lab's directories, deepest first."""
+    points = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point = line.split()[1].replace("\\040", " ")
+        if any(point == p or point.startswith(p + "/") for p in prefixes):
+            points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def down(nodes: list[str] | tuple[str, ...] | None = None) -> list[str]:
+    """Stop the named nodes (all by default) and verify nothing of theirs is left; returns notes."""
+    require_root()
+    notes = []
+    specs = select_specs(nodes)
+    for spec in specs:
+        paths = node_paths(spec.name)
+        sshd_pid = owned_pid(paths.sshd_pid, str(paths.sshd_config))
+        if sshd_pid:
+            stop_pid(sshd_pid, 5.0)
+            notes.append(f"{spec.name}: stopped sshd (pid {sshd_pid})")
+        dockerd_pid = owned_pid(paths.docker_pid, str(paths.data_root))
+        if dockerd_pid:
+            # dockerd stops its containers and its own containerd on SIGTERM.
+            clean = stop_pid(dockerd_pid, STOP_DEADLINE)
+            how = "stopped" if clean else "killed (no clean stop within deadline)"
+            notes.append(f"{spec.name}: {how} dockerd (pid {dockerd_pid})")
+    markers = [str(p) for s in specs for p in (node_paths(s.name).root, node_paths(s.name).data_root)]
+    leftovers = lab_processes(markers)
+    for pid, cmdline in leftovers.items():
+        notes.append(f"killed leftover pid {pid}: {cmdline[:120]}")
+        stop_pid(pid, 5.0)
+    for point in lab_mounts(markers):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+        notes.append(f"unmounted {point}")
+    still = lab_processes(markers)
+    mounts = lab_mounts(markers)
+    if still or mounts:
+        raise LabError(
+            "lab: down left things behind: "
+            + "; ".join([f"pid {p}: {c[:100]}" for p, c in still.items()] + [f"mount {m}" for m in mounts])
+        )
+    return notes
+
+
+def status(nodes: list[str] | tuple[str, ...] | None = None) -> dict[str, NodeState]:
+    return {spec.name: node_state(spec) for spec in select_specs(nodes)}
+
+
+def running_nodes() -> dict[str, LabNode]:
+    """LabNodes for the nodes whose dockerd and sshd both run now (no starting)."""
+    found = {}
+    for spec in NODE_SPECS:
+        state = node_state(spec)
+        if state.running and state.engine:
+            found[spec.name] = lab_node(spec, state.engine)
+    return found
+
+
+def purge() -> None:
+    """Remove the lab's data roots and runtime state (after down)."""
+    for path in (data_dir(), lab_dir()):
+        if path.exists():
+            shutil.rmtree(path)
