@@ -185,3 +185,13 @@ def test_bad_config_registers_no_resources():
 
 def test_role_enum_values():
     assert Role("head") is Role.HEAD and Role("worker") is Role.WORKER
+
+
+def test_lab_stack_loads_and_keeps_lab_differences_in_config():
+    raw = {k.split(":", 1)[1]: v for k, v in stack_config("lab").items()}
+    cfg = parse_stack_config(raw)
+    assert [n.name for n in cfg.nodes] == ["node-a", "node-b"]
+    assert cfg.containers.gpu_runtime is False and cfg.containers.devices == []
+    ports_a = cfg.nodes[0].ray_ports.model_dump().values()
+    ports_b = cfg.nodes[1].ray_ports.model_dump().values()
+    assert None not in ports_a and not set(ports_a) & set(ports_b)
