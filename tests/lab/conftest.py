@@ -1,0 +1,65 @@
+"""Session fixtures: the lab comes up once, tests get handles to its nodes, and it goes down at the end
+only if this session started it (a developer's running lab survives). A lab that cannot start fails
+the tests with the reason; it is never skipped."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import lab
+from lab.nodes import running_nodes
+
+
+def _wanted() -> list[str]:
+    """LAB_NODES=node-a,node-b restricts the session to a subset (fast path); default all four."""
+    text = os.environ.get("LAB_NODES", "")
+    return [name.strip() for name in text.split(",") if name.strip()] or list(lab.NODE_NAMES)
+
+
+@pytest.fixture(scope="session")
+def lab_nodes() -> dict[str, lab.LabNode]:
+    """name -> LabNode for every lab node this session uses, all running."""
+    wanted = _wanted()
+    try:
+        already = set(running_nodes()) if os.geteuid() == 0 else set()
+        nodes = lab.up(wanted)
+    except lab.LabError as exc:
+        pytest.fail(f"the lab could not start: {exc}", pytrace=False)
+    started_here = [name for name in wanted if name not in already]
+    yield nodes
+    if started_here:
+        lab.down(started_here)
+
+
+def _node(lab_nodes: dict[str, lab.LabNode], name: str) -> lab.LabNode:
+    if name not in lab_nodes:
+        pytest.fail(f"{name} is not in this session's lab (LAB_NODES={os.environ.get('LAB_NODES')})")
+    return lab_nodes[name]
+
+
+@pytest.fixture(scope="session")
+def lab_node(lab_nodes: dict[str, lab.LabNode]):
+    """A function name -> LabNode that fails clearly when the node is not in this session's lab."""
+    return lambda name: _node(lab_nodes, name)
+
+
+@pytest.fixture(scope="session")
+def node_a(lab_nodes: dict[str, lab.LabNode]) -> lab.LabNode:
+    return _node(lab_nodes, "node-a")
+
+
+@pytest.fixture(scope="session")
+def node_b(lab_nodes: dict[str, lab.LabNode]) -> lab.LabNode:
+    return _node(lab_nodes, "node-b")
+
+
+@pytest.fixture(scope="session")
+def node_c(lab_nodes: dict[str, lab.LabNode]) -> lab.LabNode:
+    return _node(lab_nodes, "node-c")
+
+
+@pytest.fixture(scope="session")
+def node_d(lab_nodes: dict[str, lab.LabNode]) -> lab.LabNode:
+    return _node(lab_nodes, "node-d")
