@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,9 +354,40 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
+LOCK_DEADLINE = 600.0
+
+
+@contextlib.contextmanager
+def lab_lock() -> Iterator[None]:
+    """Serialize up/down across processes (several engineers and test sessions share this machine)."""
+    require_root()
+    lab_dir().mkdir(parents=True, exist_ok=True)
+    with open(lab_dir() / "lock", "a+") as handle:
+        deadline = time.monotonic() + LOCK_DEADLINE
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LabError(
+                        f"lab: another lab up/down holds {lab_dir() / 'lock'} for {LOCK_DEADLINE:.0f}s"
+                    ) from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def up(nodes: list[str] | tuple[str, ...] | None = None) -> dict[str, LabNode]:
     """Start the named nodes (all by default), reusing whatever already runs; name -> LabNode."""
-    require_root()
+    with lab_lock():
+        return up_locked(nodes)
+
+
+def up_locked(nodes: list[str] | tuple[str, ...] | None = None) -> dict[str, LabNode]:
+    """`up` for a caller that already holds `lab_lock`."""
     specs = select_specs(nodes)
     for name in ("sshd", "ssh", "ssh-keygen", "dockerd"):
         find_binary(name)
@@ -409,7 +442,12 @@ def lab_mounts(prefixes: list[str]) -> list[str]:
 
 def down(nodes: list[str] | tuple[str, ...] | None = None) -> list[str]:
     """Stop the named nodes (all by default) and verify nothing of theirs is left; returns notes."""
-    require_root()
+    with lab_lock():
+        return down_locked(nodes)
+
+
+def down_locked(nodes: list[str] | tuple[str, ...] | None = None) -> list[str]:
+    """`down` for a caller that already holds `lab_lock`."""
     notes = []
     specs = select_specs(nodes)
     for spec in specs:
@@ -432,6 +470,8 @@ def down(nodes: list[str] | tuple[str, ...] | None = None) -> list[str]:
     for point in lab_mounts(markers):
         subprocess.run(["umount", "-l", point], capture_output=True)
         notes.append(f"unmounted {point}")
+    if nodes is None:  # the whole lab is down: no test session's record applies any more
+        (lab_dir() / "sessions.json").unlink(missing_ok=True)
     still = lab_processes(markers)
     mounts = lab_mounts(markers)
     if still or mounts:

@@ -1,15 +1,16 @@
-"""Session fixtures: the lab comes up once, tests get handles to its nodes, and it goes down at the end
-only if this session started it (a developer's running lab survives). A lab that cannot start fails
-the tests with the reason; it is never skipped."""
+"""Session fixtures: the lab comes up once, tests get handles to its nodes, and at the end the last
+test session still using it stops what test sessions started (a lab a developer started by hand
+survives). A lab that cannot start fails the tests with the reason; it is never skipped."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
 
 import lab
-from lab.nodes import running_nodes
+from lab.sessions import lab_session
 
 
 def _wanted() -> list[str]:
@@ -21,16 +22,12 @@ def _wanted() -> list[str]:
 @pytest.fixture(scope="session")
 def lab_nodes() -> dict[str, lab.LabNode]:
     """name -> LabNode for every lab node this session uses, all running."""
-    wanted = _wanted()
-    try:
-        already = set(running_nodes()) if os.geteuid() == 0 else set()
-        nodes = lab.up(wanted)
-    except lab.LabError as exc:
-        pytest.fail(f"the lab could not start: {exc}", pytrace=False)
-    started_here = [name for name in wanted if name not in already]
-    yield nodes
-    if started_here:
-        lab.down(started_here)
+    with contextlib.ExitStack() as stack:
+        try:
+            nodes = stack.enter_context(lab_session(_wanted()))
+        except lab.LabError as exc:
+            pytest.fail(f"the lab could not start: {exc}", pytrace=False)
+        yield nodes
 
 
 def _node(lab_nodes: dict[str, lab.LabNode], name: str) -> lab.LabNode:
