@@ -1,4 +1,10 @@
-"""Qwen35Deployment: the whole cluster as one component (providers, images, Ray, vLLM, readiness)."""
+"""Qwen35Deployment: the whole cluster as one component (providers, images, Ray, vLLM, readiness).
+
+Order, enforced by dependencies (and reversed by `pulumi destroy`):
+docker provider per node → HybridImage on the head → NodeImage per node → Ray head → Ray workers →
+vLLM server on the head → readiness gate. Every container runs the `sha256:` image ID its node's
+NodeImage reports, so a rebuilt or replaced image replaces exactly the containers that run it.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
+import pulumi.dynamic
 import pulumi_docker as docker
 
 from components.config import StackConfig
+from components.hybrid_image import HybridImage, HybridImageArgs
 from components.nodes import NodeAccess, node_access
+from components.ray_cluster import (
+    ContainerSpec,
+    dashboard_host,
+    ray_container_spec,
+    ray_tmp_volume_name,
+)
+from components.readiness_gate import ReadinessGate
+from components.vllm_server import endpoint_url, local_url, vllm_container_spec
 
 
 @dataclass(frozen=True)
@@ -21,13 +37,68 @@ class DeploymentArgs:
     api_key: pulumi.Output[str] | None = None
 
 
+def container_envs(spec: ContainerSpec, secrets: dict[str, Any]) -> pulumi.Input[list[str]]:
+    """Docker's `KEY=value` list; secret variables are added only when set, and make the list secret."""
+    present = {env: secrets[key] for env, key in spec.secret_env.items() if secrets.get(key) is not None}
+    if not present:
+        return spec.env_list()
+    names = sorted(present)
+    joined = pulumi.Output.all(*(present[n] for n in names)).apply(
+        lambda values: spec.env_list() + [f"{n}={v}" for n, v in zip(names, values, strict=True)]
+    )
+    return pulumi.Output.secret(joined)
+
+
+def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, Any]:
+    """A ContainerSpec as `pulumi_docker.Container` arguments."""
+    return {
+        "name": spec.name,
+        "image": spec.image,
+        # The image's entrypoint is the manual procedure's wrapper script: run our command instead.
+        "entrypoints": [spec.command[0]],
+        "command": list(spec.command[1:]),
+        "envs": container_envs(spec, secrets),
+        "network_mode": spec.network_mode,
+        "ipc_mode": spec.ipc_mode,
+        "shm_size": spec.shm_size_mb,
+        "gpus": spec.gpus,
+        "devices": [
+            docker.ContainerDeviceArgs(host_path=d, container_path=d, permissions="rwm") for d in spec.devices
+        ]
+        or None,
+        "ulimits": [docker.ContainerUlimitArgs(name=n, soft=s, hard=h) for n, s, h in spec.ulimits],
+        "capabilities": docker.ContainerCapabilitiesArgs(adds=list(spec.capabilities))
+        if spec.capabilities
+        else None,
+        "privileged": spec.privileged,
+        "init": spec.init,
+        "restart": spec.restart.value,
+        "max_retry_count": spec.max_retry_count,
+        "volumes": [
+            docker.ContainerVolumeArgs(volume_name=m.source, container_path=m.target, read_only=m.read_only)
+            if m.volume
+            else docker.ContainerVolumeArgs(
+                host_path=m.source, container_path=m.target, read_only=m.read_only
+            )
+            for m in spec.mounts
+        ],
+        "labels": [docker.ContainerLabelArgs(label=k, value=v) for k, v in sorted(spec.labels.items())],
+        # Refresh sees a stopped container as gone (so `up --refresh` starts it again).
+        "must_run": True,
+        "destroy_grace_seconds": spec.stop_grace_s,
+        "logs": False,
+        "attach": False,
+    }
+
+
 class Qwen35Deployment(pulumi.ComponentResource):
     """Everything one stack deploys, in dependency order."""
 
     def __init__(self, name: str, args: DeploymentArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen35:index:Deployment", name, None, opts)
-        self.config = args.config
-        self.access: dict[str, NodeAccess] = node_access(args.config)
+        cfg = args.config
+        self.config = cfg
+        self.access: dict[str, NodeAccess] = node_access(cfg)
         self.providers: dict[str, docker.Provider] = {
             node_name: docker.Provider(
                 f"{name}-docker-{node_name}",
@@ -37,8 +108,144 @@ class Qwen35Deployment(pulumi.ComponentResource):
             )
             for node_name, acc in self.access.items()
         }
+        head = cfg.head
+        secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
+
+        self.image = HybridImage(
+            f"{name}-image",
+            HybridImageArgs(image=cfg.image),
+            opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
+        )
+        self.node_images = place_images(name, self, self.image)
+
+        # Shared by the Ray head and the vLLM server (the driver needs the raylet's socket).
+        self.ray_tmp = docker.Volume(
+            f"{name}-ray-tmp",
+            name=ray_tmp_volume_name(cfg),
+            opts=self._on(head.name),
+        )
+
+        self.ray_containers: dict[str, docker.Container] = {}
+        head_spec = ray_container_spec(cfg, head, "")
+        self.ray_containers[head.name] = self._container(
+            f"{name}-ray-head",
+            head_spec,
+            head.name,
+            secrets,
+            depends_on=[self.ray_tmp],
+        )
+        for worker in cfg.workers:
+            self.ray_containers[worker.name] = self._container(
+                f"{name}-ray-worker-{worker.name}",
+                ray_container_spec(cfg, worker, ""),
+                worker.name,
+                secrets,
+                # A worker joins the head's GCS: never start one before the head.
+                depends_on=[self.ray_containers[head.name]],
+            )
+
+        vllm_spec = vllm_container_spec(cfg, "")
+        self.server = self._container(
+            f"{name}-vllm",
+            vllm_spec,
+            head.name,
+            secrets,
+            # The server claims every GPU of the cluster: only once every Ray container runs.
+            depends_on=[*self.ray_containers.values(), self.ray_tmp],
+        )
+
+        self.ready = ReadinessGate(
+            f"{name}-ready",
+            node=self.access[head.name].node_image_dict(),
+            server_id=self.server.id,
+            url=local_url(cfg.serve),
+            model=cfg.serve.model_name,
+            expect_nodes=len(cfg.nodes),
+            expect_gpus=sum(n.gpus for n in cfg.nodes),
+            deadline_s=cfg.serve.ready_timeout,
+            ray_container=head_spec.name,
+            log_container=vllm_spec.name,
+            api_key=args.api_key,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server]),
+        )
+
         self.outputs: dict[str, Any] = {
-            "head": args.config.head.name,
-            "nodes": [n.name for n in args.config.nodes],
+            # Only known once the gate passed: an endpoint output means "has answered a request".
+            "endpoint": self.ready.id.apply(lambda _: endpoint_url(cfg)),
+            "served_model": cfg.serve.model_name,
+            "dashboard": f"http://{dashboard_host(cfg)}:{cfg.ray.dashboard_port}",
+            "images": {
+                node: {"image_id": img.image_id, "layers": img.layers}
+                for node, img in self.node_images.items()
+            },
+            "containers": {
+                node.name: [ray_container_spec(cfg, node, "").name]
+                + ([vllm_spec.name] if node is head else [])
+                for node in cfg.nodes
+            },
+            "head": head.name,
+            "nodes": [n.name for n in cfg.nodes],
         }
         self.register_outputs(self.outputs)
+
+    def _on(self, node: str, depends_on: list[pulumi.Resource] | None = None) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self, provider=self.providers[node], depends_on=depends_on or [])
+
+    def _container(
+        self,
+        resource_name: str,
+        spec: ContainerSpec,
+        node: str,
+        secrets: dict[str, Any],
+        depends_on: list[pulumi.Resource],
+    ) -> docker.Container:
+        """A container on `node` running the image ID its NodeImage reports (after that NodeImage)."""
+        node_image = self.node_images[node]
+        kwargs = container_args(spec, secrets)
+        kwargs["image"] = node_image.image_id
+        return docker.Container(
+            resource_name,
+            **kwargs,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=self.providers[node],
+                depends_on=[node_image, *depends_on],
+                additional_secret_outputs=["envs"],
+                # The old container must release the GPUs and host ports before its successor starts.
+                delete_before_replace=True,
+            ),
+        )
+
+
+def place_images(name: str, deployment: Qwen35Deployment, image: HybridImage) -> dict[str, Any]:
+    """One image placement per node; each resource has `image_id` and `layers` outputs."""
+    # TEMPORARY: stands in until components/node_image.py (NodeImage, copy_tree) lands.
+    return {
+        node.name: _PendingNodeImage(
+            f"{name}-image-{node.name}",
+            {
+                "node": deployment.access[node.name].node_image_dict(),
+                "source": deployment.access[deployment.config.head.name].node_image_dict(),
+                "image": image.ref,
+                "image_id": None,
+                "layers": None,
+            },
+            opts=pulumi.ResourceOptions(parent=deployment, depends_on=[image]),
+        )
+        for node in deployment.config.nodes
+    }
+
+
+class _PendingNodeImageProvider(pulumi.dynamic.ResourceProvider):
+    """TEMPORARY: refuses to deploy, so the stand-in can never pass for a real image copy."""
+
+    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        raise NotImplementedError("NodeImage is not wired yet (components/node_image.py)")
+
+
+class _PendingNodeImage(pulumi.dynamic.Resource):
+    image_id: pulumi.Output[str]
+    layers: pulumi.Output[list]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions):
+        super().__init__(_PendingNodeImageProvider(), name, props, opts)

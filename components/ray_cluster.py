@@ -1,0 +1,223 @@
+"""The Ray cluster's containers as pure values: what runs on each node, with which settings and why.
+
+`ray_container_spec` turns validated config into a `ContainerSpec`; the deployment turns a spec into a
+`pulumi_docker.Container`. Keeping the spec pure lets tests check every flag without a node or mocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from components.config import NodeConfig, RayPorts, RestartPolicy, StackConfig
+
+# Where the HF cache is mounted in every container (they run as root), and HF_HOME points there.
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+# Ray's session directory (sockets, logs). The vLLM server container shares it with the Ray head,
+# because a Ray driver reaches its node's raylet through a Unix socket in this directory.
+RAY_TMP = "/tmp/ray"
+# Unified memory is pinned for RDMA: memlock must be unlimited; NCCL and vLLM want a large stack.
+ULIMITS = (("memlock", -1, -1), ("stack", 67108864, 67108864))
+# RDMA needs to pin memory; IPC_LOCK grants that without --privileged.
+CAPABILITIES = ("IPC_LOCK",)
+# With `on-failure`, a server that keeps crashing stops after this many tries instead of looping
+# (each crash of a 120 GB model can leak unified memory until the node is rebooted).
+ON_FAILURE_RETRIES = 5
+# Ray's ports per node, as `ray start` flags (only those set in config).
+_RAY_PORT_FLAGS = {
+    "node_manager_port": "--node-manager-port",
+    "object_manager_port": "--object-manager-port",
+    "metrics_export_port": "--metrics-export-port",
+    "dashboard_agent_listen_port": "--dashboard-agent-listen-port",
+    "dashboard_agent_grpc_port": "--dashboard-agent-grpc-port",
+    "runtime_env_agent_port": "--runtime-env-agent-port",
+    "min_worker_port": "--min-worker-port",
+    "max_worker_port": "--max-worker-port",
+}
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount (`source` is a host path) or a named volume (`volume=True`)."""
+
+    source: str
+    target: str
+    volume: bool = False
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything about one container, as plain values. Secrets appear only by name."""
+
+    name: str
+    node: str
+    role: str
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    # Environment variable -> secret config key (`hf_token`, `api_key`); values never enter the spec.
+    secret_env: dict[str, str] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()
+    ulimits: tuple[tuple[str, int, int], ...] = ULIMITS
+    capabilities: tuple[str, ...] = CAPABILITIES
+    privileged: bool = False
+    mounts: tuple[Mount, ...] = ()
+    restart: RestartPolicy = RestartPolicy.UNLESS_STOPPED
+    max_retry_count: int | None = None
+    init: bool = True
+    network_mode: str = "host"
+    ipc_mode: str = "host"
+    shm_size_mb: int | None = None
+    gpus: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    # Seconds `docker stop` waits before SIGKILL on replace/destroy.
+    stop_grace_s: int = 30
+
+    def env_list(self) -> list[str]:
+        """The non-secret environment as Docker's `KEY=value` list, sorted so diffs are stable."""
+        return [f"{k}={v}" for k, v in sorted(self.env.items())]
+
+
+def head_container_name(config: StackConfig) -> str:
+    return f"{config.containers.name_prefix}-ray-head"
+
+
+def worker_container_name(config: StackConfig) -> str:
+    return f"{config.containers.name_prefix}-ray-worker"
+
+
+def ray_tmp_volume_name(config: StackConfig) -> str:
+    return f"{config.containers.name_prefix}-ray-tmp"
+
+
+def ray_container_name(config: StackConfig, node: NodeConfig) -> str:
+    return head_container_name(config) if node is config.head else worker_container_name(config)
+
+
+def host_path(path: str, user: str) -> str:
+    """`~/…` as the node's absolute path for `user` (Docker does not expand `~` in bind mounts)."""
+    if not path.startswith("~/"):
+        return path
+    home = "/root" if user == "root" else f"/home/{user}"
+    return home + path[1:]
+
+
+def fabric_env(config: StackConfig, node: NodeConfig) -> dict[str, str]:
+    """The fabric settings every process on `node` needs: its own address and the RDMA interfaces."""
+    fabric = config.fabric
+    ifname = fabric.socket_ifname
+    env = {
+        # vLLM and Ray must agree on the node's address: the fabric one, never the management one.
+        "VLLM_HOST_IP": node.fabric_ip,
+        "NCCL_SOCKET_IFNAME": ifname,
+        "GLOO_SOCKET_IFNAME": ifname,
+        "TP_SOCKET_IFNAME": ifname,
+        "UCX_NET_DEVICES": ifname,
+        "OMPI_MCA_btl_tcp_if_include": ifname,
+        # No HCA configured (the lab) turns InfiniBand off rather than letting NCCL guess.
+        "NCCL_IB_DISABLE": "0" if fabric.ib_hca else "1",
+        # Ray's memory monitor kills workers when unified memory looks "full" (the model fills it).
+        "RAY_memory_monitor_refresh_ms": "0",
+        "HF_HOME": CONTAINER_HF_HOME,
+    }
+    if fabric.ib_hca:
+        # Every HCA port: leaving one out halves the bandwidth between the Sparks.
+        env["NCCL_IB_HCA"] = ",".join(fabric.ib_hca)
+    if fabric.ib_gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(fabric.ib_gid_index)
+    return env
+
+
+def ray_port_flags(ports: RayPorts) -> list[str]:
+    """`ray start` flags for the per-node ports that config sets (none on the Sparks)."""
+    return [f"{flag}={getattr(ports, key)}" for key, flag in _RAY_PORT_FLAGS.items() if getattr(ports, key)]
+
+
+def dashboard_host(config: StackConfig) -> str:
+    """Where the Ray dashboard listens: the head's fabric address unless config says otherwise."""
+    return config.ray.dashboard_host or config.head.fabric_ip
+
+
+def head_address(config: StackConfig) -> str:
+    """The Ray GCS address workers and the vLLM driver join: head fabric address and Ray port."""
+    return f"{config.head.fabric_ip}:{config.ray.port}"
+
+
+def ray_start_argv(config: StackConfig, node: NodeConfig) -> list[str]:
+    """`ray start` for `node`: the head on its fabric address, a worker joining the head's."""
+    if node is config.head:
+        argv = [
+            "ray", "start", "--head", "--block",
+            f"--node-ip-address={node.fabric_ip}",
+            f"--port={config.ray.port}",
+            # The dashboard stays on the fabric network unless the operator opens it up.
+            f"--dashboard-host={dashboard_host(config)}",
+            f"--dashboard-port={config.ray.dashboard_port}",
+        ]  # fmt: skip
+    else:
+        argv = [
+            "ray", "start", "--block",
+            f"--address={head_address(config)}",
+            f"--node-ip-address={node.fabric_ip}",
+        ]  # fmt: skip
+    # Declared, not detected: GB10 GPU detection has failed inside containers, and then Ray
+    # reports 0 GPUs and vLLM waits forever for a placement group.
+    argv.append(f"--num-gpus={node.gpus}")
+    return argv + ray_port_flags(node.ray_ports)
+
+
+def node_container_spec(
+    config: StackConfig,
+    node: NodeConfig,
+    *,
+    name: str,
+    role: str,
+    image_id: str,
+    command: list[str],
+    env: dict[str, str],
+    secret_env: dict[str, str],
+    extra_mounts: tuple[Mount, ...] = (),
+    stop_grace_s: int = 30,
+) -> ContainerSpec:
+    """The settings every container of the deployment shares on `node` (runtime, devices, limits)."""
+    c = config.containers
+    hf_cache = Mount(host_path(c.hf_cache, config.node_user(node)), CONTAINER_HF_HOME)
+    return ContainerSpec(
+        name=name,
+        node=node.name,
+        role=role,
+        image=image_id,
+        command=tuple(command),
+        env=env,
+        secret_env=secret_env,
+        devices=tuple(c.devices),
+        privileged=c.privileged,
+        # Privileged already grants every capability; adding one would only add noise to diffs.
+        capabilities=() if c.privileged else CAPABILITIES,
+        mounts=(hf_cache, *extra_mounts),
+        restart=c.restart,
+        max_retry_count=ON_FAILURE_RETRIES if c.restart is RestartPolicy.ON_FAILURE else None,
+        # Host IPC shares /dev/shm with the host; shm_size covers runtimes that keep their own.
+        ipc_mode="host",
+        shm_size_mb=c.shm_size_mb,
+        gpus="all" if c.gpu_runtime else None,
+        labels={"qwen35.role": role, "qwen35.node": node.name},
+        stop_grace_s=stop_grace_s,
+    )
+
+
+def ray_container_spec(config: StackConfig, node: NodeConfig, image_id: str) -> ContainerSpec:
+    """The Ray head (on `config.head`) or a Ray worker (anywhere else) on `node`."""
+    is_head = node is config.head
+    extra = (Mount(ray_tmp_volume_name(config), RAY_TMP, volume=True),) if is_head else ()
+    return node_container_spec(
+        config,
+        node,
+        name=ray_container_name(config, node),
+        role="ray-head" if is_head else "ray-worker",
+        image_id=image_id,
+        command=ray_start_argv(config, node),
+        env=fabric_env(config, node),
+        secret_env={"HF_TOKEN": "hf_token"},
+        extra_mounts=extra,
+    )

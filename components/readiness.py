@@ -1,0 +1,312 @@
+"""Readiness probe: is the cluster really serving? Runs ON THE HEAD, standard library only.
+
+Checks, in order, until a deadline: Ray reports every node and GPU; `/health` answers 200;
+`/v1/models` lists the served model; one real chat completion returns tokens. On timeout it raises
+(or exits 3) naming the stage that never passed, its last error, and the server's last log lines.
+
+Shipped to the head as `ssh head python3 - ARGS < readiness.py` (no install, no copy on the node);
+`python3 -m components.readiness ARGS` runs it locally. The API key comes from $QWEN35_API_KEY,
+never from argv. The Ray check runs `docker exec <head> ray status`: it needs only the Ray CLI that
+is already in the head container, works before the dashboard is up, and does not register a
+driver (a `ray.init` would); the dashboard stays closed to everything off the fabric network.
+
+(No `from __future__` import here: the shipped program may be prefixed with a line of setup.)
+"""
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+API_KEY_ENV = "QWEN35_API_KEY"
+LOG_TAIL_LINES = 30
+EXIT_TIMEOUT = 3
+EXIT_REJECTED = 4
+PROMPT = "Reply with the single word: ready"
+
+_NODE_LINE = re.compile(r"^\s*(\d+)\s+\S+")
+_GPU_LINE = re.compile(r"([0-9.]+)\s*/\s*([0-9.]+)\s+GPU\b")
+
+
+class NotReady(Exception):
+    """One stage has not passed yet (worth retrying until the deadline)."""
+
+    def __init__(self, stage: str, detail: str):
+        self.stage = stage
+        self.detail = detail
+        super().__init__(f"{stage}: {detail}")
+
+
+class ReadinessError(RuntimeError):
+    """The server will not become ready: the deadline passed, or it rejected us outright."""
+
+    def __init__(self, message: str, stage: str, log_tail: str = "", rejected: bool = False):
+        self.stage = stage
+        self.log_tail = log_tail
+        self.rejected = rejected
+        if log_tail:
+            message += f"\n  last {LOG_TAIL_LINES} lines of the server log:\n" + _indent(log_tail)
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class RayStatus:
+    nodes: int
+    gpus: float
+
+
+@dataclass(frozen=True)
+class ReadyReport:
+    """What the probe saw when everything passed."""
+
+    ray_nodes: int
+    ray_gpus: float
+    model: str
+    completion_tokens: int
+    reply: str
+    elapsed_s: float
+
+
+def parse_ray_status(text: str) -> RayStatus:
+    """Alive nodes and total GPUs from `ray status` (nodes are listed under Active: and Idle:)."""
+    nodes = 0
+    section = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.endswith(":") and not line.startswith(" "):
+            section = stripped[:-1]
+            continue
+        if section in ("Active", "Idle"):
+            match = _NODE_LINE.match(line)
+            if match:
+                nodes += int(match.group(1))
+    gpu = _GPU_LINE.search(text)
+    return RayStatus(nodes=nodes, gpus=float(gpu.group(2)) if gpu else 0.0)
+
+
+def _request(url: str, api_key: str | None, body: dict | None, timeout: float) -> tuple[int, bytes]:
+    headers = {"Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise NotReady("connect", f"{url}: {reason}") from None
+
+
+def _json(stage: str, payload: bytes) -> dict:
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        raise NotReady(stage, f"answer is not JSON: {payload[:120]!r}") from None
+    if not isinstance(value, dict):
+        raise NotReady(stage, f"answer is not a JSON object: {payload[:120]!r}")
+    return value
+
+
+def _rejected(stage: str, status: int) -> None:
+    if status in (401, 403):
+        raise ReadinessError(
+            f"readiness: {stage}: the server answered {status}: the API key does not match the "
+            "server's (set `qwen35-spark:api_key` to the key the server was started with)",
+            stage,
+            rejected=True,
+        )
+
+
+def check_ray(ray_status: Callable[[], str], expect_nodes: int, expect_gpus: float) -> RayStatus:
+    try:
+        status = parse_ray_status(ray_status())
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NotReady("ray", f"`ray status` failed: {exc}") from None
+    if status.nodes < expect_nodes or status.gpus < expect_gpus:
+        raise NotReady(
+            "ray",
+            f"{status.nodes}/{expect_nodes} nodes, {status.gpus:g}/{expect_gpus:g} GPUs joined",
+        )
+    return status
+
+
+def check_health(base: str, timeout: float) -> None:
+    status, body = _request(f"{base}/health", None, None, timeout)
+    if status != 200:
+        raise NotReady("health", f"/health answered {status}: {body[:200]!r}")
+
+
+def check_models(base: str, model: str, api_key: str | None, timeout: float) -> None:
+    status, body = _request(f"{base}/v1/models", api_key, None, timeout)
+    _rejected("models", status)
+    if status != 200:
+        raise NotReady("models", f"/v1/models answered {status}: {body[:200]!r}")
+    ids = [str(m.get("id")) for m in _json("models", body).get("data", []) if isinstance(m, dict)]
+    if model not in ids:
+        raise NotReady("models", f"{model!r} not among served models {ids}")
+
+
+def check_completion(base: str, model: str, api_key: str | None, timeout: float) -> tuple[int, str]:
+    """One real chat completion; returns (completion tokens, reply text)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    status, raw = _request(f"{base}/v1/chat/completions", api_key, body, timeout)
+    _rejected("completion", status)
+    if status != 200:
+        raise NotReady("completion", f"/v1/chat/completions answered {status}: {raw[:200]!r}")
+    answer = _json("completion", raw)
+    choices = answer.get("choices") or [{}]
+    message = choices[0].get("message") or {}
+    # Reasoning models may spend a short budget thinking: that is still generated tokens.
+    text = message.get("content") or message.get("reasoning_content") or ""
+    tokens = int((answer.get("usage") or {}).get("completion_tokens") or 0)
+    if tokens <= 0 and not text:
+        raise NotReady("completion", f"the completion returned no tokens: {raw[:200]!r}")
+    return tokens, text
+
+
+def wait_ready(
+    probe_target: str,
+    expect_nodes: int,
+    expect_gpus: float,
+    model: str,
+    deadline_s: float,
+    api_key: str | None = None,
+    *,
+    ray_check: Callable[[], str] | None,
+    log_tail: Callable[[], str] | None = None,
+    interval_s: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    progress: Callable[[str], None] | None = None,
+) -> ReadyReport:
+    """Poll every stage until all pass or `deadline_s` passes (then raise ReadinessError).
+
+    `ray_check` returns `ray status` output; pass None explicitly to skip Ray (stand-in servers).
+    `log_tail` returns the server's last log lines for the timeout message.
+    """
+    base = probe_target.rstrip("/")
+    start = clock()
+    end = start + deadline_s
+    last = NotReady("start", "not probed yet")
+    seen_stage = ""
+    while True:
+        remaining = max(end - clock(), 1.0)
+        try:
+            ray = check_ray(ray_check, expect_nodes, expect_gpus) if ray_check else None
+            check_health(base, min(remaining, 30.0))
+            check_models(base, model, api_key, min(remaining, 30.0))
+            tokens, reply = check_completion(base, model, api_key, min(remaining, 300.0))
+            return ReadyReport(
+                ray_nodes=ray.nodes if ray else 0,
+                ray_gpus=ray.gpus if ray else 0.0,
+                model=model,
+                completion_tokens=tokens,
+                reply=reply[:200],
+                elapsed_s=round(clock() - start, 1),
+            )
+        except NotReady as exc:
+            last = exc
+            if progress and exc.stage != seen_stage:
+                progress(f"waiting: {exc}")
+                seen_stage = exc.stage
+        except ReadinessError as exc:
+            raise ReadinessError(exc.args[0], exc.stage, _tail(log_tail), exc.rejected) from None
+        if clock() + interval_s > end:
+            break
+        sleep(interval_s)
+    tail = _tail(log_tail)
+    message = (
+        f"readiness: not ready after {deadline_s:g} s at {base}\n"
+        f"  stuck at stage '{last.stage}': {last.detail}\n"
+        "  next: look at the server log below; `pulumi up` again resumes waiting"
+    )
+    raise ReadinessError(message, last.stage, tail)
+
+
+def _tail(log_tail: Callable[[], str] | None) -> str:
+    if log_tail is None:
+        return ""
+    try:
+        return log_tail().rstrip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"(could not read the server log: {exc})"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    | " + line for line in text.splitlines())
+
+
+def _docker(argv: list[str], timeout: float = 60.0) -> str:
+    """stdout+stderr of a docker command on this node (`docker logs` writes to both)."""
+    done = subprocess.run(
+        ["docker", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False
+    )
+    text = done.stdout.decode(errors="replace")
+    if done.returncode != 0:
+        raise OSError(f"docker {' '.join(argv[:2])} exited {done.returncode}: {text.strip()[-300:]}")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    parser = argparse.ArgumentParser(prog="readiness", description="Wait until the cluster serves.")
+    parser.add_argument("--url", required=True, help="server base URL as seen from here")
+    parser.add_argument("--model", required=True, help="served model name")
+    parser.add_argument("--nodes", type=int, required=True, help="Ray nodes expected")
+    parser.add_argument("--gpus", type=float, required=True, help="Ray GPUs expected")
+    parser.add_argument("--deadline", type=float, required=True, help="seconds before giving up")
+    parser.add_argument("--interval", type=float, default=5.0)
+    ray = parser.add_mutually_exclusive_group(required=True)
+    ray.add_argument("--ray-container", help="Ray head container (runs `ray status` in it)")
+    ray.add_argument("--no-ray-check", action="store_true", help="skip Ray (stand-in servers only)")
+    parser.add_argument("--log-container", help="container whose log tail explains a timeout")
+    args = parser.parse_args(argv)
+
+    ray_check = None
+    if args.ray_container:
+        container = args.ray_container
+        ray_check = lambda: _docker(["exec", container, "ray", "status"])  # noqa: E731
+    log_tail = None
+    if args.log_container:
+        logs = args.log_container
+        log_tail = lambda: _docker(["logs", "--tail", str(LOG_TAIL_LINES), logs])  # noqa: E731
+    try:
+        report = wait_ready(
+            args.url,
+            args.nodes,
+            args.gpus,
+            args.model,
+            args.deadline,
+            os.environ.get(API_KEY_ENV) or None,
+            ray_check=ray_check,
+            log_tail=log_tail,
+            interval_s=args.interval,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except ReadinessError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_REJECTED if exc.rejected else EXIT_TIMEOUT
+    print(json.dumps(asdict(report)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""ReadinessGate: a dynamic resource whose create waits until the cluster answers a real request.
+
+The provider ships `components/readiness.py` to the head over SSH (`python3 -`, program on stdin)
+and runs it there, so the probe sees the server the way a client on the head does. Dynamic
+providers' create never runs during preview. `read` (pulumi refresh) probes once more with a short
+deadline and reports the gate gone when the server no longer answers, so refresh shows that drift.
+
+Pickled by reference to this module: keep the module importable with no side effects, and do not
+rename `ReadinessGateProvider` (existing stacks refer to it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi.dynamic as dynamic
+
+from components.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT
+from components.remote import RemoteError, SshTarget, SshTransport, stderr_tail
+
+PROBE_SOURCE = Path(__file__).resolve().parent / "readiness.py"
+# Extra seconds for SSH and the log tail beyond the probe's own deadline.
+TRANSPORT_SLACK_S = 120
+# How long `pulumi refresh` waits for a server that answered before.
+REFRESH_DEADLINE_S = 60
+# Inputs whose change means "probe again" (everything but the secret and the node's access details).
+_PROBE_KEYS = (
+    "server_id",
+    "url",
+    "model",
+    "expect_nodes",
+    "expect_gpus",
+    "ray_container",
+    "log_container",
+)
+
+
+def probe_argv(props: dict[str, Any], deadline_s: float) -> list[str]:
+    """The command run on the head: the probe program arrives on stdin."""
+    argv = [
+        "python3", "-",
+        "--url", str(props["url"]),
+        "--model", str(props["model"]),
+        "--nodes", str(int(props["expect_nodes"])),
+        "--gpus", f"{float(props['expect_gpus']):g}",
+        "--deadline", f"{float(deadline_s):g}",
+    ]  # fmt: skip
+    ray = props.get("ray_container")
+    argv += ["--ray-container", ray] if ray else ["--no-ray-check"]
+    if props.get("log_container"):
+        argv += ["--log-container", props["log_container"]]
+    return argv
+
+
+def probe_program(api_key: str | None) -> bytes:
+    """The probe's source, with the API key set in its environment (stdin, never argv)."""
+    prelude = ""
+    if api_key:
+        prelude = f"import os\nos.environ[{API_KEY_ENV!r}] = {api_key!r}\n"
+    return (prelude + PROBE_SOURCE.read_text()).encode()
+
+
+def target_from(node: dict[str, Any]) -> SshTarget:
+    return SshTarget(
+        host=node["host"],
+        user=node["user"],
+        port=int(node["port"]),
+        known_hosts=node["known_hosts"],
+        identity_file=node.get("identity_file"),
+        proxy_jump=node.get("proxy_jump"),
+        name=node["name"],
+    )
+
+
+def run_probe(props: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+    """Run the probe on the head; its report on success, RemoteError (with the log tail) if not."""
+    transport = SshTransport(target_from(props["node"]))
+    argv = probe_argv(props, deadline_s)
+    result = transport.run(
+        argv, stdin=probe_program(props.get("api_key")), timeout=deadline_s + TRANSPORT_SLACK_S
+    )
+    if result.ok:
+        return json.loads(result.text.strip().splitlines()[-1])
+    hints = {
+        EXIT_TIMEOUT: "the server log tail is above; fix the cause, then `pulumi up` waits again",
+        EXIT_REJECTED: "set qwen35-spark:api_key to the server's key",
+    }
+    # The probe's own message (stage, last error, 30 log lines) is the useful part: keep all of it.
+    raise GateFailed(
+        props["node"]["name"], result.returncode, result.stderr, hints.get(result.returncode, "")
+    )
+
+
+class GateFailed(RemoteError):
+    """The probe ran and said no; the message carries its whole report, not only the last lines."""
+
+    def _message(self) -> str:
+        if self.transport_failed:
+            return super()._message()
+        lines = [f"{self.node}: the deployment is not ready (probe exit {self.returncode})"]
+        lines.append(stderr_tail(self.stderr, lines=60))
+        if self.hint:
+            lines.append(f"  next: {self.hint}")
+        return "\n".join(lines)
+
+
+class ReadinessGateProvider(dynamic.ResourceProvider):
+    """create: wait until ready (deadline from config); read: probe once more; delete: nothing."""
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        report = run_probe(props, float(props["deadline_s"]))
+        outs = {**props, "ready": True, "report": report}
+        return dynamic.CreateResult(id_=f"{props['node']['name']}-{props['server_id']}"[:120], outs=outs)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        changed = [k for k in _PROBE_KEYS if olds.get(k) != news.get(k)]
+        # A new API key or deadline alone does not need a new probe: update in place.
+        soft = [k for k in ("api_key", "deadline_s", "node") if olds.get(k) != news.get(k)]
+        return dynamic.DiffResult(
+            changes=bool(changed or soft),
+            replaces=changed,
+            delete_before_replace=True,
+        )
+
+    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        return dynamic.UpdateResult(outs={**_olds, **news})
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        try:
+            run_probe(props, REFRESH_DEADLINE_S)
+        except (RemoteError, ValueError):
+            # Not serving any more: report the gate gone, so refresh shows it and `up` probes again.
+            return dynamic.ReadResult(id_="", outs={})
+        return dynamic.ReadResult(id_=id_, outs=props)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        # A gate leaves nothing on the node.
+        return None
+
+
+class ReadinessGate(dynamic.Resource):
+    """Completes only once the server on the head has answered a real chat completion."""
+
+    ready: pulumi.Output[bool]
+    report: pulumi.Output[dict]
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        node: dict[str, Any],
+        server_id: pulumi.Input[str],
+        url: str,
+        model: str,
+        expect_nodes: int,
+        expect_gpus: float,
+        deadline_s: int,
+        ray_container: str | None,
+        log_container: str,
+        api_key: pulumi.Input[str] | None,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        props = {
+            "node": node,
+            "server_id": server_id,
+            "url": url,
+            "model": model,
+            "expect_nodes": expect_nodes,
+            "expect_gpus": expect_gpus,
+            "deadline_s": deadline_s,
+            "ray_container": ray_container,
+            "log_container": log_container,
+            "api_key": pulumi.Output.secret(api_key) if api_key is not None else None,
+            "ready": None,
+            "report": None,
+        }
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["api_key"])
+        )
+        super().__init__(ReadinessGateProvider(), name, props, opts)

@@ -1,0 +1,79 @@
+"""The vLLM server: `vllm serve` in its own container on the head, driving the Ray cluster.
+
+A separate container (not `docker exec` into the Ray head) so that changing a serve setting replaces
+only the server: the Ray containers, and the model weights they cache, stay up.
+"""
+
+from __future__ import annotations
+
+from components.config import ServeConfig, StackConfig
+from components.ray_cluster import (
+    RAY_TMP,
+    ContainerSpec,
+    Mount,
+    fabric_env,
+    head_address,
+    node_container_spec,
+    ray_tmp_volume_name,
+)
+
+# The API key reaches vLLM through this variable, never on the command line (`ps` shows argv).
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+def vllm_container_name(config: StackConfig) -> str:
+    return f"{config.containers.name_prefix}-vllm"
+
+
+def serve_argv(serve: ServeConfig) -> list[str]:
+    """`vllm serve …` for the head. Secrets never appear here (see API_KEY_ENV)."""
+    argv = [
+        "vllm", "serve", serve.model,
+        "--tensor-parallel-size", str(serve.tensor_parallel_size),
+        "--pipeline-parallel-size", str(serve.pipeline_parallel_size),
+        "--distributed-executor-backend", "ray",
+        "--host", serve.host,
+        "--port", str(serve.port),
+        "--gpu-memory-utilization", f"{serve.gpu_memory_utilization:g}",
+        "--served-model-name", serve.model_name,
+    ]  # fmt: skip
+    if serve.max_model_len is not None:
+        argv += ["--max-model-len", str(serve.max_model_len)]
+    return argv + list(serve.extra_args)
+
+
+def local_url(serve: ServeConfig) -> str:
+    """The server's base URL as seen from the head itself (where the readiness probe runs)."""
+    host = "127.0.0.1" if serve.host in ("0.0.0.0", "::") else serve.host
+    return f"http://{host}:{serve.port}"
+
+
+def endpoint_url(config: StackConfig) -> str:
+    """The OpenAI-compatible base URL for clients: the head's address unless the server binds one."""
+    serve = config.serve
+    host = config.head.host if serve.host in ("0.0.0.0", "::") else serve.host
+    return f"http://{host}:{serve.port}/v1"
+
+
+def vllm_container_spec(config: StackConfig, image_id: str) -> ContainerSpec:
+    """The server container on the head: same image and fabric settings as the Ray head."""
+    head = config.head
+    env = {
+        **fabric_env(config, head),
+        # The driver joins the running cluster instead of starting a local one.
+        "RAY_ADDRESS": head_address(config),
+    }
+    return node_container_spec(
+        config,
+        head,
+        name=vllm_container_name(config),
+        role="vllm",
+        image_id=image_id,
+        command=serve_argv(config.serve),
+        env=env,
+        secret_env={"HF_TOKEN": "hf_token", API_KEY_ENV: "api_key"},
+        # The Ray head's session directory: a driver reaches the raylet through its Unix socket.
+        extra_mounts=(Mount(ray_tmp_volume_name(config), RAY_TMP, volume=True),),
+        # Let vLLM release the GPUs and the Ray placement group before it is killed.
+        stop_grace_s=120,
+    )

@@ -1,0 +1,95 @@
+"""The vLLM server's command line and container, pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.config import ServeConfig
+from components.ray_cluster import RAY_TMP, Mount
+from components.vllm_server import (
+    API_KEY_ENV,
+    endpoint_url,
+    local_url,
+    serve_argv,
+    vllm_container_spec,
+)
+from tests.unit.test_ray_cluster import IMAGE_ID, config_from
+
+
+def test_dev_serve_argv():
+    cfg = config_from()
+    assert serve_argv(cfg.serve) == [
+        "vllm", "serve", "Qwen/Qwen3.5-122B-A10B-FP8",
+        "--tensor-parallel-size", "2",
+        "--pipeline-parallel-size", "1",
+        "--distributed-executor-backend", "ray",
+        "--host", "0.0.0.0",
+        "--port", "8000",
+        "--gpu-memory-utilization", "0.85",
+        "--served-model-name", "qwen3.5-122b",
+        "--max-model-len", "32768",
+    ]  # fmt: skip
+
+
+def test_defaults_and_extra_args():
+    serve = ServeConfig(
+        tensor_parallel_size=4,
+        pipeline_parallel_size=2,
+        extra_args=["--enable-expert-parallel", "--kv-cache-dtype=fp8"],
+    )
+    argv = serve_argv(serve)
+    assert "--max-model-len" not in argv
+    assert argv[argv.index("--served-model-name") + 1] == serve.model
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+    assert argv[-2:] == ["--enable-expert-parallel", "--kv-cache-dtype=fp8"]
+
+
+@pytest.mark.parametrize(
+    ("change", "flag", "value"),
+    [
+        ({"port": 9000}, "--port", "9000"),
+        ({"gpu_memory_utilization": 0.9}, "--gpu-memory-utilization", "0.9"),
+        ({"max_model_len": 8192}, "--max-model-len", "8192"),
+        ({"served_model_name": "q"}, "--served-model-name", "q"),
+    ],
+)
+def test_each_serve_setting_changes_the_command(change, flag, value):
+    base = config_from().serve
+    changed = base.model_copy(update=change)
+    argv = serve_argv(changed)
+    assert argv != serve_argv(base)
+    assert argv[argv.index(flag) + 1] == value
+
+
+def test_api_key_is_never_on_the_command_line():
+    cfg = config_from()
+    spec = vllm_container_spec(cfg, IMAGE_ID)
+    assert not any("api-key" in arg or "sk-" in arg for arg in spec.command)
+    assert spec.secret_env == {"HF_TOKEN": "hf_token", API_KEY_ENV: "api_key"}
+    assert API_KEY_ENV not in spec.env
+
+
+def test_server_container_on_the_head():
+    cfg = config_from()
+    spec = vllm_container_spec(cfg, IMAGE_ID)
+    assert spec.name == "qwen35-vllm" and spec.node == "spark-1"
+    assert spec.image == IMAGE_ID
+    assert spec.command[:3] == ("vllm", "serve", "Qwen/Qwen3.5-122B-A10B-FP8")
+    assert spec.env["RAY_ADDRESS"] == "192.168.200.12:6379"
+    assert spec.env["VLLM_HOST_IP"] == "192.168.200.12"
+    assert Mount("qwen35-ray-tmp", RAY_TMP, volume=True) in spec.mounts
+    assert spec.network_mode == "host" and spec.init
+
+
+@pytest.mark.parametrize(
+    ("host", "local", "endpoint"),
+    [
+        ("0.0.0.0", "http://127.0.0.1:8000", "http://10.1.230.180:8000/v1"),
+        ("10.1.230.180", "http://10.1.230.180:8000", "http://10.1.230.180:8000/v1"),
+    ],
+)
+def test_urls(host, local, endpoint):
+    cfg = config_from(serve={"host": host})
+    assert local_url(cfg.serve) == local
+    assert endpoint_url(cfg) == endpoint
