@@ -123,7 +123,7 @@ def _describe(node: ast.AST, anchor: str, rel: str) -> _Container:
         last = node.values[-1] if node.values else None
         first_of_last = (node.keys[-1] or node.values[-1]) if node.values else None
         kind = "dict"
-    elif isinstance(node, ast.Call) and not node.args:
+    elif isinstance(node, ast.Call) and not node.args and node.keywords:  # e.g. LazyConfigDict(a="A")
         existing = {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg is not None}
         last = node.keywords[-1].value if node.keywords else None
         first_of_last = node.keywords[-1] if node.keywords else None

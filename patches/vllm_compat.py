@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prove that modules copied from a donor vLLM tree will import inside a base vLLM tree.
 
-    vllm_compat.py --base DIR --donor DIR [--files F ...] [--json]
+    vllm_compat.py --base DIR --donor DIR [--files F ...] [--extra F ...] [--json] [--stage OUT]
 
 DIR is a `vllm` package directory; F is a path inside it (default: the Qwen3.5 model and config
 modules present in the donor). Every `vllm...` module and name the copied files import (at module
@@ -11,7 +11,9 @@ run) must resolve in the base tree with the copies in place, following re-export
 Extension modules (`*.so`) must exist; the names imported from them cannot be read and are accepted.
 Exit 0 when all resolve. Exit 1 listing each unresolved `module:name`, the copied file that needs it,
 the donor files that provide it, and the closure of extra donor files the hybrid would need.
-Exit 2 on bad arguments. Standard library only (runs inside the image build, Python 3.10+).
+--extra adds files (e.g. the closure found earlier) to the default list. --stage OUT copies the
+proven files into OUT (same relative paths) only when the proof passes, so nothing unproven reaches
+an image. Exit 2 on bad arguments. Standard library only (runs inside the image build, Python 3.10+).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -484,7 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", required=True, type=Path, help="the base tree's `vllm` package directory")
     parser.add_argument("--donor", required=True, type=Path, help="the donor tree's `vllm` package directory")
     parser.add_argument("--files", nargs="+", help="donor files to copy, relative to the donor `vllm` dir")
+    parser.add_argument("--extra", nargs="+", default=[], help="donor files to copy besides --files/defaults")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    parser.add_argument("--stage", type=Path, help="on success, copy the proven files into this directory")
     args = parser.parse_args(argv)
     for label, root in (("--base", args.base), ("--donor", args.donor)):
         if not (root / "__init__.py").is_file():
@@ -492,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"vllm_compat: {label} {root}: not a vllm package directory (no __init__.py)", file=sys.stderr
             )
             return EXIT_USAGE
-    files = args.files or default_files(args.donor)
+    files = list(dict.fromkeys([*(args.files or default_files(args.donor)), *args.extra]))
     missing = [rel for rel in files if not (args.donor / rel).is_file() or not rel.endswith(".py")]
     if not files or missing:
         print(f"vllm_compat: donor {args.donor} lacks {missing or 'any Qwen3.5 module'}", file=sys.stderr)
@@ -502,7 +507,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(to_json(verdict, args.base, args.donor), indent=2))
     else:
         print(report(verdict))
-    return EXIT_OK if verdict.ok else EXIT_UNRESOLVED
+    if not verdict.ok:
+        return EXIT_UNRESOLVED
+    if args.stage is not None:
+        stage(args.donor, files, args.stage)
+    return EXIT_OK
+
+
+def stage(donor_dir: Path, files: list[str], out: Path) -> None:
+    """Copy the proven donor files into `out`, keeping their paths relative to the `vllm` dir."""
+    for rel in files:
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(donor_dir / rel, target)
+        print(f"vllm_compat: staged {rel}", file=sys.stderr)
 
 
 if __name__ == "__main__":
