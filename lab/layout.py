@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-SSH_PORT = 2222
+SSH_PORT = 2222  # default; LAB_SSH_PORT moves a second, private lab out of the way
 LAB_USER = "root"
 
 
@@ -71,6 +71,14 @@ class LabNode:
 def lab_dir() -> Path:
     """Runtime state (sockets, pidfiles, keys, logs); short because unix socket paths are limited."""
     return Path(os.environ.get("LAB_DIR", "/run/qwen35-lab"))
+
+
+def ssh_port() -> int:
+    """The port every node's sshd listens on (each on its own address)."""
+    text = os.environ.get("LAB_SSH_PORT", str(SSH_PORT))
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise LabError(f"lab: LAB_SSH_PORT={text!r} is not a port number")
+    return int(text)
 
 
 def data_dir() -> Path:

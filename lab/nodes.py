@@ -20,7 +20,6 @@ from lab.engines import SYSTEM_PATH, dockerd_binary, engine_bin_dirs, find_binar
 from lab.layout import (
     LAB_USER,
     NODE_SPECS,
-    SSH_PORT,
     LabError,
     LabNode,
     NodePaths,
@@ -33,6 +32,7 @@ from lab.layout import (
     node_paths,
     select_specs,
     ssh_paths,
+    ssh_port,
 )
 
 DOCKERD_DEADLINE = 60.0
@@ -70,7 +70,7 @@ def sshd_config_text(spec: NodeSpec, paths: NodePaths, keys: SshPaths) -> str:
     """sshd on the node's own address; every session lands on the node's daemon via DOCKER_HOST."""
     return "\n".join(
         [
-            f"ListenAddress {spec.host}:{SSH_PORT}",
+            f"ListenAddress {spec.host}:{ssh_port()}",
             f"HostKey {paths.host_key}",
             f"PidFile {paths.sshd_pid}",
             f"AuthorizedKeysFile {keys.authorized_keys}",
@@ -95,7 +95,7 @@ def lab_node(spec: NodeSpec, engine_version: str) -> LabNode:
     return LabNode(
         name=spec.name,
         host=spec.host,
-        port=SSH_PORT,
+        port=ssh_port(),
         user=LAB_USER,
         identity_file=str(keys.identity_file),
         known_hosts=str(keys.known_hosts),
@@ -240,7 +240,7 @@ def ensure_host_keys_and_known_hosts(keys: SshPaths) -> None:
         if not paths.host_key.exists():
             _keygen(paths.host_key, f"{spec.name}-host")
         public = Path(f"{paths.host_key}.pub").read_text()
-        lines.append(known_hosts_line(spec.host, SSH_PORT, public))
+        lines.append(known_hosts_line(spec.host, ssh_port(), public))
     _write_if_changed(keys.known_hosts, "\n".join(lines) + "\n", mode=0o644)
 
 
@@ -266,14 +266,14 @@ def check_port_free(spec: NodeSpec) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind((spec.host, SSH_PORT))
+            probe.bind((spec.host, ssh_port()))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise LabError(
-                    f"lab: {spec.name}: {spec.host}:{SSH_PORT} is taken by another process "
-                    f"(see: ss -ltnp 'sport = :{SSH_PORT}')"
+                    f"lab: {spec.name}: {spec.host}:{ssh_port()} is taken by another process "
+                    f"(see: ss -ltnp 'sport = :{ssh_port()}')"
                 ) from None
-            raise LabError(f"lab: {spec.name}: cannot bind {spec.host}:{SSH_PORT}: {exc}") from None
+            raise LabError(f"lab: {spec.name}: cannot bind {spec.host}:{ssh_port()}: {exc}") from None
 
 
 def start_dockerd(spec: NodeSpec) -> str:
@@ -337,11 +337,11 @@ def start_sshd(spec: NodeSpec, keys: SshPaths) -> None:
         )
     deadline = time.monotonic() + SSHD_DEADLINE
     while time.monotonic() < deadline:
-        if owned_pid(paths.sshd_pid, str(paths.sshd_config)) and _accepts(spec.host, SSH_PORT):
+        if owned_pid(paths.sshd_pid, str(paths.sshd_config)) and _accepts(spec.host, ssh_port()):
             return
         time.sleep(0.1)
     raise LabError(
-        f"lab: {spec.name}: sshd not listening on {spec.host}:{SSH_PORT} within {SSHD_DEADLINE:.0f}s; "
+        f"lab: {spec.name}: sshd not listening on {spec.host}:{ssh_port()} within {SSHD_DEADLINE:.0f}s; "
         f"{log_tail(paths.sshd_log)}"
     )
 

@@ -86,3 +86,17 @@ def test_node_config_is_the_nodeimage_node_dict(node_a):
         "known_hosts": node_a.known_hosts,
         "fabric_host": "127.0.0.2",
     }
+
+
+def test_debian_image_has_python(node_a):
+    lab.debian_image(node_a)
+    ran = lab.docker(
+        node_a, "run", "--rm", "--network", "host", "lab-debian:bookworm",
+        "python3", "-c", "import ssl, venv, sys; print(sys.version_info[0])",
+    )  # fmt: skip
+    assert ran.out == "3"
+
+
+def test_busybox_image_is_built_once(node_a):
+    first = lab.busybox_image(node_a)
+    assert lab.busybox_image(node_a) == first

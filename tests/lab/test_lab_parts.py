@@ -1,0 +1,243 @@
+"""The lab's pure parts and its error messages, without starting the real lab."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import tarfile
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+import lab
+from lab import engines, images, nodes, sessions
+from lab.layout import LabError, known_hosts_line, node_paths, select_specs, ssh_paths
+
+NODE = lab.LabNode(
+    name="node-a",
+    host="127.0.0.2",
+    port=2222,
+    user="root",
+    identity_file="/run/qwen35-lab/ssh/id_ed25519",
+    known_hosts="/run/qwen35-lab/ssh/known_hosts",
+    docker_host="unix:///run/qwen35-lab/node-a/docker.sock",
+    engine="20.10.24+dfsg1",
+    store="classic",
+)
+
+
+@pytest.fixture
+def private_lab(tmp_path, monkeypatch):
+    """Lab paths under tmp_path, so nothing here touches a running lab."""
+    monkeypatch.setenv("LAB_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("LAB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("QWEN35_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_dockerd_argv_keeps_each_daemon_to_itself(private_lab):
+    paths = node_paths("node-c")
+    argv = nodes.dockerd_argv("/x/dockerd", paths)
+    assert argv[0] == "/x/dockerd"
+    for flag, value in [
+        ("--data-root", paths.data_root),
+        ("--exec-root", paths.exec_root),
+        ("--host", f"unix://{paths.socket}"),
+        ("--pidfile", paths.docker_pid),
+        ("--config-file", paths.daemon_json),
+    ]:
+        assert argv[argv.index(flag) + 1] == str(value)
+    assert {"--bridge=none", "--iptables=false", "--ip6tables=false"} <= set(argv)
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [
+        ("node-a", {}),
+        ("node-c", {}),
+        ("node-d", {"features": {"containerd-snapshotter": True}}),
+    ],
+)
+def test_daemon_config_per_store(name, config):
+    assert nodes.daemon_config(select_specs([name])[0]) == config
+
+
+def test_sshd_config_points_sessions_at_the_nodes_daemon(private_lab):
+    spec = select_specs(["node-b"])[0]
+    text = nodes.sshd_config_text(spec, node_paths("node-b"), ssh_paths())
+    assert "ListenAddress 127.0.0.3:2222" in text
+    assert f"SetEnv DOCKER_HOST=unix://{node_paths('node-b').socket} LAB_NODE=node-b" in text
+    assert "PasswordAuthentication no" in text
+
+
+def test_known_hosts_line_uses_the_bracketed_form_for_other_ports():
+    key = "ssh-ed25519 AAAAC3Nza comment"
+    assert known_hosts_line("127.0.0.2", 2222, key) == "[127.0.0.2]:2222 ssh-ed25519 AAAAC3Nza"
+    assert known_hosts_line("spark-1", 22, key) == "spark-1 ssh-ed25519 AAAAC3Nza"
+
+
+def test_unknown_node_gets_did_you_mean():
+    with pytest.raises(LabError, match=r"unknown node 'node-e'.*did you mean node-"):
+        select_specs(["node-e"])
+
+
+@pytest.mark.parametrize(
+    ("info", "store"),
+    [
+        ({"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "extfs"]]}, "classic"),
+        (
+            {"Driver": "overlayfs", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]},
+            "containerd",
+        ),
+        ({}, "classic"),
+    ],
+)
+def test_store_of(info, store):
+    assert nodes.store_of(info) == store
+
+
+DEB822 = """Types: deb
+# http://snapshot.debian.org/archive/debian/20250520T000000Z
+URIs: http://mirror.example/debian
+Suites: bookworm bookworm-updates
+Components: main
+
+Types: deb
+URIs: http://mirror.example/debian-security
+Suites: bookworm-security
+Components: main
+"""
+
+
+def test_mirror_from_deb822_skips_comments_and_security():
+    assert engines.mirror_from_deb822(DEB822) == "http://mirror.example/debian"
+    assert engines.mirror_from_deb822("Types: deb\nURIs: http://s/ds\nSuites: bookworm-security\n") is None
+
+
+def test_debian_mirror_reads_one_line_sources(tmp_path):
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list").write_text(
+        "deb http://sec.example/debian-security bookworm-security main\n"
+        "deb [arch=amd64] http://mirror.example/debian/ bookworm main\n"
+    )
+    assert engines.debian_mirror(tmp_path) == "http://mirror.example/debian"
+    assert engines.debian_mirror(tmp_path / "nowhere") == engines.DEFAULT_MIRROR
+
+
+def test_apt_options_never_touch_the_systems_apt(tmp_path):
+    options = engines.apt_options(tmp_path)
+    settings = dict(o.split("=", 1) for o in options if o != "-o")
+    assert settings["Dir::Etc::SourceList"] == str(tmp_path / "apt" / "sources.list")
+    assert settings["Dir::Etc::SourceParts"] == "/dev/null"
+    assert settings["Dir::State::Lists"].startswith(str(tmp_path))
+    assert settings["Dir::Cache"].startswith(str(tmp_path))
+
+
+def test_ssh_argv_pins_host_keys_and_quotes_once():
+    argv = lab.ssh_argv(NODE, ["sh", "-c", "echo a b; touch /x"])
+    assert argv[0] == "ssh"
+    assert "StrictHostKeyChecking=yes" in argv
+    assert f"UserKnownHostsFile={NODE.known_hosts}" in argv
+    assert not any("StrictHostKeyChecking=no" in a for a in argv)
+    assert argv[-3:-1] == ["root@127.0.0.2", "--"]
+    assert shlex.split(argv[-1]) == ["sh", "-c", "echo a b; touch /x"]
+
+
+def test_pipeline_fails_when_any_stage_fails():
+    argv = lab.pipeline(["docker", "save", "x:1"], ["ssh", "b", "docker load"])
+    assert argv[:3] == ["bash", "-o", "pipefail"]
+    assert argv[-1] == "docker save x:1 | ssh b 'docker load'"
+
+
+@pytest.mark.parametrize("tag", ["lab-busybox:1", "lab-debian:bookworm", "a/b:c.d-1"])
+def test_check_tag_accepts(tag):
+    assert images.check_tag(tag) == tag
+
+
+@pytest.mark.parametrize("tag", ["Lab:1", "x", "x:1; rm -rf /", "x:$(id)", ":1"])
+def test_check_tag_rejects(tag):
+    with pytest.raises(LabError):
+        images.check_tag(tag)
+
+
+def test_busybox_is_static_and_sh_is_not():
+    busybox = images.static_busybox()
+    assert not images.elf_interpreter(busybox.read_bytes()[:4096])
+    assert images.elf_interpreter(Path(os.path.realpath("/bin/sh")).read_bytes()[:4096])
+
+
+def test_busybox_context_has_the_binary_and_applet_links():
+    busybox = images.static_busybox()
+    context = images.busybox_context(busybox, ["busybox", "sh", "ls"])
+    with tarfile.open(fileobj=BytesIO(context)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert tar.extractfile("Dockerfile").read().startswith(b"FROM scratch\n")
+    assert members["rootfs/bin/busybox"].mode == 0o755
+    assert members["rootfs/bin/sh"].issym() and members["rootfs/bin/sh"].linkname == "busybox"
+    assert "rootfs/bin/busybox" in members and "rootfs/bin/ls" in members
+    assert images.busybox_context(busybox, ["sh"]) == images.busybox_context(busybox, ["sh"])
+
+
+def test_sessions_count_only_nodes_not_running_before():
+    state = {"started": [], "leases": [111]}
+    after = sessions.next_state(
+        state, running={"node-a"}, wanted=["node-a", "node-b"], me=222, alive=lambda pid: pid == 111
+    )
+    assert after == {"started": ["node-b"], "leases": [111, 222]}
+    dead = sessions.next_state(after, running=set(), wanted=["node-a"], me=333, alive=lambda pid: False)
+    assert dead == {"started": ["node-a", "node-b"], "leases": [333]}
+
+
+# ---- errors for people ---------------------------------------------------------------------------
+
+
+def test_not_root_is_named(monkeypatch, private_lab):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(LabError, match=r"^lab: must run as root \(dockerd and sshd need it\)$"):
+        lab.up(["node-a"])
+
+
+def test_missing_binary_names_package_and_make_setup(monkeypatch):
+    monkeypatch.setattr(engines.shutil, "which", lambda name, path=None: None)
+    with pytest.raises(
+        LabError, match=r"sshd not found: install the Debian package openssh-server.*make setup"
+    ):
+        engines.find_binary("sshd")
+
+
+def test_port_taken_names_address_and_port(monkeypatch):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.5", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        monkeypatch.setenv("LAB_SSH_PORT", str(port))
+        with pytest.raises(LabError, match=rf"node-d: 127\.0\.0\.5:{port} is taken by another process"):
+            nodes.check_port_free(select_specs(["node-d"])[0])
+
+
+def _fake_dockerd(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "fake-dockerd"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_daemon_that_exits_shows_its_log(monkeypatch, private_lab):
+    fake = _fake_dockerd(private_lab, 'echo "failed to start daemon: boom"; exit 1')
+    monkeypatch.setattr(nodes, "dockerd_binary", lambda engine: fake)
+    with pytest.raises(
+        LabError, match=r"(?s)node-a: dockerd exited with 1; last lines of .*dockerd\.log:.*boom"
+    ):
+        nodes.start_dockerd(select_specs(["node-a"])[0])
+
+
+def test_daemon_that_never_answers_hits_the_deadline(monkeypatch, private_lab):
+    fake = _fake_dockerd(private_lab, 'echo "still thinking"; exec sleep 3')
+    monkeypatch.setattr(nodes, "dockerd_binary", lambda engine: fake)
+    monkeypatch.setattr(nodes, "DOCKERD_DEADLINE", 0.5)
+    with pytest.raises(
+        LabError, match=r"(?s)did not answer on .*docker\.sock within 0s; last lines.*still thinking"
+    ):
+        nodes.start_dockerd(select_specs(["node-a"])[0])
