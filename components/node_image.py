@@ -1,0 +1,770 @@
+"""NodeImage: "image X is on node Y" as a declared, verified state (a Pulumi dynamic resource).
+
+create() inspects both nodes, skips or retags when the destination already holds the image, and
+otherwise streams `docker save | filter | ssh dest docker load` from the source node straight to the
+destination, leaving out the layers the destination already has. The load lands on a temporary tag;
+only after the image ID (or, across image stores, the layer list) matches the source's is the real
+tag set. read() re-inspects for `pulumi refresh`; delete() removes only a tag this resource placed.
+
+Keep `NodeImageProvider` here under this name, with no import-time side effects: stacks pickle it
+by reference to this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi.dynamic as dynamic
+
+from components import image_transfer as transfer
+from components.copy_plan import copy_plan
+from components.remote import (
+    SSH_TRANSPORT_FAILURE,
+    RemoteError,
+    Result,
+    SshTarget,
+    SshTransport,
+    ssh_argv,
+    stderr_tail,
+    with_retries,
+)
+
+# name:tag, the tag required; stricter than Docker so nothing odd reaches a shell.
+IMAGE_REF = re.compile(
+    r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+)
+NODE_KEYS = ("name", "host", "port", "user", "identity_file", "known_hosts", "proxy_jump", "fabric_host")
+TMP_TAG_PREFIX = "qwen35-tmp-"
+GIB = 1 << 30
+
+
+class NodeImageError(RuntimeError):
+    """A copy could not be made or verified; the message names the node and what to do next."""
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Optional knobs; every one has a safe default."""
+
+    stall_timeout_s: float = 120.0  # no byte through the pipe for this long: abort
+    deadline_s: float = 3600.0  # the whole copy, save to verified tag
+    compression: str = "none"  # "gzip" trades CPU for link bytes on slow links
+    disk_reserve_bytes: int = 2 * GIB  # left free on the destination after the copy
+    disk_factor: float = 2.0  # classic load unpacks the tar, then the layers: about 2x
+    connect_timeout_s: int = 10
+    peer_identity_file: str | None = None  # key the source uses for the destination (default: destination's)
+    peer_known_hosts: str | None = None  # known_hosts on the source pinning the destination's fabric address
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, Any]) -> Tuning:
+        raw = dict(props.get("tuning") or {})
+        known = list(cls.__dataclass_fields__)
+        unknown = [key for key in raw if key not in known]
+        if unknown:
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, known, n=1)
+                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise NodeImageError(
+                f"NodeImage tuning: unknown keys {', '.join(hints)}; known: {', '.join(known)}"
+            )
+        tuning = cls(**raw)
+        if tuning.compression not in ("none", "gzip"):
+            raise NodeImageError(
+                f"NodeImage tuning: compression {tuning.compression!r}: use 'none' or 'gzip'"
+            )
+        return tuning
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a NodeImage: its label, how the orchestrator reaches it, and its fabric address."""
+
+    label: str
+    target: SshTarget
+    fabric_host: str
+
+    @classmethod
+    def from_dict(cls, role: str, raw: Mapping[str, Any], connect_timeout: int = 10) -> Node:
+        if not isinstance(raw, Mapping) or not raw.get("host") or not raw.get("known_hosts"):
+            raise NodeImageError(
+                f"NodeImage {role}: give a node dict with host, user, known_hosts (got {raw!r})"
+            )
+        target = SshTarget(
+            host=str(raw["host"]),
+            user=str(raw.get("user") or "root"),
+            port=int(raw.get("port") or 22),
+            known_hosts=str(raw["known_hosts"]),
+            identity_file=raw.get("identity_file") or None,
+            proxy_jump=raw.get("proxy_jump") or None,
+            name=str(raw.get("name") or ""),
+            connect_timeout=connect_timeout,
+        )
+        label = target.name or f"{target.host}:{target.port}"
+        return cls(label=label, target=target, fabric_host=str(raw.get("fabric_host") or raw["host"]))
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.target.host, self.target.port)
+
+    def transport(self, control_path: str | None = None) -> SshTransport:
+        return SshTransport(self.target, control_path=control_path, name=self.label)
+
+
+def clean_node(raw: Mapping[str, Any] | None) -> dict:
+    """The node dict as stored in outputs: known keys only, plain values."""
+    raw = raw or {}
+    return {key: raw.get(key) for key in NODE_KEYS if raw.get(key) is not None}
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """What a node's Docker daemon is: its image store, data root and version."""
+
+    store: str  # "classic" | "containerd"
+    root_dir: str
+    version: str
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """One image as `docker image inspect` shows it."""
+
+    image_id: str
+    layers: tuple[str, ...]
+    size: int = 0
+
+
+def same_image(a: ImageInfo, a_store: str, b: ImageInfo, b_store: str) -> bool:
+    """Identity: the image ID within one store kind, the layer list across store kinds."""
+    if a_store == b_store:
+        return a.image_id == b.image_id
+    return a.layers == b.layers
+
+
+# ---- facts: a command that reads state and a pure function that parses it -------------------------
+
+INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}"
+IMAGE_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
+
+
+def parse_daemon(text: str) -> Daemon:
+    status, root, version = text.strip().split("\t")
+    store = "containerd" if "io.containerd.snapshotter" in status else "classic"
+    return Daemon(store=store, root_dir=root, version=version)
+
+
+def parse_images(text: str) -> list[ImageInfo]:
+    images = []
+    for line in text.splitlines():
+        if line.strip():
+            image_id, layers, size = line.split("\t")
+            images.append(ImageInfo(json.loads(image_id), tuple(json.loads(layers) or ()), int(size or 0)))
+    return images
+
+
+def parse_df_available(text: str) -> int:
+    """Available bytes from `df -P -B1 PATH` (last line, fourth column)."""
+    return int(text.strip().splitlines()[-1].split()[3])
+
+
+def parse_layer_sizes(text: str, layer_count: int) -> list[int] | None:
+    """Per-layer sizes (bottom first) from `docker history` sizes, when they line up with the layers."""
+    sizes = [int(s) for s in text.split() if s.isdigit()]
+    nonzero = [s for s in reversed(sizes) if s > 0]
+    return nonzero if len(nonzero) == layer_count else None
+
+
+def disk_needed(sizes: Sequence[int], keep_from: int, tuning: Tuning) -> int:
+    """Bytes the destination must have free: the layers to write, times the unpack factor, plus reserve."""
+    return int(sum(sizes[keep_from:]) * tuning.disk_factor) + tuning.disk_reserve_bytes
+
+
+@contextlib.contextmanager
+def ssh_sessions() -> Iterator[Callable[[str], str]]:
+    """Control paths for one operation's SSH connections; every master is closed at the end.
+
+    Connection setup dominates a skip (each new SSH session costs a key exchange); one master per
+    node makes the many short inspections cheap. `path(role)` gives the socket for a role.
+    """
+    folder = tempfile.mkdtemp(prefix="qni-", dir="/tmp")  # short: unix socket paths are limited
+    used: dict[str, str] = {}
+
+    def path(role: str) -> str:
+        return used.setdefault(role, os.path.join(folder, role))
+
+    try:
+        yield path
+    finally:
+        for socket_path in used.values():
+            if os.path.exists(socket_path):
+                subprocess.run(
+                    ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
+                    capture_output=True,
+                )
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class DockerOn:
+    """Docker commands on one node, with errors that name the node and what to do."""
+
+    def __init__(self, node: Node, role: str, control_path: str | None = None):
+        self.node, self.role = node, role
+        self.transport = node.transport(control_path)
+
+    def run(self, argv: list[str], hint: str = "", timeout: float = 120.0, check: bool = True) -> Result:
+        try:
+            result = with_retries(lambda: self.transport.run(argv, timeout=timeout), deadline_s=20.0)
+        except RemoteError as exc:
+            raise NodeImageError(f"{self.role} {exc}") from exc
+        if check and not result.ok:
+            if result.returncode == SSH_TRANSPORT_FAILURE:
+                hint = (
+                    f"check that {self.node.label} ({self.node.target.host}:{self.node.target.port}) is up, "
+                    f"that sshd runs there and that its host key is in {self.node.target.known_hosts}"
+                )
+            raise NodeImageError(
+                f"{self.role} "
+                + str(RemoteError(self.node.label, argv, result.returncode, result.stderr, hint))
+            )
+        return result
+
+    def daemon(self) -> Daemon:
+        result = self.run(
+            ["docker", "info", "--format", INFO_FORMAT],
+            hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
+        )
+        return parse_daemon(result.text)
+
+    def image(self, ref: str) -> ImageInfo | None:
+        result = self.run(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref], check=False)
+        if result.ok:
+            return parse_images(result.text)[0]
+        if b"No such image" in result.stderr or b"no such image" in result.stderr.lower():
+            return None
+        self.run(["docker", "image", "inspect", ref], hint=f"check `docker info` on {self.node.label}")
+        return None
+
+    def all_images(self) -> list[ImageInfo]:
+        script = (
+            "set -o pipefail; docker image ls -a -q --no-trunc | sort -u | "
+            f"xargs -r docker image inspect --format '{IMAGE_FORMAT}'"
+        )
+        return parse_images(self.run(["bash", "-c", script]).text)
+
+    def free_bytes(self, path: str) -> int:
+        return parse_df_available(self.run(["df", "-P", "-B1", path]).text)
+
+    def layer_sizes(self, ref: str, layer_count: int) -> list[int] | None:
+        result = self.run(
+            ["docker", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}", ref], check=False
+        )
+        return parse_layer_sizes(result.text, layer_count) if result.ok else None
+
+    def tag(self, image_id: str, ref: str) -> None:
+        self.run(["docker", "tag", image_id, ref], hint=f"check `docker images` on {self.node.label}")
+
+    def untag(self, ref: str) -> Result:
+        return self.run(["docker", "image", "rm", ref], check=False)
+
+
+# ---- the copy itself ---------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamOutcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    killed: str  # why the orchestrator killed the pipeline, or ""
+
+
+def run_watched(argv: list[str], deadline_s: float, stall_s: float) -> StreamOutcome:
+    """Run argv locally; kill it when its progress lines stop (stall) or the deadline passes.
+
+    The filter on the source enforces the same limits itself; this is the backstop for a source
+    that stops answering altogether.
+    """
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    err_lines: list[str] = []
+    out_chunks: list[bytes] = []
+    last = [time.monotonic()]
+
+    def pump_err():
+        for raw in proc.stderr:
+            err_lines.append(raw.decode(errors="replace").rstrip("\n"))
+            last[0] = time.monotonic()
+
+    def pump_out():
+        out_chunks.append(proc.stdout.read())
+
+    threads = [threading.Thread(target=pump_err, daemon=True), threading.Thread(target=pump_out, daemon=True)]
+    for thread in threads:
+        thread.start()
+    started = time.monotonic()
+    killed = ""
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now - started > deadline_s + 30:
+            killed = f"the copy passed its deadline of {deadline_s:g} s"
+        elif now - last[0] > stall_s + 30:
+            killed = f"no progress from the source for {stall_s + 30:g} s"
+        if killed:
+            proc.kill()
+            break
+        time.sleep(0.1)
+    proc.wait()
+    for thread in threads:
+        thread.join(timeout=5)
+    return StreamOutcome(
+        proc.returncode, b"".join(out_chunks).decode(errors="replace"), "\n".join(err_lines), killed
+    )
+
+
+class NodeImageProvider(dynamic.ResourceProvider):
+    """Ensures an image is on a node, copying only what is missing from a source node (see module doc)."""
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        outs = ensure_image(props)
+        return dynamic.CreateResult(id_=f"{outs['destination_label']}/{outs['image']}", outs=outs)
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        current = observe(props)
+        if current is None:
+            return dynamic.ReadResult(id_="", outs={})
+        return dynamic.ReadResult(id_=id_, outs={**props, **current})
+
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        replaces = replace_reasons(olds, news, source_now=_source_now(news))
+        changed = bool(replaces) or any(
+            olds.get(key) != news.get(key) for key in ("tuning", "source", "trigger")
+        )
+        return dynamic.DiffResult(changes=changed, replaces=replaces, delete_before_replace=False)
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        # Only tuning or the source node changed (anything else replaces): keep what is on the node.
+        return dynamic.UpdateResult(outs={**olds, **_inputs(news)})
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        remove_placed_tag(props)
+
+
+def _inputs(props: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "image": props["image"],
+        "source": clean_node(props.get("source")),
+        "destination": clean_node(props.get("destination")),
+        "tuning": dict(props.get("tuning") or {}),
+        "trigger": props.get("trigger") or "",
+    }
+
+
+def _nodes(props: Mapping[str, Any]) -> tuple[str, Node, Node, Tuning]:
+    image = props.get("image")
+    if not isinstance(image, str) or not IMAGE_REF.match(image):
+        raise NodeImageError(
+            f"NodeImage: image {image!r} is not a valid name:tag (lowercase name, explicit tag)"
+        )
+    tuning = Tuning.from_props(props)
+    source = Node.from_dict("source", props.get("source"), tuning.connect_timeout_s)
+    destination = Node.from_dict("destination", props.get("destination"), tuning.connect_timeout_s)
+    return image, source, destination, tuning
+
+
+def ensure_image(props: Mapping[str, Any]) -> dict[str, Any]:
+    """create(): make `image` present and verified on the destination; the outputs."""
+    with ssh_sessions() as control:
+        return _ensure_image(props, control)
+
+
+def _ensure_image(props: Mapping[str, Any], control: Callable[[str], str]) -> dict[str, Any]:
+    started = time.monotonic()
+    image, source, destination, tuning = _nodes(props)
+    same_node = source.key == destination.key
+    src = DockerOn(source, "source", control("s"))
+    dst = src if same_node else DockerOn(destination, "destination", control("d"))
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the two first connections in parallel
+        src_facts = pool.submit(lambda: (src.daemon(), src.image(image)))
+        dst_facts = pool.submit(lambda: (dst.daemon(), dst.image(image)))
+        (src_daemon, src_image), (dst_daemon, present) = src_facts.result(), dst_facts.result()
+    if src_image is None:
+        raise NodeImageError(
+            f"source {source.label}: image {image} is not there; next: build or load it on {source.label}"
+        )
+    base = {
+        **_inputs(props),
+        "destination_label": destination.label,
+        "source_image_id": src_image.image_id,
+        "source_store": src_daemon.store,
+        "bytes_sent": 0,
+        "layer_bytes_sent": 0,
+        "layers_sent": 0,
+        "layers_left_out": 0,
+        "skipped": True,
+        "retagged": False,
+        "placed_tag": False,
+        "layout": "",
+    }
+
+    def done(info: ImageInfo, daemon: Daemon, **extra) -> dict[str, Any]:
+        return {
+            **base,
+            "image_id": info.image_id,
+            "layers": list(info.layers),
+            "store": daemon.store,
+            "engine": daemon.version,
+            **extra,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+
+    if same_node:
+        return done(src_image, src_daemon)
+    if present is not None and same_image(present, dst_daemon.store, src_image, src_daemon.store):
+        return done(present, dst_daemon)
+
+    others = dst.all_images()
+    twin = _existing_twin(others, dst_daemon.store, src_image, src_daemon.store)
+    if twin is not None:
+        dst.tag(twin.image_id, image)
+        return done(twin, dst_daemon, retagged=True, placed_tag=True)
+
+    keep_from = 0
+    if dst_daemon.store == "classic":  # the containerd store needs every blob: send all
+        keep_from = transfer.present_prefix(
+            src_image.layers, transfer.present_chains(i.layers for i in others)
+        )
+    _preflight_disk(src, dst, dst_daemon, image, src_image, keep_from, tuning)
+    peer = Peer(peer_target(destination, tuning), f"/tmp/qni-peer-{secrets.token_hex(6)}")
+    name, _ = transfer.split_reference(image)
+    tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
+    try:
+        _preflight_peer(src, source, destination, peer, tuning)
+        report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning)
+        loaded = dst.image(tmp_tag)
+        if loaded is None:
+            raise NodeImageError(
+                f"destination {destination.label}: docker load finished but {tmp_tag} is missing; "
+                f"next: check `docker images` and the daemon log on {destination.label}"
+            )
+        if not same_image(loaded, dst_daemon.store, src_image, src_daemon.store):
+            raise NodeImageError(
+                f"destination {destination.label}: the loaded image does not match the source "
+                f"({loaded.image_id[:19]}, {len(loaded.layers)} layers; {source.label} has "
+                f"{src_image.image_id[:19]}, {len(src_image.layers)} layers); the temporary tag was removed; "
+                f"next: run again, and if it repeats compare `docker image inspect {image}` on both nodes"
+            )
+        dst.tag(loaded.image_id, image)
+    finally:
+        dst.untag(tmp_tag)
+        src.run(
+            ["ssh", "-F", "/dev/null", "-o", f"ControlPath={peer.control_path}", "-O", "exit", "x"],
+            check=False,
+        )
+    summary = report["summary"] or {}
+    return done(
+        loaded,
+        dst_daemon,
+        skipped=False,
+        placed_tag=True,
+        bytes_sent=int(summary.get("written", 0)),
+        layer_bytes_sent=int(summary.get("layer_bytes", 0)),
+        layers_sent=int(summary.get("layers_sent", 0)),
+        layers_left_out=int(summary.get("layers_left_out", 0)),
+        layout=str(summary.get("layout", "")),
+    )
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The source's own SSH connection to the destination (a control master on the source node)."""
+
+    target: SshTarget
+    control_path: str
+
+    def argv(self, argv: list[str]) -> list[str]:
+        return ssh_argv(self.target, argv, self.control_path)
+
+
+def _existing_twin(
+    images: list[ImageInfo], store: str, wanted: ImageInfo, wanted_store: str
+) -> ImageInfo | None:
+    """An image already on the destination that is the wanted one under another (or no) tag."""
+    matches = [i for i in images if same_image(i, store, wanted, wanted_store)]
+    unique = {i.image_id: i for i in matches}
+    return next(iter(unique.values())) if len(unique) == 1 else None
+
+
+def peer_target(destination: Node, tuning: Tuning) -> SshTarget:
+    """How the source reaches the destination: its fabric address, the destination's user and port."""
+    target = destination.target
+    return SshTarget(
+        host=destination.fabric_host,
+        user=target.user,
+        port=target.port,
+        known_hosts=tuning.peer_known_hosts or target.known_hosts,
+        identity_file=tuning.peer_identity_file or target.identity_file,
+        name=destination.label,
+        connect_timeout=tuning.connect_timeout_s,
+    )
+
+
+def _preflight_peer(src: DockerOn, source: Node, destination: Node, peer_ssh: Peer, tuning: Tuning) -> None:
+    """SSH from the source to the destination's fabric address works, and the daemon there answers."""
+    peer = peer_ssh.target
+    probe = peer_ssh.argv(["docker", "version", "--format", "{{.Server.Version}}"])
+    result = src.run(probe, check=False, timeout=tuning.connect_timeout_s * 3 + 10)
+    if result.ok:
+        return
+    where = f"{peer.user}@{peer.host}:{peer.port}"
+    if result.returncode == SSH_TRANSPORT_FAILURE:
+        raise NodeImageError(
+            f"source {source.label} cannot SSH to destination {destination.label} at {where} (exit 255):\n"
+            f"  stderr: {stderr_tail(result.stderr, 4)}\n"
+            f"  next: on {source.label}, make `ssh -p {peer.port} {peer.user}@{peer.host}` work unattended: "
+            f"key {peer.identity_file or '(default)'} authorized on {destination.label}, host key for "
+            f"{peer.host} in {peer.known_hosts} (or set tuning peer_identity_file / peer_known_hosts)"
+        )
+    raise NodeImageError(
+        f"destination {destination.label}: the Docker daemon does not answer (seen from {source.label}, "
+        f"exit {result.returncode}):\n  stderr: {stderr_tail(result.stderr, 4)}\n"
+        f"  next: start Docker on {destination.label} (systemctl start docker) and check `docker info` there"
+    )
+
+
+def _preflight_disk(
+    src: DockerOn,
+    dst: DockerOn,
+    daemon: Daemon,
+    image: str,
+    wanted: ImageInfo,
+    keep_from: int,
+    tuning: Tuning,
+) -> None:
+    sizes = src.layer_sizes(image, len(wanted.layers))
+    if sizes is None:  # layers do not line up with history: assume every layer is missing
+        sizes, keep_from = [wanted.size], 0
+    need = disk_needed(sizes, keep_from, tuning)
+    free = dst.free_bytes(daemon.root_dir)
+    if free < need:
+        raise NodeImageError(
+            f"destination {dst.node.label}: not enough disk in {daemon.root_dir}: {free / GIB:.2f} GiB free, "
+            f"the copy needs about {need / GIB:.2f} GiB ({tuning.disk_factor:g} x "
+            f"{sum(sizes[keep_from:]) / GIB:.2f} GiB of layers + {tuning.disk_reserve_bytes / GIB:.2f} GiB "
+            f"reserve); nothing was sent; next: free space "
+            f"there (docker image prune, docker builder prune) or lower tuning disk_reserve_bytes"
+        )
+
+
+def _stream(
+    src: DockerOn,
+    destination: Node,
+    image: str,
+    wanted: ImageInfo,
+    keep_from: int,
+    tmp_tag: str,
+    peer: Peer,
+    tuning: Tuning,
+) -> dict:
+    source = src.node
+    spec = transfer.filter_spec(
+        wanted.layers, keep_from, tmp_tag, tuning.stall_timeout_s, tuning.deadline_s, tuning.compression
+    )
+    pipeline = transfer.copy_pipeline(image, spec, peer.argv(["docker", "load"]))
+    local = ssh_argv(source.target, pipeline, src.transport.control_path)
+    outcome = run_watched(local, tuning.deadline_s, tuning.stall_timeout_s)
+    report = transfer.parse_filter_stderr(outcome.stderr)
+    if outcome.returncode == 0 and not outcome.killed and report["summary"] is not None:
+        return report
+    stage = transfer.failed_stage(report["pipestatus"])
+    if outcome.killed:
+        why = outcome.killed
+    elif report["error"]:
+        why = report["error"]
+    elif stage:
+        why = stage
+    elif outcome.returncode == SSH_TRANSPORT_FAILURE:
+        why = f"the SSH connection to {source.label} failed"
+    else:
+        why = f"exit {outcome.returncode}"
+    detail = "\n".join(report["other"][-6:])
+    raise NodeImageError(
+        f"copy of {image} from {source.label} to {destination.label} failed: {why}"
+        + (f" [{stage}]" if stage and stage != why else "")
+        + (f"\n  stderr: {detail}" if detail else "")
+        + f"\n  nothing was tagged {image} on {destination.label}; next: check the link between the nodes "
+        f"and run again (layers already loaded are reused)"
+    )
+
+
+# ---- refresh, diff, delete ----------------------------------------------------------------------------
+
+
+def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
+    """read(): the destination's image now, or None when the tag is gone."""
+    _, _, destination, tuning = _nodes(props)
+    with ssh_sessions() as control:
+        dst = DockerOn(destination, "destination", control("d"))
+        daemon = dst.daemon()
+        info = dst.image(props["image"])
+    if info is None:
+        return None
+    return {
+        "image_id": info.image_id,
+        "layers": list(info.layers),
+        "store": daemon.store,
+        "engine": daemon.version,
+    }
+
+
+def _source_now(news: Mapping[str, Any]) -> tuple[ImageInfo, str] | None:
+    """The source's image as it is now, or None when it cannot be seen (diff then uses inputs only)."""
+    try:
+        image, source, _, _ = _nodes(news)
+        src = DockerOn(source, "source")
+        daemon = src.daemon()
+        info = src.image(image)
+    except (NodeImageError, KeyError, TypeError, ValueError):
+        return None
+    return (info, daemon.store) if info is not None else None
+
+
+def replace_reasons(
+    olds: Mapping[str, Any], news: Mapping[str, Any], source_now: tuple[ImageInfo, str] | None
+) -> list[str]:
+    """Properties whose change needs a new copy: the image, the destination, the trigger, the source image."""
+    reasons = []
+    if olds.get("image") != news.get("image"):
+        reasons.append("image")
+    old_dst, new_dst = clean_node(olds.get("destination")), clean_node(news.get("destination"))
+    if any(old_dst.get(k) != new_dst.get(k) for k in ("host", "port", "fabric_host")):
+        reasons.append("destination")
+    if (olds.get("trigger") or "") != (news.get("trigger") or ""):
+        reasons.append("trigger")
+    if source_now is not None and "image" not in reasons:
+        info, store = source_now
+        on_node = ImageInfo(olds.get("image_id", ""), tuple(olds.get("layers") or ()))
+        if info.image_id != olds.get("source_image_id") or not same_image(
+            on_node, olds.get("store", ""), info, store
+        ):
+            reasons.append("image")
+    return reasons
+
+
+def remove_placed_tag(props: Mapping[str, Any]) -> None:
+    """delete(): untag only what this resource placed, and only while it still points at that image."""
+    if not props.get("placed_tag"):
+        return
+    image, _, destination, _ = _nodes(props)
+    with ssh_sessions() as control:
+        dst = DockerOn(destination, "destination", control("d"))
+        current = dst.image(image)
+        if current is None or current.image_id != props.get("image_id"):
+            return
+        result = dst.untag(image)
+    if not result.ok and b"conflict" not in result.stderr.lower():
+        raise NodeImageError(
+            f"destination {destination.label}: could not remove {image}: {stderr_tail(result.stderr, 3)}; "
+            f"next: remove it by hand (docker image rm {image}) or `pulumi state delete` this resource"
+        )
+
+
+# ---- the resource and the fan-out ----------------------------------------------------------------------
+
+
+class NodeImage(dynamic.Resource):
+    """`image` present and verified on `destination`, copied from `source` (node dicts, see module doc)."""
+
+    image_id: pulumi.Output[str]
+    layers: pulumi.Output[list]
+    bytes_sent: pulumi.Output[int]
+    skipped: pulumi.Output[bool]
+    store: pulumi.Output[str]
+
+    def __init__(
+        self,
+        name: str,
+        image: pulumi.Input[str],
+        source: Mapping[str, Any],
+        destination: Mapping[str, Any],
+        tuning: Mapping[str, Any] | None = None,
+        trigger: pulumi.Input[str] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        props = {
+            "image": image,
+            "source": clean_node(source),
+            "destination": clean_node(destination),
+            "tuning": dict(tuning or {}),
+            "trigger": trigger or "",
+            **{key: None for key in OUTPUT_KEYS},
+        }
+        super().__init__(NodeImageProvider(), name, props, opts)
+
+
+OUTPUT_KEYS = (
+    "image_id",
+    "layers",
+    "bytes_sent",
+    "layer_bytes_sent",
+    "layers_sent",
+    "layers_left_out",
+    "skipped",
+    "retagged",
+    "placed_tag",
+    "store",
+    "engine",
+    "source_image_id",
+    "source_store",
+    "layout",
+    "seconds",
+    "destination_label",
+)
+
+
+def copy_tree(
+    name: str,
+    image: pulumi.Input[str],
+    accesses: Mapping[str, Any],
+    head: str,
+    opts: pulumi.ResourceOptions | None = None,
+    can_reexport: Callable[[str], bool] | Collection[str] | None = None,
+    tuning: Mapping[str, Any] | None = None,
+    trigger: pulumi.Input[str] | None = None,
+) -> dict[str, NodeImage]:
+    """One NodeImage per node, sources arranged as a tree (`copy_plan`); node name -> NodeImage.
+
+    `accesses`: node name -> NodeAccess (or its `node_image_dict()`); `head` holds the image already.
+    Each copy depends on the NodeImage of its source, so a node serves only once it has the image.
+    """
+    nodes = {
+        key: (value.node_image_dict() if hasattr(value, "node_image_dict") else dict(value))
+        for key, value in accesses.items()
+    }
+    if head not in nodes:
+        raise NodeImageError(f"copy_tree: head {head!r} is not among the nodes {sorted(nodes)}")
+    opts = opts or pulumi.ResourceOptions()
+    made: dict[str, NodeImage] = {
+        head: NodeImage(f"{name}-{head}", image, nodes[head], nodes[head], tuning, trigger, opts)
+    }
+    workers = [node for node in nodes if node != head]
+    for round_ in copy_plan(head, workers, can_reexport):
+        for src, dst in round_:
+            child = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[made[src]]))
+            made[dst] = NodeImage(f"{name}-{dst}", image, nodes[src], nodes[dst], tuning, trigger, child)
+    return made
