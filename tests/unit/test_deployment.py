@@ -1,0 +1,376 @@
+"""The whole graph under Pulumi mocks, for the dev stack and a 4-node TP-4 stack: which resources, on
+which provider, in which order, with which inputs; secrets stay secret; the stack outputs."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pytest
+
+from tests.program import ProgramRun, run_program, stack_config
+
+CONTAINER = "docker:index/container:Container"
+DYNAMIC = "pulumi-python:dynamic:Resource"
+SECRETS = {"hf_token": "hf_token_value_123", "api_key": "sk-api-key-value-456"}
+
+
+def four_node_config() -> dict:
+    """A 4-Spark stack (TP 4), the second pair reached through the head, with a GID index."""
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:nodes"] = [
+        {"name": "spark-1", "role": "head", "host": "10.1.230.180", "fabric_ip": "192.168.200.12"},
+        {"name": "spark-2", "host": "10.1.230.181", "fabric_ip": "192.168.200.13"},
+        {"name": "spark-3", "host": "192.168.200.14", "fabric_ip": "192.168.200.14", "proxy_jump": "spark-1"},
+        {"name": "spark-4", "host": "192.168.200.15", "fabric_ip": "192.168.200.15", "proxy_jump": "spark-1"},
+    ]
+    cfg["qwen35-spark:serve"] = {**cfg["qwen35-spark:serve"], "tensor_parallel_size": 4}
+    cfg["qwen35-spark:fabric"] = {**cfg["qwen35-spark:fabric"], "ib_gid_index": 3}
+    return cfg
+
+
+@dataclass
+class Graph:
+    run: ProgramRun
+    deps: dict[str, set[str]]
+    options: dict[str, dict]
+
+    def container(self, name: str):
+        return self.run.named(name)
+
+    def provider_of(self, name: str) -> str:
+        # Mock provider references are `urn::id`; the id is `<provider name>-id`.
+        return (self.run.named(name).provider or "").rsplit("::", 1)[-1].removesuffix("-id")
+
+
+def run_graph(monkeypatch, config: dict, secrets: dict | None = SECRETS, preview: bool = False) -> Graph:
+    """Run the program under mocks, also recording each resource's dependencies and options."""
+    deps: dict[str, set[str]] = {}
+    options: dict[str, dict] = {}
+    original = pulumi.runtime.mocks.MockMonitor.RegisterResource
+
+    def recording(self, request):
+        name = request.name
+        deps[name] = {urn.rsplit("::", 1)[-1] for urn in request.dependencies}
+        options[name] = {
+            "delete_before_replace": request.deleteBeforeReplace,
+            "additional_secret_outputs": list(request.additionalSecretOutputs),
+        }
+        return original(self, request)
+
+    monkeypatch.setattr(pulumi.runtime.mocks.MockMonitor, "RegisterResource", recording)
+    run = run_program(config, secrets=secrets, preview=preview)
+    return Graph(run, deps, options)
+
+
+@pytest.fixture
+def dev(monkeypatch) -> Graph:
+    return run_graph(monkeypatch, stack_config("dev"))
+
+
+@pytest.fixture
+def four(monkeypatch) -> Graph:
+    return run_graph(monkeypatch, four_node_config())
+
+
+SECRET_SIG = pulumi.runtime.rpc._special_secret_sig
+
+
+def unsecret(value):
+    """(value, was it marked secret) of an input as the mock monitor received it."""
+    if isinstance(value, dict) and value.get(pulumi.runtime.rpc._special_sig_key) == SECRET_SIG:
+        return value["value"], True
+    return value, False
+
+
+def envs(graph: Graph, name: str) -> dict[str, str]:
+    value, _ = unsecret(graph.container(name).inputs["envs"])
+    return dict(e.split("=", 1) for e in value)
+
+
+def test_dev_resource_set(dev):
+    names = {(r.typ, r.name) for r in dev.run.resources}
+    assert names == {
+        ("qwen35:index:Deployment", "qwen35"),
+        ("pulumi:providers:docker", "qwen35-docker-spark-1"),
+        ("pulumi:providers:docker", "qwen35-docker-spark-2"),
+        ("qwen35:index:HybridImage", "qwen35-image"),
+        ("docker:index/image:Image", "qwen35-image-build"),
+        ("docker:index/volume:Volume", "qwen35-ray-tmp"),
+        *((typ, name) for typ, name in names if typ == DYNAMIC and name.startswith("qwen35-image-")),
+        (CONTAINER, "qwen35-ray-head"),
+        (CONTAINER, "qwen35-ray-worker-spark-2"),
+        (CONTAINER, "qwen35-vllm"),
+        (DYNAMIC, "qwen35-ready"),
+    }
+    per_node = [r for r in dev.run.resources if r.typ == DYNAMIC and r.name != "qwen35-ready"]
+    assert len(per_node) >= 2  # one image placement per node
+
+
+def test_four_node_resource_set(four):
+    containers = sorted(r.name for r in four.run.by_type(CONTAINER))
+    assert containers == [
+        "qwen35-ray-head",
+        "qwen35-ray-worker-spark-2",
+        "qwen35-ray-worker-spark-3",
+        "qwen35-ray-worker-spark-4",
+        "qwen35-vllm",
+    ]
+    assert len(four.run.by_type("pulumi:providers:docker")) == 4
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "four"])
+def test_providers(request, graph_name):
+    graph: Graph = request.getfixturevalue(graph_name)
+    assert graph.provider_of("qwen35-image-build") == "qwen35-docker-spark-1"
+    assert graph.provider_of("qwen35-ray-tmp") == "qwen35-docker-spark-1"
+    assert graph.provider_of("qwen35-ray-head") == "qwen35-docker-spark-1"
+    assert graph.provider_of("qwen35-vllm") == "qwen35-docker-spark-1"
+    for worker in graph.run.by_type(CONTAINER):
+        if worker.name.startswith("qwen35-ray-worker-"):
+            node = worker.name.removeprefix("qwen35-ray-worker-")
+            assert graph.provider_of(worker.name) == f"qwen35-docker-{node}"
+
+
+def ssh_opts(graph: Graph, node: str) -> list[str]:
+    # Provider inputs reach the engine JSON-encoded.
+    return json.loads(graph.run.named(f"qwen35-docker-{node}").inputs["sshOpts"])
+
+
+def test_provider_hosts_and_pinned_keys(four):
+    for node, host in [("spark-1", "10.1.230.180"), ("spark-3", "192.168.200.14")]:
+        assert four.run.named(f"qwen35-docker-{node}").inputs["host"] == f"ssh://aurora@{host}:22"
+        opts = ssh_opts(four, node)
+        assert "StrictHostKeyChecking=yes" in opts
+        assert "UserKnownHostsFile=~/.ssh/qwen35_known_hosts" in opts
+    jump = [o for o in ssh_opts(four, "spark-3") if o.startswith("ProxyCommand=")]
+    assert jump and jump[0].endswith("aurora@10.1.230.180")
+    assert not any(o.startswith("ProxyCommand=") for o in ssh_opts(four, "spark-2"))
+
+
+def node_image_of(graph: Graph, node: str):
+    """The image placement resource for `node` (whatever its name): the dynamic resource for that node."""
+    found = [
+        r
+        for r in graph.run.by_type(DYNAMIC)
+        if r.name != "qwen35-ready" and (r.inputs.get("node") or {}).get("name") == node
+    ]
+    assert len(found) == 1, [r.name for r in graph.run.by_type(DYNAMIC)]
+    return found[0]
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "four"])
+def test_dependency_order(request, graph_name):
+    graph: Graph = request.getfixturevalue(graph_name)
+    deps = graph.deps
+    workers = [r.name for r in graph.run.by_type(CONTAINER) if r.name.startswith("qwen35-ray-worker-")]
+    # Images: every placement waits for the build.
+    for node in graph.run.outputs["nodes"]:
+        assert "qwen35-image-build" in deps[node_image_of(graph, node).name]
+    # Containers depend on their own node's image placement.
+    assert node_image_of(graph, "spark-1").name in deps["qwen35-ray-head"]
+    assert node_image_of(graph, "spark-1").name in deps["qwen35-vllm"]
+    for worker in workers:
+        node = worker.removeprefix("qwen35-ray-worker-")
+        assert node_image_of(graph, node).name in deps[worker]
+        # No worker before the head.
+        assert "qwen35-ray-head" in deps[worker]
+    # No server before every Ray container.
+    assert {"qwen35-ray-head", *workers} <= deps["qwen35-vllm"]
+    assert "qwen35-ray-tmp" in deps["qwen35-ray-head"] and "qwen35-ray-tmp" in deps["qwen35-vllm"]
+    # The gate waits for the server.
+    assert "qwen35-vllm" in deps["qwen35-ready"]
+    # Registration order agrees (a reader of `pulumi preview` sees the same order).
+    order = [r.name for r in graph.run.resources]
+    assert order.index("qwen35-ray-head") < min(order.index(w) for w in workers)
+    assert max(order.index(w) for w in workers) < order.index("qwen35-vllm") < order.index("qwen35-ready")
+
+
+def test_containers_run_their_nodes_image_id(four):
+    for container in four.run.by_type(CONTAINER):
+        node = container.inputs["labels"]
+        node = next(label["value"] for label in node if label["label"] == "qwen35.node")
+        image_id = node_image_of(four, node)
+        assert container.inputs["image"].startswith("sha256:")
+        assert container.inputs["image"] == four.run.outputs["images"][node]["image_id"]
+        assert image_id  # the placement exists for that node
+
+
+def test_ray_head_container_inputs(dev):
+    head = dev.container("qwen35-ray-head").inputs
+    assert head["name"] == "qwen35-ray-head"
+    assert head["entrypoints"] == ["ray"]
+    assert head["command"] == [
+        "start", "--head", "--block",
+        "--node-ip-address=192.168.200.12",
+        "--port=6379",
+        "--dashboard-host=192.168.200.12",
+        "--dashboard-port=8265",
+        "--num-gpus=1",
+    ]  # fmt: skip
+    assert head["networkMode"] == "host" and head["ipcMode"] == "host"
+    assert head["shmSize"] == 16384
+    assert head["gpus"] == "all"
+    assert head["devices"] == [
+        {"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband", "permissions": "rwm"}
+    ]
+    assert {"name": "memlock", "soft": -1, "hard": -1} in head["ulimits"]
+    assert {"name": "stack", "soft": 67108864, "hard": 67108864} in head["ulimits"]
+    assert head["capabilities"] == {"adds": ["IPC_LOCK"]}
+    assert head["privileged"] is False
+    assert head["init"] is True
+    assert head["restart"] == "unless-stopped"
+    assert head["mustRun"] is True
+    assert {"hostPath": "/home/aurora/.cache/huggingface", "containerPath": "/root/.cache/huggingface"} in [
+        {k: v for k, v in vol.items() if k != "readOnly"} for vol in head["volumes"]
+    ]
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "four"])
+def test_fabric_env_on_every_ray_container(request, graph_name):
+    graph: Graph = request.getfixturevalue(graph_name)
+    fabric_ips = {
+        "spark-1": "192.168.200.12",
+        "spark-2": "192.168.200.13",
+        "spark-3": "192.168.200.14",
+        "spark-4": "192.168.200.15",
+    }
+    for container in graph.run.by_type(CONTAINER):
+        node = next(label["value"] for label in container.inputs["labels"] if label["label"] == "qwen35.node")
+        env = envs(graph, container.name)
+        assert env["VLLM_HOST_IP"] == fabric_ips[node]
+        for var in (
+            "NCCL_SOCKET_IFNAME",
+            "GLOO_SOCKET_IFNAME",
+            "TP_SOCKET_IFNAME",
+            "UCX_NET_DEVICES",
+            "OMPI_MCA_btl_tcp_if_include",
+        ):
+            assert env[var] == "enp1s0f0np0"
+        assert env["NCCL_IB_HCA"] == "rocep1s0f0,roceP2p1s0f0"
+        assert env["NCCL_IB_DISABLE"] == "0"
+        assert env["RAY_memory_monitor_refresh_ms"] == "0"
+        assert env["HF_HOME"] == "/root/.cache/huggingface"
+        assert env["HF_TOKEN"] == SECRETS["hf_token"]
+        assert ("NCCL_IB_GID_INDEX" in env) == (graph_name == "four")
+        if container.name.startswith("qwen35-ray-"):
+            assert f"--node-ip-address={fabric_ips[node]}" in container.inputs["command"]
+            assert "--num-gpus=1" in container.inputs["command"]
+        if container.name.startswith("qwen35-ray-worker-"):
+            assert "--address=192.168.200.12:6379" in container.inputs["command"]
+            assert "--head" not in container.inputs["command"]
+
+
+def test_vllm_server_inputs(four):
+    server = four.container("qwen35-vllm").inputs
+    assert server["entrypoints"] == ["vllm"]
+    cmd = server["command"]
+    assert cmd[:2] == ["serve", "Qwen/Qwen3.5-122B-A10B-FP8"]
+    for flag, value in [
+        ("--tensor-parallel-size", "4"),
+        ("--pipeline-parallel-size", "1"),
+        ("--distributed-executor-backend", "ray"),
+        ("--port", "8000"),
+        ("--gpu-memory-utilization", "0.85"),
+        ("--max-model-len", "32768"),
+        ("--served-model-name", "qwen3.5-122b"),
+    ]:
+        assert cmd[cmd.index(flag) + 1] == value
+    env = envs(four, "qwen35-vllm")
+    assert env["VLLM_API_KEY"] == SECRETS["api_key"]
+    assert env["RAY_ADDRESS"] == "192.168.200.12:6379"
+    assert SECRETS["api_key"] not in " ".join(cmd)
+
+
+def test_containers_replace_delete_first_and_keep_envs_secret(dev):
+    for container in dev.run.by_type(CONTAINER):
+        assert dev.options[container.name]["delete_before_replace"] is True
+        assert "envs" in dev.options[container.name]["additional_secret_outputs"]
+
+
+def test_secrets_are_secret(dev):
+    for container in dev.run.by_type(CONTAINER):
+        value, secret = unsecret(container.inputs["envs"])
+        assert secret, f"{container.name}: envs carry a secret and must be marked secret"
+        assert any(e.startswith("HF_TOKEN=") for e in value)
+    assert unsecret(dev.run.named("qwen35-ready").inputs["api_key"]) == (SECRETS["api_key"], True)
+    for resource in dev.run.resources:
+        plain = repr(_without_secrets(resource.inputs))
+        assert SECRETS["api_key"] not in plain and SECRETS["hf_token"] not in plain, resource.name
+    assert not dev.run.secret_outputs  # nothing secret is exported at all
+    flat = repr(dev.run.outputs)
+    assert SECRETS["api_key"] not in flat and SECRETS["hf_token"] not in flat
+
+
+def _without_secrets(value):
+    value_, secret = unsecret(value)
+    if secret:
+        return "<secret>"
+    if isinstance(value, dict):
+        return {k: _without_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_secrets(v) for v in value]
+    return value
+
+
+def test_without_secrets_no_secret_variables(monkeypatch):
+    graph = run_graph(monkeypatch, stack_config("dev"), secrets={})
+    for container in graph.run.by_type(CONTAINER):
+        env = envs(graph, container.name)
+        assert "HF_TOKEN" not in env and "VLLM_API_KEY" not in env
+    assert graph.run.named("qwen35-ready").inputs.get("api_key") is None
+
+
+def test_readiness_gate_inputs(four):
+    gate = four.run.named("qwen35-ready").inputs
+    assert gate["node"]["name"] == "spark-1" and gate["node"]["host"] == "10.1.230.180"
+    assert gate["url"] == "http://127.0.0.1:8000"
+    assert gate["model"] == "qwen3.5-122b"
+    assert (gate["expect_nodes"], gate["expect_gpus"]) == (4, 4)
+    assert gate["deadline_s"] == 3600
+    assert (gate["ray_container"], gate["log_container"]) == ("qwen35-ray-head", "qwen35-vllm")
+    assert gate["server_id"] == "qwen35-vllm-id"
+
+
+def test_outputs(four):
+    out = four.run.outputs
+    assert out["endpoint"] == "http://10.1.230.180:8000/v1"
+    assert out["served_model"] == "qwen3.5-122b"
+    assert out["dashboard"] == "http://192.168.200.12:8265"
+    assert out["head"] == "spark-1"
+    assert out["nodes"] == ["spark-1", "spark-2", "spark-3", "spark-4"]
+    assert out["containers"] == {
+        "spark-1": ["qwen35-ray-head", "qwen35-vllm"],
+        "spark-2": ["qwen35-ray-worker"],
+        "spark-3": ["qwen35-ray-worker"],
+        "spark-4": ["qwen35-ray-worker"],
+    }
+    for node in out["nodes"]:
+        assert out["images"][node]["image_id"].startswith("sha256:")
+        assert all(layer.startswith("sha256:") for layer in out["images"][node]["layers"])
+
+
+def test_preview_registers_the_whole_graph(monkeypatch):
+    graph = run_graph(monkeypatch, stack_config("dev"), preview=True)
+    assert {r.name for r in graph.run.by_type(CONTAINER)} == {
+        "qwen35-ray-head",
+        "qwen35-ray-worker-spark-2",
+        "qwen35-vllm",
+    }
+    assert graph.run.named("qwen35-ready")
+
+
+def test_changing_serve_settings_touches_only_the_server(monkeypatch):
+    before = run_graph(monkeypatch, stack_config("dev"))
+    cfg = stack_config("dev")
+    cfg["qwen35-spark:serve"] = {**cfg["qwen35-spark:serve"], "max_model_len": 8192, "port": 8001}
+    after = run_graph(monkeypatch, cfg)
+    changed = {
+        r.name
+        for r in after.run.resources
+        if r.typ in (CONTAINER, "docker:index/volume:Volume", "docker:index/image:Image")
+        and r.inputs != before.run.named(r.name).inputs
+    }
+    assert changed == {"qwen35-vllm"}

@@ -1,0 +1,200 @@
+"""The readiness probe without a node: `ray status` parsing, each stage against the stand-in server on
+this machine, the timeout message, and the gate's command line (the secret stays off argv)."""
+
+from __future__ import annotations
+
+import pytest
+
+from components import readiness
+from components.readiness import ReadinessError, parse_ray_status, wait_ready
+from components.readiness_gate import probe_argv, probe_program
+from tests.lab.standin_openai import StandinServer
+
+MODEL = "qwen3.5-test"
+
+RAY_STATUS_V2 = """\
+======== Autoscaler status: 2026-11-30 10:00:00.000000 ========
+Node status
+---------------------------------------------------------------
+Active:
+ (no active nodes)
+Idle:
+ 1 node_6f2c1e0f8d0a4b0c9e3c7b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a
+ 1 node_0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5
+Pending:
+ (no pending nodes)
+Recent failures:
+ (no failures)
+
+Resources
+---------------------------------------------------------------
+Usage:
+ 0.0/40.0 CPU
+ 0.0/2.0 GPU
+ 0B/78.05GiB memory
+ 0B/37.45GiB object_store_memory
+
+Demands:
+ (no resource demands)
+"""
+
+RAY_STATUS_V1_ONE_NODE = """\
+======== Autoscaler status: 2026-11-30 10:00:00.000000 ========
+Node status
+---------------------------------------------------------------
+Healthy:
+Active:
+ 1 node_6f2c1e0f8d0a4b0c9e3c7b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a
+Pending:
+ (no pending nodes)
+
+Resources
+---------------------------------------------------------------
+Usage:
+ 2.0/20.0 CPU
+ 1.0/1.0 GPU
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "nodes", "gpus"),
+    [
+        (RAY_STATUS_V2, 2, 2.0),
+        (RAY_STATUS_V1_ONE_NODE, 1, 1.0),
+        ("", 0, 0.0),
+        ("Active:\n (no active nodes)\nIdle:\n (no idle nodes)\n", 0, 0.0),
+    ],
+    ids=["idle-section", "active-section", "empty", "no-nodes"],
+)
+def test_parse_ray_status(text, nodes, gpus):
+    assert parse_ray_status(text) == readiness.RayStatus(nodes, gpus)
+
+
+@pytest.fixture
+def server():
+    srv = StandinServer("127.0.0.1", 0, MODEL, api_key="sk-test").start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def probe(server, deadline=5.0, **kwargs):
+    kwargs.setdefault("ray_check", None)
+    kwargs.setdefault("api_key", "sk-test")
+    return wait_ready(server.url, 2, 2, MODEL, deadline, interval_s=0.05, **kwargs)
+
+
+def test_healthy_with_ray(server):
+    report = probe(server, ray_check=lambda: RAY_STATUS_V2)
+    assert (report.ray_nodes, report.ray_gpus, report.completion_tokens) == (2, 2.0, 2)
+    assert server.requests == ["GET /health", "GET /v1/models", "POST /v1/chat/completions"]
+
+
+def test_waits_for_a_loading_server(server):
+    import time
+
+    server.ready_at = time.monotonic() + 0.5
+    report = probe(server)
+    assert report.elapsed_s >= 0.4
+
+
+def test_missing_ray_node_times_out_at_the_ray_stage(server):
+    with pytest.raises(ReadinessError) as caught:
+        probe(server, deadline=0.3, ray_check=lambda: RAY_STATUS_V1_ONE_NODE, log_tail=lambda: "l1\nl2")
+    err = caught.value
+    assert err.stage == "ray"
+    assert "1/2 nodes, 1/2 GPUs joined" in str(err)
+    assert "    | l2" in str(err)
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "stage", "detail"),
+    [
+        ("unhealthy", "health", "/health answered 500"),
+        ("loading", "health", "/health answered 503"),
+        ("no-tokens", "completion", "no tokens"),
+    ],
+)
+def test_not_ready_modes(server, mode, stage, detail):
+    server.mode = mode
+    with pytest.raises(ReadinessError) as caught:
+        probe(server, deadline=0.3)
+    assert caught.value.stage == stage
+    assert detail in str(caught.value)
+
+
+def test_wrong_model_is_reported(server):
+    server.model = "other"
+    with pytest.raises(ReadinessError, match="'qwen3.5-test' not among served models"):
+        probe(server, deadline=0.3)
+
+
+def test_wrong_api_key_fails_at_once(server):
+    with pytest.raises(ReadinessError, match="API key does not match") as caught:
+        probe(server, deadline=30, api_key="sk-wrong")
+    assert caught.value.rejected
+
+
+def test_nothing_listening():
+    with pytest.raises(ReadinessError, match="stuck at stage 'connect'"):
+        wait_ready("http://127.0.0.1:9", 1, 1, MODEL, 0.2, ray_check=None, interval_s=0.05)
+
+
+def test_ray_check_must_be_chosen_explicitly(server):
+    with pytest.raises(TypeError):
+        wait_ready(server.url, 1, 1, MODEL, 1)  # type: ignore[call-arg]
+
+
+PROPS = {
+    "node": {"name": "spark-1", "host": "h", "port": 22, "user": "u", "known_hosts": "/k"},
+    "url": "http://127.0.0.1:8000",
+    "model": MODEL,
+    "expect_nodes": 2,
+    "expect_gpus": 2,
+    "ray_container": "qwen35-ray-head",
+    "log_container": "qwen35-vllm",
+    "api_key": "sk-very-secret",
+}
+
+
+def test_probe_argv_keeps_the_key_off_the_command_line():
+    argv = probe_argv(PROPS, 3600)
+    assert argv == [
+        "python3", "-",
+        "--url", "http://127.0.0.1:8000",
+        "--model", MODEL,
+        "--nodes", "2",
+        "--gpus", "2",
+        "--deadline", "3600",
+        "--ray-container", "qwen35-ray-head",
+        "--log-container", "qwen35-vllm",
+    ]  # fmt: skip
+    assert "sk-very-secret" not in " ".join(argv)
+    assert probe_argv({**PROPS, "ray_container": None}, 10)[-3:] == [
+        "--no-ray-check",
+        "--log-container",
+        "qwen35-vllm",
+    ]
+
+
+def test_probe_program_sets_the_key_in_its_environment():
+    program = probe_program("sk-'quoted\"").decode()
+    namespace: dict = {}
+    exec(program.split("\n", 2)[0] + "\n" + program.split("\n", 2)[1], namespace)  # the prelude only
+    import os
+
+    assert os.environ.pop(readiness.API_KEY_ENV) == "sk-'quoted\""
+    assert probe_program(None).decode().startswith('"""Readiness probe')
+
+
+def test_cli_runs_against_the_standin(server, capsys, monkeypatch):
+    monkeypatch.setenv(readiness.API_KEY_ENV, "sk-test")
+    argv = ["--url", server.url, "--model", MODEL, "--nodes", "1", "--gpus", "1", "--deadline", "5"]
+    assert readiness.main([*argv, "--no-ray-check"]) == 0
+    assert '"completion_tokens": 2' in capsys.readouterr().out
+    server.mode = "unhealthy"
+    assert (
+        readiness.main([*argv[:-1], "0.2", "--no-ray-check", "--interval", "0.05"]) == readiness.EXIT_TIMEOUT
+    )
+    assert "/health answered 500" in capsys.readouterr().err
