@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-import pulumi.dynamic
 import pulumi_docker as docker
 
 from components.config import StackConfig
 from components.hybrid_image import HybridImage, HybridImageArgs
+from components.node_image import NodeImage, copy_tree
 from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
     ContainerSpec,
@@ -116,7 +116,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             HybridImageArgs(image=cfg.image),
             opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
         )
-        self.node_images = place_images(name, self, self.image)
+        self.node_images: dict[str, NodeImage] = place_images(name, self, self.image)
 
         # Shared by the Ray head and the vLLM server (the driver needs the raylet's socket).
         self.ray_tmp = docker.Volume(
@@ -217,35 +217,14 @@ class Qwen35Deployment(pulumi.ComponentResource):
         )
 
 
-def place_images(name: str, deployment: Qwen35Deployment, image: HybridImage) -> dict[str, Any]:
-    """One image placement per node; each resource has `image_id` and `layers` outputs."""
-    # TEMPORARY: stands in until components/node_image.py (NodeImage, copy_tree) lands.
-    return {
-        node.name: _PendingNodeImage(
-            f"{name}-image-{node.name}",
-            {
-                "node": deployment.access[node.name].node_image_dict(),
-                "source": deployment.access[deployment.config.head.name].node_image_dict(),
-                "image": image.ref,
-                "image_id": None,
-                "layers": None,
-            },
-            opts=pulumi.ResourceOptions(parent=deployment, depends_on=[image]),
-        )
-        for node in deployment.config.nodes
-    }
-
-
-class _PendingNodeImageProvider(pulumi.dynamic.ResourceProvider):
-    """TEMPORARY: refuses to deploy, so the stand-in can never pass for a real image copy."""
-
-    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        raise NotImplementedError("NodeImage is not wired yet (components/node_image.py)")
-
-
-class _PendingNodeImage(pulumi.dynamic.Resource):
-    image_id: pulumi.Output[str]
-    layers: pulumi.Output[list]
-
-    def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions):
-        super().__init__(_PendingNodeImageProvider(), name, props, opts)
+def place_images(name: str, deployment: Qwen35Deployment, image: HybridImage) -> dict[str, NodeImage]:
+    """One NodeImage per node, copied along a fan-out tree from the head (where the image is built)."""
+    return copy_tree(
+        f"{name}-image",
+        image.ref,
+        deployment.access,
+        deployment.config.head.name,
+        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[image]),
+        # A rebuild under the same tag (a pinned `image.tag`) still re-places the image everywhere.
+        trigger=image.image.id,
+    )

@@ -99,14 +99,27 @@ def test_dev_resource_set(dev):
         ("qwen35:index:HybridImage", "qwen35-image"),
         ("docker:index/image:Image", "qwen35-image-build"),
         ("docker:index/volume:Volume", "qwen35-ray-tmp"),
-        *((typ, name) for typ, name in names if typ == DYNAMIC and name.startswith("qwen35-image-")),
+        (DYNAMIC, "qwen35-image-spark-1"),
+        (DYNAMIC, "qwen35-image-spark-2"),
         (CONTAINER, "qwen35-ray-head"),
         (CONTAINER, "qwen35-ray-worker-spark-2"),
         (CONTAINER, "qwen35-vllm"),
         (DYNAMIC, "qwen35-ready"),
     }
-    per_node = [r for r in dev.run.resources if r.typ == DYNAMIC and r.name != "qwen35-ready"]
-    assert len(per_node) >= 2  # one image placement per node
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "four"])
+def test_image_copies_form_a_tree_from_the_head(request, graph_name):
+    graph: Graph = request.getfixturevalue(graph_name)
+    head = node_image_of(graph, "spark-1").inputs
+    assert head["source"]["name"] == head["destination"]["name"] == "spark-1"
+    for node in graph.run.outputs["nodes"][1:]:
+        placed = node_image_of(graph, node)
+        source = placed.inputs["source"]["name"]
+        assert source != node
+        # A node serves as a source only once it holds the image itself.
+        assert f"qwen35-image-{source}" in graph.deps[placed.name]
+        assert placed.inputs["image"].startswith("vllm-node-qwen35:h-")
 
 
 def test_four_node_resource_set(four):
@@ -151,14 +164,10 @@ def test_provider_hosts_and_pinned_keys(four):
 
 
 def node_image_of(graph: Graph, node: str):
-    """The image placement resource for `node` (whatever its name): the dynamic resource for that node."""
-    found = [
-        r
-        for r in graph.run.by_type(DYNAMIC)
-        if r.name != "qwen35-ready" and (r.inputs.get("node") or {}).get("name") == node
-    ]
-    assert len(found) == 1, [r.name for r in graph.run.by_type(DYNAMIC)]
-    return found[0]
+    """The NodeImage that places the image on `node`."""
+    found = graph.run.named(f"qwen35-image-{node}")
+    assert found.typ == DYNAMIC and found.inputs["destination"]["name"] == node
+    return found
 
 
 @pytest.mark.parametrize("graph_name", ["dev", "four"])
