@@ -176,6 +176,16 @@ def owned_pid(pidfile: Path, marker: str) -> int | None:
     return None
 
 
+def running_dockerd(name: str) -> int | None:
+    paths = node_paths(name)
+    return owned_pid(paths.docker_pid, str(paths.data_root))
+
+
+def running_sshd(name: str) -> int | None:
+    paths = node_paths(name)
+    return owned_pid(paths.sshd_pid, str(paths.sshd_config))
+
+
 @dataclass(frozen=True)
 class NodeState:
     """What `status` reports for one node."""
@@ -193,8 +203,8 @@ class NodeState:
 
 def node_state(spec: NodeSpec) -> NodeState:
     paths = node_paths(spec.name)
-    dockerd_pid = owned_pid(paths.docker_pid, str(paths.data_root))
-    sshd_pid = owned_pid(paths.sshd_pid, str(paths.sshd_config))
+    dockerd_pid = running_dockerd(spec.name)
+    sshd_pid = running_sshd(spec.name)
     version = engine_get(paths.socket, "/version") if dockerd_pid else None
     info = engine_get(paths.socket, "/info") if version else None
     return NodeState(
@@ -214,11 +224,17 @@ def require_root() -> None:
         raise LabError("lab: must run as root (dockerd and sshd need it)")
 
 
+LOG_MARK = "---- lab: starting dockerd"
+
+
 def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log, from the latest start only."""
     try:
         text = path.read_text(errors="replace").strip().splitlines()
     except OSError:
         return f"(no log at {path})"
+    starts = [i for i, line in enumerate(text) if line.startswith(LOG_MARK)]
+    text = text[starts[-1] + 1 :] if starts else text
     return f"last lines of {path}:\n" + "\n".join(text[-lines:])
 
 
@@ -279,7 +295,7 @@ def check_port_free(spec: NodeSpec) -> None:
 def start_dockerd(spec: NodeSpec) -> str:
     """Start (or reuse) the node's dockerd; returns the engine version it reports."""
     paths = node_paths(spec.name)
-    if owned_pid(paths.docker_pid, str(paths.data_root)):
+    if running_dockerd(spec.name):
         version = engine_get(paths.socket, "/version")
         if version:
             return version["Version"]
@@ -291,7 +307,11 @@ def start_dockerd(spec: NodeSpec) -> str:
     _write_if_changed(paths.daemon_json, json.dumps(daemon_config(spec)) + "\n", mode=0o644)
     path_var = ":".join([*(str(p) for p in engine_bin_dirs(spec.engine)), SYSTEM_PATH])
     env = {"PATH": path_var, "HOME": "/root", "LANG": "C.UTF-8"}
+    # A pidfile left by a daemon that died (or is an unreaped zombie) stops dockerd from starting.
+    paths.docker_pid.unlink(missing_ok=True)
     with open(paths.docker_log, "ab") as log:
+        log.write(f"{LOG_MARK} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+        log.flush()
         process = subprocess.Popen(
             dockerd_argv(binary, paths),
             stdin=subprocess.DEVNULL,
@@ -320,7 +340,7 @@ def start_dockerd(spec: NodeSpec) -> str:
 def start_sshd(spec: NodeSpec, keys: SshPaths) -> None:
     paths = node_paths(spec.name)
     _write_if_changed(paths.sshd_config, sshd_config_text(spec, paths, keys), mode=0o600)
-    if owned_pid(paths.sshd_pid, str(paths.sshd_config)):
+    if running_sshd(spec.name):
         return
     check_port_free(spec)
     sshd = find_binary("sshd")
@@ -337,7 +357,7 @@ def start_sshd(spec: NodeSpec, keys: SshPaths) -> None:
         )
     deadline = time.monotonic() + SSHD_DEADLINE
     while time.monotonic() < deadline:
-        if owned_pid(paths.sshd_pid, str(paths.sshd_config)) and _accepts(spec.host, ssh_port()):
+        if running_sshd(spec.name) and _accepts(spec.host, ssh_port()):
             return
         time.sleep(0.1)
     raise LabError(
@@ -402,20 +422,21 @@ def up_locked(nodes: list[str] | tuple[str, ...] | None = None) -> dict[str, Lab
     return started
 
 
-def stop_pid(pid: int, deadline: float) -> bool:
-    """SIGTERM, wait until `deadline` seconds, then SIGKILL; True if it stopped on its own."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return True
+def stop_pids(pids: list[int], deadline: float) -> dict[int, bool]:
+    """SIGTERM all at once, wait up to `deadline` seconds, then SIGKILL; pid -> stopped on its own."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if not pid_alive(pid):
-            return True
+    while time.monotonic() < end and any(pid_alive(pid) for pid in pids):
         time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    return False
+    clean = {}
+    for pid in pids:
+        clean[pid] = not pid_alive(pid)
+        if not clean[pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return clean
 
 
 def lab_processes(markers: list[str]) -> dict[int, str]:
@@ -450,23 +471,24 @@ def down_locked(nodes: list[str] | tuple[str, ...] | None = None) -> list[str]:
     """`down` for a caller that already holds `lab_lock`."""
     notes = []
     specs = select_specs(nodes)
-    for spec in specs:
-        paths = node_paths(spec.name)
-        sshd_pid = owned_pid(paths.sshd_pid, str(paths.sshd_config))
-        if sshd_pid:
-            stop_pid(sshd_pid, 5.0)
-            notes.append(f"{spec.name}: stopped sshd (pid {sshd_pid})")
-        dockerd_pid = owned_pid(paths.docker_pid, str(paths.data_root))
-        if dockerd_pid:
-            # dockerd stops its containers and its own containerd on SIGTERM.
-            clean = stop_pid(dockerd_pid, STOP_DEADLINE)
-            how = "stopped" if clean else "killed (no clean stop within deadline)"
-            notes.append(f"{spec.name}: {how} dockerd (pid {dockerd_pid})")
+    sshds = {spec.name: running_sshd(spec.name) for spec in specs}
+    for name, pid in sshds.items():
+        if pid:
+            stop_pids([pid], 5.0)
+            notes.append(f"{name}: stopped sshd (pid {pid})")
+    # dockerd stops its containers (up to their stop timeout) and its own containerd on SIGTERM;
+    # all daemons at once, so a slow container on one node does not hold up the others.
+    dockerds = {spec.name: running_dockerd(spec.name) for spec in specs}
+    clean = stop_pids([pid for pid in dockerds.values() if pid], STOP_DEADLINE)
+    for name, pid in dockerds.items():
+        if pid:
+            how = "stopped" if clean[pid] else "killed (no clean stop within deadline)"
+            notes.append(f"{name}: {how} dockerd (pid {pid})")
     markers = [str(p) for s in specs for p in (node_paths(s.name).root, node_paths(s.name).data_root)]
     leftovers = lab_processes(markers)
     for pid, cmdline in leftovers.items():
         notes.append(f"killed leftover pid {pid}: {cmdline[:120]}")
-        stop_pid(pid, 5.0)
+    stop_pids(list(leftovers), 5.0)
     for point in lab_mounts(markers):
         subprocess.run(["umount", "-l", point], capture_output=True)
         notes.append(f"unmounted {point}")
