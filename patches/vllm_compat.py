@@ -23,6 +23,7 @@ import ast
 import json
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -264,7 +265,10 @@ def _parse_module(path: Path, rel: str) -> ModuleInfo:
     if path.suffix != ".py":  # extension module or namespace package: nothing to read
         return ModuleInfo()
     reader = _Reader(rel)
-    reader.visit(ast.parse(path.read_bytes(), filename=str(path)))
+    with warnings.catch_warnings():  # invalid escapes etc. in vLLM's own sources are not our finding
+        warnings.simplefilter("ignore")
+        module = ast.parse(path.read_bytes(), filename=str(path))
+    reader.visit(module)
     return reader.info
 
 
@@ -340,17 +344,23 @@ class Finding:
         return f"{self.module}:{self.name}" if self.name else f"{self.module} (module missing)"
 
 
-def _donor_providers(donor_resolver: Resolver, module: str, name: str) -> tuple[str, ...]:
-    """The donor file(s) whose copy would make `module:name` resolve (one re-export level at a time)."""
+def _donor_providers(
+    donor_resolver: Resolver, module: str, name: str, seen: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """The donor files whose copies make `module:name` resolve, following star re-exports to the file
+    that binds the name (other re-exports are imports of the copied file, checked in the next round)."""
     donor = donor_resolver.overlay.donor
     if name and (rel := donor.module_file(f"{module}.{name}")) is not None:
         return (rel,)
     rel = donor.module_file(module)
-    if rel is None:
+    if rel is None or (name and not donor_resolver.resolves(module, name)):
         return ()
-    if not name or donor_resolver.resolves(module, name):
+    if not name or not rel.endswith(".py") or name in donor.info(rel).bound:
         return (rel,)
-    return ()
+    for star in donor.info(rel).stars:
+        if star not in seen and name in (donor_resolver.exported(star) or set()):
+            return (rel, *_donor_providers(donor_resolver, star, name, seen | {module}))
+    return (rel,)
 
 
 def check(base: Tree, donor: Tree, copied: set[str]) -> list[Finding]:
@@ -362,7 +372,9 @@ def check(base: Tree, donor: Tree, copied: set[str]) -> list[Finding]:
         for use in donor.info(rel).uses:
             if not resolver.resolves(use.module, use.name):
                 where = f"{use.file}:{use.line}" + (" (in function)" if use.lazy else "")
-                needed.setdefault((use.module, use.name), []).append(where)
+                # A missing module is one finding, however many names are imported from it.
+                name = use.name if resolver.overlay.locate(use.module) is not None else MODULE_ITSELF
+                needed.setdefault((use.module, name), []).append(where)
     return [
         Finding(module, name, tuple(who), _donor_providers(donor_resolver, module, name))
         for (module, name), who in sorted(needed.items())
@@ -376,9 +388,11 @@ def broken_base_imports(base: Tree, donor: Tree, copied: set[str]) -> list[Findi
         return []
     resolver = Resolver(Overlay(base, donor, copied))
     needed: dict[tuple[str, str], list[str]] = {}
+    leaves = {module.rsplit(".", 1)[-1].encode() for module in replaced}
     for path in sorted(base.root.rglob("*.py")):
         rel = path.relative_to(base.root).as_posix()
-        if rel in copied:
+        # Importing a module names its last component somewhere in the file: skip the parse otherwise.
+        if rel in copied or not any(leaf in path.read_bytes() for leaf in leaves):
             continue
         for use in base.info(rel).uses:
             if use.module in replaced and not resolver.resolves(use.module, use.name):
