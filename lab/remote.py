@@ -2,42 +2,42 @@
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 from dataclasses import dataclass
 from typing import IO
 
+from components.remote import SSH_TRANSPORT_FAILURE, SshTarget, shell_join
+from components.remote import ssh_argv as program_ssh_argv
+from components.remote import ssh_options as program_ssh_options
 from lab.layout import LabError, LabNode
 
-SSH_TRANSPORT_FAILURE = 255
+
+def ssh_target(node: LabNode) -> SshTarget:
+    """The lab node as the program's transport sees a Spark: same options, same pinned keys."""
+    return SshTarget(
+        host=node.host,
+        user=node.user,
+        port=node.port,
+        known_hosts=node.known_hosts,
+        identity_file=node.identity_file,
+        name=node.name,
+        connect_timeout=5,  # loopback: a dead node fails fast
+    )
 
 
 def ssh_options(node: LabNode) -> list[str]:
-    """OpenSSH client options for a lab node, each with its reason."""
-    return [
-        "-F", "/dev/null",  # ignore the operator's ~/.ssh/config
-        "-i", node.identity_file,
-        "-p", str(node.port),
-        "-o", "IdentitiesOnly=yes",  # only the lab key, not whatever an agent holds
-        "-o", "BatchMode=yes",  # never prompt: a test must fail, not hang
-        "-o", "StrictHostKeyChecking=yes",  # host keys are pinned in known_hosts
-        "-o", f"UserKnownHostsFile={node.known_hosts}",
-        "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "ConnectTimeout=5",  # a dead node fails fast
-        "-o", "ServerAliveInterval=5",  # a stalled stream fails in ~15 s instead of hanging
-        "-o", "ServerAliveCountMax=3",
-        "-o", "LogLevel=ERROR",
-    ]  # fmt: skip
+    """OpenSSH client options for a lab node: the program's own (components.remote.ssh_options)."""
+    return program_ssh_options(ssh_target(node))
 
 
 def remote_command(argv: list[str] | tuple[str, ...]) -> str:
-    """The one place an argument list becomes a shell string."""
-    return shlex.join(argv)
+    """An argument list as a shell string, through the program's one quoting function."""
+    return shell_join(list(argv))
 
 
 def ssh_argv(node: LabNode, argv: list[str] | tuple[str, ...]) -> list[str]:
     """Local argv that runs `argv` on `node` over SSH."""
-    return ["ssh", *ssh_options(node), node.target, "--", remote_command(argv)]
+    return program_ssh_argv(ssh_target(node), list(argv))
 
 
 def pipeline(*stages: list[str] | tuple[str, ...]) -> list[str]:
