@@ -90,7 +90,7 @@ def run_probe(props: dict[str, Any], deadline_s: float) -> dict[str, Any]:
     }
     # The probe's own message (stage, last error, 30 log lines) is the useful part: keep all of it.
     raise GateFailed(
-        props["node"]["name"], result.returncode, result.stderr, hints.get(result.returncode, "")
+        props["node"]["name"], argv, result.returncode, result.stderr, hints.get(result.returncode, "")
     )
 
 
@@ -130,7 +130,7 @@ class ReadinessGateProvider(dynamic.ResourceProvider):
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         try:
-            run_probe(props, REFRESH_DEADLINE_S)
+            run_probe(props, min(REFRESH_DEADLINE_S, float(props.get("deadline_s") or REFRESH_DEADLINE_S)))
         except (RemoteError, ValueError):
             # Not serving any more: report the gate gone, so refresh shows it and `up` probes again.
             return dynamic.ReadResult(id_="", outs={})
