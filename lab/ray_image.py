@@ -1,0 +1,212 @@
+"""The lab Ray image, built without a registry: Debian rootfs + Python + Ray + the stand-in `vllm`.
+
+Slow parts are cached under `${QWEN35_CACHE:-~/.cache/qwen35-spark}/lab/`: Ray's wheels (downloaded
+on this machine once, so the build itself needs no network and no proxy CA) and the built image as a
+`docker save` tarball. The tag is a hash of everything that goes into the image, so a node that has the
+tag has exactly this image; a node that lacks it loads the cached tarball over SSH, and only when that
+is missing too is the image built (on the first node asked), then saved for every other node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from lab.images import DEBIAN_TAG, FIXED_MTIME, debian_image, debian_rootfs_tarball, image_id
+from lab.layout import LabError, LabNode, cache_dir
+from lab.remote import docker, ssh_argv
+
+RAY_VERSION = "2.60.0"
+RAY_REQUIREMENT = f"ray[default]=={RAY_VERSION}"
+IMAGE_NAME = "lab-ray"
+# The Debian rootfs is bookworm: its python3 is 3.11 and its glibc 2.36. Wheels downloaded here must
+# install there, so this machine's Python must be the same minor version and glibc no newer.
+IMAGE_PYTHON = (3, 11)
+IMAGE_GLIBC = (2, 36)
+STANDIN_SOURCE = Path(__file__).with_name("standin_vllm.py")
+VENV = "/opt/ray"
+STANDIN_DIR = "/opt/vllm-standin"
+
+# /usr/local/bin/vllm: runs the stand-in with the venv's Python (which has `ray`).
+VLLM_ENTRY_POINT = f"""#!{VENV}/bin/python3
+# Lab stand-in for vLLM (a test double). Source: lab/standin_vllm.py in qwen35-spark.
+import sys
+
+sys.path.insert(0, "{STANDIN_DIR}")
+from standin_vllm import main
+
+sys.exit(main())
+"""
+
+
+def dockerfile(base: str = DEBIAN_TAG) -> str:
+    """Two stages, so the wheels never stay in a layer: install into a venv, copy only the venv."""
+    return f"""\
+FROM {base} AS install
+COPY wheels/ /wheels/
+RUN python3 -m venv {VENV} \\
+ && PIP_DISABLE_PIP_VERSION_CHECK=1 {VENV}/bin/pip install --no-cache-dir --no-index \\
+      --find-links /wheels "{RAY_REQUIREMENT}" \\
+ && {VENV}/bin/ray --version
+
+FROM {base}
+COPY --from=install {VENV} {VENV}
+COPY standin/standin_vllm.py {STANDIN_DIR}/standin_vllm.py
+COPY standin/vllm /usr/local/bin/vllm
+ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+LABEL qwen35.lab="ray {RAY_VERSION} + stand-in vllm (test double)"
+RUN ray --version && vllm serve --help >/dev/null
+CMD ["/bin/bash"]
+"""
+
+
+def wheels_dir() -> Path:
+    return (
+        cache_dir()
+        / "wheels"
+        / f"ray-{RAY_VERSION}-cp{IMAGE_PYTHON[0]}{IMAGE_PYTHON[1]}-{platform.machine()}"
+    )
+
+
+def check_host_python(version: tuple[int, int], glibc: tuple[int, ...]) -> None:
+    """Wheels for the image are downloaded by this machine's pip: it must match the image's Python."""
+    if version != IMAGE_PYTHON:
+        raise LabError(
+            f"lab: this Python is {version[0]}.{version[1]} but the lab Ray image runs bookworm's "
+            f"{IMAGE_PYTHON[0]}.{IMAGE_PYTHON[1]}: its wheels would not match; run the tests with a "
+            f"Python {IMAGE_PYTHON[0]}.{IMAGE_PYTHON[1]} venv"
+        )
+    if glibc and glibc > IMAGE_GLIBC:
+        raise LabError(
+            f"lab: this machine's glibc {'.'.join(map(str, glibc))} is newer than bookworm's "
+            f"{'.'.join(map(str, IMAGE_GLIBC))}: pip could pick wheels the image cannot load"
+        )
+
+
+def _glibc() -> tuple[int, ...]:
+    name, version = platform.libc_ver()
+    return tuple(int(p) for p in version.split(".") if p.isdigit()) if name == "glibc" else ()
+
+
+def ensure_wheels() -> Path:
+    """Ray and its dependencies as wheels in the cache (one `pip download`, ~15 s, ~110 MB)."""
+    target = wheels_dir()
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    check_host_python(sys.version_info[:2], _glibc())
+    partial = target.with_name(target.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        RAY_REQUIREMENT,
+        "-d",
+        str(partial),
+    ]
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+        raise LabError(f"lab: pip download {RAY_REQUIREMENT} failed (exit {done.returncode}):\n{tail}")
+    (partial / ".complete").write_text("\n".join(sorted(p.name for p in partial.glob("*.whl"))) + "\n")
+    if target.exists():
+        raise LabError(f"lab: {target} exists without .complete: remove it and run again")
+    partial.rename(target)
+    print(f"lab: downloaded {RAY_REQUIREMENT} wheels into {target} in {time.monotonic() - started:.0f}s")
+    return target
+
+
+def build_context(wheels: Path, standin_source: bytes) -> bytes:
+    """The build context tar (Dockerfile, wheels, stand-in), byte-identical for identical inputs."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+
+        def add(name: str, data: bytes, mode: int = 0o644) -> None:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), FIXED_MTIME, mode
+            tar.addfile(info, io.BytesIO(data))
+
+        add("Dockerfile", dockerfile().encode())
+        add("standin/standin_vllm.py", standin_source)
+        add("standin/vllm", VLLM_ENTRY_POINT.encode(), mode=0o755)
+        for wheel in sorted(wheels.glob("*.whl")):
+            add(f"wheels/{wheel.name}", wheel.read_bytes())
+    return buffer.getvalue()
+
+
+def image_tag(context: bytes, base_identity: str) -> str:
+    """`lab-ray:<hash>` of the build context and the base rootfs it builds on."""
+    digest = hashlib.sha256(context)
+    digest.update(base_identity.encode())
+    return f"{IMAGE_NAME}:{digest.hexdigest()[:16]}"
+
+
+def rootfs_identity(tarball: Path) -> str:
+    """Name, size and mtime of the cached rootfs: a re-made rootfs gives a new image tag."""
+    stat = tarball.stat()
+    return f"{tarball.name}:{stat.st_size}:{int(stat.st_mtime)}"
+
+
+def saved_image(tag: str) -> Path:
+    return cache_dir() / "images" / f"{tag.replace(':', '-')}.tar"
+
+
+def ray_image(node: LabNode) -> tuple[str, str]:
+    """(tag, image ID) of the lab Ray image on `node`: present, loaded from the cache, or built."""
+    context = build_context(ensure_wheels(), STANDIN_SOURCE.read_bytes())
+    tag = image_tag(context, rootfs_identity(debian_rootfs_tarball()))
+    existing = image_id(node, tag)
+    if existing:
+        return tag, existing
+    saved = saved_image(tag)
+    started = time.monotonic()
+    if saved.exists():
+        with open(saved, "rb") as stream:
+            docker(node, "load", stdin=stream, timeout=600)
+        how = f"loaded from {saved}"
+    else:
+        debian_image(node)
+        built = docker(
+            node, "build", "--network", "host", "--tag", tag, "-", input=context, timeout=900, check=False
+        )
+        if built.returncode != 0:
+            tail = "\n".join(built.err.splitlines()[-15:] or built.out.splitlines()[-15:])
+            raise LabError(f"lab: {node.name}: building {tag} failed (exit {built.returncode}):\n{tail}")
+        _save(node, tag, saved)
+        how = f"built and saved to {saved}"
+    found = image_id(node, tag)
+    if not found:
+        raise LabError(f"lab: {node.name}: {tag} is missing after it was {how}")
+    print(f"lab: {node.name}: {tag} {how} in {time.monotonic() - started:.0f}s")
+    return tag, found
+
+
+def _save(node: LabNode, tag: str, saved: Path) -> None:
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
+    with open(partial, "wb") as out:
+        done = subprocess.run(
+            ssh_argv(node, ["docker", "save", tag]), stdout=out, stderr=subprocess.PIPE, timeout=600
+        )
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise LabError(
+            f"lab: {node.name}: docker save {tag} failed: {done.stderr.decode(errors='replace')[-500:]}"
+        )
+    partial.replace(saved)
+
+
+def ray_images(nodes: list[LabNode]) -> dict[str, str]:
+    """node name -> image ID of the lab Ray image, on every node (built at most once)."""
+    return {node.name: ray_image(node)[1] for node in nodes}

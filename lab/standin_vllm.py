@@ -1,0 +1,382 @@
+"""A stand-in for `vllm serve`, for the lab only: a TEST DOUBLE of vLLM, and it says so everywhere.
+
+Installed in the lab Ray image as /usr/local/bin/vllm. It takes `vllm serve`'s flags, joins the running
+Ray cluster the way vLLM's Ray executor does (driver on the head, `RAY_ADDRESS`), asks for a placement
+group of TP×PP GPU bundles and waits for it like vLLM does (it never serves while the cluster lacks the
+nodes and GPUs that TP×PP needs), starts one Ray actor per bundle, then serves /health, /v1/models and
+/v1/chat/completions. No model runs: a completion is assembled by the actors, so every answer proves
+that the Ray workers on every node are alive. When one of them dies the "engine" is dead: the server
+answers 500 and exits, as vLLM does.
+
+Only the standard library and `ray` (imported when serving, so the pure parts test without Ray).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+STANDIN_NOTE = "lab stand-in for vLLM (a test double: no model runs; the Ray cluster is real)"
+STANDIN_HEADER = "X-Vllm-Standin"
+# vLLM's own limit for a placement group to become ready (vllm/executor/ray_utils.py PG_WAIT_TIMEOUT).
+PG_WAIT_TIMEOUT_S = 1800
+PG_LOG_EVERY_S = 10
+# How long /health and a completion wait for the actors before calling the engine dead.
+ACTOR_TIMEOUT_S = 10.0
+
+
+def log(message: str) -> None:
+    """vLLM-like log line on stdout (what `docker logs` shows and the readiness gate tails)."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"INFO {stamp} [standin_vllm] {message}", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`vllm serve`'s flags that the deployment uses, with vLLM's names and defaults."""
+    parser = argparse.ArgumentParser(prog="vllm", description=STANDIN_NOTE)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible API (stand-in)")
+    serve.add_argument("model", help="model id or path (only echoed: nothing is loaded)")
+    serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    serve.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    serve.add_argument("--distributed-executor-backend", choices=("ray", "mp", "uni"), default=None)
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", nargs="+", default=None)
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--api-key", default=None)
+    return parser
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    """The parsed `vllm serve` command line, plus what the stand-in ignored."""
+
+    model: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    backend: str | None
+    host: str
+    port: int
+    served_names: tuple[str, ...]
+    max_model_len: int
+    api_key: str | None
+    ignored: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+def parse_serve_args(argv: Sequence[str], env: dict[str, str] | None = None) -> ServeArgs:
+    """Parse `vllm serve …`. Flags vLLM has but the stand-in does not model are kept in `ignored`."""
+    env = os.environ if env is None else env
+    args, unknown = build_parser().parse_known_args(list(argv))
+    if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:
+        raise SystemExit("vllm: --tensor-parallel-size and --pipeline-parallel-size must be >= 1")
+    if (
+        args.tensor_parallel_size * args.pipeline_parallel_size > 1
+        and args.distributed_executor_backend
+        not in (
+            None,
+            "ray",
+        )
+    ):
+        raise SystemExit("vllm (stand-in): only --distributed-executor-backend ray spans nodes")
+    return ServeArgs(
+        model=args.model,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        backend=args.distributed_executor_backend,
+        host=args.host or "0.0.0.0",
+        port=args.port,
+        served_names=tuple(args.served_model_name or [args.model]),
+        max_model_len=args.max_model_len or 4096,
+        # vLLM reads the key from --api-key or VLLM_API_KEY; the deployment uses the variable.
+        api_key=args.api_key or env.get("VLLM_API_KEY") or None,
+        ignored=tuple(unknown),
+    )
+
+
+def cluster_summary(nodes: list[dict[str, Any]]) -> tuple[int, float, str]:
+    """(alive nodes, GPUs on them, "ip: N GPU, …") from `ray.nodes()`."""
+    alive = [n for n in nodes if n.get("Alive")]
+    gpus = sum(float(n.get("Resources", {}).get("GPU", 0)) for n in alive)
+    text = ", ".join(
+        f"{n.get('NodeManagerAddress', '?')}: {float(n.get('Resources', {}).get('GPU', 0)):g} GPU"
+        for n in alive
+    )
+    return len(alive), gpus, text or "none"
+
+
+def bearer_ok(header: str | None, api_key: str | None) -> bool:
+    """vLLM's rule: with an API key set, every /v1 route needs `Authorization: Bearer <key>`."""
+    return api_key is None or header == f"Bearer {api_key}"
+
+
+def prompt_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the last user message (content may be a string or a list of parts)."""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content", "")
+        if isinstance(content, list):
+            return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+        return str(content)
+    return ""
+
+
+def models_response(args: ServeArgs, created: int) -> dict[str, Any]:
+    """/v1/models, shaped like vLLM's, marked as a stand-in."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm-standin",
+                "root": args.model,
+                "parent": None,
+                "max_model_len": args.max_model_len,
+                "standin": STANDIN_NOTE,
+            }
+            for name in args.served_names
+        ],
+        "standin": STANDIN_NOTE,
+    }
+
+
+def completion_response(model: str, prompt: str, shards: list[str], max_tokens: int | None) -> dict[str, Any]:
+    """A chat.completion built from what every Ray worker returned."""
+    content = f"[{STANDIN_NOTE}] {len(shards)} Ray workers answered ({'; '.join(shards)}). You said: {prompt}"
+    words = content.split()
+    if max_tokens is not None and max_tokens > 0:
+        words = words[: max(max_tokens, 1)]
+    completion_tokens = len(words)
+    prompt_tokens = len(prompt.split())
+    return {
+        "id": f"chatcmpl-standin-{uuid.uuid4().hex[:16]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": " ".join(words)},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+        "standin": STANDIN_NOTE,
+    }
+
+
+def error_body(message: str, kind: str, code: int) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": kind, "code": code, "standin": STANDIN_NOTE}
+
+
+class Engine:
+    """The Ray side: placement group, one actor per bundle, and a liveness probe of those actors."""
+
+    def __init__(self, args: ServeArgs):
+        self.args = args
+        self.actors: list[Any] = []
+        self.dead_reason: str | None = None
+
+    def start(self, clock: Callable[[], float] = time.monotonic) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        address = os.environ.get("RAY_ADDRESS", "auto")
+        log(f"connecting to the Ray cluster at {address}")
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+        world = self.args.world_size
+        count, gpus, text = cluster_summary(ray.nodes())
+        log(f"Ray cluster: {count} alive nodes, {gpus:g} GPUs ({text}); TP×PP = {world} needs {world} GPUs")
+        if gpus < world:
+            log(
+                f"WARNING: the number of required GPUs ({world}) exceeds the total number of available "
+                f"GPUs in the cluster ({gpus:g}); waiting for the placement group"
+            )
+        group = placement_group([{"GPU": 1.0} for _ in range(world)], strategy="PACK")
+        started = clock()
+        while True:
+            ready, _ = ray.wait([group.ready()], timeout=PG_LOG_EVERY_S)
+            if ready:
+                break
+            waited = clock() - started
+            count, gpus, text = cluster_summary(ray.nodes())
+            if waited > PG_WAIT_TIMEOUT_S:
+                raise SystemExit(
+                    f"vllm (stand-in): cannot provide a placement group of {world} GPU bundles within "
+                    f"{PG_WAIT_TIMEOUT_S} s; the cluster has {count} nodes, {gpus:g} GPUs ({text})"
+                )
+            log(
+                f"waiting for a placement group of {world} GPU bundles for {waited:.0f} s: the cluster "
+                f"has {count} alive nodes, {gpus:g} GPUs ({text}); check `ray status`"
+            )
+
+        @ray.remote(num_cpus=0, num_gpus=1)
+        class StandinWorker:
+            """One "GPU worker": reports where it runs, which is all a stand-in can compute."""
+
+            def __init__(self, rank: int):
+                self.rank = rank
+
+            def where(self) -> str:
+                return f"rank {self.rank} on {ray.util.get_node_ip_address()} pid {os.getpid()}"
+
+            def forward(self, words: int) -> str:
+                return f"rank {self.rank}@{ray.util.get_node_ip_address()} read {words} words"
+
+        self.actors = [
+            StandinWorker.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=index
+                )
+            ).remote(index)
+            for index in range(world)
+        ]
+        for line in ray.get([actor.where.remote() for actor in self.actors], timeout=120):
+            log(f"worker {line}")
+
+    def call_all(self, words: int) -> list[str]:
+        """Every actor's shard; the first failure marks the engine dead (and the server exits)."""
+        import ray
+
+        try:
+            return ray.get([a.forward.remote(words) for a in self.actors], timeout=ACTOR_TIMEOUT_S)
+        except Exception as exc:  # any Ray failure here means a worker is gone: vLLM's EngineDeadError
+            self.dead_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            raise
+
+
+def make_handler(args: ServeArgs, engine: Engine, on_dead: Callable[[str], None]) -> type:
+    created = int(time.time())
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "vllm-standin"
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *values: Any) -> None:
+            status = values[1] if len(values) > 1 else ""
+            log(f'{self.client_address[0]} "{self.command} {self.path}" {status}')
+
+        def reply(self, code: int, body: dict[str, Any] | None) -> None:
+            data = b"" if body is None else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header(STANDIN_HEADER, "1")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def engine_dead(self) -> None:
+            reason = engine.dead_reason or "a Ray worker died"
+            self.reply(500, error_body(f"EngineDeadError: {reason}", "EngineDeadError", 500))
+            on_dead(reason)
+
+        def authorized(self) -> bool:
+            if bearer_ok(self.headers.get("Authorization"), args.api_key):
+                return True
+            self.reply(401, {"error": "Unauthorized", "standin": STANDIN_NOTE})
+            return False
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?", 1)[0]
+            if path == "/health":
+                try:
+                    engine.call_all(0)
+                except Exception:
+                    self.engine_dead()
+                    return
+                self.reply(200, None)
+            elif path == "/v1/models":
+                if self.authorized():
+                    self.reply(200, models_response(args, created))
+            elif path == "/version":
+                self.reply(200, {"version": "standin", "standin": STANDIN_NOTE})
+            else:
+                self.reply(404, error_body(f"no route {path}", "NotFoundError", 404))
+
+        def do_POST(self) -> None:  # noqa: N802
+            path = self.path.split("?", 1)[0]
+            if path != "/v1/chat/completions":
+                self.reply(404, error_body(f"no route {path}", "NotFoundError", 404))
+                return
+            if not self.authorized():
+                return
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            except ValueError:
+                self.reply(400, error_body("request body is not JSON", "BadRequestError", 400))
+                return
+            model = body.get("model")
+            if model not in args.served_names:
+                message = f"The model `{model}` does not exist."
+                self.reply(404, error_body(message, "NotFoundError", 404))
+                return
+            if body.get("stream"):
+                self.reply(400, error_body("the stand-in does not stream", "BadRequestError", 400))
+                return
+            prompt = prompt_text(body.get("messages") or [])
+            try:
+                shards = engine.call_all(len(prompt.split()))
+            except Exception:
+                self.engine_dead()
+                return
+            self.reply(200, completion_response(model, prompt, shards, body.get("max_tokens")))
+
+    return Handler
+
+
+def serve(args: ServeArgs) -> int:
+    shape = f"TP={args.tensor_parallel_size} PP={args.pipeline_parallel_size}"
+    log(f"{STANDIN_NOTE}; vllm serve {args.model} {shape}")
+    if args.ignored:
+        log(f"flags the stand-in does not model (ignored): {' '.join(args.ignored)}")
+    engine = Engine(args)
+    engine.start()
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, engine, lambda _: None))
+    exit_code = {"code": 0}
+
+    def on_dead(reason: str) -> None:
+        # Like vLLM: a dead engine shuts the API server down, so the container exits and logs say why.
+        log(f"ERROR: engine dead ({reason}); shutting down the API server")
+        exit_code["code"] = 1
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    server.RequestHandlerClass = make_handler(args, engine, on_dead)
+    log(f"Starting vLLM API server (stand-in) on http://{args.host}:{args.port}")
+    log("Application startup complete.")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return exit_code["code"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return serve(parse_serve_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
