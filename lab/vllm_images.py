@@ -1,0 +1,171 @@
+"""Stand-ins for the hybrid build's base and donor images, built without a registry.
+
+Each carries a real vLLM release tree (its `*.py` files only: no torch, no CUDA, small): the base on
+the lab Debian image with a venv whose `python3` has pip (Debian's own python has no ensurepip), the
+donor on busybox. Both are built with `docker build` over SSH, the context streamed as a tar, and
+labelled with a hash of that context: a node that has the tag with the same label is left alone.
+Also here: transformers' wheels, downloaded on this machine once so the hybrid build needs no index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from lab.images import BUSYBOX_TAG, DEBIAN_TAG, FIXED_MTIME, busybox_image, check_tag, debian_image
+from lab.layout import LabError, LabNode, cache_dir
+from lab.remote import docker
+
+CONTENT_LABEL = "qwen35.lab.content"
+BASE_VENV = "/opt/venv"
+# The lab Debian image is bookworm (python 3.11); wheels fetched here must match it.
+IMAGE_PYTHON = (3, 11)
+VLLM_DIR = re.compile(r"^/[A-Za-z0-9_./-]*/vllm$")
+
+
+def base_dockerfile(vllm_dir: str | None, debian: str) -> str:
+    """Debian + a venv first on PATH (so the Dockerfile's default `python3` has pip) + the tree."""
+    copy = f"COPY vllm/ {check_vllm_dir(vllm_dir)}/\n" if vllm_dir else ""
+    return (
+        f"FROM {debian}\n"
+        f"RUN python3 -m venv {BASE_VENV} && {BASE_VENV}/bin/python3 -m pip --version\n"
+        f"ENV PATH={BASE_VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        f"{copy}"
+        'CMD ["/bin/bash"]\n'
+    )
+
+
+def donor_dockerfile(vllm_dir: str, busybox: str) -> str:
+    """busybox (a shell to look inside) + the donor tree; the hybrid build only copies from it."""
+    return f'FROM {busybox}\nCOPY vllm/ {check_vllm_dir(vllm_dir)}/\nCMD ["/bin/sh"]\n'
+
+
+def check_vllm_dir(vllm_dir: str | None) -> str:
+    """The path lands in a Dockerfile: absolute, ending in /vllm, no spaces or shell characters."""
+    if not vllm_dir or not VLLM_DIR.match(vllm_dir) or "/../" in vllm_dir:
+        raise LabError(f"lab: {vllm_dir!r} is not an absolute path of a `vllm` package directory")
+    return vllm_dir
+
+
+def python_files(tree: Path) -> list[Path]:
+    """The tree's `*.py` files (what the proof and the patcher read), in a stable order."""
+    if not (tree / "__init__.py").is_file():
+        raise LabError(f"lab: {tree} is not a vllm package directory (no __init__.py)")
+    return sorted(p for p in tree.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def standin_context(dockerfile: str, tree: Path | None) -> bytes:
+    """Build context tar: the Dockerfile and, under vllm/, the tree's `*.py`; same inputs, same bytes."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        add_file(tar, "Dockerfile", dockerfile.encode())
+        for path in python_files(tree) if tree is not None else []:
+            add_file(tar, f"vllm/{path.relative_to(tree).as_posix()}", path.read_bytes())
+    return buffer.getvalue()
+
+
+def folder_context(folder: Path) -> bytes:
+    """A folder as a build context tar (fixed mtimes and owners, so reruns hit the build cache)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+            add_file(tar, path.relative_to(folder).as_posix(), path.read_bytes(), mode)
+    return buffer.getvalue()
+
+
+def add_file(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), FIXED_MTIME, mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+def content_label(node: LabNode, tag: str) -> str | None:
+    """The content label of `tag` on the node, or None when the image is absent."""
+    found = docker(
+        node,
+        "image",
+        "inspect",
+        "--format",
+        f'{{{{ index .Config.Labels "{CONTENT_LABEL}" }}}}',
+        check_tag(tag),
+        check=False,
+    )
+    return found.out if found.returncode == 0 else None
+
+
+def build_standin(node: LabNode, tag: str, context: bytes, parent_id: str) -> str:
+    """`docker build` the context on the node as `tag`, unless it is there with the same content
+    (the context and the ID of the image it builds on)."""
+    digest = hashlib.sha256(context + parent_id.encode()).hexdigest()[:16]
+    if content_label(node, tag) == digest:
+        return tag
+    started = time.monotonic()
+    built = docker(
+        node,
+        "build",
+        "--network",
+        "host",
+        "--label",
+        f"{CONTENT_LABEL}={digest}",
+        "--tag",
+        check_tag(tag),
+        "-",
+        input=context,
+        timeout=600,
+        check=False,
+    )
+    if built.returncode != 0:
+        tail = "\n".join((built.out + "\n" + built.err).strip().splitlines()[-15:])
+        raise LabError(f"lab: {node.name}: building stand-in {tag} failed (exit {built.returncode}):\n{tail}")
+    if content_label(node, tag) != digest:
+        raise LabError(f"lab: {node.name}: docker build reported success but {tag} lacks its content label")
+    print(f"lab: {node.name}: built stand-in {tag} in {time.monotonic() - started:.0f}s")
+    return tag
+
+
+def base_standin(node: LabNode, tag: str, vllm_dir: str | None, tree: Path | None) -> str:
+    """The base stand-in `tag` on the node: Debian + venv python + `tree` at `vllm_dir` (None: no tree)."""
+    parent = debian_image(node)
+    context = standin_context(base_dockerfile(vllm_dir if tree else None, DEBIAN_TAG), tree)
+    return build_standin(node, tag, context, parent)
+
+
+def donor_standin(node: LabNode, tag: str, vllm_dir: str, tree: Path) -> str:
+    """The donor stand-in `tag` on the node: busybox + `tree` at `vllm_dir`."""
+    parent = busybox_image(node)
+    return build_standin(node, tag, standin_context(donor_dockerfile(vllm_dir, BUSYBOX_TAG), tree), parent)
+
+
+def transformers_wheels(requirement: str) -> Path:
+    """`requirement` and its dependencies as wheels, cached (one `pip download`, ~10 s, ~45 MB).
+
+    With dependencies rather than `--no-deps`: the image then imports transformers for real and
+    `pip check` sees a complete install, which is what the Sparks get from PyPI.
+    """
+    if sys.version_info[:2] != IMAGE_PYTHON:
+        raise LabError(
+            f"lab: this Python is {sys.version_info[0]}.{sys.version_info[1]} but the base stand-in runs "
+            f"bookworm's {IMAGE_PYTHON[0]}.{IMAGE_PYTHON[1]}: the wheels would not install there"
+        )
+    name = re.sub(r"[^A-Za-z0-9.]+", "-", requirement).strip("-")
+    target = cache_dir() / "wheels-transformers" / name
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", requirement, "-d", str(target)]
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+        raise LabError(f"lab: pip download {requirement} failed (exit {done.returncode}):\n{tail}")
+    marker.write_text("\n".join(sorted(p.name for p in target.glob("*.whl"))) + "\n")
+    print(f"lab: downloaded {requirement} wheels into {target} in {time.monotonic() - started:.0f}s")
+    return target
