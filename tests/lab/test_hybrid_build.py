@@ -10,6 +10,7 @@ import hashlib
 import shutil
 import time
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 import lab
 from components.config import ImageConfig, parse_stack_config
 from components.hybrid_image import PATCH_DIR, build_args, content_tag
+from lab.buildx import buildx_argv, ensure_buildx
 from lab.images import image_id
 from lab.vllm_images import base_standin, donor_standin, folder_context, transformers_wheels
 from tests.program import stack_config
@@ -26,6 +28,13 @@ pytestmark = pytest.mark.lab
 
 BUILD_TIMEOUT_S = 900
 CLOSURE_NAME = "MambaStateCopyFuncCalculator"
+
+
+class Builder(str, Enum):
+    """Which builder runs the Dockerfile on the node's daemon."""
+
+    LEGACY = "legacy"  # `docker build` with this CLI (no buildx plugin): the classic builder
+    BUILDKIT = "buildkit"  # the daemon's BuildKit, as pulumi_docker.Image uses by default
 
 
 @dataclass(frozen=True)
@@ -59,16 +68,31 @@ def make_context(dest: Path, wheels: Path) -> Path:
     return context
 
 
-def build_hybrid(node: lab.LabNode, cfg: ImageConfig, context: Path, args: dict[str, str]) -> Build:
-    """`docker build` of the hybrid on the node as HybridImage asks for it: its tag, network, platform."""
-    ref = f"{cfg.name}:{content_tag(context, args, cfg.platform)}"
+def build_hybrid(
+    node: lab.LabNode,
+    cfg: ImageConfig,
+    context: Path,
+    args: dict[str, str],
+    builder: Builder = Builder.LEGACY,
+) -> Build:
+    """A build of the hybrid on the node as HybridImage asks for it: its tag, network, platform, args."""
+    tag = content_tag(context, args, cfg.platform)
+    ref = f"{cfg.name}:{tag if builder is Builder.LEGACY else f'{builder.value}-{tag}'}"
     argv = ["build", "--file", "Dockerfile", "--tag", ref, "--platform", cfg.platform]
     if cfg.build_network:
         argv += ["--network", cfg.build_network]
     for key, value in args.items():
         argv += ["--build-arg", f"{key}={value}"]
+    if builder is Builder.BUILDKIT:
+        try:
+            command = [*buildx_argv(ensure_buildx()), *argv, "--progress", "plain"]
+        except lab.LabError as exc:
+            pytest.fail(f"BuildKit's client (docker-buildx) is not available: {exc}", pytrace=False)
+    else:
+        command = ["docker", *argv]
     started = time.monotonic()
-    result = lab.docker(node, *argv, "-", input=folder_context(context), timeout=BUILD_TIMEOUT_S, check=False)
+    tar = folder_context(context)
+    result = lab.on_node(node, [*command, "-"], input=tar, timeout=BUILD_TIMEOUT_S, check=False)
     return Build(ref, args, result, time.monotonic() - started)
 
 
@@ -189,6 +213,20 @@ def test_a_base_without_the_vllm_tree_stops_the_build_naming_base_vllm_dir(node_
     assert build.result.returncode != 0, f"the build passed on a base without vLLM:\n{build.tail()}"
     assert f"BASE_VLLM_DIR={cfg.base_vllm_dir} is not a vllm package directory in BASE_IMAGE" in build.output
     assert image_id(node_a, build.ref) is None
+
+
+@pytest.mark.parametrize("node_name", ["node-a", "node-c"])
+def test_buildkit_builds_the_hybrid_and_stops_on_a_failing_proof(lab_node, node_name, cfg, context):
+    node = lab_node(node_name)
+    standins(node, cfg)
+    build = build_hybrid(node, cfg, context, build_args(cfg), Builder.BUILDKIT)
+    print(f"\n{node.name} ({node.engine}) BuildKit: hybrid build {build.seconds:.1f}s")
+    assert build.result.returncode == 0, f"the BuildKit build failed on {node.name}:\n{build.tail()}"
+    proof = run_in(node, build.ref, "cat", "/opt/qwen35/compat-proof.txt")
+    assert "OK: every vllm module" in proof.out, proof.out + proof.err
+    failing = build_hybrid(node, cfg, context, {**build_args(cfg), "EXTRA_DONOR_FILES": ""}, Builder.BUILDKIT)
+    assert failing.result.returncode != 0, f"BuildKit passed without mamba_utils.py:\n{failing.tail()}"
+    assert CLOSURE_NAME in failing.output and "compatibility proof failed (exit 1)" in failing.output
 
 
 def test_docker_26_builds_the_hybrid_too(node_c, cfg, context):
