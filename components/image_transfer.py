@@ -16,6 +16,7 @@ import inspect
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -376,8 +377,19 @@ def filter_stream(spec: dict, source, sink, counter: StreamCounter) -> None:
     sink.flush()
 
 
-def watch_stream(counter: StreamCounter, stall_s: float, deadline_s: float, interval_s: float, err) -> None:
-    """Report progress on `err`; end the process when no byte moved for stall_s, or at the deadline."""
+def watch_stream(
+    counter: StreamCounter,
+    stall_s: float,
+    deadline_s: float,
+    interval_s: float,
+    err,
+    kill_group: bool = False,
+) -> None:
+    """Report progress on `err`; end the process when no byte moved for stall_s, or at the deadline.
+
+    With kill_group (the pipeline runs under `set -m`, in its own process group), the whole pipeline
+    goes: `docker save` and the ssh to the destination would otherwise wait on a dead link.
+    """
     started = last_change = time.monotonic()
     seen = (-1, -1)
     while True:
@@ -396,6 +408,8 @@ def watch_stream(counter: StreamCounter, stall_s: float, deadline_s: float, inte
         if problem:
             err.write(f"qwen35-error {problem}\n")
             err.flush()
+            if kill_group:
+                os.killpg(os.getpgrp(), signal.SIGTERM)
             os._exit(124)
 
 
@@ -411,6 +425,7 @@ def filter_main(spec_json: str) -> int:
             float(spec["deadline_s"]),
             float(spec["interval_s"]),
             sys.stderr,
+            bool(spec.get("kill_group")),
         ),
         daemon=True,
     )
@@ -446,7 +461,10 @@ _FILTER_PARTS = (
 
 def filter_script() -> str:
     """The filter as one standalone Python program (standard library only)."""
-    parts = ["from __future__ import annotations", "import hashlib, json, os, re, sys, threading, time, zlib"]
+    parts = [
+        "from __future__ import annotations",
+        "import hashlib, json, os, re, signal, sys, threading, time, zlib",
+    ]
     parts += [inspect.getsource(part) for part in _FILTER_PARTS]
     parts.append("sys.exit(filter_main(sys.argv[1]))")
     return "\n\n".join(parts) + "\n"
@@ -467,6 +485,7 @@ def filter_spec(
     deadline_s: float,
     compress: str = "none",
     interval_s: float = 1.0,
+    kill_group: bool = True,
 ) -> dict:
     """What the filter needs to know; plain JSON."""
     if compress not in ("none", "gzip"):
@@ -479,6 +498,7 @@ def filter_spec(
         "deadline_s": deadline_s,
         "compress": compress,
         "interval_s": interval_s,
+        "kill_group": kill_group,
     }
 
 
@@ -490,7 +510,8 @@ def copy_pipeline(image: str, spec: dict, ssh_to_destination: Sequence[str]) -> 
     """
     stages = [["docker", "save", image], filter_argv(spec), list(ssh_to_destination)]
     script = (
-        "set -o pipefail; "
+        # -m: the pipeline gets its own process group, which the filter's watchdog may end whole.
+        "set -m; set -o pipefail; "
         + " | ".join(shell_join(stage) for stage in stages)
         + f'; status=("${{PIPESTATUS[@]}}"); echo "{PIPESTATUS} ${{status[*]}}" >&2;'
         + ' for s in "${status[@]}"; do [ "$s" = 0 ] || exit "$s"; done; exit 0'
@@ -519,8 +540,7 @@ STAGES = ("docker save (source)", "save filter (source)", "ssh + docker load (de
 
 
 def failed_stage(pipestatus: Sequence[int]) -> str:
-    """Which pipeline stage failed first, for the error message."""
-    for stage, status in zip(STAGES, pipestatus, strict=False):
-        if status != 0:
-            return f"{stage} exited {status}"
-    return ""
+    """The exit status of every pipeline stage when one failed, for the error message."""
+    if not any(pipestatus):
+        return ""
+    return ", ".join(f"{stage} exited {status}" for stage, status in zip(STAGES, pipestatus, strict=False))

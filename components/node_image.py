@@ -305,11 +305,15 @@ def run_watched(argv: list[str], deadline_s: float, stall_s: float) -> StreamOut
     err_lines: list[str] = []
     out_chunks: list[bytes] = []
     last = [time.monotonic()]
+    finished: list[float] = []
 
     def pump_err():
         for raw in proc.stderr:
-            err_lines.append(raw.decode(errors="replace").rstrip("\n"))
+            line = raw.decode(errors="replace").rstrip("\n")
+            err_lines.append(line)
             last[0] = time.monotonic()
+            if line.startswith(transfer.PIPESTATUS):
+                finished.append(last[0])
 
     def pump_out():
         out_chunks.append(proc.stdout.read())
@@ -321,6 +325,10 @@ def run_watched(argv: list[str], deadline_s: float, stall_s: float) -> StreamOut
     killed = ""
     while proc.poll() is None:
         now = time.monotonic()
+        if finished and now - finished[0] > 3:
+            # The pipeline is over, but an SSH master on the source still holds the session's pipes
+            # (a channel on a dead link): nothing more will come, stop waiting.
+            break
         if now - started > deadline_s + 30:
             killed = f"the copy passed its deadline of {deadline_s:g} s"
         elif now - last[0] > stall_s + 30:
@@ -329,6 +337,8 @@ def run_watched(argv: list[str], deadline_s: float, stall_s: float) -> StreamOut
             proc.kill()
             break
         time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
     proc.wait()
     for thread in threads:
         thread.join(timeout=5)
@@ -589,7 +599,8 @@ def _stream(
     local = ssh_argv(source.target, pipeline, src.transport.control_path)
     outcome = run_watched(local, tuning.deadline_s, tuning.stall_timeout_s)
     report = transfer.parse_filter_stderr(outcome.stderr)
-    if outcome.returncode == 0 and not outcome.killed and report["summary"] is not None:
+    statuses = report["pipestatus"]
+    if not outcome.killed and report["summary"] is not None and statuses and not any(statuses):
         return report
     stage = transfer.failed_stage(report["pipestatus"])
     if outcome.killed:

@@ -1,0 +1,295 @@
+"""NodeImage against the real two-node lab (node-a -> node-b, Docker 20.10, real SSH).
+
+Provider methods are called directly; images are busybox plus a few small random layers.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import lab
+from components.node_image import NodeImageError, NodeImageProvider
+
+PROVIDER = NodeImageProvider()
+
+
+def node_dict(node: lab.LabNode, **overrides) -> dict:
+    return {**lab.node_config(node), "name": node.name, **overrides}
+
+
+def props(image: str, source: lab.LabNode, destination: lab.LabNode, tuning=None, **dst_overrides) -> dict:
+    return {
+        "image": image,
+        "source": node_dict(source),
+        "destination": node_dict(destination, **dst_overrides),
+        "tuning": tuning or {},
+        "trigger": "",
+    }
+
+
+def build(node: lab.LabNode, tag: str, base: str, payload: bytes) -> str:
+    """`FROM base` + one layer holding `payload`, built on the node; its image ID."""
+    buffer = io.BytesIO()
+    dockerfile = f"FROM {base}\nCOPY blob /blob-{len(payload)}\n".encode()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in (("Dockerfile", dockerfile), ("blob", payload)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    lab.docker(node, "build", "--network", "host", "-q", "-t", tag, "-", input=buffer.getvalue(), timeout=300)
+    return image_id(node, tag)
+
+
+def image_id(node: lab.LabNode, ref: str) -> str | None:
+    found = lab.docker(node, "image", "inspect", "--format", "{{.Id}}", ref, check=False)
+    return found.out if found.returncode == 0 else None
+
+
+def remove(node: lab.LabNode, *refs: str) -> None:
+    for ref in refs:
+        lab.docker(node, "image", "rm", "-f", ref, check=False)
+
+
+def tags_on(node: lab.LabNode) -> list[str]:
+    return lab.docker(node, "images", "--format", "{{.Repository}}:{{.Tag}}").out.split()
+
+
+def runs(node: lab.LabNode, ref: str) -> str:
+    return lab.docker(node, "run", "--rm", "--network", "host", ref, "cat", "/etc/group").out
+
+
+def no_temporary_tags(node: lab.LabNode) -> bool:
+    return not [t for t in tags_on(node) if "qwen35-tmp-" in t]
+
+
+@pytest.fixture(scope="module")
+def pair(node_a, node_b):
+    lab.busybox_image(node_a)
+    return node_a, node_b
+
+
+def test_fresh_copy_then_repeat_sends_nothing(pair):
+    src, dst = pair
+    wanted = build(src, "ni-fresh:1", "lab-busybox:1", os.urandom(300_000))
+    remove(dst, "ni-fresh:1", "lab-busybox:1")
+    first = PROVIDER.create(props("ni-fresh:1", src, dst)).outs
+    assert first["skipped"] is False and first["placed_tag"] is True
+    assert first["image_id"] == wanted == image_id(dst, "ni-fresh:1")
+    assert first["bytes_sent"] > 300_000 and first["layers_sent"] + first["layers_left_out"] == 2
+    assert first["store"] == "classic" and first["layout"] == "legacy"
+    assert "root" in runs(dst, "ni-fresh:1")
+    assert no_temporary_tags(dst)
+    again = PROVIDER.create(props("ni-fresh:1", src, dst)).outs
+    assert again["skipped"] is True and again["bytes_sent"] == 0
+    assert again["image_id"] == wanted and again["seconds"] < 2.0
+
+
+def test_changed_top_layer_sends_only_that_layer(pair):
+    src, dst = pair
+    build(src, "ni-base:1", "lab-busybox:1", os.urandom(1_000_000))
+    PROVIDER.create(props("ni-base:1", src, dst))
+    top = os.urandom(200_000)
+    wanted = build(src, "ni-top:1", "ni-base:1", top)
+    remove(dst, "ni-top:1")
+    outs = PROVIDER.create(props("ni-top:1", src, dst)).outs
+    assert outs["image_id"] == wanted and outs["layers_left_out"] == 2 and outs["layers_sent"] == 1
+    assert len(top) <= outs["layer_bytes_sent"] <= len(top) + 4096
+    assert outs["bytes_sent"] <= 1.2 * len(top)
+    assert "root" in runs(dst, "ni-top:1")
+
+
+def test_only_the_tag_missing_is_a_retag(pair):
+    src, dst = pair
+    wanted = build(src, "ni-retag:1", "lab-busybox:1", os.urandom(50_000))
+    PROVIDER.create(props("ni-retag:1", src, dst))
+    lab.docker(dst, "tag", "ni-retag:1", "ni-retag:keep")  # the image stays when its tag goes
+    remove(dst, "ni-retag:1")
+    outs = PROVIDER.create(props("ni-retag:1", src, dst)).outs
+    assert outs["retagged"] is True and outs["bytes_sent"] == 0 and image_id(dst, "ni-retag:1") == wanted
+    remove(dst, "ni-retag:keep")
+
+
+def test_gone_on_destination_read_reports_it_and_create_copies_again(pair):
+    src, dst = pair
+    build(src, "ni-gone:1", "lab-busybox:1", os.urandom(100_000))
+    outs = PROVIDER.create(props("ni-gone:1", src, dst)).outs
+    assert PROVIDER.read("node-b/ni-gone:1", outs).id == "node-b/ni-gone:1"
+    remove(dst, "ni-gone:1")
+    gone = PROVIDER.read("node-b/ni-gone:1", outs)
+    assert gone.id == "" and gone.outs == {}
+    again = PROVIDER.create(props("ni-gone:1", src, dst)).outs
+    assert again["skipped"] is False and image_id(dst, "ni-gone:1") == again["image_id"]
+
+
+def test_drift_on_destination_is_read_and_diff_replaces(pair):
+    src, dst = pair
+    build(src, "ni-drift:1", "lab-busybox:1", os.urandom(80_000))
+    outs = PROVIDER.create(props("ni-drift:1", src, dst)).outs
+    lab.busybox_image(dst)
+    other = build(dst, "ni-other:1", "lab-busybox:1", os.urandom(10_000))
+    lab.docker(dst, "tag", "ni-other:1", "ni-drift:1")
+    refreshed = PROVIDER.read("node-b/ni-drift:1", outs)
+    assert refreshed.outs["image_id"] == other
+    diff = PROVIDER.diff("node-b/ni-drift:1", refreshed.outs, props("ni-drift:1", src, dst))
+    assert diff.changes and "image" in diff.replaces
+    unchanged = PROVIDER.diff("node-b/ni-drift:1", outs, props("ni-drift:1", src, dst))
+    assert not unchanged.changes and not unchanged.replaces
+    # delete() leaves a tag that no longer points at the image it placed
+    PROVIDER.delete("node-b/ni-drift:1", outs)
+    assert image_id(dst, "ni-drift:1") == other
+    remove(dst, "ni-drift:1", "ni-other:1")
+
+
+def test_delete_removes_only_its_own_tag(pair):
+    src, dst = pair
+    build(src, "ni-del:1", "lab-busybox:1", os.urandom(20_000))
+    lab.busybox_image(dst)
+    remove(dst, "ni-del:1")
+    outs = PROVIDER.create(props("ni-del:1", src, dst)).outs
+    PROVIDER.delete("node-b/ni-del:1", outs)
+    assert image_id(dst, "ni-del:1") is None
+    assert image_id(dst, "lab-busybox:1") is not None  # what was there before stays
+    same_node = PROVIDER.create(props("lab-busybox:1", src, src)).outs
+    assert same_node["skipped"] is True and same_node["bytes_sent"] == 0
+    PROVIDER.delete("node-a/lab-busybox:1", same_node)
+    assert image_id(src, "lab-busybox:1") is not None
+
+
+def stop_dockerd(name: str) -> None:
+    """Stop a lab node's dockerd (SIGTERM, then wait until its socket stops answering)."""
+    from lab.nodes import running_dockerd
+
+    pid = running_dockerd(name)
+    assert pid, f"{name}'s dockerd should be running"
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and running_dockerd(name):
+        time.sleep(0.2)
+    assert not running_dockerd(name), f"{name}'s dockerd did not stop"
+
+
+def test_destination_daemon_stopped_names_the_node(pair):
+    src, dst = pair
+    build(src, "ni-stopped:1", "lab-busybox:1", os.urandom(10_000))
+    stop_dockerd(dst.name)
+    try:
+        with pytest.raises(NodeImageError) as caught:
+            PROVIDER.create(props("ni-stopped:1", src, dst))
+        message = str(caught.value)
+        assert "node-b" in message and "Docker" in message and "next:" in message
+    finally:
+        lab.up([dst.name])
+    assert image_id(dst, "ni-stopped:1") is None
+
+
+def test_ssh_refused_from_source_names_both_nodes(pair):
+    src, dst = pair
+    build(src, "ni-refused:1", "lab-busybox:1", os.urandom(10_000))
+    with pytest.raises(NodeImageError) as caught:
+        PROVIDER.create(props("ni-refused:1", src, dst, fabric_host="127.0.0.9"))
+    message = str(caught.value)
+    assert "cannot SSH" in message and "node-a" in message and "node-b" in message
+    assert image_id(dst, "ni-refused:1") is None
+
+
+def test_disk_preflight_refuses_before_sending(pair):
+    src, dst = pair
+    build(src, "ni-disk:1", "lab-busybox:1", os.urandom(10_000))
+    remove(dst, "ni-disk:1")
+    with pytest.raises(NodeImageError) as caught:
+        PROVIDER.create(props("ni-disk:1", src, dst, tuning={"disk_reserve_bytes": 1 << 60}))
+    assert "not enough disk" in str(caught.value) and "node-b" in str(caught.value)
+    assert image_id(dst, "ni-disk:1") is None
+
+
+class CutProxy:
+    """A TCP relay to the destination's sshd that cuts (or freezes) the stream after `limit` bytes."""
+
+    def __init__(self, listen: str, port: int, target: tuple[str, int], limit: int, freeze: bool = False):
+        self.target, self.limit, self.freeze = target, limit, freeze
+        self.server = socket.create_server((listen, port), reuse_port=False)
+        self.sockets: list[socket.socket] = []
+        self.sent = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket, counted: bool):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                if counted:
+                    self.sent += len(data)
+                    if self.sent > self.limit:
+                        if self.freeze:
+                            time.sleep(3600)
+                        break
+                b.sendall(data)
+        except OSError:
+            pass
+        self.close_streams()
+
+    def close_streams(self):
+        for sock in self.sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self.server.close()
+        self.close_streams()
+
+
+def relay_known_hosts(dst: lab.LabNode, address: str, tmp_path: Path) -> str:
+    """A known_hosts that pins the destination's own host key for the relay's address too."""
+    lines = Path(dst.known_hosts).read_text().splitlines()
+    mine = [line for line in lines if line.startswith(f"[{dst.host}]:{dst.port} ")]
+    extra = [line.replace(f"[{dst.host}]:{dst.port}", f"[{address}]:{dst.port}", 1) for line in mine]
+    path = tmp_path / "known_hosts"
+    path.write_text("\n".join(lines + extra) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["cut", "stall"])
+def test_stream_broken_midway_leaves_nothing_tagged(pair, tmp_path, freeze):
+    src, dst = pair
+    address = "127.0.0.10" if freeze else "127.0.0.11"
+    build(src, "ni-cut:1", "lab-busybox:1", os.urandom(8_000_000))
+    remove(dst, "ni-cut:1")
+    proxy = CutProxy(address, dst.port, (dst.host, dst.port), limit=2_000_000, freeze=freeze)
+    tuning = {"peer_known_hosts": relay_known_hosts(dst, address, tmp_path), "stall_timeout_s": 3}
+    started = time.monotonic()
+    try:
+        with pytest.raises(NodeImageError) as caught:
+            PROVIDER.create(props("ni-cut:1", src, dst, tuning=tuning, fabric_host=address))
+    finally:
+        proxy.close()
+    message = str(caught.value)
+    assert "node-a" in message and "node-b" in message and "nothing was tagged" in message
+    if freeze:
+        assert "stalled" in message
+    assert time.monotonic() - started < 30
+    time.sleep(1)  # a docker load that was cut off ends now
+    assert image_id(dst, "ni-cut:1") is None and no_temporary_tags(dst)
