@@ -1,0 +1,79 @@
+"""NodeImage across the engine and image-store combinations that occur in the field.
+
+node-a/node-b: Docker 20.10, classic store, old save layout; node-c: Docker 26 classic, OCI layout;
+node-d: Docker 26 with the containerd store (image IDs differ there: identity is the layer list).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import lab
+from components.copy_plan import copy_plan
+from tests.lab.test_node_image import PROVIDER, build, image_id, no_temporary_tags, props, remove, runs
+
+
+def layers_of(node: lab.LabNode, ref: str) -> list[str]:
+    return lab.docker(
+        node, "image", "inspect", "--format", "{{range .RootFS.Layers}}{{.}} {{end}}", ref
+    ).out.split()
+
+
+@pytest.fixture(scope="module")
+def images_on_c(node_c, node_a, node_b, node_d):
+    for node in (node_a, node_b, node_c, node_d):
+        lab.busybox_image(node)
+    build(node_c, "ni-eng-base:1", "lab-busybox:1", os.urandom(500_000))
+    wanted = build(node_c, "ni-eng:1", "ni-eng-base:1", os.urandom(100_000))
+    return wanted
+
+
+def test_oci_layout_source_to_classic_destination_is_thin(node_c, node_a, images_on_c):
+    PROVIDER.create(props("ni-eng-base:1", node_c, node_a))
+    remove(node_a, "ni-eng:1")
+    outs = PROVIDER.create(props("ni-eng:1", node_c, node_a)).outs
+    assert outs["layout"] == "oci" and outs["store"] == "classic" and outs["skipped"] is False
+    assert outs["layers_left_out"] == 2 and outs["layers_sent"] == 1
+    assert outs["bytes_sent"] <= 1.2 * 100_000
+    assert outs["image_id"] == images_on_c == image_id(node_a, "ni-eng:1")
+    assert "root" in runs(node_a, "ni-eng:1") and no_temporary_tags(node_a)
+
+
+def test_legacy_source_to_classic_destination(node_a, node_b, images_on_c):
+    remove(node_b, "ni-eng:1")
+    outs = PROVIDER.create(props("ni-eng:1", node_a, node_b)).outs
+    assert outs["layout"] == "legacy" and outs["image_id"] == images_on_c
+    assert "root" in runs(node_b, "ni-eng:1")
+
+
+def test_oci_source_to_containerd_destination_sends_everything(node_c, node_d, images_on_c):
+    remove(node_d, "ni-eng:1", "ni-eng-base:1")
+    outs = PROVIDER.create(props("ni-eng:1", node_c, node_d)).outs
+    assert outs["store"] == "containerd" and outs["source_store"] == "classic"
+    assert outs["layers_left_out"] == 0 and outs["layers_sent"] == 3
+    assert outs["layers"] == layers_of(node_c, "ni-eng:1") == layers_of(node_d, "ni-eng:1")
+    assert outs["image_id"] == image_id(node_d, "ni-eng:1") != images_on_c  # the destination's own ID
+    assert "root" in runs(node_d, "ni-eng:1") and no_temporary_tags(node_d)
+    again = PROVIDER.create(props("ni-eng:1", node_c, node_d)).outs
+    assert again["skipped"] is True and again["bytes_sent"] == 0
+
+
+def test_containerd_source_to_classic_destination(node_d, node_a, node_c, images_on_c):
+    PROVIDER.create(props("ni-eng:1", node_c, node_d))
+    remove(node_a, "ni-eng:1")
+    outs = PROVIDER.create(props("ni-eng:1", node_d, node_a)).outs
+    assert outs["source_store"] == "containerd" and outs["store"] == "classic"
+    assert outs["layers"] == layers_of(node_d, "ni-eng:1")
+    assert outs["image_id"] == image_id(node_a, "ni-eng:1")
+    assert "root" in runs(node_a, "ni-eng:1")
+
+
+def test_fan_out_never_uses_a_node_that_cannot_reexport(node_c, node_d, node_a, node_b, images_on_c):
+    stores = {n.name: n.store for n in (node_a, node_b, node_c, node_d)}
+    rounds = copy_plan("node-c", ["node-d", "node-a", "node-b"], lambda n: stores[n] != "containerd")
+    sources = {src for round_ in rounds for src, _ in round_}
+    assert "node-d" not in sources and len(rounds) == 2
+    # Stores as the daemons report them drive the plan: every worker still gets the image.
+    assert sorted(dst for round_ in rounds for _, dst in round_) == ["node-a", "node-b", "node-d"]
