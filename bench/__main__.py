@@ -1,0 +1,187 @@
+"""Benchmark NodeImage in the lab against the plain pipeline; prints a table (figures, not asserts).
+
+For each node pair: an image of 3 x 100 MB incompressible layers on busybox plus a 10 MB top layer.
+Cases: fresh full copy, unchanged image, changed top layer; and the raw SSH throughput as a ceiling.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import time
+
+import lab
+from components.node_image import Node, NodeImageProvider, Tuning, peer_target
+from components.remote import shell_join, ssh_argv
+
+BASE = "bench-base:1"
+IMAGE = "bench-image:1"
+BASE_MB = (100, 100, 100)
+TOP_MB = 10
+PAIRS = (("node-a", "node-b", "20.10 -> 20.10"), ("node-c", "node-a", "26 (OCI) -> 20.10"))
+
+
+def node_dict(node: lab.LabNode) -> dict:
+    return {**lab.node_config(node), "name": node.name}
+
+
+def build_base(node: lab.LabNode) -> None:
+    steps = "".join(
+        f"RUN dd if=/dev/urandom of=/base{i} bs=1M count={mb} status=none\n" for i, mb in enumerate(BASE_MB)
+    )
+    dockerfile = f"FROM lab-busybox:1\n{steps}"
+    if lab.docker(node, "image", "inspect", BASE, check=False).returncode != 0:
+        lab.on_node(
+            node,
+            ["docker", "build", "--network", "host", "-q", "-t", BASE, "-"],
+            input=_context(dockerfile),
+            timeout=900,
+        )
+
+
+def build_top(node: lab.LabNode) -> None:
+    nonce = secrets.token_hex(4)
+    dd = f"dd if=/dev/urandom of=/top bs=1M count={TOP_MB} status=none"
+    dockerfile = f"FROM {BASE}\nRUN echo {nonce} > /nonce && {dd}\n"
+    lab.on_node(
+        node,
+        ["docker", "build", "--network", "host", "-q", "-t", IMAGE, "-"],
+        input=_context(dockerfile),
+        timeout=900,
+    )
+
+
+def _context(dockerfile: str) -> bytes:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        data = dockerfile.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def clear(node: lab.LabNode) -> None:
+    for ref in (IMAGE, BASE):
+        lab.docker(node, "image", "rm", "-f", ref, check=False)
+    lab.docker(node, "image", "prune", "-f", check=False)
+
+
+def peer_ssh(dst: lab.LabNode, argv: list[str]) -> list[str]:
+    """The source's ssh to the destination, with the same options NodeImage uses."""
+    return ssh_argv(peer_target(Node.from_dict("destination", node_dict(dst)), Tuning()), argv)
+
+
+def timed(node: lab.LabNode, script: str) -> float:
+    started = time.monotonic()
+    lab.on_node(node, ["bash", "-c", script], timeout=1800)
+    return time.monotonic() - started
+
+
+def plain_copy(src: lab.LabNode, dst: lab.LabNode) -> float:
+    load = shell_join(peer_ssh(dst, ["docker", "load"]))
+    return timed(src, f"set -o pipefail; docker save {IMAGE} | {load} | tail -3")
+
+
+def ours(provider: NodeImageProvider, src: lab.LabNode, dst: lab.LabNode) -> tuple[float, dict]:
+    started = time.monotonic()
+    outs = provider.create(
+        {"image": IMAGE, "source": node_dict(src), "destination": node_dict(dst), "tuning": {}}
+    ).outs
+    return time.monotonic() - started, outs
+
+
+def save_bytes(node: lab.LabNode) -> int:
+    return int(lab.on_node(node, ["bash", "-c", f"docker save {IMAGE} | wc -c"], timeout=900).out)
+
+
+def bench_pair(src: lab.LabNode, dst: lab.LabNode, label: str) -> list[tuple]:
+    provider = NodeImageProvider()
+    lab.busybox_image(src)
+    lab.busybox_image(dst)
+    build_base(src)
+    build_top(src)
+    rows = []
+    # raw link: time a file read from page cache through ssh (file made first, then timed)
+    lab.on_node(src, ["bash", "-c", "head -c 300M /dev/urandom > /tmp/bench-raw"])
+    sink = shell_join(peer_ssh(dst, ["dd", "of=/dev/null", "bs=1M", "status=none"]))
+    raw_s = timed(src, f"cat /tmp/bench-raw | {sink}")
+    lab.on_node(src, ["rm", "-f", "/tmp/bench-raw"])
+    total = save_bytes(src)
+    rows.append(
+        (label, "raw SSH link (300 MB)", raw_s, None, 300 * 2**20, None, f"{300 / raw_s:.0f} MB/s ceiling")
+    )
+
+    clear(dst)
+    plain_s = plain_copy(src, dst)
+    clear(dst)
+    ours_s, outs = ours(provider, src, dst)
+    ratio = ours_s / plain_s
+    rows.append(
+        (
+            label,
+            "fresh full copy",
+            plain_s,
+            ours_s,
+            total,
+            outs["bytes_sent"],
+            f"ours/plain {ratio:.2f} (target <= 1.1)",
+        )
+    )
+
+    ours_s, outs = ours(provider, src, dst)
+    ok = outs["layer_bytes_sent"] == 0 and ours_s < 2
+    rows.append(
+        (
+            label,
+            "unchanged image",
+            plain_s,
+            ours_s,
+            total,
+            outs["bytes_sent"],
+            f"{'ok' if ok else 'MISS'}: 0 layer bytes, < 2 s",
+        )
+    )
+
+    build_top(src)
+    plain_s = plain_copy(src, dst)
+    lab.docker(dst, "image", "rm", "-f", IMAGE, check=False)
+    ours_s, outs = ours(provider, src, dst)
+    top = TOP_MB * 2**20
+    note = (
+        f"sent {outs['layer_bytes_sent'] / top:.2f} x layer (<= 1.2), {plain_s / ours_s:.1f}x faster (>= 5)"
+    )
+    rows.append((label, "changed top layer", plain_s, ours_s, save_bytes(src), outs["bytes_sent"], note))
+    clear(dst)
+    return rows
+
+
+def mb(value) -> str:
+    return "-" if value is None else f"{value / 2**20:,.1f}"
+
+
+def sec(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def main() -> int:
+    nodes = lab.up([name for pair in PAIRS for name in pair[:2]])
+    rows = []
+    for src, dst, label in PAIRS:
+        print(f"bench: {label} ({src} -> {dst}) ...", file=sys.stderr, flush=True)
+        rows += bench_pair(nodes[src], nodes[dst], label)
+    header = ("engines", "case", "plain s", "ours s", "plain MB", "ours MB sent", "figure")
+    table = [header] + [(r[0], r[1], sec(r[2]), sec(r[3]), mb(r[4]), mb(r[5]), r[6]) for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+    for index, row in enumerate(table):
+        print(" | ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+        if index == 0:
+            print("-+-".join("-" * width for width in widths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
