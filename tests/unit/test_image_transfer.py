@@ -1,0 +1,178 @@
+"""The save-stream filter and layer identity, on synthetic `docker save` streams of both layouts."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from components import image_transfer as t
+
+
+def digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def layer_tar(content: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("file")
+        info.size = len(content)
+        tar.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+LAYERS = [layer_tar(bytes([i]) * (20_000 * (i + 1))) for i in range(3)]
+DIFF_IDS = [digest(layer) for layer in LAYERS]
+
+
+def make_tar(entries: list[tuple[str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def v1_json(index: int, parent: str | None) -> tuple[str, bytes]:
+    """A v1 `json` and its folder ID the way Docker < 25 computes them."""
+    fields = {"created": '"1970-01-01T00:00:00Z"', "container_config": '{"Env":null}'}
+    hashed = dict(fields, layer_id=json.dumps(t.chain_ids(DIFF_IDS)[index]))
+    if parent:
+        hashed["parent"] = json.dumps("sha256:" + parent)
+    text = "{" + ",".join(f'"{k}":{hashed[k]}' for k in sorted(hashed)) + "}"
+    own = hashlib.sha256(text.encode()).hexdigest()
+    stored = {"id": json.dumps(own), **({"parent": json.dumps(parent)} if parent else {}), **fields}
+    stored["os"] = '"linux"'
+    return own, ("{" + ",".join(f'"{k}":{v}' for k, v in stored.items()) + "}").encode()
+
+
+def legacy_save() -> bytes:
+    entries, parent, paths = [], None, []
+    folders = []
+    for index, layer in enumerate(LAYERS):
+        own, data = v1_json(index, parent)
+        folders.append((own, data, layer))
+        paths.append(f"{own}/layer.tar")
+        parent = own
+    for own, data, layer in sorted(folders):  # Docker writes folders in name order, not layer order
+        entries += [(f"{own}/VERSION", b"1.0"), (f"{own}/json", data), (f"{own}/layer.tar", layer)]
+    manifest = [{"Config": "c.json", "RepoTags": ["app:1"], "Layers": paths}]
+    entries += [("manifest.json", json.dumps(manifest).encode()), ("repositories", b'{"app":{"1":"x"}}')]
+    return make_tar(entries)
+
+
+def oci_save() -> bytes:
+    entries = [(f"blobs/sha256/{d.split(':')[1]}", layer) for d, layer in zip(DIFF_IDS, LAYERS, strict=True)]
+    index = {"manifests": [{"annotations": {"io.containerd.image.name": "docker.io/library/app:1",
+                                              "org.opencontainers.image.ref.name": "1"}}]}  # fmt: skip
+    manifest = [{"Config": "blobs/sha256/c", "RepoTags": ["app:1"], "Layers": []}]
+    entries += [("index.json", json.dumps(index).encode()), ("manifest.json", json.dumps(manifest).encode())]
+    entries += [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')]
+    return make_tar(entries)
+
+
+def run_filter(
+    stream: bytes, keep_from: int, compress: str = "none"
+) -> tuple[dict[str, bytes], t.StreamCounter]:
+    spec = t.filter_spec(DIFF_IDS, keep_from, "app:qwen35-tmp-1", 30, 60, compress, kill_group=False)
+    out, counter = io.BytesIO(), t.StreamCounter()
+    t.filter_stream(spec, io.BytesIO(stream), out, counter)
+    data = out.getvalue()
+    mode = "r:gz" if compress == "gzip" else "r:"
+    with tarfile.open(fileobj=io.BytesIO(data), mode=mode) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    return files, counter
+
+
+def test_chain_ids_and_present_prefix():
+    chains = t.chain_ids(DIFF_IDS)
+    assert chains[0] == DIFF_IDS[0]
+    assert chains[1] == digest(f"{DIFF_IDS[0]} {DIFF_IDS[1]}".encode())
+    assert t.present_prefix(DIFF_IDS, set(chains[:2])) == 2
+    assert t.present_prefix(DIFF_IDS, {chains[1]}) == 0  # a chain without its base is not a prefix
+    assert t.present_chains([DIFF_IDS[:1]]) == {chains[0]}
+
+
+@pytest.mark.parametrize("keep_from", [0, 1, 2, 3])
+def test_oci_layout_leaves_out_the_bottom_layers(keep_from):
+    files, counter = run_filter(oci_save(), keep_from)
+    blobs = {name for name in files if name.startswith("blobs/")}
+    assert blobs == {f"blobs/sha256/{d.split(':')[1]}" for d in DIFF_IDS[keep_from:]}
+    assert counter.layout == "oci" and counter.layers_left_out == keep_from
+    assert counter.layer_bytes == sum(len(layer) for layer in LAYERS[keep_from:])
+    assert json.loads(files["manifest.json"])[0]["RepoTags"] == ["app:qwen35-tmp-1"]
+    notes = json.loads(files["index.json"])["manifests"][0]["annotations"]
+    assert notes == {"io.containerd.image.name": "docker.io/library/app:qwen35-tmp-1",
+                     "org.opencontainers.image.ref.name": "qwen35-tmp-1"}  # fmt: skip
+
+
+@pytest.mark.parametrize("keep_from", [0, 2, 3])
+def test_legacy_layout_matches_folders_to_layers_by_v1_id(keep_from):
+    files, counter = run_filter(legacy_save(), keep_from)
+    sent = {files[name] for name in files if name.endswith("/layer.tar")}
+    assert sent == set(LAYERS[keep_from:])
+    assert counter.layout == "legacy" and counter.unmatched == 0
+    assert json.loads(files["repositories"]) == {"app": {"qwen35-tmp-1": "x"}}
+
+
+def test_legacy_depth_is_only_trusted_when_the_hash_matches():
+    own, data = v1_json(1, "ab" * 32)
+    assert t.legacy_layer_depth(data.decode(), t.chain_ids(DIFF_IDS)) == 1
+    tampered = data.decode().replace(own, "0" * 64)
+    assert t.legacy_layer_depth(tampered, t.chain_ids(DIFF_IDS)) is None
+    assert t.legacy_layer_depth(data.decode(), t.chain_ids(DIFF_IDS[::-1])) is None
+
+
+def test_split_json_object_keeps_raw_values():
+    raw = t.split_json_object('{"a":{"b":[1,"x,}"]},"c":"q\\"}","d":null}')
+    assert raw == {"a": '{"b":[1,"x,}"]}', "c": '"q\\"}"', "d": "null"}
+
+
+def test_gzip_output_is_a_valid_stream():
+    files, counter = run_filter(oci_save(), 1, compress="gzip")
+    assert len(files) > 2 and counter.written < counter.read
+
+
+def test_truncated_stream_fails():
+    with pytest.raises(EOFError):
+        run_filter(oci_save()[:30_000], 0)
+
+
+def test_references():
+    assert t.split_reference("reg:5000/a/b:1") == ("reg:5000/a/b", "1")
+    with pytest.raises(ValueError):
+        t.split_reference("reg:5000/a")
+    assert t.full_reference("x:1") == "docker.io/library/x:1"
+    assert t.full_reference("u/x:1") == "docker.io/u/x:1"
+    assert t.full_reference("reg.io/x:1") == "reg.io/x:1"
+    assert t.familiar_reference("docker.io/library/x:1") == "x:1"
+
+
+def test_shipped_script_runs_standalone_with_the_standard_library():
+    argv = t.filter_argv(t.filter_spec(DIFF_IDS, 2, "app:qwen35-tmp-1", 30, 60, kill_group=False))
+    assert argv[:2] == ["python3", "-c"] and "\n" not in argv[2]
+    done = subprocess.run(
+        [sys.executable, "-I", *argv[1:]], input=oci_save(), capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    report = t.parse_filter_stderr(done.stderr.decode())
+    assert report["summary"]["layers_left_out"] == 2 and report["summary"]["written"] == len(done.stdout)
+
+
+def test_pipeline_checks_every_stage_and_quotes_through_shell_join():
+    spec = t.filter_spec(DIFF_IDS, 1, "app:qwen35-tmp-1", 30, 60)
+    argv = t.copy_pipeline("app:1", spec, ["ssh", "-p", "22", "u@h", "--", "docker load"])
+    assert argv[:2] == ["bash", "-c"]
+    script = argv[2]
+    assert script.startswith("set -m; set -o pipefail; docker save app:1 | python3 -c ")
+    assert "PIPESTATUS" in script and "'docker load'" in script
+    assert t.failed_stage([0, 0, 255]).endswith("ssh + docker load (destination) exited 255")
+    assert t.failed_stage([0, 0, 0]) == ""
