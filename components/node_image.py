@@ -39,6 +39,7 @@ from components.remote import (
     Result,
     SshTarget,
     SshTransport,
+    shell_join,
     ssh_argv,
     stderr_tail,
     with_retries,
@@ -160,6 +161,7 @@ def same_image(a: ImageInfo, a_store: str, b: ImageInfo, b_store: str) -> bool:
 
 # ---- facts: a command that reads state and a pure function that parses it -------------------------
 
+SECTION = "@@qwen35@@"
 INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}"
 IMAGE_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
 
@@ -261,15 +263,35 @@ class DockerOn:
         self.run(["docker", "image", "inspect", ref], hint=f"check `docker info` on {self.node.label}")
         return None
 
-    def all_images(self) -> list[ImageInfo]:
+    def facts(self, ref: str) -> tuple[Daemon, ImageInfo | None]:
+        """The daemon and the image `ref` (None when absent), in one round trip."""
+        info = shell_join(["docker", "info", "--format", INFO_FORMAT])
+        inspect = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref])
+        script = f"{info} && echo {SECTION} && {{ {inspect} 2>/dev/null || true; }}"
+        result = self.run(
+            ["bash", "-c", script],
+            hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
+        )
+        daemon_text, _, image_text = result.text.partition(f"{SECTION}\n")
+        images = parse_images(image_text)
+        return parse_daemon(daemon_text), (images[0] if images else None)
+
+    def images_and_free(self, root_dir: str | None) -> tuple[list[ImageInfo], int]:
+        """Every image's layers (for the chains present) and the free bytes under `root_dir`."""
         script = (
             "set -o pipefail; docker image ls -a -q --no-trunc | sort -u | "
-            f"xargs -r docker image inspect --format '{IMAGE_FORMAT}'"
+            f"xargs -r {shell_join(['docker', 'image', 'inspect', '--format', IMAGE_FORMAT])}"
         )
-        return parse_images(self.run(["bash", "-c", script]).text)
+        if root_dir:
+            script += f" && echo {SECTION} && {shell_join(['df', '-P', '-B1', root_dir])}"
+        images_text, _, df_text = self.run(["bash", "-c", script]).text.partition(f"{SECTION}\n")
+        return parse_images(images_text), (parse_df_available(df_text) if root_dir else 0)
 
-    def free_bytes(self, path: str) -> int:
-        return parse_df_available(self.run(["df", "-P", "-B1", path]).text)
+    def promote(self, image_id: str, ref: str, tmp_ref: str) -> None:
+        """Set the real tag on the verified image and drop the temporary one, in one round trip."""
+        tag, untag = ["docker", "tag", image_id, ref], ["docker", "image", "rm", tmp_ref]
+        script = f"{shell_join(tag)} && {shell_join(untag)}"
+        self.run(["bash", "-c", script], hint=f"check `docker images` on {self.node.label}")
 
     def layer_sizes(self, ref: str, layer_count: int) -> list[int] | None:
         result = self.run(
@@ -410,8 +432,8 @@ def _ensure_image(props: Mapping[str, Any], control: Callable[[str], str]) -> di
     src = DockerOn(source, "source", control("s"))
     dst = src if same_node else DockerOn(destination, "destination", control("d"))
     with ThreadPoolExecutor(max_workers=2) as pool:  # the two first connections in parallel
-        src_facts = pool.submit(lambda: (src.daemon(), src.image(image)))
-        dst_facts = pool.submit(lambda: (dst.daemon(), dst.image(image)))
+        src_facts = pool.submit(src.facts, image)
+        dst_facts = pool.submit(dst.facts, image)
         (src_daemon, src_image), (dst_daemon, present) = src_facts.result(), dst_facts.result()
     if src_image is None:
         raise NodeImageError(
@@ -448,24 +470,29 @@ def _ensure_image(props: Mapping[str, Any], control: Callable[[str], str]) -> di
     if present is not None and same_image(present, dst_daemon.store, src_image, src_daemon.store):
         return done(present, dst_daemon)
 
-    others = dst.all_images()
-    twin = _existing_twin(others, dst_daemon.store, src_image, src_daemon.store)
-    if twin is not None:
-        dst.tag(twin.image_id, image)
-        return done(twin, dst_daemon, retagged=True, placed_tag=True)
-
-    keep_from = 0
-    if dst_daemon.store == "classic":  # the containerd store needs every blob: send all
-        keep_from = transfer.present_prefix(
-            src_image.layers, transfer.present_chains(i.layers for i in others)
-        )
-    _preflight_disk(src, dst, dst_daemon, image, src_image, keep_from, tuning)
     peer = Peer(peer_target(destination, tuning), f"/tmp/qni-peer-{secrets.token_hex(6)}")
+    closing: threading.Thread | None = None
     name, _ = transfer.split_reference(image)
     tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
     try:
-        _preflight_peer(src, source, destination, peer, tuning)
+        with ThreadPoolExecutor(max_workers=3) as pool:  # independent checks, one round trip each
+            on_destination = pool.submit(dst.images_and_free, dst_daemon.root_dir)
+            sizes = pool.submit(src.layer_sizes, image, len(src_image.layers))
+            reachable = pool.submit(_preflight_peer, src, source, destination, peer, tuning)
+            others, free = on_destination.result()
+            twin = _existing_twin(others, dst_daemon.store, src_image, src_daemon.store)
+            if twin is None:
+                reachable.result()
+        if twin is not None:
+            dst.tag(twin.image_id, image)
+            return done(twin, dst_daemon, retagged=True, placed_tag=True)
+        keep_from = 0
+        if dst_daemon.store == "classic":  # the containerd store needs every blob: send all
+            chains = transfer.present_chains(i.layers for i in others)
+            keep_from = transfer.present_prefix(src_image.layers, chains)
+        _check_disk(dst, dst_daemon, src_image, sizes.result(), keep_from, free, tuning)
         report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning)
+        closing = pool_close(src, peer)  # the source's link to the destination is done: close it meanwhile
         loaded = dst.image(tmp_tag)
         if loaded is None:
             raise NodeImageError(
@@ -479,13 +506,12 @@ def _ensure_image(props: Mapping[str, Any], control: Callable[[str], str]) -> di
                 f"{src_image.image_id[:19]}, {len(src_image.layers)} layers); the temporary tag was removed; "
                 f"next: run again, and if it repeats compare `docker image inspect {image}` on both nodes"
             )
-        dst.tag(loaded.image_id, image)
-    finally:
+        dst.promote(loaded.image_id, image, tmp_tag)
+    except BaseException:
         dst.untag(tmp_tag)
-        src.run(
-            ["ssh", "-F", "/dev/null", "-o", f"ControlPath={peer.control_path}", "-O", "exit", "x"],
-            check=False,
-        )
+        raise
+    finally:
+        (closing or pool_close(src, peer)).join()
     summary = report["summary"] or {}
     return done(
         loaded,
@@ -498,6 +524,14 @@ def _ensure_image(props: Mapping[str, Any], control: Callable[[str], str]) -> di
         layers_left_out=int(summary.get("layers_left_out", 0)),
         layout=str(summary.get("layout", "")),
     )
+
+
+def pool_close(src: DockerOn, peer: Peer) -> threading.Thread:
+    """Close the source's SSH master to the destination, in the background; join the thread."""
+    close = ["ssh", "-F", "/dev/null", "-o", f"ControlPath={peer.control_path}", "-O", "exit", "x"]
+    thread = threading.Thread(target=lambda: src.run(close, check=False), daemon=True)
+    thread.start()
+    return thread
 
 
 @dataclass(frozen=True)
@@ -557,20 +591,19 @@ def _preflight_peer(src: DockerOn, source: Node, destination: Node, peer_ssh: Pe
     )
 
 
-def _preflight_disk(
-    src: DockerOn,
+def _check_disk(
     dst: DockerOn,
     daemon: Daemon,
-    image: str,
     wanted: ImageInfo,
+    sizes: list[int] | None,
     keep_from: int,
+    free: int,
     tuning: Tuning,
 ) -> None:
-    sizes = src.layer_sizes(image, len(wanted.layers))
+    """Refuse before sending when the destination's Docker root cannot take what the load writes."""
     if sizes is None:  # layers do not line up with history: assume every layer is missing
         sizes, keep_from = [wanted.size], 0
     need = disk_needed(sizes, keep_from, tuning)
-    free = dst.free_bytes(daemon.root_dir)
     if free < need:
         raise NodeImageError(
             f"destination {dst.node.label}: not enough disk in {daemon.root_dir}: {free / GIB:.2f} GiB free, "
