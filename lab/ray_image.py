@@ -33,6 +33,8 @@ IMAGE_GLIBC = (2, 36)
 STANDIN_SOURCE = Path(__file__).with_name("standin_vllm.py")
 VENV = "/opt/ray"
 STANDIN_DIR = "/opt/vllm-standin"
+# Marks the throw-away install stage, so it can be pruned once the image is saved (it holds the wheels).
+INSTALL_STAGE_LABEL = "qwen35.lab-ray-install-stage"
 
 # /usr/local/bin/vllm: runs the stand-in with the venv's Python (which has `ray`).
 VLLM_ENTRY_POINT = f"""#!{VENV}/bin/python3
@@ -50,6 +52,7 @@ def dockerfile(base: str = DEBIAN_TAG) -> str:
     """Two stages, so the wheels never stay in a layer: install into a venv, copy only the venv."""
     return f"""\
 FROM {base} AS install
+LABEL {INSTALL_STAGE_LABEL}=1
 COPY wheels/ /wheels/
 RUN python3 -m venv {VENV} \\
  && PIP_DISABLE_PIP_VERSION_CHECK=1 {VENV}/bin/pip install --no-cache-dir --no-index \\
@@ -184,6 +187,7 @@ def ray_image(node: LabNode) -> tuple[str, str]:
             tail = "\n".join(built.err.splitlines()[-15:] or built.out.splitlines()[-15:])
             raise LabError(f"lab: {node.name}: building {tag} failed (exit {built.returncode}):\n{tail}")
         _save(node, tag, saved)
+        docker(node, "image", "prune", "--force", "--filter", f"label={INSTALL_STAGE_LABEL}", check=False)
         how = f"built and saved to {saved}"
     found = image_id(node, tag)
     if not found:
@@ -205,6 +209,9 @@ def _save(node: LabNode, tag: str, saved: Path) -> None:
             f"lab: {node.name}: docker save {tag} failed: {done.stderr.decode(errors='replace')[-500:]}"
         )
     partial.replace(saved)
+    for stale in saved.parent.glob(f"{IMAGE_NAME}-*.tar"):
+        if stale != saved:
+            stale.unlink(missing_ok=True)  # an image for inputs that no longer exist
 
 
 def ray_images(nodes: list[LabNode]) -> dict[str, str]:

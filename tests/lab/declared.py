@@ -8,6 +8,7 @@ module does not know is an error: a new setting must never silently vanish from 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 # Pulumi's wire format marks a secret as {SIG_KEY: SECRET_SIG, "value": …}; under mocks that wrapper
@@ -17,6 +18,8 @@ SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
 
 # Devices the lab has no hardware for (the Sparks' RDMA and GPU device nodes).
 LAB_LACKS_DEVICE_PREFIXES = ("/dev/infiniband", "/dev/nvidia")
+
+UNLIMITED = -1  # Docker's (and the provider's) spelling of an unlimited ulimit
 
 # The docker provider's own behaviour, not the container's: nothing for `docker run` to do.
 PROVIDER_ONLY = frozenset(
@@ -89,8 +92,29 @@ def _mount(mount: dict[str, Any]) -> list[str]:
     return ["--mount", ",".join(parts)]
 
 
-def docker_run_argv(inputs: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(`docker run -d …` argv, what was dropped and why) for one declared Container's inputs."""
+def _ulimit(limit: dict[str, Any], caps: Mapping[str, int]) -> tuple[list[str], str | None]:
+    """`--ulimit` for one limit, or why the lab cannot grant it (a hard limit above the node's own)."""
+    name, soft, hard = limit["name"], int(limit["soft"]), int(limit["hard"])
+    cap = caps.get(name, UNLIMITED)
+    wanted = max(soft, hard, key=lambda v: float("inf") if v == UNLIMITED else v)
+    if cap != UNLIMITED and (wanted == UNLIMITED or wanted > cap):
+        shown = "unlimited" if wanted == UNLIMITED else str(wanted)
+        return [], (
+            f"ulimit {name}={soft}:{hard}: the lab node's hard {name} limit is {cap} and it cannot raise "
+            f"it (no CAP_SYS_RESOURCE); the container keeps the daemon's default instead of {shown}"
+        )
+    return ["--ulimit", f"{name}={soft}:{hard}"], None
+
+
+def docker_run_argv(
+    inputs: dict[str, Any], node_limits: Mapping[str, int] | None = None
+) -> tuple[list[str], list[str]]:
+    """(`docker run -d …` argv, what was dropped and why) for one declared Container's inputs.
+
+    `node_limits` maps a ulimit name to the highest hard value the node can grant (-1: unlimited);
+    a declared ulimit above it is dropped and said, like GPUs and InfiniBand devices.
+    """
+    caps = node_limits or {}
     spec = plain(inputs)
     if not spec.get("image"):
         raise ValueError("the container declares no image")
@@ -126,7 +150,9 @@ def docker_run_argv(inputs: dict[str, Any]) -> tuple[list[str], list[str]]:
                 argv += ["--device", f"{host}:{target}:{device.get('permissions') or 'rwm'}"]
         elif key == "ulimits":
             for limit in value:
-                argv += ["--ulimit", f"{limit['name']}={int(limit['soft'])}:{int(limit['hard'])}"]
+                flags, reason = _ulimit(limit, caps)
+                argv += flags
+                dropped += [reason] if reason else []
         elif key == "capabilities":
             argv += [arg for cap in value.get("adds") or [] for arg in ("--cap-add", cap)]
             argv += [arg for cap in value.get("drops") or [] for arg in ("--cap-drop", cap)]

@@ -110,3 +110,16 @@ def test_every_container_the_lab_stack_declares_translates():
         argv, dropped = docker_run_argv(container.inputs)
         assert dropped == [], f"{container.name}: the lab stack declares what the lab lacks: {dropped}"
         assert "--network" in argv and argv[argv.index("--network") + 1] == "host"
+
+
+def test_a_ulimit_above_what_the_node_can_grant_is_dropped_and_said():
+    limits = [{"name": "memlock", "soft": -1.0, "hard": -1.0}, {"name": "stack", "soft": 64.0, "hard": 64.0}]
+    argv, dropped = docker_run_argv({**BASE, "ulimits": limits}, {"memlock": 8388608, "stack": -1})
+    assert "memlock=-1:-1" not in argv and argv[5:7] == ["--ulimit", "stack=64:64"]
+    assert len(dropped) == 1 and "memlock" in dropped[0] and "8388608" in dropped[0]
+    argv, dropped = docker_run_argv({**BASE, "ulimits": limits}, {"memlock": -1})
+    assert "memlock=-1:-1" in argv and dropped == []
+    _, dropped = docker_run_argv(
+        {**BASE, "ulimits": [{"name": "nofile", "soft": 10, "hard": 30000}]}, {"nofile": 20000}
+    )
+    assert "nofile" in dropped[0]
