@@ -25,7 +25,8 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -223,6 +224,25 @@ def ssh_sessions() -> Iterator[Callable[[str], str]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@dataclass
+class Facts:
+    """What one round trip to a node found (see `DockerOn.facts`)."""
+
+    daemon: Daemon
+    image: ImageInfo | None
+    history: str = ""
+    images: list[ImageInfo] = field(default_factory=list)
+    free: int = 0
+
+
+class Mismatch(Exception):
+    """The loaded image is not the wanted one."""
+
+    def __init__(self, loaded: ImageInfo):
+        super().__init__(loaded.image_id)
+        self.loaded = loaded
+
+
 class DockerOn:
     """Docker commands on one node, with errors that name the node and what to do."""
 
@@ -263,41 +283,62 @@ class DockerOn:
         self.run(["docker", "image", "inspect", ref], hint=f"check `docker info` on {self.node.label}")
         return None
 
-    def facts(self, ref: str) -> tuple[Daemon, ImageInfo | None]:
-        """The daemon and the image `ref` (None when absent), in one round trip."""
+    def facts(self, ref: str, history: bool = False, inventory: bool = False) -> Facts:
+        """The daemon and image `ref` (None when absent), optionally its layer sizes and the node's
+        inventory (every image's layers, free bytes under Docker's root), in one round trip."""
         info = shell_join(["docker", "info", "--format", INFO_FORMAT])
-        inspect = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref])
-        script = f"{info} && echo {SECTION} && {{ {inspect} 2>/dev/null || true; }}"
+        parts = [
+            f"info=$({info}) || exit $?",
+            'printf "%s\\n" "$info"',
+            f"echo {SECTION}",
+            shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref])
+            + " 2>/dev/null || true",
+        ]
+        if history:
+            sizes = ["docker", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}", ref]
+            parts += [f"echo {SECTION}", f"{shell_join(sizes)} 2>/dev/null || true"]
+        if inventory:
+            listing = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT])
+            parts += [
+                f"echo {SECTION}",
+                f"{{ docker image ls -a -q --no-trunc | sort -u | xargs -r {listing}; }} || exit $?",
+                f"echo {SECTION}",
+                'df -P -B1 "$(printf "%s" "$info" | cut -f2)" || exit $?',
+            ]
         result = self.run(
-            ["bash", "-c", script],
+            ["bash", "-o", "pipefail", "-c", "; ".join(parts)],
             hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
         )
-        daemon_text, _, image_text = result.text.partition(f"{SECTION}\n")
-        images = parse_images(image_text)
-        return parse_daemon(daemon_text), (images[0] if images else None)
+        sections = result.text.split(f"{SECTION}\n")
+        found = parse_images(sections[1])
+        facts = Facts(parse_daemon(sections[0]), found[0] if found else None)
+        rest = sections[2:]
+        if history:
+            facts.history = rest.pop(0)
+        if inventory:
+            facts.images, facts.free = parse_images(rest[0]), parse_df_available(rest[1])
+        return facts
 
-    def images_and_free(self, root_dir: str | None) -> tuple[list[ImageInfo], int]:
-        """Every image's layers (for the chains present) and the free bytes under `root_dir`."""
+    def verify_and_promote(self, tmp_ref: str, ref: str, wanted: ImageInfo, same_store: bool) -> ImageInfo:
+        """Inspect the loaded image; tag it `ref` (dropping `tmp_ref`) only if it is the wanted one."""
+        field, want = (1, json.dumps(wanted.image_id)) if same_store else (2, json.dumps(list(wanted.layers)))
+        want = want.replace(" ", "")
+        inspect = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, tmp_ref])
+        tag, untag = (
+            shell_join(["docker", "tag", tmp_ref, ref]),
+            shell_join(["docker", "image", "rm", tmp_ref]),
+        )
+        promote = f"{tag} && {untag}"
         script = (
-            "set -o pipefail; docker image ls -a -q --no-trunc | sort -u | "
-            f"xargs -r {shell_join(['docker', 'image', 'inspect', '--format', IMAGE_FORMAT])}"
+            f"line=$({inspect}) || exit 3; printf '%s\\n' \"$line\"; "
+            f'[ "$(printf \'%s\' "$line" | cut -f{field})" = {shell_join([want])} ] || exit 4; {promote}'
         )
-        if root_dir:
-            script += f" && echo {SECTION} && {shell_join(['df', '-P', '-B1', root_dir])}"
-        images_text, _, df_text = self.run(["bash", "-c", script]).text.partition(f"{SECTION}\n")
-        return parse_images(images_text), (parse_df_available(df_text) if root_dir else 0)
-
-    def promote(self, image_id: str, ref: str, tmp_ref: str) -> None:
-        """Set the real tag on the verified image and drop the temporary one, in one round trip."""
-        tag, untag = ["docker", "tag", image_id, ref], ["docker", "image", "rm", tmp_ref]
-        script = f"{shell_join(tag)} && {shell_join(untag)}"
-        self.run(["bash", "-c", script], hint=f"check `docker images` on {self.node.label}")
-
-    def layer_sizes(self, ref: str, layer_count: int) -> list[int] | None:
-        result = self.run(
-            ["docker", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}", ref], check=False
-        )
-        return parse_layer_sizes(result.text, layer_count) if result.ok else None
+        result = self.run(["bash", "-c", script], check=False)
+        loaded = parse_images(result.text.split("\n", 1)[0])
+        if result.returncode == 4 and loaded:
+            raise Mismatch(loaded[0])
+        result.check(f"check `docker images` on {self.node.label}")
+        return loaded[0]
 
     def tag(self, image_id: str, ref: str) -> None:
         self.run(["docker", "tag", image_id, ref], hint=f"check `docker images` on {self.node.label}")
@@ -431,10 +472,35 @@ def _ensure_image(props: Mapping[str, Any], control: Callable[[str], str]) -> di
     same_node = source.key == destination.key
     src = DockerOn(source, "source", control("s"))
     dst = src if same_node else DockerOn(destination, "destination", control("d"))
-    with ThreadPoolExecutor(max_workers=2) as pool:  # the two first connections in parallel
-        src_facts = pool.submit(src.facts, image)
-        dst_facts = pool.submit(dst.facts, image)
-        (src_daemon, src_image), (dst_daemon, present) = src_facts.result(), dst_facts.result()
+    peer = (
+        None if same_node else Peer(peer_target(destination, tuning), f"/tmp/qni-peer-{secrets.token_hex(6)}")
+    )
+    pool = ThreadPoolExecutor(max_workers=4)
+    src_facts = pool.submit(src.facts, image, history=not same_node)
+    dst_facts = src_facts if same_node else pool.submit(dst.facts, image, inventory=True)
+    # The source->destination check starts at once: its SSH setup overlaps the inspections. Its
+    # result matters only when something has to be sent.
+    reachable = None if peer is None else pool.submit(_preflight_peer, src, source, destination, peer, tuning)
+    closing: list[threading.Thread] = []
+    try:
+        return _converge(
+            image, src, dst, src_facts, dst_facts, reachable, peer, pool, closing, props, tuning, started
+        )
+    finally:
+        if reachable is not None:
+            futures_wait([reachable])
+            (closing[0] if closing else pool_close(src, peer)).join()
+        pool.shutdown(wait=True)
+
+
+def _converge(
+    image, src, dst, src_facts, dst_facts, reachable, peer, pool, closing, props, tuning, started
+) -> dict[str, Any]:
+    """Skip, retag or copy, given the facts being gathered in `pool` (see `_ensure_image`)."""
+    source, destination = src.node, dst.node
+    at_source, at_destination = src_facts.result(), dst_facts.result()
+    src_daemon, src_image = at_source.daemon, at_source.image
+    dst_daemon, present = at_destination.daemon, at_destination.image
     if src_image is None:
         raise NodeImageError(
             f"source {source.label}: image {image} is not there; next: build or load it on {source.label}"
@@ -465,53 +531,43 @@ def _ensure_image(props: Mapping[str, Any], control: Callable[[str], str]) -> di
             "seconds": round(time.monotonic() - started, 3),
         }
 
-    if same_node:
+    if peer is None:
         return done(src_image, src_daemon)
     if present is not None and same_image(present, dst_daemon.store, src_image, src_daemon.store):
         return done(present, dst_daemon)
 
-    peer = Peer(peer_target(destination, tuning), f"/tmp/qni-peer-{secrets.token_hex(6)}")
-    closing: threading.Thread | None = None
+    others, free = at_destination.images, at_destination.free
+    twin = _existing_twin(others, dst_daemon.store, src_image, src_daemon.store)
+    if twin is not None:
+        dst.tag(twin.image_id, image)
+        return done(twin, dst_daemon, retagged=True, placed_tag=True)
+    reachable.result()
+    keep_from = 0
+    if dst_daemon.store == "classic":  # the containerd store needs every blob: send all
+        keep_from = transfer.present_prefix(
+            src_image.layers, transfer.present_chains(i.layers for i in others)
+        )
+    sizes = parse_layer_sizes(at_source.history, len(src_image.layers))
+    _check_disk(dst, dst_daemon, src_image, sizes, keep_from, free, tuning)
     name, _ = transfer.split_reference(image)
     tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
     try:
-        with ThreadPoolExecutor(max_workers=3) as pool:  # independent checks, one round trip each
-            on_destination = pool.submit(dst.images_and_free, dst_daemon.root_dir)
-            sizes = pool.submit(src.layer_sizes, image, len(src_image.layers))
-            reachable = pool.submit(_preflight_peer, src, source, destination, peer, tuning)
-            others, free = on_destination.result()
-            twin = _existing_twin(others, dst_daemon.store, src_image, src_daemon.store)
-            if twin is None:
-                reachable.result()
-        if twin is not None:
-            dst.tag(twin.image_id, image)
-            return done(twin, dst_daemon, retagged=True, placed_tag=True)
-        keep_from = 0
-        if dst_daemon.store == "classic":  # the containerd store needs every blob: send all
-            chains = transfer.present_chains(i.layers for i in others)
-            keep_from = transfer.present_prefix(src_image.layers, chains)
-        _check_disk(dst, dst_daemon, src_image, sizes.result(), keep_from, free, tuning)
         report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning)
-        closing = pool_close(src, peer)  # the source's link to the destination is done: close it meanwhile
-        loaded = dst.image(tmp_tag)
-        if loaded is None:
-            raise NodeImageError(
-                f"destination {destination.label}: docker load finished but {tmp_tag} is missing; "
-                f"next: check `docker images` and the daemon log on {destination.label}"
-            )
-        if not same_image(loaded, dst_daemon.store, src_image, src_daemon.store):
+        closing.append(pool_close(src, peer))  # the source's link is done: close it meanwhile
+        try:
+            loaded = dst.verify_and_promote(tmp_tag, image, src_image, dst_daemon.store == src_daemon.store)
+        except Mismatch as wrong:
             raise NodeImageError(
                 f"destination {destination.label}: the loaded image does not match the source "
-                f"({loaded.image_id[:19]}, {len(loaded.layers)} layers; {source.label} has "
+                f"({wrong.loaded.image_id[:19]}, {len(wrong.loaded.layers)} layers; {source.label} has "
                 f"{src_image.image_id[:19]}, {len(src_image.layers)} layers); the temporary tag was removed; "
                 f"next: run again, and if it repeats compare `docker image inspect {image}` on both nodes"
-            )
-        dst.promote(loaded.image_id, image, tmp_tag)
+            ) from None
+        except RemoteError as exc:
+            raise NodeImageError(f"destination {exc}") from exc
     except BaseException:
         dst.untag(tmp_tag)
         raise
-    finally:
-        (closing or pool_close(src, peer)).join()
     summary = report["summary"] or {}
     return done(
         loaded,

@@ -293,3 +293,20 @@ def test_stream_broken_midway_leaves_nothing_tagged(pair, tmp_path, freeze):
     assert time.monotonic() - started < 30
     time.sleep(1)  # a docker load that was cut off ends now
     assert image_id(dst, "ni-cut:1") is None and no_temporary_tags(dst)
+
+
+def test_verification_failure_leaves_no_tag(pair, monkeypatch):
+    import components.node_image as ni
+
+    src, dst = pair
+    build(src, "ni-verify:1", "lab-busybox:1", os.urandom(30_000))
+    remove(dst, "ni-verify:1")
+    real = ni.DockerOn.verify_and_promote
+
+    def expect_another_image(self, tmp_ref, ref, wanted, same_store):
+        return real(self, tmp_ref, ref, ni.ImageInfo("sha256:" + "0" * 64, wanted.layers[:1]), same_store)
+
+    monkeypatch.setattr(ni.DockerOn, "verify_and_promote", expect_another_image)
+    with pytest.raises(NodeImageError, match="does not match the source"):
+        PROVIDER.create(props("ni-verify:1", src, dst))
+    assert image_id(dst, "ni-verify:1") is None and no_temporary_tags(dst)
