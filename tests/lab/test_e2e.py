@@ -39,6 +39,8 @@ CRASH_DEADLINE_S = 15
 DRIFT_DEADLINE_S = 20
 # The probe's default poll interval (components/readiness.py).
 PROBE_INTERVAL_S = 5
+# A cluster the previous test showed healthy passes in ~15 s; a precondition need not wait the stack's 180.
+PRECONDITION_DEADLINE_S = 90
 # Time beyond a deadline for SSH, `ray status` and the log tail.
 GATE_SLACK_S = 45
 
@@ -243,7 +245,7 @@ def test_worker_that_never_joins_fails_the_gate_by_its_deadline(deployment, prog
 
 def test_server_that_crashes_after_start_fails_the_gate_with_its_log_tail(deployment, program):
     deployment.start()
-    create_gate(gate_props(program))  # healthy first
+    create_gate(gate_props(program, PRECONDITION_DEADLINE_S))  # healthy first
     (server,) = deployment.of_role("vllm")
     lab.docker(deployment.nodes[server.node], "kill", server.name)
     with pytest.raises(GateFailed) as failed:
@@ -256,7 +258,7 @@ def test_server_that_crashes_after_start_fails_the_gate_with_its_log_tail(deploy
 
 def test_worker_container_removed_is_drift_and_fails_the_gate(deployment, program, monkeypatch):
     deployment.start()
-    outs = create_gate(gate_props(program))
+    outs = create_gate(gate_props(program, PRECONDITION_DEADLINE_S))  # healthy first
     (worker,) = deployment.of_role("ray-worker")
     assert deployment.exists(worker)
     lab.docker(deployment.nodes[worker.node], "rm", "--force", worker.name)
