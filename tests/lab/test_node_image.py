@@ -310,3 +310,13 @@ def test_verification_failure_leaves_no_tag(pair, monkeypatch):
     with pytest.raises(NodeImageError, match="does not match the source"):
         PROVIDER.create(props("ni-verify:1", src, dst))
     assert image_id(dst, "ni-verify:1") is None and no_temporary_tags(dst)
+
+
+def test_gzip_compression_sends_fewer_bytes(pair):
+    src, dst = pair
+    wanted = build(src, "ni-gzip:1", "lab-busybox:1", bytes(2_000_000))  # zeros: very compressible
+    remove(dst, "ni-gzip:1")
+    outs = PROVIDER.create(props("ni-gzip:1", src, dst, tuning={"compression": "gzip"})).outs
+    assert outs["image_id"] == wanted and outs["layer_bytes_sent"] >= 2_000_000
+    assert outs["bytes_sent"] < outs["layer_bytes_sent"] / 10
+    assert "root" in runs(dst, "ni-gzip:1")
