@@ -11,6 +11,7 @@ when no byte moved for `stall_s` seconds or the deadline passed.
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import inspect
 import json
@@ -217,7 +218,10 @@ def regular_file_header(name: str, size: int, mtime: int) -> bytes:
     header[100:108] = b"0000644\0"
     header[108:116] = b"0000000\0"
     header[116:124] = b"0000000\0"
-    header[124:136] = f"{size:011o}\0".encode()
+    if size < 8**11:
+        header[124:136] = f"{size:011o}\0".encode()
+    else:  # GNU base-256: layers of 8 GiB and more
+        header[124:136] = b"\x80" + size.to_bytes(11, "big")
     header[136:148] = f"{mtime:011o}\0".encode()
     header[156:157] = b"0"
     header[257:265] = b"ustar\x0000"
@@ -377,6 +381,130 @@ def filter_stream(spec: dict, source, sink, counter: StreamCounter) -> None:
     sink.flush()
 
 
+class ExportUnavailable(Exception):
+    """The source's layer store cannot be read directly; `docker save` has to do."""
+
+
+def tar_split_entries(path: str):
+    """The entries of a layer's tar-split.json.gz: raw tar segments, and files by name and size.
+
+    Docker keeps these so it can reproduce the exact bytes (so the same diff ID) of a layer's tar
+    from the unpacked layer; `docker save` does the same.
+    """
+    with gzip.open(path, "rt") as stream:
+        for line in stream:
+            if line.strip():
+                yield json.loads(line)
+
+
+def layer_tar_size(split_path: str) -> int:
+    """Length of the tar that `tar_split_entries` reassembles into."""
+    total = 0
+    for entry in tar_split_entries(split_path):
+        if entry["type"] == 2:
+            total += len(base64.b64decode(entry.get("payload") or ""))
+        elif entry["type"] == 1:
+            total += int(entry.get("size") or 0)
+    return total
+
+
+def write_layer_tar(split_path: str, diff_dir: str, write, chunk_size: int = 1 << 20) -> None:
+    """Reassemble a layer's tar from its tar-split and its unpacked files, passing bytes to `write`."""
+    top = os.path.realpath(diff_dir)
+    for entry in tar_split_entries(split_path):
+        if entry["type"] == 2:
+            write(base64.b64decode(entry.get("payload") or ""))
+            continue
+        size = int(entry.get("size") or 0)
+        if entry["type"] != 1 or not size:
+            continue
+        raw = entry.get("name_raw")
+        name = base64.b64decode(raw).decode("utf-8", "surrogateescape") if raw else entry["name"]
+        path = os.path.normpath(os.path.join(top, name.lstrip("/")))
+        if not path.startswith(top + os.sep):
+            raise ValueError(f"tar-split names a file outside the layer: {name!r}")
+        with open(path, "rb") as handle:
+            left = size
+            while left:
+                data = handle.read(min(left, chunk_size))
+                if not data:
+                    raise ValueError(f"{name!r} in the layer is shorter than its tar-split says")
+                write(data)
+                left -= len(data)
+
+
+def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]]]:
+    """Check, before any byte is written, that every layer to send can be read from the layer store.
+
+    Returns the image config and (index, tar-split path, unpacked dir, tar size) per layer to send.
+    """
+    export = spec["export"]
+    layers, keep_from = list(spec["layers"]), int(spec.get("keep_from", 0))
+    base = os.path.join(export["root"], "image", export["driver"])
+    image_hex = export["image_id"].split(":", 1)[1]
+    try:
+        with open(os.path.join(base, "imagedb", "content", "sha256", image_hex), "rb") as handle:
+            config = handle.read()
+        if hashlib.sha256(config).hexdigest() != image_hex:
+            raise ExportUnavailable("the image config does not match its ID")
+        plan = []
+        for index, chain in enumerate(chain_ids(layers)):
+            if index < keep_from:
+                continue
+            folder = os.path.join(base, "layerdb", "sha256", chain.split(":", 1)[1])
+            with open(os.path.join(folder, "diff")) as handle:
+                if handle.read().strip() != layers[index]:
+                    raise ExportUnavailable(f"layer {index} in the store is not {layers[index]}")
+            with open(os.path.join(folder, "cache-id")) as handle:
+                cache_id = handle.read().strip()
+            split = os.path.join(folder, "tar-split.json.gz")
+            unpacked = os.path.join(export["root"], export["driver"], cache_id, "diff")
+            if not os.path.isdir(unpacked):
+                raise ExportUnavailable(f"layer {index}: {unpacked} is missing")
+            plan.append((index, split, unpacked, layer_tar_size(split)))
+    except OSError as exc:
+        raise ExportUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    return config, plan
+
+
+def export_stream(spec: dict, sink, counter: StreamCounter) -> None:
+    """Write a docker-load archive holding only the layers to send, read from the layer store."""
+    config, plan = export_plan(spec)
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if spec.get("compress") == "gzip" else None
+
+    def write(data: bytes) -> None:
+        counter.read += len(data)
+        if compressor is not None:
+            data = compressor.compress(data)
+        if data:
+            sink.write(data)
+            counter.written += len(data)
+
+    def add(name: str, size: int) -> None:
+        write(regular_file_header(name, size, 0))
+
+    counter.layout = "export"
+    counter.layers_left_out = int(spec.get("keep_from", 0))
+    image_hex = spec["export"]["image_id"].split(":", 1)[1]
+    add(f"{image_hex}.json", len(config))
+    write(config + bytes(-len(config) % 512))
+    for index, split, unpacked, size in plan:
+        add(f"layers/{index}.tar", size)
+        write_layer_tar(split, unpacked, write)
+        write(bytes(-size % 512))
+        counter.layers_sent += 1
+        counter.layer_bytes += size
+    paths = [f"layers/{index}.tar" for index in range(len(spec["layers"]))]
+    manifest = json.dumps([{"Config": f"{image_hex}.json", "RepoTags": [spec["new_tag"]], "Layers": paths}])
+    add("manifest.json", len(manifest))
+    write(manifest.encode() + bytes(-len(manifest) % 512) + bytes(1024))
+    if compressor is not None:
+        tail = compressor.flush()
+        sink.write(tail)
+        counter.written += len(tail)
+    sink.flush()
+
+
 def watch_stream(
     counter: StreamCounter,
     stall_s: float,
@@ -431,7 +559,13 @@ def filter_main(spec_json: str) -> int:
     )
     watchdog.start()
     try:
-        filter_stream(spec, sys.stdin.buffer, sys.stdout.buffer, counter)
+        if spec.get("export"):
+            export_stream(spec, sys.stdout.buffer, counter)
+        else:
+            filter_stream(spec, sys.stdin.buffer, sys.stdout.buffer, counter)
+    except ExportUnavailable as exc:
+        sys.stderr.write(f"qwen35-error export-unavailable: {exc}\n")
+        return 3
     except (EOFError, ValueError, OSError) as exc:
         sys.stderr.write(f"qwen35-error {type(exc).__name__}: {exc}\n")
         return 1
@@ -454,6 +588,12 @@ _FILTER_PARTS = (
     regular_file_header,
     StreamCounter,
     filter_stream,
+    ExportUnavailable,
+    tar_split_entries,
+    layer_tar_size,
+    write_layer_tar,
+    export_plan,
+    export_stream,
     watch_stream,
     filter_main,
 )
@@ -463,7 +603,7 @@ def filter_script() -> str:
     """The filter as one standalone Python program (standard library only)."""
     parts = [
         "from __future__ import annotations",
-        "import hashlib, json, os, re, signal, sys, threading, time, zlib",
+        "import base64, gzip, hashlib, json, os, re, signal, sys, threading, time, zlib",
     ]
     parts += [inspect.getsource(part) for part in _FILTER_PARTS]
     parts.append("sys.exit(filter_main(sys.argv[1]))")
@@ -486,6 +626,7 @@ def filter_spec(
     compress: str = "none",
     interval_s: float = 1.0,
     kill_group: bool = True,
+    export: dict | None = None,
 ) -> dict:
     """What the filter needs to know; plain JSON."""
     if compress not in ("none", "gzip"):
@@ -499,6 +640,7 @@ def filter_spec(
         "compress": compress,
         "interval_s": interval_s,
         "kill_group": kill_group,
+        "export": export,
     }
 
 
@@ -509,6 +651,8 @@ def copy_pipeline(image: str, spec: dict, ssh_to_destination: Sequence[str]) -> 
     a failure names the stage that failed.
     """
     stages = [["docker", "save", image], filter_argv(spec), list(ssh_to_destination)]
+    if spec.get("export"):  # the filter reads the layer store itself: no `docker save`
+        stages = stages[1:]
     script = (
         # -m: the pipeline gets its own process group, which the filter's watchdog may end whole.
         "set -m; set -o pipefail; "
@@ -537,10 +681,12 @@ def parse_filter_stderr(text: str) -> dict:
 
 
 STAGES = ("docker save (source)", "save filter (source)", "ssh + docker load (destination)")
+EXPORT_STAGES = ("layer export (source)", "ssh + docker load (destination)")
 
 
-def failed_stage(pipestatus: Sequence[int]) -> str:
+def failed_stage(pipestatus: Sequence[int], export: bool = False) -> str:
     """The exit status of every pipeline stage when one failed, for the error message."""
     if not any(pipestatus):
         return ""
-    return ", ".join(f"{stage} exited {status}" for stage, status in zip(STAGES, pipestatus, strict=False))
+    stages = EXPORT_STAGES if export else STAGES
+    return ", ".join(f"{stage} exited {status}" for stage, status in zip(stages, pipestatus, strict=False))

@@ -72,6 +72,9 @@ class Tuning:
     connect_timeout_s: int = 10
     peer_identity_file: str | None = None  # key the source uses for the destination (default: destination's)
     peer_known_hosts: str | None = None  # known_hosts on the source pinning the destination's fabric address
+    # "auto": on a classic overlay2 source, read only the layers to send from Docker's layer store
+    # (what `docker save` itself does) instead of saving the whole image; "save": always docker save.
+    source_export: str = "auto"
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> Tuning:
@@ -87,6 +90,10 @@ class Tuning:
                 f"NodeImage tuning: unknown keys {', '.join(hints)}; known: {', '.join(known)}"
             )
         tuning = cls(**raw)
+        if tuning.source_export not in ("auto", "save"):
+            raise NodeImageError(
+                f"NodeImage tuning: source_export {tuning.source_export!r}: use 'auto' or 'save'"
+            )
         if tuning.compression not in ("none", "gzip"):
             raise NodeImageError(
                 f"NodeImage tuning: compression {tuning.compression!r}: use 'none' or 'gzip'"
@@ -142,6 +149,7 @@ class Daemon:
     store: str  # "classic" | "containerd"
     root_dir: str
     version: str
+    driver: str = ""  # storage driver, e.g. overlay2
 
 
 @dataclass(frozen=True)
@@ -163,14 +171,14 @@ def same_image(a: ImageInfo, a_store: str, b: ImageInfo, b_store: str) -> bool:
 # ---- facts: a command that reads state and a pure function that parses it -------------------------
 
 SECTION = "@@qwen35@@"
-INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}"
+INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}\t{{.Driver}}"
 IMAGE_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
 
 
 def parse_daemon(text: str) -> Daemon:
-    status, root, version = text.strip().split("\t")
+    status, root, version, *driver = text.strip().split("\t")
     store = "containerd" if "io.containerd.snapshotter" in status else "classic"
-    return Daemon(store=store, root_dir=root, version=version)
+    return Daemon(store=store, root_dir=root, version=version, driver=driver[0] if driver else "")
 
 
 def parse_images(text: str) -> list[ImageInfo]:
@@ -552,7 +560,19 @@ def _converge(
     name, _ = transfer.split_reference(image)
     tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
     try:
-        report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning)
+        report = None
+        if _can_export(tuning, src_daemon, dst_daemon):
+            export = {
+                "root": src_daemon.root_dir,
+                "driver": src_daemon.driver,
+                "image_id": src_image.image_id,
+            }
+            try:
+                report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning, export)
+            except NodeImageError:
+                dst.untag(tmp_tag)  # then the plain `docker save` path below, which needs nothing of it
+        if report is None:
+            report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning)
         closing.append(pool_close(src, peer))  # the source's link is done: close it meanwhile
         try:
             loaded = dst.verify_and_promote(tmp_tag, image, src_image, dst_daemon.store == src_daemon.store)
@@ -579,6 +599,16 @@ def _converge(
         layers_sent=int(summary.get("layers_sent", 0)),
         layers_left_out=int(summary.get("layers_left_out", 0)),
         layout=str(summary.get("layout", "")),
+    )
+
+
+def _can_export(tuning: Tuning, source: Daemon, destination: Daemon) -> bool:
+    """Read layers straight from the source's store: classic overlay2 to a classic destination only."""
+    return (
+        tuning.source_export == "auto"
+        and source.store == "classic"
+        and source.driver == "overlay2"
+        and destination.store == "classic"
     )
 
 
@@ -679,10 +709,17 @@ def _stream(
     tmp_tag: str,
     peer: Peer,
     tuning: Tuning,
+    export: dict | None = None,
 ) -> dict:
     source = src.node
     spec = transfer.filter_spec(
-        wanted.layers, keep_from, tmp_tag, tuning.stall_timeout_s, tuning.deadline_s, tuning.compression
+        wanted.layers,
+        keep_from,
+        tmp_tag,
+        tuning.stall_timeout_s,
+        tuning.deadline_s,
+        tuning.compression,
+        export=export,
     )
     pipeline = transfer.copy_pipeline(image, spec, peer.argv(["docker", "load"]))
     local = ssh_argv(source.target, pipeline, src.transport.control_path)
@@ -691,7 +728,7 @@ def _stream(
     statuses = report["pipestatus"]
     if not outcome.killed and report["summary"] is not None and statuses and not any(statuses):
         return report
-    stage = transfer.failed_stage(report["pipestatus"])
+    stage = transfer.failed_stage(report["pipestatus"], export=bool(export))
     if outcome.killed:
         why = outcome.killed
     elif report["error"]:

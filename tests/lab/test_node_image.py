@@ -77,15 +77,20 @@ def pair(node_a, node_b):
     return node_a, node_b
 
 
-def test_fresh_copy_then_repeat_sends_nothing(pair):
+# "save": `docker save` through the filter; "auto": layers read from the source's layer store.
+EXPORTS = pytest.mark.parametrize(("export", "layout"), [("save", "legacy"), ("auto", "export")])
+
+
+@EXPORTS
+def test_fresh_copy_then_repeat_sends_nothing(pair, export, layout):
     src, dst = pair
     wanted = build(src, "ni-fresh:1", "lab-busybox:1", os.urandom(300_000))
     remove(dst, "ni-fresh:1", "lab-busybox:1")
-    first = PROVIDER.create(props("ni-fresh:1", src, dst)).outs
+    first = PROVIDER.create(props("ni-fresh:1", src, dst, tuning={"source_export": export})).outs
     assert first["skipped"] is False and first["placed_tag"] is True
     assert first["image_id"] == wanted == image_id(dst, "ni-fresh:1")
     assert first["bytes_sent"] > 300_000 and first["layers_sent"] + first["layers_left_out"] == 2
-    assert first["store"] == "classic" and first["layout"] == "legacy"
+    assert first["store"] == "classic" and first["layout"] == layout
     assert "root" in runs(dst, "ni-fresh:1")
     assert no_temporary_tags(dst)
     again = PROVIDER.create(props("ni-fresh:1", src, dst)).outs
@@ -93,15 +98,17 @@ def test_fresh_copy_then_repeat_sends_nothing(pair):
     assert again["image_id"] == wanted and again["seconds"] < 2.0
 
 
-def test_changed_top_layer_sends_only_that_layer(pair):
+@EXPORTS
+def test_changed_top_layer_sends_only_that_layer(pair, export, layout):
     src, dst = pair
     build(src, "ni-base:1", "lab-busybox:1", os.urandom(1_000_000))
     PROVIDER.create(props("ni-base:1", src, dst))
     top = os.urandom(200_000)
     wanted = build(src, "ni-top:1", "ni-base:1", top)
     remove(dst, "ni-top:1")
-    outs = PROVIDER.create(props("ni-top:1", src, dst)).outs
+    outs = PROVIDER.create(props("ni-top:1", src, dst, tuning={"source_export": export})).outs
     assert outs["image_id"] == wanted and outs["layers_left_out"] == 2 and outs["layers_sent"] == 1
+    assert outs["layout"] == layout
     assert len(top) <= outs["layer_bytes_sent"] <= len(top) + 4096
     assert outs["bytes_sent"] <= 1.2 * len(top)
     assert "root" in runs(dst, "ni-top:1")
@@ -320,3 +327,20 @@ def test_gzip_compression_sends_fewer_bytes(pair):
     assert outs["image_id"] == wanted and outs["layer_bytes_sent"] >= 2_000_000
     assert outs["bytes_sent"] < outs["layer_bytes_sent"] / 10
     assert "root" in runs(dst, "ni-gzip:1")
+
+
+def test_unreadable_layer_store_falls_back_to_docker_save(pair, monkeypatch):
+    from components import image_transfer
+
+    src, dst = pair
+    wanted = build(src, "ni-fallback:1", "lab-busybox:1", os.urandom(40_000))
+    remove(dst, "ni-fallback:1")
+    real = image_transfer.filter_spec
+
+    def unreadable_store(*args, export=None, **kwargs):
+        return real(*args, export=export and {**export, "root": "/nonexistent"}, **kwargs)
+
+    monkeypatch.setattr(image_transfer, "filter_spec", unreadable_store)
+    outs = PROVIDER.create(props("ni-fallback:1", src, dst)).outs
+    assert outs["layout"] == "legacy" and outs["image_id"] == wanted == image_id(dst, "ni-fallback:1")
+    assert no_temporary_tags(dst)

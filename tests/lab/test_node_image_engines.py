@@ -30,11 +30,12 @@ def images_on_c(node_c, node_a, node_b, node_d):
     return wanted
 
 
-def test_oci_layout_source_to_classic_destination_is_thin(node_c, node_a, images_on_c):
+@pytest.mark.parametrize(("export", "layout"), [("save", "oci"), ("auto", "export")])
+def test_oci_layout_source_to_classic_destination_is_thin(node_c, node_a, images_on_c, export, layout):
     PROVIDER.create(props("ni-eng-base:1", node_c, node_a))
     remove(node_a, "ni-eng:1")
-    outs = PROVIDER.create(props("ni-eng:1", node_c, node_a)).outs
-    assert outs["layout"] == "oci" and outs["store"] == "classic" and outs["skipped"] is False
+    outs = PROVIDER.create(props("ni-eng:1", node_c, node_a, tuning={"source_export": export})).outs
+    assert outs["layout"] == layout and outs["store"] == "classic" and outs["skipped"] is False
     assert outs["layers_left_out"] == 2 and outs["layers_sent"] == 1
     assert outs["bytes_sent"] <= 1.2 * 100_000
     assert outs["image_id"] == images_on_c == image_id(node_a, "ni-eng:1")
@@ -43,7 +44,7 @@ def test_oci_layout_source_to_classic_destination_is_thin(node_c, node_a, images
 
 def test_legacy_source_to_classic_destination(node_a, node_b, images_on_c):
     remove(node_b, "ni-eng:1")
-    outs = PROVIDER.create(props("ni-eng:1", node_a, node_b)).outs
+    outs = PROVIDER.create(props("ni-eng:1", node_a, node_b, tuning={"source_export": "save"})).outs
     assert outs["layout"] == "legacy" and outs["image_id"] == images_on_c
     assert "root" in runs(node_b, "ni-eng:1")
 
