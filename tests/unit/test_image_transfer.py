@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -176,3 +177,63 @@ def test_pipeline_checks_every_stage_and_quotes_through_shell_join():
     assert "PIPESTATUS" in script and "'docker load'" in script
     assert t.failed_stage([0, 0, 255]).endswith("ssh + docker load (destination) exited 255")
     assert t.failed_stage([0, 0, 0]) == ""
+
+
+def fake_layer_store(tmp_path) -> tuple[str, str]:
+    """A classic overlay2 layer store holding LAYERS: tar-split records plus unpacked files."""
+    import gzip
+
+    root = tmp_path / "docker"
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": DIFF_IDS}}).encode()
+    image_hex = hashlib.sha256(config).hexdigest()
+    content = root / "image" / "overlay2" / "imagedb" / "content" / "sha256"
+    content.mkdir(parents=True)
+    (content / image_hex).write_bytes(config)
+    for index, (layer, chain) in enumerate(zip(LAYERS, t.chain_ids(DIFF_IDS), strict=True)):
+        folder = root / "image" / "overlay2" / "layerdb" / "sha256" / chain.split(":")[1]
+        folder.mkdir(parents=True)
+        (folder / "diff").write_text(DIFF_IDS[index])
+        (folder / "cache-id").write_text(f"cache{index}")
+        unpacked = root / "overlay2" / f"cache{index}" / "diff"
+        unpacked.mkdir(parents=True)
+        entries, position = [], 0
+        with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+            for member in tar.getmembers():
+                if member.isfile() and member.size:
+                    segment = layer[position : member.offset_data]
+                    entries.append({"type": 2, "payload": base64.b64encode(segment).decode()})
+                    entries.append({"type": 1, "name": member.name, "size": member.size})
+                    (unpacked / member.name).write_bytes(tar.extractfile(member).read())
+                    position = member.offset_data + member.size
+        entries.append({"type": 2, "payload": base64.b64encode(layer[position:]).decode()})
+        with gzip.open(folder / "tar-split.json.gz", "wt") as split:
+            split.write("\n".join(json.dumps(entry) for entry in entries) + "\n")
+    return str(root), "sha256:" + image_hex
+
+
+def test_layer_store_export_rebuilds_exact_layers(tmp_path):
+    root, image_id = fake_layer_store(tmp_path)
+    export = {"root": root, "driver": "overlay2", "image_id": image_id}
+    spec = t.filter_spec(DIFF_IDS, 1, "app:qwen35-tmp-1", 30, 60, kill_group=False, export=export)
+    out, counter = io.BytesIO(), t.StreamCounter()
+    t.export_stream(spec, out, counter)
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    manifest = json.loads(files["manifest.json"])[0]
+    assert manifest["RepoTags"] == ["app:qwen35-tmp-1"] and len(manifest["Layers"]) == 3
+    sent = [files[path] for path in manifest["Layers"] if path in files]
+    assert [digest(layer) for layer in sent] == DIFF_IDS[1:]  # same bytes, same diff IDs
+    assert digest(files[manifest["Config"]]) == image_id
+    assert counter.layers_sent == 2 and counter.layers_left_out == 1 and counter.layout == "export"
+
+
+def test_layer_store_export_refuses_before_writing_anything(tmp_path):
+    root, image_id = fake_layer_store(tmp_path)
+    export = {"root": root, "driver": "overlay2", "image_id": image_id}
+    spec = t.filter_spec(DIFF_IDS, 0, "app:qwen35-tmp-1", 30, 60, kill_group=False, export=export)
+    (tmp_path / "docker" / "overlay2" / "cache2" / "diff" / "file").unlink()
+    (tmp_path / "docker" / "overlay2" / "cache2" / "diff").rmdir()
+    out = io.BytesIO()
+    with pytest.raises(t.ExportUnavailable, match="layer 2"):
+        t.export_stream(spec, out, t.StreamCounter())
+    assert out.getvalue() == b""
