@@ -60,6 +60,10 @@ class NodeImageError(RuntimeError):
     """A copy could not be made or verified; the message names the node and what to do next."""
 
 
+class ExportFailed(NodeImageError):
+    """Reading layers from the source's store failed (not the link): `docker save` may still work."""
+
+
 @dataclass(frozen=True)
 class Tuning:
     """Optional knobs; every one has a safe default."""
@@ -569,8 +573,8 @@ def _converge(
             }
             try:
                 report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning, export)
-            except NodeImageError:
-                dst.untag(tmp_tag)  # then the plain `docker save` path below, which needs nothing of it
+            except ExportFailed:  # the store could not be read, or what it gave did not load: docker save
+                dst.untag(tmp_tag)
         if report is None:
             report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning)
         closing.append(pool_close(src, peer))  # the source's link is done: close it meanwhile
@@ -740,7 +744,11 @@ def _stream(
     else:
         why = f"exit {outcome.returncode}"
     detail = "\n".join(report["other"][-6:])
-    raise NodeImageError(
+    link_failed = (
+        outcome.killed or "stalled" in why or "deadline" in why or statuses[-1:] == [SSH_TRANSPORT_FAILURE]
+    )
+    error = ExportFailed if export and not link_failed else NodeImageError
+    raise error(
         f"copy of {image} from {source.label} to {destination.label} failed: {why}"
         + (f" [{stage}]" if stage and stage != why else "")
         + (f"\n  stderr: {detail}" if detail else "")
