@@ -279,13 +279,6 @@ class DockerOn:
             )
         return result
 
-    def daemon(self) -> Daemon:
-        result = self.run(
-            ["docker", "info", "--format", INFO_FORMAT],
-            hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
-        )
-        return parse_daemon(result.text)
-
     def image(self, ref: str) -> ImageInfo | None:
         result = self.run(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref], check=False)
         if result.ok:
@@ -765,8 +758,8 @@ def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
     _, _, destination, tuning = _nodes(props)
     with ssh_sessions() as control:
         dst = DockerOn(destination, "destination", control("d"))
-        daemon = dst.daemon()
-        info = dst.image(props["image"])
+        found = dst.facts(props["image"])
+        daemon, info = found.daemon, found.image
     if info is None:
         return None
     return {
@@ -782,8 +775,8 @@ def _source_now(news: Mapping[str, Any]) -> tuple[ImageInfo, str] | None:
     try:
         image, source, _, _ = _nodes(news)
         src = DockerOn(source, "source")
-        daemon = src.daemon()
-        info = src.image(image)
+        found = src.facts(image)
+        daemon, info = found.daemon, found.image
     except (NodeImageError, KeyError, TypeError, ValueError):
         return None
     return (info, daemon.store) if info is not None else None
