@@ -20,6 +20,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -172,6 +173,58 @@ def same_image(a: ImageInfo, a_store: str, b: ImageInfo, b_store: str) -> bool:
     return a.layers == b.layers
 
 
+# ---- timing: where one create() spends its time --------------------------------------------------------
+
+TIMING_ENV = "QWEN35_NODE_IMAGE_TIMING"
+
+
+class PhaseTimes:
+    """Wall-clock spans of one operation's phases (threads included); printed when TIMING_ENV is set.
+
+    Figures for people tuning the copy, never asserted: the lab's timings vary with the machine.
+    """
+
+    def __init__(self, label: str = ""):
+        self.label = label
+        self.started = time.monotonic()
+        self.spans: list[tuple[str, float, float]] = []
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        begin = time.monotonic()
+        try:
+            yield
+        finally:
+            self.spans.append((name, begin - self.started, time.monotonic() - self.started))
+
+    def timed(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        """`call`, recording its span (for work handed to a thread pool)."""
+
+        def run(*args, **kwargs):
+            with self.span(name):
+                return call(*args, **kwargs)
+
+        return run
+
+    def mark(self, name: str, at: float) -> None:
+        """An instant seen elsewhere (time.monotonic() value), e.g. a line from the remote pipeline."""
+        self.spans.append((name, at - self.started, at - self.started))
+
+    def table(self) -> str:
+        total = time.monotonic() - self.started
+        lines = [
+            f"NodeImage timing {self.label}: {total:.3f} s",
+            f"  {'phase':<34} {'start':>7} {'end':>7} {'s':>7}",
+        ]
+        for name, begin, end in sorted(self.spans, key=lambda span: (span[1], span[2])):
+            lines.append(f"  {name:<34} {begin:7.3f} {end:7.3f} {end - begin:7.3f}")
+        return "\n".join(lines)
+
+    def report(self) -> None:
+        if os.environ.get(TIMING_ENV):
+            print(self.table(), file=sys.stderr, flush=True)
+
+
 # ---- facts: a command that reads state and a pure function that parses it -------------------------
 
 SECTION = "@@qwen35@@"
@@ -212,7 +265,7 @@ def disk_needed(sizes: Sequence[int], keep_from: int, tuning: Tuning) -> int:
 
 
 @contextlib.contextmanager
-def ssh_sessions() -> Iterator[Callable[[str], str]]:
+def ssh_sessions(times: PhaseTimes | None = None) -> Iterator[Callable[[str], str]]:
     """Control paths for one operation's SSH connections; every master is closed at the end.
 
     Connection setup dominates a skip (each new SSH session costs a key exchange); one master per
@@ -227,13 +280,18 @@ def ssh_sessions() -> Iterator[Callable[[str], str]]:
     try:
         yield path
     finally:
-        for socket_path in used.values():
-            if os.path.exists(socket_path):
-                subprocess.run(
-                    ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
-                    capture_output=True,
-                )
+        with times.span("close SSH masters") if times else contextlib.nullcontext():
+            _close_masters(used.values())
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _close_masters(socket_paths: Collection[str]) -> None:
+    for socket_path in socket_paths:
+        if os.path.exists(socket_path):
+            subprocess.run(
+                ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
+                capture_output=True,
+            )
 
 
 @dataclass
@@ -363,7 +421,9 @@ class StreamOutcome:
     killed: str  # why the orchestrator killed the pipeline, or ""
 
 
-def run_watched(argv: list[str], deadline_s: float, stall_s: float) -> StreamOutcome:
+def run_watched(
+    argv: list[str], deadline_s: float, stall_s: float, times: PhaseTimes | None = None
+) -> StreamOutcome:
     """Run argv locally; kill it when its progress lines stop (stall) or the deadline passes.
 
     The filter on the source enforces the same limits itself; this is the backstop for a source
@@ -382,6 +442,8 @@ def run_watched(argv: list[str], deadline_s: float, stall_s: float) -> StreamOut
             last[0] = time.monotonic()
             if line.startswith(transfer.PIPESTATUS):
                 finished.append(last[0])
+            if times is not None and not line.startswith(transfer.PROGRESS):
+                times.mark(f"  pipeline: {line.split(' ', 1)[0][:26]}", last[0])
 
     def pump_out():
         out_chunks.append(proc.stdout.read())
@@ -467,12 +529,17 @@ def _nodes(props: Mapping[str, Any]) -> tuple[str, Node, Node, Tuning]:
 
 def ensure_image(props: Mapping[str, Any]) -> dict[str, Any]:
     """create(): make `image` present and verified on the destination; the outputs."""
-    with ssh_sessions() as control:
-        return _ensure_image(props, control)
+    times = PhaseTimes(str(props.get("image")))
+    try:
+        with ssh_sessions(times) as control:
+            return _ensure_image(props, control, times)
+    finally:
+        times.report()
 
 
-def _ensure_image(props: Mapping[str, Any], control: Callable[[str], str]) -> dict[str, Any]:
-    started = time.monotonic()
+def _ensure_image(
+    props: Mapping[str, Any], control: Callable[[str], str], times: PhaseTimes
+) -> dict[str, Any]:
     image, source, destination, tuning = _nodes(props)
     same_node = source.key == destination.key
     src = DockerOn(source, "source", control("s"))
@@ -481,29 +548,42 @@ def _ensure_image(props: Mapping[str, Any], control: Callable[[str], str]) -> di
         None if same_node else Peer(peer_target(destination, tuning), f"/tmp/qni-peer-{secrets.token_hex(6)}")
     )
     pool = ThreadPoolExecutor(max_workers=4)
-    src_facts = pool.submit(src.facts, image, history=not same_node)
-    dst_facts = src_facts if same_node else pool.submit(dst.facts, image, inventory=True)
+    src_facts = pool.submit(times.timed("source facts", src.facts), image, history=not same_node)
+    dst_facts = (
+        src_facts
+        if same_node
+        else pool.submit(times.timed("destination facts", dst.facts), image, inventory=True)
+    )
     # The source->destination check starts at once: its SSH setup overlaps the inspections. Its
     # result matters only when something has to be sent.
-    reachable = None if peer is None else pool.submit(_preflight_peer, src, source, destination, peer, tuning)
+    reachable = (
+        None
+        if peer is None
+        else pool.submit(
+            times.timed("peer preflight", _preflight_peer), src, source, destination, peer, tuning
+        )
+    )
     closing: list[threading.Thread] = []
     try:
         return _converge(
-            image, src, dst, src_facts, dst_facts, reachable, peer, pool, closing, props, tuning, started
+            image, src, dst, src_facts, dst_facts, reachable, peer, pool, closing, props, tuning, times
         )
     finally:
         if reachable is not None:
-            futures_wait([reachable])
-            (closing[0] if closing else pool_close(src, peer)).join()
+            with times.span("close peer master"):
+                futures_wait([reachable])
+                (closing[0] if closing else pool_close(src, peer)).join()
         pool.shutdown(wait=True)
 
 
 def _converge(
-    image, src, dst, src_facts, dst_facts, reachable, peer, pool, closing, props, tuning, started
+    image, src, dst, src_facts, dst_facts, reachable, peer, pool, closing, props, tuning, times
 ) -> dict[str, Any]:
     """Skip, retag or copy, given the facts being gathered in `pool` (see `_ensure_image`)."""
     source, destination = src.node, dst.node
-    at_source, at_destination = src_facts.result(), dst_facts.result()
+    started = times.started
+    with times.span("wait for facts"):
+        at_source, at_destination = src_facts.result(), dst_facts.result()
     src_daemon, src_image = at_source.daemon, at_source.image
     dst_daemon, present = at_destination.daemon, at_destination.image
     if src_image is None:
@@ -546,7 +626,8 @@ def _converge(
     if twin is not None:
         dst.tag(twin.image_id, image)
         return done(twin, dst_daemon, retagged=True, placed_tag=True)
-    reachable.result()
+    with times.span("wait for peer preflight"):
+        reachable.result()
     keep_from = 0
     if dst_daemon.store == "classic":  # the containerd store needs every blob: send all
         keep_from = transfer.present_prefix(
@@ -565,14 +646,23 @@ def _converge(
                 "image_id": src_image.image_id,
             }
             try:
-                report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning, export)
+                with times.span("stream (layer store)"):
+                    report = _stream(
+                        src, destination, image, src_image, keep_from, tmp_tag, peer, tuning, export, times
+                    )
             except ExportFailed:  # the store could not be read, or what it gave did not load: docker save
                 dst.untag(tmp_tag)
         if report is None:
-            report = _stream(src, destination, image, src_image, keep_from, tmp_tag, peer, tuning)
+            with times.span("stream (docker save)"):
+                report = _stream(
+                    src, destination, image, src_image, keep_from, tmp_tag, peer, tuning, None, times
+                )
         closing.append(pool_close(src, peer))  # the source's link is done: close it meanwhile
         try:
-            loaded = dst.verify_and_promote(tmp_tag, image, src_image, dst_daemon.store == src_daemon.store)
+            with times.span("verify and promote"):
+                loaded = dst.verify_and_promote(
+                    tmp_tag, image, src_image, dst_daemon.store == src_daemon.store
+                )
         except Mismatch as wrong:
             raise NodeImageError(
                 f"destination {destination.label}: the loaded image does not match the source "
@@ -707,6 +797,7 @@ def _stream(
     peer: Peer,
     tuning: Tuning,
     export: dict | None = None,
+    times: PhaseTimes | None = None,
 ) -> dict:
     source = src.node
     spec = transfer.filter_spec(
@@ -720,7 +811,7 @@ def _stream(
     )
     pipeline = transfer.copy_pipeline(image, spec, peer.argv(["docker", "load"]))
     local = ssh_argv(source.target, pipeline, src.transport.control_path)
-    outcome = run_watched(local, tuning.deadline_s, tuning.stall_timeout_s)
+    outcome = run_watched(local, tuning.deadline_s, tuning.stall_timeout_s, times)
     report = transfer.parse_filter_stderr(outcome.stderr)
     statuses = report["pipestatus"]
     if not outcome.killed and report["summary"] is not None and statuses and not any(statuses):

@@ -190,3 +190,18 @@ def test_node_images_register_under_mocks():
     json.dumps({k: v for k, v in w2.inputs.items() if k != "__provider"})  # plain JSON values
     image_id, skipped, layers = seen["values"]
     assert image_id.startswith("sha256:") and skipped is True and len(layers) == 2
+
+
+def test_phase_times_list_every_span_and_print_only_when_asked(monkeypatch, capsys):
+    times = ni.PhaseTimes("app:1")
+    with times.span("source facts"):
+        pass
+    assert times.timed("stream", lambda x: x + 1)(1) == 2
+    table = times.table()
+    assert "NodeImage timing app:1" in table and "source facts" in table and "stream" in table
+    monkeypatch.delenv(ni.TIMING_ENV, raising=False)
+    times.report()
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv(ni.TIMING_ENV, "1")
+    times.report()
+    assert "source facts" in capsys.readouterr().err
