@@ -31,6 +31,9 @@ PROGRESS = "qwen35-progress"
 SUMMARY = "qwen35-summary"
 FAILURE = "qwen35-error"
 PIPESTATUS = "qwen35-pipestatus"
+# Markers the destination's load-verify-promote step writes on stderr (see node_image).
+LOADED = "qwen35-loaded"
+PROMOTED = "qwen35-promoted"
 FILTER_EXIT_STALL = 124
 
 
@@ -644,13 +647,20 @@ def filter_spec(
     }
 
 
-def copy_pipeline(image: str, spec: dict, ssh_to_destination: Sequence[str]) -> list[str]:
+def copy_pipeline(
+    image: str,
+    spec: dict,
+    ssh_to_destination: Sequence[str],
+    python: str = "python3",
+    then: Sequence[str] | None = None,
+) -> list[str]:
     """The argv run on the source: `docker save | filter | ssh dest docker load`, every stage checked.
 
     Every stage is an argument list joined by `shell_join`; bash's PIPESTATUS is reported on stderr so
-    a failure names the stage that failed.
+    a failure names the stage that failed. `then` runs once every stage succeeded (its status and
+    output ignored): cleanup that would otherwise cost another SSH session.
     """
-    stages = [["docker", "save", image], filter_argv(spec), list(ssh_to_destination)]
+    stages = [["docker", "save", image], filter_argv(spec, python), list(ssh_to_destination)]
     if spec.get("export"):  # the filter reads the layer store itself: no `docker save`
         stages = stages[1:]
     script = (
@@ -658,14 +668,24 @@ def copy_pipeline(image: str, spec: dict, ssh_to_destination: Sequence[str]) -> 
         "set -m; set -o pipefail; "
         + " | ".join(shell_join(stage) for stage in stages)
         + f'; status=("${{PIPESTATUS[@]}}"); echo "{PIPESTATUS} ${{status[*]}}" >&2;'
-        + ' for s in "${status[@]}"; do [ "$s" = 0 ] || exit "$s"; done; exit 0'
+        + ' for s in "${status[@]}"; do [ "$s" = 0 ] || exit "$s"; done;'
+        + (f" {shell_join(then)} </dev/null >/dev/null 2>&1;" if then else "")
+        + " exit 0"
     )
     return ["bash", "-c", script]
 
 
 def parse_filter_stderr(text: str) -> dict:
     """The filter's and the pipeline's reports from stderr: summary, error, pipestatus, other lines."""
-    report: dict = {"summary": None, "error": "", "pipestatus": [], "progress": None, "other": []}
+    report: dict = {
+        "summary": None,
+        "error": "",
+        "pipestatus": [],
+        "progress": None,
+        "loaded": "",
+        "promoted": False,
+        "other": [],
+    }
     for line in text.splitlines():
         if line.startswith(SUMMARY + " "):
             report["summary"] = json.loads(line[len(SUMMARY) + 1 :])
@@ -675,6 +695,10 @@ def parse_filter_stderr(text: str) -> dict:
             report["pipestatus"] = [int(s) for s in line.split()[1:] if s.isdigit()]
         elif line.startswith(PROGRESS + " "):
             report["progress"] = dict(kv.split("=", 1) for kv in line.split()[1:])
+        elif line.startswith(LOADED + " "):
+            report["loaded"] = line[len(LOADED) + 1 :]
+        elif line == PROMOTED:
+            report["promoted"] = True
         elif line.strip():
             report["other"].append(line)
     return report

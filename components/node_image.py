@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import json
 import os
 import re
@@ -25,7 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ from components.remote import (
     SshTransport,
     shell_join,
     ssh_argv,
+    ssh_options,
     stderr_tail,
     with_retries,
 )
@@ -303,6 +305,7 @@ class Facts:
     history: str = ""
     images: list[ImageInfo] = field(default_factory=list)
     free: int = 0
+    python: str = "python3"
 
 
 class Mismatch(Exception):
@@ -346,9 +349,10 @@ class DockerOn:
         self.run(["docker", "image", "inspect", ref], hint=f"check `docker info` on {self.node.label}")
         return None
 
-    def facts(self, ref: str, history: bool = False, inventory: bool = False) -> Facts:
-        """The daemon and image `ref` (None when absent), optionally its layer sizes and the node's
-        inventory (every image's layers, free bytes under Docker's root), in one round trip."""
+    def facts(self, ref: str, history: bool = False, inventory: bool = False, python: bool = False) -> Facts:
+        """The daemon and image `ref` (None when absent), optionally its layer sizes, the node's
+        inventory (every image's layers, free bytes under Docker's root) and its system python3, in one
+        round trip."""
         info = shell_join(["docker", "info", "--format", INFO_FORMAT])
         parts = [
             f"info=$({info}) || exit $?",
@@ -360,6 +364,10 @@ class DockerOn:
         if history:
             sizes = ["docker", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}", ref]
             parts += [f"echo {SECTION}", f"{shell_join(sizes)} 2>/dev/null || true"]
+        if python:
+            # The system interpreter (default PATH), not a version manager's shim: pyenv's costs a
+            # process tree per call.
+            parts += [f"echo {SECTION}", "command -pv python3 || true"]
         if inventory:
             listing = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT])
             parts += [
@@ -378,36 +386,42 @@ class DockerOn:
         rest = sections[2:]
         if history:
             facts.history = rest.pop(0)
+        if python:
+            facts.python = rest.pop(0).strip() or "python3"
         if inventory:
             facts.images, facts.free = parse_images(rest[0]), parse_df_available(rest[1])
         return facts
-
-    def verify_and_promote(self, tmp_ref: str, ref: str, wanted: ImageInfo, same_store: bool) -> ImageInfo:
-        """Inspect the loaded image; tag it `ref` (dropping `tmp_ref`) only if it is the wanted one."""
-        field, want = (1, json.dumps(wanted.image_id)) if same_store else (2, json.dumps(list(wanted.layers)))
-        want = want.replace(" ", "")
-        inspect = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, tmp_ref])
-        tag, untag = (
-            shell_join(["docker", "tag", tmp_ref, ref]),
-            shell_join(["docker", "image", "rm", tmp_ref]),
-        )
-        promote = f"{tag} && {untag}"
-        script = (
-            f"line=$({inspect}) || exit 3; printf '%s\\n' \"$line\"; "
-            f'[ "$(printf \'%s\' "$line" | cut -f{field})" = {shell_join([want])} ] || exit 4; {promote}'
-        )
-        result = self.run(["bash", "-c", script], check=False)
-        loaded = parse_images(result.text.split("\n", 1)[0])
-        if result.returncode == 4 and loaded:
-            raise Mismatch(loaded[0])
-        result.check(f"check `docker images` on {self.node.label}")
-        return loaded[0]
 
     def tag(self, image_id: str, ref: str) -> None:
         self.run(["docker", "tag", image_id, ref], hint=f"check `docker images` on {self.node.label}")
 
     def untag(self, ref: str) -> Result:
         return self.run(["docker", "image", "rm", ref], check=False)
+
+
+def load_and_promote_argv(tmp_ref: str, ref: str, wanted: ImageInfo, same_store: bool) -> list[str]:
+    """The destination's end of the copy: `docker load`, then tag `ref` only if the image loaded
+    under `tmp_ref` is the wanted one, and drop `tmp_ref`.
+
+    Identity as in `same_image`: the image ID within one store kind, the layer list across. Load,
+    check and promotion share the copy's SSH session: a round trip less per copy. The loaded image is
+    reported on stderr (`LOADED`), the promotion too (`PROMOTED`); exit 4 means "not the wanted one".
+    """
+    field, want = (1, json.dumps(wanted.image_id)) if same_store else (2, json.dumps(list(wanted.layers)))
+    want = want.replace(" ", "")
+    inspect = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, tmp_ref])
+    script = "; ".join(
+        [
+            "docker load || exit $?",
+            f"line=$({inspect}) || exit 3",
+            f"printf '{transfer.LOADED} %s\\n' \"$line\" >&2",
+            f'[ "$(printf \'%s\' "$line" | cut -f{field})" = {shell_join([want])} ] || exit 4',
+            f"{shell_join(['docker', 'tag', tmp_ref, ref])} || exit 5",
+            f"echo {transfer.PROMOTED} >&2",
+            f"{shell_join(['docker', 'image', 'rm', tmp_ref])} >/dev/null || exit 5",
+        ]
+    )
+    return ["bash", "-c", script]
 
 
 # ---- the copy itself ---------------------------------------------------------------------------------
@@ -466,7 +480,8 @@ def run_watched(
         if killed:
             proc.kill()
             break
-        time.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.1)  # returns as soon as the pipeline ends
     if proc.poll() is None:
         proc.kill()
     proc.wait()
@@ -544,15 +559,22 @@ def _ensure_image(
     same_node = source.key == destination.key
     src = DockerOn(source, "source", control("s"))
     dst = src if same_node else DockerOn(destination, "destination", control("d"))
-    peer = (
-        None if same_node else Peer(peer_target(destination, tuning), f"/tmp/qni-peer-{secrets.token_hex(6)}")
+    peer = None if same_node else Peer(peer_target(destination, tuning), f"/tmp/qni-{secrets.token_hex(6)}")
+    pool = ThreadPoolExecutor(max_workers=6)
+    # One connection per node, made first and without a remote shell; every command after it rides
+    # on it, the source->destination check included (it would otherwise race the inspection for the
+    # master and pay a second key exchange).
+    src_master = pool.submit(times.timed("source master", open_master), src)
+    dst_master = src_master if same_node else pool.submit(times.timed("destination master", open_master), dst)
+    src_facts = pool.submit(
+        times.timed("source facts", _after), src_master, src.facts, image, history=not same_node, python=True
     )
-    pool = ThreadPoolExecutor(max_workers=4)
-    src_facts = pool.submit(times.timed("source facts", src.facts), image, history=not same_node)
     dst_facts = (
         src_facts
         if same_node
-        else pool.submit(times.timed("destination facts", dst.facts), image, inventory=True)
+        else pool.submit(
+            times.timed("destination facts", _after), dst_master, dst.facts, image, inventory=True
+        )
     )
     # The source->destination check starts at once: its SSH setup overlaps the inspections. Its
     # result matters only when something has to be sent.
@@ -560,25 +582,55 @@ def _ensure_image(
         None
         if peer is None
         else pool.submit(
-            times.timed("peer preflight", _preflight_peer), src, source, destination, peer, tuning
+            times.timed("peer preflight", _after), src_master, _preflight_peer, src, destination, peer, tuning
         )
     )
-    closing: list[threading.Thread] = []
     try:
-        return _converge(
-            image, src, dst, src_facts, dst_facts, reachable, peer, pool, closing, props, tuning, times
-        )
+        return _converge(image, src, dst, src_facts, dst_facts, reachable, peer, props, tuning, times)
     finally:
         if reachable is not None:
-            with times.span("close peer master"):
-                futures_wait([reachable])
-                (closing[0] if closing else pool_close(src, peer)).join()
+            futures_wait([reachable])
+            if not peer.closed:  # a copy closes it itself; a skip, a retag or a failure here
+                with times.span("close peer master"):
+                    src.run(peer.close_argv(), check=False)
         pool.shutdown(wait=True)
 
 
-def _converge(
-    image, src, dst, src_facts, dst_facts, reachable, peer, pool, closing, props, tuning, times
-) -> dict[str, Any]:
+def _after(ready: Future, call: Callable[..., Any], *args, **kwargs) -> Any:
+    """`call` once `ready` is done, whatever its outcome (pool work that needs a connection first)."""
+    futures_wait([ready])
+    return call(*args, **kwargs)
+
+
+MASTER_PERSIST_S = 30  # an orchestrator that died leaves no connection behind for longer
+
+
+def open_master(docker: DockerOn) -> None:
+    """Connect to the node now, without running a remote shell; later commands share the connection.
+
+    Best effort: when this fails, the first command connects by itself and reports why, with retries.
+    """
+    target, path = docker.node.target, docker.transport.control_path
+    argv = [
+        "ssh",
+        # First value wins in ssh: these override the ControlMaster=auto of ssh_options.
+        "-o", "ControlMaster=yes",
+        "-o", f"ControlPersist={MASTER_PERSIST_S}",
+        *ssh_options(target, path),
+        "-f", "-N",
+        target.destination,
+    ]  # fmt: skip
+    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+        subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=target.connect_timeout * 2 + 5,
+        )
+
+
+def _converge(image, src, dst, src_facts, dst_facts, reachable, peer, props, tuning, times) -> dict[str, Any]:
     """Skip, retag or copy, given the facts being gathered in `pool` (see `_ensure_image`)."""
     source, destination = src.node, dst.node
     started = times.started
@@ -637,6 +689,20 @@ def _converge(
     _check_disk(dst, dst_daemon, src_image, sizes, keep_from, free, tuning)
     name, _ = transfer.split_reference(image)
     tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
+    copy = functools.partial(
+        _stream,
+        src,
+        dst,
+        image,
+        src_image,
+        keep_from,
+        tmp_tag,
+        peer,
+        tuning,
+        python=at_source.python,
+        same_store=dst_daemon.store == src_daemon.store,
+        times=times,
+    )
     try:
         report = None
         if _can_export(tuning, src_daemon, dst_daemon):
@@ -646,38 +712,27 @@ def _converge(
                 "image_id": src_image.image_id,
             }
             try:
-                with times.span("stream (layer store)"):
-                    report = _stream(
-                        src, destination, image, src_image, keep_from, tmp_tag, peer, tuning, export, times
-                    )
+                with times.span("stream, verify, promote (layer store)"):
+                    report = copy(export=export)
             except ExportFailed:  # the store could not be read, or what it gave did not load: docker save
                 dst.untag(tmp_tag)
         if report is None:
-            with times.span("stream (docker save)"):
-                report = _stream(
-                    src, destination, image, src_image, keep_from, tmp_tag, peer, tuning, None, times
-                )
-        closing.append(pool_close(src, peer))  # the source's link is done: close it meanwhile
-        try:
-            with times.span("verify and promote"):
-                loaded = dst.verify_and_promote(
-                    tmp_tag, image, src_image, dst_daemon.store == src_daemon.store
-                )
-        except Mismatch as wrong:
-            raise NodeImageError(
-                f"destination {destination.label}: the loaded image does not match the source "
-                f"({wrong.loaded.image_id[:19]}, {len(wrong.loaded.layers)} layers; {source.label} has "
-                f"{src_image.image_id[:19]}, {len(src_image.layers)} layers); the temporary tag was removed; "
-                f"next: run again, and if it repeats compare `docker image inspect {image}` on both nodes"
-            ) from None
-        except RemoteError as exc:
-            raise NodeImageError(f"destination {exc}") from exc
+            with times.span("stream, verify, promote (docker save)"):
+                report = copy()
+    except Mismatch as wrong:
+        dst.untag(tmp_tag)
+        raise NodeImageError(
+            f"destination {destination.label}: the loaded image does not match the source "
+            f"({wrong.loaded.image_id[:19]}, {len(wrong.loaded.layers)} layers; {source.label} has "
+            f"{src_image.image_id[:19]}, {len(src_image.layers)} layers); the temporary tag was removed; "
+            f"next: run again, and if it repeats compare `docker image inspect {image}` on both nodes"
+        ) from None
     except BaseException:
         dst.untag(tmp_tag)
         raise
     summary = report["summary"] or {}
     return done(
-        loaded,
+        report["image"],
         dst_daemon,
         skipped=False,
         placed_tag=True,
@@ -699,23 +754,46 @@ def _can_export(tuning: Tuning, source: Daemon, destination: Daemon) -> bool:
     )
 
 
-def pool_close(src: DockerOn, peer: Peer) -> threading.Thread:
-    """Close the source's SSH master to the destination, in the background; join the thread."""
-    close = ["ssh", "-F", "/dev/null", "-o", f"ControlPath={peer.control_path}", "-O", "exit", "x"]
-    thread = threading.Thread(target=lambda: src.run(close, check=False), daemon=True)
-    thread.start()
-    return thread
-
-
-@dataclass(frozen=True)
+@dataclass
 class Peer:
-    """The source's own SSH connection to the destination (a control master on the source node)."""
+    """The source's own SSH connection to the destination: a control master on the source node,
+    its socket in a private folder there (made by the preflight, removed by `close_argv`)."""
 
     target: SshTarget
-    control_path: str
+    folder: str
+    closed: bool = False
+
+    @property
+    def control_path(self) -> str:
+        return f"{self.folder}/m"
 
     def argv(self, argv: list[str]) -> list[str]:
         return ssh_argv(self.target, argv, self.control_path)
+
+    def open_argv(self, argv: list[str]) -> list[str]:
+        """Make the private folder (0700; an existing one only if it is ours, as after a retry), then
+        run `argv` on the destination."""
+        make = shell_join(["mkdir", "-m", "700", self.folder])
+        ours = " && ".join(
+            shell_join(test)
+            for test in (
+                ["test", "-d", self.folder],
+                ["test", "!", "-L", self.folder],
+                ["test", "-O", self.folder],
+            )
+        )
+        run = shell_join(self.argv(argv))
+        return ["bash", "-c", f"{make} 2>/dev/null || {{ {ours}; }} || exit {PEER_FOLDER_EXIT}; exec {run}"]
+
+    def close_argv(self) -> list[str]:
+        """End the master and remove its folder (run on the source)."""
+        stop = shell_join(
+            ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}", "-O", "exit", "x"]
+        )
+        return ["bash", "-c", f"{stop} >/dev/null 2>&1; {shell_join(['rm', '-rf', self.folder])}"]
+
+
+PEER_FOLDER_EXIT = 96
 
 
 def _existing_twin(
@@ -741,14 +819,23 @@ def peer_target(destination: Node, tuning: Tuning) -> SshTarget:
     )
 
 
-def _preflight_peer(src: DockerOn, source: Node, destination: Node, peer_ssh: Peer, tuning: Tuning) -> None:
-    """SSH from the source to the destination's fabric address works, and the daemon there answers."""
-    peer = peer_ssh.target
-    probe = peer_ssh.argv(["docker", "version", "--format", "{{.Server.Version}}"])
+def _preflight_peer(src: DockerOn, destination: Node, peer_ssh: Peer, tuning: Tuning) -> None:
+    """SSH from the source to the destination's fabric address works, and the daemon there answers.
+
+    It also opens the source's master connection to the destination, which the copy then reuses.
+    """
+    source, peer = src.node, peer_ssh.target
+    probe = peer_ssh.open_argv(["docker", "version", "--format", "{{.Server.Version}}"])
     result = src.run(probe, check=False, timeout=tuning.connect_timeout_s * 3 + 10)
     if result.ok:
         return
     where = f"{peer.user}@{peer.host}:{peer.port}"
+    if result.returncode == PEER_FOLDER_EXIT:
+        raise NodeImageError(
+            f"source {source.label}: could not make the private folder {peer_ssh.folder} for the SSH "
+            f"connection to {destination.label}:\n  stderr: {stderr_tail(result.stderr, 4)}\n"
+            f"  next: check /tmp on {source.label} (free space, permissions) and run again"
+        )
     if result.returncode == SSH_TRANSPORT_FAILURE:
         raise NodeImageError(
             f"source {source.label} cannot SSH to destination {destination.label} at {where} (exit 255):\n"
@@ -787,19 +874,32 @@ def _check_disk(
         )
 
 
+# What the destination's load-verify-promote step means by its exit status (see load_and_promote_argv).
+DESTINATION_EXITS = {
+    3: "the loaded image could not be inspected on the destination",
+    5: "docker tag / docker image rm of the temporary tag failed on the destination",
+}
+
+
 def _stream(
     src: DockerOn,
-    destination: Node,
+    dst: DockerOn,
     image: str,
     wanted: ImageInfo,
     keep_from: int,
     tmp_tag: str,
     peer: Peer,
     tuning: Tuning,
+    *,
+    python: str = "python3",
+    same_store: bool = True,
     export: dict | None = None,
     times: PhaseTimes | None = None,
 ) -> dict:
-    source = src.node
+    """Send, load, verify and promote in one session on the source; the filter's report plus `image`
+    (the verified image now tagged `image` on the destination). Raises Mismatch, ExportFailed or
+    NodeImageError."""
+    source, destination = src.node, dst.node
     spec = transfer.filter_spec(
         wanted.layers,
         keep_from,
@@ -809,18 +909,26 @@ def _stream(
         tuning.compression,
         export=export,
     )
-    pipeline = transfer.copy_pipeline(image, spec, peer.argv(["docker", "load"]))
+    load = peer.argv(load_and_promote_argv(tmp_tag, image, wanted, same_store))
+    pipeline = transfer.copy_pipeline(image, spec, load, python, then=peer.close_argv())
     local = ssh_argv(source.target, pipeline, src.transport.control_path)
     outcome = run_watched(local, tuning.deadline_s, tuning.stall_timeout_s, times)
     report = transfer.parse_filter_stderr(outcome.stderr)
     statuses = report["pipestatus"]
-    if not outcome.killed and report["summary"] is not None and statuses and not any(statuses):
-        return report
+    loaded = parse_images(report["loaded"])
+    ok = not outcome.killed and report["summary"] is not None and statuses and not any(statuses)
+    if ok and report["promoted"] and loaded:
+        peer.closed = outcome.returncode == 0  # the pipeline's last step closed the source's master
+        return {**report, "image": loaded[0]}
+    if statuses[-1:] == [4] and loaded:
+        raise Mismatch(loaded[0])
     stage = transfer.failed_stage(report["pipestatus"], export=bool(export))
     if outcome.killed:
         why = outcome.killed
     elif report["error"]:
         why = report["error"]
+    elif statuses[-1:] and statuses[-1] in DESTINATION_EXITS and report["loaded"]:
+        why = DESTINATION_EXITS[statuses[-1]]
     elif stage:
         why = stage
     elif outcome.returncode == SSH_TRANSPORT_FAILURE:
@@ -831,12 +939,16 @@ def _stream(
     link_failed = (
         outcome.killed or "stalled" in why or "deadline" in why or statuses[-1:] == [SSH_TRANSPORT_FAILURE]
     )
-    error = ExportFailed if export and not link_failed else NodeImageError
+    error = ExportFailed if export and not link_failed and not report["promoted"] else NodeImageError
+    if report["promoted"]:  # verified and tagged, though a later step failed
+        placed = f"{image} on {destination.label} was verified against the source and tagged"
+    else:
+        placed = f"nothing was tagged {image} on {destination.label}"
     raise error(
         f"copy of {image} from {source.label} to {destination.label} failed: {why}"
         + (f" [{stage}]" if stage and stage != why else "")
         + (f"\n  stderr: {detail}" if detail else "")
-        + f"\n  nothing was tagged {image} on {destination.label}; next: check the link between the nodes "
+        + f"\n  {placed}; next: check the link between the nodes "
         f"and run again (layers already loaded are reused)"
     )
 

@@ -308,12 +308,12 @@ def test_verification_failure_leaves_no_tag(pair, monkeypatch):
     src, dst = pair
     build(src, "ni-verify:1", "lab-busybox:1", os.urandom(30_000))
     remove(dst, "ni-verify:1")
-    real = ni.DockerOn.verify_and_promote
+    real = ni.load_and_promote_argv
 
-    def expect_another_image(self, tmp_ref, ref, wanted, same_store):
-        return real(self, tmp_ref, ref, ni.ImageInfo("sha256:" + "0" * 64, wanted.layers[:1]), same_store)
+    def expect_another_image(tmp_ref, ref, wanted, same_store):
+        return real(tmp_ref, ref, ni.ImageInfo("sha256:" + "0" * 64, wanted.layers[:1]), same_store)
 
-    monkeypatch.setattr(ni.DockerOn, "verify_and_promote", expect_another_image)
+    monkeypatch.setattr(ni, "load_and_promote_argv", expect_another_image)
     with pytest.raises(NodeImageError, match="does not match the source"):
         PROVIDER.create(props("ni-verify:1", src, dst))
     assert image_id(dst, "ni-verify:1") is None and no_temporary_tags(dst)

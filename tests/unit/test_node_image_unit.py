@@ -205,3 +205,25 @@ def test_phase_times_list_every_span_and_print_only_when_asked(monkeypatch, caps
     monkeypatch.setenv(ni.TIMING_ENV, "1")
     times.report()
     assert "source facts" in capsys.readouterr().err
+
+
+def test_destination_loads_verifies_and_promotes_in_one_session():
+    wanted = ImageInfo("sha256:ab", (L1, L2))
+    argv = ni.load_and_promote_argv("app:qwen35-tmp-1", "app:1", wanted, same_store=True)
+    script = argv[2]
+    assert argv[:2] == ["bash", "-c"] and script.startswith("docker load || exit $?")
+    assert "cut -f1" in script and "'\"sha256:ab\"'" in script and "|| exit 4" in script
+    assert script.index("docker tag app:qwen35-tmp-1 app:1") < script.index(
+        "docker image rm app:qwen35-tmp-1"
+    )
+    across = ni.load_and_promote_argv("app:qwen35-tmp-1", "app:1", wanted, same_store=False)[2]
+    assert "cut -f2" in across and L1 in across
+
+
+def test_peer_master_lives_in_a_private_folder_on_the_source():
+    peer = ni.Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
+    opened = peer.open_argv(["docker", "version"])[2]
+    assert opened.startswith("mkdir -m 700 /tmp/qni-x") and "test -O /tmp/qni-x" in opened
+    assert "ControlPath=/tmp/qni-x/m" in opened
+    closed = peer.close_argv()[2]
+    assert "-O exit" in closed and closed.endswith("rm -rf /tmp/qni-x")
