@@ -60,6 +60,7 @@ def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, An
         "envs": container_envs(spec, secrets),
         "network_mode": spec.network_mode,
         "ipc_mode": spec.ipc_mode,
+        "pid_mode": spec.pid_mode,
         "shm_size": spec.shm_size_mb,
         "gpus": spec.gpus,
         "devices": [
@@ -162,6 +163,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
             model=cfg.serve.model_name,
             expect_nodes=len(cfg.nodes),
             expect_gpus=sum(n.gpus for n in cfg.nodes),
+            # Ray node address -> name, so a gate that times out names the node that never joined.
+            expect_node_ips={n.name: n.fabric_ip for n in cfg.nodes},
             deadline_s=cfg.serve.ready_timeout,
             ray_container=head_spec.name,
             log_container=vllm_spec.name,

@@ -67,6 +67,8 @@ class ContainerSpec:
     init: bool = True
     network_mode: str = "host"
     ipc_mode: str = "host"
+    # None: the container's own PID namespace.
+    pid_mode: str | None = None
     shm_size_mb: int | None = None
     gpus: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
@@ -178,6 +180,7 @@ def node_container_spec(
     secret_env: dict[str, str],
     extra_mounts: tuple[Mount, ...] = (),
     stop_grace_s: int = 30,
+    pid_mode: str | None = None,
 ) -> ContainerSpec:
     """The settings every container of the deployment shares on `node` (runtime, devices, limits)."""
     c = config.containers
@@ -199,6 +202,7 @@ def node_container_spec(
         max_retry_count=ON_FAILURE_RETRIES if c.restart is RestartPolicy.ON_FAILURE else None,
         # Host IPC shares /dev/shm with the host; shm_size covers runtimes that keep their own.
         ipc_mode="host",
+        pid_mode=pid_mode,
         shm_size_mb=c.shm_size_mb,
         gpus="all" if c.gpu_runtime else None,
         labels={"qwen35.role": role, "qwen35.node": node.name},

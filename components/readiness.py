@@ -129,17 +129,56 @@ def _rejected(stage: str, status: int) -> None:
         )
 
 
-def check_ray(ray_status: Callable[[], str], expect_nodes: int, expect_gpus: float) -> RayStatus:
+def check_ray(
+    ray_status: Callable[[], str],
+    expect_nodes: int,
+    expect_gpus: float,
+    ray_nodes: Callable[[], str] | None = None,
+    expected_ips: dict[str, str] | None = None,
+) -> RayStatus:
     try:
         status = parse_ray_status(ray_status())
     except (OSError, subprocess.SubprocessError) as exc:
         raise NotReady("ray", f"`ray status` failed: {exc}") from None
     if status.nodes < expect_nodes or status.gpus < expect_gpus:
-        raise NotReady(
-            "ray",
-            f"{status.nodes}/{expect_nodes} nodes, {status.gpus:g}/{expect_gpus:g} GPUs joined",
-        )
+        detail = f"{status.nodes}/{expect_nodes} nodes, {status.gpus:g}/{expect_gpus:g} GPUs joined"
+        raise NotReady("ray", detail + _missing_nodes(ray_nodes, expected_ips))
     return status
+
+
+def parse_alive_ips(text: str) -> set[str]:
+    """Addresses of the ALIVE nodes in `ray list nodes --format json`."""
+    nodes = json.loads(text)
+    return {str(n.get("node_ip")) for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"}
+
+
+def _missing_nodes(ray_nodes: Callable[[], str] | None, expected_ips: dict[str, str] | None) -> str:
+    """`; not joined: spark-2 (192.168.200.13)`, or "" when Ray cannot say which (older Ray, no dashboard)."""
+    if not ray_nodes or not expected_ips:
+        return ""
+    try:
+        alive = parse_alive_ips(ray_nodes())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return ""
+    missing = [f"{name} ({ip})" for name, ip in sorted(expected_ips.items()) if ip not in alive]
+    return f"; not joined: {', '.join(missing)}" if missing else ""
+
+
+def check_server_alive(server_state: Callable[[], str] | None) -> None:
+    """Give up at once when the server container has exited (no restart is coming)."""
+    if server_state is None:
+        return
+    try:
+        state = server_state().split()
+    except (OSError, subprocess.SubprocessError):
+        return
+    if state and state[0] in ("exited", "dead"):
+        code = state[1] if len(state) > 1 else "?"
+        raise ReadinessError(
+            f"readiness: the server container has {state[0]} (exit code {code}) and will not restart\n"
+            "  next: read the server log below, fix the cause, then `pulumi up` starts it again",
+            "server",
+        )
 
 
 def check_health(base: str, timeout: float) -> None:
@@ -191,6 +230,9 @@ def wait_ready(
     *,
     ray_check: Callable[[], str] | None,
     log_tail: Callable[[], str] | None = None,
+    ray_nodes: Callable[[], str] | None = None,
+    expected_ips: dict[str, str] | None = None,
+    server_state: Callable[[], str] | None = None,
     interval_s: float = 5.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
@@ -199,7 +241,9 @@ def wait_ready(
     """Poll every stage until all pass or `deadline_s` passes (then raise ReadinessError).
 
     `ray_check` returns `ray status` output; pass None explicitly to skip Ray (stand-in servers).
-    `log_tail` returns the server's last log lines for the timeout message.
+    `log_tail` returns the server's last log lines for the timeout message. `ray_nodes` returns
+    `ray list nodes --format json`, to name the nodes of `expected_ips` (name -> address) that have
+    not joined; `server_state` returns the container's "status exit-code", to stop early on exit.
     """
     base = probe_target.rstrip("/")
     start = clock()
@@ -209,7 +253,11 @@ def wait_ready(
     while True:
         remaining = max(end - clock(), 1.0)
         try:
-            ray = check_ray(ray_check, expect_nodes, expect_gpus) if ray_check else None
+            ray = (
+                check_ray(ray_check, expect_nodes, expect_gpus, ray_nodes, expected_ips)
+                if ray_check
+                else None
+            )
             check_health(base, min(remaining, 30.0))
             check_models(base, model, api_key, min(remaining, 30.0))
             tokens, reply = check_completion(base, model, api_key, min(remaining, 300.0))
@@ -226,6 +274,11 @@ def wait_ready(
             if progress and exc.stage != seen_stage:
                 progress(f"waiting: {exc}")
                 seen_stage = exc.stage
+            try:
+                check_server_alive(server_state)
+            except ReadinessError as exited:
+                message = f"{exited.args[0]}\n  it was waiting at stage '{exc.stage}': {exc.detail}"
+                raise ReadinessError(message, exited.stage, _tail(log_tail)) from None
         except ReadinessError as exc:
             raise ReadinessError(exc.args[0], exc.stage, _tail(log_tail), exc.rejected) from None
         if clock() + interval_s > end:
@@ -278,16 +331,23 @@ def main(argv: list[str] | None = None) -> int:
     ray.add_argument("--ray-container", help="Ray head container (runs `ray status` in it)")
     ray.add_argument("--no-ray-check", action="store_true", help="skip Ray (stand-in servers only)")
     parser.add_argument("--log-container", help="container whose log tail explains a timeout")
+    parser.add_argument(
+        "--expect-node", action="append", default=[], metavar="NAME=IP", help="a node Ray must report"
+    )
     args = parser.parse_args(argv)
+    expected_ips = dict(item.split("=", 1) for item in args.expect_node)
 
-    ray_check = None
+    ray_check = ray_nodes = server_state = None
     if args.ray_container:
         container = args.ray_container
         ray_check = lambda: _docker(["exec", container, "ray", "status"])  # noqa: E731
+        ray_nodes = lambda: _docker(["exec", container, "ray", "list", "nodes", "--format", "json"])  # noqa: E731
     log_tail = None
     if args.log_container:
         logs = args.log_container
         log_tail = lambda: _docker(["logs", "--tail", str(LOG_TAIL_LINES), logs])  # noqa: E731
+        state_format = "{{.State.Status}} {{.State.ExitCode}}"
+        server_state = lambda: _docker(["inspect", "--format", state_format, logs])  # noqa: E731
     try:
         report = wait_ready(
             args.url,
@@ -298,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.get(API_KEY_ENV) or None,
             ray_check=ray_check,
             log_tail=log_tail,
+            ray_nodes=ray_nodes,
+            expected_ips=expected_ips,
+            server_state=server_state,
             interval_s=args.interval,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )

@@ -33,6 +33,7 @@ _PROBE_KEYS = (
     "model",
     "expect_nodes",
     "expect_gpus",
+    "expect_node_ips",
     "ray_container",
     "log_container",
 )
@@ -52,6 +53,8 @@ def probe_argv(props: dict[str, Any], deadline_s: float) -> list[str]:
     argv += ["--ray-container", ray] if ray else ["--no-ray-check"]
     if props.get("log_container"):
         argv += ["--log-container", props["log_container"]]
+    for name, ip in sorted((props.get("expect_node_ips") or {}).items()):
+        argv += ["--expect-node", f"{name}={ip}"]
     return argv
 
 
@@ -158,6 +161,7 @@ class ReadinessGate(dynamic.Resource):
         expect_nodes: int,
         expect_gpus: float,
         deadline_s: int,
+        expect_node_ips: dict[str, str] | None = None,
         ray_container: str | None,
         log_container: str,
         api_key: pulumi.Input[str] | None,
@@ -170,6 +174,7 @@ class ReadinessGate(dynamic.Resource):
             "model": model,
             "expect_nodes": expect_nodes,
             "expect_gpus": expect_gpus,
+            "expect_node_ips": expect_node_ips,
             "deadline_s": deadline_s,
             "ray_container": ray_container,
             "log_container": log_container,

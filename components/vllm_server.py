@@ -76,4 +76,8 @@ def vllm_container_spec(config: StackConfig, image_id: str) -> ContainerSpec:
         extra_mounts=(Mount(ray_tmp_volume_name(config), RAY_TMP, volume=True),),
         # Let vLLM release the GPUs and the Ray placement group before it is killed.
         stop_grace_s=120,
+        # A Ray driver finds its node's raylet by scanning local processes (Ray's
+        # find_node_ids): in a PID namespace of its own it sees none and gives up after 60 s
+        # ("Failed to connect to Ray cluster"). Seen in the lab E2E with Ray 2.60.
+        pid_mode="host",
     )

@@ -220,6 +220,7 @@ def test_ray_head_container_inputs(dev):
         "--num-gpus=1",
     ]  # fmt: skip
     assert head["networkMode"] == "host" and head["ipcMode"] == "host"
+    assert "pidMode" not in head  # its own PID namespace; only the server shares the host's
     assert head["shmSize"] == 16384
     assert head["gpus"] == "all"
     assert head["devices"] == [
@@ -338,6 +339,8 @@ def test_readiness_gate_inputs(four):
     assert gate["url"] == "http://127.0.0.1:8000"
     assert gate["model"] == "qwen3.5-122b"
     assert (gate["expect_nodes"], gate["expect_gpus"]) == (4, 4)
+    assert sorted(gate["expect_node_ips"]) == ["spark-1", "spark-2", "spark-3", "spark-4"]
+    assert gate["expect_node_ips"]["spark-1"] == "192.168.200.12"
     assert gate["deadline_s"] == 3600
     assert (gate["ray_container"], gate["log_container"]) == ("qwen35-ray-head", "qwen35-vllm")
     assert gate["server_id"] == "qwen35-vllm-id"
@@ -383,3 +386,10 @@ def test_changing_serve_settings_touches_only_the_server(monkeypatch):
         and r.inputs != before.run.named(r.name).inputs
     }
     assert changed == {"qwen35-vllm"}
+
+
+def test_vllm_server_sees_the_ray_processes(dev):
+    # Ray's driver finds its raylet by scanning local processes: the server needs the host's PIDs.
+    server = dev.container("qwen35-vllm").inputs
+    assert server["pidMode"] == "host"
+    assert server["networkMode"] == "host"

@@ -198,3 +198,65 @@ def test_cli_runs_against_the_standin(server, capsys, monkeypatch):
         readiness.main([*argv[:-1], "0.2", "--no-ray-check", "--interval", "0.05"]) == readiness.EXIT_TIMEOUT
     )
     assert "/health answered 500" in capsys.readouterr().err
+
+
+RAY_LIST_ONE_ALIVE = (
+    '[{"node_id": "a1", "node_ip": "192.168.200.12", "state": "ALIVE"},'
+    ' {"node_id": "b2", "node_ip": "192.168.200.13", "state": "DEAD"}]'
+)
+EXPECTED_IPS = {"spark-1": "192.168.200.12", "spark-2": "192.168.200.13"}
+
+
+def test_missing_ray_node_is_named(server):
+    with pytest.raises(ReadinessError) as caught:
+        probe(
+            server,
+            deadline=0.3,
+            ray_check=lambda: RAY_STATUS_V1_ONE_NODE,
+            ray_nodes=lambda: RAY_LIST_ONE_ALIVE,
+            expected_ips=EXPECTED_IPS,
+        )
+    assert "1/2 nodes, 1/2 GPUs joined; not joined: spark-2 (192.168.200.13)" in str(caught.value)
+
+
+@pytest.mark.parametrize("answer", ["not json", OSError("ray list: no dashboard")])
+def test_missing_node_names_are_best_effort(server, answer):
+    def ray_nodes():
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with pytest.raises(ReadinessError) as caught:
+        probe(
+            server,
+            deadline=0.2,
+            ray_check=lambda: RAY_STATUS_V1_ONE_NODE,
+            ray_nodes=ray_nodes,
+            expected_ips=EXPECTED_IPS,
+        )
+    assert "1/2 nodes, 1/2 GPUs joined" in str(caught.value)
+    assert "not joined" not in str(caught.value)
+
+
+def test_exited_server_fails_at_once_with_its_log(server):
+    server.mode = "unhealthy"
+    calls = []
+    with pytest.raises(ReadinessError) as caught:
+        probe(
+            server, deadline=60, server_state=lambda: calls.append(1) or "exited 137", log_tail=lambda: "boom"
+        )
+    message = str(caught.value)
+    assert caught.value.stage == "server" and len(calls) == 1
+    assert "has exited (exit code 137)" in message and "stage 'health'" in message and "    | boom" in message
+
+
+def test_running_or_restarting_server_is_waited_for(server):
+    server.mode = "unhealthy"
+    with pytest.raises(ReadinessError) as caught:
+        probe(server, deadline=0.3, server_state=lambda: "restarting 1")
+    assert caught.value.stage == "health"
+
+
+def test_probe_argv_names_the_expected_nodes():
+    argv = probe_argv({**PROPS, "expect_node_ips": EXPECTED_IPS}, 10)
+    assert argv[-4:] == ["--expect-node", "spark-1=192.168.200.12", "--expect-node", "spark-2=192.168.200.13"]
