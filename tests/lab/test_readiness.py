@@ -5,6 +5,7 @@ runs the real Ray path)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -31,11 +32,17 @@ def server(node_a):
 
 @pytest.fixture
 def server_log(node_a):
-    """A stopped container on node-a whose log has 40 numbered lines (stands in for the vLLM log)."""
+    """A running container on node-a whose log has 40 numbered lines (stands in for the vLLM server)."""
     lab.busybox_image(node_a)
     name = f"qwen35-readiness-{uuid.uuid4().hex[:8]}"
-    script = "i=1; while [ $i -le 40 ]; do echo engine-log-line-$i; i=$((i+1)); done"
-    lab.docker(node_a, "run", "--name", name, "--network", "host", lab.images.BUSYBOX_TAG, "sh", "-c", script)
+    script = "i=1; while [ $i -le 40 ]; do echo engine-log-line-$i; i=$((i+1)); done; exec sleep 600"
+    lab.docker(
+        node_a, "run", "-d", "--name", name, "--network", "host", lab.images.BUSYBOX_TAG, "sh", "-c", script
+    )
+    # The log is complete before the probe reads it.
+    deadline = time.monotonic() + 10
+    while "engine-log-line-40" not in lab.docker(node_a, "logs", name).out and time.monotonic() < deadline:
+        time.sleep(0.1)
     yield name
     lab.docker(node_a, "rm", "-f", name, check=False)
 
@@ -113,3 +120,15 @@ def test_the_key_never_reaches_the_nodes_process_list(node_a, server):
     from components.readiness_gate import probe_argv
 
     assert API_KEY not in " ".join(probe_argv(props(node_a, server), 20))
+
+
+def test_exited_server_fails_at_once_with_its_log_tail(node_a, server, server_log):
+    server.mode = "unhealthy"
+    lab.docker(node_a, "kill", server_log)
+    started = time.monotonic()
+    with pytest.raises(GateFailed) as caught:
+        ReadinessGateProvider().create(props(node_a, server, log_container=server_log) | {"deadline_s": 60})
+    message = str(caught.value)
+    assert time.monotonic() - started < 30, "the gate should not wait out its deadline for an exited server"
+    assert "the server container has exited (exit code 137)" in message, message
+    assert "engine-log-line-40" in message, message
