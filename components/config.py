@@ -13,7 +13,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -389,6 +389,37 @@ class ContainerConfig(_Model):
         return v
 
 
+class CopyConfig(_Model):
+    """How NodeImage copies the image between nodes (its tuning); every field has a safe default."""
+
+    # No byte through the pipe for this long: abort (a stalled link fails instead of hanging).
+    stall_timeout_s: float = Field(default=120.0, ge=5)
+    # The whole copy of one node, from the first byte to the verified tag.
+    deadline_s: float = Field(default=3600.0, ge=30)
+    # gzip trades CPU for link bytes; the fabric is fast, so none by default.
+    compression: Literal["none", "gzip"] = "none"
+    # Left free in the destination's Docker root after the copy.
+    disk_reserve_bytes: int = Field(default=2 * 1024**3, ge=0)
+    # A classic load writes the tar, then the layers: about twice the layer bytes.
+    disk_factor: float = Field(default=2.0, ge=1.0, le=10.0)
+    connect_timeout_s: int = Field(default=10, ge=1, le=300)
+    # The key and pinned host keys the *source node* uses for the destination's fabric address
+    # (paths on the source node; default: the operator's `ssh.identity_file` / `ssh.known_hosts`).
+    peer_identity_file: str | None = None
+    peer_known_hosts: str | None = None
+    # auto: a classic overlay2 source reads only the missing layers from its layer store.
+    source_export: Literal["auto", "save"] = "auto"
+
+    @field_validator("peer_identity_file", "peer_known_hosts")
+    @classmethod
+    def _peer_paths(cls, v: str | None) -> str | None:
+        return _check_path(v)
+
+    def tuning(self) -> dict[str, Any]:
+        """The NodeImage `tuning` input: only what differs from the defaults (stable diffs)."""
+        return self.model_dump(exclude_defaults=True)
+
+
 class StackConfig(_Model):
     """Everything a deployment needs, validated across fields."""
 
@@ -399,6 +430,7 @@ class StackConfig(_Model):
     fabric: FabricConfig = FabricConfig()
     ray: RayConfig = RayConfig()
     containers: ContainerConfig = ContainerConfig()
+    copy_: CopyConfig = Field(default=CopyConfig(), alias="copy")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StackConfig:
@@ -485,6 +517,7 @@ SECTIONS: dict[str, type[BaseModel] | None] = {
     "fabric": FabricConfig,
     "ray": RayConfig,
     "containers": ContainerConfig,
+    "copy": CopyConfig,
 }
 SECRET_KEYS = ("hf_token", "api_key")
 
@@ -500,7 +533,9 @@ def _model_for(loc: tuple) -> type[BaseModel] | None:
     for part in loc[:-1]:
         if isinstance(part, int) or model is None:
             continue
-        field = model.model_fields.get(part)
+        field = model.model_fields.get(part) or next(
+            (f for f in model.model_fields.values() if f.alias == part), None
+        )
         if field is None:
             return None
         ann = field.annotation

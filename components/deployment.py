@@ -230,4 +230,5 @@ def place_images(name: str, deployment: Qwen35Deployment, image: HybridImage) ->
         opts=pulumi.ResourceOptions(parent=deployment, depends_on=[image]),
         # A rebuild under the same tag (a pinned `image.tag`) still re-places the image everywhere.
         trigger=image.image.id,
+        tuning=deployment.config.copy_.tuning() or None,
     )

@@ -195,3 +195,16 @@ def test_lab_stack_loads_and_keeps_lab_differences_in_config():
     ports_a = cfg.nodes[0].ray_ports.model_dump().values()
     ports_b = cfg.nodes[1].ray_ports.model_dump().values()
     assert None not in ports_a and not set(ports_a) & set(ports_b)
+
+
+def test_copy_tuning_is_typed_and_only_non_defaults_reach_node_image():
+    raw = dev_raw()
+    assert parse_stack_config(raw).copy_.tuning() == {}
+    raw["copy"] = {"compression": "gzip", "stall_timeout_s": 60}
+    assert parse_stack_config(raw).copy_.tuning() == {"compression": "gzip", "stall_timeout_s": 60.0}
+    raw["copy"] = {"compresion": "gzip", "source_export": "rsync"}
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config(raw)
+    message = str(info.value)
+    assert "copy.compresion: unknown key (did you mean 'compression'?)" in message
+    assert "copy.source_export:" in message

@@ -393,3 +393,15 @@ def test_vllm_server_sees_the_ray_processes(dev):
     server = dev.container("qwen35-vllm").inputs
     assert server["pidMode"] == "host"
     assert server["networkMode"] == "host"
+
+
+def test_copy_tuning_from_config_reaches_every_node_image():
+    from tests.program import run_program, stack_config
+
+    config = stack_config("dev")
+    config["qwen35-spark:copy"] = {"compression": "gzip", "stall_timeout_s": 30}
+    run = run_program(config)
+    images = [r for r in run.by_type("pulumi-python:dynamic:Resource") if r.name.startswith("qwen35-image-")]
+    assert len(images) == 2
+    for image in images:
+        assert image.inputs["tuning"] == {"compression": "gzip", "stall_timeout_s": 30}
