@@ -34,6 +34,7 @@ PIPESTATUS = "qwen35-pipestatus"
 # Markers the destination's load-verify-promote step writes on stderr (see node_image).
 LOADED = "qwen35-loaded"
 PROMOTED = "qwen35-promoted"
+PREFLIGHT = "qwen35-preflight"  # the pipeline's first step: its exit status, before any stage starts
 FILTER_EXIT_STALL = 124
 
 
@@ -653,19 +654,29 @@ def copy_pipeline(
     ssh_to_destination: Sequence[str],
     python: str = "python3",
     then: Sequence[str] | None = None,
+    first: Sequence[str] | None = None,
 ) -> list[str]:
     """The argv run on the source: `docker save | filter | ssh dest docker load`, every stage checked.
 
     Every stage is an argument list joined by `shell_join`; bash's PIPESTATUS is reported on stderr so
-    a failure names the stage that failed. `then` runs once every stage succeeded (its status and
-    output ignored): cleanup that would otherwise cost another SSH session.
+    a failure names the stage that failed. `first` runs before any stage (the connection to the
+    destination): its status is reported on stderr (`PREFLIGHT`), and when it fails nothing else
+    runs, so nothing is sent. `then` runs once every stage succeeded (its status and output ignored):
+    cleanup that would otherwise cost another SSH session.
     """
     stages = [["docker", "save", image], filter_argv(spec, python), list(ssh_to_destination)]
     if spec.get("export"):  # the filter reads the layer store itself: no `docker save`
         stages = stages[1:]
+    before = ""
+    if first:
+        before = (
+            f'{shell_join(first)} </dev/null || {{ s=$?; echo "{PREFLIGHT} $s" >&2; exit "$s"; }}; '
+            f'echo "{PREFLIGHT} 0" >&2; '
+        )
     script = (
+        before
         # -m: the pipeline gets its own process group, which the filter's watchdog may end whole.
-        "set -m; set -o pipefail; "
+        + "set -m; set -o pipefail; "
         + " | ".join(shell_join(stage) for stage in stages)
         + f'; status=("${{PIPESTATUS[@]}}"); echo "{PIPESTATUS} ${{status[*]}}" >&2;'
         + ' for s in "${status[@]}"; do [ "$s" = 0 ] || exit "$s"; done;'
@@ -684,6 +695,7 @@ def parse_filter_stderr(text: str) -> dict:
         "progress": None,
         "loaded": "",
         "promoted": False,
+        "preflight": None,  # the first step's exit status, None when there was none
         "other": [],
     }
     for line in text.splitlines():
@@ -699,6 +711,8 @@ def parse_filter_stderr(text: str) -> dict:
             report["loaded"] = line[len(LOADED) + 1 :]
         elif line == PROMOTED:
             report["promoted"] = True
+        elif line.startswith(PREFLIGHT + " ") and line.split()[1:2] and line.split()[1].isdigit():
+            report["preflight"] = int(line.split()[1])
         elif line.strip():
             report["other"].append(line)
     return report

@@ -562,8 +562,7 @@ def _ensure_image(
     peer = None if same_node else Peer(peer_target(destination, tuning), f"/tmp/qni-{secrets.token_hex(6)}")
     pool = ThreadPoolExecutor(max_workers=6)
     # One connection per node, made first and without a remote shell; every command after it rides
-    # on it, the source->destination check included (it would otherwise race the inspection for the
-    # master and pay a second key exchange).
+    # on it.
     src_master = pool.submit(times.timed("source master", open_master), src)
     dst_master = src_master if same_node else pool.submit(times.timed("destination master", open_master), dst)
     src_facts = pool.submit(
@@ -576,23 +575,14 @@ def _ensure_image(
             times.timed("destination facts", _after), dst_master, dst.facts, image, inventory=True
         )
     )
-    # The source->destination check starts at once: its SSH setup overlaps the inspections. Its
-    # result matters only when something has to be sent.
-    reachable = (
-        None
-        if peer is None
-        else pool.submit(
-            times.timed("peer preflight", _after), src_master, _preflight_peer, src, destination, peer, tuning
-        )
-    )
+    # No source->destination connection here: the copy opens it as its first step, before any byte
+    # is sent, so a skip or a retag never makes one.
     try:
-        return _converge(image, src, dst, src_facts, dst_facts, reachable, peer, props, tuning, times)
+        return _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times)
     finally:
-        if reachable is not None:
-            futures_wait([reachable])
-            if not peer.closed:  # a copy closes it itself; a skip, a retag or a failure here
-                with times.span("close peer master"):
-                    src.run(peer.close_argv(), check=False)
+        if peer is not None and peer.opened and not peer.closed:  # a copy that failed: end its master
+            with times.span("close peer master"):
+                src.run(peer.close_argv(), check=False)
         pool.shutdown(wait=True)
 
 
@@ -630,7 +620,7 @@ def open_master(docker: DockerOn) -> None:
         )
 
 
-def _converge(image, src, dst, src_facts, dst_facts, reachable, peer, props, tuning, times) -> dict[str, Any]:
+def _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times) -> dict[str, Any]:
     """Skip, retag or copy, given the facts being gathered in `pool` (see `_ensure_image`)."""
     source, destination = src.node, dst.node
     started = times.started
@@ -678,8 +668,6 @@ def _converge(image, src, dst, src_facts, dst_facts, reachable, peer, props, tun
     if twin is not None:
         dst.tag(twin.image_id, image)
         return done(twin, dst_daemon, retagged=True, placed_tag=True)
-    with times.span("wait for peer preflight"):
-        reachable.result()
     keep_from = 0
     if dst_daemon.store == "classic":  # the containerd store needs every blob: send all
         keep_from = transfer.present_prefix(
@@ -757,10 +745,12 @@ def _can_export(tuning: Tuning, source: Daemon, destination: Daemon) -> bool:
 @dataclass
 class Peer:
     """The source's own SSH connection to the destination: a control master on the source node,
-    its socket in a private folder there (made by the preflight, removed by `close_argv`)."""
+    its socket in a private folder there. The copy's first step opens it (`handshake_argv`) only when
+    something is sent; `close_argv` ends it."""
 
     target: SshTarget
     folder: str
+    opened: bool = False  # a copy session ran its handshake
     closed: bool = False
 
     @property
@@ -770,9 +760,14 @@ class Peer:
     def argv(self, argv: list[str]) -> list[str]:
         return ssh_argv(self.target, argv, self.control_path)
 
-    def open_argv(self, argv: list[str]) -> list[str]:
+    def handshake_argv(self) -> list[str]:
         """Make the private folder (0700; an existing one only if it is ours, as after a retry), then
-        run `argv` on the destination."""
+        connect to the destination without a remote shell, unless the master is already up.
+
+        Exits 255 when the destination cannot be reached over SSH, PEER_FOLDER_EXIT when the folder
+        is not ours. The master's stderr goes to a file: a backgrounded master must not hold the
+        copy session's pipes.
+        """
         make = shell_join(["mkdir", "-m", "700", self.folder])
         ours = " && ".join(
             shell_join(test)
@@ -782,15 +777,35 @@ class Peer:
                 ["test", "-O", self.folder],
             )
         )
-        run = shell_join(self.argv(argv))
-        return ["bash", "-c", f"{make} 2>/dev/null || {{ {ours}; }} || exit {PEER_FOLDER_EXIT}; exec {run}"]
+        check = shell_join(self._control(["-O", "check"]))
+        errors = shell_join([f"{self.folder}/err"])
+        connect = shell_join(
+            [
+                "ssh",
+                # First value wins in ssh: this overrides the ControlMaster=auto of ssh_options.
+                "-o",
+                "ControlMaster=yes",
+                *ssh_options(self.target, self.control_path),
+                "-f",
+                "-N",
+                self.target.destination,
+            ]  # fmt: skip
+        )
+        script = (
+            f"{{ {make} 2>/dev/null || {{ {ours}; }}; }} || exit {PEER_FOLDER_EXIT}; "
+            f"{check} >/dev/null 2>&1 && exit 0; "
+            f"{connect} </dev/null >/dev/null 2>{errors} && exit 0; "
+            f's=$?; cat {errors} >&2; exit "$s"'
+        )
+        return ["bash", "-c", script]
 
     def close_argv(self) -> list[str]:
         """End the master and remove its folder (run on the source)."""
-        stop = shell_join(
-            ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}", "-O", "exit", "x"]
-        )
+        stop = shell_join(self._control(["-O", "exit"]))
         return ["bash", "-c", f"{stop} >/dev/null 2>&1; {shell_join(['rm', '-rf', self.folder])}"]
+
+    def _control(self, command: list[str]) -> list[str]:
+        return ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}", *command, "x"]
 
 
 PEER_FOLDER_EXIT = 96
@@ -819,35 +834,26 @@ def peer_target(destination: Node, tuning: Tuning) -> SshTarget:
     )
 
 
-def _preflight_peer(src: DockerOn, destination: Node, peer_ssh: Peer, tuning: Tuning) -> None:
-    """SSH from the source to the destination's fabric address works, and the daemon there answers.
-
-    It also opens the source's master connection to the destination, which the copy then reuses.
-    """
-    source, peer = src.node, peer_ssh.target
-    probe = peer_ssh.open_argv(["docker", "version", "--format", "{{.Server.Version}}"])
-    result = src.run(probe, check=False, timeout=tuning.connect_timeout_s * 3 + 10)
-    if result.ok:
-        return
+def peer_unreachable(
+    source: Node, destination: Node, peer_ssh: Peer, status: int, stderr: str
+) -> NodeImageError:
+    """The error for a copy whose first step, the source's SSH connection to the destination, failed:
+    nothing was sent."""
+    peer = peer_ssh.target
     where = f"{peer.user}@{peer.host}:{peer.port}"
-    if result.returncode == PEER_FOLDER_EXIT:
-        raise NodeImageError(
+    tail = stderr_tail(stderr, 4)
+    if status == PEER_FOLDER_EXIT:
+        return NodeImageError(
             f"source {source.label}: could not make the private folder {peer_ssh.folder} for the SSH "
-            f"connection to {destination.label}:\n  stderr: {stderr_tail(result.stderr, 4)}\n"
+            f"connection to {destination.label}; nothing was sent:\n  stderr: {tail}\n"
             f"  next: check /tmp on {source.label} (free space, permissions) and run again"
         )
-    if result.returncode == SSH_TRANSPORT_FAILURE:
-        raise NodeImageError(
-            f"source {source.label} cannot SSH to destination {destination.label} at {where} (exit 255):\n"
-            f"  stderr: {stderr_tail(result.stderr, 4)}\n"
-            f"  next: on {source.label}, make `ssh -p {peer.port} {peer.user}@{peer.host}` work unattended: "
-            f"key {peer.identity_file or '(default)'} authorized on {destination.label}, host key for "
-            f"{peer.host} in {peer.known_hosts} (or set tuning peer_identity_file / peer_known_hosts)"
-        )
-    raise NodeImageError(
-        f"destination {destination.label}: the Docker daemon does not answer (seen from {source.label}, "
-        f"exit {result.returncode}):\n  stderr: {stderr_tail(result.stderr, 4)}\n"
-        f"  next: start Docker on {destination.label} (systemctl start docker) and check `docker info` there"
+    return NodeImageError(
+        f"source {source.label} cannot SSH to destination {destination.label} at {where} (exit {status}); "
+        f"nothing was sent:\n  stderr: {tail}\n"
+        f"  next: on {source.label}, make `ssh -p {peer.port} {peer.user}@{peer.host}` work unattended: "
+        f"key {peer.identity_file or '(default)'} authorized on {destination.label}, host key for "
+        f"{peer.host} in {peer.known_hosts} (or set tuning peer_identity_file / peer_known_hosts)"
     )
 
 
@@ -910,10 +916,15 @@ def _stream(
         export=export,
     )
     load = peer.argv(load_and_promote_argv(tmp_tag, image, wanted, same_store))
-    pipeline = transfer.copy_pipeline(image, spec, load, python, then=peer.close_argv())
+    pipeline = transfer.copy_pipeline(
+        image, spec, load, python, then=peer.close_argv(), first=peer.handshake_argv()
+    )
     local = ssh_argv(source.target, pipeline, src.transport.control_path)
+    peer.opened = True
     outcome = run_watched(local, tuning.deadline_s, tuning.stall_timeout_s, times)
     report = transfer.parse_filter_stderr(outcome.stderr)
+    if report["preflight"]:  # the source could not connect to the destination: nothing started
+        raise peer_unreachable(source, destination, peer, report["preflight"], "\n".join(report["other"]))
     statuses = report["pipestatus"]
     loaded = parse_images(report["loaded"])
     ok = not outcome.killed and report["summary"] is not None and statuses and not any(statuses)

@@ -222,8 +222,39 @@ def test_destination_loads_verifies_and_promotes_in_one_session():
 
 def test_peer_master_lives_in_a_private_folder_on_the_source():
     peer = ni.Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
-    opened = peer.open_argv(["docker", "version"])[2]
-    assert opened.startswith("mkdir -m 700 /tmp/qni-x") and "test -O /tmp/qni-x" in opened
-    assert "ControlPath=/tmp/qni-x/m" in opened
+    opened = peer.handshake_argv()[2]
+    assert opened.startswith("{ mkdir -m 700 /tmp/qni-x") and "test -O /tmp/qni-x" in opened
+    assert "ControlPath=/tmp/qni-x/m" in opened and "-O check" in opened
+    # a new master, no remote shell; its stderr kept in the folder, not on the copy session's pipe
+    assert "-o ControlMaster=yes" in opened and "-f -N ops@10.0.0.2" in opened
+    assert "2>/tmp/qni-x/err" in opened
     closed = peer.close_argv()[2]
     assert "-O exit" in closed and closed.endswith("rm -rf /tmp/qni-x")
+
+
+def test_the_copy_connects_to_the_destination_before_anything_is_sent():
+    peer = ni.Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
+    spec = ni.transfer.filter_spec([L1, L2], 1, "app:qwen35-tmp-1", 30, 60)
+    script = ni.transfer.copy_pipeline(
+        "app:1", spec, peer.argv(["docker", "load"]), first=peer.handshake_argv()
+    )[2]
+    assert script.index("-f -N ops@10.0.0.2") < script.index("docker save app:1")
+    assert 'exit "$s"; }; echo "qwen35-preflight 0"' in script
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        (255, ["cannot SSH", "node a", "node b", "ops@10.0.0.2:22", "nothing was sent", "next:", "boom"]),
+        (ni.PEER_FOLDER_EXIT, ["private folder /tmp/qni-x", "node a", "nothing was sent", "next:"]),
+    ],
+)
+def test_a_failed_handshake_names_both_nodes_and_what_to_do(status, words):
+    source = Node.from_dict("source", node("node a", "10.0.0.1"))
+    destination = Node.from_dict("destination", node("node b", "10.0.0.2"))
+    peer = ni.Peer(peer_target(destination, Tuning()), "/tmp/qni-x")
+    stderr = f"qwen35-preflight {status}\nssh: connect to host 10.0.0.2 port 22: boom"
+    report = ni.transfer.parse_filter_stderr(stderr)
+    assert report["preflight"] == status
+    message = str(ni.peer_unreachable(source, destination, peer, status, "\n".join(report["other"])))
+    assert all(word in message for word in words), message
