@@ -126,6 +126,9 @@ class NodeConfig(_Model):
     user: str | None = None
     proxy_jump: str | None = None
     gpus: int = Field(default=1, ge=0, le=64)
+    # The node's Docker image store. A containerd-store node may hold an image without every layer
+    # blob, so the copy tree never uses one as a source; NodeImage checks the declaration.
+    image_store: Literal["classic", "containerd"] = "classic"
     ray_ports: RayPorts = RayPorts()
 
     @field_validator("name")

@@ -231,4 +231,6 @@ def place_images(name: str, deployment: Qwen35Deployment, image: HybridImage) ->
         # A rebuild under the same tag (a pinned `image.tag`) still re-places the image everywhere.
         trigger=image.image.id,
         tuning=deployment.config.copy_.tuning() or None,
+        # Only classic-store nodes serve others (a containerd store may lack layer blobs).
+        can_reexport={n.name for n in deployment.config.nodes if n.image_store == "classic"},
     )

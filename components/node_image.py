@@ -54,7 +54,18 @@ IMAGE_REF = re.compile(
     r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
     r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 )
-NODE_KEYS = ("name", "host", "port", "user", "identity_file", "known_hosts", "proxy_jump", "fabric_host")
+NODE_KEYS = (
+    "name",
+    "host",
+    "port",
+    "user",
+    "identity_file",
+    "known_hosts",
+    "proxy_jump",
+    "fabric_host",
+    "image_store",
+)
+STORES = ("classic", "containerd")
 TMP_TAG_PREFIX = "qwen35-tmp-"
 GIB = 1 << 30
 
@@ -115,6 +126,8 @@ class Node:
     label: str
     target: SshTarget
     fabric_host: str
+    # The image store the stack declares for this node (None: not declared); checked against the daemon.
+    image_store: str | None = None
 
     @classmethod
     def from_dict(cls, role: str, raw: Mapping[str, Any], connect_timeout: int = 10) -> Node:
@@ -133,7 +146,17 @@ class Node:
             connect_timeout=connect_timeout,
         )
         label = target.name or f"{target.host}:{target.port}"
-        return cls(label=label, target=target, fabric_host=str(raw.get("fabric_host") or raw["host"]))
+        store = raw.get("image_store") or None
+        if store is not None and store not in STORES:
+            raise NodeImageError(
+                f"NodeImage {role} {label}: image_store {store!r}: use one of {', '.join(STORES)}"
+            )
+        return cls(
+            label=label,
+            target=target,
+            fabric_host=str(raw.get("fabric_host") or raw["host"]),
+            image_store=store,
+        )
 
     @property
     def key(self) -> tuple[str, int]:
@@ -141,6 +164,16 @@ class Node:
 
     def transport(self, control_path: str | None = None) -> SshTransport:
         return SshTransport(self.target, control_path=control_path, name=self.label)
+
+
+def check_declared_store(node: Node, daemon: Daemon) -> None:
+    """The copy tree was planned from the declared stores: a wrong declaration must stop the copy."""
+    if node.image_store is not None and node.image_store != daemon.store:
+        raise NodeImageError(
+            f"{node.label}: its Docker uses the {daemon.store} image store, but the stack declares "
+            f"image_store: {node.image_store}; next: set image_store: {daemon.store} for {node.label} "
+            "(the copy tree never uses a containerd-store node as a source: it may lack layer blobs)"
+        )
 
 
 def clean_node(raw: Mapping[str, Any] | None) -> dict:
@@ -628,6 +661,8 @@ def _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times)
         at_source, at_destination = src_facts.result(), dst_facts.result()
     src_daemon, src_image = at_source.daemon, at_source.image
     dst_daemon, present = at_destination.daemon, at_destination.image
+    for node, daemon in ((source, src_daemon), (destination, dst_daemon)):
+        check_declared_store(node, daemon)
     if src_image is None:
         raise NodeImageError(
             f"source {source.label}: image {image} is not there; next: build or load it on {source.label}"

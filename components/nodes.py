@@ -38,6 +38,7 @@ class NodeAccess:
             "known_hosts": self.target.known_hosts,
             "proxy_jump": self.target.proxy_jump,
             "fabric_host": self.node.fabric_ip,
+            "image_store": self.node.image_store,
         }
 
 

@@ -78,3 +78,18 @@ def test_fan_out_never_uses_a_node_that_cannot_reexport(node_c, node_d, node_a, 
     assert "node-d" not in sources and len(rounds) == 2
     # Stores as the daemons report them drive the plan: every worker still gets the image.
     assert sorted(dst for round_ in rounds for _, dst in round_) == ["node-a", "node-b", "node-d"]
+
+
+def test_declared_store_must_match_the_daemon(node_c, node_d, images_on_c):
+    """The copy tree is planned from the stack's declared stores; a wrong declaration stops the copy."""
+    from components.node_image import NodeImageError
+
+    remove(node_d, "ni-eng:1")
+    with pytest.raises(NodeImageError) as wrong:
+        PROVIDER.create(props("ni-eng:1", node_c, node_d, image_store="classic"))
+    message = str(wrong.value)
+    assert "node-d: its Docker uses the containerd image store" in message, message
+    assert "set image_store: containerd for node-d" in message, message
+    assert image_id(node_d, "ni-eng:1") is None and no_temporary_tags(node_d)
+    outs = PROVIDER.create(props("ni-eng:1", node_c, node_d, image_store="containerd")).outs
+    assert outs["store"] == "containerd" and outs["destination"]["image_store"] == "containerd"

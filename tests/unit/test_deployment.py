@@ -405,3 +405,20 @@ def test_copy_tuning_from_config_reaches_every_node_image():
     assert len(images) == 2
     for image in images:
         assert image.inputs["tuning"] == {"compression": "gzip", "stall_timeout_s": 30}
+
+
+def test_copy_tree_never_sources_from_a_containerd_store_node(monkeypatch):
+    config = four_node_config()
+    config["qwen35-spark:nodes"][1]["image_store"] = "containerd"  # spark-2
+    graph = run_graph(monkeypatch, config)
+    images = {
+        r.name: r.inputs
+        for r in graph.run.by_type("pulumi-python:dynamic:Resource")
+        if r.name.startswith("qwen35-image-")
+    }
+    assert len(images) == 4
+    sources = {inputs["source"]["name"] for inputs in images.values()}
+    assert "spark-2" not in sources and "spark-1" in sources
+    assert images["qwen35-image-spark-2"]["destination"]["image_store"] == "containerd"
+    # Without the containerd node the tree still fans out: spark-1 and a classic worker serve.
+    assert len(sources) >= 2
