@@ -422,3 +422,16 @@ def test_copy_tree_never_sources_from_a_containerd_store_node(monkeypatch):
     assert images["qwen35-image-spark-2"]["destination"]["image_store"] == "containerd"
     # Without the containerd node the tree still fans out: spark-1 and a classic worker serve.
     assert len(sources) >= 2
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "four"])
+def test_resource_names_are_unique(graph_name, request):
+    graph = request.getfixturevalue(graph_name)
+    names = [(r.typ, r.name) for r in graph.run.resources]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    # Pulumi URNs are type + name; container names on one node must not collide either.
+    per_node = {}
+    for container in graph.run.by_type(CONTAINER):
+        key = (graph.provider_of(container.name), container.inputs["name"])
+        assert key not in per_node, f"{key} declared twice"
+        per_node[key] = container.name
