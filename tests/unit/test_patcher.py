@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -13,31 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
+from tests.patch_modules import PATCHES, load_patch_module
 
-PATCHES = Path(__file__).resolve().parents[2] / "patches"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, PATCHES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-patcher = _load("patch_vllm_qwen35")
+patcher = load_patch_module("patch_vllm_qwen35")
 FILES = tuple(patcher.ENTRIES)
-
-
-@pytest.fixture(scope="session")
-def base_tree() -> Path:
-    return vllm_tree(BASE_VERSION)
-
-
-@pytest.fixture(scope="session")
-def donor_tree() -> Path:
-    return vllm_tree(DONOR_VERSION)
 
 
 @pytest.fixture

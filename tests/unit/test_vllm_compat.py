@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.patch_modules import PATCHES, load_patch_module
 from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
 
-PATCHES = Path(__file__).resolve().parents[2] / "patches"
 QWEN35_FILES = [
     "model_executor/models/qwen3_5.py",
     "model_executor/models/qwen3_5_mtp.py",
@@ -22,25 +21,7 @@ QWEN35_FILES = [
 MAMBA_UTILS = "model_executor/layers/mamba/mamba_utils.py"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, PATCHES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-compat = _load("vllm_compat")
-
-
-@pytest.fixture(scope="session")
-def base_tree() -> Path:
-    return vllm_tree(BASE_VERSION)
-
-
-@pytest.fixture(scope="session")
-def donor_tree() -> Path:
-    return vllm_tree(DONOR_VERSION)
+compat = load_patch_module("vllm_compat")
 
 
 @pytest.fixture(scope="session")
