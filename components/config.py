@@ -46,6 +46,8 @@ SERVED_NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
 PIP_SPEC = re.compile(
     r"^(==|>=|<=|~=|!=|>|<)?\s*[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.post[0-9]+|\.dev[0-9]+)?$"
 )
+# Flags whose values are secrets: they come from Pulumi secrets, never from plain extra args.
+SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--token"})
 EXTRA_ARG = re.compile(r"^[A-Za-z0-9_./:=,@+%-]*$")
 
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -311,6 +313,13 @@ class ServeConfig(_Model):
     @classmethod
     def _extra(cls, v: list[str]) -> list[str]:
         for arg in v:
+            flag = arg.split("=", 1)[0]
+            if flag in SECRET_FLAGS:
+                # Never echo the value: it is a secret that would land in argv and in plain state.
+                raise ValueError(
+                    f"{flag} must not be an extra arg (argv and stack state are not secret): "
+                    "use `pulumi config set --secret qwen35-spark:api_key` / `hf_token`"
+                )
             if not EXTRA_ARG.match(arg):
                 raise ValueError(f"{arg!r}: extra args may use letters, digits and ./:=,@+%-_ only")
         return v

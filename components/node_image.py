@@ -323,10 +323,13 @@ def ssh_sessions(times: PhaseTimes | None = None) -> Iterator[Callable[[str], st
 def _close_masters(socket_paths: Collection[str]) -> None:
     for socket_path in socket_paths:
         if os.path.exists(socket_path):
-            subprocess.run(
-                ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
-                capture_output=True,
-            )
+            # A master wedged on a dead link must not hang create/read/delete in their cleanup.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(
+                    ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
+                    capture_output=True,
+                    timeout=10,
+                )
 
 
 @dataclass
@@ -541,12 +544,13 @@ class NodeImageProvider(dynamic.ResourceProvider):
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         replaces = replace_reasons(olds, news, source_now=_source_now(news))
         changed = bool(replaces) or any(
-            olds.get(key) != news.get(key) for key in ("tuning", "source", "trigger")
+            olds.get(key) != news.get(key) for key in ("tuning", "source", "destination", "trigger")
         )
         return dynamic.DiffResult(changes=changed, replaces=replaces, delete_before_replace=False)
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        # Only tuning or the source node changed (anything else replaces): keep what is on the node.
+        # Only tuning, the source node or how the destination is reached changed (anything else
+        # replaces): keep what is on the node, remember the new access details for refresh/destroy.
         return dynamic.UpdateResult(outs={**olds, **_inputs(news)})
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:

@@ -22,8 +22,9 @@ from components.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT
 from components.remote import RemoteError, SshTarget, SshTransport, stderr_tail
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "readiness.py"
-# Extra seconds for SSH and the log tail beyond the probe's own deadline.
-TRANSPORT_SLACK_S = 120
+# Extra seconds beyond the probe's own deadline: SSH, plus the probe's last round of docker
+# calls (ray status, node list, inspect, logs: up to 60 s each) and its log tail.
+TRANSPORT_SLACK_S = 300
 # How long `pulumi refresh` waits for a server that answered before.
 REFRESH_DEADLINE_S = 60
 # Inputs whose change means "probe again" (everything but the secret and the node's access details).

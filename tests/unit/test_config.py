@@ -115,6 +115,11 @@ BAD = [
     ("empty nodes", _set("nodes", []), ["nodes:"]),
     ("bad gpu memory", _set("serve.gpu_memory_utilization", 1.5), ["serve.gpu_memory_utilization:"]),
     ("extra arg injection", _set("serve.extra_args", ["--x", "$(reboot)"]), ["serve.extra_args:"]),
+    (
+        "api key as extra arg",
+        _set("serve.extra_args", ["--api-key=sk-123"]),
+        ["serve.extra_args:", "--secret"],
+    ),
     ("bad ifname", _set("fabric.socket_ifname", "eth0; ls"), ["fabric.socket_ifname:"]),
     ("bad hca", _set("fabric.ib_hca", ["mlx5 0"]), ["fabric.ib_hca:"]),
     ("unknown jump", _set("nodes.1.proxy_jump", "spark-9"), ["nodes.1.proxy_jump:"]),
@@ -208,3 +213,11 @@ def test_copy_tuning_is_typed_and_only_non_defaults_reach_node_image():
     message = str(info.value)
     assert "copy.compresion: unknown key (did you mean 'compression'?)" in message
     assert "copy.source_export:" in message
+
+
+def test_secret_extra_args_are_refused_without_echoing_the_value():
+    raw = dev_raw()
+    raw["serve"]["extra_args"] = ["--api-key=sk-very-secret"]
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config(raw)
+    assert "sk-very-secret" not in str(info.value)

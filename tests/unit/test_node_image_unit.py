@@ -258,3 +258,16 @@ def test_a_failed_handshake_names_both_nodes_and_what_to_do(status, words):
     assert report["preflight"] == status
     message = str(ni.peer_unreachable(source, destination, peer, status, "\n".join(report["other"])))
     assert all(word in message for word in words), message
+
+
+def test_new_access_details_for_the_destination_update_in_place(monkeypatch):
+    """A new key or known_hosts for the same node is an update (refresh/destroy then use it), not a copy."""
+    import components.node_image as node_image
+
+    monkeypatch.setattr(node_image, "_source_now", lambda news: None)
+    news = {**olds(), "destination": {**node("b", "h2"), "known_hosts": "/new/known_hosts"}}
+    result = NodeImageProvider().diff("b/app:1", olds(), news)
+    assert result.changes is True and result.replaces == []
+    updated = NodeImageProvider().update("b/app:1", olds(), news).outs
+    assert updated["destination"]["known_hosts"] == "/new/known_hosts"
+    assert updated["image_id"] == "sha256:x"
