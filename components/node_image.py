@@ -694,6 +694,8 @@ def _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times)
             "store": daemon.store,
             "engine": daemon.version,
             **extra,
+            # What delete() may untag: the image this resource tagged, never one refresh saw later.
+            "placed_image_id": info.image_id if extra.get("placed_tag") else "",
             "seconds": round(time.monotonic() - started, 3),
         }
 
@@ -1065,7 +1067,8 @@ def remove_placed_tag(props: Mapping[str, Any]) -> None:
     with ssh_sessions() as control:
         dst = DockerOn(destination, "destination", control("d"))
         current = dst.image(image)
-        if current is None or current.image_id != props.get("image_id"):
+        placed = props.get("placed_image_id") or props.get("image_id")
+        if current is None or current.image_id != placed:
             return
         result = dst.untag(image)
     if not result.ok and b"conflict" not in result.stderr.lower():
@@ -1118,6 +1121,7 @@ OUTPUT_KEYS = (
     "skipped",
     "retagged",
     "placed_tag",
+    "placed_image_id",
     "store",
     "engine",
     "source_image_id",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 
@@ -271,3 +272,42 @@ def test_new_access_details_for_the_destination_update_in_place(monkeypatch):
     updated = NodeImageProvider().update("b/app:1", olds(), news).outs
     assert updated["destination"]["known_hosts"] == "/new/known_hosts"
     assert updated["image_id"] == "sha256:x"
+
+
+class _FakeDestination:
+    """DockerOn stand-in for delete(): the tag points at `current`; records untag calls."""
+
+    untagged: list[str] = []
+
+    def __init__(self, current: str):
+        self.current = current
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def image(self, ref):
+        return ImageInfo(self.current, (L1,))
+
+    def untag(self, ref):
+        self.untagged.append(ref)
+        return ni.Result(("docker",), 0)
+
+
+@pytest.mark.parametrize(
+    ("placed", "on_node", "untags"),
+    [
+        ("sha256:x", "sha256:x", True),  # still the image it placed
+        ("sha256:x", "sha256:other", False),  # someone re-pointed the tag: not ours to remove
+    ],
+)
+def test_delete_untags_only_the_image_it_placed_even_after_a_drifted_refresh(
+    monkeypatch, placed, on_node, untags
+):
+    fake = _FakeDestination(on_node)
+    fake.untagged = []
+    monkeypatch.setattr(ni, "DockerOn", fake)
+    monkeypatch.setattr(ni, "ssh_sessions", lambda: contextlib.nullcontext(lambda name: None))
+    # A refresh saw the drifted tag and wrote its ID into image_id; placed_image_id keeps what was placed.
+    state = olds(placed_tag=True, placed_image_id=placed, image_id=on_node)
+    NodeImageProvider().delete("b/app:1", state)
+    assert fake.untagged == (["app:1"] if untags else [])
