@@ -262,6 +262,12 @@ class ImageConfig(_Model):
     @classmethod
     def _pip_args(cls, v: list[str]) -> list[str]:
         for arg in v:
+            if re.search(r"://[^/]*@", arg):
+                # Build args are stored in plain state and in the image's history.
+                raise ValueError(
+                    "a URL with credentials must not be a pip arg (build args are not secret): "
+                    "use a mirror that needs none, or wheels in patches/wheels/"
+                )
             if not EXTRA_ARG.match(arg):
                 raise ValueError(f"{arg!r} contains characters that are not allowed in a pip argument")
         return v
