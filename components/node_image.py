@@ -36,6 +36,7 @@ import pulumi.dynamic as dynamic
 
 from components import image_transfer as transfer
 from components.copy_plan import copy_plan
+from components.nodes import target_from_dict
 from components.remote import (
     SSH_TRANSPORT_FAILURE,
     RemoteError,
@@ -135,16 +136,7 @@ class Node:
             raise NodeImageError(
                 f"NodeImage {role}: give a node dict with host, user, known_hosts (got {raw!r})"
             )
-        target = SshTarget(
-            host=str(raw["host"]),
-            user=str(raw.get("user") or "root"),
-            port=int(raw.get("port") or 22),
-            known_hosts=str(raw["known_hosts"]),
-            identity_file=raw.get("identity_file") or None,
-            proxy_jump=raw.get("proxy_jump") or None,
-            name=str(raw.get("name") or ""),
-            connect_timeout=connect_timeout,
-        )
+        target = target_from_dict(raw, connect_timeout)
         label = target.name or f"{target.host}:{target.port}"
         store = raw.get("image_store") or None
         if store is not None and store not in STORES:

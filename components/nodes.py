@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from components.config import NodeConfig, StackConfig
 from components.remote import SshTarget, ssh_options
@@ -57,3 +59,17 @@ def node_access(config: StackConfig) -> dict[str, NodeAccess]:
         )
         result[node.name] = NodeAccess(node=node, target=target)
     return result
+
+
+def target_from_dict(raw: Mapping[str, Any], connect_timeout: int = 10) -> SshTarget:
+    """The SshTarget of a node dict as `NodeAccess.node_image_dict` writes it (and state keeps it)."""
+    return SshTarget(
+        host=str(raw["host"]),
+        user=str(raw.get("user") or "root"),
+        port=int(raw.get("port") or 22),
+        known_hosts=str(raw["known_hosts"]),
+        identity_file=raw.get("identity_file") or None,
+        proxy_jump=raw.get("proxy_jump") or None,
+        name=str(raw.get("name") or ""),
+        connect_timeout=connect_timeout,
+    )

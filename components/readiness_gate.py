@@ -18,8 +18,9 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dynamic
 
+from components.nodes import target_from_dict
 from components.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT
-from components.remote import RemoteError, SshTarget, SshTransport, stderr_tail
+from components.remote import RemoteError, SshTransport, stderr_tail
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "readiness.py"
 # Extra seconds beyond the probe's own deadline: SSH, plus the probe's last round of docker
@@ -67,21 +68,9 @@ def probe_program(api_key: str | None) -> bytes:
     return (prelude + PROBE_SOURCE.read_text()).encode()
 
 
-def target_from(node: dict[str, Any]) -> SshTarget:
-    return SshTarget(
-        host=node["host"],
-        user=node["user"],
-        port=int(node["port"]),
-        known_hosts=node["known_hosts"],
-        identity_file=node.get("identity_file"),
-        proxy_jump=node.get("proxy_jump"),
-        name=node["name"],
-    )
-
-
 def run_probe(props: dict[str, Any], deadline_s: float) -> dict[str, Any]:
     """Run the probe on the head; its report on success, RemoteError (with the log tail) if not."""
-    transport = SshTransport(target_from(props["node"]))
+    transport = SshTransport(target_from_dict(props["node"]))
     argv = probe_argv(props, deadline_s)
     result = transport.run(
         argv, stdin=probe_program(props.get("api_key")), timeout=deadline_s + TRANSPORT_SLACK_S
