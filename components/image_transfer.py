@@ -24,7 +24,7 @@ import time
 import zlib
 from collections.abc import Iterable, Sequence
 
-from components.remote import shell_join
+from components.remote import bash_argv, shell_join
 
 # Markers the filter writes on stderr; the orchestrator parses them (`parse_filter_stderr`).
 PROGRESS = "qwen35-progress"
@@ -683,7 +683,7 @@ def copy_pipeline(
         + (f" {shell_join(then)} </dev/null >/dev/null 2>&1;" if then else "")
         + " exit 0"
     )
-    return ["bash", "-c", script]
+    return bash_argv(script)
 
 
 def parse_filter_stderr(text: str) -> dict:

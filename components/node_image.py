@@ -43,6 +43,7 @@ from components.remote import (
     Result,
     SshTarget,
     SshTransport,
+    bash_argv,
     shell_join,
     ssh_argv,
     ssh_options,
@@ -405,7 +406,7 @@ class DockerOn:
                 'df -P -B1 "$(printf "%s" "$info" | cut -f2)" || exit $?',
             ]
         result = self.run(
-            ["bash", "-o", "pipefail", "-c", "; ".join(parts)],
+            bash_argv("; ".join(parts), pipefail=True),
             hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
         )
         sections = result.text.split(f"{SECTION}\n")
@@ -449,7 +450,7 @@ def load_and_promote_argv(tmp_ref: str, ref: str, wanted: ImageInfo, same_store:
             f"{shell_join(['docker', 'image', 'rm', tmp_ref])} >/dev/null || exit 5",
         ]
     )
-    return ["bash", "-c", script]
+    return bash_argv(script)
 
 
 # ---- the copy itself ---------------------------------------------------------------------------------
@@ -830,12 +831,12 @@ class Peer:
             f"{connect} </dev/null >/dev/null 2>{errors} && exit 0; "
             f's=$?; cat {errors} >&2; exit "$s"'
         )
-        return ["bash", "-c", script]
+        return bash_argv(script)
 
     def close_argv(self) -> list[str]:
         """End the master and remove its folder (run on the source)."""
         stop = shell_join(self._control(["-O", "exit"]))
-        return ["bash", "-c", f"{stop} >/dev/null 2>&1; {shell_join(['rm', '-rf', self.folder])}"]
+        return bash_argv(f"{stop} >/dev/null 2>&1; {shell_join(['rm', '-rf', self.folder])}")
 
     def _control(self, command: list[str]) -> list[str]:
         return ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}", *command, "x"]

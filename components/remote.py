@@ -66,6 +66,18 @@ def shell_join(argv: Sequence[str]) -> str:
     return shlex.join(argv)
 
 
+def bash_argv(script: str, pipefail: bool = False) -> list[str]:
+    """The argv that runs a composed shell `script` (its values quoted by `shell_join`) with bash.
+
+    `--norc`: sshd's bash reads ~/.bashrc even for a command, and so would this inner bash. The login
+    shell sshd starts has already paid for it once; pyenv or conda set up there costs ~0.1 s or more
+    for every command, and a node's shell setup must not change what our scripts do.
+    """
+    if not isinstance(script, str):
+        raise TypeError("script must be a string")
+    return ["bash", "--norc", "--noprofile", *(["-o", "pipefail"] if pipefail else []), "-c", script]
+
+
 @dataclass(frozen=True)
 class Result:
     """What a command did: argv, exit status and its output."""

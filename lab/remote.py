@@ -6,7 +6,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import IO
 
-from components.remote import SSH_TRANSPORT_FAILURE, SshTarget, shell_join
+from components.remote import SSH_TRANSPORT_FAILURE, SshTarget, bash_argv, shell_join
 from components.remote import ssh_argv as program_ssh_argv
 from components.remote import ssh_options as program_ssh_options
 from lab.layout import LabError, LabNode
@@ -42,7 +42,7 @@ def ssh_argv(node: LabNode, argv: list[str] | tuple[str, ...]) -> list[str]:
 
 def pipeline(*stages: list[str] | tuple[str, ...]) -> list[str]:
     """One argv running `stages` as a shell pipeline that fails when any stage fails."""
-    return ["bash", "-o", "pipefail", "-c", " | ".join(remote_command(stage) for stage in stages)]
+    return bash_argv(" | ".join(remote_command(stage) for stage in stages), pipefail=True)
 
 
 @dataclass(frozen=True)

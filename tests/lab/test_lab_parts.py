@@ -147,7 +147,7 @@ def test_ssh_argv_pins_host_keys_and_quotes_once():
 
 def test_pipeline_fails_when_any_stage_fails():
     argv = lab.pipeline(["docker", "save", "x:1"], ["ssh", "b", "docker load"])
-    assert argv[:3] == ["bash", "-o", "pipefail"]
+    assert argv[:5] == ["bash", "--norc", "--noprofile", "-o", "pipefail"]
     assert argv[-1] == "docker save x:1 | ssh b 'docker load'"
 
 

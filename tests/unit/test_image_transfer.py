@@ -171,8 +171,8 @@ def test_shipped_script_runs_standalone_with_the_standard_library():
 def test_pipeline_checks_every_stage_and_quotes_through_shell_join():
     spec = t.filter_spec(DIFF_IDS, 1, "app:qwen35-tmp-1", 30, 60)
     argv = t.copy_pipeline("app:1", spec, ["ssh", "-p", "22", "u@h", "--", "docker load"])
-    assert argv[:2] == ["bash", "-c"]
-    script = argv[2]
+    assert argv[:4] == ["bash", "--norc", "--noprofile", "-c"]
+    script = argv[4]
     assert script.startswith("set -m; set -o pipefail; docker save app:1 | python3 -c ")
     assert "PIPESTATUS" in script and "'docker load'" in script
     assert t.failed_stage([0, 0, 255]).endswith("ssh + docker load (destination) exited 255")

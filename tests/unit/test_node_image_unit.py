@@ -211,25 +211,25 @@ def test_phase_times_list_every_span_and_print_only_when_asked(monkeypatch, caps
 def test_destination_loads_verifies_and_promotes_in_one_session():
     wanted = ImageInfo("sha256:ab", (L1, L2))
     argv = ni.load_and_promote_argv("app:qwen35-tmp-1", "app:1", wanted, same_store=True)
-    script = argv[2]
-    assert argv[:2] == ["bash", "-c"] and script.startswith("docker load || exit $?")
+    script = argv[-1]
+    assert argv[:2] == ["bash", "--norc"] and script.startswith("docker load || exit $?")
     assert "cut -f1" in script and "'\"sha256:ab\"'" in script and "|| exit 4" in script
     assert script.index("docker tag app:qwen35-tmp-1 app:1") < script.index(
         "docker image rm app:qwen35-tmp-1"
     )
-    across = ni.load_and_promote_argv("app:qwen35-tmp-1", "app:1", wanted, same_store=False)[2]
+    across = ni.load_and_promote_argv("app:qwen35-tmp-1", "app:1", wanted, same_store=False)[-1]
     assert "cut -f2" in across and L1 in across
 
 
 def test_peer_master_lives_in_a_private_folder_on_the_source():
     peer = ni.Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
-    opened = peer.handshake_argv()[2]
+    opened = peer.handshake_argv()[-1]
     assert opened.startswith("{ mkdir -m 700 /tmp/qni-x") and "test -O /tmp/qni-x" in opened
     assert "ControlPath=/tmp/qni-x/m" in opened and "-O check" in opened
     # a new master, no remote shell; its stderr kept in the folder, not on the copy session's pipe
     assert "-o ControlMaster=yes" in opened and "-f -N ops@10.0.0.2" in opened
     assert "2>/tmp/qni-x/err" in opened
-    closed = peer.close_argv()[2]
+    closed = peer.close_argv()[-1]
     assert "-O exit" in closed and closed.endswith("rm -rf /tmp/qni-x")
 
 
@@ -238,7 +238,7 @@ def test_the_copy_connects_to_the_destination_before_anything_is_sent():
     spec = ni.transfer.filter_spec([L1, L2], 1, "app:qwen35-tmp-1", 30, 60)
     script = ni.transfer.copy_pipeline(
         "app:1", spec, peer.argv(["docker", "load"]), first=peer.handshake_argv()
-    )[2]
+    )[-1]
     assert script.index("-f -N ops@10.0.0.2") < script.index("docker save app:1")
     assert 'exit "$s"; }; echo "qwen35-preflight 0"' in script
 

@@ -13,6 +13,7 @@ from components.remote import (
     RemoteError,
     Result,
     SshTarget,
+    bash_argv,
     shell_join,
     ssh_argv,
     ssh_options,
@@ -111,6 +112,27 @@ def test_local_transport_runs_and_checks():
     assert LocalTransport().run(["cat"], stdin=b"abc").stdout == b"abc"
     with pytest.raises(RemoteError, match="timed out"):
         LocalTransport().run(["sleep", "5"], timeout=0.2)
+
+
+def test_composed_scripts_do_not_run_the_users_bashrc_again(tmp_path):
+    """sshd's bash reads ~/.bashrc even for a command (stdin is a socket); pyenv or conda init there
+    costs every command ~0.1 s or more. Our inner bash must not read it a second time."""
+    import socket
+    import subprocess
+
+    (tmp_path / ".bashrc").write_text("echo SOURCED-BASHRC\n")
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "SSH_CLIENT": "10.0.0.9 50000 22"}
+
+    def run(argv):
+        ours, theirs = socket.socketpair()  # what sshd gives a command as stdin
+        with ours, theirs:
+            return subprocess.run(argv, stdin=theirs, capture_output=True, text=True, env=env).stdout
+
+    assert "SOURCED-BASHRC" in run(["bash", "-c", "echo ran"])  # the cost being avoided is real here
+    assert run(bash_argv("echo ran")) == "ran\n"
+    assert run(bash_argv("false | true; echo $?", pipefail=True)) == "1\n"
+    with pytest.raises(TypeError):
+        bash_argv(["echo", "x"])
 
 
 def test_retries_only_transport_failures_until_deadline():
