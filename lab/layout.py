@@ -100,6 +100,11 @@ class NodePaths:
     data_root: Path
 
     @property
+    def home(self) -> Path:
+        """The node's home directory (HOME of its SSH sessions)."""
+        return self.root / "home"
+
+    @property
     def exec_root(self) -> Path:
         return self.root / "exec"
 

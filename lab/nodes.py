@@ -83,7 +83,9 @@ def sshd_config_text(spec: NodeSpec, paths: NodePaths, keys: SshPaths) -> str:
             "PrintMotd no",
             "MaxSessions 50",
             "MaxStartups 50:30:100",
-            f"SetEnv DOCKER_HOST=unix://{paths.socket} LAB_NODE={spec.name}",
+            # Its own home, as a separate machine has: sessions read no startup files or client
+            # configuration of the machine running the lab (here, root's ~/.bashrc runs pyenv init).
+            f"SetEnv DOCKER_HOST=unix://{paths.socket} LAB_NODE={spec.name} HOME={paths.home}",
             "LogLevel INFO",
             "",
         ]
@@ -339,6 +341,7 @@ def start_dockerd(spec: NodeSpec) -> str:
 
 def start_sshd(spec: NodeSpec, keys: SshPaths) -> None:
     paths = node_paths(spec.name)
+    paths.home.mkdir(mode=0o700, exist_ok=True)
     _write_if_changed(paths.sshd_config, sshd_config_text(spec, paths, keys), mode=0o600)
     if running_sshd(spec.name):
         return

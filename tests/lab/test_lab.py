@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import lab
-from lab.layout import data_dir
+from lab.layout import data_dir, node_paths
 
 pytestmark = pytest.mark.lab
 
@@ -32,8 +32,9 @@ def test_ssh_lands_on_the_nodes_own_daemon(lab_node, name):
     driver_status = dict(tuple(pair) for pair in info.get("DriverStatus") or [])
     is_containerd = driver_status.get("driver-type", "").startswith("io.containerd.snapshotter")
     assert ("containerd" if is_containerd else "classic") == store == node.store
-    env = lab.on_node(node, ["sh", "-c", 'echo "$DOCKER_HOST $LAB_NODE"']).out
-    assert env == f"{node.docker_host} {name}"
+    env = lab.on_node(node, ["sh", "-c", 'echo "$DOCKER_HOST $LAB_NODE $HOME"']).out
+    # its own home, as a separate machine has: not the startup files of the machine running the lab
+    assert env == f"{node.docker_host} {name} {node_paths(name).home}"
 
 
 def test_a_wrong_pinned_host_key_makes_ssh_fail(node_a, node_b, tmp_path):
