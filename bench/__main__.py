@@ -14,7 +14,7 @@ import time
 
 import lab
 from components.node_image import Node, NodeImageProvider, Tuning, peer_target
-from components.remote import shell_join, ssh_argv
+from components.remote import bash_argv, shell_join, ssh_argv
 
 BASE = "bench-base:2"
 IMAGE = "bench-image:1"
@@ -83,7 +83,7 @@ def peer_ssh(dst: lab.LabNode, argv: list[str]) -> list[str]:
 
 def timed(node: lab.LabNode, script: str) -> float:
     started = time.monotonic()
-    lab.on_node(node, ["bash", "-c", script], timeout=1800)
+    lab.on_node(node, bash_argv(script), timeout=1800)
     return time.monotonic() - started
 
 
@@ -103,7 +103,7 @@ def ours(
 
 
 def save_bytes(node: lab.LabNode) -> int:
-    return int(lab.on_node(node, ["bash", "-c", f"docker save {IMAGE} | wc -c"], timeout=900).out)
+    return int(lab.on_node(node, bash_argv(f"docker save {IMAGE} | wc -c"), timeout=900).out)
 
 
 def bench_pair(src: lab.LabNode, dst: lab.LabNode, label: str) -> list[tuple]:
@@ -114,7 +114,7 @@ def bench_pair(src: lab.LabNode, dst: lab.LabNode, label: str) -> list[tuple]:
     build_base(src)
     build_top(src)
     # raw link: a file from the page cache through the same ssh (file made first, then timed)
-    lab.on_node(src, ["bash", "-c", "head -c 300M /dev/urandom > /tmp/bench-raw"])
+    lab.on_node(src, bash_argv("head -c 300M /dev/urandom > /tmp/bench-raw"))
     sink = shell_join(peer_ssh(dst, ["dd", "of=/dev/null", "bs=1M", "status=none"]))
     raw_s = timed(src, f"cat /tmp/bench-raw | {sink}")
     lab.on_node(src, ["rm", "-f", "/tmp/bench-raw"])

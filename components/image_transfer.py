@@ -2,7 +2,7 @@
 
 The filter runs ON THE SOURCE NODE inside `docker save IMG | <filter> | ssh dest docker load`. It is
 written here as ordinary, tested Python (standard library only) and shipped to the node as one
-`python3 -c` line (`filter_argv`). It reads a `docker save` tar stream of either layout (OCI since
+`python3 -I -S -c` line (`filter_argv`). It reads a `docker save` tar stream of either layout (OCI since
 Docker 25: `blobs/sha256/<diff id>`; before: `<v1 id>/layer.tar`), leaves out the layers the
 destination already has, renames the image to a temporary tag, counts bytes, and kills the pipe
 when no byte moved for `stall_s` seconds or the deadline passed.
@@ -11,6 +11,7 @@ when no byte moved for `stall_s` seconds or the deadline passed.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import hashlib
 import inspect
@@ -614,11 +615,19 @@ def filter_script() -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def filter_argv(spec: dict, python: str = "python3") -> list[str]:
-    """`python3 -c <one line> <spec>`: the script travels in the command itself, no file is copied."""
+@functools.cache
+def _filter_loader() -> str:
+    """The packed filter (made once per process: reading the sources and compressing cost ~30 ms)."""
     packed = base64.b64encode(zlib.compress(filter_script().encode(), 9)).decode()
-    loader = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
-    return [python, "-c", loader, json.dumps(spec, separators=(",", ":"), sort_keys=True)]
+    return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
+
+
+def filter_argv(spec: dict, python: str = "python3") -> list[str]:
+    """`python3 -I -S -c <one line> <spec>`: the script travels in the command itself, no file is
+    copied. Standard library only, so isolated (-I: no PYTHON* variables, no user site) and without
+    site-packages (-S): nothing installed on the node can change it."""
+    spec_json = json.dumps(spec, separators=(",", ":"), sort_keys=True)
+    return [python, "-I", "-S", "-c", _filter_loader(), spec_json]
 
 
 def filter_spec(
@@ -661,8 +670,8 @@ def copy_pipeline(
     Every stage is an argument list joined by `shell_join`; bash's PIPESTATUS is reported on stderr so
     a failure names the stage that failed. `first` runs before any stage (the connection to the
     destination): its status is reported on stderr (`PREFLIGHT`), and when it fails nothing else
-    runs, so nothing is sent. `then` runs once every stage succeeded (its status and output ignored):
-    cleanup that would otherwise cost another SSH session.
+    runs, so nothing is sent. `then` starts once every stage succeeded, in the background (its status
+    and output ignored): cleanup that would otherwise cost another SSH session, or a wait.
     """
     stages = [["docker", "save", image], filter_argv(spec, python), list(ssh_to_destination)]
     if spec.get("export"):  # the filter reads the layer store itself: no `docker save`
@@ -680,7 +689,8 @@ def copy_pipeline(
         + " | ".join(shell_join(stage) for stage in stages)
         + f'; status=("${{PIPESTATUS[@]}}"); echo "{PIPESTATUS} ${{status[*]}}" >&2;'
         + ' for s in "${status[@]}"; do [ "$s" = 0 ] || exit "$s"; done;'
-        + (f" {shell_join(then)} </dev/null >/dev/null 2>&1;" if then else "")
+        # In the background, detached from the session's pipes: the session ends without waiting.
+        + (f" {{ {shell_join(then)}; }} </dev/null >/dev/null 2>&1 &" if then else "")
         + " exit 0"
     )
     return bash_argv(script)

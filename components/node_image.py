@@ -314,15 +314,25 @@ def ssh_sessions(times: PhaseTimes | None = None) -> Iterator[Callable[[str], st
 
 
 def _close_masters(socket_paths: Collection[str]) -> None:
-    for socket_path in socket_paths:
-        if os.path.exists(socket_path):
-            # A master wedged on a dead link must not hang create/read/delete in their cleanup.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                subprocess.run(
-                    ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
-                    capture_output=True,
-                    timeout=10,
-                )
+    """Ask every master to exit, all at once; a master wedged on a dead link must not hang
+    create/read/delete in their cleanup (it is left to end by itself)."""
+    closing = [
+        subprocess.Popen(
+            ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for socket_path in socket_paths
+        if os.path.exists(socket_path)
+    ]
+    deadline = time.monotonic() + 10
+    for process in closing:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @dataclass
@@ -335,6 +345,7 @@ class Facts:
     images: list[ImageInfo] = field(default_factory=list)
     free: int = 0
     python: str = "python3"
+    background: tuple[int, str] | None = None  # exit status and stderr of `background`, when given
 
 
 class Mismatch(Exception):
@@ -378,12 +389,30 @@ class DockerOn:
         self.run(["docker", "image", "inspect", ref], hint=f"check `docker info` on {self.node.label}")
         return None
 
-    def facts(self, ref: str, history: bool = False, inventory: bool = False, python: bool = False) -> Facts:
+    def facts(
+        self,
+        ref: str,
+        history: bool = False,
+        inventory: bool = False,
+        python: bool = False,
+        background: Sequence[str] | None = None,
+    ) -> Facts:
         """The daemon and image `ref` (None when absent), optionally its layer sizes, the node's
         inventory (every image's layers, free bytes under Docker's root) and its system python3, in one
-        round trip."""
+        round trip.
+
+        `background` (an argv) runs alongside, and the session waits for it on every way out; its exit
+        status and stderr are in `Facts.background`. A failure of its own never fails the facts."""
         info = shell_join(["docker", "info", "--format", INFO_FORMAT])
-        parts = [
+        parts = []
+        if background:
+            parts += [
+                "bg=$(mktemp) || exit $?",
+                # On an early exit too: nothing of it may outlive the session unseen.
+                """trap 'wait "$bgpid" 2>/dev/null; rm -f "$bg"' EXIT""",
+                f'{{ {shell_join(background)}; }} </dev/null >/dev/null 2>"$bg" & bgpid=$!',
+            ]
+        parts += [
             f"info=$({info}) || exit $?",
             'printf "%s\\n" "$info"',
             f"echo {SECTION}",
@@ -405,6 +434,8 @@ class DockerOn:
                 f"echo {SECTION}",
                 'df -P -B1 "$(printf "%s" "$info" | cut -f2)" || exit $?',
             ]
+        if background:
+            parts += [f"echo {SECTION}", 'wait "$bgpid"; echo "$?"', 'cat "$bg"']
         result = self.run(
             bash_argv("; ".join(parts), pipefail=True),
             hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
@@ -418,7 +449,10 @@ class DockerOn:
         if python:
             facts.python = rest.pop(0).strip() or "python3"
         if inventory:
-            facts.images, facts.free = parse_images(rest[0]), parse_df_available(rest[1])
+            facts.images, facts.free = parse_images(rest.pop(0)), parse_df_available(rest.pop(0))
+        if background:
+            status, _, stderr = rest.pop(0).partition("\n")
+            facts.background = (int(status) if status.strip().isdigit() else -1, stderr)
         return facts
 
     def tag(self, image_id: str, ref: str) -> None:
@@ -595,8 +629,20 @@ def _ensure_image(
     # on it.
     src_master = pool.submit(times.timed("source master", open_master), src)
     dst_master = src_master if same_node else pool.submit(times.timed("destination master", open_master), dst)
+    # The source's connection to the destination is made during the source's inspection, in the same
+    # session: a copy then starts sending at once. A skip or a retag closes it unused (one command);
+    # a failure here is only reported by the copy, which tries again first.
+    handshake = None if peer is None else peer.handshake_argv()
+    if peer is not None:
+        peer.opened = True  # from here on, closing is owed
     src_facts = pool.submit(
-        times.timed("source facts", _after), src_master, src.facts, image, history=not same_node, python=True
+        times.timed("source facts (+ connect to destination)" if handshake else "source facts", _after),
+        src_master,
+        src.facts,
+        image,
+        history=not same_node,
+        python=True,
+        background=handshake,
     )
     dst_facts = (
         src_facts
@@ -605,15 +651,15 @@ def _ensure_image(
             times.timed("destination facts", _after), dst_master, dst.facts, image, inventory=True
         )
     )
-    # No source->destination connection here: the copy opens it as its first step, before any byte
-    # is sent, so a skip or a retag never makes one.
     try:
         return _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times)
     finally:
-        if peer is not None and peer.opened and not peer.closed:  # a copy that failed: end its master
-            with times.span("close peer master"):
-                src.run(peer.close_argv(), check=False)
         pool.shutdown(wait=True)
+        if peer is not None and peer.opened and not peer.closed:  # a skip, a retag or a failed copy
+            with times.span("close peer master"), contextlib.suppress(RemoteError):
+                # One attempt: a source that cannot be reached must not hold up the error being raised;
+                # an abandoned master ends by itself (ControlPersist).
+                src.transport.run(peer.close_argv(), timeout=15)
 
 
 def _after(ready: Future, call: Callable[..., Any], *args, **kwargs) -> Any:

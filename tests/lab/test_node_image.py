@@ -71,6 +71,19 @@ def no_temporary_tags(node: lab.LabNode) -> bool:
     return not [t for t in tags_on(node) if "qwen35-tmp-" in t]
 
 
+def peer_connections() -> set[str]:
+    """The sources' private folders for their SSH masters to destinations (lab nodes share /tmp)."""
+    return {str(p.parent) for p in Path("/tmp").glob("qni-*/m")}
+
+
+def no_new_peer_connection(before: set[str], wait_s: float = 3.0) -> bool:
+    """A copy ends its source's master in the background; a skip closes it before returning."""
+    deadline = time.monotonic() + wait_s
+    while peer_connections() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not peer_connections() - before
+
+
 @pytest.fixture(scope="module")
 def pair(node_a, node_b):
     lab.busybox_image(node_a)
@@ -86,6 +99,7 @@ def test_fresh_copy_then_repeat_sends_nothing(pair, export, layout):
     src, dst = pair
     wanted = build(src, "ni-fresh:1", "lab-busybox:1", os.urandom(300_000))
     remove(dst, "ni-fresh:1", "lab-busybox:1")
+    connections = peer_connections()
     first = PROVIDER.create(props("ni-fresh:1", src, dst, tuning={"source_export": export})).outs
     assert first["skipped"] is False and first["placed_tag"] is True
     assert first["image_id"] == wanted == image_id(dst, "ni-fresh:1")
@@ -93,9 +107,12 @@ def test_fresh_copy_then_repeat_sends_nothing(pair, export, layout):
     assert first["store"] == "classic" and first["layout"] == layout
     assert "root" in runs(dst, "ni-fresh:1")
     assert no_temporary_tags(dst)
+    assert no_new_peer_connection(connections)
     again = PROVIDER.create(props("ni-fresh:1", src, dst)).outs
     assert again["skipped"] is True and again["bytes_sent"] == 0
     assert again["image_id"] == wanted and again["seconds"] < 2.0
+    # the connection made speculatively during the source's inspection was closed, not left behind
+    assert no_new_peer_connection(connections, wait_s=0)
 
 
 @EXPORTS
@@ -206,6 +223,11 @@ def test_ssh_refused_from_source_names_both_nodes(pair):
     message = str(caught.value)
     assert "cannot SSH" in message and "node-a" in message and "node-b" in message
     assert image_id(dst, "ni-refused:1") is None
+    # A skip needs no connection between the nodes: the one tried during the inspection failing
+    # is not an error when nothing has to be sent.
+    PROVIDER.create(props("ni-refused:1", src, dst))
+    again = PROVIDER.create(props("ni-refused:1", src, dst, fabric_host="127.0.0.9")).outs
+    assert again["skipped"] is True and again["bytes_sent"] == 0
 
 
 def test_disk_preflight_refuses_before_sending(pair):

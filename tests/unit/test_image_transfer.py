@@ -159,10 +159,8 @@ def test_references():
 
 def test_shipped_script_runs_standalone_with_the_standard_library():
     argv = t.filter_argv(t.filter_spec(DIFF_IDS, 2, "app:qwen35-tmp-1", 30, 60, kill_group=False))
-    assert argv[:2] == ["python3", "-c"] and "\n" not in argv[2]
-    done = subprocess.run(
-        [sys.executable, "-I", *argv[1:]], input=oci_save(), capture_output=True, timeout=60
-    )
+    assert argv[:4] == ["python3", "-I", "-S", "-c"] and "\n" not in argv[4]
+    done = subprocess.run([sys.executable, *argv[1:]], input=oci_save(), capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
     report = t.parse_filter_stderr(done.stderr.decode())
     assert report["summary"]["layers_left_out"] == 2 and report["summary"]["written"] == len(done.stdout)
@@ -173,7 +171,7 @@ def test_pipeline_checks_every_stage_and_quotes_through_shell_join():
     argv = t.copy_pipeline("app:1", spec, ["ssh", "-p", "22", "u@h", "--", "docker load"])
     assert argv[:4] == ["bash", "--norc", "--noprofile", "-c"]
     script = argv[4]
-    assert script.startswith("set -m; set -o pipefail; docker save app:1 | python3 -c ")
+    assert script.startswith("set -m; set -o pipefail; docker save app:1 | python3 -I -S -c ")
     assert "PIPESTATUS" in script and "'docker load'" in script
     assert t.failed_stage([0, 0, 255]).endswith("ssh + docker load (destination) exited 255")
     assert t.failed_stage([0, 0, 0]) == ""
