@@ -345,7 +345,6 @@ class Facts:
     images: list[ImageInfo] = field(default_factory=list)
     free: int = 0
     python: str = "python3"
-    background: tuple[int, str] | None = None  # exit status and stderr of `background`, when given
 
 
 class Mismatch(Exception):
@@ -395,23 +394,19 @@ class DockerOn:
         history: bool = False,
         inventory: bool = False,
         python: bool = False,
-        background: Sequence[str] | None = None,
+        detached: Sequence[str] | None = None,
     ) -> Facts:
         """The daemon and image `ref` (None when absent), optionally its layer sizes, the node's
         inventory (every image's layers, free bytes under Docker's root) and its system python3, in one
         round trip.
 
-        `background` (an argv) runs alongside, and the session waits for it on every way out; its exit
-        status and stderr are in `Facts.background`. A failure of its own never fails the facts."""
+        `detached` (an argv) is started first and left running when the session ends, its output
+        dropped: it must report through files of its own (see `Peer.early_argv`)."""
         info = shell_join(["docker", "info", "--format", INFO_FORMAT])
         parts = []
-        if background:
-            parts += [
-                "bg=$(mktemp) || exit $?",
-                # On an early exit too: nothing of it may outlive the session unseen.
-                """trap 'wait "$bgpid" 2>/dev/null; rm -f "$bg"' EXIT""",
-                f'{{ {shell_join(background)}; }} </dev/null >/dev/null 2>"$bg" & bgpid=$!',
-            ]
+        if detached:
+            # `&` ends the command: the next part follows on the same line without a `;`.
+            parts.append(f"{{ {shell_join(detached)}; }} </dev/null >/dev/null 2>&1 & true")
         parts += [
             f"info=$({info}) || exit $?",
             'printf "%s\\n" "$info"',
@@ -434,8 +429,6 @@ class DockerOn:
                 f"echo {SECTION}",
                 'df -P -B1 "$(printf "%s" "$info" | cut -f2)" || exit $?',
             ]
-        if background:
-            parts += [f"echo {SECTION}", 'wait "$bgpid"; echo "$?"', 'cat "$bg"']
         result = self.run(
             bash_argv("; ".join(parts), pipefail=True),
             hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
@@ -450,9 +443,6 @@ class DockerOn:
             facts.python = rest.pop(0).strip() or "python3"
         if inventory:
             facts.images, facts.free = parse_images(rest.pop(0)), parse_df_available(rest.pop(0))
-        if background:
-            status, _, stderr = rest.pop(0).partition("\n")
-            facts.background = (int(status) if status.strip().isdigit() else -1, stderr)
         return facts
 
     def tag(self, image_id: str, ref: str) -> None:
@@ -629,20 +619,20 @@ def _ensure_image(
     # on it.
     src_master = pool.submit(times.timed("source master", open_master), src)
     dst_master = src_master if same_node else pool.submit(times.timed("destination master", open_master), dst)
-    # The source's connection to the destination is made during the source's inspection, in the same
-    # session: a copy then starts sending at once. A skip or a retag closes it unused (one command);
-    # a failure here is only reported by the copy, which tries again first.
-    handshake = None if peer is None else peer.handshake_argv()
+    # The source starts connecting to the destination at the start of its inspection and goes on
+    # after it: the decision and a copy's start overlap the key exchange, which the copy's first step
+    # waits for. A skip or a retag closes the connection unused (one command); a failure there is
+    # only reported by a copy, which tries once more.
     if peer is not None:
         peer.opened = True  # from here on, closing is owed
     src_facts = pool.submit(
-        times.timed("source facts (+ connect to destination)" if handshake else "source facts", _after),
+        times.timed("source facts", _after),
         src_master,
         src.facts,
         image,
         history=not same_node,
         python=True,
-        background=handshake,
+        detached=None if peer is None else peer.early_argv(),
     )
     dst_facts = (
         src_facts
@@ -825,12 +815,15 @@ def _can_export(tuning: Tuning, source: Daemon, destination: Daemon) -> bool:
 @dataclass
 class Peer:
     """The source's own SSH connection to the destination: a control master on the source node,
-    its socket in a private folder there. The copy's first step opens it (`handshake_argv`) only when
-    something is sent; `close_argv` ends it."""
+    its socket in a private folder there.
+
+    `early_argv` starts connecting while the source is inspected (detached; it writes its exit status
+    to `done` in the folder). A copy's first step, `handshake_argv`, waits for that, then checks the
+    master and connects itself when there is none; `close_argv` waits the same way, then ends it."""
 
     target: SshTarget
     folder: str
-    opened: bool = False  # a copy session ran its handshake
+    opened: bool = False  # a connection may exist: closing is owed
     closed: bool = False
 
     @property
@@ -840,13 +833,40 @@ class Peer:
     def argv(self, argv: list[str]) -> list[str]:
         return ssh_argv(self.target, argv, self.control_path)
 
+    def early_argv(self) -> list[str]:
+        """Connect now and record the exit status in the folder (only in a folder that is ours)."""
+        done = shell_join([f"{self.folder}/done"])
+        connect = shell_join(bash_argv(self._connect_script()))
+        return bash_argv(f'{connect}; s=$?; [ "$s" = {PEER_FOLDER_EXIT} ] || echo "$s" > {done}')
+
     def handshake_argv(self) -> list[str]:
-        """Make the private folder (0700; an existing one only if it is ours, as after a retry), then
-        connect to the destination without a remote shell, unless the master is already up.
+        """Wait for an early connection attempt to end, then make sure the master is up.
 
         Exits 255 when the destination cannot be reached over SSH, PEER_FOLDER_EXIT when the folder
-        is not ours. The master's stderr goes to a file: a backgrounded master must not hold the
-        copy session's pipes.
+        is not ours."""
+        return bash_argv(f"{self._wait_for_early()}; {self._connect_script()}")
+
+    def close_argv(self) -> list[str]:
+        """End the master and remove its folder (run on the source), once an early attempt ended:
+        a master that came up after the close would be left behind."""
+        stop = shell_join(self._control(["-O", "exit"]))
+        remove = shell_join(["rm", "-rf", self.folder])
+        return bash_argv(f"{self._wait_for_early()}; {stop} >/dev/null 2>&1; {remove}")
+
+    def _wait_for_early(self) -> str:
+        """Shell: poll for the early attempt's status while its folder exists, bounded by twice the
+        connect timeout (a hung attempt is then treated as absent)."""
+        folder, done = shell_join([self.folder]), shell_join([f"{self.folder}/done"])
+        polls = int((self.target.connect_timeout * 2 + 5) / 0.01)
+        return (
+            f"i=0; while [ -d {folder} ] && [ ! -s {done} ] && [ $i -lt {polls} ]; "
+            f"do sleep 0.01; i=$((i+1)); done"
+        )
+
+    def _connect_script(self) -> str:
+        """Make the private folder (0700; an existing one only if it is ours, as after a retry), then
+        connect to the destination without a remote shell, unless the master is already up. The
+        master's stderr goes to a file: a backgrounded master must not hold a session's pipes.
         """
         make = shell_join(["mkdir", "-m", "700", self.folder])
         ours = " && ".join(
@@ -877,12 +897,7 @@ class Peer:
             f"{connect} </dev/null >/dev/null 2>{errors} && exit 0; "
             f's=$?; cat {errors} >&2; exit "$s"'
         )
-        return bash_argv(script)
-
-    def close_argv(self) -> list[str]:
-        """End the master and remove its folder (run on the source)."""
-        stop = shell_join(self._control(["-O", "exit"]))
-        return bash_argv(f"{stop} >/dev/null 2>&1; {shell_join(['rm', '-rf', self.folder])}")
+        return script
 
     def _control(self, command: list[str]) -> list[str]:
         return ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}", *command, "x"]

@@ -218,6 +218,7 @@ def test_destination_daemon_stopped_names_the_node(pair):
 def test_ssh_refused_from_source_names_both_nodes(pair):
     src, dst = pair
     build(src, "ni-refused:1", "lab-busybox:1", os.urandom(10_000))
+    remove(dst, "ni-refused:1")
     with pytest.raises(NodeImageError) as caught:
         PROVIDER.create(props("ni-refused:1", src, dst, fabric_host="127.0.0.9"))
     message = str(caught.value)
@@ -228,6 +229,7 @@ def test_ssh_refused_from_source_names_both_nodes(pair):
     PROVIDER.create(props("ni-refused:1", src, dst))
     again = PROVIDER.create(props("ni-refused:1", src, dst, fabric_host="127.0.0.9")).outs
     assert again["skipped"] is True and again["bytes_sent"] == 0
+    remove(dst, "ni-refused:1")
 
 
 def test_disk_preflight_refuses_before_sending(pair):

@@ -224,13 +224,18 @@ def test_destination_loads_verifies_and_promotes_in_one_session():
 def test_peer_master_lives_in_a_private_folder_on_the_source():
     peer = ni.Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
     opened = peer.handshake_argv()[-1]
+    waited, _, opened = opened.partition("; done; ")
+    # an early attempt (started during the inspection) is waited for, bounded by the connect timeout
+    assert waited.startswith("i=0; while [ -d /tmp/qni-x ] && [ ! -s /tmp/qni-x/done ] && [ $i -lt 2500 ]")
     assert opened.startswith("{ mkdir -m 700 /tmp/qni-x") and "test -O /tmp/qni-x" in opened
     assert "ControlPath=/tmp/qni-x/m" in opened and "-O check" in opened
     # a new master, no remote shell; its stderr kept in the folder, not on the copy session's pipe
     assert "-o ControlMaster=yes" in opened and "-f -N ops@10.0.0.2" in opened
     assert "2>/tmp/qni-x/err" in opened
     closed = peer.close_argv()[-1]
-    assert "-O exit" in closed and closed.endswith("rm -rf /tmp/qni-x")
+    assert closed.startswith(waited) and "-O exit" in closed and closed.endswith("rm -rf /tmp/qni-x")
+    early = peer.early_argv()[-1]
+    assert "-f -N ops@10.0.0.2" in early and early.endswith('[ "$s" = 96 ] || echo "$s" > /tmp/qni-x/done')
 
 
 def test_the_copy_connects_to_the_destination_before_anything_is_sent():
