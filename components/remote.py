@@ -96,6 +96,15 @@ class Result:
     def text(self) -> str:
         return self.stdout.decode(errors="replace")
 
+    @property
+    def out(self) -> str:
+        """stdout as text, stripped (for one-line answers)."""
+        return self.text.strip()
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode(errors="replace").strip()
+
     def check(self, hint: str = "") -> Result:
         if not self.ok:
             raise RemoteError(self.node, self.argv, self.returncode, self.stderr, hint)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-from dataclasses import dataclass
 from typing import IO
 
-from components.remote import SSH_TRANSPORT_FAILURE, SshTarget, bash_argv, shell_join
+from components.remote import (
+    SSH_TRANSPORT_FAILURE,
+    RemoteError,
+    Result,
+    SshTarget,
+    SshTransport,
+    bash_argv,
+    shell_join,
+)
 from components.remote import ssh_argv as program_ssh_argv
 from components.remote import ssh_options as program_ssh_options
 from lab.layout import LabError, LabNode
@@ -45,52 +51,6 @@ def pipeline(*stages: list[str] | tuple[str, ...]) -> list[str]:
     return bash_argv(" | ".join(remote_command(stage) for stage in stages), pipefail=True)
 
 
-@dataclass(frozen=True)
-class Result:
-    """What a command did."""
-
-    argv: tuple[str, ...]
-    returncode: int
-    stdout: bytes
-    stderr: bytes
-
-    @property
-    def out(self) -> str:
-        return self.stdout.decode(errors="replace").strip()
-
-    @property
-    def err(self) -> str:
-        return self.stderr.decode(errors="replace").strip()
-
-
-def run(
-    argv: list[str],
-    *,
-    input: bytes | None = None,
-    stdin: IO[bytes] | None = None,
-    timeout: float = 300.0,
-    check: bool = True,
-    where: str = "local",
-) -> Result:
-    """Run argv; with check, a failure raises LabError naming where and the last stderr lines."""
-    try:
-        done = subprocess.run(
-            argv,
-            input=input,
-            stdin=stdin if input is None else None,
-            capture_output=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise LabError(f"lab: {where}: command timed out after {timeout:.0f}s: {argv[-1][:200]}") from exc
-    result = Result(tuple(argv), done.returncode, done.stdout, done.stderr)
-    if check and result.returncode != 0:
-        kind = "ssh transport failed" if result.returncode == SSH_TRANSPORT_FAILURE else "command failed"
-        tail = "\n".join(result.err.splitlines()[-8:])
-        raise LabError(f"lab: {where}: {kind} (exit {result.returncode}): {argv[-1][:200]}\n{tail}")
-    return result
-
-
 def on_node(
     node: LabNode,
     argv: list[str] | tuple[str, ...],
@@ -100,8 +60,20 @@ def on_node(
     timeout: float = 300.0,
     check: bool = True,
 ) -> Result:
-    """Run argv on the node over SSH."""
-    return run(ssh_argv(node, argv), input=input, stdin=stdin, timeout=timeout, check=check, where=node.name)
+    """Run argv on the node over SSH, with the program's own transport; with check, a failure raises
+    LabError naming the node and the last stderr lines."""
+    try:
+        result = SshTransport(ssh_target(node)).run(
+            list(argv), stdin=input if input is not None else stdin, timeout=timeout
+        )
+    except RemoteError as exc:  # timed out, or no ssh on this machine
+        raise LabError(f"lab: {node.name}: {exc}") from exc
+    if check and result.returncode != 0:
+        kind = "ssh transport failed" if result.returncode == SSH_TRANSPORT_FAILURE else "command failed"
+        tail = "\n".join(result.err.splitlines()[-8:])
+        command = shell_join(list(argv))[:200]
+        raise LabError(f"lab: {node.name}: {kind} (exit {result.returncode}): {command}\n{tail}")
+    return result
 
 
 def docker(
