@@ -622,9 +622,7 @@ def _ensure_image(
     # The source starts connecting to the destination at the start of its inspection and goes on
     # after it: the decision and a copy's start overlap the key exchange, which the copy's first step
     # waits for. A skip or a retag closes the connection unused (one command); a failure there is
-    # only reported by a copy, which tries once more.
-    if peer is not None:
-        peer.opened = True  # from here on, closing is owed
+    # only reported by a copy, which tries once more. From here on, closing it is owed.
     src_facts = pool.submit(
         times.timed("source facts", _after),
         src_master,
@@ -645,7 +643,7 @@ def _ensure_image(
         return _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times)
     finally:
         pool.shutdown(wait=True)
-        if peer is not None and peer.opened and not peer.closed:  # a skip, a retag or a failed copy
+        if peer is not None and not peer.closed:  # a skip, a retag or a failed copy
             with times.span("close peer master"), contextlib.suppress(RemoteError):
                 # One attempt: a source that cannot be reached must not hold up the error being raised;
                 # an abandoned master ends by itself (ControlPersist).
@@ -823,8 +821,7 @@ class Peer:
 
     target: SshTarget
     folder: str
-    opened: bool = False  # a connection may exist: closing is owed
-    closed: bool = False
+    closed: bool = False  # a copy's last step ended the master
 
     @property
     def control_path(self) -> str:
@@ -1015,7 +1012,6 @@ def _stream(
         image, spec, load, python, then=peer.close_argv(), first=peer.handshake_argv()
     )
     local = ssh_argv(source.target, pipeline, src.transport.control_path)
-    peer.opened = True
     outcome = run_watched(local, tuning.deadline_s, tuning.stall_timeout_s, times)
     report = transfer.parse_filter_stderr(outcome.stderr)
     if report["preflight"]:  # the source could not connect to the destination: nothing started
