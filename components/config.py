@@ -469,6 +469,8 @@ class ModelConfig(_Model):
     fetch_python: str | None = None
     # The image of that container when it is not the deployment's own (it must have huggingface_hub).
     fetch_image: str | None = None
+    # HF_ENDPOINT for the fetch (a mirror or a stand-in Hub); unset: the client's default, the Hub.
+    endpoint: str | None = None
 
     @field_validator("repo")
     @classmethod
@@ -501,6 +503,13 @@ class ModelConfig(_Model):
             if not NODE_NAME.match(node):
                 raise ValueError(f"{node!r} is not a node name")
             _check_path(path)
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[A-Za-z0-9_.:\[\]-]+(/[A-Za-z0-9_./-]*)?$", v):
+            raise ValueError(f"{v!r}: an http(s) URL without credentials, e.g. https://hf-mirror.example")
         return v
 
     @field_validator("fetch_python")

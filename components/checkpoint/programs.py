@@ -6,8 +6,10 @@ or a secret; its one-line JSON report comes back on stdout.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,13 @@ def source(name: str) -> str:
     return (PROGRAMS / f"{name}.py").read_text()
 
 
+@functools.cache
+def loader(name: str) -> str:
+    """A one-line program that runs `name` (a command line carries no newlines: `shell_join`)."""
+    packed = base64.b64encode(zlib.compress(source(name).encode(), 9)).decode()
+    return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
+
+
 def repo_dir_name(repo: str) -> str:
     """`models--ORG--NAME`: the Hub client's folder for a model repo in its cache."""
     return "models--" + repo.replace("/", "--")
@@ -43,7 +52,7 @@ def _argv(python: str, program: str, *args: str) -> list[str]:
     # -I -S: nothing installed on the node (PYTHON* variables, site packages) changes a stdlib program.
     # The Hub client is the one program that needs site packages.
     isolation = [] if program == "hub_fetch" else ["-I", "-S"]
-    return [python, *isolation, "-c", source(program), *args]
+    return [python, *isolation, "-c", loader(program), *args]
 
 
 def inventory_argv(
@@ -87,6 +96,11 @@ def receive_argv(
         "owner": list(owner) if owner else None,
     }
     return _argv(python, "hf_checkpoint", "receive", json.dumps(args, sort_keys=True))
+
+
+def remove_argv(python: str, cache_dir: str, repo: str, revision: str) -> list[str]:
+    args = {"hub": hub_dir(cache_dir), "repo_dir": repo_dir_name(repo), "revision": revision}
+    return _argv(python, "hf_checkpoint", "remove", json.dumps(args, sort_keys=True))
 
 
 def fetch_argv(

@@ -361,9 +361,54 @@ def receive(args: dict, stream) -> dict:
     }
 
 
+def remove(args: dict) -> dict:
+    """Remove one revision's snapshot, its refs, and the blobs no other snapshot of the repo uses."""
+    root = repo_root(args)
+    sha = str(args["revision"])
+    if not SHA1_NAME.match(sha):
+        raise Failure(EXIT_BAD_INPUT, f"remove needs a commit sha, got {sha!r}")
+    snapshots = os.path.join(root, "snapshots")
+    target = os.path.join(snapshots, sha)
+    removed_files = 0
+    if os.path.isdir(target):
+        for dirpath, dirnames, filenames in os.walk(target, topdown=False):
+            for name in filenames + dirnames:
+                path = os.path.join(dirpath, name)
+                if os.path.islink(path) or not os.path.isdir(path):
+                    os.unlink(path)
+                    removed_files += 1
+                else:
+                    os.rmdir(path)
+        os.rmdir(target)
+    used = set()
+    if os.path.isdir(snapshots):
+        for other in os.listdir(snapshots):
+            used.update(blob for _p, blob, _s in walk_snapshot(os.path.join(snapshots, other)))
+    freed = 0
+    blobs_dir = os.path.join(root, "blobs")
+    if os.path.isdir(blobs_dir):
+        for name in os.listdir(blobs_dir):
+            if name not in used:
+                path = os.path.join(blobs_dir, name)
+                freed += os.lstat(path).st_size
+                os.unlink(path)
+    refs_dir = os.path.join(root, "refs")
+    if os.path.isdir(refs_dir):
+        for dirpath, _dirs, filenames in os.walk(refs_dir):
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                with open(path) as handle:
+                    if handle.read().strip() == sha:
+                        os.unlink(path)
+    return {"removed_files": removed_files, "freed_bytes": freed}
+
+
+MODES = ("inventory", "send", "receive", "remove")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] not in ("inventory", "send", "receive"):
-        print(json.dumps({"error": "usage: hf_checkpoint.py inventory|send|receive '<json args>'"}))
+    if len(argv) != 3 or argv[1] not in MODES:
+        print(json.dumps({"error": f"usage: hf_checkpoint.py {'|'.join(MODES)} '<json args>'"}))
         return EXIT_BAD_INPUT
     mode = argv[1]
     # `send` owns stdout (the stream): its errors go to stderr only.
@@ -373,7 +418,12 @@ def main(argv: list[str]) -> int:
         if mode == "send":
             send(args, sys.stdout.buffer)
             return EXIT_OK
-        report = inventory(args) if mode == "inventory" else receive(args, sys.stdin.buffer)
+        if mode == "inventory":
+            report = inventory(args)
+        elif mode == "remove":
+            report = remove(args)
+        else:
+            report = receive(args, sys.stdin.buffer)
     except Failure as exc:
         print(json.dumps({"error": str(exc), "status": exc.status}), file=errors)
         return exc.status
