@@ -37,7 +37,9 @@ from components.remote import RemoteError, Result, SshTarget, SshTransport, stde
 
 # Inputs whose change means another checkpoint on that node (a new resource).
 REPLACE_KEYS = ("repo", "requested_revision", "source_mode", "cache_dir", "manifest_digest")
-NODE_IDENTITY = ("name", "host", "port")
+# How a node is reached may change (a new address, a jump host): an update in place. Only another
+# node is another checkpoint (a replacement whose old copy, when not kept, is removed from the old node).
+NODE_IDENTITY = ("name",)
 OUTPUT_KEYS = (
     "revision",
     "files",
