@@ -13,19 +13,12 @@ by reference to this module.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import json
-import os
 import re
 import secrets
-import shutil
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
@@ -34,21 +27,28 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dynamic
 
-from components import image_transfer as transfer
+from components import image_transfer, transfer
 from components.copy_plan import copy_plan
-from components.nodes import target_from_dict
+from components.node_programs import program_argv
+from components.node_programs.load_image import Exit as LoadExit
 from components.remote import (
     SSH_TRANSPORT_FAILURE,
     RemoteError,
     Result,
-    SshTarget,
-    SshTransport,
     bash_argv,
     shell_join,
-    ssh_argv,
-    ssh_options,
     stderr_tail,
     with_retries,
+)
+from components.transfer import (
+    TIMING_ENV,  # noqa: F401  (re-exported: where operators look for it)
+    Endpoint,
+    EndpointError,
+    PhaseTimes,
+    Tuning,
+    TuningError,
+    peer_target,
+    ssh_sessions,
 )
 
 # name:tag, the tag required; stricter than Docker so nothing odd reaches a shell.
@@ -69,7 +69,7 @@ NODE_KEYS = (
 )
 STORES = ("classic", "containerd")
 TMP_TAG_PREFIX = "qwen35-tmp-"
-GIB = 1 << 30
+GIB = transfer.GIB
 
 
 class NodeImageError(RuntimeError):
@@ -81,82 +81,24 @@ class ExportFailed(NodeImageError):
 
 
 @dataclass(frozen=True)
-class Tuning:
-    """Optional knobs; every one has a safe default."""
+class Node(Endpoint):
+    """One node of a NodeImage: a transfer endpoint plus the image store the stack declares for it
+    (None: not declared; checked against the daemon)."""
 
-    stall_timeout_s: float = 120.0  # no byte through the pipe for this long: abort
-    deadline_s: float = 3600.0  # the whole copy, save to verified tag
-    compression: str = "none"  # "gzip" trades CPU for link bytes on slow links
-    disk_reserve_bytes: int = 2 * GIB  # left free on the destination after the copy
-    disk_factor: float = 2.0  # classic load unpacks the tar, then the layers: about 2x
-    connect_timeout_s: int = 10
-    peer_identity_file: str | None = None  # key the source uses for the destination (default: destination's)
-    peer_known_hosts: str | None = None  # known_hosts on the source pinning the destination's fabric address
-    # "auto": on a classic overlay2 source, read only the layers to send from Docker's layer store
-    # (what `docker save` itself does) instead of saving the whole image; "save": always docker save.
-    source_export: str = "auto"
-
-    @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> Tuning:
-        raw = dict(props.get("tuning") or {})
-        known = list(cls.__dataclass_fields__)
-        unknown = [key for key in raw if key not in known]
-        if unknown:
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(key, known, n=1)
-                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise NodeImageError(
-                f"NodeImage tuning: unknown keys {', '.join(hints)}; known: {', '.join(known)}"
-            )
-        tuning = cls(**raw)
-        if tuning.source_export not in ("auto", "save"):
-            raise NodeImageError(
-                f"NodeImage tuning: source_export {tuning.source_export!r}: use 'auto' or 'save'"
-            )
-        if tuning.compression not in ("none", "gzip"):
-            raise NodeImageError(
-                f"NodeImage tuning: compression {tuning.compression!r}: use 'none' or 'gzip'"
-            )
-        return tuning
-
-
-@dataclass(frozen=True)
-class Node:
-    """One node of a NodeImage: its label, how the orchestrator reaches it, and its fabric address."""
-
-    label: str
-    target: SshTarget
-    fabric_host: str
-    # The image store the stack declares for this node (None: not declared); checked against the daemon.
     image_store: str | None = None
 
     @classmethod
     def from_dict(cls, role: str, raw: Mapping[str, Any], connect_timeout: int = 10) -> Node:
-        if not isinstance(raw, Mapping) or not raw.get("host") or not raw.get("known_hosts"):
-            raise NodeImageError(
-                f"NodeImage {role}: give a node dict with host, user, known_hosts (got {raw!r})"
-            )
-        target = target_from_dict(raw, connect_timeout)
-        label = target.name or f"{target.host}:{target.port}"
+        try:
+            fields = Endpoint.fields_from(role, raw, connect_timeout)
+        except EndpointError as exc:
+            raise NodeImageError(f"NodeImage {exc}") from None
         store = raw.get("image_store") or None
         if store is not None and store not in STORES:
             raise NodeImageError(
-                f"NodeImage {role} {label}: image_store {store!r}: use one of {', '.join(STORES)}"
+                f"NodeImage {role} {fields['label']}: image_store {store!r}: use one of {', '.join(STORES)}"
             )
-        return cls(
-            label=label,
-            target=target,
-            fabric_host=str(raw.get("fabric_host") or raw["host"]),
-            image_store=store,
-        )
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.target.host, self.target.port)
-
-    def transport(self, control_path: str | None = None) -> SshTransport:
-        return SshTransport(self.target, control_path=control_path, name=self.label)
+        return cls(**fields, image_store=store)
 
 
 def check_declared_store(node: Node, daemon: Daemon) -> None:
@@ -201,58 +143,6 @@ def same_image(a: ImageInfo, a_store: str, b: ImageInfo, b_store: str) -> bool:
     return a.layers == b.layers
 
 
-# ---- timing: where one create() spends its time --------------------------------------------------------
-
-TIMING_ENV = "QWEN35_NODE_IMAGE_TIMING"
-
-
-class PhaseTimes:
-    """Wall-clock spans of one operation's phases (threads included); printed when TIMING_ENV is set.
-
-    Figures for people tuning the copy, never asserted: the lab's timings vary with the machine.
-    """
-
-    def __init__(self, label: str = ""):
-        self.label = label
-        self.started = time.monotonic()
-        self.spans: list[tuple[str, float, float]] = []
-
-    @contextlib.contextmanager
-    def span(self, name: str) -> Iterator[None]:
-        begin = time.monotonic()
-        try:
-            yield
-        finally:
-            self.spans.append((name, begin - self.started, time.monotonic() - self.started))
-
-    def timed(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
-        """`call`, recording its span (for work handed to a thread pool)."""
-
-        def run(*args, **kwargs):
-            with self.span(name):
-                return call(*args, **kwargs)
-
-        return run
-
-    def mark(self, name: str, at: float) -> None:
-        """An instant seen elsewhere (time.monotonic() value), e.g. a line from the remote pipeline."""
-        self.spans.append((name, at - self.started, at - self.started))
-
-    def table(self) -> str:
-        total = time.monotonic() - self.started
-        lines = [
-            f"NodeImage timing {self.label}: {total:.3f} s",
-            f"  {'phase':<34} {'start':>7} {'end':>7} {'s':>7}",
-        ]
-        for name, begin, end in sorted(self.spans, key=lambda span: (span[1], span[2])):
-            lines.append(f"  {name:<34} {begin:7.3f} {end:7.3f} {end - begin:7.3f}")
-        return "\n".join(lines)
-
-    def report(self) -> None:
-        if os.environ.get(TIMING_ENV):
-            print(self.table(), file=sys.stderr, flush=True)
-
-
 # ---- facts: a command that reads state and a pure function that parses it -------------------------
 
 SECTION = "@@qwen35@@"
@@ -290,49 +180,6 @@ def parse_layer_sizes(text: str, layer_count: int) -> list[int] | None:
 def disk_needed(sizes: Sequence[int], keep_from: int, tuning: Tuning) -> int:
     """Bytes the destination must have free: the layers to write, times the unpack factor, plus reserve."""
     return int(sum(sizes[keep_from:]) * tuning.disk_factor) + tuning.disk_reserve_bytes
-
-
-@contextlib.contextmanager
-def ssh_sessions(times: PhaseTimes | None = None) -> Iterator[Callable[[str], str]]:
-    """Control paths for one operation's SSH connections; every master is closed at the end.
-
-    Connection setup dominates a skip (each new SSH session costs a key exchange); one master per
-    node makes the many short inspections cheap. `path(role)` gives the socket for a role.
-    """
-    folder = tempfile.mkdtemp(prefix="qni-", dir="/tmp")  # short: unix socket paths are limited
-    used: dict[str, str] = {}
-
-    def path(role: str) -> str:
-        return used.setdefault(role, os.path.join(folder, role))
-
-    try:
-        yield path
-    finally:
-        with times.span("close SSH masters") if times else contextlib.nullcontext():
-            _close_masters(used.values())
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _close_masters(socket_paths: Collection[str]) -> None:
-    """Ask every master to exit, all at once; a master wedged on a dead link must not hang
-    create/read/delete in their cleanup (it is left to end by itself)."""
-    closing = [
-        subprocess.Popen(
-            ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for socket_path in socket_paths
-        if os.path.exists(socket_path)
-    ]
-    deadline = time.monotonic() + 10
-    for process in closing:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @dataclass
@@ -452,97 +299,25 @@ class DockerOn:
         return self.run(["docker", "image", "rm", ref], check=False)
 
 
-def load_and_promote_argv(tmp_ref: str, ref: str, wanted: ImageInfo, same_store: bool) -> list[str]:
-    """The destination's end of the copy: `docker load`, then tag `ref` only if the image loaded
-    under `tmp_ref` is the wanted one, and drop `tmp_ref`.
+def load_argv(
+    tmp_ref: str, ref: str, wanted: ImageInfo, same_store: bool, python: str = "python3"
+) -> list[str]:
+    """The destination's end of the copy (`node_programs/load_image.py`): `docker load`, then tag
+    `ref` only if the image loaded under `tmp_ref` is the wanted one, and drop `tmp_ref`.
 
     Identity as in `same_image`: the image ID within one store kind, the layer list across. Load,
-    check and promotion share the copy's SSH session: a round trip less per copy. The loaded image is
-    reported on stderr (`LOADED`), the promotion too (`PROMOTED`); exit 4 means "not the wanted one".
-    """
-    field, want = (1, json.dumps(wanted.image_id)) if same_store else (2, json.dumps(list(wanted.layers)))
-    want = want.replace(" ", "")
-    inspect = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, tmp_ref])
-    script = "; ".join(
-        [
-            "docker load || exit $?",
-            f"line=$({inspect}) || exit 3",
-            f"printf '{transfer.LOADED} %s\\n' \"$line\" >&2",
-            f'[ "$(printf \'%s\' "$line" | cut -f{field})" = {shell_join([want])} ] || exit 4',
-            f"{shell_join(['docker', 'tag', tmp_ref, ref])} || exit 5",
-            f"echo {transfer.PROMOTED} >&2",
-            f"{shell_join(['docker', 'image', 'rm', tmp_ref])} >/dev/null || exit 5",
-        ]
-    )
-    return bash_argv(script)
+    check and promotion share the copy's SSH session: a round trip less per copy."""
+    spec = {
+        "tmp_ref": tmp_ref,
+        "ref": ref,
+        "compare": "id" if same_store else "layers",
+        "want": wanted.image_id if same_store else list(wanted.layers),
+        "inspect_format": IMAGE_FORMAT,
+    }
+    return program_argv("load_image", [json.dumps(spec, separators=(",", ":"))], python)
 
 
 # ---- the copy itself ---------------------------------------------------------------------------------
-
-
-@dataclass
-class StreamOutcome:
-    returncode: int
-    stdout: str
-    stderr: str
-    killed: str  # why the orchestrator killed the pipeline, or ""
-
-
-def run_watched(
-    argv: list[str], deadline_s: float, stall_s: float, times: PhaseTimes | None = None
-) -> StreamOutcome:
-    """Run argv locally; kill it when its progress lines stop (stall) or the deadline passes.
-
-    The filter on the source enforces the same limits itself; this is the backstop for a source
-    that stops answering altogether.
-    """
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    err_lines: list[str] = []
-    out_chunks: list[bytes] = []
-    last = [time.monotonic()]
-    finished: list[float] = []
-
-    def pump_err():
-        for raw in proc.stderr:
-            line = raw.decode(errors="replace").rstrip("\n")
-            err_lines.append(line)
-            last[0] = time.monotonic()
-            if line.startswith(transfer.PIPESTATUS):
-                finished.append(last[0])
-            if times is not None and not line.startswith(transfer.PROGRESS):
-                times.mark(f"  pipeline: {line.split(' ', 1)[0][:26]}", last[0])
-
-    def pump_out():
-        out_chunks.append(proc.stdout.read())
-
-    threads = [threading.Thread(target=pump_err, daemon=True), threading.Thread(target=pump_out, daemon=True)]
-    for thread in threads:
-        thread.start()
-    started = time.monotonic()
-    killed = ""
-    while proc.poll() is None:
-        now = time.monotonic()
-        if finished and now - finished[0] > 3:
-            # The pipeline is over, but an SSH master on the source still holds the session's pipes
-            # (a channel on a dead link): nothing more will come, stop waiting.
-            break
-        if now - started > deadline_s + 30:
-            killed = f"the copy passed its deadline of {deadline_s:g} s"
-        elif now - last[0] > stall_s + 30:
-            killed = f"no progress from the source for {stall_s + 30:g} s"
-        if killed:
-            proc.kill()
-            break
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.1)  # returns as soon as the pipeline ends
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    for thread in threads:
-        thread.join(timeout=5)
-    return StreamOutcome(
-        proc.returncode, b"".join(out_chunks).decode(errors="replace"), "\n".join(err_lines), killed
-    )
 
 
 class NodeImageProvider(dynamic.ResourceProvider):
@@ -590,7 +365,10 @@ def _nodes(props: Mapping[str, Any]) -> tuple[str, Node, Node, Tuning]:
         raise NodeImageError(
             f"NodeImage: image {image!r} is not a valid name:tag (lowercase name, explicit tag)"
         )
-    tuning = Tuning.from_props(props)
+    try:
+        tuning = transfer.tuning_from(props.get("tuning"), "NodeImage tuning")
+    except TuningError as exc:
+        raise NodeImageError(str(exc)) from None
     source = Node.from_dict("source", props.get("source"), tuning.connect_timeout_s)
     destination = Node.from_dict("destination", props.get("destination"), tuning.connect_timeout_s)
     return image, source, destination, tuning
@@ -598,7 +376,7 @@ def _nodes(props: Mapping[str, Any]) -> tuple[str, Node, Node, Tuning]:
 
 def ensure_image(props: Mapping[str, Any]) -> dict[str, Any]:
     """create(): make `image` present and verified on the destination; the outputs."""
-    times = PhaseTimes(str(props.get("image")))
+    times = PhaseTimes(f"NodeImage {props.get('image')}")
     try:
         with ssh_sessions(times) as control:
             return _ensure_image(props, control, times)
@@ -613,7 +391,7 @@ def _ensure_image(
     same_node = source.key == destination.key
     src = DockerOn(source, "source", control("s"))
     dst = src if same_node else DockerOn(destination, "destination", control("d"))
-    peer = None if same_node else Peer(peer_target(destination, tuning), f"/tmp/qni-{secrets.token_hex(6)}")
+    peer = None if same_node else transfer.Peer.new(peer_target(destination, tuning))
     pool = ThreadPoolExecutor(max_workers=6)
     # One connection per node, made first and without a remote shell; every command after it rides
     # on it.
@@ -636,7 +414,12 @@ def _ensure_image(
         src_facts
         if same_node
         else pool.submit(
-            times.timed("destination facts", _after), dst_master, dst.facts, image, inventory=True
+            times.timed("destination facts", _after),
+            dst_master,
+            dst.facts,
+            image,
+            inventory=True,
+            python=True,
         )
     )
     try:
@@ -656,32 +439,9 @@ def _after(ready: Future, call: Callable[..., Any], *args, **kwargs) -> Any:
     return call(*args, **kwargs)
 
 
-MASTER_PERSIST_S = 30  # an orchestrator that died leaves no connection behind for longer
-
-
 def open_master(docker: DockerOn) -> None:
-    """Connect to the node now, without running a remote shell; later commands share the connection.
-
-    Best effort: when this fails, the first command connects by itself and reports why, with retries.
-    """
-    target, path = docker.node.target, docker.transport.control_path
-    argv = [
-        "ssh",
-        # First value wins in ssh: these override the ControlMaster=auto of ssh_options.
-        "-o", "ControlMaster=yes",
-        "-o", f"ControlPersist={MASTER_PERSIST_S}",
-        *ssh_options(target, path),
-        "-f", "-N",
-        target.destination,
-    ]  # fmt: skip
-    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-        subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=target.connect_timeout * 2 + 5,
-        )
+    """Connect to the node now, without a remote shell; later commands share the connection."""
+    transfer.open_master(docker.node.target, docker.transport.control_path)
 
 
 def _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times) -> dict[str, Any]:
@@ -738,12 +498,12 @@ def _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times)
         return done(twin, dst_daemon, retagged=True, placed_tag=True)
     keep_from = 0
     if dst_daemon.store == "classic":  # the containerd store needs every blob: send all
-        keep_from = transfer.present_prefix(
-            src_image.layers, transfer.present_chains(i.layers for i in others)
+        keep_from = image_transfer.present_prefix(
+            src_image.layers, image_transfer.present_chains(i.layers for i in others)
         )
     sizes = parse_layer_sizes(at_source.history, len(src_image.layers))
     _check_disk(dst, dst_daemon, src_image, sizes, keep_from, free, tuning)
-    name, _ = transfer.split_reference(image)
+    name, _ = image_transfer.split_reference(image)
     tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
     copy = functools.partial(
         _stream,
@@ -756,7 +516,9 @@ def _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times)
         peer,
         tuning,
         python=at_source.python,
+        dst_python=at_destination.python,
         same_store=dst_daemon.store == src_daemon.store,
+        bytes_total=sum(sizes[keep_from:]) if sizes else src_image.size,
         times=times,
     )
     try:
@@ -792,7 +554,7 @@ def _converge(image, src, dst, src_facts, dst_facts, peer, props, tuning, times)
         dst_daemon,
         skipped=False,
         placed_tag=True,
-        bytes_sent=int(summary.get("written", 0)),
+        bytes_sent=int(report["bytes"]),
         layer_bytes_sent=int(summary.get("layer_bytes", 0)),
         layers_sent=int(summary.get("layers_sent", 0)),
         layers_left_out=int(summary.get("layers_left_out", 0)),
@@ -810,99 +572,6 @@ def _can_export(tuning: Tuning, source: Daemon, destination: Daemon) -> bool:
     )
 
 
-@dataclass
-class Peer:
-    """The source's own SSH connection to the destination: a control master on the source node,
-    its socket in a private folder there.
-
-    `early_argv` starts connecting while the source is inspected (detached; it writes its exit status
-    to `done` in the folder). A copy's first step, `handshake_argv`, waits for that, then checks the
-    master and connects itself when there is none; `close_argv` waits the same way, then ends it."""
-
-    target: SshTarget
-    folder: str
-    closed: bool = False  # a copy's last step ended the master
-
-    @property
-    def control_path(self) -> str:
-        return f"{self.folder}/m"
-
-    def argv(self, argv: list[str]) -> list[str]:
-        return ssh_argv(self.target, argv, self.control_path)
-
-    def early_argv(self) -> list[str]:
-        """Connect now and record the exit status in the folder (only in a folder that is ours)."""
-        done = shell_join([f"{self.folder}/done"])
-        connect = shell_join(bash_argv(self._connect_script()))
-        return bash_argv(f'{connect}; s=$?; [ "$s" = {PEER_FOLDER_EXIT} ] || echo "$s" > {done}')
-
-    def handshake_argv(self) -> list[str]:
-        """Wait for an early connection attempt to end, then make sure the master is up.
-
-        Exits 255 when the destination cannot be reached over SSH, PEER_FOLDER_EXIT when the folder
-        is not ours."""
-        return bash_argv(f"{self._wait_for_early()}; {self._connect_script()}")
-
-    def close_argv(self) -> list[str]:
-        """End the master and remove its folder (run on the source), once an early attempt ended:
-        a master that came up after the close would be left behind."""
-        stop = shell_join(self._control(["-O", "exit"]))
-        remove = shell_join(["rm", "-rf", self.folder])
-        return bash_argv(f"{self._wait_for_early()}; {stop} >/dev/null 2>&1; {remove}")
-
-    def _wait_for_early(self) -> str:
-        """Shell: poll for the early attempt's status while its folder exists, bounded by twice the
-        connect timeout (a hung attempt is then treated as absent)."""
-        folder, done = shell_join([self.folder]), shell_join([f"{self.folder}/done"])
-        polls = int((self.target.connect_timeout * 2 + 5) / 0.01)
-        return (
-            f"i=0; while [ -d {folder} ] && [ ! -s {done} ] && [ $i -lt {polls} ]; "
-            f"do sleep 0.01; i=$((i+1)); done"
-        )
-
-    def _connect_script(self) -> str:
-        """Make the private folder (0700; an existing one only if it is ours, as after a retry), then
-        connect to the destination without a remote shell, unless the master is already up. The
-        master's stderr goes to a file: a backgrounded master must not hold a session's pipes.
-        """
-        make = shell_join(["mkdir", "-m", "700", self.folder])
-        ours = " && ".join(
-            shell_join(test)
-            for test in (
-                ["test", "-d", self.folder],
-                ["test", "!", "-L", self.folder],
-                ["test", "-O", self.folder],
-            )
-        )
-        check = shell_join(self._control(["-O", "check"]))
-        errors = shell_join([f"{self.folder}/err"])
-        connect = shell_join(
-            [
-                "ssh",
-                # First value wins in ssh: this overrides the ControlMaster=auto of ssh_options.
-                "-o",
-                "ControlMaster=yes",
-                *ssh_options(self.target, self.control_path),
-                "-f",
-                "-N",
-                self.target.destination,
-            ]  # fmt: skip
-        )
-        script = (
-            f"{{ {make} 2>/dev/null || {{ {ours}; }}; }} || exit {PEER_FOLDER_EXIT}; "
-            f"{check} >/dev/null 2>&1 && exit 0; "
-            f"{connect} </dev/null >/dev/null 2>{errors} && exit 0; "
-            f's=$?; cat {errors} >&2; exit "$s"'
-        )
-        return script
-
-    def _control(self, command: list[str]) -> list[str]:
-        return ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}", *command, "x"]
-
-
-PEER_FOLDER_EXIT = 96
-
-
 def _existing_twin(
     images: list[ImageInfo], store: str, wanted: ImageInfo, wanted_store: str
 ) -> ImageInfo | None:
@@ -910,43 +579,6 @@ def _existing_twin(
     matches = [i for i in images if same_image(i, store, wanted, wanted_store)]
     unique = {i.image_id: i for i in matches}
     return next(iter(unique.values())) if len(unique) == 1 else None
-
-
-def peer_target(destination: Node, tuning: Tuning) -> SshTarget:
-    """How the source reaches the destination: its fabric address, the destination's user and port."""
-    target = destination.target
-    return SshTarget(
-        host=destination.fabric_host,
-        user=target.user,
-        port=target.port,
-        known_hosts=tuning.peer_known_hosts or target.known_hosts,
-        identity_file=tuning.peer_identity_file or target.identity_file,
-        name=destination.label,
-        connect_timeout=tuning.connect_timeout_s,
-    )
-
-
-def peer_unreachable(
-    source: Node, destination: Node, peer_ssh: Peer, status: int, stderr: str
-) -> NodeImageError:
-    """The error for a copy whose first step, the source's SSH connection to the destination, failed:
-    nothing was sent."""
-    peer = peer_ssh.target
-    where = f"{peer.user}@{peer.host}:{peer.port}"
-    tail = stderr_tail(stderr, 4)
-    if status == PEER_FOLDER_EXIT:
-        return NodeImageError(
-            f"source {source.label}: could not make the private folder {peer_ssh.folder} for the SSH "
-            f"connection to {destination.label}; nothing was sent:\n  stderr: {tail}\n"
-            f"  next: check /tmp on {source.label} (free space, permissions) and run again"
-        )
-    return NodeImageError(
-        f"source {source.label} cannot SSH to destination {destination.label} at {where} (exit {status}); "
-        f"nothing was sent:\n  stderr: {tail}\n"
-        f"  next: on {source.label}, make `ssh -p {peer.port} {peer.user}@{peer.host}` work unattended: "
-        f"key {peer.identity_file or '(default)'} authorized on {destination.label}, host key for "
-        f"{peer.host} in {peer.known_hosts} (or set tuning peer_identity_file / peer_known_hosts)"
-    )
 
 
 def _check_disk(
@@ -972,13 +604,6 @@ def _check_disk(
         )
 
 
-# What the destination's load-verify-promote step means by its exit status (see load_and_promote_argv).
-DESTINATION_EXITS = {
-    3: "the loaded image could not be inspected on the destination",
-    5: "docker tag / docker image rm of the temporary tag failed on the destination",
-}
-
-
 def _stream(
     src: DockerOn,
     dst: DockerOn,
@@ -986,73 +611,71 @@ def _stream(
     wanted: ImageInfo,
     keep_from: int,
     tmp_tag: str,
-    peer: Peer,
+    peer: transfer.Peer,
     tuning: Tuning,
     *,
     python: str = "python3",
+    dst_python: str = "python3",
     same_store: bool = True,
     export: dict | None = None,
+    bytes_total: int = 0,
     times: PhaseTimes | None = None,
 ) -> dict:
-    """Send, load, verify and promote in one session on the source; the filter's report plus `image`
-    (the verified image now tagged `image` on the destination). Raises Mismatch, ExportFailed or
-    NodeImageError."""
+    """Send, load, verify and promote in one session on the source (a transfer: producers on the
+    source, `load_image` on the destination); the filter's report plus `image` (the verified image
+    now tagged `image` on the destination). Raises Mismatch, ExportFailed or NodeImageError."""
     source, destination = src.node, dst.node
-    spec = transfer.filter_spec(
-        wanted.layers,
-        keep_from,
-        tmp_tag,
-        tuning.stall_timeout_s,
-        tuning.deadline_s,
-        tuning.compression,
-        export=export,
+    spec = image_transfer.filter_spec(wanted.layers, keep_from, tmp_tag, tuning.compression, export=export)
+    producers = [transfer.Stage("layer export (source)", image_transfer.filter_argv(spec, python))]
+    if not export:
+        producers = [
+            transfer.Stage("docker save (source)", ["docker", "save", image]),
+            transfer.Stage("save filter (source)", image_transfer.filter_argv(spec, python)),
+        ]
+    job = transfer.Transfer(
+        operation=f"node-image-{destination.label}-{secrets.token_hex(3)}",
+        producers=tuple(producers),
+        consumer=transfer.Stage(
+            "docker load (destination)", load_argv(tmp_tag, image, wanted, same_store, dst_python)
+        ),
+        bytes_total=bytes_total,
     )
-    load = peer.argv(load_and_promote_argv(tmp_tag, image, wanted, same_store))
-    pipeline = transfer.copy_pipeline(
-        image, spec, load, python, then=peer.close_argv(), first=peer.handshake_argv()
-    )
-    local = ssh_argv(source.target, pipeline, src.transport.control_path)
-    outcome = run_watched(local, tuning.deadline_s, tuning.stall_timeout_s, times)
-    report = transfer.parse_filter_stderr(outcome.stderr)
-    if report["preflight"]:  # the source could not connect to the destination: nothing started
-        raise peer_unreachable(source, destination, peer, report["preflight"], "\n".join(report["other"]))
-    statuses = report["pipestatus"]
-    loaded = parse_images(report["loaded"])
-    ok = not outcome.killed and report["summary"] is not None and statuses and not any(statuses)
-    if ok and report["promoted"] and loaded:
-        peer.closed = outcome.returncode == 0  # the pipeline's last step closed the source's master
-        return {**report, "image": loaded[0]}
-    if statuses[-1:] == [4] and loaded:
+    try:
+        result = transfer.run_transfer(
+            job, source, destination, peer, tuning, src.transport.control_path, python, times
+        )
+    except transfer.PeerUnreachable as exc:
+        raise NodeImageError(str(exc)) from None
+    loaded_report = result.consumer_report or {}
+    loaded = parse_images(loaded_report.get("loaded") or "")
+    promoted = bool(loaded_report.get("promoted"))
+    summary = result.stages[-2].report if len(result.stages) >= 2 else None
+    if result.ok and promoted and loaded:
+        return {"summary": summary or {}, "bytes": result.bytes_sent, "image": loaded[0]}
+    if loaded_report.get("exit") == LoadExit.MISMATCH and loaded:
         raise Mismatch(loaded[0])
-    stage = transfer.failed_stage(report["pipestatus"], export=bool(export))
-    if outcome.killed:
-        why = outcome.killed
-    elif report["error"]:
-        why = report["error"]
-    elif statuses[-1:] and statuses[-1] in DESTINATION_EXITS and report["loaded"]:
-        why = DESTINATION_EXITS[statuses[-1]]
-    elif stage:
-        why = stage
-    elif outcome.returncode == SSH_TRANSPORT_FAILURE:
-        why = f"the SSH connection to {source.label} failed"
-    else:
-        why = f"exit {outcome.returncode}"
-    detail = "\n".join(report["other"][-6:])
-    link_failed = (
-        outcome.killed or "stalled" in why or "deadline" in why or statuses[-1:] == [SSH_TRANSPORT_FAILURE]
+    placed = (
+        f"{image} on {destination.label} was verified against the source and tagged"
+        if promoted
+        else f"nothing was tagged {image} on {destination.label}"
     )
-    error = ExportFailed if export and not link_failed and not report["promoted"] else NodeImageError
-    if report["promoted"]:  # verified and tagged, though a later step failed
-        placed = f"{image} on {destination.label} was verified against the source and tagged"
-    else:
-        placed = f"nothing was tagged {image} on {destination.label}"
-    raise error(
-        f"copy of {image} from {source.label} to {destination.label} failed: {why}"
-        + (f" [{stage}]" if stage and stage != why else "")
-        + (f"\n  stderr: {detail}" if detail else "")
-        + f"\n  {placed}; next: check the link between the nodes "
-        f"and run again (layers already loaded are reused)"
+    why = result.why
+    if loaded_report.get("outcome") and result.stages and result.stages[-1].status:
+        why = f"{loaded_report['outcome']} ({why})"
+    if loaded_report.get("stderr"):
+        result.detail = [*result.detail, *str(loaded_report["stderr"]).splitlines()]
+    result.why = why
+    message = result.error(
+        f"copy of {image}",
+        placed,
+        "check the link between the nodes and run again (layers already loaded are reused)",
     )
+    error = (
+        ExportFailed
+        if export and result.failure is transfer.Failure.STAGE and not promoted
+        else NodeImageError
+    )
+    raise error(message)
 
 
 # ---- refresh, diff, delete ----------------------------------------------------------------------------

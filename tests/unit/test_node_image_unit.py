@@ -10,6 +10,7 @@ import pulumi
 import pytest
 
 import components.node_image as ni
+from components.config import CopyConfig
 from components.node_image import (
     Daemon,
     ImageInfo,
@@ -27,6 +28,8 @@ from components.node_image import (
     replace_reasons,
     same_image,
 )
+from components.node_programs.transfer_source import Exit as SourceExit
+from components.transfer import Peer, peer_unreachable
 from tests.program import RecordingMocks
 
 L1, L2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
@@ -71,11 +74,17 @@ def test_identity_is_the_id_in_one_store_and_the_layers_across_stores():
 
 
 def test_tuning_rejects_unknown_keys_with_a_hint():
+    def nodes_with(tuning):
+        return ni._nodes(
+            {"image": "app:1", "source": node("a", "h1"), "destination": node("b", "h2"), "tuning": tuning}
+        )
+
     with pytest.raises(NodeImageError, match="did you mean 'stall_timeout_s'"):
-        Tuning.from_props({"tuning": {"stall_timeout": 5}})
+        nodes_with({"stall_timeout": 5})
     with pytest.raises(NodeImageError, match="compression"):
-        Tuning.from_props({"tuning": {"compression": "zip"}})
-    assert Tuning.from_props({"tuning": {"disk_reserve_bytes": 1}}).disk_reserve_bytes == 1
+        nodes_with({"compression": "zip"})
+    assert nodes_with({"disk_reserve_bytes": 1})[3].disk_reserve_bytes == 1
+    assert Tuning is CopyConfig  # one definition of copy tuning
 
 
 def test_bad_inputs_fail_before_any_node_is_touched():
@@ -199,7 +208,7 @@ def test_phase_times_list_every_span_and_print_only_when_asked(monkeypatch, caps
         pass
     assert times.timed("stream", lambda x: x + 1)(1) == 2
     table = times.table()
-    assert "NodeImage timing app:1" in table and "source facts" in table and "stream" in table
+    assert "timing app:1" in table and "source facts" in table and "stream" in table
     monkeypatch.delenv(ni.TIMING_ENV, raising=False)
     times.report()
     assert capsys.readouterr().err == ""
@@ -208,61 +217,33 @@ def test_phase_times_list_every_span_and_print_only_when_asked(monkeypatch, caps
     assert "source facts" in capsys.readouterr().err
 
 
-def test_destination_loads_verifies_and_promotes_in_one_session():
-    wanted = ImageInfo("sha256:ab", (L1, L2))
-    argv = ni.load_and_promote_argv("app:qwen35-tmp-1", "app:1", wanted, same_store=True)
-    script = argv[-1]
-    assert argv[:2] == ["bash", "--norc"] and script.startswith("docker load || exit $?")
-    assert "cut -f1" in script and "'\"sha256:ab\"'" in script and "|| exit 4" in script
-    assert script.index("docker tag app:qwen35-tmp-1 app:1") < script.index(
-        "docker image rm app:qwen35-tmp-1"
-    )
-    across = ni.load_and_promote_argv("app:qwen35-tmp-1", "app:1", wanted, same_store=False)[-1]
-    assert "cut -f2" in across and L1 in across
-
-
 def test_peer_master_lives_in_a_private_folder_on_the_source():
-    peer = ni.Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
-    opened = peer.handshake_argv()[-1]
-    waited, _, opened = opened.partition("; done; ")
-    # an early attempt (started during the inspection) is waited for, bounded by the connect timeout
-    assert waited.startswith("i=0; while [ -d /tmp/qni-x ] && [ ! -s /tmp/qni-x/done ] && [ $i -lt 2500 ]")
-    assert opened.startswith("{ mkdir -m 700 /tmp/qni-x") and "test -O /tmp/qni-x" in opened
-    assert "ControlPath=/tmp/qni-x/m" in opened and "-O check" in opened
-    # a new master, no remote shell; its stderr kept in the folder, not on the copy session's pipe
-    assert "-o ControlMaster=yes" in opened and "-f -N ops@10.0.0.2" in opened
-    assert "2>/tmp/qni-x/err" in opened
-    closed = peer.close_argv()[-1]
-    assert closed.startswith(waited) and "-O exit" in closed and closed.endswith("rm -rf /tmp/qni-x")
-    early = peer.early_argv()[-1]
-    assert "-f -N ops@10.0.0.2" in early and early.endswith('[ "$s" = 96 ] || echo "$s" > /tmp/qni-x/done')
-
-
-def test_the_copy_connects_to_the_destination_before_anything_is_sent():
-    peer = ni.Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
-    spec = ni.transfer.filter_spec([L1, L2], 1, "app:qwen35-tmp-1", 30, 60)
-    script = ni.transfer.copy_pipeline(
-        "app:1", spec, peer.argv(["docker", "load"]), first=peer.handshake_argv()
-    )[-1]
-    assert script.index("-f -N ops@10.0.0.2") < script.index("docker save app:1")
-    assert 'exit "$s"; }; echo "qwen35-preflight 0"' in script
+    peer = Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
+    spec = peer.spec()
+    assert spec["folder"] == "/tmp/qni-x" and spec["connect_timeout"] == 10
+    assert spec["check"][-3:] == ["-O", "check", "x"] and "ControlPath=/tmp/qni-x/m" in spec["check"]
+    connect = spec["connect"]
+    # a new master, no remote shell, pinned keys from ssh_options
+    assert connect[:3] == ["ssh", "-o", "ControlMaster=yes"] and connect[-3:] == ["-f", "-N", "ops@10.0.0.2"]
+    assert "StrictHostKeyChecking=yes" in connect and "ControlPath=/tmp/qni-x/m" in connect
+    assert peer.early_argv()[:4] == ["python3", "-I", "-S", "-c"] and peer.early_argv()[5] == "early"
+    assert peer.close_argv()[5] == "close"
 
 
 @pytest.mark.parametrize(
     ("status", "words"),
     [
         (255, ["cannot SSH", "node a", "node b", "ops@10.0.0.2:22", "nothing was sent", "next:", "boom"]),
-        (ni.PEER_FOLDER_EXIT, ["private folder /tmp/qni-x", "node a", "nothing was sent", "next:"]),
+        (SourceExit.PEER_FOLDER, ["private folder /tmp/qni-x", "node a", "nothing was sent", "next:"]),
     ],
 )
 def test_a_failed_handshake_names_both_nodes_and_what_to_do(status, words):
     source = Node.from_dict("source", node("node a", "10.0.0.1"))
     destination = Node.from_dict("destination", node("node b", "10.0.0.2"))
-    peer = ni.Peer(peer_target(destination, Tuning()), "/tmp/qni-x")
-    stderr = f"qwen35-preflight {status}\nssh: connect to host 10.0.0.2 port 22: boom"
-    report = ni.transfer.parse_filter_stderr(stderr)
-    assert report["preflight"] == status
-    message = str(ni.peer_unreachable(source, destination, peer, status, "\n".join(report["other"])))
+    peer = Peer(peer_target(destination, Tuning()), "/tmp/qni-x")
+    message = str(
+        peer_unreachable(source, destination, peer, status, "ssh: connect to host 10.0.0.2 port 22: boom")
+    )
     assert all(word in message for word in words), message
 
 
@@ -316,3 +297,53 @@ def test_delete_untags_only_the_image_it_placed_even_after_a_drifted_refresh(
     state = olds(placed_tag=True, placed_image_id=placed, image_id=on_node)
     NodeImageProvider().delete("b/app:1", state)
     assert fake.untagged == (["app:1"] if untags else [])
+
+
+FAKE_DOCKER = """#!{python}
+import json, os, sys
+log = os.environ["FAKE_DOCKER_LOG"]
+args = sys.argv[1:]
+with open(log, "a") as handle:
+    handle.write(json.dumps(args) + "\\n")
+if args[0] == "load":
+    data = sys.stdin.buffer.read()
+    sys.exit(0 if data == b"archive" else 1)
+if args[:2] == ["image", "inspect"]:
+    print(os.environ["FAKE_DOCKER_IMAGE"])
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("loaded_id", "same_store", "status", "promoted"),
+    [
+        ("sha256:ab", True, 0, True),
+        ("sha256:other", True, 4, False),  # not the wanted image: never tagged, temporary tag dropped
+        ("sha256:manifest", False, 0, True),  # across store kinds the layer list is the identity
+    ],
+    ids=["same-id", "other-image", "across-stores"],
+)
+def test_destination_loads_verifies_and_promotes_in_one_program(
+    tmp_path, monkeypatch, loaded_id, same_store, status, promoted
+):
+    import subprocess
+    import sys
+
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
+    docker.chmod(0o755)
+    log = tmp_path / "log"
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
+    monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"{loaded_id}"\t["{L1}","{L2}"]\t7')
+    argv = ni.load_argv(
+        "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1, L2)), same_store, sys.executable
+    )
+    done = subprocess.run(argv, input=b"archive", capture_output=True, timeout=60)
+    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert done.returncode == status and report["promoted"] is promoted and report["exit"] == status
+    assert parse_images(report["loaded"])[0].image_id == loaded_id
+    tagged = ["tag", "app:qwen35-tmp-1", "app:1"] in calls
+    assert tagged is promoted
+    assert calls[-1] == ["image", "rm", "app:qwen35-tmp-1"]  # the temporary tag goes either way
