@@ -72,6 +72,7 @@ def filter_spec(
     new_tag: str,
     compress: str = "none",
     export: dict | None = None,
+    leave_out: Sequence[str] = (),
 ) -> dict:
     """What the filter needs to know; plain JSON."""
     if compress not in ("none", "gzip"):
@@ -79,6 +80,7 @@ def filter_spec(
     return {
         "layers": list(layers),
         "keep_from": keep_from,
+        "leave_out": list(leave_out),
         "new_tag": new_tag,
         "compress": compress,
         "export": export,

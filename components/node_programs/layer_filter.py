@@ -215,7 +215,9 @@ def filter_stream(spec: dict, source, sink, counter: StreamCounter) -> None:
     """
     layers = list(spec["layers"])
     keep_from = int(spec.get("keep_from", 0))
-    skip = set(layers[:keep_from])
+    # Left out: the given diff IDs (a containerd store holding their blobs), else the bottom
+    # `keep_from` layers (a classic store holding them as a chain).
+    skip = set(spec.get("leave_out") or layers[:keep_from])
     all_layers = set(layers)
     chains = chain_ids(layers)
     v1_depth: dict[str, int | None] = {}
@@ -296,8 +298,8 @@ def filter_stream(spec: dict, source, sink, counter: StreamCounter) -> None:
             if typ in (b"0", b"\0"):
                 depth = v1_depth.get(legacy.group(1))
                 is_layer = True
-                leave_out = depth is not None and depth < keep_from
-                if depth is None and keep_from:
+                leave_out = depth is not None and layers[depth] in skip
+                if depth is None and skip:
                     counter.unmatched += 1
             elif typ in (b"1", b"2"):
                 # Newer saves may link the old path to the blob: drop the link with its target.

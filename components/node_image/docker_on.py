@@ -1,0 +1,153 @@
+"""Docker commands on one node over SSH, with errors that name the node and what to do."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from components.node_image.errors import NodeImageError
+from components.node_image.facts import (
+    IMAGE_FORMAT,
+    INFO_FORMAT,
+    SECTION,
+    Facts,
+    ImageInfo,
+    parse_blobs,
+    parse_daemon,
+    parse_df_available,
+    parse_images,
+)
+from components.node_image.nodes import Node
+from components.node_programs import program_argv
+from components.node_programs.image_tag import Exit as TagExit
+from components.remote import (
+    SSH_TRANSPORT_FAILURE,
+    RemoteError,
+    Result,
+    bash_argv,
+    shell_join,
+    stderr_tail,
+    with_retries,
+)
+
+# Where a Docker daemon with the containerd image store keeps layer blobs, seen from the host.
+CONTENT_STORE_NAMESPACE = "moby"
+
+
+class DockerOn:
+    """Docker commands on one node, with errors that name the node and what to do."""
+
+    def __init__(self, node: Node, role: str, control_path: str | None = None):
+        self.node, self.role = node, role
+        self.transport = node.transport(control_path)
+
+    def run(self, argv: list[str], hint: str = "", timeout: float = 120.0, check: bool = True) -> Result:
+        try:
+            result = with_retries(lambda: self.transport.run(argv, timeout=timeout), deadline_s=20.0)
+        except RemoteError as exc:
+            raise NodeImageError(f"{self.role} {exc}") from exc
+        if check and not result.ok:
+            if result.returncode == SSH_TRANSPORT_FAILURE:
+                hint = (
+                    f"check that {self.node.label} ({self.node.target.host}:{self.node.target.port}) is up, "
+                    f"that sshd runs there and that its host key is in {self.node.target.known_hosts}"
+                )
+            raise NodeImageError(
+                f"{self.role} "
+                + str(RemoteError(self.node.label, argv, result.returncode, result.stderr, hint))
+            )
+        return result
+
+    def facts(
+        self,
+        ref: str,
+        history: bool = False,
+        inventory: bool = False,
+        python: bool = False,
+        detached: Sequence[str] | None = None,
+    ) -> Facts:
+        """The daemon and image `ref` (None when absent), optionally its layer sizes, the node's
+        inventory (every image's layers, free bytes under Docker's root, a containerd store's layer
+        blobs) and its system python3, in one round trip.
+
+        `detached` (an argv) is started first and left running when the session ends, its output
+        dropped: it must report through files of its own (see `Peer.early_argv`)."""
+        info = shell_join(["docker", "info", "--format", INFO_FORMAT])
+        parts = []
+        if detached:
+            # `&` ends the command: the next part follows on the same line without a `;`.
+            parts.append(f"{{ {shell_join(detached)}; }} </dev/null >/dev/null 2>&1 & true")
+        parts += [
+            f"info=$({info}) || exit $?",
+            'printf "%s\\n" "$info"',
+            f"echo {SECTION}",
+            shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref])
+            + " 2>/dev/null || true",
+        ]
+        if history:
+            sizes = ["docker", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}", ref]
+            parts += [f"echo {SECTION}", f"{shell_join(sizes)} 2>/dev/null || true"]
+        if python:
+            # The system interpreter (default PATH), not a version manager's shim: pyenv's costs a
+            # process tree per call.
+            parts += [f"echo {SECTION}", "command -pv python3 || true"]
+        if inventory:
+            listing = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT])
+            parts += [
+                f"echo {SECTION}",
+                f"{{ docker image ls -a -q --no-trunc | sort -u | xargs -r {listing}; }} || exit $?",
+                f"echo {SECTION}",
+                'df -P -B1 "$(printf "%s" "$info" | cut -f2)" || exit $?',
+                f"echo {SECTION}",
+                # Layer blobs a containerd-store daemon already holds (nothing on a classic store).
+                # `ctr` may be missing or not allowed: then every layer is sent.
+                "case $info in *io.containerd.snapshotter*) "
+                + shell_join(["ctr", "-n", CONTENT_STORE_NAMESPACE, "content", "ls", "-q"])
+                + " 2>/dev/null || true;; esac",
+            ]
+        result = self.run(
+            bash_argv("; ".join(parts), pipefail=True),
+            hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
+        )
+        sections = result.text.split(f"{SECTION}\n")
+        found = parse_images(sections[1])
+        facts = Facts(self.node, ref, parse_daemon(sections[0]), found[0] if found else None)
+        rest = sections[2:]
+        if history:
+            facts.history = rest.pop(0)
+        if python:
+            facts.python = rest.pop(0).strip() or "python3"
+        if inventory:
+            facts.images, facts.free = parse_images(rest.pop(0)), parse_df_available(rest.pop(0))
+            facts.blobs = parse_blobs(rest.pop(0))
+        return facts
+
+    def tags(self, mode: str, spec: dict, python: str = "python3") -> dict:
+        """Run `image_tag MODE SPEC` on the node (retag, join, leave); its report."""
+        argv = program_argv("image_tag", [mode, json.dumps(spec, separators=(",", ":"))], python)
+        result = self.run(argv, check=False)
+        try:
+            report = json.loads(result.out.splitlines()[-1]) if result.out else {}
+        except ValueError:
+            report = {}
+        if result.returncode == SSH_TRANSPORT_FAILURE or (result.returncode and not report):
+            self.run(argv, hint=f"check `docker images` on {self.node.label}")  # raises, naming the node
+        if report.get("exit", 0) == TagExit.TAG_FAILED:
+            raise NodeImageError(
+                f"{self.role} {self.node.label}: {report.get('outcome')} for {spec.get('ref')}: "
+                f"{stderr_tail(report.get('stderr') or '', 3)}; next: check `docker images` on "
+                f"{self.node.label}, remove the tag by hand if needed (docker image rm {spec.get('ref')})"
+            )
+        return report
+
+    def image(self, ref: str) -> ImageInfo | None:
+        result = self.run(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref], check=False)
+        if result.ok:
+            return parse_images(result.text)[0]
+        if b"No such image" in result.stderr or b"no such image" in result.stderr.lower():
+            return None
+        self.run(["docker", "image", "inspect", ref], hint=f"check `docker info` on {self.node.label}")
+        return None
+
+    def untag(self, ref: str) -> Result:
+        return self.run(["docker", "image", "rm", ref], check=False)
