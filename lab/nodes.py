@@ -85,9 +85,7 @@ def sshd_config_text(spec: NodeSpec, paths: NodePaths, keys: SshPaths) -> str:
             "MaxStartups 50:30:100",
             # Its own home, as a separate machine has: sessions read no startup files or client
             # configuration of the machine running the lab (here, root's ~/.bashrc runs pyenv init).
-            # CONTAINERD_ADDRESS: `ctr` reaches the node's own containerd, as on a machine with one.
-            f"SetEnv DOCKER_HOST=unix://{paths.socket} LAB_NODE={spec.name} HOME={paths.home} "
-            f"CONTAINERD_ADDRESS={paths.exec_root}/containerd/containerd.sock",
+            f"SetEnv DOCKER_HOST=unix://{paths.socket} LAB_NODE={spec.name} HOME={paths.home}",
             "LogLevel INFO",
             "",
         ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 from components.node_image.errors import NodeImageError
 from components.node_image.facts import (
@@ -30,8 +29,62 @@ from components.remote import (
     with_retries,
 )
 
-# Where a Docker daemon with the containerd image store keeps layer blobs, seen from the host.
-CONTENT_STORE_NAMESPACE = "moby"
+# Where containerd keeps content (layer blobs by digest), under its root: the one dockerd starts
+# itself (<docker root>/containerd/daemon) or the system's (Docker 29's default).
+CONTENT_BLOBS = "io.containerd.content.v1.content/blobs/sha256"
+SYSTEM_CONTAINERD_ROOT = "/var/lib/containerd"
+
+
+def facts_argv(ref: str, history: bool = False, inventory: bool = False, python: bool = False) -> list[str]:
+    """One command for a node's facts: the daemon and image `ref`, optionally its layer sizes, the
+    node's inventory (every image's layers, free bytes under Docker's root, a containerd store's
+    layer blobs) and its system python3."""
+    info = shell_join(["docker", "info", "--format", INFO_FORMAT])
+    parts = [
+        f"info=$({info}) || exit $?",
+        'printf "%s\\n" "$info"',
+        f"echo {SECTION}",
+        shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref]) + " 2>/dev/null || true",
+    ]
+    if history:
+        sizes = ["docker", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}", ref]
+        parts += [f"echo {SECTION}", f"{shell_join(sizes)} 2>/dev/null || true"]
+    if python:
+        # The system interpreter (default PATH), not a version manager's shim: pyenv's costs a
+        # process tree per call.
+        parts += [f"echo {SECTION}", "command -pv python3 || true"]
+    if inventory:
+        listing = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT])
+        parts += [
+            f"echo {SECTION}",
+            f"{{ docker image ls -a -q --no-trunc | sort -u | xargs -r {listing}; }} || exit $?",
+            f"echo {SECTION}",
+            'df -P -B1 "$(printf "%s" "$info" | cut -f2)" || exit $?',
+            f"echo {SECTION}",
+            # Layer blobs a containerd-store daemon already holds (nothing on a classic store): the
+            # content store of the containerd dockerd manages, or of the system's. Unreadable (not
+            # root): nothing is listed, every layer is sent.
+            "case $info in *io.containerd.snapshotter*) "
+            f'for d in "$(printf "%s" "$info" | cut -f2)/containerd/daemon" {SYSTEM_CONTAINERD_ROOT}; '
+            f'do ls "$d/{CONTENT_BLOBS}" 2>/dev/null; done; true;; esac',
+        ]
+    return bash_argv("; ".join(parts), pipefail=True)
+
+
+def parse_facts(node: Node, ref: str, text: str, history: bool, inventory: bool, python: bool) -> Facts:
+    """The Facts in `facts_argv`'s output (pure)."""
+    sections = text.split(f"{SECTION}\n")
+    found = parse_images(sections[1])
+    facts = Facts(node, ref, parse_daemon(sections[0]), found[0] if found else None)
+    rest = sections[2:]
+    if history:
+        facts.history = rest.pop(0)
+    if python:
+        facts.python = rest.pop(0).strip() or "python3"
+    if inventory:
+        facts.images, facts.free = parse_images(rest.pop(0)), parse_df_available(rest.pop(0))
+        facts.blobs = parse_blobs(rest.pop(0))
+    return facts
 
 
 class DockerOn:
@@ -58,69 +111,26 @@ class DockerOn:
             )
         return result
 
-    def facts(
-        self,
-        ref: str,
-        history: bool = False,
-        inventory: bool = False,
-        python: bool = False,
-        detached: Sequence[str] | None = None,
-    ) -> Facts:
-        """The daemon and image `ref` (None when absent), optionally its layer sizes, the node's
-        inventory (every image's layers, free bytes under Docker's root, a containerd store's layer
-        blobs) and its system python3, in one round trip.
-
-        `detached` (an argv) is started first and left running when the session ends, its output
-        dropped: it must report through files of its own (see `Peer.early_argv`)."""
-        info = shell_join(["docker", "info", "--format", INFO_FORMAT])
-        parts = []
-        if detached:
-            # `&` ends the command: the next part follows on the same line without a `;`.
-            parts.append(f"{{ {shell_join(detached)}; }} </dev/null >/dev/null 2>&1 & true")
-        parts += [
-            f"info=$({info}) || exit $?",
-            'printf "%s\\n" "$info"',
-            f"echo {SECTION}",
-            shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref])
-            + " 2>/dev/null || true",
-        ]
-        if history:
-            sizes = ["docker", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}", ref]
-            parts += [f"echo {SECTION}", f"{shell_join(sizes)} 2>/dev/null || true"]
-        if python:
-            # The system interpreter (default PATH), not a version manager's shim: pyenv's costs a
-            # process tree per call.
-            parts += [f"echo {SECTION}", "command -pv python3 || true"]
-        if inventory:
-            listing = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT])
-            parts += [
-                f"echo {SECTION}",
-                f"{{ docker image ls -a -q --no-trunc | sort -u | xargs -r {listing}; }} || exit $?",
-                f"echo {SECTION}",
-                'df -P -B1 "$(printf "%s" "$info" | cut -f2)" || exit $?',
-                f"echo {SECTION}",
-                # Layer blobs a containerd-store daemon already holds (nothing on a classic store).
-                # `ctr` may be missing or not allowed: then every layer is sent.
-                "case $info in *io.containerd.snapshotter*) "
-                + shell_join(["ctr", "-n", CONTENT_STORE_NAMESPACE, "content", "ls", "-q"])
-                + " 2>/dev/null || true;; esac",
-            ]
+    def facts(self, ref: str, history: bool = False, inventory: bool = False, python: bool = False) -> Facts:
+        """The node's facts (see `facts_argv`) in one round trip."""
         result = self.run(
-            bash_argv("; ".join(parts), pipefail=True),
+            facts_argv(ref, history, inventory, python),
             hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
         )
-        sections = result.text.split(f"{SECTION}\n")
-        found = parse_images(sections[1])
-        facts = Facts(self.node, ref, parse_daemon(sections[0]), found[0] if found else None)
-        rest = sections[2:]
-        if history:
-            facts.history = rest.pop(0)
-        if python:
-            facts.python = rest.pop(0).strip() or "python3"
-        if inventory:
-            facts.images, facts.free = parse_images(rest.pop(0)), parse_df_available(rest.pop(0))
-            facts.blobs = parse_blobs(rest.pop(0))
-        return facts
+        return parse_facts(self.node, ref, result.text, history, inventory, python)
+
+    def facts_failed(self, status: int, stderr: str) -> NodeImageError:
+        """The error for facts gathered elsewhere (the source's session) that failed."""
+        argv = facts_argv("…")
+        hint = f"start Docker on {self.node.label} (systemctl start docker), check `docker info`"
+        if status == SSH_TRANSPORT_FAILURE:
+            hint = (
+                f"check that {self.node.label} ({self.node.target.host}:{self.node.target.port}) is up, "
+                f"that sshd runs there and that its host key is in {self.node.target.known_hosts}"
+            )
+        return NodeImageError(
+            f"{self.role} " + str(RemoteError(self.node.label, argv[:1], status, stderr, hint))
+        )
 
     def tags(self, mode: str, spec: dict, python: str = "python3") -> dict:
         """Run `image_tag MODE SPEC` on the node (retag, join, leave); its report."""

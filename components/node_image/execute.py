@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import random
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -14,14 +15,14 @@ from concurrent.futures import wait as futures_wait
 from typing import Any
 
 from components import image_transfer, transfer
-from components.node_image.docker_on import DockerOn
+from components.node_image.docker_on import DockerOn, facts_argv, parse_facts
 from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
 from components.node_image.facts import IMAGE_FORMAT, Daemon, Facts, ImageInfo, parse_images
 from components.node_image.nodes import inputs, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_programs import program_argv
 from components.node_programs.image_tag import Exit as TagExit
-from components.remote import RemoteError
+from components.remote import SSH_TRANSPORT_FAILURE, RemoteError
 from components.transfer import PhaseTimes, Tuning, peer_target, ssh_sessions
 
 TMP_TAG_PREFIX = "qwen35-tmp-"
@@ -62,18 +63,16 @@ def _ensure_image(
     dst_master = (
         src_master if same_node else pool.submit(times.timed("destination master", _open_master), dst)
     )
-    # The source starts connecting to the destination at the start of its inspection and goes on
-    # after it: the decision and a copy's start overlap the key exchange, which the copy waits for.
-    # A skip or a retag closes the connection unused; from here on, closing it is owed.
-    src_facts = pool.submit(
-        times.timed("source facts", _after),
-        src_master,
-        src.facts,
-        image,
-        history=not same_node,
-        python=True,
-        detached=None if peer is None else peer.early_argv(),
-    )
+    # The source's inspection runs in the session that may later copy: it starts connecting to the
+    # destination, and opens the destination's end, while both nodes are inspected and the plan made.
+    if same_node:
+        src_facts = pool.submit(
+            times.timed("source facts", _after), src_master, src.facts, image, python=True
+        )
+    else:
+        src_facts = pool.submit(
+            times.timed("source facts", _after), src_master, source_session, src, peer, image, times
+        )
     dst_facts = (
         src_facts
         if same_node
@@ -86,26 +85,49 @@ def _ensure_image(
             python=True,
         )
     )
+    session: transfer.SourceSession | None = None
     try:
         with times.span("wait for facts"):
-            at_source, at_destination = src_facts.result(), dst_facts.result()
+            if same_node:
+                at_source = at_destination = src_facts.result()
+            else:
+                session, at_source = src_facts.result()
+                at_destination = dst_facts.result()
         decided = plan(at_source, at_destination, tuning)
         return carry_out(
-            decided, props, image, src, dst, at_source, at_destination, peer, tuning, pool, times
+            decided, props, image, src, dst, at_source, at_destination, peer, tuning, session, times
         )
     finally:
         pool.shutdown(wait=True)
-        if peer is not None and not peer.closed:  # a skip, a retag or a failed copy
+        if session is None and not same_node and src_facts.exception() is None:
+            session = src_facts.result()[0]
+        if session is not None:
+            with times.span("end source session"):
+                session.close()
+        if peer is not None and not peer.closed:  # the source's session died before ending it
             with times.span("close peer master"), contextlib.suppress(RemoteError):
                 # One attempt: a source that cannot be reached must not hold up the error being raised;
                 # an abandoned master ends by itself.
-                src.transport.run(peer.close_argv(at_source_python(src_facts)), timeout=15)
+                src.transport.run(peer.close_argv(), timeout=15)
 
 
-def at_source_python(src_facts: Future) -> str:
-    if src_facts.done() and src_facts.exception() is None:
-        return src_facts.result().python
-    return "python3"
+def source_session(
+    src: DockerOn, peer: transfer.Peer, image: str, times: PhaseTimes
+) -> tuple[transfer.SourceSession, Facts]:
+    """The source's session and its facts; a session that could not reach the node is retried with
+    backoff for up to 20 s (transport failures only)."""
+    deadline, delay = time.monotonic() + 20.0, 1.0
+    argv = facts_argv(image, history=True, python=True)
+    while True:
+        session = transfer.SourceSession(src.node, peer, argv, src.transport.control_path, times=times)
+        status, out, err = session.before()
+        if status == 0:
+            return session, parse_facts(src.node, image, out, history=True, inventory=False, python=True)
+        session.close()
+        if status != SSH_TRANSPORT_FAILURE or time.monotonic() + delay > deadline:
+            raise src.facts_failed(status, err)
+        time.sleep(delay * random.uniform(0.5, 1.0))
+        delay = min(delay * 2, 10.0)
 
 
 def carry_out(
@@ -118,7 +140,7 @@ def carry_out(
     at_destination: Facts,
     peer: transfer.Peer | None,
     tuning: Tuning,
-    pool: ThreadPoolExecutor,
+    session: transfer.SourceSession | None,
     times: PhaseTimes,
 ) -> dict[str, Any]:
     """The outputs after doing what the plan says."""
@@ -174,7 +196,9 @@ def carry_out(
         return done(
             decided.image, decided.daemon, retagged=True, placed_tag=True, holds_tag=True, claim=claim
         )
-    report = copy_image(decided, image, src, dst, at_source, at_destination, peer, tuning, claim, times)
+    report = copy_image(
+        decided, image, src, dst, at_source, at_destination, peer, tuning, claim, session, times
+    )
     summary = report["summary"] or {}
     return done(
         report["image"],
@@ -201,11 +225,14 @@ def copy_image(
     peer: transfer.Peer,
     tuning: Tuning,
     claim: str,
+    session: transfer.SourceSession | None,
     times: PhaseTimes,
 ) -> dict:
     """Copy as planned: from the layer store when the plan says so (falling back to `docker save`
-    when the store cannot be read), verify, promote; the transfer's report."""
+    when the store cannot be read), verify, promote; the transfer's report. The first attempt runs in
+    the source's open session; a second one (a fallback) in a session of its own."""
     wanted = at_source.image
+    sessions = [session] if session is not None else []
     name, _ = image_transfer.split_reference(image)
     tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
 
@@ -223,6 +250,7 @@ def copy_image(
             tuning,
             claim,
             export,
+            sessions.pop() if sessions else None,
             times,
         )
 
@@ -302,6 +330,7 @@ def _stream(
     tuning: Tuning,
     claim: str,
     export: dict | None,
+    session: transfer.SourceSession | None,
     times: PhaseTimes,
 ) -> dict:
     """One transfer: producers on the source, `image_tag load` on the destination; the filter's
@@ -331,9 +360,12 @@ def _stream(
         bytes_total=decided.bytes_to_send,
     )
     try:
-        result = transfer.run_transfer(
-            job, source, destination, peer, tuning, src.transport.control_path, python, times
-        )
+        if session is not None:
+            result = session.transfer(job, destination, tuning)
+        else:
+            result = transfer.run_transfer(
+                job, source, destination, peer, tuning, src.transport.control_path, "python3", times
+            )
     except transfer.PeerUnreachable as exc:
         raise NodeImageError(str(exc)) from None
     loaded_report = result.consumer_report or {}

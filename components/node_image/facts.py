@@ -4,6 +4,7 @@ into them (the commands themselves are in `docker_on.py`)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from components.node_image.nodes import Node
@@ -82,5 +83,6 @@ def parse_layer_sizes(text: str, layer_count: int) -> list[int] | None:
 
 
 def parse_blobs(text: str) -> frozenset[str]:
-    """Digests of the blobs a containerd content store holds (one `sha256:…` per line)."""
-    return frozenset(line.strip() for line in text.splitlines() if line.strip().startswith("sha256:"))
+    """Digests of the blobs a containerd content store holds (its blob files, named by hex digest)."""
+    names = (line.strip().removeprefix("sha256:") for line in text.splitlines())
+    return frozenset(f"sha256:{name}" for name in names if re.fullmatch(r"[0-9a-f]{64}", name))

@@ -1,11 +1,15 @@
 """The source node's side of a node-to-node transfer (runs ON THE SOURCE; standard library only).
 
-    transfer_source early SPEC   connect to the destination now (detached), record the exit status
-    transfer_source run SPEC     connect (or reuse the early connection), then run
-                                 `producer stages | watch | ssh destination consumer`, print one JSON report
+    transfer_source serve SPEC   for one whole operation: start connecting to the destination and open
+                                 the destination's end early (`transfer_sink`), meanwhile run SPEC.before
+                                 (the caller's inspection of the source) and print its outcome as one JSON
+                                 line; then read one JSON line on stdin: {"run": RUN} runs the transfer as
+                                 below, anything else (or end of input) ends the connection unused
+    transfer_source run RUN      connect, then run `producer stages | watch | ssh destination consumer`,
+                                 print one JSON report
     transfer_source close SPEC   end the connection to the destination and remove its private folder
 
-SPEC is JSON. The connection to the destination is an SSH control master whose socket lives in a
+SPEC and RUN are JSON. The connection to the destination is an SSH control master whose socket lives in a
 private folder (0700, owned by us); every ssh argv arrives ready-made in SPEC (the orchestrator
 builds them from its one set of SSH options). `run` copies the last producer's output to the
 consumer itself, so it counts every byte, ends the whole pipeline when no byte moved for `stall_s`
@@ -34,6 +38,7 @@ class Exit(IntEnum):
     OK = 0
     FAILED = 1  # a stage failed, stalled or passed the deadline: see the report
     PEER_FOLDER = 96  # the private folder for the connection could not be made or is not ours
+    PEER_TIMEOUT = 95  # the connection attempt hung past twice the connect timeout
     USAGE = 97
 
 
@@ -84,28 +89,7 @@ def connect(peer: dict) -> tuple[int, str]:
         return status.returncode, err.read().decode(errors="replace")
 
 
-def wait_for_early(peer: dict) -> None:
-    """Wait while an early attempt may still be connecting (its folder exists, no status written yet),
-    bounded by twice the connect timeout: a hung attempt is then treated as absent."""
-    folder, done = peer["folder"], os.path.join(peer["folder"], "done")
-    end = time.monotonic() + 2 * float(peer["connect_timeout"]) + 5
-    while os.path.isdir(folder) and time.monotonic() < end:
-        with contextlib.suppress(OSError):
-            if os.path.getsize(done) > 0:
-                return
-        time.sleep(0.01)
-
-
-def early(peer: dict) -> int:
-    status, _ = connect(peer)
-    if status != Exit.PEER_FOLDER:
-        with open(os.path.join(peer["folder"], "done"), "w") as done:
-            done.write(f"{status}\n")
-    return status
-
-
 def close(peer: dict) -> int:
-    wait_for_early(peer)
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     subprocess.run(peer["exit"], **quiet)
     folder = peer["folder"]
@@ -118,7 +102,42 @@ def close(peer: dict) -> int:
     return 0
 
 
-# `close` after a run: the master is up (or never came), so there is no early attempt to wait for.
+class PeerLink(threading.Thread):
+    """Connects to the destination in the background; once connected, opens the destination's end
+    of the transfer (`sink`: an ssh argv running `transfer_sink` there) so its session start-up is
+    paid for while the caller still decides."""
+
+    def __init__(self, peer: dict, sink: list[str] | None):
+        super().__init__(daemon=True)
+        self.peer, self.sink_argv = peer, sink
+        self.status: int | None = None
+        self.err = ""
+        self.sink: subprocess.Popen | None = None
+
+    def run(self) -> None:
+        self.status, self.err = connect(self.peer)
+        if self.status == 0 and self.sink_argv:
+            with contextlib.suppress(OSError):
+                self.sink = subprocess.Popen(
+                    self.sink_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                )
+
+    def ready(self) -> tuple[int, str]:
+        """The connection's status once the attempt ended (bounded); a failed attempt is tried once more."""
+        self.join(2 * float(self.peer["connect_timeout"]) + 5)
+        if self.is_alive():
+            return Exit.PEER_TIMEOUT, "the connection attempt did not end in time"
+        if self.status:
+            self.status, self.err = connect(self.peer)
+        return int(self.status or 0), self.err
+
+    def discard_sink(self) -> None:
+        if self.sink is not None:
+            with contextlib.suppress(OSError):
+                self.sink.stdin.close()  # end of input before a header: the sink exits at once
+
+
+# `close` after a run: the attempt has ended (the run waited for it), so there is nothing to wait for.
 CLOSE_AFTER_RUN = (
     "import json,shutil,subprocess,sys;p=json.loads(sys.argv[1]);"
     "subprocess.run(p['exit'],stdin=-3,stdout=-3,stderr=-3);shutil.rmtree(p['folder'],ignore_errors=True)"
@@ -237,7 +256,8 @@ def pump(source_fd: int, sink_fd: int, moved: list[int]) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
-def run(spec: dict) -> int:
+def run(spec: dict, link: PeerLink | None = None) -> int:
+    """The transfer: connect (or use `link`, started earlier), then the watched pipeline; one report."""
     started, started_at = time.monotonic(), time.time()
     progress = Progress(spec, started_at)
     report: dict = {"preflight": None, "stages": [], "bytes": 0, "error": "", "seconds": 0.0}
@@ -250,20 +270,59 @@ def run(spec: dict) -> int:
 
     peer = spec.get("peer")
     try:
+        sink = None
         if peer:
             progress.update("connecting", 0, 0.0, force=True)
-            wait_for_early(peer)
-            status, err = connect(peer)
+            if link is None:
+                link = PeerLink(peer, None)
+                link.start()
+            status, err = link.ready()
             report["preflight"] = status
             if status:
                 report["preflight_stderr"] = err[-2000:]
                 return finish(report, progress, started, Exit.FAILED)
-        result = watched(spec, progress, started, say)
+            sink, link.sink = link.sink, None
+        result = watched(spec, progress, started, say, sink)
         report.update(result)
         failed = report["error"] or any(stage["status"] for stage in report["stages"])
         return finish(report, progress, started, Exit.FAILED if failed else Exit.OK)
     finally:
+        if link is not None:
+            link.discard_sink()
         if peer:
+            close_detached(peer)
+
+
+def serve(spec: dict) -> int:
+    """One operation's session: early connection and sink, the caller's inspection, then maybe a run."""
+    peer = spec.get("peer")
+    link = PeerLink(peer, spec.get("sink")) if peer else None
+    if link is not None:
+        link.start()
+    try:
+        before = spec.get("before")
+        if before:
+            done = subprocess.run(before, stdin=subprocess.DEVNULL, capture_output=True)
+            outcome = {
+                "status": done.returncode,
+                "stdout": done.stdout.decode(errors="replace"),
+                "stderr": done.stderr.decode(errors="replace")[-4000:],
+            }
+            sys.stdout.write(json.dumps({"before": outcome}) + "\n")
+            sys.stdout.flush()
+        line = sys.stdin.readline()
+        try:
+            request = json.loads(line) if line.strip() else {}
+        except ValueError:
+            request = {}
+        if isinstance(request, dict) and request.get("run"):
+            served, link = link, None  # run() ends the connection itself
+            return run({**request["run"], "peer": peer}, served)
+        return Exit.OK
+    finally:
+        if link is not None:
+            link.discard_sink()
+            link.join(2 * float(peer["connect_timeout"]) + 5)
             close_detached(peer)
 
 
@@ -275,8 +334,11 @@ def finish(report: dict, progress: Progress, started: float, status: int) -> int
     return int(status)
 
 
-def watched(spec: dict, progress: Progress, started: float, say) -> dict:
-    """Run the stages and the consumer, copy and watch the stream between them; their outcome."""
+def watched(
+    spec: dict, progress: Progress, started: float, say, sink: subprocess.Popen | None = None
+) -> dict:
+    """Run the stages and the consumer, copy and watch the stream between them; their outcome.
+    `sink`: the destination's end opened earlier (`transfer_sink`): told the consumer's argv first."""
     stages = list(spec["stages"])
     consumer = spec["consumer"]
     stall_s, deadline_s = float(spec["stall_s"]), float(spec["deadline_s"])
@@ -289,9 +351,17 @@ def watched(spec: dict, progress: Progress, started: float, say) -> dict:
             previous.close()  # the next stage holds it now
         previous = proc.stdout
         procs.append(proc)
-    sink = subprocess.Popen(
-        consumer["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    if sink is not None and consumer.get("sink_argv"):
+        header = json.dumps({"argv": consumer["sink_argv"]}).encode()
+        try:
+            sink.stdin.write(b"%d\n" % len(header) + header)
+            sink.stdin.flush()
+        except OSError:
+            sink = None  # the early session is gone: open the consumer now
+    if sink is None:
+        sink = subprocess.Popen(
+            consumer["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
     procs.append(sink)
     for proc in procs:
         reader = StageErr(proc.stderr, say)
@@ -364,12 +434,12 @@ def watched(spec: dict, progress: Progress, started: float, say) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("early", "run", "close"):
-        sys.stderr.write("usage: transfer_source early|run|close SPEC\n")
+    if len(argv) != 2 or argv[0] not in ("serve", "run", "close"):
+        sys.stderr.write("usage: transfer_source serve|run|close SPEC\n")
         return Exit.USAGE
     spec = json.loads(argv[1])
-    if argv[0] == "early":
-        return early(spec["peer"])
+    if argv[0] == "serve":
+        return serve(spec)
     if argv[0] == "close":
         return close(spec["peer"])
     return run(spec)

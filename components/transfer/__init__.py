@@ -9,10 +9,13 @@ What a caller provides:
 - the copy tuning (`Tuning`, the one definition: `components.config.CopyConfig`; `tuning_from`
   validates a resource's `tuning` input).
 
-What it does (`run_transfer`): over the orchestrator's SSH master to the source (`ssh_sessions`,
-`open_master`), the source connects to the destination (`Peer`: pinned keys, started early with
-`Peer.early_argv`, closed by the run or by `Peer.close_argv`), then runs
-`producers | watch | ssh destination consumer`. The watch counts bytes, ends the whole pipeline when
+What it does: over the orchestrator's SSH master to the source (`ssh_sessions`, `open_master`), a
+`SourceSession` (one SSH session on the source for the whole operation) starts the source's own
+connection to the destination (`Peer`: pinned keys) and, once connected, the destination's end of
+the stream, while it runs the caller's inspection of the source (`before`); the caller decides,
+then `SourceSession.transfer` runs `producers | watch | ssh destination consumer` in that same
+session, or `close` ends it unused (`run_transfer` does the transfer alone, in a session of its
+own). The watch counts bytes, ends the whole pipeline when
 no byte moved for `stall_timeout_s` or `deadline_s` passed, and keeps
 `$HOME/.qwen35/progress/<operation>.json` on the source up to date (at most once a second; removed
 at the end). The orchestrator keeps a backstop for a source that stops answering.
@@ -31,6 +34,7 @@ from components.transfer.peer import Peer, PeerUnreachable, peer_unreachable
 from components.transfer.pipeline import (
     BACKSTOP_MARGIN_S,
     Failure,
+    SourceSession,
     Stage,
     StageOutcome,
     Transfer,
@@ -54,6 +58,7 @@ __all__ = [
     "Peer",
     "PeerUnreachable",
     "PhaseTimes",
+    "SourceSession",
     "Stage",
     "StageOutcome",
     "Transfer",

@@ -1,9 +1,10 @@
 """The source's own SSH connection to the destination over the fabric.
 
-A control master on the source node, its socket in a private folder there (0700, ours). `early_argv`
-starts connecting while the source is still being inspected (detached; it records its exit status
-in the folder); a transfer's run waits for that, reuses the master or connects itself, and closes it
-when done; `close_argv` ends it when no transfer ran (a skip, a failure before the copy).
+A control master on the source node, its socket in a private folder there (0700, ours). The source's
+session (`transfer_source serve`) starts connecting while the source is still being inspected and,
+once connected, opens the destination's end (`sink_argv`); a run waits for that, and ends the master
+when done, as does the session's end when nothing was sent. `close_argv` ends it should the
+session itself have died.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ class Peer:
             ],  # fmt: skip
         }
 
-    def early_argv(self, python: str = "python3") -> list[str]:
-        """Connect now (run detached on the source) and record the exit status in the folder."""
-        return program_argv("transfer_source", ["early", json.dumps({"peer": self.spec()})], python)
+    def sink_argv(self, python: str = "python3") -> list[str]:
+        """The destination's end, opened early over the master: it learns its consumer from the stream."""
+        return self.argv(program_argv("transfer_sink", [], python))
 
     def close_argv(self, python: str = "python3") -> list[str]:
-        """End the master and remove its folder, once an early attempt ended."""
+        """End the master and remove its folder (run on the source)."""
         return program_argv("transfer_source", ["close", json.dumps({"peer": self.spec()})], python)
 
 

@@ -118,6 +118,90 @@ class Watched:
     killed: str  # why the orchestrator killed the session, or ""
 
 
+class _Streams:
+    """A local process's stdout and stderr, read line by line in threads as they come."""
+
+    def __init__(self, proc: subprocess.Popen, times: PhaseTimes | None):
+        self.proc, self.times = proc, times
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.last = time.monotonic()  # when the last line (either stream) arrived
+        self.changed = threading.Condition()
+        self.threads = [
+            threading.Thread(target=self._pump, args=(proc.stdout, self.out, False), daemon=True),
+            threading.Thread(target=self._pump, args=(proc.stderr, self.err, True), daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _pump(self, stream, lines: list[str], is_err: bool) -> None:
+        for raw in stream:
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self.changed:
+                lines.append(line)
+                self.last = time.monotonic()
+                self.changed.notify_all()
+            if is_err and self.times is not None and not line.startswith(Marker.PROGRESS.value):
+                self.times.mark(f"  pipeline: {line[:26]}", self.last)
+        with self.changed:
+            self.changed.notify_all()
+
+    def json_line(self, index: int, timeout: float) -> tuple[dict | None, int]:
+        """The first JSON object line of stdout at or after `index` (waiting up to `timeout` while the
+        process runs), and the index after it."""
+        end = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for at in range(index, len(self.out)):
+                    if self.out[at].lstrip().startswith("{"):
+                        with contextlib.suppress(ValueError):
+                            return json.loads(self.out[at]), at + 1
+                left = end - time.monotonic()
+                if left <= 0 or (
+                    self.proc.poll() is not None and not any(t.is_alive() for t in self.threads)
+                ):
+                    return None, index
+                self.changed.wait(min(left, 0.1))
+
+    def finish(self) -> None:
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+
+def watch(
+    proc: subprocess.Popen,
+    streams: _Streams,
+    deadline_s: float,
+    stall_s: float,
+    margin_s: float,
+    from_line: int = 0,
+) -> str:
+    """Wait for the process to end (or for a report line after `from_line`), killing it when its
+    stderr goes silent for stall_s + margin_s or it passes deadline_s + margin_s; why it was killed."""
+    started = time.monotonic()
+    reported_at = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if reported_at is None and streams.json_line(from_line, 0)[0] is not None:
+            reported_at = now
+        if reported_at is not None and now - reported_at > 3:
+            # The report is in, but something on the source still holds the session's pipes (a
+            # channel on a dead link): nothing more will come, stop waiting.
+            break
+        killed = ""
+        if now - started > deadline_s + margin_s:
+            killed = f"the transfer passed its deadline of {deadline_s:g} s"
+        elif now - streams.last > stall_s + margin_s:
+            killed = f"no progress from the source for {stall_s + margin_s:g} s"
+        if killed:
+            proc.kill()
+            proc.wait()
+            return killed
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.1)  # returns as soon as the session ends
+    return ""
+
+
 def run_watched(
     argv: list[str],
     deadline_s: float,
@@ -132,51 +216,13 @@ def run_watched(
     backstop for a source that stops answering altogether.
     """
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    err_lines: list[str] = []
-    out_lines: list[str] = []
-    last = [time.monotonic()]
-    reported: list[float] = []
-
-    def pump_err() -> None:
-        for raw in proc.stderr:
-            line = raw.decode(errors="replace").rstrip("\n")
-            err_lines.append(line)
-            last[0] = time.monotonic()
-            if times is not None and not line.startswith(Marker.PROGRESS.value):
-                times.mark(f"  pipeline: {line[:26]}", last[0])
-
-    def pump_out() -> None:
-        for raw in proc.stdout:
-            out_lines.append(raw.decode(errors="replace"))
-            if raw.strip().startswith(b"{"):
-                reported.append(time.monotonic())
-
-    threads = [threading.Thread(target=pump_err, daemon=True), threading.Thread(target=pump_out, daemon=True)]
-    for thread in threads:
-        thread.start()
-    started = time.monotonic()
-    killed = ""
-    while proc.poll() is None:
-        now = time.monotonic()
-        if reported and now - reported[0] > 3:
-            # The report is in, but something on the source still holds the session's pipes (a
-            # channel on a dead link): nothing more will come, stop waiting.
-            break
-        if now - started > deadline_s + margin_s:
-            killed = f"the transfer passed its deadline of {deadline_s:g} s"
-        elif now - last[0] > stall_s + margin_s:
-            killed = f"no progress from the source for {stall_s + margin_s:g} s"
-        if killed:
-            proc.kill()
-            break
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.1)  # returns as soon as the session ends
+    streams = _Streams(proc, times)
+    killed = watch(proc, streams, deadline_s, stall_s, margin_s)
     if proc.poll() is None:
         proc.kill()
     proc.wait()
-    for thread in threads:
-        thread.join(timeout=5)
-    return Watched(proc.returncode, "".join(out_lines), "\n".join(err_lines), killed)
+    streams.finish()
+    return Watched(proc.returncode, "\n".join(streams.out), "\n".join(streams.err), killed)
 
 
 def run_spec(
@@ -195,6 +241,8 @@ def run_spec(
         "consumer": {
             "name": transfer.consumer.name,
             "argv": peer.argv(list(transfer.consumer.argv)) if peer else list(transfer.consumer.argv),
+            # what an early-opened destination end (`transfer_sink`) becomes
+            "sink_argv": list(transfer.consumer.argv) if peer else None,
         },
         "peer": peer.spec() if peer else None,
     }
@@ -286,3 +334,91 @@ def interpret(
         detail or other[-6:],
         float(report.get("seconds") or 0.0),
     )
+
+
+class SourceSession:
+    """One SSH session on the source for a whole operation (`transfer_source serve`): it starts the
+    connection to the destination and the destination's end at once, runs the caller's inspection of
+    the source (`before`), then either runs one transfer or ends unused. Login-shell start-up on both
+    nodes is paid while the caller inspects and decides, not on the transfer's path."""
+
+    def __init__(
+        self,
+        source: Endpoint,
+        peer: Peer | None,
+        before: Sequence[str] | None,
+        control_path: str | None = None,
+        python: str = "python3",
+        times: PhaseTimes | None = None,
+    ):
+        self.source, self.peer, self.times = source, peer, times
+        spec = {
+            "before": list(before) if before else None,
+            "peer": peer.spec() if peer else None,
+            "sink": peer.sink_argv(python) if peer else None,
+        }
+        program = program_argv("transfer_source", ["serve", json.dumps(spec, separators=(",", ":"))], python)
+        argv = ssh_argv(source.target, program, control_path)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self.streams = _Streams(self.proc, times)
+        self.read_to = 0
+        self.ended = False
+
+    def before(self, timeout: float = 120.0) -> tuple[int, str, str]:
+        """The inspection's exit status, stdout and stderr; exit 255 when the session itself failed."""
+        line, self.read_to = self.streams.json_line(0, timeout)
+        if line is None or "before" not in line:
+            self.close()
+            return SSH_TRANSPORT_FAILURE, "", "\n".join(self.streams.err[-8:])
+        outcome = line["before"]
+        return int(outcome["status"]), str(outcome["stdout"]), str(outcome["stderr"])
+
+    def transfer(
+        self,
+        job: Transfer,
+        destination: Endpoint,
+        tuning: CopyConfig,
+        margin_s: float = BACKSTOP_MARGIN_S,
+    ) -> TransferResult:
+        """Run `job` in this session; as `run_transfer`."""
+        spec = run_spec(job, self.source, destination, self.peer, tuning)
+        spec.pop("peer")
+        self._send({"run": spec})
+        killed = watch(
+            self.proc, self.streams, tuning.deadline_s, tuning.stall_timeout_s, margin_s, self.read_to
+        )
+        report, _ = self.streams.json_line(self.read_to, 0 if killed else 5)
+        self._end()
+        outcome = Watched(
+            self.proc.returncode if self.proc.returncode is not None else SSH_TRANSPORT_FAILURE,
+            json.dumps(report) if report else "",
+            "\n".join(self.streams.err),
+            killed,
+        )
+        if self.peer is not None:
+            self.peer.closed = True
+        return interpret(outcome, self.source, destination, self.peer, job)
+
+    def close(self) -> None:
+        """End the session unused: the source ends its connection to the destination."""
+        if not self.ended:
+            self._send({})
+            self._end()
+            if self.peer is not None:
+                self.peer.closed = self.proc.returncode == 0
+
+    def _send(self, request: dict) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write((json.dumps(request, separators=(",", ":")) + "\n").encode())
+            self.proc.stdin.close()
+
+    def _end(self) -> None:
+        self.ended = True
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.streams.finish()

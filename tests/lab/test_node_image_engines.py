@@ -7,6 +7,7 @@ node-d: Docker 26 with the containerd store (image IDs differ there: identity is
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -49,9 +50,19 @@ def test_legacy_source_to_classic_destination(node_a, node_b, images_on_c):
     assert "root" in runs(node_b, "ni-eng:1")
 
 
+def ctr(node: lab.LabNode, *args: str) -> str:
+    """`ctr` against the containerd the node's dockerd started (namespace moby), from this machine."""
+    from lab.layout import node_paths
+
+    address = f"{node_paths(node.name).exec_root}/containerd/containerd.sock"
+    argv = ["ctr", "--address", address, "-n", "moby", *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
 def content_blobs(node: lab.LabNode) -> set[str]:
-    """The blobs the node's containerd content store holds (the namespace Docker uses)."""
-    return set(lab.on_node(node, ["ctr", "-n", "moby", "content", "ls", "-q"]).out.split())
+    """The blobs the node's containerd content store holds."""
+    return set(ctr(node, "content", "ls", "-q").split())
 
 
 def test_oci_source_to_containerd_destination_leaves_out_held_blobs(node_c, node_d, images_on_c):
@@ -87,7 +98,7 @@ def test_containerd_destination_missing_a_blob_still_gets_it(node_c, node_d, ima
     base_layers = layers_of(node_c, "ni-eng-base:1")
     held = content_blobs(node_d) & set(base_layers)
     assert held, "the base's layer blobs should be in node-d's content store after its load"
-    lab.on_node(node_d, ["ctr", "-n", "moby", "content", "rm", *sorted(held)])
+    ctr(node_d, "content", "rm", *sorted(held))
     assert not content_blobs(node_d) & set(base_layers)
     outs = PROVIDER.create(props("ni-eng:1", node_c, node_d)).outs
     assert outs["layers_left_out"] == 0 and outs["layers_sent"] == 3

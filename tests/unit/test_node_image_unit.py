@@ -246,8 +246,10 @@ def test_peer_master_lives_in_a_private_folder_on_the_source():
     # a new master, no remote shell, pinned keys from ssh_options
     assert connect[:3] == ["ssh", "-o", "ControlMaster=yes"] and connect[-3:] == ["-f", "-N", "ops@10.0.0.2"]
     assert "StrictHostKeyChecking=yes" in connect and "ControlPath=/tmp/qni-x/m" in connect
-    assert peer.early_argv()[:4] == ["python3", "-I", "-S", "-c"] and peer.early_argv()[5] == "early"
-    assert peer.close_argv()[5] == "close"
+    sink = peer.sink_argv()  # the destination's end, opened over the master
+    assert sink[0] == "ssh" and "ControlPath=/tmp/qni-x/m" in sink and "transfer_sink" not in sink[-1]
+    assert sink[-1].startswith("python3 -I -S -c ")
+    assert peer.close_argv()[:4] == ["python3", "-I", "-S", "-c"] and peer.close_argv()[5] == "close"
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ producers and consumers, the orchestrator's backstop, and the failure classifica
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -207,3 +208,65 @@ def test_stage_refuses_what_cannot_travel_to_a_node():
     with pytest.raises(ValueError):
         Stage("bad", ["echo", "two\nlines"])
     assert Stage("ok", ("docker", "save", "x:1")).argv == ("docker", "save", "x:1")
+
+
+SINK = program_argv("transfer_sink", [], PY)
+
+
+def test_the_sink_becomes_the_consumer_named_in_the_stream():
+    header = json.dumps({"argv": py(COUNT_INPUT)}).encode()
+    stream = b"%d\n" % len(header) + header + b"x" * 70_000
+    done = subprocess.run(SINK, input=stream, capture_output=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout.decode().splitlines()[-1]) == {"got": 70_000}
+    nothing = subprocess.run(SINK, input=b"", capture_output=True, timeout=60)
+    assert nothing.returncode == 0 and nothing.stdout == b""  # nothing to send: ends quietly
+
+
+def serve(spec: dict, request: dict | None) -> tuple[list[dict], subprocess.CompletedProcess]:
+    argv = program_argv("transfer_source", ["serve", json.dumps(spec)], PY)
+    stdin = (json.dumps(request) + "\n").encode() if request is not None else b""
+    done = subprocess.run(argv, input=stdin, capture_output=True, timeout=60)
+    return [json.loads(line) for line in done.stdout.decode().splitlines() if line.startswith("{")], done
+
+
+def fake_peer(tmp_path, sink: list[str] | None) -> dict:
+    return {
+        "folder": str(tmp_path / "peer"),
+        "connect_timeout": 1,
+        "check": ["false"],
+        "connect": ["true"],
+        "exit": ["true"],
+    }
+
+
+def test_one_session_inspects_then_transfers_through_the_early_sink(tmp_path):
+    job = Transfer(
+        "op-serve",
+        (Stage("make", py("import sys; sys.stdout.buffer.write(b'q' * 50_000)")),),
+        Stage("count", py(COUNT_INPUT)),
+    )
+    run = spec_for(job)
+    run["consumer"]["sink_argv"] = py(COUNT_INPUT)
+    run["consumer"]["argv"] = py("import sys; sys.exit(7)")  # must not be used: the sink is there
+    spec = {"before": py("print('facts here')"), "peer": fake_peer(tmp_path, SINK), "sink": SINK}
+    run.pop("peer")
+    lines, done = serve(spec, {"run": run})
+    assert done.returncode == 0, done.stderr
+    before, report = lines
+    assert before == {"before": {"status": 0, "stdout": "facts here\n", "stderr": ""}}
+    assert report["bytes"] == 50_000 and report["consumer_report"] == {"got": 50_000}
+    assert [s["status"] for s in report["stages"]] == [0, 0]
+
+
+def test_a_session_ended_unused_sends_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    spec = {
+        "before": py("print('facts')"),
+        "peer": fake_peer(tmp_path, None),
+        "sink": py(f"open({str(marker)!r}, 'w').write(open(0).read())"),
+    }
+    lines, done = serve(spec, {})
+    assert done.returncode == 0 and lines == [{"before": {"status": 0, "stdout": "facts\n", "stderr": ""}}]
+    time.sleep(0.3)
+    assert marker.read_text() == ""  # the early sink got end of input: nothing was sent
+    assert not (tmp_path / "peer").exists()  # the connection was ended and its folder removed
