@@ -9,6 +9,8 @@ way `pulumi up` (create) and `pulumi refresh` (read) would run it.
 
 from __future__ import annotations
 
+import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,8 +21,10 @@ import pytest
 
 import lab
 from components import readiness_gate
+from components.checkpoint import CheckpointProvider
 from components.readiness_gate import GateFailed, ReadinessGateProvider
 from lab.ray_image import ray_images
+from lab.standin_hub import StandinHub, generate_repo
 from lab.standin_vllm import STANDIN_NOTE
 from tests.lab.declared import docker_run_argv, plain
 from tests.program import ProgramRun, Registered, run_program, stack_config
@@ -110,10 +114,14 @@ def node_limits(node: lab.LabNode) -> dict[str, int]:
 class LabDeployment:
     """The declared containers on the lab nodes: start some or all, remove one, clean up everything."""
 
-    def __init__(self, run: ProgramRun, nodes: dict[str, lab.LabNode], images: dict[str, str]):
+    def __init__(
+        self, run: ProgramRun, nodes: dict[str, lab.LabNode], images: dict[str, str], revision: str = ""
+    ):
         self.run = run
         self.nodes = nodes
         self.images = images
+        # The commit the real Checkpoint resources resolved (the mocks only fake one).
+        self.revision = revision
         self.containers = declared_containers(run)
         self.volumes = [(provider_node(run, v), v.inputs["name"]) for v in run.by_type(VOLUME)]
         self.limits = {name: node_limits(node) for name, node in nodes.items()}
@@ -130,6 +138,10 @@ class LabDeployment:
             if container.role not in roles:
                 continue
             inputs = {**container.inputs, "image": self.images[container.node]}
+            command = list(inputs.get("command") or [])
+            if "--revision" in command and self.revision:
+                command[command.index("--revision") + 1] = self.revision
+                inputs["command"] = command
             argv, dropped = docker_run_argv(inputs, self.limits[container.node])
             dropped_all += [f"{container.name} on {container.node}: {note}" for note in dropped]
             lab.docker(self.nodes[container.node], *argv[1:], timeout=120)
@@ -167,10 +179,50 @@ def lab_images(node_a, node_b) -> dict[str, str]:
         pytest.fail(f"the lab Ray image could not be made: {exc}", pytrace=False)
 
 
+def checkpoint_props(program: ProgramRun, node: str, endpoint: str, placed: dict[str, dict]) -> dict:
+    """A declared Checkpoint's inputs, with the source's outputs filled in (what the engine passes)."""
+    (declared,) = [
+        r
+        for r in program.by_type("pulumi-python:dynamic/qwen35:Checkpoint")
+        if r.inputs["node"]["name"] == node
+    ]
+    props = {k: v for k, v in plain(declared.inputs).items() if k != "__provider"}
+    props.setdefault("source", None)
+    if props["source"]:
+        source = placed[props["source"]["name"]]
+        props.update(
+            source_revision=source["revision"],
+            source_manifest=source["manifest"],
+            source_refs=source["refs"],
+            manifest_digest=source["digest"],
+        )
+    else:
+        # The stand-in Hub's port is the test's; the head's Python with the Hub client is this venv's.
+        props["fetch"] = {**props.get("fetch", {}), "python": sys.executable, "endpoint": endpoint}
+    return props
+
+
+@pytest.fixture(scope="module")
+def checkpoints(program, node_a, node_b, tmp_path_factory) -> Iterator[dict[str, dict]]:
+    """The real Checkpoint provider: node-a fetches from the stand-in Hub, node-b copies from node-a."""
+    repo = generate_repo(tmp_path_factory.mktemp("hub-repo"), shards=2, shard_bytes=2 << 20)
+    placed: dict[str, dict] = {}
+    repo_id = program.by_type("pulumi-python:dynamic/qwen35:Checkpoint")[0].inputs["repo"]
+    with StandinHub({repo_id: repo}) as hub:
+        for node in ("node-a", "node-b"):
+            props = checkpoint_props(program, node, hub.endpoint, placed)
+            shutil.rmtree(props["cache_dir"], ignore_errors=True)
+            placed[node] = {**props, **CheckpointProvider().create(props).outs}
+    yield placed
+    for outs in placed.values():
+        shutil.rmtree(outs["cache_dir"], ignore_errors=True)
+
+
 @pytest.fixture
-def deployment(program, lab_images, node_a, node_b) -> Iterator[LabDeployment]:
+def deployment(program, lab_images, checkpoints, node_a, node_b) -> Iterator[LabDeployment]:
     nodes = {node.name: node for node in (node_a, node_b)}
-    deployed = LabDeployment(program, nodes, lab_images)
+    assert checkpoints["node-a"]["digest"] == checkpoints["node-b"]["digest"]
+    deployed = LabDeployment(program, nodes, lab_images, checkpoints["node-a"]["revision"])
     deployed.clean()  # a run that was killed may have left containers behind
     try:
         yield deployed
@@ -281,3 +333,25 @@ def test_worker_container_removed_is_drift_and_fails_the_gate(deployment, progra
     # Either the engine is still up and waits for its worker, or it exited on losing it (as vLLM does).
     assert "not ready after" in message or "the server container has exited" in message, message
     assert "1/2 nodes" in message or "EngineDeadError" in message or "engine dead" in message, message
+
+
+def test_no_server_while_a_node_lacks_the_checkpoint_and_up_repairs_it(deployment, program, checkpoints):
+    """Served offline from each node's own cache: a worker without its copy keeps the server down;
+    refresh sees the missing files, and `up` (update) sends them back."""
+    worker = checkpoints["node-b"]
+    snapshot = worker["snapshot_path"]
+    shutil.rmtree(snapshot)
+    refreshed = CheckpointProvider().read("x", worker).outs
+    assert "config.json" in refreshed["problems"], refreshed["problems"]
+    try:
+        deployment.start()
+        with pytest.raises(GateFailed) as failed:
+            create_gate(gate_props(program, CRASH_DEADLINE_S))
+        message = str(failed.value)
+        (server,) = deployment.of_role("vllm")
+        log = deployment.logs(server)
+        print(f"e2e: gate with node-b's checkpoint gone:\n{message}")
+        assert "not in this node's cache" in message + log, log
+    finally:
+        repaired = CheckpointProvider().update("x", refreshed, {**worker, "problems": {}}).outs
+    assert repaired["files_sent"] == 0 and repaired["digest"] == checkpoints["node-a"]["digest"]
