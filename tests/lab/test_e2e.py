@@ -1,7 +1,7 @@
 """End to end on the lab: the containers the program declares, started for real, judged by the real gate.
 
 The program runs under mocks with the lab stack (Pulumi.lab.yaml); each `pulumi_docker.Container` it
-declares becomes `docker run` over SSH on the node its docker provider points at (tests/lab/declared.py),
+declares becomes `docker run` over SSH on the node its docker provider points at (tests/support/declared.py),
 with only the image swapped: the mocked NodeImage's ID for the lab Ray image's ID on that node (Debian +
 Ray + a stand-in `vllm` that says it is one). Then the project's readiness gate provider decides, the
 way `pulumi up` (create) and `pulumi refresh` (read) would run it.
@@ -22,8 +22,8 @@ from components import readiness_gate
 from components.readiness_gate import GateFailed, ReadinessGateProvider
 from lab.ray_image import ray_images
 from lab.standin_vllm import STANDIN_NOTE
-from tests.lab.declared import docker_run_argv, plain
-from tests.program import ProgramRun, Registered, run_program, stack_config
+from tests.support.declared import docker_run_argv, plain
+from tests.support.program import ProgramRun, Registered, run_program, stack_config
 
 pytestmark = pytest.mark.lab
 

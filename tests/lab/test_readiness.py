@@ -13,7 +13,7 @@ import pytest
 import lab
 from components.readiness import EXIT_REJECTED, EXIT_TIMEOUT, LOG_TAIL_LINES
 from components.readiness_gate import GateFailed, ReadinessGateProvider, run_probe
-from tests.lab.standin_openai import StandinServer
+from tests.support.standin_openai import StandinServer
 
 pytestmark = pytest.mark.lab
 

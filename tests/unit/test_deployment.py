@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pulumi
 import pytest
 
-from tests.program import ProgramRun, run_program, stack_config
+from tests.support.program import ProgramRun, run_program, stack_config
 
 CONTAINER = "docker:index/container:Container"
 DYNAMIC = "pulumi-python:dynamic:Resource"
@@ -396,7 +396,7 @@ def test_vllm_server_sees_the_ray_processes(dev):
 
 
 def test_copy_tuning_from_config_reaches_every_node_image():
-    from tests.program import run_program, stack_config
+    from tests.support.program import run_program, stack_config
 
     config = stack_config("dev")
     config["qwen35-spark:copy"] = {"compression": "gzip", "stall_timeout_s": 30}

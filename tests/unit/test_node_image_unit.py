@@ -27,7 +27,7 @@ from components.node_image import (
     replace_reasons,
     same_image,
 )
-from tests.program import RecordingMocks
+from tests.support.program import RecordingMocks
 
 L1, L2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 

@@ -4,7 +4,7 @@ Modes: `healthy` answers like a served model; `unhealthy` answers /health with 5
 engine); `loading` answers /health with 503 forever (a model that never finishes loading);
 `no-tokens` completes with zero tokens. `ready_after_s` keeps any mode `loading` for a while first.
 
-    python3 -m tests.lab.standin_openai --host 127.0.0.2 --port 18001 --model m --mode healthy
+    python3 -m tests.support.standin_openai --host 127.0.0.2 --port 18001 --model m --mode healthy
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ Used by the unit tests (resource graph) and by the lab end-to-end test (declared
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import runpy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,13 +17,28 @@ from typing import Any
 import pulumi
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from components.config import StackConfig, parse_stack_config
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 MAIN = ROOT / "__main__.py"
 
 
 def stack_config(stack: str) -> dict[str, Any]:
     """The `config:` block of Pulumi.<stack>.yaml."""
     return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
+def dev_raw(stack: str = "dev") -> dict[str, Any]:
+    """A stack's config without the namespace, as `parse_stack_config` takes it (a fresh copy)."""
+    return {k.split(":", 1)[1]: v for k, v in copy.deepcopy(stack_config(stack)).items()}
+
+
+def config_from(stack: str = "dev", **sections: Any) -> StackConfig:
+    """A stack's validated config, with `sections` merged over its own (dict sections key by key)."""
+    raw = dev_raw(stack)
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    return parse_stack_config(raw)
 
 
 @dataclass
@@ -134,3 +151,16 @@ def run_program(
 
     _run()
     return ProgramRun(mocks.resources, captured, secret_outputs)
+
+
+def registered_by(build: Callable[[], Any], stack: str = "test") -> list[Registered]:
+    """What `build()` registers when run as a Pulumi program under mocks (inputs as the engine gets them)."""
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="qwen35-spark", stack=stack, preview=False)
+
+    @pulumi.runtime.test
+    def _run():
+        build()
+
+    _run()
+    return mocks.resources
