@@ -21,6 +21,7 @@ from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
     ContainerSpec,
     dashboard_host,
+    ray_container_name,
     ray_container_spec,
     ray_tmp_volume_name,
 )
@@ -127,7 +128,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
         )
 
         self.ray_containers: dict[str, docker.Container] = {}
-        head_spec = ray_container_spec(cfg, head, "")
+        # Every container runs the image ID of its own node's copy (IDs differ across image stores).
+        image_on = {node: placed.image_id for node, placed in self.node_images.items()}
+        head_spec = ray_container_spec(cfg, head, image_on[head.name])
         self.ray_containers[head.name] = self._container(
             f"{name}-ray-head",
             head_spec,
@@ -138,14 +141,14 @@ class Qwen35Deployment(pulumi.ComponentResource):
         for worker in cfg.workers:
             self.ray_containers[worker.name] = self._container(
                 f"{name}-ray-worker-{worker.name}",
-                ray_container_spec(cfg, worker, ""),
+                ray_container_spec(cfg, worker, image_on[worker.name]),
                 worker.name,
                 secrets,
                 # A worker joins the head's GCS: never start one before the head.
                 depends_on=[self.ray_containers[head.name]],
             )
 
-        vllm_spec = vllm_container_spec(cfg, "")
+        vllm_spec = vllm_container_spec(cfg, image_on[head.name])
         self.server = self._container(
             f"{name}-vllm",
             vllm_spec,
@@ -182,8 +185,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 for node, img in self.node_images.items()
             },
             "containers": {
-                node.name: [ray_container_spec(cfg, node, "").name]
-                + ([vllm_spec.name] if node is head else [])
+                node.name: [ray_container_name(cfg, node)] + ([vllm_spec.name] if node is head else [])
                 for node in cfg.nodes
             },
             "head": head.name,
@@ -202,17 +204,14 @@ class Qwen35Deployment(pulumi.ComponentResource):
         secrets: dict[str, Any],
         depends_on: list[pulumi.Resource],
     ) -> docker.Container:
-        """A container on `node` running the image ID its NodeImage reports (after that NodeImage)."""
-        node_image = self.node_images[node]
-        kwargs = container_args(spec, secrets)
-        kwargs["image"] = node_image.image_id
+        """A container on `node`, created after that node's NodeImage (whose ID the spec carries)."""
         return docker.Container(
             resource_name,
-            **kwargs,
+            **container_args(spec, secrets),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.providers[node],
-                depends_on=[node_image, *depends_on],
+                depends_on=[self.node_images[node], *depends_on],
                 additional_secret_outputs=["envs"],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,

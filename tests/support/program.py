@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import json
 import runpy
 from collections.abc import Callable
@@ -96,16 +97,35 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
+# The NodeImage type token; until NodeImage has its own, it shares the generic dynamic type and is
+# told apart from the readiness gate by its `destination` input.
+NODE_IMAGE_TYPE = "pulumi-python:dynamic/qwen35:NodeImage"
+GENERIC_DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
+
+
+def is_node_image(args: pulumi.runtime.MockResourceArgs) -> bool:
+    return args.typ == NODE_IMAGE_TYPE or (
+        args.typ == GENERIC_DYNAMIC_TYPE and isinstance(args.inputs.get("destination"), dict)
+    )
+
+
+def fake_image_id(image: str, node: str) -> str:
+    """A distinct image ID per image and node, as real nodes have (a containerd store gives the same
+    image another ID), so a container given another node's ID is caught."""
+    return "sha256:" + hashlib.sha256(f"{image}@{node}".encode()).hexdigest()
+
+
 def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     """Outputs a real provider would compute, so downstream inputs can be checked."""
-    if args.typ == "pulumi-python:dynamic:Resource":
-        image = args.inputs.get("image", "img:tag")
+    if is_node_image(args):
+        image = args.inputs.get("image") or "img:tag"
+        destination = args.inputs["destination"]
         return {
-            "image_id": "sha256:" + (f"{abs(hash(image)):x}" * 8)[:64],
+            "image_id": fake_image_id(image, destination.get("name") or destination.get("host", "")),
             "layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64],
             "bytes_sent": 0,
             "skipped": True,
-            "store": "classic",
+            "store": destination.get("image_store") or "classic",
         }
     if args.typ == "docker:index/image:Image":
         return {"repo_digest": "", "image_name": args.inputs.get("imageName", "")}
