@@ -12,7 +12,7 @@ import pytest
 
 import lab
 from components.copy_plan import copy_plan
-from tests.lab.test_node_image import PROVIDER, build, image_id, no_temporary_tags, props, remove, runs
+from tests.support.node_image_lab import PROVIDER, build, image_id, no_temporary_tags, props, remove, runs
 
 
 def layers_of(node: lab.LabNode, ref: str) -> list[str]:

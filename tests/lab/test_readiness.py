@@ -125,10 +125,10 @@ def test_the_key_never_reaches_the_nodes_process_list(node_a, server):
 def test_exited_server_fails_at_once_with_its_log_tail(node_a, server, server_log):
     server.mode = "unhealthy"
     lab.docker(node_a, "kill", server_log)
-    started = time.monotonic()
     with pytest.raises(GateFailed) as caught:
         ReadinessGateProvider().create(props(node_a, server, log_container=server_log) | {"deadline_s": 60})
     message = str(caught.value)
-    assert time.monotonic() - started < 30, "the gate should not wait out its deadline for an exited server"
+    # It stopped on the exit instead of waiting out its deadline (the deadline message never appears).
+    assert "not ready after" not in message, message
     assert "the server container has exited (exit code 137)" in message, message
     assert "engine-log-line-40" in message, message

@@ -64,6 +64,10 @@ class ProgramRun:
     def by_type(self, typ: str) -> list[Registered]:
         return [r for r in self.resources if r.typ == typ]
 
+    def node_images(self) -> list[Registered]:
+        """The NodeImages, in registration order (the head's first, then along the copy tree)."""
+        return [r for r in self.resources if is_node_image(r)]
+
     def named(self, name: str) -> Registered:
         matches = [r for r in self.resources if r.name == name]
         if len(matches) != 1:
@@ -103,7 +107,7 @@ NODE_IMAGE_TYPE = "pulumi-python:dynamic/qwen35:NodeImage"
 GENERIC_DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
 
 
-def is_node_image(args: pulumi.runtime.MockResourceArgs) -> bool:
+def is_node_image(args: pulumi.runtime.MockResourceArgs | Registered) -> bool:
     return args.typ == NODE_IMAGE_TYPE or (
         args.typ == GENERIC_DYNAMIC_TYPE and isinstance(args.inputs.get("destination"), dict)
     )
