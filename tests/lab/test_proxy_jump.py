@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 import lab
 from components.node_image import NodeImage
+from components.nodes import node_access
 from components.readiness_gate import run_probe
-from components.remote import SshTransport
+from components.remote import SshTransport, shell_join
 from lab.layout import data_dir, door_port, node_paths
 from lab.netns import in_netns
 from lab.remote import ssh_target
-from tests.support.program import registered_by
+from tests.support.node_image_lab import node_dict
+from tests.support.program import config_from, dev_raw, registered_by
 from tests.support.provider_host import Engine, ProviderHost
 from tests.support.standin_openai import StandinServer
 
@@ -72,10 +75,27 @@ def test_the_programs_transport_reaches_node_e_through_the_jump(node_e):
     assert info["DockerRootDir"] == str(data_dir() / "node-e") and info["ServerVersion"] == node_e.engine
 
 
-def test_both_hops_are_checked_against_the_pinned_known_hosts(node_e, node_b, tmp_path):
-    door_entry = f"[127.0.0.2]:{door_port()}"
-    for entry in (f"[{node_e.host}]:{node_e.port}", door_entry):
-        wrong = swapped_key(node_e.known_hosts, entry, f"[{node_b.host}]:{node_b.port}", tmp_path)
+def test_a_stack_node_behind_the_jump_is_reached_by_the_program_and_its_docker_provider(node_e):
+    # The lab stack plus node-e, declared as an operator would declare spark-2 behind spark-1.
+    behind = {"name": "node-e", "role": "worker", "host": node_e.host, "fabric_ip": node_e.host}
+    nodes = [*dev_raw("lab")["nodes"], {**behind, "port": node_e.port, "proxy_jump": node_e.proxy_jump}]
+    ssh = {"known_hosts": node_e.known_hosts, "identity_file": node_e.identity_file}
+    config = config_from("lab", nodes=nodes, ssh=ssh, serve={"tensor_parallel_size": 3})
+    access = node_access(config)["node-e"]
+    assert access.target.proxy_jump == node_e.proxy_jump
+    assert SshTransport(access.target).run(["sh", "-c", "echo $LAB_NODE"], timeout=60).check().out == "node-e"
+    # What the docker provider runs for `ssh://root@127.0.0.6:2222` with the program's ssh options.
+    remote = shell_join(["docker", "info", "--format", "{{.DockerRootDir}}"])
+    argv = ["ssh", *access.docker_ssh_opts(), access.target.destination, "--", remote]
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stdout.strip() == str(data_dir() / "node-e"), ran.stderr
+
+
+def test_both_hops_are_checked_against_the_pinned_known_hosts(node_e, node_a, tmp_path):
+    e_entry, door_entry = f"[{node_e.host}]:{node_e.port}", f"[{node_a.host}]:{door_port()}"
+    # Each hop in turn pinned to another node's key: the connection must stop there.
+    for entry, other in ((e_entry, f"[{node_a.host}]:{node_a.port}"), (door_entry, e_entry)):
+        wrong = swapped_key(node_e.known_hosts, entry, other, tmp_path)
         result = lab.on_node(dataclasses.replace(node_e, known_hosts=wrong), ["true"], check=False)
         assert result.returncode == 255 and "host key" in result.err.lower(), (entry, result.err)
 
@@ -83,8 +103,8 @@ def test_both_hops_are_checked_against_the_pinned_known_hosts(node_e, node_b, tm
 def test_node_image_copies_onto_node_e_through_the_jump(node_a, door, node_e):
     image_id = lab.busybox_image(node_a, TAG)
     lab.docker(node_e, "image", "rm", "--force", image_id, check=False)  # every tag of it
-    source = {**lab.node_config(door), "name": "node-a"}
-    destination = {**lab.node_config(node_e), "name": "node-e"}
+    source = node_dict(door)
+    destination = node_dict(node_e)
     assert "proxy_jump" in destination and "proxy_jump" not in source
     (placed,) = registered_by(lambda: NodeImage("image-node-e", TAG, source, destination), stack="lab")
     with ProviderHost() as host:
