@@ -25,7 +25,7 @@ import lab
 from lab.ray_image import ray_image
 from lab.standin_vllm import STANDIN_NOTE
 from tests.support.declared import docker_run_argv
-from tests.support.program import ProgramRun, Registered, run_program, stack_config
+from tests.support.program import READINESS_GATE, ProgramRun, Registered, run_program, stack_config
 from tests.support.provider_host import Engine, ProviderFailed, ProviderHost, State
 
 pytestmark = pytest.mark.lab
@@ -86,7 +86,7 @@ def declared_containers(run: ProgramRun) -> list[Declared]:
 def gate_inputs(run: ProgramRun, deadline_s: float | None = None) -> tuple[Registered, dict[str, Any]]:
     """The readiness gate as the program registered it (secret api_key and `__provider` included),
     optionally with a shorter deadline."""
-    (gate,) = [r for r in run.resources if r.name.endswith("-ready")]
+    (gate,) = [r for r in run.by_type(READINESS_GATE) if r.name.endswith("-ready")]
     inputs = dict(gate.inputs)
     if deadline_s is not None:
         inputs["deadline_s"] = deadline_s

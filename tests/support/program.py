@@ -101,16 +101,12 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
-# The NodeImage type token; until NodeImage has its own, it shares the generic dynamic type and is
-# told apart from the readiness gate by its `destination` input.
-NODE_IMAGE_TYPE = "pulumi-python:dynamic/qwen35:NodeImage"
-GENERIC_DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
+NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
+READINESS_GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
 
 
 def is_node_image(args: pulumi.runtime.MockResourceArgs | Registered) -> bool:
-    return args.typ == NODE_IMAGE_TYPE or (
-        args.typ == GENERIC_DYNAMIC_TYPE and isinstance(args.inputs.get("destination"), dict)
-    )
+    return args.typ == NODE_IMAGE
 
 
 def fake_image_id(image: str, node: str) -> str:
