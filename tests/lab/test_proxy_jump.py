@@ -27,7 +27,7 @@ from lab.remote import ssh_target
 from tests.support.node_image_lab import node_dict
 from tests.support.program import config_from, dev_raw, registered_by
 from tests.support.provider_host import Engine, ProviderHost
-from tests.support.standin_openai import StandinServer
+from tests.support.standin_openai import StandinServer, probe_props
 
 pytestmark = pytest.mark.lab
 
@@ -126,18 +126,7 @@ def test_the_readiness_probe_reaches_node_e_through_the_jump(node_e):
         server = StandinServer(node_e.host, 0, MODEL, api_key=API_KEY)
     server.start()
     try:
-        props = {
-            "node": {**lab.node_config(node_e), "name": "node-e"},
-            "server_id": "standin",
-            "url": server.url,
-            "model": MODEL,
-            "expect_nodes": 1,
-            "expect_gpus": 1,
-            "deadline_s": 20,
-            "ray_container": None,
-            "log_container": None,
-            "api_key": API_KEY,
-        }
+        props = probe_props(node_dict(node_e), server, api_key=API_KEY)
         report = run_probe(props, 20)
     finally:
         server.shutdown()

@@ -13,7 +13,8 @@ import pytest
 import lab
 from components.readiness import EXIT_REJECTED, EXIT_TIMEOUT, LOG_TAIL_LINES
 from components.readiness_gate import GateFailed, ReadinessGateProvider, run_probe
-from tests.support.standin_openai import StandinServer
+from tests.support.node_image_lab import node_dict
+from tests.support.standin_openai import StandinServer, probe_props
 
 pytestmark = pytest.mark.lab
 
@@ -48,25 +49,7 @@ def server_log(node_a):
 
 
 def props(node, server, log_container: str | None = None, api_key: str | None = API_KEY) -> dict:
-    return {
-        "node": {
-            "name": node.name,
-            "host": node.host,
-            "port": node.port,
-            "user": node.user,
-            "identity_file": node.identity_file,
-            "known_hosts": node.known_hosts,
-        },
-        "server_id": "standin",
-        "url": server.url,
-        "model": MODEL,
-        "expect_nodes": 1,
-        "expect_gpus": 1,
-        "deadline_s": 20,
-        "ray_container": None,  # explicit: no Ray behind a stand-in
-        "log_container": log_container,
-        "api_key": api_key,
-    }
+    return probe_props(node_dict(node), server, api_key=api_key, log_container=log_container)
 
 
 def test_healthy_server_passes_on_the_node(node_a, server):

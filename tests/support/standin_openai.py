@@ -48,6 +48,24 @@ class StandinServer(ThreadingHTTPServer):
         return self
 
 
+def probe_props(
+    node: dict, server: StandinServer, *, api_key: str | None, log_container: str | None = None
+) -> dict:
+    """The readiness gate's inputs for a probe on `node` (a node dict) of this stand-in (no Ray)."""
+    return {
+        "node": node,
+        "server_id": "standin",
+        "url": server.url,
+        "model": server.model,
+        "expect_nodes": 1,
+        "expect_gpus": 1,
+        "deadline_s": 20,
+        "ray_container": None,  # explicit: no Ray behind a stand-in
+        "log_container": log_container,
+        "api_key": api_key,
+    }
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: StandinServer
 
