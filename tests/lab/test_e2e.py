@@ -173,6 +173,18 @@ def engine() -> Iterator[Engine]:
     assert API_KEY not in stderr, "the API key reached the provider process's log"
 
 
+def node_image_inputs(program: ProgramRun, resource: Registered, tag: str, states: dict[str, State]) -> dict:
+    """A NodeImage's registered inputs with the lab image, and with each input that is another
+    NodeImage's output (a worker's `source_image_id`) resolved to that resource's real output, as the
+    engine resolves it (under mocks it is a fake ID per node)."""
+    fakes = {out["image_id"]: node for node, out in program.outputs["images"].items()}
+    inputs = {**resource.inputs, "image": tag}
+    for key, value in inputs.items():
+        if isinstance(value, str) and value in fakes:
+            inputs[key] = states[fakes[value]].outputs["image_id"]
+    return inputs
+
+
 @pytest.fixture(scope="module")
 def placed(program, engine, node_a, node_b) -> dict[str, State]:
     """The program's NodeImages created through the provider host, placing the lab Ray image (built or
@@ -181,9 +193,9 @@ def placed(program, engine, node_a, node_b) -> dict[str, State]:
         tag, _ = ray_image(node_a)
     except lab.LabError as exc:
         pytest.fail(f"the lab Ray image could not be made: {exc}", pytrace=False)
-    states = {}
+    states: dict[str, State] = {}
     for resource in program.node_images():
-        inputs = {**resource.inputs, "image": tag}
+        inputs = node_image_inputs(program, resource, tag, states)
         state = engine.create(resource.typ, resource.name, inputs, timeout=900)
         states[resource.inputs["destination"]["name"]] = state
         print(f"e2e: {resource.name}: {state.public_outputs()}")
@@ -238,7 +250,10 @@ def test_node_images_place_the_image_on_every_node_through_the_provider_host(pla
         # Refresh sees what was placed; a preview with the same inputs shows no change.
         assert engine.refresh(state).outputs["image_id"] == state.outputs["image_id"], node
         resource = program.named(state.urn.rsplit("::", 1)[-1])
-        assert engine.up(state, {**resource.inputs, "image": state.inputs["image"]}).op == "same", node
+        same = node_image_inputs(program, resource, state.inputs["image"], placed)
+        assert engine.up(state, same).op == "same", node
+    # node-b's copy knows which image its source (node-a's NodeImage) observed.
+    assert placed["node-b"].inputs["source_image_id"] == placed["node-a"].outputs["image_id"]
 
 
 def test_declared_specs_bring_up_a_serving_two_node_cluster(deployment, program, engine):
