@@ -436,21 +436,22 @@ def prove_config(env: Environment, report: Report, target: Target) -> None:
 
     raw = target.config()
     try:
-        arch, model_type, method = check_supported(raw)
+        # What this vLLM knows comes first: an architecture or quantization it lacks is the finding.
+        from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
         from vllm.model_executor.models.registry import ModelRegistry
 
-        if arch not in ModelRegistry.get_supported_archs():
-            raise ValueError(f"architecture {arch} is not registered in this vLLM's model registry")
+        archs, method = raw.get("architectures") or [], quant_method(raw)
+        unknown = [a for a in archs if a not in ModelRegistry.get_supported_archs()]
+        if unknown:
+            raise ValueError(f"architecture {unknown[0]!r} is not registered in this vLLM's model registry")
+        if method is not None and method not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization method {method!r} is not one this vLLM knows")
+        arch, model_type, method = check_supported(raw)
         registry = getattr(vllm_config_module, "_CONFIG_REGISTRY", {})
         loader = "vllm get_config"
         if model_type in registry:
             loader += f" -> {registry[model_type].__name__}"
         hf = vllm_config_module.get_config(str(target.config_dir), trust_remote_code=False)
-        if method is not None:
-            from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
-
-            if method not in QUANTIZATION_METHODS:
-                raise ValueError(f"quantization method {method!r} is not one this vLLM knows")
     except Exception as exc:
         raise report.fail("config", target.name, *describe(exc)) from exc
     text = getattr(hf, "text_config", hf)
