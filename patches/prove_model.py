@@ -19,6 +19,7 @@ Only the standard library is imported until the environment stage, so a missing 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -393,13 +394,19 @@ class Environment:
     """torch, vLLM and transformers as imported here, and vLLM set up for one CPU process."""
 
     def __init__(self, report: Report) -> None:
+        # Versions first, from package metadata, so a report of a broken environment still names them.
+        from importlib import metadata
+
+        for attr, package in (("torch", "torch"), ("transformers", "transformers"), ("vllm", "vllm")):
+            with contextlib.suppress(metadata.PackageNotFoundError):
+                setattr(report, attr, metadata.version(package))
         import torch
         import transformers
         import vllm
 
         self.torch = torch
         report.torch, report.transformers = torch.__version__, transformers.__version__
-        report.vllm = getattr(vllm, "__version__", None)
+        report.vllm = getattr(vllm, "__version__", None) or report.vllm
         self.distributed = False
 
     def use_cpu(self) -> None:
@@ -681,6 +688,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         report.error = "UsageError: see the usage message above"
         code = 2
+    if report.failed_stage:
+        say(
+            f"VERDICT fail at {report.failed_stage}: {report.error}"
+            + (f" (at {report.where})" if report.where else "")
+            + f"; vLLM {report.vllm}, transformers {report.transformers}, torch {report.torch}"
+        )
+    elif code == 0:
+        say(
+            f"VERDICT pass: {len(report.checks)} checks; vLLM {report.vllm}, "
+            f"transformers {report.transformers}, torch {report.torch}"
+        )
     print(report.as_json(), flush=True)
     return code
 
