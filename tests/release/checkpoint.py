@@ -24,16 +24,7 @@ FULL_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 FULL_ATTENTION_TENSORS = ("q_norm.weight", "k_norm.weight")
 EXPERT = ("gate_proj", "up_proj", "down_proj")
 VISION_BLOCK = ("attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2")
-MTP = (
-    "mtp.fc.weight",
-    "mtp.norm.weight",
-    "mtp.pre_fc_norm_embedding.weight",
-    "mtp.pre_fc_norm_hidden.weight",
-    "mtp.layers.0.input_layernorm.weight",
-    "mtp.layers.0.post_attention_layernorm.weight",
-    "mtp.layers.0.self_attn.q_proj.weight",
-    "mtp.layers.0.mlp.gate.weight",
-)
+MTP_NORMS = ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden")
 
 
 def real_config() -> dict:
@@ -54,26 +45,33 @@ def index_names(config: dict) -> list[str]:
         if fp8 and module not in skip:
             names.append(f"{module}.weight_scale_inv")
 
-    lm = "model.language_model"
-    names += [f"{lm}.embed_tokens.weight", f"{lm}.norm.weight"]
-    weights("lm_head")
-    for i, kind in enumerate(text["layer_types"]):
-        layer = f"{lm}.layers.{i}"
-        names += [f"{layer}.input_layernorm.weight", f"{layer}.post_attention_layernorm.weight"]
+    def decoder_layer(layer: str, kind: str) -> None:
+        names.extend([f"{layer}.input_layernorm.weight", f"{layer}.post_attention_layernorm.weight"])
         if kind == "linear_attention":
             for module in LINEAR_ATTENTION:
                 weights(f"{layer}.linear_attn.{module}")
-            names += [f"{layer}.linear_attn.{t}" for t in LINEAR_ATTENTION_TENSORS]
+            names.extend(f"{layer}.linear_attn.{t}" for t in LINEAR_ATTENTION_TENSORS)
         else:
             for module in FULL_ATTENTION:
                 weights(f"{layer}.self_attn.{module}")
-            names += [f"{layer}.self_attn.{t}" for t in FULL_ATTENTION_TENSORS]
+            names.extend(f"{layer}.self_attn.{t}" for t in FULL_ATTENTION_TENSORS)
         weights(f"{layer}.mlp.gate")
         weights(f"{layer}.mlp.shared_expert_gate")
         for module in EXPERT:
             weights(f"{layer}.mlp.shared_expert.{module}")
             for e in range(text["num_experts"]):
                 weights(f"{layer}.mlp.experts.{e}.{module}")
+
+    lm = "model.language_model"
+    names += [f"{lm}.embed_tokens.weight", f"{lm}.norm.weight"]
+    weights("lm_head")
+    for i, kind in enumerate(text["layer_types"]):
+        decoder_layer(f"{lm}.layers.{i}", kind)
+    # The MTP head: a fusion layer and full-attention decoder layers of its own.
+    weights("mtp.fc")
+    names += [f"mtp.{norm}.weight" for norm in MTP_NORMS]
+    for i in range(text["mtp_num_hidden_layers"]):
+        decoder_layer(f"mtp.layers.{i}", "full_attention")
     visual = "model.visual"
     names += [
         f"{visual}.patch_embed.proj.weight",
@@ -88,7 +86,7 @@ def index_names(config: dict) -> list[str]:
     names += [f"{visual}.merger.norm.weight", f"{visual}.merger.norm.bias"]
     weights(f"{visual}.merger.linear_fc1", bias=True)
     weights(f"{visual}.merger.linear_fc2", bias=True)
-    return names + list(MTP)
+    return names
 
 
 def write_checkpoint(folder: Path, config: dict | None = None, names: list[str] | None = None) -> Path:

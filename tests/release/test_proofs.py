@@ -16,7 +16,13 @@ from tests.release.releases import run_proof
 pytestmark = pytest.mark.release
 
 FIXTURES = ("qwen3_5-fp8", "qwen3_5_moe-fp8")
-STAGES = ("config", "construct", "load")
+MTP = {"qwen3_5-fp8": "Qwen3_5MTP", "qwen3_5_moe-fp8": "Qwen3_5MoeMTP"}
+
+
+def every_check(target: str, mtp: str) -> set[tuple[str, str]]:
+    """config of the checkpoint; construct and load of the served architecture and of its MTP head."""
+    built = {(stage, name) for stage in ("construct", "load") for name in (target, f"{target}:{mtp}")}
+    return {("config", target)} | built
 
 
 def passed(report: dict) -> set[tuple[str, str]]:
@@ -30,7 +36,8 @@ def test_vllm_0_17_1_as_a_prebuilt_image_passes_config_construct_and_load(prebui
     assert report["failed_stage"] is None and report["error"] is None
     assert report["vllm"] == "0.17.1" and report["transformers"].startswith("4.57."), report
     assert report["torch"] and report["quantization"] == "fp8"
-    assert passed(report) == {(stage, fixture) for stage in STAGES for fixture in FIXTURES}, proof.why()
+    expected = set().union(*(every_check(fixture, MTP[fixture]) for fixture in FIXTURES))
+    assert passed(report) == expected, proof.why()
     loads = {c["target"]: c["detail"] for c in report["checks"] if c["stage"] == "load"}
     assert all("FP8 weight_scale_inv" in detail for detail in loads.values()), loads
 
@@ -83,7 +90,7 @@ def test_vllm_0_17_1_passes_against_the_checkpoints_own_config_and_tensor_names(
     assert proof.returncode == 0 and report["verdict"] == "pass", proof.why()
     assert report["architecture"] == "Qwen3_5MoeForConditionalGeneration"
     assert (report["model_type"], report["quantization"]) == ("qwen3_5_moe", "fp8")
-    assert passed(report) == {(stage, "snapshot") for stage in STAGES}, proof.why()
+    assert passed(report) == every_check("snapshot", "Qwen3_5MoeMTP"), proof.why()
     config = next(c["detail"] for c in report["checks"] if c["stage"] == "config")
     assert "48 layers" in config and "[128, 128]" in config, config
 

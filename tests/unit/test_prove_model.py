@@ -65,6 +65,19 @@ def test_the_naming_scheme_names_fp8_scales_only_for_quantized_matrices():
     assert not [n for n in shapes if n.startswith("mtp.")]
 
 
+def test_the_mtp_head_loads_its_own_layers_and_the_shared_embeddings():
+    tiny_models = prove.tiny_models(MOE)
+    assert [(head, tiny["architectures"]) for head, tiny in tiny_models] == [
+        ("model", ["Qwen3_5MoeForConditionalGeneration"]),
+        ("mtp", ["Qwen3_5MoeMTP"]),
+    ]
+    shapes = prove.checkpoint_tensors(tiny_models[1][1], "mtp")
+    assert shapes["mtp.fc.weight"] == (256, 512) and "mtp.fc.weight_scale_inv" not in shapes
+    assert "mtp.layers.0.self_attn.q_proj.weight_scale_inv" in shapes
+    assert "model.language_model.embed_tokens.weight" in shapes and "lm_head.weight" in shapes
+    assert not [n for n in shapes if n.startswith(("model.visual.", "model.language_model.layers."))]
+
+
 def test_the_index_filter_keeps_the_tiny_models_layers_experts_and_blocks():
     tiny = prove.tiny_config(MOE)
     weight_map = {
