@@ -673,46 +673,63 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, report: Report) -> int:
     targets = [checkpoint_target(args.checkpoint)] if args.checkpoint else fixture_targets(args.fixtures)
-    try:
-        env = Environment(report)
-    except Exception as exc:
-        text, where = describe(exc)
-        report.fail("environment", "python", f"{text} (this proof needs torch, vLLM and transformers)", where)
-        return 2
-    say(
-        f"vLLM {report.vllm}, transformers {report.transformers}, torch {report.torch}; "
-        f"stages {','.join(args.stages)}"
-    )
     with tempfile.TemporaryDirectory(prefix="prove_model-") as tmp:
         workdir = Path(tmp)
+        # vLLM keeps caches and settings under ~/.cache/vllm and ~/.config/vllm, torch's compiler and
+        # Triton theirs in $TMPDIR and ~/.triton: keep them all in here, removed at the end.
+        for key, folder in (
+            ("VLLM_CACHE_ROOT", "vllm-cache"),
+            ("VLLM_CONFIG_ROOT", "vllm-config"),
+            ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+            ("TRITON_CACHE_DIR", "triton"),
+        ):
+            os.environ[key] = str(workdir / folder)
+        try:
+            env = Environment(report)
+        except Exception as exc:
+            text, where = describe(exc)
+            report.fail(
+                "environment", "python", f"{text} (this proof needs torch, vLLM and transformers)", where
+            )
+            return 2
+        say(
+            f"vLLM {report.vllm}, transformers {report.transformers}, torch {report.torch}; "
+            f"stages {','.join(args.stages)}"
+        )
         try:
             for target in targets:
-                raw = target.config()
-                report.architecture = (raw.get("architectures") or [None])[0]
-                report.model_type, report.quantization = raw.get("model_type"), quant_method(raw)
-                if "config" in args.stages:
-                    prove_config(env, report, target)
-                else:
-                    try:
-                        check_supported(raw)
-                    except ValueError as exc:
-                        raise report.fail("config", target.name, *describe(exc)) from exc
-                if "construct" not in args.stages:
-                    continue
-                for head, tiny in tiny_models(raw):
-                    name = target.name if head == "model" else f"{target.name}:{tiny['architectures'][0]}"
-                    model = prove_construct(env, report, name, tiny, workdir)
-                    if "load" in args.stages:
-                        prove_load(env, report, name, tiny, head, target.names(tiny, head), model)
-                    del model
+                prove_target(env, report, target, args.stages, workdir)
         except ProofFailed:
             return 1
     return 0
 
 
+def prove_target(env: Environment, report: Report, target: Target, stages: list[str], workdir: Path) -> None:
+    """The stages for one fixture or checkpoint; raises ProofFailed at the first failure."""
+    raw = target.config()
+    report.architecture = (raw.get("architectures") or [None])[0]
+    report.model_type, report.quantization = raw.get("model_type"), quant_method(raw)
+    if "config" in stages:
+        prove_config(env, report, target)
+    else:
+        try:
+            check_supported(raw)
+        except ValueError as exc:
+            raise report.fail("config", target.name, *describe(exc)) from exc
+    if "construct" not in stages:
+        return
+    for head, tiny in tiny_models(raw):
+        name = target.name if head == "model" else f"{target.name}:{tiny['architectures'][0]}"
+        model = prove_construct(env, report, name, tiny, workdir)
+        if "load" in stages:
+            prove_load(env, report, name, tiny, head, target.names(tiny, head), model)
+        del model
+
+
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # Offline, and nothing reported anywhere: the proof reads only its inputs.
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        os.environ.setdefault(key, "1")
     report = Report()
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)

@@ -234,11 +234,22 @@ class Proof:
         )
 
 
-def run_proof(python: Path, *args: str, overlays: tuple[Path, ...] = ()) -> Proof:
+def run_proof(
+    python: Path,
+    *args: str,
+    overlays: tuple[Path, ...] = (),
+    home: Path | None = None,
+    tmp: Path | None = None,
+) -> Proof:
     """Run patches/prove_model.py with that venv's python (as the build and the head run it), offline,
-    with the overlays first on PYTHONPATH; parse the last stdout line as its JSON report."""
+    with the overlays first on PYTHONPATH; parse the last stdout line as its JSON report. `home` and
+    `tmp` replace HOME and TMPDIR (to see what the run leaves behind)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if home is not None:
+        env["HOME"] = str(home)
+    if tmp is not None:
+        env["TMPDIR"] = str(tmp)
     if overlays:
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in overlays)
     started = time.monotonic()

@@ -29,9 +29,13 @@ def passed(report: dict) -> set[tuple[str, str]]:
     return {(c["stage"], c["target"]) for c in report["checks"] if c["ok"]}
 
 
-def test_vllm_0_17_1_as_a_prebuilt_image_passes_config_construct_and_load(prebuilt):
-    proof = run_proof(prebuilt)
+def test_vllm_0_17_1_as_a_prebuilt_image_passes_config_construct_and_load(prebuilt, tmp_path):
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir(), tmp.mkdir()
+    proof = run_proof(prebuilt, home=home, tmp=tmp)
     report = proof.report
+    # It touches nothing but its own temporary folder, and removes that.
+    assert not list(home.iterdir()) and not list(tmp.iterdir()), (list(home.rglob("*")), list(tmp.iterdir()))
     assert proof.returncode == 0 and report["verdict"] == "pass", proof.why()
     assert report["failed_stage"] is None and report["error"] is None
     assert report["vllm"] == "0.17.1" and report["transformers"].startswith("4.57."), report
