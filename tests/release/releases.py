@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,17 +118,25 @@ def release_venv(version: str) -> Path:
     return python
 
 
+def _made_once(folder: Path, make: Callable[[Path], dict]) -> Path:
+    """`folder`, made by `make` (which returns what the marker records) unless a complete one is there.
+    Under the folder's lock; an incomplete leftover is removed first."""
+    if _marker(folder):
+        return folder
+    with _locked(folder.name):
+        if not _marker(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            record = make(folder)
+            (folder / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    return folder
+
+
 def transformers_overlay(version: str, python: Path) -> Path:
     """A folder for PYTHONPATH holding what `pip install transformers==version` changes in that venv."""
     venv = python.parent.parent
-    overlay = release_root() / f"{venv.name}+transformers-{version}"
-    if _marker(overlay):
-        return overlay
-    with _locked(overlay.name):
-        if _marker(overlay):
-            return overlay
-        shutil.rmtree(overlay, ignore_errors=True)
-        overlay.mkdir(parents=True)
+
+    def make(overlay: Path) -> dict:
         report = overlay / "pip-report.json"
         # What pip would install or upgrade in this very venv: the Dockerfile's step, as a dry run.
         _run(
@@ -146,10 +154,9 @@ def transformers_overlay(version: str, python: Path) -> Path:
             f"installing {', '.join(pins)} into {overlay}",
             900,
         )
-        (overlay / MARKER).write_text(
-            json.dumps({"transformers": version, "packages": pins}, indent=2) + "\n"
-        )
-    return overlay
+        return {"transformers": version, "packages": pins}
+
+    return _made_once(release_root() / f"{venv.name}+transformers-{version}", make)
 
 
 def _site_packages(python: Path) -> Path:
@@ -174,16 +181,10 @@ def hybrid_overlay(python: Path, donor: Path) -> Path:
     """A folder for PYTHONPATH whose `vllm` is the venv's, with the donor's Qwen3.5 files and
     `mamba_utils.py` added and the registries patched: the seed's hybrid, as patches/Dockerfile makes it."""
     venv = python.parent.parent
-    overlay = release_root() / f"{venv.name}+hybrid-{_hybrid_key(python, donor)}"
-    if _marker(overlay):
-        return overlay
-    with _locked(overlay.name):
-        if _marker(overlay):
-            return overlay
-        shutil.rmtree(overlay, ignore_errors=True)
+
+    def make(overlay: Path) -> dict:
         base = _site_packages(python) / "vllm"
-        staging = overlay.with_name(overlay.name + ".staging")
-        shutil.rmtree(staging, ignore_errors=True)
+        staging = overlay / ".staging"
         proof = _run(
             [
                 host_python(),
@@ -200,7 +201,6 @@ def hybrid_overlay(python: Path, donor: Path) -> Path:
             "the compatibility proof (vllm_compat.py)",
             300,
         )
-        overlay.mkdir(parents=True)
         # Hard links: seconds and no extra disk; every change below replaces a link, never writes into it.
         _run(["cp", "-al", str(base), str(overlay / "vllm")], f"linking {base} into {overlay}", 300)
         for source in sorted(p for p in staging.rglob("*") if p.is_file()):
@@ -214,8 +214,9 @@ def hybrid_overlay(python: Path, donor: Path) -> Path:
             "the registry patcher (patch_vllm_qwen35.py)",
             300,
         )
-        (overlay / MARKER).write_text(json.dumps({"compat_proof": proof.stdout[-2000:]}, indent=2) + "\n")
-    return overlay
+        return {"compat_proof": proof.stdout[-2000:]}
+
+    return _made_once(release_root() / f"{venv.name}+hybrid-{_hybrid_key(python, donor)}", make)
 
 
 @dataclass(frozen=True)
