@@ -9,6 +9,7 @@ naming scheme, so that a wrong name in either one shows up as a failed load.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
@@ -95,11 +96,36 @@ def write_checkpoint(folder: Path, config: dict | None = None, names: list[str] 
     names = index_names(config) if names is None else names
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(_index(names)))
+    return folder
+
+
+def write_hf_cache(root: Path, config: dict | None = None) -> Path:
+    """The same checkpoint as the Hugging Face cache keeps it (`models--Qwen--…/blobs/<hash>`, a snapshot
+    of relative links, `refs/main`), read-only as the model-support check mounts it; the snapshot."""
+    repo = root / "hub" / "models--Qwen--Qwen3.5-122B-A10B-FP8"
+    flat = write_checkpoint(root / "flat", config)
+    commit = hashlib.sha1(b"qwen35-release-tier").hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for source in sorted(flat.iterdir()):
+        blob = repo / "blobs" / hashlib.sha1(source.read_bytes()).hexdigest()
+        source.rename(blob)
+        blob.chmod(0o444)
+        (snapshot / source.name).symlink_to(f"../../blobs/{blob.name}")
+    flat.rmdir()
+    for folder in (snapshot, repo / "blobs"):
+        folder.chmod(0o555)
+    return snapshot
+
+
+def _index(names: list[str]) -> dict:
     shards = 39
     weight_map = {
         name: f"model-{i * shards // len(names) + 1:05d}-of-{shards:05d}.safetensors"
         for i, name in enumerate(names)
     }
-    index = {"metadata": {"total_size": 125_700_000_000}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    return folder
+    return {"metadata": {"total_size": 125_700_000_000}, "weight_map": weight_map}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.release.checkpoint import index_names, real_config, write_checkpoint
+from tests.release.checkpoint import index_names, real_config, write_checkpoint, write_hf_cache
 from tests.release.releases import run_proof
 
 pytestmark = pytest.mark.release
@@ -85,7 +85,12 @@ def test_plain_vllm_0_14_stops_at_the_config_naming_the_unregistered_architectur
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("Qwen3.5-122B-A10B-FP8") / "snapshot")
+    """The snapshot as the head's Hugging Face cache holds it: relative links into read-only blobs."""
+    root = tmp_path_factory.mktemp("hf-cache")
+    snapshot = write_hf_cache(root)
+    yield snapshot
+    for folder in (snapshot, snapshot.parent.parent / "blobs"):
+        folder.chmod(0o755)  # so pytest can remove its temporary folders
 
 
 def test_vllm_0_17_1_passes_against_the_checkpoints_own_config_and_tensor_names(prebuilt, checkpoint):
@@ -94,7 +99,7 @@ def test_vllm_0_17_1_passes_against_the_checkpoints_own_config_and_tensor_names(
     assert proof.returncode == 0 and report["verdict"] == "pass", proof.why()
     assert report["architecture"] == "Qwen3_5MoeForConditionalGeneration"
     assert (report["model_type"], report["quantization"]) == ("qwen3_5_moe", "fp8")
-    assert passed(report) == every_check("snapshot", "Qwen3_5MoeMTP"), proof.why()
+    assert passed(report) == every_check(checkpoint.name, "Qwen3_5MoeMTP"), proof.why()
     config = next(c["detail"] for c in report["checks"] if c["stage"] == "config")
     assert "48 layers" in config and "[128, 128]" in config, config
 
