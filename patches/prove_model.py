@@ -137,13 +137,17 @@ def say(message: str) -> None:
 
 
 def describe(exc: BaseException) -> tuple[str, str | None]:
-    """`Type: message` and the innermost vllm/transformers frame it was raised in (`vllm/x.py:12`)."""
-    message, where, line = " ".join(str(exc).split()), None, None
+    """`Type: message` and the innermost vllm/transformers frame it was raised in (`vllm/x.py:12`);
+    when that is in transformers, the vLLM code that called it follows (`… (from vllm/y.py:3)`)."""
+    message, where, line, caller = " ".join(str(exc).split()), None, None, None
     for frame in traceback.extract_tb(exc.__traceback__):
         path = frame.filename.replace(os.sep, "/")
-        found = re.search(r"(?:^|/)((?:vllm|transformers)/.+)$", path)
+        found = re.search(r"(?:^|/)((vllm|transformers)/.+)$", path)
         if found:
             where, line = f"{found.group(1)}:{frame.lineno}", frame.line
+            caller = where if found.group(2) == "vllm" else caller
+    if where and caller and where.startswith("transformers/"):
+        where = f"{where} (from {caller})"
     # A bare `assert` says nothing: its source line is the message.
     message = message or (line or "").strip()
     return (f"{type(exc).__name__}: {message}" if message else type(exc).__name__), where

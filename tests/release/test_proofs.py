@@ -69,7 +69,9 @@ def test_the_seeds_hybrid_with_transformers_5_2_stops_at_the_config_naming_the_t
     assert report["vllm"] == "0.14.0" and report["transformers"] == "5.2.0", report
     assert report["failed_stage"] == "config", proof.why()
     assert report["error"] == "TypeError: unsupported operand type(s) for |: 'list' and 'set'", proof.why()
+    # Raised in transformers, called by the donor's config class.
     assert report["where"].startswith("transformers/"), report["where"]
+    assert "(from vllm/transformers_utils/configs/qwen3_5.py:" in report["where"], report["where"]
     assert not passed(report)
 
 
