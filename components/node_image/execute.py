@@ -274,6 +274,8 @@ def copy_image(
                 "root": at_source.daemon.root_dir,
                 "driver": at_source.daemon.driver,
                 "image_id": wanted.image_id,
+                # a containerd store takes left-out blobs from its content store only by digest
+                "layout": "oci" if at_destination.daemon.store == "containerd" else "docker",
             }
             try:
                 with times.span("stream, verify, promote (layer store)"):

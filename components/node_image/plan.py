@@ -130,10 +130,6 @@ def check_disk(destination: Facts, layer_bytes: int, tuning: Tuning) -> None:
 
 
 def can_export(tuning: Tuning, source: Daemon, destination: Daemon) -> bool:
-    """Read layers straight from the source's store: classic overlay2 to a classic destination only."""
-    return (
-        tuning.source_export == "auto"
-        and source.store == "classic"
-        and source.driver == "overlay2"
-        and destination.store == "classic"
-    )
+    """Read layers straight from the source's store: a classic overlay2 source (to a containerd
+    destination as an OCI layout, whose blobs are named by digest)."""
+    return tuning.source_export == "auto" and source.store == "classic" and source.driver == "overlay2"

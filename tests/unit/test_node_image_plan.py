@@ -75,19 +75,19 @@ def destination(tag=None, images=(), daemon=CLASSIC, free=10**12, blobs=(), at=B
         (
             source(),
             destination(daemon=CONTAINERD, blobs=[L1, L3], images=[ImageInfo("sha256:t", (L1, L3))]),
-            Copy(leave_out=(L1, L3), keep_from=0, export=False, same_store=False, bytes_to_send=1000),
+            Copy(leave_out=(L1, L3), keep_from=0, export=True, same_store=False, bytes_to_send=1000),
         ),
         # a blob no image uses any more may be collected before the load: sent
         (
             source(),
             destination(daemon=CONTAINERD, blobs=[L1, L3], images=[OTHER]),
-            Copy(leave_out=(L1,), keep_from=0, export=False, same_store=False, bytes_to_send=2000),
+            Copy(leave_out=(L1,), keep_from=0, export=True, same_store=False, bytes_to_send=2000),
         ),
         # containerd destination with the layers in images but not as blobs: everything is sent
         (
             source(),
             destination(daemon=CONTAINERD, images=[OTHER]),
-            Copy(leave_out=(), keep_from=0, export=False, same_store=False, bytes_to_send=3000),
+            Copy(leave_out=(), keep_from=0, export=True, same_store=False, bytes_to_send=3000),
         ),
         # across stores the layer list is the identity: the containerd ID differs, still a skip
         (
@@ -99,7 +99,7 @@ def destination(tag=None, images=(), daemon=CLASSIC, free=10**12, blobs=(), at=B
         (
             source(),
             destination(tag=ImageInfo("sha256:w", (L1,)), daemon=CONTAINERD),
-            Copy(leave_out=(), keep_from=0, export=False, same_store=False, bytes_to_send=3000),
+            Copy(leave_out=(), keep_from=0, export=True, same_store=False, bytes_to_send=3000),
         ),
     ],
     ids=[
