@@ -13,7 +13,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -51,6 +51,9 @@ SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--token"})
 EXTRA_ARG = re.compile(r"^[A-Za-z0-9_./:=,@+%-]*$")
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+# A node's Docker image store: the one definition (NodeImage, the copy tree and config use it).
+ImageStore = Literal["classic", "containerd"]
+IMAGE_STORES: tuple[str, ...] = get_args(ImageStore)
 
 
 class ConfigError(ValueError):
@@ -130,7 +133,7 @@ class NodeConfig(_Model):
     gpus: int = Field(default=1, ge=0, le=64)
     # The node's Docker image store. A containerd-store node may hold an image without every layer
     # blob, so the copy tree never uses one as a source; NodeImage checks the declaration.
-    image_store: Literal["classic", "containerd"] = "classic"
+    image_store: ImageStore = "classic"
     ray_ports: RayPorts = RayPorts()
 
     @field_validator("name")
@@ -204,8 +207,9 @@ class ImageConfig(_Model):
     name: str = "vllm-node-qwen35"
     # Empty: a content hash of the build inputs, so unchanged inputs never rebuild.
     tag: str | None = None
-    # An exact pin: a `>=` spec resolves differently on each rebuild. 5.2.0 first ships qwen3_5.
-    transformers: str = "==5.2.0"
+    # An exact pin: a `>=` spec resolves differently on each rebuild. 4.57.6 is what vLLM 0.17 pins and
+    # what its Qwen3.5 config classes load with; under 5.x they raise TypeError (README, the finding).
+    transformers: str = "==4.57.6"
     platform: str = "linux/arm64"
     base_vllm_dir: str = "/usr/local/lib/python3.12/dist-packages/vllm"
     donor_vllm_dir: str = "/usr/local/lib/python3.12/dist-packages/vllm"
@@ -213,7 +217,7 @@ class ImageConfig(_Model):
     pip_args: list[str] = []
     # Network for RUN steps of the build: `host` where the daemon has no bridge (the lab).
     build_network: str | None = None
-    # 0 skips only the final import smoke test (images without torch: the lab). Never on the Sparks.
+    # false skips the build steps that need torch (behaviour proofs, import smoke): the lab only.
     smoke: bool = True
 
     @field_validator("base", "donor", "name")

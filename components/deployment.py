@@ -22,6 +22,7 @@ from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
     ContainerSpec,
     dashboard_host,
+    ray_container_name,
     ray_container_spec,
     ray_tmp_volume_name,
 )
@@ -129,7 +130,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
         )
 
         self.ray_containers: dict[str, docker.Container] = {}
-        head_spec = ray_container_spec(cfg, head, "")
+        # Every container runs the image ID of its own node's copy (IDs differ across image stores).
+        image_on = {node: placed.image_id for node, placed in self.node_images.items()}
+        head_spec = ray_container_spec(cfg, head, image_on[head.name])
         self.ray_containers[head.name] = self._container(
             f"{name}-ray-head",
             head_spec,
@@ -140,14 +143,14 @@ class Qwen35Deployment(pulumi.ComponentResource):
         for worker in cfg.workers:
             self.ray_containers[worker.name] = self._container(
                 f"{name}-ray-worker-{worker.name}",
-                ray_container_spec(cfg, worker, ""),
+                ray_container_spec(cfg, worker, image_on[worker.name]),
                 worker.name,
                 secrets,
                 # A worker joins the head's GCS: never start one before the head.
                 depends_on=[self.ray_containers[head.name]],
             )
 
-        vllm_spec = vllm_container_spec(cfg, "")
+        vllm_spec = vllm_container_spec(cfg, image_on[head.name])
         self.server = self._container(
             f"{name}-vllm",
             vllm_spec,
@@ -195,8 +198,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 for node, c in self.checkpoints.items()
             },
             "containers": {
-                node.name: [ray_container_spec(cfg, node, "").name]
-                + ([vllm_spec.name] if node is head else [])
+                node.name: [ray_container_name(cfg, node)] + ([vllm_spec.name] if node is head else [])
                 for node in cfg.nodes
             },
             "head": head.name,
@@ -216,11 +218,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
         depends_on: list[pulumi.Resource],
         revision: pulumi.Output[str] | None = None,
     ) -> docker.Container:
-        """A container on `node` running the image ID its NodeImage reports (after that NodeImage and
-        the node's checkpoint); `revision`: the commit `vllm serve` must serve (the pinned one)."""
-        node_image = self.node_images[node]
+        """A container on `node`, created after that node's NodeImage (whose ID the spec carries) and
+        its checkpoint; `revision`: the commit `vllm serve` must serve (the pinned one)."""
         kwargs = container_args(spec, secrets)
-        kwargs["image"] = node_image.image_id
         if revision is not None:
             kwargs["command"] = revision.apply(lambda sha: [*spec.command[1:], "--revision", sha])
         checkpoint = [self.checkpoints[node]] if node in self.checkpoints else []
@@ -230,7 +230,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.providers[node],
-                depends_on=[node_image, *checkpoint, *depends_on],
+                depends_on=[self.node_images[node], *checkpoint, *depends_on],
                 additional_secret_outputs=["envs"],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,

@@ -13,7 +13,7 @@ import pytest
 
 import lab
 from components.copy_plan import copy_plan
-from tests.lab.test_node_image import PROVIDER, build, image_id, no_temporary_tags, props, remove, runs
+from tests.support.node_image_lab import PROVIDER, build, image_id, no_temporary_tags, props, remove, runs
 
 
 def layers_of(node: lab.LabNode, ref: str) -> list[str]:
@@ -43,7 +43,8 @@ def test_oci_layout_source_to_classic_destination_is_thin(node_c, node_a, images
     assert "root" in runs(node_a, "ni-eng:1") and no_temporary_tags(node_a)
 
 
-def test_legacy_source_to_classic_destination(node_a, node_b, images_on_c):
+def test_legacy_source_to_classic_destination(node_a, node_b, node_c, images_on_c):
+    PROVIDER.create(props("ni-eng:1", node_c, node_a))  # node-a holds it whatever ran before
     remove(node_b, "ni-eng:1")
     outs = PROVIDER.create(props("ni-eng:1", node_a, node_b, tuning={"source_export": "save"})).outs
     assert outs["layout"] == "legacy" and outs["image_id"] == images_on_c
@@ -65,9 +66,18 @@ def content_blobs(node: lab.LabNode) -> set[str]:
     return set(ctr(node, "content", "ls", "-q").split())
 
 
+def layers_in_use(node: lab.LabNode) -> set[str]:
+    """Every layer of every image on the node."""
+    ids = lab.docker(node, "image", "ls", "-a", "-q", "--no-trunc").out.split()
+    listing = lab.docker(
+        node, "image", "inspect", "--format", "{{range .RootFS.Layers}}{{.}} {{end}}", *set(ids)
+    )
+    return set(listing.out.split())
+
+
 def test_oci_source_to_containerd_destination_leaves_out_held_blobs(node_c, node_d, images_on_c):
     remove(node_d, "ni-eng:1", "ni-eng-base:1")
-    held = content_blobs(node_d) & set(layers_of(node_c, "ni-eng:1"))
+    held = content_blobs(node_d) & set(layers_of(node_c, "ni-eng:1")) & layers_in_use(node_d)
     outs = PROVIDER.create(props("ni-eng:1", node_c, node_d)).outs
     assert outs["store"] == "containerd" and outs["source_store"] == "classic"
     assert outs["layers_left_out"] == len(held) and outs["layers_sent"] == 3 - len(held)
@@ -78,13 +88,16 @@ def test_oci_source_to_containerd_destination_leaves_out_held_blobs(node_c, node
     assert again["skipped"] is True and again["bytes_sent"] == 0
 
 
-def test_containerd_destination_gets_a_changed_top_layer_only(node_c, node_d, images_on_c):
+@pytest.mark.parametrize(("export", "layout"), [("save", "oci"), ("auto", "export-oci")])
+def test_containerd_destination_gets_a_changed_top_layer_only(node_c, node_d, images_on_c, export, layout):
     """Loaded once, the base's blobs stay in the content store (under their diff IDs): a new top
-    layer on the same base sends only that layer."""
+    layer on the same base sends only that layer (from `docker save`, or read from the source's
+    layer store as an OCI layout)."""
     PROVIDER.create(props("ni-eng-base:1", node_c, node_d))
     top = build(node_c, "ni-eng-top:1", "ni-eng-base:1", os.urandom(100_000))
     remove(node_d, "ni-eng-top:1")
-    outs = PROVIDER.create(props("ni-eng-top:1", node_c, node_d)).outs
+    outs = PROVIDER.create(props("ni-eng-top:1", node_c, node_d, tuning={"source_export": export})).outs
+    assert outs["layout"] == layout
     assert outs["layers_left_out"] == 2 and outs["layers_sent"] == 1 and outs["bytes_sent"] <= 1.2 * 100_000
     assert outs["layers"] == layers_of(node_c, "ni-eng-top:1") and top != outs["image_id"]
     assert "root" in runs(node_d, "ni-eng-top:1") and no_temporary_tags(node_d)

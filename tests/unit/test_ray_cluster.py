@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.config import RestartPolicy, parse_stack_config
+from components.config import RestartPolicy
 from components.ray_cluster import (
     CONTAINER_HF_HOME,
     RAY_TMP,
@@ -14,16 +14,9 @@ from components.ray_cluster import (
     ray_container_spec,
     ray_start_argv,
 )
-from tests.program import stack_config
+from tests.support.program import config_from
 
 IMAGE_ID = "sha256:" + "c" * 64
-
-
-def config_from(stack: str = "dev", **sections):
-    raw = {k.removeprefix("qwen35-spark:"): v for k, v in stack_config(stack).items()}
-    for key, value in sections.items():
-        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-    return parse_stack_config(raw)
 
 
 @pytest.fixture
@@ -161,7 +154,10 @@ def test_lab_differences_come_from_config():
     lab = config_from("lab")
     spec = ray_container_spec(lab, lab.head, IMAGE_ID)
     assert spec.gpus is None and spec.devices == () and spec.restart is RestartPolicy.NO
-    assert spec.mounts[0] == Mount("/run/qwen35-lab/hf-cache", CONTAINER_HF_HOME)
+    # Each lab node has its own HF cache (model.cache_dirs), as separate machines have.
+    assert spec.mounts[0] == Mount("/run/qwen35-lab/node-a/hf-cache", CONTAINER_HF_HOME)
+    worker = ray_container_spec(lab, lab.workers[0], IMAGE_ID)
+    assert worker.mounts[0] == Mount("/run/qwen35-lab/node-b/hf-cache", CONTAINER_HF_HOME)
 
 
 @pytest.mark.parametrize(
