@@ -1,9 +1,11 @@
 """Qwen35Deployment: the whole cluster as one component (providers, images, Ray, vLLM, readiness).
 
 Order, enforced by dependencies (and reversed by `pulumi destroy`):
-docker provider per node → HybridImage on the head → NodeImage per node → Ray head → Ray workers →
-vLLM server on the head → readiness gate. Every container runs the `sha256:` image ID its node's
-NodeImage reports, so a rebuilt or replaced image replaces exactly the containers that run it.
+docker provider per node → the image on the head (strategy `prebuilt`: already there, nothing
+built; `hybrid`: HybridImage builds it) → NodeImage per node → model-support check on the head →
+Ray head → Ray workers → vLLM server on the head → readiness gate. Every container runs the
+`sha256:` image ID its node's NodeImage reports, so a rebuilt or replaced image replaces exactly the
+containers that run it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Any
 import pulumi
 import pulumi_docker as docker
 
-from components.config import StackConfig
+from components.config import ImageStrategy, StackConfig
 from components.hybrid_image import HybridImage, HybridImageArgs
+from components.model_support import ModelSupportCheck
 from components.node_image import NodeImage, copy_tree
 from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
@@ -26,6 +29,18 @@ from components.ray_cluster import (
 )
 from components.readiness_gate import ReadinessGate
 from components.vllm_server import endpoint_url, local_url, vllm_container_spec
+
+# The model-support check's outputs that the stack exports (`model_support`).
+MODEL_SUPPORT_OUTPUTS = (
+    "verdict",
+    "failed_stage",
+    "vllm",
+    "transformers",
+    "architecture",
+    "model_type",
+    "quantization",
+    "memory_fit",
+)
 
 
 @dataclass(frozen=True)
@@ -112,12 +127,32 @@ class Qwen35Deployment(pulumi.ComponentResource):
         head = cfg.head
         secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
 
-        self.image = HybridImage(
-            f"{name}-image",
-            HybridImageArgs(image=cfg.image),
-            opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
+        # Strategy prebuilt registers no build: the configured reference is on the head already.
+        self.image: HybridImage | None = None
+        if cfg.image.strategy is ImageStrategy.HYBRID:
+            self.image = HybridImage(
+                f"{name}-image",
+                HybridImageArgs(image=cfg.image),
+                opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
+            )
+        self.image_ref = self.image.ref if self.image else cfg.image.prebuilt_ref.tagged
+        self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
+
+        # Before any Ray container: the head's image loads the checkpoint, and the model fits.
+        self.model_support = ModelSupportCheck(
+            f"{name}-model-support",
+            node=self.access[head.name].node_image_dict(),
+            image=self.image_ref if self.image else cfg.image.prebuilt,
+            image_id=self.node_images[head.name].image_id,
+            memory=memory_inputs(cfg),
+            mode=cfg.image.model_check.value,
+            # Seam for the checkpoint on the head (its resource's `digest` and `snapshot_path`):
+            # without them the proof runs on its fixture configs and the memory fit is not checked.
+            checkpoint_digest=None,
+            snapshot_path=None,
+            container_prefix=cfg.containers.name_prefix,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.node_images[head.name]]),
         )
-        self.node_images: dict[str, NodeImage] = place_images(name, self, self.image)
 
         # Shared by the Ray head and the vLLM server (the driver needs the raylet's socket).
         self.ray_tmp = docker.Volume(
@@ -186,6 +221,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 + ([vllm_spec.name] if node is head else [])
                 for node in cfg.nodes
             },
+            "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
             "head": head.name,
             "nodes": [n.name for n in cfg.nodes],
         }
@@ -202,7 +238,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         secrets: dict[str, Any],
         depends_on: list[pulumi.Resource],
     ) -> docker.Container:
-        """A container on `node` running the image ID its NodeImage reports (after that NodeImage)."""
+        """A container on `node` running its NodeImage's image ID, after it and the model-support check."""
         node_image = self.node_images[node]
         kwargs = container_args(spec, secrets)
         kwargs["image"] = node_image.image_id
@@ -212,7 +248,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.providers[node],
-                depends_on=[node_image, *depends_on],
+                depends_on=[node_image, self.model_support, *depends_on],
                 additional_secret_outputs=["envs"],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,
@@ -220,16 +256,29 @@ class Qwen35Deployment(pulumi.ComponentResource):
         )
 
 
-def place_images(name: str, deployment: Qwen35Deployment, image: HybridImage) -> dict[str, NodeImage]:
-    """One NodeImage per node, copied along a fan-out tree from the head (where the image is built)."""
+def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
+    """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism."""
+    return {
+        "nodes": [{"name": n.name, "memory_gb": n.memory_gb, "gpus": n.gpus} for n in cfg.nodes],
+        "tensor_parallel_size": cfg.serve.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.serve.pipeline_parallel_size,
+        "gpu_memory_utilization": cfg.serve.gpu_memory_utilization,
+    }
+
+
+def place_images(
+    name: str, deployment: Qwen35Deployment, ref: str, build: HybridImage | None
+) -> dict[str, NodeImage]:
+    """One NodeImage per node, copied along a fan-out tree from the head (where the image is)."""
     return copy_tree(
         f"{name}-image",
-        image.ref,
+        ref,
         deployment.access,
         deployment.config.head.name,
-        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[image]),
+        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[build] if build else []),
         # A rebuild under the same tag (a pinned `image.tag`) still re-places the image everywhere.
-        trigger=image.image.id,
+        # A prebuilt image re-tagged on the head shows at refresh (NodeImage reads the head's ID).
+        trigger=build.image.id if build else None,
         tuning=deployment.config.copy_.tuning() or None,
         # Only classic-store nodes serve others (a containerd store may lack layer blobs).
         can_reexport={n.name for n in deployment.config.nodes if n.image_store == "classic"},

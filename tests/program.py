@@ -90,6 +90,18 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
             "skipped": True,
             "store": "classic",
         }
+    if args.typ == "pulumi-python:dynamic/qwen35:ModelSupportCheck":
+        # What a passing proof reports (the provider itself is tested in test_model_support.py).
+        return {
+            "verdict": "pass",
+            "failed_stage": None,
+            "vllm": "0.17.1",
+            "transformers": "4.57.6",
+            "architecture": "Qwen3_5MoeForConditionalGeneration",
+            "model_type": "qwen3_5_moe",
+            "quantization": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+            "memory_fit": None,
+        }
     if args.typ == "docker:index/image:Image":
         return {"repo_digest": "", "image_name": args.inputs.get("imageName", "")}
     return {}
