@@ -155,7 +155,7 @@ def _memory_nodes(memory: Mapping[str, Any]) -> list[NodeMemory]:
 # ---- what runs on the head ----------------------------------------------------------------------------
 
 
-def proof_payload(proof_dir: Path = PATCH_DIR) -> str:
+def proof_payload(proof_dir: Path) -> str:
     """base64 of a gzip tar of the proof program and its fixture configs (stable bytes for same files)."""
     program = proof_dir / PROOF_PROGRAM
     if not program.is_file():
@@ -341,13 +341,13 @@ def verify_pin(transport: SshTransport, props: Mapping[str, Any]) -> None:
         )
 
 
-def run_check(props: Mapping[str, Any], proof_dir: Path = PATCH_DIR) -> dict[str, Any]:
+def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[str, Any]:
     """The whole check on the head; the outputs. Raises when it fails (mode enforce) or cannot run."""
     problems = validate(props)
     if problems:
         raise ModelSupportError("model-support check: " + "; ".join(problems))
     transport = SshTransport(target_from_dict(props["node"]))
-    payload = proof_payload(proof_dir)  # before any I/O: a missing program fails at once
+    payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
     outs: dict[str, Any] = {"memory_fit": None}
     snapshot = props.get("snapshot_path") or ""
     if snapshot and props.get("memory"):
