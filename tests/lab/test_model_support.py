@@ -26,6 +26,9 @@ from components import model_support
 from components.memory_fit import GB, MemoryFitError
 from components.model_support import ModelSupportCheckProvider, ModelSupportError
 from lab.images import DEBIAN_TAG
+from lab.ray_image import ray_image
+from tests.lab.declared import plain
+from tests.program import run_program, stack_config
 
 pytestmark = pytest.mark.lab
 
@@ -216,3 +219,17 @@ def test_a_model_that_does_not_fit_stops_before_any_container(node_a, standin_im
     assert check_containers_created(node_a, since) == []
     # Over two nodes the same checkpoint fits and the proof runs.
     assert ModelSupportCheckProvider().create(check_props(node_a, standin_image, snapshot))
+
+
+def test_the_lab_stacks_check_reports_on_the_lab_ray_image(node_a):
+    """The check as the lab stack declares it (Pulumi.lab.yaml: `model_check: report`), run against the
+    image the lab cluster really runs (Debian + Ray + the stand-in `vllm`): the real proof finds no
+    torch, the verdict is recorded, and the deployment would go on to start Ray."""
+    run = run_program(stack_config("lab"))
+    declared = run.named("qwen35-model-support")
+    props = {k: v for k, v in plain(declared.inputs).items() if k != "__provider"}
+    assert props["mode"] == "report" and props["node"]["host"] == node_a.host
+    _, ray_image_id = ray_image(node_a)
+    created = ModelSupportCheckProvider().create({**props, "image_id": ray_image_id})
+    assert created.outs["verdict"] == "fail" and created.outs["failed_stage"] == "environment"
+    assert leftover_containers(node_a) == []
