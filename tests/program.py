@@ -79,9 +79,13 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
+NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
+READINESS_GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
+
+
 def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     """Outputs a real provider would compute, so downstream inputs can be checked."""
-    if args.typ == "pulumi-python:dynamic:Resource":
+    if args.typ == NODE_IMAGE:
         image = args.inputs.get("image", "img:tag")
         return {
             "image_id": "sha256:" + (f"{abs(hash(image)):x}" * 8)[:64],

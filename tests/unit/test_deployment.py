@@ -13,7 +13,8 @@ import pytest
 from tests.program import ProgramRun, run_program, stack_config
 
 CONTAINER = "docker:index/container:Container"
-DYNAMIC = "pulumi-python:dynamic:Resource"
+NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
+GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
 CHECK = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 SECRETS = {"hf_token": "hf_token_value_123", "api_key": "sk-api-key-value-456"}
 
@@ -108,13 +109,13 @@ DEV_RESOURCES = {
     ("pulumi:providers:docker", "qwen35-docker-spark-1"),
     ("pulumi:providers:docker", "qwen35-docker-spark-2"),
     ("docker:index/volume:Volume", "qwen35-ray-tmp"),
-    (DYNAMIC, "qwen35-image-spark-1"),
-    (DYNAMIC, "qwen35-image-spark-2"),
+    (NODE_IMAGE, "qwen35-image-spark-1"),
+    (NODE_IMAGE, "qwen35-image-spark-2"),
     (CHECK, "qwen35-model-support"),
     (CONTAINER, "qwen35-ray-head"),
     (CONTAINER, "qwen35-ray-worker-spark-2"),
     (CONTAINER, "qwen35-vllm"),
-    (DYNAMIC, "qwen35-ready"),
+    (GATE, "qwen35-ready"),
 }
 BUILD = {("qwen35:index:HybridImage", "qwen35-image"), ("docker:index/image:Image", "qwen35-image-build")}
 
@@ -192,7 +193,7 @@ def test_provider_hosts_and_pinned_keys(four):
 def node_image_of(graph: Graph, node: str):
     """The NodeImage that places the image on `node`."""
     found = graph.run.named(f"qwen35-image-{node}")
-    assert found.typ == DYNAMIC and found.inputs["destination"]["name"] == node
+    assert found.typ == NODE_IMAGE and found.inputs["destination"]["name"] == node
     return found
 
 
@@ -432,7 +433,7 @@ def test_copy_tuning_from_config_reaches_every_node_image():
     config = stack_config("dev")
     config["qwen35-spark:copy"] = {"compression": "gzip", "stall_timeout_s": 30}
     run = run_program(config)
-    images = [r for r in run.by_type("pulumi-python:dynamic:Resource") if r.name.startswith("qwen35-image-")]
+    images = [r for r in run.by_type(NODE_IMAGE) if r.name.startswith("qwen35-image-")]
     assert len(images) == 2
     for image in images:
         assert image.inputs["tuning"] == {"compression": "gzip", "stall_timeout_s": 30}
@@ -442,11 +443,7 @@ def test_copy_tree_never_sources_from_a_containerd_store_node(monkeypatch):
     config = four_node_config()
     config["qwen35-spark:nodes"][1]["image_store"] = "containerd"  # spark-2
     graph = run_graph(monkeypatch, config)
-    images = {
-        r.name: r.inputs
-        for r in graph.run.by_type("pulumi-python:dynamic:Resource")
-        if r.name.startswith("qwen35-image-")
-    }
+    images = {r.name: r.inputs for r in graph.run.by_type(NODE_IMAGE) if r.name.startswith("qwen35-image-")}
     assert len(images) == 4
     sources = {inputs["source"]["name"] for inputs in images.values()}
     assert "spark-2" not in sources and "spark-1" in sources
