@@ -221,7 +221,7 @@ def test_a_model_that_does_not_fit_stops_before_any_container(node_a, standin_im
     assert ModelSupportCheckProvider().create(check_props(node_a, standin_image, snapshot))
 
 
-def test_the_lab_stacks_check_reports_on_the_lab_ray_image(node_a):
+def test_the_lab_stacks_check_reports_on_the_lab_ray_image(node_a, tmp_path):
     """The check as the lab stack declares it (Pulumi.lab.yaml: `model_check: report`), run against the
     image the lab cluster really runs (Debian + Ray + the stand-in `vllm`): the real proof finds no
     torch, the verdict is recorded, and the deployment would go on to start Ray."""
@@ -230,6 +230,11 @@ def test_the_lab_stacks_check_reports_on_the_lab_ray_image(node_a):
     props = {k: v for k, v in plain(declared.inputs).items() if k != "__provider"}
     assert props["mode"] == "report" and props["node"]["host"] == node_a.host
     _, ray_image_id = ray_image(node_a)
-    created = ModelSupportCheckProvider().create({**props, "image_id": ray_image_id})
+    # The mocked head checkpoint's path does not exist on node-a: a real one in the same layout does.
+    assert props["snapshot_path"] and props["checkpoint_digest"]
+    snapshot = hf_checkpoint(tmp_path, total_size=4096)
+    created = ModelSupportCheckProvider().create(
+        {**props, "image_id": ray_image_id, "snapshot_path": str(snapshot)}
+    )
     assert created.outs["verdict"] == "fail" and created.outs["failed_stage"] == "environment"
     assert leftover_containers(node_a) == []

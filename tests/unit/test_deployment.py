@@ -16,6 +16,7 @@ CONTAINER = "docker:index/container:Container"
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
 GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
 CHECK = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
+CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
 SECRETS = {"hf_token": "hf_token_value_123", "api_key": "sk-api-key-value-456"}
 
 
@@ -111,6 +112,8 @@ DEV_RESOURCES = {
     ("docker:index/volume:Volume", "qwen35-ray-tmp"),
     (NODE_IMAGE, "qwen35-image-spark-1"),
     (NODE_IMAGE, "qwen35-image-spark-2"),
+    (CHECKPOINT, "qwen35-checkpoint-spark-1"),
+    (CHECKPOINT, "qwen35-checkpoint-spark-2"),
     (CHECK, "qwen35-model-support"),
     (CONTAINER, "qwen35-ray-head"),
     (CONTAINER, "qwen35-ray-worker-spark-2"),
@@ -509,6 +512,12 @@ def test_model_support_check_inputs(four):
         "gpu_memory_utilization": 0.85,
     }
     assert inputs["container_prefix"] == "qwen35"
+    # The head's checkpoint: the proof loads it and the memory fit reads its index.
+    head_checkpoint = four.run.outputs["checkpoints"]["spark-1"]
+    assert inputs["checkpoint_digest"] == head_checkpoint["digest"]
+    assert inputs["snapshot_path"] == head_checkpoint["snapshot_path"]
+    assert inputs["snapshot_path"].startswith("/home/aurora/")
+    assert "qwen35-checkpoint-spark-1" in four.deps["qwen35-model-support"]
     # Not registered on a docker provider: it reaches the head over SSH itself.
     assert not (check.provider or "").startswith("urn:pulumi:stack::project::pulumi:providers:docker")
 
@@ -568,3 +577,74 @@ def test_hostile_references_register_nothing_and_name_the_field(monkeypatch, fie
         run_program(cfg)
     assert f"image.{field}:" in str(info.value)
     assert mocks_seen == []
+
+
+# ---- the checkpoint on every node (components/checkpoint) -------------------------------------------
+
+
+def checkpoint_of(graph: Graph, node: str):
+    found = graph.run.named(f"qwen35-checkpoint-{node}")
+    assert found.typ == CHECKPOINT and found.inputs["node"]["name"] == node
+    return found
+
+
+def test_checkpoints_fetch_once_on_the_head_and_copy_along_a_tree(four):
+    head = checkpoint_of(four, "spark-1").inputs
+    assert head.get("source") is None and head["repo"] == "Qwen/Qwen3.5-122B-A10B-FP8"
+    assert head["requested_revision"] == "main" and head["source_mode"] == "hub"
+    # The token is a secret input of the head's fetch only.
+    token, secret = unsecret(head["hf_token"])
+    assert token == SECRETS["hf_token"] and secret
+    sources = {}
+    for node in ("spark-2", "spark-3", "spark-4"):
+        placed = checkpoint_of(four, node)
+        source = placed.inputs["source"]["name"]
+        assert source != node and f"qwen35-checkpoint-{source}" in four.deps[placed.name]
+        assert placed.inputs["source_revision"] == four.run.outputs["checkpoints"][source]["revision"]
+        assert placed.inputs.get("hf_token") is None
+        sources[node] = source
+    # 3 workers: 2 rounds (ceil(log2(4))): the head serves one, then both holders serve one each.
+    assert sorted(sources.values()).count("spark-1") == 2
+
+
+def test_containers_wait_for_their_nodes_checkpoint_and_serve_offline_the_pinned_commit(four):
+    for node, container in [("spark-1", "qwen35-ray-head"), ("spark-1", "qwen35-vllm")] + [
+        (f"spark-{i}", f"qwen35-ray-worker-spark-{i}") for i in (2, 3, 4)
+    ]:
+        assert f"qwen35-checkpoint-{node}" in four.deps[container]
+        assert envs(four, container)["HF_HUB_OFFLINE"] == "1"
+    cmd = four.container("qwen35-vllm").inputs["command"]
+    sha = four.run.outputs["checkpoints"]["spark-1"]["revision"]
+    assert cmd[cmd.index("--revision") + 1] == sha and len(sha) == 40
+    assert four.run.outputs["checkpoints"]["spark-2"]["snapshot_path"].endswith(f"/snapshots/{sha}")
+
+
+def test_without_a_hub_model_there_is_no_checkpoint_and_no_offline_flag(monkeypatch):
+    config = stack_config("dev")
+    config["qwen35-spark:serve"] = {**config["qwen35-spark:serve"], "model": "/models/qwen35"}
+    graph = run_graph(monkeypatch, config)
+    assert not graph.run.by_type(CHECKPOINT)
+    assert "HF_HUB_OFFLINE" not in envs(graph, "qwen35-ray-head")
+    assert "--revision" not in graph.container("qwen35-vllm").inputs["command"]
+
+
+def test_each_node_mounts_its_own_cache_dir(monkeypatch):
+    config = stack_config("dev")
+    config["qwen35-spark:model"] = {"cache_dirs": {"spark-2": "/data/hf"}}
+    graph = run_graph(monkeypatch, config)
+    assert checkpoint_of(graph, "spark-2").inputs["cache_dir"] == "/data/hf"
+    mounts = graph.container("qwen35-ray-worker-spark-2").inputs["volumes"]
+    assert any(m.get("hostPath") == "/data/hf" for m in mounts)
+    assert (
+        checkpoint_of(graph, "spark-2").inputs["source_cache_dir"]
+        == checkpoint_of(graph, "spark-1").inputs["cache_dir"]
+    )
+
+
+def test_without_a_checkpoint_the_check_proves_the_fixture_configs(monkeypatch):
+    config = stack_config("dev")
+    config["qwen35-spark:serve"] = {**config["qwen35-spark:serve"], "model": "/models/qwen35"}
+    graph = run_graph(monkeypatch, config)
+    inputs = graph.run.named("qwen35-model-support").inputs
+    assert inputs.get("checkpoint_digest") is None and inputs.get("snapshot_path") is None
+    assert not {d for d in graph.deps["qwen35-model-support"] if "checkpoint" in d}
