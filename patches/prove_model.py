@@ -19,6 +19,7 @@ Only the standard library is imported until the environment stage, so a missing 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -38,6 +39,11 @@ INDEX_FILE = "model.safetensors.index.json"
 ARCHITECTURES = {
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
+}
+# The MTP (speculative decoding) architecture vLLM builds from the same checkpoint's `mtp.*` tensors.
+MTP_ARCHITECTURES = {
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeMTP",
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5MTP",
 }
 # Quantization methods whose checkpoint tensors this program can name: none, or FP8 with block scales.
 QUANTIZATIONS = (None, "fp8")
@@ -131,13 +137,17 @@ def say(message: str) -> None:
 
 
 def describe(exc: BaseException) -> tuple[str, str | None]:
-    """`Type: message` and the innermost vllm/transformers frame it was raised in (`vllm/x.py:12`)."""
-    message, where, line = " ".join(str(exc).split()), None, None
+    """`Type: message` and the innermost vllm/transformers frame it was raised in (`vllm/x.py:12`);
+    when that is in transformers, the vLLM code that called it follows (`… (from vllm/y.py:3)`)."""
+    message, where, line, caller = " ".join(str(exc).split()), None, None, None
     for frame in traceback.extract_tb(exc.__traceback__):
         path = frame.filename.replace(os.sep, "/")
-        found = re.search(r"(?:^|/)((?:vllm|transformers)/.+)$", path)
+        found = re.search(r"(?:^|/)((vllm|transformers)/.+)$", path)
         if found:
             where, line = f"{found.group(1)}:{frame.lineno}", frame.line
+            caller = where if found.group(2) == "vllm" else caller
+    if where and caller and where.startswith("transformers/"):
+        where = f"{where} (from {caller})"
     # A bare `assert` says nothing: its source line is the message.
     message = message or (line or "").strip()
     return (f"{type(exc).__name__}: {message}" if message else type(exc).__name__), where
@@ -247,6 +257,17 @@ def tiny_config(config: dict) -> dict:
     return tiny
 
 
+def tiny_models(config: dict) -> list[tuple[str, dict]]:
+    """The tiny models to build: the served architecture ("model") and, when the checkpoint has an MTP
+    head, its MTP architecture ("mtp") from the same tiny config."""
+    tiny = tiny_config(config)
+    models = [("model", tiny)]
+    arch = (tiny.get("architectures") or [None])[0]
+    if int(text_config(tiny).get("mtp_num_hidden_layers", 0)) > 0 and arch in MTP_ARCHITECTURES:
+        models.append(("mtp", {**tiny, "architectures": [MTP_ARCHITECTURES[arch]]}))
+    return models
+
+
 def _unquantized(module: str, config: dict) -> bool:
     quant = config.get("quantization_config") or {}
     if quant.get("quant_method") != "fp8":
@@ -264,67 +285,79 @@ def _linear(shapes: dict, module: str, out: int, inp: int, config: dict, bias: b
         shapes[f"{module}.weight_scale_inv"] = (math.ceil(out / block_out), math.ceil(inp / block_in))
 
 
-def checkpoint_tensors(config: dict) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Qwen3.5 checkpoint of this config holds for the served model, by its Hugging Face
-    name, with its shape (the naming of Qwen's own releases: `model.language_model.*`, `model.visual.*`,
-    `lm_head`, per-expert MoE weights, FP8 `weight_scale_inv` beside each quantized weight). The MTP
-    head (`mtp.*`) belongs to the speculative-decoding architecture and is not listed."""
+def checkpoint_tensors(config: dict, head: str = "model") -> dict[str, tuple[int, ...]]:
+    """The tensors a Qwen3.5 checkpoint of this config holds, by Hugging Face name, with their shapes (the
+    naming of Qwen's own releases: `model.language_model.*`, `model.visual.*`, `lm_head`, per-expert MoE
+    weights, FP8 `weight_scale_inv` beside each quantized matrix). head "model": what the served
+    architecture loads; head "mtp": what its MTP (speculative decoding) architecture loads, `mtp.*` and
+    the shared embeddings and `lm_head`."""
     text, vision = text_config(config), config.get("vision_config")
-    h, shapes = int(text["hidden_size"]), {}
-    shapes[f"{LM}embed_tokens.weight"] = (int(text["vocab_size"]), h)
-    shapes[f"{LM}norm.weight"] = (h,)
+    h, vocab, shapes = int(text["hidden_size"]), int(text["vocab_size"]), {}
+    shapes[f"{LM}embed_tokens.weight"] = (vocab, h)
     if not (config.get("tie_word_embeddings") or text.get("tie_word_embeddings")):
-        _linear(shapes, "lm_head", int(text["vocab_size"]), h, config)
-    nk, nv = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
-    dk, dv = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
-    heads, kv_heads, head_dim = (
-        int(text["num_attention_heads"]),
-        int(text["num_key_value_heads"]),
-        int(text["head_dim"]),
-    )
+        _linear(shapes, "lm_head", vocab, h, config)
+    if head == "mtp":
+        _linear(shapes, "mtp.fc", h, 2 * h, config)
+        for norm in ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+            shapes[f"mtp.{norm}.weight"] = (h,)
+        for i in range(int(text.get("mtp_num_hidden_layers", 0))):
+            _decoder_layer(shapes, f"mtp.layers.{i}", "full_attention", text, config)
+        return shapes
+    shapes[f"{LM}norm.weight"] = (h,)
     for i, kind in enumerate(layer_types(text)):
-        layer = f"{LM}layers.{i}"
-        shapes[f"{layer}.input_layernorm.weight"] = (h,)
-        shapes[f"{layer}.post_attention_layernorm.weight"] = (h,)
-        if kind == "linear_attention":
-            attn, conv_dim = f"{layer}.linear_attn", 2 * nk * dk + nv * dv
-            _linear(shapes, f"{attn}.in_proj_qkv", conv_dim, h, config)
-            _linear(shapes, f"{attn}.in_proj_z", nv * dv, h, config)
-            _linear(shapes, f"{attn}.in_proj_b", nv, h, config)
-            _linear(shapes, f"{attn}.in_proj_a", nv, h, config)
-            shapes[f"{attn}.conv1d.weight"] = (conv_dim, 1, int(text.get("linear_conv_kernel_dim", 4)))
-            shapes[f"{attn}.A_log"] = (nv,)
-            shapes[f"{attn}.dt_bias"] = (nv,)
-            shapes[f"{attn}.norm.weight"] = (dv,)
-            _linear(shapes, f"{attn}.out_proj", h, nv * dv, config)
-        else:
-            attn, gate = f"{layer}.self_attn", 2 if text.get("attn_output_gate", True) else 1
-            _linear(shapes, f"{attn}.q_proj", heads * head_dim * gate, h, config)
-            _linear(shapes, f"{attn}.k_proj", kv_heads * head_dim, h, config)
-            _linear(shapes, f"{attn}.v_proj", kv_heads * head_dim, h, config)
-            _linear(shapes, f"{attn}.o_proj", h, heads * head_dim, config)
-            shapes[f"{attn}.q_norm.weight"] = (head_dim,)
-            shapes[f"{attn}.k_norm.weight"] = (head_dim,)
-        mlp = f"{layer}.mlp"
-        if "num_experts" in text:
-            inter, shared = int(text["moe_intermediate_size"]), int(text["shared_expert_intermediate_size"])
-            _linear(shapes, f"{mlp}.gate", int(text["num_experts"]), h, config)
-            for e in range(int(text["num_experts"])):
-                _linear(shapes, f"{mlp}.experts.{e}.gate_proj", inter, h, config)
-                _linear(shapes, f"{mlp}.experts.{e}.up_proj", inter, h, config)
-                _linear(shapes, f"{mlp}.experts.{e}.down_proj", h, inter, config)
-            _linear(shapes, f"{mlp}.shared_expert.gate_proj", shared, h, config)
-            _linear(shapes, f"{mlp}.shared_expert.up_proj", shared, h, config)
-            _linear(shapes, f"{mlp}.shared_expert.down_proj", h, shared, config)
-            _linear(shapes, f"{mlp}.shared_expert_gate", 1, h, config)
-        else:
-            inter = int(text["intermediate_size"])
-            _linear(shapes, f"{mlp}.gate_proj", inter, h, config)
-            _linear(shapes, f"{mlp}.up_proj", inter, h, config)
-            _linear(shapes, f"{mlp}.down_proj", h, inter, config)
+        _decoder_layer(shapes, f"{LM}layers.{i}", kind, text, config)
     if vision is not None:
         shapes.update(_vision_tensors(vision, config))
     return shapes
+
+
+def _decoder_layer(shapes: dict, layer: str, kind: str, text: dict, config: dict) -> None:
+    h = int(text["hidden_size"])
+    shapes[f"{layer}.input_layernorm.weight"] = (h,)
+    shapes[f"{layer}.post_attention_layernorm.weight"] = (h,)
+    if kind == "linear_attention":
+        nk, nv = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
+        dk, dv = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
+        attn, conv_dim = f"{layer}.linear_attn", 2 * nk * dk + nv * dv
+        _linear(shapes, f"{attn}.in_proj_qkv", conv_dim, h, config)
+        _linear(shapes, f"{attn}.in_proj_z", nv * dv, h, config)
+        _linear(shapes, f"{attn}.in_proj_b", nv, h, config)
+        _linear(shapes, f"{attn}.in_proj_a", nv, h, config)
+        shapes[f"{attn}.conv1d.weight"] = (conv_dim, 1, int(text.get("linear_conv_kernel_dim", 4)))
+        shapes[f"{attn}.A_log"] = (nv,)
+        shapes[f"{attn}.dt_bias"] = (nv,)
+        shapes[f"{attn}.norm.weight"] = (dv,)
+        _linear(shapes, f"{attn}.out_proj", h, nv * dv, config)
+    else:
+        heads, kv_heads, head_dim = (
+            int(text["num_attention_heads"]),
+            int(text["num_key_value_heads"]),
+            int(text["head_dim"]),
+        )
+        attn, gate = f"{layer}.self_attn", 2 if text.get("attn_output_gate", True) else 1
+        _linear(shapes, f"{attn}.q_proj", heads * head_dim * gate, h, config)
+        _linear(shapes, f"{attn}.k_proj", kv_heads * head_dim, h, config)
+        _linear(shapes, f"{attn}.v_proj", kv_heads * head_dim, h, config)
+        _linear(shapes, f"{attn}.o_proj", h, heads * head_dim, config)
+        shapes[f"{attn}.q_norm.weight"] = (head_dim,)
+        shapes[f"{attn}.k_norm.weight"] = (head_dim,)
+    mlp = f"{layer}.mlp"
+    if "num_experts" in text:
+        inter, shared = int(text["moe_intermediate_size"]), int(text["shared_expert_intermediate_size"])
+        _linear(shapes, f"{mlp}.gate", int(text["num_experts"]), h, config)
+        for e in range(int(text["num_experts"])):
+            _linear(shapes, f"{mlp}.experts.{e}.gate_proj", inter, h, config)
+            _linear(shapes, f"{mlp}.experts.{e}.up_proj", inter, h, config)
+            _linear(shapes, f"{mlp}.experts.{e}.down_proj", h, inter, config)
+        _linear(shapes, f"{mlp}.shared_expert.gate_proj", shared, h, config)
+        _linear(shapes, f"{mlp}.shared_expert.up_proj", shared, h, config)
+        _linear(shapes, f"{mlp}.shared_expert.down_proj", h, shared, config)
+        _linear(shapes, f"{mlp}.shared_expert_gate", 1, h, config)
+    else:
+        inter = int(text["intermediate_size"])
+        _linear(shapes, f"{mlp}.gate_proj", inter, h, config)
+        _linear(shapes, f"{mlp}.up_proj", inter, h, config)
+        _linear(shapes, f"{mlp}.down_proj", h, inter, config)
 
 
 def _vision_tensors(vision: dict, config: dict) -> dict[str, tuple[int, ...]]:
@@ -357,14 +390,20 @@ def _vision_tensors(vision: dict, config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def index_names_for(tiny: dict, index: dict) -> list[str]:
-    """The checkpoint index's tensor names that belong to the tiny model's layers, experts and blocks
-    (the MTP head excepted: the served architecture skips `mtp.*`)."""
+def index_names_for(tiny: dict, index: dict, head: str = "model") -> list[str]:
+    """The checkpoint index's tensor names that the tiny model's head loads: for "model" those of its
+    layers, experts and vision blocks (not `mtp.*`); for "mtp" its MTP layers and experts plus the
+    shared embeddings and `lm_head`."""
     text, vision = text_config(tiny), tiny.get("vision_config") or {}
     layers, depth = int(text["num_hidden_layers"]), int(vision.get("depth", 0))
-    experts = int(text.get("num_experts", 0))
-    names = (index.get("weight_map") or {}).keys()
-    return sorted(n for n in names if not n.startswith("mtp.") and _keep_module(n, layers, depth, 0, experts))
+    mtp_layers, experts = int(text.get("mtp_num_hidden_layers", 0)), int(text.get("num_experts", 0))
+    shared = (f"{LM}embed_tokens.", "lm_head.")
+    names = [
+        n for n in (index.get("weight_map") or {}) if _keep_module(n, layers, depth, mtp_layers, experts)
+    ]
+    if head == "mtp":
+        return sorted(n for n in names if n.startswith(("mtp.", *shared)))
+    return sorted(n for n in names if not n.startswith("mtp."))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -383,23 +422,29 @@ class Target:
     def config(self) -> dict:
         return json.loads((self.config_dir / "config.json").read_text())
 
-    def names(self, tiny: dict) -> list[str]:
+    def names(self, tiny: dict, head: str) -> list[str]:
         if not self.from_index:
-            return sorted(checkpoint_tensors(tiny))
-        return index_names_for(tiny, json.loads((self.config_dir / INDEX_FILE).read_text()))
+            return sorted(checkpoint_tensors(tiny, head))
+        return index_names_for(tiny, json.loads((self.config_dir / INDEX_FILE).read_text()), head)
 
 
 class Environment:
     """torch, vLLM and transformers as imported here, and vLLM set up for one CPU process."""
 
     def __init__(self, report: Report) -> None:
+        # Versions first, from package metadata, so a report of a broken environment still names them.
+        from importlib import metadata
+
+        for attr, package in (("torch", "torch"), ("transformers", "transformers"), ("vllm", "vllm")):
+            with contextlib.suppress(metadata.PackageNotFoundError):
+                setattr(report, attr, metadata.version(package))
         import torch
         import transformers
         import vllm
 
         self.torch = torch
         report.torch, report.transformers = torch.__version__, transformers.__version__
-        report.vllm = getattr(vllm, "__version__", None)
+        report.vllm = getattr(vllm, "__version__", None) or report.vllm
         self.distributed = False
 
     def use_cpu(self) -> None:
@@ -436,21 +481,22 @@ def prove_config(env: Environment, report: Report, target: Target) -> None:
 
     raw = target.config()
     try:
-        arch, model_type, method = check_supported(raw)
+        # What this vLLM knows comes first: an architecture or quantization it lacks is the finding.
+        from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
         from vllm.model_executor.models.registry import ModelRegistry
 
-        if arch not in ModelRegistry.get_supported_archs():
-            raise ValueError(f"architecture {arch} is not registered in this vLLM's model registry")
+        archs, method = raw.get("architectures") or [], quant_method(raw)
+        unknown = [a for a in archs if a not in ModelRegistry.get_supported_archs()]
+        if unknown:
+            raise ValueError(f"architecture {unknown[0]!r} is not registered in this vLLM's model registry")
+        if method is not None and method not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization method {method!r} is not one this vLLM knows")
+        arch, model_type, method = check_supported(raw)
         registry = getattr(vllm_config_module, "_CONFIG_REGISTRY", {})
         loader = "vllm get_config"
         if model_type in registry:
             loader += f" -> {registry[model_type].__name__}"
         hf = vllm_config_module.get_config(str(target.config_dir), trust_remote_code=False)
-        if method is not None:
-            from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
-
-            if method not in QUANTIZATION_METHODS:
-                raise ValueError(f"quantization method {method!r} is not one this vLLM knows")
     except Exception as exc:
         raise report.fail("config", target.name, *describe(exc)) from exc
     text = getattr(hf, "text_config", hf)
@@ -527,10 +573,12 @@ def _tensor(torch, name: str, shape: tuple[int, ...], fp8: bool):
     return weight.to(torch.float8_e4m3fn) if fp8 else weight.bfloat16()
 
 
-def prove_load(env: Environment, report: Report, target: str, tiny: dict, names: list[str], model) -> None:
+def prove_load(
+    env: Environment, report: Report, target: str, tiny: dict, head: str, names: list[str], model
+) -> None:
     """(c) every checkpoint name lands in a parameter, and every parameter is filled."""
     torch = env.torch
-    shapes = checkpoint_tensors(tiny)
+    shapes = checkpoint_tensors(tiny, head)
     unknown = [n for n in names if n not in shapes]
     if unknown:
         raise report.fail(
@@ -629,44 +677,63 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, report: Report) -> int:
     targets = [checkpoint_target(args.checkpoint)] if args.checkpoint else fixture_targets(args.fixtures)
-    try:
-        env = Environment(report)
-    except Exception as exc:
-        text, where = describe(exc)
-        report.fail("environment", "python", f"{text} (this proof needs torch, vLLM and transformers)", where)
-        return 2
-    say(
-        f"vLLM {report.vllm}, transformers {report.transformers}, torch {report.torch}; "
-        f"stages {','.join(args.stages)}"
-    )
     with tempfile.TemporaryDirectory(prefix="prove_model-") as tmp:
         workdir = Path(tmp)
+        # vLLM keeps caches and settings under ~/.cache/vllm and ~/.config/vllm, torch's compiler and
+        # Triton theirs in $TMPDIR and ~/.triton: keep them all in here, removed at the end.
+        for key, folder in (
+            ("VLLM_CACHE_ROOT", "vllm-cache"),
+            ("VLLM_CONFIG_ROOT", "vllm-config"),
+            ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+            ("TRITON_CACHE_DIR", "triton"),
+        ):
+            os.environ[key] = str(workdir / folder)
+        try:
+            env = Environment(report)
+        except Exception as exc:
+            text, where = describe(exc)
+            report.fail(
+                "environment", "python", f"{text} (this proof needs torch, vLLM and transformers)", where
+            )
+            return 2
+        say(
+            f"vLLM {report.vllm}, transformers {report.transformers}, torch {report.torch}; "
+            f"stages {','.join(args.stages)}"
+        )
         try:
             for target in targets:
-                raw = target.config()
-                report.architecture = (raw.get("architectures") or [None])[0]
-                report.model_type, report.quantization = raw.get("model_type"), quant_method(raw)
-                if "config" in args.stages:
-                    prove_config(env, report, target)
-                else:
-                    try:
-                        check_supported(raw)
-                    except ValueError as exc:
-                        raise report.fail("config", target.name, *describe(exc)) from exc
-                if "construct" in args.stages:
-                    tiny = tiny_config(raw)
-                    model = prove_construct(env, report, target.name, tiny, workdir)
-                    if "load" in args.stages:
-                        prove_load(env, report, target.name, tiny, target.names(tiny), model)
-                    del model
+                prove_target(env, report, target, args.stages, workdir)
         except ProofFailed:
             return 1
     return 0
 
 
+def prove_target(env: Environment, report: Report, target: Target, stages: list[str], workdir: Path) -> None:
+    """The stages for one fixture or checkpoint; raises ProofFailed at the first failure."""
+    raw = target.config()
+    report.architecture = (raw.get("architectures") or [None])[0]
+    report.model_type, report.quantization = raw.get("model_type"), quant_method(raw)
+    if "config" in stages:
+        prove_config(env, report, target)
+    else:
+        try:
+            check_supported(raw)
+        except ValueError as exc:
+            raise report.fail("config", target.name, *describe(exc)) from exc
+    if "construct" not in stages:
+        return
+    for head, tiny in tiny_models(raw):
+        name = target.name if head == "model" else f"{target.name}:{tiny['architectures'][0]}"
+        model = prove_construct(env, report, name, tiny, workdir)
+        if "load" in stages:
+            prove_load(env, report, name, tiny, head, target.names(tiny, head), model)
+        del model
+
+
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # Offline, and nothing reported anywhere: the proof reads only its inputs.
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        os.environ.setdefault(key, "1")
     report = Report()
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -680,6 +747,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         report.error = "UsageError: see the usage message above"
         code = 2
+    if report.failed_stage:
+        say(
+            f"VERDICT fail at {report.failed_stage}: {report.error}"
+            + (f" (at {report.where})" if report.where else "")
+            + f"; vLLM {report.vllm}, transformers {report.transformers}, torch {report.torch}"
+        )
+    elif code == 0:
+        say(
+            f"VERDICT pass: {len(report.checks)} checks; vLLM {report.vllm}, "
+            f"transformers {report.transformers}, torch {report.torch}"
+        )
     print(report.as_json(), flush=True)
     return code
 
