@@ -260,3 +260,70 @@ def test_running_or_restarting_server_is_waited_for(server):
 def test_probe_argv_names_the_expected_nodes():
     argv = probe_argv({**PROPS, "expect_node_ips": EXPECTED_IPS}, 10)
     assert argv[-4:] == ["--expect-node", "spark-1=192.168.200.12", "--expect-node", "spark-2=192.168.200.13"]
+
+
+# Two nodes joined, but one of them brought no GPU: the cluster is one GPU short of TP×PP.
+RAY_STATUS_ONE_GPU_SHORT = RAY_STATUS_V2.replace("0.0/2.0 GPU", "0.0/1.0 GPU")
+
+
+def test_a_cluster_one_gpu_short_does_not_pass(server):
+    with pytest.raises(ReadinessError) as caught:
+        probe(server, deadline=0.3, ray_check=lambda: RAY_STATUS_ONE_GPU_SHORT)
+    assert caught.value.stage == "ray"
+    assert "2/2 nodes, 1/2 GPUs joined" in str(caught.value)
+    # Nothing was asked of the server: Ray is the first stage and it never passed.
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus", "passes"),
+    [(2, 2.0, True), (2, 1.0, False), (1, 2.0, False), (3, 4.0, True)],
+    ids=["exact", "one-gpu-short", "one-node-short", "more-than-declared"],
+)
+def test_check_ray_needs_every_node_and_every_gpu(nodes, gpus, passes):
+    text = f"Active:\n {nodes} node_x\nResources\nUsage:\n 0.0/{gpus:g} GPU\n"
+    if passes:
+        assert readiness.check_ray(lambda: text, 2, 2.0).nodes == nodes
+    else:
+        with pytest.raises(readiness.NotReady, match=f"{nodes}/2 nodes, {gpus:g}/2 GPUs joined"):
+            readiness.check_ray(lambda: text, 2, 2.0)
+
+
+GATE_INPUTS = {**PROPS, "server_id": "c0ffee", "expect_node_ips": EXPECTED_IPS, "deadline_s": 3600}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("expect_nodes", 3),
+        ("expect_gpus", 3),
+        ("expect_node_ips", {**EXPECTED_IPS, "spark-3": "192.168.200.14"}),
+        ("server_id", "deadbeef"),
+        ("url", "http://127.0.0.1:8001"),
+        ("model", "other"),
+        ("ray_container", "other-ray-head"),
+        ("log_container", "other-vllm"),
+    ],
+)
+def test_gate_diff_replaces_when_what_it_probes_changes(key, value):
+    from components.readiness_gate import ReadinessGateProvider
+
+    diff = ReadinessGateProvider().diff("gate", GATE_INPUTS, {**GATE_INPUTS, key: value})
+    assert diff.changes and diff.replaces == [key]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("api_key", "sk-new"), ("deadline_s", 60), ("node", {**PROPS["node"], "port": 2222})]
+)
+def test_gate_diff_updates_in_place_for_key_deadline_and_access(key, value):
+    from components.readiness_gate import ReadinessGateProvider
+
+    diff = ReadinessGateProvider().diff("gate", GATE_INPUTS, {**GATE_INPUTS, key: value})
+    assert diff.changes and not diff.replaces
+
+
+def test_gate_diff_of_unchanged_inputs_is_no_change():
+    from components.readiness_gate import ReadinessGateProvider
+
+    diff = ReadinessGateProvider().diff("gate", GATE_INPUTS, dict(GATE_INPUTS))
+    assert not diff.changes and not diff.replaces
