@@ -21,11 +21,12 @@ from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
     ContainerSpec,
     dashboard_host,
+    ray_container_name,
     ray_container_spec,
     ray_tmp_volume_name,
 )
 from components.readiness_gate import ReadinessGate
-from components.vllm_server import endpoint_url, local_url, vllm_container_spec
+from components.vllm_server import endpoint_url, local_url, vllm_container_name, vllm_container_spec
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,15 @@ def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, An
         "destroy_grace_seconds": spec.stop_grace_s,
         "logs": False,
         "attach": False,
+    }
+
+
+def node_container_names(config: StackConfig) -> dict[str, list[str]]:
+    """The deployment's containers on each node, by name: its Ray container, and the server on the head."""
+    return {
+        node.name: [ray_container_name(config, node)]
+        + ([vllm_container_name(config)] if node is config.head else [])
+        for node in config.nodes
     }
 
 
@@ -181,11 +191,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 node: {"image_id": img.image_id, "layers": img.layers}
                 for node, img in self.node_images.items()
             },
-            "containers": {
-                node.name: [ray_container_spec(cfg, node, "").name]
-                + ([vllm_spec.name] if node is head else [])
-                for node in cfg.nodes
-            },
+            "containers": node_container_names(cfg),
             "head": head.name,
             "nodes": [n.name for n in cfg.nodes],
         }

@@ -52,6 +52,11 @@ def content_tag(context: Path, args: dict[str, str], platform: str) -> str:
     return "h-" + digest.hexdigest()[:16]
 
 
+def image_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
+    """The deployment image's reference on every node: `name:tag` (the content hash unless pinned)."""
+    return f"{image.name}:{image.tag or content_tag(context, build_args(image), image.platform)}"
+
+
 @dataclass(frozen=True)
 class HybridImageArgs:
     image: ImageConfig
@@ -65,8 +70,8 @@ class HybridImage(pulumi.ComponentResource):
         super().__init__("qwen35:index:HybridImage", name, None, opts)
         cfg = args.image
         bargs = build_args(cfg)
-        self.tag = cfg.tag or content_tag(args.context, bargs, cfg.platform)
-        self.ref = f"{cfg.name}:{self.tag}"
+        self.ref = image_ref(cfg, args.context)
+        self.tag = self.ref.rpartition(":")[2]
         self.image = docker.Image(
             f"{name}-build",
             image_name=self.ref,
