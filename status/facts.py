@@ -66,8 +66,9 @@ def api_key(
     which: Callable[[str], str | None] = shutil.which,
 ) -> tuple[str | None, str]:
     """(key, where it came from): the Pulumi CLI's secret where the CLI exists, else $QWEN35_API_KEY."""
-    if which("pulumi"):
-        argv = ["pulumi", "config", "get", "--show-secrets", f"{NAMESPACE}:api_key", "--stack", stack]
+    cli = which("pulumi")
+    if cli:
+        argv = [cli, "config", "get", "--show-secrets", f"{NAMESPACE}:api_key", "--stack", stack]
         try:
             done = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=60, check=False)
         except subprocess.TimeoutExpired:
