@@ -25,18 +25,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     path = args.file or facts.ROOT / f"Pulumi.{args.stack}.yaml"
+    stack = args.stack
+    if args.file and args.file.name.startswith("Pulumi.") and args.file.suffix == ".yaml":
+        stack = args.file.name.removeprefix("Pulumi.").removesuffix(".yaml")
     try:
         config = facts.load_config(path)
     except ConfigError as exc:
         print(f"status: {path}: {exc}", file=sys.stderr)
         return 2
-    key, _source = facts.api_key(args.stack)
+    key, _source = facts.api_key(stack)
     gathered = facts.gather(config, key, connect_timeout=args.connect_timeout)
     verdict = judge(config, gathered)
     if args.json:
-        print(render.as_json(verdict, args.stack, gathered))
+        print(render.as_json(verdict, stack, gathered))
     else:
-        print(render.text(verdict, args.stack), end="")
+        print(render.text(verdict, stack), end="")
     return 0 if verdict.ok else 1
 
 
