@@ -137,6 +137,24 @@ def test_healthy_cluster_is_all_green(cluster, stack_file):
     assert "node-b  worker  ok" in text
 
 
+def test_an_operation_in_flight_is_shown_and_is_not_a_problem(cluster, stack_file, node_a):
+    # What the transfer layer leaves on its source node while it copies (pid 1: a writer that lives).
+    record = {"operation": "image-copy", "node": "node-a", "peer": "node-b", "stage": "send",
+              "bytes_done": 300_000_000, "bytes_total": 1_200_000_000, "rate_bps": 150_000_000,
+              "eta_s": 6.0, "started_at": time.time() - 2, "updated_at": time.time(), "pid": 1}  # fmt: skip
+    write = "mkdir -p ~/.qwen35/progress && cat > ~/.qwen35/progress/image-copy.json"
+    lab.on_node(node_a, ["sh", "-c", write], input=json.dumps(record).encode())
+    try:
+        code, out, _ = status(stack_file)
+        _, text, _ = status(stack_file, json_out=False)
+    finally:
+        lab.on_node(node_a, ["sh", "-c", "rm -f ~/.qwen35/progress/image-copy.json"])
+    (operation,) = json.loads(out)["operations"]
+    assert (operation["operation"], operation["on"], operation["alive"]) == ("image-copy", "node-a", True)
+    assert code == 0
+    assert "image-copy  node-a -> node-b  send   300.0/1200.0 MB 150.0 MB/s eta 6 s  running" in text, text
+
+
 def test_without_an_api_key_the_completion_is_not_tried(cluster, stack_file):
     code, out, _ = status(stack_file, key=None)
     document = json.loads(out)

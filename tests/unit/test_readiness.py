@@ -3,6 +3,8 @@ this machine, the timeout message, and the gate's command line (the secret stays
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from components import readiness
@@ -168,11 +170,14 @@ def test_probe_argv_keeps_the_key_off_the_command_line():
         "--gpus", "2",
         "--deadline", "3600",
         "--ray-container", "qwen35-ray-head",
+        "--node", "spark-1",
         "--log-container", "qwen35-vllm",
     ]  # fmt: skip
     assert "sk-very-secret" not in " ".join(argv)
-    assert probe_argv({**PROPS, "ray_container": None}, 10)[-3:] == [
+    assert probe_argv({**PROPS, "ray_container": None}, 10)[-5:] == [
         "--no-ray-check",
+        "--node",
+        "spark-1",
         "--log-container",
         "qwen35-vllm",
     ]
@@ -327,3 +332,104 @@ def test_gate_diff_of_unchanged_inputs_is_no_change():
 
     diff = ReadinessGateProvider().diff("gate", GATE_INPUTS, dict(GATE_INPUTS))
     assert not diff.changes and not diff.replaces
+
+
+class FakeClock:
+    """A clock that moves only when the probe sleeps."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_long_wait_reports_its_stage_periodically(server):
+    clock, lines = FakeClock(), []
+    with pytest.raises(ReadinessError):
+        wait_ready(
+            server.url, 2, 2, MODEL, 100, "sk-test", ray_check=lambda: RAY_STATUS_V1_ONE_NODE,
+            interval_s=5, clock=clock, sleep=clock.sleep, progress=lines.append, report_every_s=30,
+        )  # fmt: skip
+    # At the start, then every 30 s while the stage stays the same (not every 5 s poll).
+    assert [line.split(" s at")[0] for line in lines] == [
+        "waiting 0",
+        "waiting 30",
+        "waiting 60",
+        "waiting 90",
+    ]
+    assert lines[0] == "waiting 0 s at stage 'ray': 1/2 nodes, 1/2 GPUs joined"
+
+
+def test_a_new_stage_is_reported_at_once(server):
+    clock, lines, answers = FakeClock(), [], iter([RAY_STATUS_V1_ONE_NODE] + [RAY_STATUS_V2] * 50)
+    server.mode = "unhealthy"
+    with pytest.raises(ReadinessError):
+        wait_ready(
+            server.url, 2, 2, MODEL, 20, "sk-test", ray_check=lambda: next(answers),
+            interval_s=5, clock=clock, sleep=clock.sleep, progress=lines.append,
+        )  # fmt: skip
+    assert [line.split(": ")[0] for line in lines] == [
+        "waiting 0 s at stage 'ray'",
+        "waiting 5 s at stage 'health'",
+    ]
+
+
+def test_progress_file_is_written_for_status_and_removed_at_the_end(tmp_path, capsys):
+    import json
+
+    progress = readiness.ProgressFile("readiness", "spark-1", folder=str(tmp_path / "p"))
+    progress.report("waiting 0 s at stage 'ray': 1/2 nodes")
+    record = json.loads((tmp_path / "p" / "readiness.json").read_text())
+    assert {k: record[k] for k in ("operation", "node", "stage", "bytes_done")} == {
+        "operation": "readiness",
+        "node": "spark-1",
+        "stage": "waiting 0 s at stage 'ray': 1/2 nodes",
+        "bytes_done": None,
+    }
+    assert record["pid"] == os.getpid() and record["updated_at"] >= record["started_at"]
+    assert capsys.readouterr().err == "waiting 0 s at stage 'ray': 1/2 nodes\n"
+    progress.remove()
+    assert not (tmp_path / "p" / "readiness.json").exists()
+
+
+def test_the_gate_relays_progress_lines_while_the_probe_still_runs():
+    import sys
+    import time
+
+    from components.readiness_gate import run_relaying
+
+    script = (
+        "import sys, time\n"
+        "print('waiting 0 s at stage \\'ray\\'', file=sys.stderr, flush=True)\n"
+        "print('other noise', file=sys.stderr, flush=True)\n"
+        "time.sleep(1.0)\n"
+        "print(sys.stdin.read().upper())\n"
+    )
+    relayed = []
+    started = time.monotonic()
+    result = run_relaying(
+        "spark-1", [sys.executable, "-c", script], ["probe"], b"report", 30,
+        lambda line: relayed.append((line, time.monotonic() - started)),
+    )  # fmt: skip
+    finished = time.monotonic() - started
+    assert result.ok and result.out == "REPORT"
+    assert [line for line, _ in relayed] == ["waiting 0 s at stage 'ray'"]
+    # Relayed as it came, not when the probe ended.
+    assert relayed[0][1] < finished - 0.5
+    assert "other noise" in result.err
+
+
+def test_the_gate_gives_up_on_a_probe_past_its_timeout():
+    import sys
+
+    from components.readiness_gate import run_relaying
+    from components.remote import RemoteError
+
+    with pytest.raises(RemoteError, match="timed out after 0.5 s"):
+        run_relaying(
+            "spark-1", [sys.executable, "-c", "import time; time.sleep(30)"], ["probe"], b"", 0.5, print
+        )
