@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = facts.load_config(path)
     except ConfigError as exc:
-        print(f"status: {path}: {exc}", file=sys.stderr)
+        print(f"status: {path}: {exc}", file=sys.stderr)  # names every bad field; nothing was asked
         return 2
     key, _source = facts.api_key(stack)
     gathered = facts.gather(config, key, connect_timeout=args.connect_timeout)

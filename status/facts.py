@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from components import readiness
-from components.config import NAMESPACE, StackConfig, parse_stack_config
+from components.config import NAMESPACE, ConfigError, StackConfig, parse_stack_config
 from components.deployment import node_container_names
 from components.hybrid_image import image_ref
 from components.nodes import node_access
@@ -45,7 +45,9 @@ def read_stack_file(path: Path) -> dict[str, Any]:
     try:
         document = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
-        raise SystemExit(f"status: cannot read {path}: {exc.strerror}") from None
+        raise ConfigError([f"{path}: cannot be read ({exc.strerror}): give --stack or --file"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not YAML: {str(exc).splitlines()[0]}"]) from None
     raw = {}
     for full_key, value in (document.get("config") or {}).items():
         namespace, _, key = str(full_key).partition(":")

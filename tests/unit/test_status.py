@@ -434,3 +434,43 @@ def test_container_uptime_parses_dockers_time():
 
 def test_copy_of_healthy_facts_is_independent():
     assert copy.deepcopy(healthy()) == healthy()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "cannot be read"),
+        ("config: [", "not YAML"),
+        ("config:\n  qwen35-spark:nodes: [{name: Bad_Name, host: h, fabric_ip: 1.2.3.4}]\n"
+         "  qwen35-spark:ssh: {known_hosts: /k}\n", "nodes.0.name: 'Bad_Name'"),
+    ],
+    ids=["missing", "not-yaml", "invalid"],
+)  # fmt: skip
+def test_a_bad_stack_file_exits_2_naming_the_problem(tmp_path, capsys, text, message):
+    from status.__main__ import main
+
+    path = tmp_path / "Pulumi.x.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert main(["--file", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_node_that_never_answers_costs_its_connect_timeout(tmp_path):
+    """A listener that accepts and says nothing (a hung node): ssh gives up at ConnectTimeout."""
+    import socket
+
+    from components.remote import SshTarget, SshTransport
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        target = SshTarget("127.0.0.1", "root", str(tmp_path / "kh"), port=listener.getsockname()[1],
+                           connect_timeout=1)  # fmt: skip
+        report = facts.ask_node(SshTransport(target), {"image": "x"}, timeout=30)
+    finally:
+        listener.close()
+    assert report["reachable"] is False
+    # ssh's own reason (its ConnectTimeout), not the transport's 30 s deadline ("timed out after 30 s").
+    assert "Connection timed out" in report["error"], report
