@@ -6,7 +6,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; 
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # python3-venv: Debian's python3 cannot make a virtualenv without it.
-LAB_DEBS := python3-venv docker.io openssh-server busybox-static debootstrap iproute2 ca-certificates xz-utils
+LAB_DEBS := python3-venv docker.io openssh-server busybox-static debootstrap iproute2 ca-certificates xz-utils shellcheck
 
 .PHONY: setup venv lab-packages test lint unit labtest lab-up lab-down lab-status bench status clean
 
@@ -47,9 +47,13 @@ lab-packages:
 
 test: lint unit labtest
 
+# Shell scripts shipped to nodes must pass shellcheck (the node programs are Python today: none yet).
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	@scripts=$$(find components/node_programs patches -name '*.sh' 2>/dev/null); \
+	  if [ -n "$$scripts" ]; then command -v shellcheck >/dev/null || { echo "lint: install shellcheck (make setup)" >&2; exit 1; }; \
+	  shellcheck $$scripts; fi
 
 unit: venv
 	$(PY) -m pytest -q tests/unit

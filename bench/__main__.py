@@ -4,10 +4,14 @@ For each node pair: an image of 4 x 100 MB incompressible layers on busybox plus
 Cases: fresh full copy, unchanged image, changed top layer; and the raw SSH throughput as a ceiling.
 "ours" is the default (layers read from a classic overlay2 source's layer store); "ours, docker
 save" forces the `docker save | filter` path (what an OCI/containerd source or a non-root user gets).
+A containerd-store destination leaves out the layers whose blobs its content store holds.
+Last, the slow-login-shell case: both nodes' homes get a `~/.bashrc` that costs 0.1 s (as `conda
+init` or `pyenv init` do), and the SSH sessions each create opens on the nodes are counted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import sys
 import time
@@ -169,16 +173,68 @@ def sec(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+SLOW_RC = 'echo x >> "$HOME/.bench-sessions"; sleep 0.1\n'
+
+
+@contextlib.contextmanager
+def slow_login_shell(*nodes: lab.LabNode):
+    """Each node's ~/.bashrc costs 0.1 s and counts the sessions that read it; removed afterwards."""
+    from lab.layout import node_paths
+
+    homes = [node_paths(node.name).home for node in nodes]
+    for home in homes:
+        (home / ".bashrc").write_text(SLOW_RC)
+        (home / ".bench-sessions").write_text("")
+    try:
+        yield lambda: sum(len((home / ".bench-sessions").read_text().splitlines()) for home in homes)
+    finally:
+        for home in homes:
+            for name in (".bashrc", ".bench-sessions"):
+                (home / name).unlink(missing_ok=True)
+
+
+def bench_slow_shell(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
+    """Changed top layer, 20.10 -> 20.10, with a 0.1 s login shell on both nodes."""
+    provider = NodeImageProvider()
+    label = "20.10 -> 20.10, 0.1 s ~/.bashrc"
+    build_base(src)
+    build_top(src)
+    ours(provider, src, dst)  # the destination holds the base
+    build_top(src)
+    with slow_login_shell(src, dst) as sessions:
+        before = sessions()
+        plain_s = plain_copy(src, dst)
+        plain_sessions = sessions() - before
+        lab.docker(dst, "image", "rm", "-f", IMAGE, check=False)
+        before = sessions()
+        ours_s, outs = ours(provider, src, dst)
+        ours_sessions = sessions() - before
+    top = TOP_MB * 2**20
+    note = (
+        f"{plain_s / ours_s:.1f}x faster (>= 5), sent {outs['bytes_sent'] / top:.2f} x layer; SSH sessions "
+        f"per create: ours {ours_sessions}, plain {plain_sessions}"
+    )
+    rows = [(label, "changed top layer", plain_s, ours_s, None, save_bytes(src), outs["bytes_sent"], note)]
+    clear(dst)
+    return rows
+
+
 def main() -> int:
     nodes = lab.up([name for pair in PAIRS for name in pair[:2]])
     rows = []
-    for src, dst, label in PAIRS:
-        print(f"bench: {label} ({src} -> {dst}) ...", file=sys.stderr, flush=True)
+    cases = [
+        (f"{label} ({src} -> {dst})", bench_pair, nodes[src], nodes[dst], label) for src, dst, label in PAIRS
+    ]
+    cases.append(
+        ("slow login shell (node-a -> node-b)", bench_slow_shell, nodes["node-a"], nodes["node-b"], None)
+    )
+    for title, run, src, dst, label in cases:
+        print(f"bench: {title} ...", file=sys.stderr, flush=True)
         try:
-            rows += bench_pair(nodes[src], nodes[dst], label)
-        except Exception as exc:  # one pair failing must not hide the others' figures
+            rows += run(src, dst, label) if label else run(src, dst)
+        except Exception as exc:  # one case failing must not hide the others' figures
             first = str(exc).strip().splitlines()[-1][:120]
-            rows.append((label, "ERROR", None, None, None, None, None, first))
+            rows.append((label or title, "ERROR", None, None, None, None, None, first))
     header = (
         "engines",
         "case",

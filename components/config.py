@@ -438,6 +438,98 @@ class CopyConfig(_Model):
         return self.model_dump(exclude_defaults=True)
 
 
+HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+# A branch, tag or 40-hex commit; what the Hub client accepts, without anything a path could abuse.
+REVISION = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}$")
+PATTERN = re.compile(r"^[A-Za-z0-9_.*?\[\]/-]{1,200}$")
+
+
+class ModelConfig(_Model):
+    """The checkpoint on every node: which Hub repo and revision, from where, and how it is checked."""
+
+    # Default: `serve.model` when that is a Hub id (an absolute path there means "no checkpoint here").
+    repo: str | None = None
+    # A branch, tag or commit. Resolved once to a commit sha and recorded: a moving branch never
+    # changes a running stack on its own.
+    revision: str = "main"
+    # hub: fetched on the head from the Hub; cache: already in the head's cache (downloaded by hand).
+    source: Literal["hub", "cache"] = "hub"
+    allow_patterns: list[str] = []
+    ignore_patterns: list[str] = []
+    # What `pulumi refresh` checks on every node: presence and size, or every byte re-hashed.
+    refresh: Literal["sizes", "full"] = "sizes"
+    # A 120 GB download is expensive: `pulumi destroy` leaves the files unless this is false.
+    keep_on_destroy: bool = True
+    # Per-node HF cache dir (the directory containers mount as HF_HOME); default containers.hf_cache.
+    cache_dirs: dict[str, str] = {}
+    # Left free on each node's cache filesystem after the copy.
+    disk_reserve_bytes: int = Field(default=10 * 1024**3, ge=0)
+    # The Python on the head that runs the Hub client. Unset: a short-lived container of the
+    # deployment image (it has huggingface_hub, as vLLM needs it; the head's own Python may not).
+    fetch_python: str | None = None
+    # The image of that container when it is not the deployment's own (it must have huggingface_hub).
+    fetch_image: str | None = None
+    # HF_ENDPOINT for the fetch (a mirror or a stand-in Hub); unset: the client's default, the Hub.
+    endpoint: str | None = None
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str | None) -> str | None:
+        if v is not None and not HUB_REPO.match(v):
+            raise ValueError(f"{v!r}: give a Hugging Face repo id such as Qwen/Qwen3.5-122B-A10B-FP8")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not REVISION.match(v) or ".." in v:
+            raise ValueError(f"{v!r}: give a branch, tag or 40-hex commit (letters, digits, . _ - /)")
+        return v
+
+    @field_validator("allow_patterns", "ignore_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            if not PATTERN.match(pattern):
+                raise ValueError(
+                    f"{pattern!r}: a glob such as '*.safetensors' (letters, digits, . _ * ? [ ] / -)"
+                )
+        return v
+
+    @field_validator("cache_dirs")
+    @classmethod
+    def _cache_dirs(cls, v: dict[str, str]) -> dict[str, str]:
+        for node, path in v.items():
+            if not NODE_NAME.match(node):
+                raise ValueError(f"{node!r} is not a node name")
+            _check_path(path)
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[A-Za-z0-9_.:\[\]-]+(/[A-Za-z0-9_./-]*)?$", v):
+            raise ValueError(f"{v!r}: an http(s) URL without credentials, e.g. https://hf-mirror.example")
+        return v
+
+    @field_validator("fetch_python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(/[A-Za-z0-9_.+-]+)+$|^python3(\.[0-9]+)?$", v):
+            raise ValueError(f"{v!r}: an absolute path to a Python, or python3")
+        return v
+
+    @field_validator("fetch_image")
+    @classmethod
+    def _fetch_image(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        name, _, tag = v.rpartition(":") if ":" in v.rsplit("/", 1)[-1] else (v, "", "")
+        if not IMAGE_NAME.match(name) or (tag and not IMAGE_TAG.match(tag)):
+            raise ValueError(f"{v!r} is not a safe image reference (name[:tag])")
+        return v
+
+
 class StackConfig(_Model):
     """Everything a deployment needs, validated across fields."""
 
@@ -449,6 +541,7 @@ class StackConfig(_Model):
     ray: RayConfig = RayConfig()
     containers: ContainerConfig = ContainerConfig()
     copy_: CopyConfig = Field(default=CopyConfig(), alias="copy")
+    model: ModelConfig = ModelConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StackConfig:
@@ -478,6 +571,19 @@ class StackConfig(_Model):
                         f"{node.proxy_jump!r} is not a node name nor user@host[:port]",
                     )
                 )
+        for node in self.model.cache_dirs:
+            if node not in names:
+                hint = difflib.get_close_matches(node, sorted(names), n=1)
+                problems.append(
+                    (
+                        f"model.cache_dirs.{node}",
+                        "not a node of this stack" + (f" (did you mean {hint[0]!r}?)" if hint else ""),
+                    )
+                )
+        if self.model.repo is None and self.model.source == "cache" and self.serve.model.startswith("/"):
+            problems.append(
+                ("model.repo", "source: cache needs the Hub repo id the cache holds (serve.model is a path)")
+            )
         total_gpus = sum(n.gpus for n in self.nodes)
         need = self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
         if need != total_gpus:
@@ -503,6 +609,17 @@ class StackConfig(_Model):
     def workers(self) -> list[NodeConfig]:
         head = self.head
         return [n for n in self.nodes if n is not head]
+
+    @property
+    def hub_repo(self) -> str | None:
+        """The Hub repo every node holds: `model.repo`, else `serve.model` when it is a Hub id."""
+        if self.model.repo:
+            return self.model.repo
+        return self.serve.model if HUB_REPO.match(self.serve.model) else None
+
+    def hf_cache(self, node: NodeConfig) -> str:
+        """The node's HF cache dir (HF_HOME of its containers): `model.cache_dirs`, else containers'."""
+        return self.model.cache_dirs.get(node.name, self.containers.hf_cache)
 
     def node_user(self, node: NodeConfig) -> str:
         return node.user or self.ssh.user
@@ -536,6 +653,7 @@ SECTIONS: dict[str, type[BaseModel] | None] = {
     "ray": RayConfig,
     "containers": ContainerConfig,
     "copy": CopyConfig,
+    "model": ModelConfig,
 }
 SECRET_KEYS = ("hf_token", "api_key")
 

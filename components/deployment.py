@@ -14,6 +14,7 @@ from typing import Any
 import pulumi
 import pulumi_docker as docker
 
+from components.checkpoint import Checkpoint, checkpoint_tree
 from components.config import StackConfig
 from components.hybrid_image import HybridImage, HybridImageArgs
 from components.node_image import NodeImage, copy_tree
@@ -128,6 +129,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
         )
         self.node_images: dict[str, NodeImage] = place_images(name, self, self.image)
+        self.checkpoints: dict[str, Checkpoint] = place_checkpoints(name, self, args.hf_token)
 
         # Shared by the Ray head and the vLLM server (the driver needs the raylet's socket).
         self.ray_tmp = docker.Volume(
@@ -163,6 +165,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             secrets,
             # The server claims every GPU of the cluster: only once every Ray container runs.
             depends_on=[*self.ray_containers.values(), self.ray_tmp],
+            revision=self.checkpoints[head.name].revision if cfg.serve.model == cfg.hub_repo else None,
         )
 
         self.ready = ReadinessGate(
@@ -191,6 +194,16 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 node: {"image_id": img.image_id, "layers": img.layers}
                 for node, img in self.node_images.items()
             },
+            "checkpoints": {
+                node: {
+                    "revision": c.revision,
+                    "digest": c.digest,
+                    "files": c.files,
+                    "bytes": c.bytes,
+                    "snapshot_path": c.snapshot_path,
+                }
+                for node, c in self.checkpoints.items()
+            },
             "containers": node_container_names(cfg),
             "head": head.name,
             "nodes": [n.name for n in cfg.nodes],
@@ -207,18 +220,23 @@ class Qwen35Deployment(pulumi.ComponentResource):
         node: str,
         secrets: dict[str, Any],
         depends_on: list[pulumi.Resource],
+        revision: pulumi.Output[str] | None = None,
     ) -> docker.Container:
-        """A container on `node` running the image ID its NodeImage reports (after that NodeImage)."""
+        """A container on `node` running the image ID its NodeImage reports (after that NodeImage and
+        the node's checkpoint); `revision`: the commit `vllm serve` must serve (the pinned one)."""
         node_image = self.node_images[node]
         kwargs = container_args(spec, secrets)
         kwargs["image"] = node_image.image_id
+        if revision is not None:
+            kwargs["command"] = revision.apply(lambda sha: [*spec.command[1:], "--revision", sha])
+        checkpoint = [self.checkpoints[node]] if node in self.checkpoints else []
         return docker.Container(
             resource_name,
             **kwargs,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.providers[node],
-                depends_on=[node_image, *depends_on],
+                depends_on=[node_image, *checkpoint, *depends_on],
                 additional_secret_outputs=["envs"],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,
@@ -239,4 +257,27 @@ def place_images(name: str, deployment: Qwen35Deployment, image: HybridImage) ->
         tuning=deployment.config.copy_.tuning() or None,
         # Only classic-store nodes serve others (a containerd store may lack layer blobs).
         can_reexport={n.name for n in deployment.config.nodes if n.image_store == "classic"},
+    )
+
+
+def place_checkpoints(
+    name: str, deployment: Qwen35Deployment, hf_token: pulumi.Output[str] | None
+) -> dict[str, Checkpoint]:
+    """The checkpoint on every node (none when `serve.model` is a path and `model.repo` unset).
+
+    Without `model.fetch_python` the head fetches in a short-lived container of the deployment's
+    image (it has the Hub client), so the fetch waits for that image on the head.
+    """
+    cfg = deployment.config
+    if cfg.hub_repo is None:
+        return {}
+    head_image = deployment.node_images[cfg.head.name]
+    needs_image = cfg.model.source == "hub" and not cfg.model.fetch_python and not cfg.model.fetch_image
+    return checkpoint_tree(
+        f"{name}-checkpoint",
+        cfg,
+        deployment.access,
+        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[head_image] if needs_image else []),
+        hf_token=hf_token,
+        fetch_image=head_image.image_id if needs_image else None,
     )

@@ -206,7 +206,7 @@ class ReadinessGateProvider(dynamic.ResourceProvider):
         return None
 
 
-class ReadinessGate(dynamic.Resource):
+class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
     """Completes only once the server on the head has answered a real chat completion."""
 
     ready: pulumi.Output[bool]
@@ -245,6 +245,11 @@ class ReadinessGate(dynamic.Resource):
             "report": None,
         }
         opts = pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(additional_secret_outputs=["api_key"])
+            opts,
+            pulumi.ResourceOptions(
+                additional_secret_outputs=["api_key"],
+                # Registered as the generic dynamic type before it had its own: not a replacement.
+                aliases=[pulumi.Alias(type_="pulumi-python:dynamic:Resource")],
+            ),
         )
         super().__init__(ReadinessGateProvider(), name, props, opts)

@@ -5,13 +5,11 @@ Everything here does I/O and returns plain JSON-able values; judging them is `st
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
 import subprocess
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -21,17 +19,18 @@ from typing import Any
 import yaml
 
 from components import readiness
+from components.checkpoint.fan_out import PROGRESS_DIR, node_cache_dir
 from components.config import NAMESPACE, ConfigError, StackConfig, parse_stack_config
 from components.deployment import node_container_names
 from components.hybrid_image import image_ref
+from components.node_programs import program_argv
 from components.nodes import node_access
 from components.ray_cluster import head_container_name
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTransport, stderr_tail
 
 ROOT = Path(__file__).resolve().parent.parent
-NODE_PROGRAM = ROOT / "components" / "node_programs" / "node_status.py"
-# Where the transfer layer and the checkpoint fetch write progress, on the node that sends.
-PROGRESS_DIR = "~/.qwen35/progress"
+# The node program travels in the command (`python3 -I -S -c …`); its request comes on stdin.
+NODE_PROGRAM_ARGV = program_argv("node_status", [])
 # The API key when the Pulumi CLI cannot give it (`pulumi config get --show-secrets`).
 API_KEY_ENV = readiness.API_KEY_ENV
 # Beyond the SSH connect timeout: the node's own docker calls (each bounded on the node).
@@ -82,26 +81,22 @@ def api_key(
     return None, ""
 
 
-def node_program_argv() -> list[str]:
-    """`python3 -I -S -c <program>`: the node program travels in the command; its request on stdin.
-
-    -I -S: whatever is installed on the node (PYTHON* variables, site packages) cannot change it.
-    """
-    packed = base64.b64encode(zlib.compress(NODE_PROGRAM.read_bytes(), 9)).decode()
-    loader = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
-    return ["python3", "-I", "-S", "-c", loader]
-
-
 def node_requests(config: StackConfig) -> dict[str, dict[str, Any]]:
-    """What each node is asked about: the declared image, containers, checkpoint (no secret)."""
+    """What each node is asked about: the declared image, containers, checkpoint (no secret).
+
+    The checkpoint is looked for where the node's Checkpoint resource keeps it and its containers
+    mount it (`node_cache_dir`); a `serve.model` that is a path is checked for its config.json.
+    """
     image = deployment_image(config)
     containers = node_container_names(config)
+    model = config.hub_repo or (config.serve.model if config.serve.model.startswith("/") else None)
     return {
         node.name: {
             "image": image,
             "containers": containers[node.name],
-            "hf_cache": config.containers.hf_cache,
-            "model": config.serve.model,
+            "hf_cache": node_cache_dir(config, node.name),
+            "model": model,
+            "revision": config.model.revision,
             "ray_container": head_container_name(config) if node is config.head else None,
             "progress_dir": PROGRESS_DIR,
         }
@@ -118,7 +113,7 @@ def ask_node(transport: SshTransport, request: dict[str, Any], timeout: float) -
     """The node's report, or {"reachable": False, "error": why} (never raises for a node's failure)."""
     started = time.monotonic()
     try:
-        result = transport.run(node_program_argv(), stdin=json.dumps(request).encode(), timeout=timeout)
+        result = transport.run(NODE_PROGRAM_ARGV, stdin=json.dumps(request).encode(), timeout=timeout)
     except RemoteError as exc:
         return {"reachable": False, "error": exc.hint or str(exc), "seconds": _since(started)}
     if result.returncode == SSH_TRANSPORT_FAILURE:

@@ -79,9 +79,13 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
+NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
+READINESS_GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
+
+
 def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     """Outputs a real provider would compute, so downstream inputs can be checked."""
-    if args.typ == "pulumi-python:dynamic:Resource":
+    if args.typ == NODE_IMAGE:
         image = args.inputs.get("image", "img:tag")
         return {
             "image_id": "sha256:" + (f"{abs(hash(image)):x}" * 8)[:64],
@@ -89,6 +93,21 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
             "bytes_sent": 0,
             "skipped": True,
             "store": "classic",
+        }
+    if args.typ == "pulumi-python:dynamic/qwen35:Checkpoint":
+        # The commit a branch resolved to, and the manifest digest (the same on every node).
+        repo = args.inputs.get("repo", "org/model")
+        sha = (f"{abs(hash(repo)):x}" * 8)[:40]
+        return {
+            "revision": sha,
+            "digest": "d" * 64,
+            "files": 3,
+            "bytes": 3 << 30,
+            "bytes_sent": 0,
+            "manifest": [["config.json", "c" * 40, 100]],
+            "refs": {args.inputs.get("requested_revision", "main"): sha},
+            "snapshot_path": f"{args.inputs.get('cache_dir')}/hub/models--{repo.replace('/', '--')}"
+            f"/snapshots/{sha}",
         }
     if args.typ == "docker:index/image:Image":
         return {"repo_digest": "", "image_name": args.inputs.get("imageName", "")}

@@ -84,7 +84,9 @@ def declared_containers(run: ProgramRun) -> list[Declared]:
 
 def gate_props(run: ProgramRun, deadline_s: float | None = None) -> dict[str, Any]:
     """The readiness gate's inputs as the provider receives them (optionally a shorter deadline)."""
-    (gate,) = [r for r in run.by_type("pulumi-python:dynamic:Resource") if r.name.endswith("-ready")]
+    (gate,) = [
+        r for r in run.by_type("pulumi-python:dynamic/qwen35:ReadinessGate") if r.name.endswith("-ready")
+    ]
     props = {k: v for k, v in plain(gate.inputs).items() if k != "__provider"}
     if deadline_s is not None:
         props["deadline_s"] = deadline_s

@@ -7,6 +7,7 @@ node-d: Docker 26 with the containerd store (image IDs differ there: identity is
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -49,16 +50,60 @@ def test_legacy_source_to_classic_destination(node_a, node_b, images_on_c):
     assert "root" in runs(node_b, "ni-eng:1")
 
 
-def test_oci_source_to_containerd_destination_sends_everything(node_c, node_d, images_on_c):
+def ctr(node: lab.LabNode, *args: str) -> str:
+    """`ctr` against the containerd the node's dockerd started (namespace moby), from this machine."""
+    from lab.layout import node_paths
+
+    address = f"{node_paths(node.name).exec_root}/containerd/containerd.sock"
+    argv = ["ctr", "--address", address, "-n", "moby", *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
+def content_blobs(node: lab.LabNode) -> set[str]:
+    """The blobs the node's containerd content store holds."""
+    return set(ctr(node, "content", "ls", "-q").split())
+
+
+def test_oci_source_to_containerd_destination_leaves_out_held_blobs(node_c, node_d, images_on_c):
     remove(node_d, "ni-eng:1", "ni-eng-base:1")
+    held = content_blobs(node_d) & set(layers_of(node_c, "ni-eng:1"))
     outs = PROVIDER.create(props("ni-eng:1", node_c, node_d)).outs
     assert outs["store"] == "containerd" and outs["source_store"] == "classic"
-    assert outs["layers_left_out"] == 0 and outs["layers_sent"] == 3
+    assert outs["layers_left_out"] == len(held) and outs["layers_sent"] == 3 - len(held)
     assert outs["layers"] == layers_of(node_c, "ni-eng:1") == layers_of(node_d, "ni-eng:1")
     assert outs["image_id"] == image_id(node_d, "ni-eng:1") != images_on_c  # the destination's own ID
     assert "root" in runs(node_d, "ni-eng:1") and no_temporary_tags(node_d)
     again = PROVIDER.create(props("ni-eng:1", node_c, node_d)).outs
     assert again["skipped"] is True and again["bytes_sent"] == 0
+
+
+def test_containerd_destination_gets_a_changed_top_layer_only(node_c, node_d, images_on_c):
+    """Loaded once, the base's blobs stay in the content store (under their diff IDs): a new top
+    layer on the same base sends only that layer."""
+    PROVIDER.create(props("ni-eng-base:1", node_c, node_d))
+    top = build(node_c, "ni-eng-top:1", "ni-eng-base:1", os.urandom(100_000))
+    remove(node_d, "ni-eng-top:1")
+    outs = PROVIDER.create(props("ni-eng-top:1", node_c, node_d)).outs
+    assert outs["layers_left_out"] == 2 and outs["layers_sent"] == 1 and outs["bytes_sent"] <= 1.2 * 100_000
+    assert outs["layers"] == layers_of(node_c, "ni-eng-top:1") and top != outs["image_id"]
+    assert "root" in runs(node_d, "ni-eng-top:1") and no_temporary_tags(node_d)
+    remove(node_d, "ni-eng-top:1")
+
+
+def test_containerd_destination_missing_a_blob_still_gets_it(node_c, node_d, images_on_c):
+    """The base's blobs removed from node-d's content store: the copy sends them, the image runs."""
+    PROVIDER.create(props("ni-eng-base:1", node_c, node_d))
+    remove(node_d, "ni-eng:1")
+    base_layers = layers_of(node_c, "ni-eng-base:1")
+    held = content_blobs(node_d) & set(base_layers)
+    assert held, "the base's layer blobs should be in node-d's content store after its load"
+    ctr(node_d, "content", "rm", *sorted(held))
+    assert not content_blobs(node_d) & set(base_layers)
+    outs = PROVIDER.create(props("ni-eng:1", node_c, node_d)).outs
+    assert outs["layers_left_out"] == 0 and outs["layers_sent"] == 3
+    assert outs["layers"] == layers_of(node_d, "ni-eng:1") and "root" in runs(node_d, "ni-eng:1")
+    assert set(base_layers) <= content_blobs(node_d)
 
 
 def test_containerd_source_to_classic_destination(node_d, node_a, node_c, images_on_c):

@@ -13,7 +13,9 @@ import pytest
 from tests.program import ProgramRun, run_program, stack_config
 
 CONTAINER = "docker:index/container:Container"
-DYNAMIC = "pulumi-python:dynamic:Resource"
+NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
+GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
+CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
 SECRETS = {"hf_token": "hf_token_value_123", "api_key": "sk-api-key-value-456"}
 
 
@@ -99,12 +101,14 @@ def test_dev_resource_set(dev):
         ("qwen35:index:HybridImage", "qwen35-image"),
         ("docker:index/image:Image", "qwen35-image-build"),
         ("docker:index/volume:Volume", "qwen35-ray-tmp"),
-        (DYNAMIC, "qwen35-image-spark-1"),
-        (DYNAMIC, "qwen35-image-spark-2"),
+        (NODE_IMAGE, "qwen35-image-spark-1"),
+        (NODE_IMAGE, "qwen35-image-spark-2"),
+        (CHECKPOINT, "qwen35-checkpoint-spark-1"),
+        (CHECKPOINT, "qwen35-checkpoint-spark-2"),
         (CONTAINER, "qwen35-ray-head"),
         (CONTAINER, "qwen35-ray-worker-spark-2"),
         (CONTAINER, "qwen35-vllm"),
-        (DYNAMIC, "qwen35-ready"),
+        (GATE, "qwen35-ready"),
     }
 
 
@@ -166,7 +170,7 @@ def test_provider_hosts_and_pinned_keys(four):
 def node_image_of(graph: Graph, node: str):
     """The NodeImage that places the image on `node`."""
     found = graph.run.named(f"qwen35-image-{node}")
-    assert found.typ == DYNAMIC and found.inputs["destination"]["name"] == node
+    assert found.typ == NODE_IMAGE and found.inputs["destination"]["name"] == node
     return found
 
 
@@ -401,7 +405,7 @@ def test_copy_tuning_from_config_reaches_every_node_image():
     config = stack_config("dev")
     config["qwen35-spark:copy"] = {"compression": "gzip", "stall_timeout_s": 30}
     run = run_program(config)
-    images = [r for r in run.by_type("pulumi-python:dynamic:Resource") if r.name.startswith("qwen35-image-")]
+    images = [r for r in run.by_type(NODE_IMAGE) if r.name.startswith("qwen35-image-")]
     assert len(images) == 2
     for image in images:
         assert image.inputs["tuning"] == {"compression": "gzip", "stall_timeout_s": 30}
@@ -411,11 +415,7 @@ def test_copy_tree_never_sources_from_a_containerd_store_node(monkeypatch):
     config = four_node_config()
     config["qwen35-spark:nodes"][1]["image_store"] = "containerd"  # spark-2
     graph = run_graph(monkeypatch, config)
-    images = {
-        r.name: r.inputs
-        for r in graph.run.by_type("pulumi-python:dynamic:Resource")
-        if r.name.startswith("qwen35-image-")
-    }
+    images = {r.name: r.inputs for r in graph.run.by_type(NODE_IMAGE) if r.name.startswith("qwen35-image-")}
     assert len(images) == 4
     sources = {inputs["source"]["name"] for inputs in images.values()}
     assert "spark-2" not in sources and "spark-1" in sources
@@ -435,3 +435,65 @@ def test_resource_names_are_unique(graph_name, request):
         key = (graph.provider_of(container.name), container.inputs["name"])
         assert key not in per_node, f"{key} declared twice"
         per_node[key] = container.name
+
+
+# ---- the checkpoint on every node (components/checkpoint) -------------------------------------------
+
+
+def checkpoint_of(graph: Graph, node: str):
+    found = graph.run.named(f"qwen35-checkpoint-{node}")
+    assert found.typ == CHECKPOINT and found.inputs["node"]["name"] == node
+    return found
+
+
+def test_checkpoints_fetch_once_on_the_head_and_copy_along_a_tree(four):
+    head = checkpoint_of(four, "spark-1").inputs
+    assert head.get("source") is None and head["repo"] == "Qwen/Qwen3.5-122B-A10B-FP8"
+    assert head["requested_revision"] == "main" and head["source_mode"] == "hub"
+    # The token is a secret input of the head's fetch only.
+    token, secret = unsecret(head["hf_token"])
+    assert token == SECRETS["hf_token"] and secret
+    sources = {}
+    for node in ("spark-2", "spark-3", "spark-4"):
+        placed = checkpoint_of(four, node)
+        source = placed.inputs["source"]["name"]
+        assert source != node and f"qwen35-checkpoint-{source}" in four.deps[placed.name]
+        assert placed.inputs["source_revision"] == four.run.outputs["checkpoints"][source]["revision"]
+        assert placed.inputs.get("hf_token") is None
+        sources[node] = source
+    # 3 workers: 2 rounds (ceil(log2(4))): the head serves one, then both holders serve one each.
+    assert sorted(sources.values()).count("spark-1") == 2
+
+
+def test_containers_wait_for_their_nodes_checkpoint_and_serve_offline_the_pinned_commit(four):
+    for node, container in [("spark-1", "qwen35-ray-head"), ("spark-1", "qwen35-vllm")] + [
+        (f"spark-{i}", f"qwen35-ray-worker-spark-{i}") for i in (2, 3, 4)
+    ]:
+        assert f"qwen35-checkpoint-{node}" in four.deps[container]
+        assert envs(four, container)["HF_HUB_OFFLINE"] == "1"
+    cmd = four.container("qwen35-vllm").inputs["command"]
+    sha = four.run.outputs["checkpoints"]["spark-1"]["revision"]
+    assert cmd[cmd.index("--revision") + 1] == sha and len(sha) == 40
+    assert four.run.outputs["checkpoints"]["spark-2"]["snapshot_path"].endswith(f"/snapshots/{sha}")
+
+
+def test_without_a_hub_model_there_is_no_checkpoint_and_no_offline_flag(monkeypatch):
+    config = stack_config("dev")
+    config["qwen35-spark:serve"] = {**config["qwen35-spark:serve"], "model": "/models/qwen35"}
+    graph = run_graph(monkeypatch, config)
+    assert not graph.run.by_type(CHECKPOINT)
+    assert "HF_HUB_OFFLINE" not in envs(graph, "qwen35-ray-head")
+    assert "--revision" not in graph.container("qwen35-vllm").inputs["command"]
+
+
+def test_each_node_mounts_its_own_cache_dir(monkeypatch):
+    config = stack_config("dev")
+    config["qwen35-spark:model"] = {"cache_dirs": {"spark-2": "/data/hf"}}
+    graph = run_graph(monkeypatch, config)
+    assert checkpoint_of(graph, "spark-2").inputs["cache_dir"] == "/data/hf"
+    mounts = graph.container("qwen35-ray-worker-spark-2").inputs["volumes"]
+    assert any(m.get("hostPath") == "/data/hf" for m in mounts)
+    assert (
+        checkpoint_of(graph, "spark-2").inputs["source_cache_dir"]
+        == checkpoint_of(graph, "spark-1").inputs["cache_dir"]
+    )

@@ -10,6 +10,7 @@ import pulumi
 import pytest
 
 import components.node_image as ni
+from components.config import CopyConfig
 from components.node_image import (
     Daemon,
     ImageInfo,
@@ -19,14 +20,19 @@ from components.node_image import (
     Tuning,
     copy_tree,
     disk_needed,
+    execute,
     parse_daemon,
     parse_df_available,
     parse_images,
     parse_layer_sizes,
     peer_target,
     replace_reasons,
+    resource,
     same_image,
 )
+from components.node_programs import program_argv
+from components.node_programs.transfer_source import Exit as SourceExit
+from components.transfer import Peer, peer_unreachable
 from tests.program import RecordingMocks
 
 L1, L2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
@@ -57,10 +63,9 @@ def test_facts_are_parsed():
     assert parse_layer_sizes("0\n10\n", 2) is None  # does not line up: caller assumes everything
 
 
-def test_disk_need_counts_only_missing_layers():
+def test_disk_need_is_the_layers_to_write_times_the_unpack_factor_plus_reserve():
     tuning = Tuning(disk_reserve_bytes=100, disk_factor=2.0)
-    assert disk_needed([1000, 50, 10], 0, tuning) == 2 * 1060 + 100
-    assert disk_needed([1000, 50, 10], 2, tuning) == 2 * 10 + 100
+    assert disk_needed(1060, tuning) == 2 * 1060 + 100
 
 
 def test_identity_is_the_id_in_one_store_and_the_layers_across_stores():
@@ -71,11 +76,17 @@ def test_identity_is_the_id_in_one_store_and_the_layers_across_stores():
 
 
 def test_tuning_rejects_unknown_keys_with_a_hint():
+    def nodes_with(tuning):
+        return ni.parse(
+            {"image": "app:1", "source": node("a", "h1"), "destination": node("b", "h2"), "tuning": tuning}
+        )
+
     with pytest.raises(NodeImageError, match="did you mean 'stall_timeout_s'"):
-        Tuning.from_props({"tuning": {"stall_timeout": 5}})
+        nodes_with({"stall_timeout": 5})
     with pytest.raises(NodeImageError, match="compression"):
-        Tuning.from_props({"tuning": {"compression": "zip"}})
-    assert Tuning.from_props({"tuning": {"disk_reserve_bytes": 1}}).disk_reserve_bytes == 1
+        nodes_with({"compression": "zip"})
+    assert nodes_with({"disk_reserve_bytes": 1})[3].disk_reserve_bytes == 1
+    assert Tuning is CopyConfig  # one definition of copy tuning
 
 
 def test_bad_inputs_fail_before_any_node_is_touched():
@@ -107,41 +118,55 @@ def olds(**extra) -> dict:
         "layers": [L1],
         "store": "classic",
         "source_image_id": "sha256:x",
+        "source_store": "classic",
     }
     return {**base, **extra}
 
 
 @pytest.mark.parametrize(
-    ("news", "source_now", "expected"),
+    ("news", "expected"),
     [
-        ({}, (ImageInfo("sha256:x", (L1,)), "classic"), []),
-        ({}, None, []),  # source unreachable during preview: inputs only
-        ({}, (ImageInfo("sha256:y", (L1, L2)), "classic"), ["image"]),  # rebuilt on the source
-        ({"image": "app:2"}, None, ["image"]),
-        ({"destination": node("b", "h3")}, None, ["destination"]),
-        ({"trigger": "new-build"}, None, ["trigger"]),
-        (
-            {"source": node("c", "h9")},
-            (ImageInfo("sha256:x", (L1,)), "classic"),
-            [],
-        ),  # another source: same image
+        ({}, []),
+        ({"source_image_id": ""}, []),  # the head: its source is itself
+        ({"source_image_id": "sha256:y"}, ["image"]),  # the source's NodeImage now reports another image
+        ({"source_image_id": pulumi.UNKNOWN}, ["image"]),  # preview: the source is being replaced
+        ({"image": "app:2"}, ["image"]),
+        ({"destination": node("b", "h3")}, ["destination"]),
+        ({"destination": node("b", "h2", port=2222)}, ["destination"]),
+        ({"destination": node("b", "h2", fabric_host="b.fabric")}, []),  # another name: an update
+        ({"trigger": "new-build"}, ["trigger"]),
+        ({"source": node("c", "h9")}, []),  # another source, same image
     ],
-    ids=["same", "no-source", "source-rebuilt", "image", "destination", "trigger", "other-source"],
+    ids=[
+        "same",
+        "head",
+        "source-rebuilt",
+        "source-unknown",
+        "image",
+        "destination",
+        "port",
+        "fabric",
+        "trigger",
+        "other-source",
+    ],  # fmt: skip
 )
-def test_replace_reasons(news, source_now, expected):
-    assert replace_reasons(olds(), {**olds(), **news}, source_now) == expected
+def test_replace_reasons(news, expected):
+    assert replace_reasons(olds(), {**olds(), **news}) == expected
 
 
 def test_drift_read_by_refresh_replaces():
-    drifted = olds(image_id="sha256:other")
-    assert replace_reasons(drifted, olds(), (ImageInfo("sha256:x", (L1,)), "classic")) == ["image"]
-    cross = olds(image_id="sha256:manifest", store="containerd")  # own ID in the containerd store
-    assert replace_reasons(cross, olds(), (ImageInfo("sha256:x", (L1,)), "classic")) == []
+    drifted = olds(image_id="sha256:other", verified_image_id="sha256:x")
+    assert replace_reasons(drifted, olds()) == ["image"]
+    legacy = olds(image_id="sha256:other", source_store="classic")  # state from before verified_image_id
+    assert replace_reasons(legacy, olds()) == ["image"]
+    cross = olds(image_id="sha256:manifest", store="containerd", source_store="classic")
+    assert replace_reasons(cross, olds()) == []  # its own ID in the containerd store: not drift
 
 
 def test_delete_leaves_tags_it_did_not_place(monkeypatch):
-    monkeypatch.setattr(ni, "DockerOn", lambda *a, **k: pytest.fail("no node should be contacted"))
+    monkeypatch.setattr(execute, "DockerOn", lambda *a, **k: pytest.fail("no node should be contacted"))
     NodeImageProvider().delete("b/app:1", olds(placed_tag=False))
+    NodeImageProvider().delete("b/app:1", olds(placed_tag=False, holds_tag=False, claim=""))
 
 
 def test_provider_pickles_by_reference_without_state():
@@ -153,12 +178,15 @@ def test_copy_tree_wires_one_resource_per_node_following_the_plan(monkeypatch):
     made = []
 
     class Recorder(pulumi.CustomResource):  # a Resource for depends_on, never registered
-        def __init__(self, name, image, source, destination, tuning=None, trigger=None, opts=None):  # noqa: PLW0231
+        def __init__(  # noqa: PLW0231
+            self, name, image, source, destination, tuning=None, trigger=None, opts=None, source_image_id=None
+        ):
             self.name, self.source, self.destination = name, source["name"], destination["name"]
+            self.image_id, self.source_image_id = f"id-of-{destination['name']}", source_image_id
             self.depends_on = list(opts.depends_on or []) if opts else []
             made.append(self)
 
-    monkeypatch.setattr(ni, "NodeImage", Recorder)
+    monkeypatch.setattr(resource, "NodeImage", Recorder)
     nodes = {name: node(name, f"10.0.0.{i}") for i, name in enumerate(["head", "w1", "w2", "w3"])}
     tree = copy_tree("img", "app:1", nodes, "head", can_reexport={"w1", "w2", "w3"})
     assert set(tree) == set(nodes)
@@ -166,6 +194,7 @@ def test_copy_tree_wires_one_resource_per_node_following_the_plan(monkeypatch):
     for worker in ("w1", "w2", "w3"):
         source = tree[worker].source
         assert tree[worker].depends_on == [tree[source]]  # a source serves only once it has the image
+        assert tree[worker].source_image_id == f"id-of-{source}"  # what its source observed: an input
     assert tree["w1"].source == "head" and {tree["w2"].source, tree["w3"].source} == {"head", "w1"}
 
 
@@ -183,7 +212,7 @@ def test_node_images_register_under_mocks():
         )
 
     run()
-    dynamic = [r for r in mocks.resources if r.typ == "pulumi-python:dynamic:Resource"]
+    dynamic = [r for r in mocks.resources if r.typ == "pulumi-python:dynamic/qwen35:NodeImage"]
     assert sorted(r.name for r in dynamic) == ["img-head", "img-w1", "img-w2"]
     w2 = next(r for r in dynamic if r.name == "img-w2")
     assert w2.inputs["image"] == "app:1" and w2.inputs["destination"]["host"] == "10.0.0.2"
@@ -199,7 +228,7 @@ def test_phase_times_list_every_span_and_print_only_when_asked(monkeypatch, caps
         pass
     assert times.timed("stream", lambda x: x + 1)(1) == 2
     table = times.table()
-    assert "NodeImage timing app:1" in table and "source facts" in table and "stream" in table
+    assert "timing app:1" in table and "source facts" in table and "stream" in table
     monkeypatch.delenv(ni.TIMING_ENV, raising=False)
     times.report()
     assert capsys.readouterr().err == ""
@@ -208,69 +237,40 @@ def test_phase_times_list_every_span_and_print_only_when_asked(monkeypatch, caps
     assert "source facts" in capsys.readouterr().err
 
 
-def test_destination_loads_verifies_and_promotes_in_one_session():
-    wanted = ImageInfo("sha256:ab", (L1, L2))
-    argv = ni.load_and_promote_argv("app:qwen35-tmp-1", "app:1", wanted, same_store=True)
-    script = argv[-1]
-    assert argv[:2] == ["bash", "--norc"] and script.startswith("docker load || exit $?")
-    assert "cut -f1" in script and "'\"sha256:ab\"'" in script and "|| exit 4" in script
-    assert script.index("docker tag app:qwen35-tmp-1 app:1") < script.index(
-        "docker image rm app:qwen35-tmp-1"
-    )
-    across = ni.load_and_promote_argv("app:qwen35-tmp-1", "app:1", wanted, same_store=False)[-1]
-    assert "cut -f2" in across and L1 in across
-
-
 def test_peer_master_lives_in_a_private_folder_on_the_source():
-    peer = ni.Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
-    opened = peer.handshake_argv()[-1]
-    waited, _, opened = opened.partition("; done; ")
-    # an early attempt (started during the inspection) is waited for, bounded by the connect timeout
-    assert waited.startswith("i=0; while [ -d /tmp/qni-x ] && [ ! -s /tmp/qni-x/done ] && [ $i -lt 2500 ]")
-    assert opened.startswith("{ mkdir -m 700 /tmp/qni-x") and "test -O /tmp/qni-x" in opened
-    assert "ControlPath=/tmp/qni-x/m" in opened and "-O check" in opened
-    # a new master, no remote shell; its stderr kept in the folder, not on the copy session's pipe
-    assert "-o ControlMaster=yes" in opened and "-f -N ops@10.0.0.2" in opened
-    assert "2>/tmp/qni-x/err" in opened
-    closed = peer.close_argv()[-1]
-    assert closed.startswith(waited) and "-O exit" in closed and closed.endswith("rm -rf /tmp/qni-x")
-    early = peer.early_argv()[-1]
-    assert "-f -N ops@10.0.0.2" in early and early.endswith('[ "$s" = 96 ] || echo "$s" > /tmp/qni-x/done')
-
-
-def test_the_copy_connects_to_the_destination_before_anything_is_sent():
-    peer = ni.Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
-    spec = ni.transfer.filter_spec([L1, L2], 1, "app:qwen35-tmp-1", 30, 60)
-    script = ni.transfer.copy_pipeline(
-        "app:1", spec, peer.argv(["docker", "load"]), first=peer.handshake_argv()
-    )[-1]
-    assert script.index("-f -N ops@10.0.0.2") < script.index("docker save app:1")
-    assert 'exit "$s"; }; echo "qwen35-preflight 0"' in script
+    peer = Peer(peer_target(Node.from_dict("destination", node("b", "10.0.0.2")), Tuning()), "/tmp/qni-x")
+    spec = peer.spec()
+    assert spec["folder"] == "/tmp/qni-x" and spec["connect_timeout"] == 10
+    assert spec["check"][-3:] == ["-O", "check", "x"] and "ControlPath=/tmp/qni-x/m" in spec["check"]
+    connect = spec["connect"]
+    # a new master, no remote shell, pinned keys from ssh_options
+    assert connect[:3] == ["ssh", "-o", "ControlMaster=yes"] and connect[-3:] == ["-f", "-N", "ops@10.0.0.2"]
+    assert "StrictHostKeyChecking=yes" in connect and "ControlPath=/tmp/qni-x/m" in connect
+    sink = peer.sink_argv()  # the destination's end, opened over the master
+    assert sink[0] == "ssh" and "ControlPath=/tmp/qni-x/m" in sink and "transfer_sink" not in sink[-1]
+    assert sink[-1].startswith("python3 -I -S -c ")
+    assert peer.close_argv()[:4] == ["python3", "-I", "-S", "-c"] and peer.close_argv()[5] == "close"
 
 
 @pytest.mark.parametrize(
     ("status", "words"),
     [
         (255, ["cannot SSH", "node a", "node b", "ops@10.0.0.2:22", "nothing was sent", "next:", "boom"]),
-        (ni.PEER_FOLDER_EXIT, ["private folder /tmp/qni-x", "node a", "nothing was sent", "next:"]),
+        (SourceExit.PEER_FOLDER, ["private folder /tmp/qni-x", "node a", "nothing was sent", "next:"]),
     ],
 )
 def test_a_failed_handshake_names_both_nodes_and_what_to_do(status, words):
     source = Node.from_dict("source", node("node a", "10.0.0.1"))
     destination = Node.from_dict("destination", node("node b", "10.0.0.2"))
-    peer = ni.Peer(peer_target(destination, Tuning()), "/tmp/qni-x")
-    stderr = f"qwen35-preflight {status}\nssh: connect to host 10.0.0.2 port 22: boom"
-    report = ni.transfer.parse_filter_stderr(stderr)
-    assert report["preflight"] == status
-    message = str(ni.peer_unreachable(source, destination, peer, status, "\n".join(report["other"])))
+    peer = Peer(peer_target(destination, Tuning()), "/tmp/qni-x")
+    message = str(
+        peer_unreachable(source, destination, peer, status, "ssh: connect to host 10.0.0.2 port 22: boom")
+    )
     assert all(word in message for word in words), message
 
 
 def test_new_access_details_for_the_destination_update_in_place(monkeypatch):
     """A new key or known_hosts for the same node is an update (refresh/destroy then use it), not a copy."""
-    import components.node_image as node_image
-
-    monkeypatch.setattr(node_image, "_source_now", lambda news: None)
     news = {**olds(), "destination": {**node("b", "h2"), "known_hosts": "/new/known_hosts"}}
     result = NodeImageProvider().diff("b/app:1", olds(), news)
     assert result.changes is True and result.replaces == []
@@ -279,40 +279,182 @@ def test_new_access_details_for_the_destination_update_in_place(monkeypatch):
     assert updated["image_id"] == "sha256:x"
 
 
-class _FakeDestination:
-    """DockerOn stand-in for delete(): the tag points at `current`; records untag calls."""
+class _RecordingDestination:
+    """DockerOn stand-in for delete(): records the image_tag calls."""
 
-    untagged: list[str] = []
-
-    def __init__(self, current: str):
-        self.current = current
+    def __init__(self):
+        self.calls: list[tuple[str, dict]] = []
 
     def __call__(self, *args, **kwargs):
         return self
 
-    def image(self, ref):
-        return ImageInfo(self.current, (L1,))
-
-    def untag(self, ref):
-        self.untagged.append(ref)
-        return ni.Result(("docker",), 0)
+    def tags(self, mode, spec, python="python3"):
+        self.calls.append((mode, spec))
+        return {"exit": 0}
 
 
 @pytest.mark.parametrize(
-    ("placed", "on_node", "untags"),
+    ("state", "spec"),
     [
-        ("sha256:x", "sha256:x", True),  # still the image it placed
-        ("sha256:x", "sha256:other", False),  # someone re-pointed the tag: not ours to remove
+        ({"claim": "c1", "placed_tag": True}, {"ref": "app:1", "claim": "c1", "legacy_placed_id": ""}),
+        (
+            {"claim": "c2", "holds_tag": True},
+            {"ref": "app:1", "claim": "c2", "legacy_placed_id": ""},
+        ),  # joined
+        # from before tag records: what it placed, never what a refresh saw later
+        (
+            {"placed_tag": True, "placed_image_id": "sha256:x", "image_id": "sha256:drifted"},
+            {"ref": "app:1", "claim": "", "legacy_placed_id": "sha256:x"},
+        ),
     ],
+    ids=["placed", "joined", "legacy"],
 )
-def test_delete_untags_only_the_image_it_placed_even_after_a_drifted_refresh(
-    monkeypatch, placed, on_node, untags
+def test_delete_gives_up_its_hold_on_the_node(monkeypatch, state, spec):
+    fake = _RecordingDestination()
+    monkeypatch.setattr(execute, "DockerOn", fake)
+    monkeypatch.setattr(execute, "ssh_sessions", lambda: contextlib.nullcontext(lambda name: None))
+    NodeImageProvider().delete("b/app:1", olds(**state))
+    assert fake.calls == [("leave", spec)]
+
+
+STATEFUL_DOCKER = """#!{python}
+import json, os, sys
+path = os.environ["FAKE_DOCKER_STATE"]
+tags = json.load(open(path)) if os.path.exists(path) else {{}}
+args = sys.argv[1:]
+def save():
+    json.dump(tags, open(path, "w"))
+if args[:2] == ["image", "inspect"]:
+    ref = args[-1]
+    if ref not in tags:
+        sys.stderr.write("Error: No such image: " + ref + "\\n"); sys.exit(1)
+    print(tags[ref]); sys.exit(0)
+if args[0] == "tag":
+    tags[args[2]] = tags.get(args[1], args[1]); save(); sys.exit(0)
+if args[:2] == ["image", "rm"]:
+    if args[2] not in tags:
+        sys.exit(1)
+    del tags[args[2]]; save(); sys.exit(0)
+sys.exit(2)
+"""
+
+
+@pytest.fixture
+def node_docker(tmp_path, monkeypatch):
+    """A stand-in docker whose tags live in a file, and a HOME for the tag records: (tags, run image_tag)."""
+    import subprocess
+    import sys
+
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir()
+    docker.write_text(STATEFUL_DOCKER.format(python=sys.executable))
+    docker.chmod(0o755)
+    state = tmp_path / "tags.json"
+    monkeypatch.setenv("PATH", f"{docker.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_DOCKER_STATE", str(state))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    def tags() -> dict:
+        return json.loads(state.read_text()) if state.exists() else {}
+
+    def image_tag(mode: str, **spec) -> dict:
+        argv = program_argv("image_tag", [mode, json.dumps(spec)], sys.executable)
+        done = subprocess.run(argv, capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.decode().splitlines()[-1])
+
+    return tags, image_tag
+
+
+def test_a_replacement_keeps_the_tag_and_the_survivor_removes_it(node_docker):
+    """The engine creates the new resource, then deletes the old one: the tag survives the old one."""
+    tags, image_tag = node_docker
+    image_tag("retag", ref="app:1", image_id="sha256:x", claim="old")  # the old resource placed it
+    assert image_tag("join", ref="app:1", claim="new")["joined"] is True  # the new one found it there
+    assert image_tag("leave", ref="app:1", claim="old", legacy_placed_id="")["removed"] is False
+    assert tags() == {"app:1": "sha256:x"}
+    assert image_tag("leave", ref="app:1", claim="new", legacy_placed_id="")["removed"] is True
+    assert tags() == {}
+
+
+def test_a_tag_no_nodeimage_placed_is_never_removed(node_docker):
+    tags, image_tag = node_docker
+    image_tag("retag", ref="base:1", image_id="sha256:b", claim="")  # by hand: no record
+    assert image_tag("join", ref="base:1", claim="c")["joined"] is False
+    assert image_tag("leave", ref="base:1", claim="c", legacy_placed_id="")["removed"] is False
+    assert tags() == {"base:1": "sha256:b"}
+
+
+def test_a_tag_pointed_elsewhere_since_is_not_removed_nor_joined(node_docker):
+    tags, image_tag = node_docker
+    image_tag("retag", ref="app:1", image_id="sha256:x", claim="a")
+    image_tag("retag", ref="app:1", image_id="sha256:y", claim="")  # re-pointed by hand, record kept
+    assert image_tag("join", ref="app:1", claim="b")["joined"] is False
+    assert image_tag("leave", ref="app:1", claim="a", legacy_placed_id="")["removed"] is False
+    assert tags() == {"app:1": "sha256:y"}
+
+
+def test_a_holder_superseded_by_a_new_placement_does_not_remove_it(node_docker):
+    tags, image_tag = node_docker
+    image_tag("retag", ref="app:1", image_id="sha256:x", claim="old")
+    image_tag("retag", ref="app:1", image_id="sha256:y", claim="new")  # a new image placed: new holder
+    assert image_tag("leave", ref="app:1", claim="old", legacy_placed_id="")["removed"] is False
+    assert tags() == {"app:1": "sha256:y"}
+
+
+@pytest.mark.parametrize(("on_node", "removed"), [("sha256:x", True), ("sha256:other", False)])
+def test_state_from_before_records_removes_only_what_it_placed(node_docker, on_node, removed):
+    tags, image_tag = node_docker
+    image_tag("retag", ref="app:1", image_id=on_node, claim="")
+    assert image_tag("leave", ref="app:1", claim="", legacy_placed_id="sha256:x")["removed"] is removed
+    assert ("app:1" in tags()) is not removed
+
+
+FAKE_DOCKER = """#!{python}
+import json, os, sys
+log = os.environ["FAKE_DOCKER_LOG"]
+args = sys.argv[1:]
+with open(log, "a") as handle:
+    handle.write(json.dumps(args) + "\\n")
+if args[0] == "load":
+    data = sys.stdin.buffer.read()
+    sys.exit(0 if data == b"archive" else 1)
+if args[:2] == ["image", "inspect"]:
+    print(os.environ["FAKE_DOCKER_IMAGE"])
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("loaded_id", "same_store", "status", "promoted"),
+    [
+        ("sha256:ab", True, 0, True),
+        ("sha256:other", True, 4, False),  # not the wanted image: never tagged, temporary tag dropped
+        ("sha256:manifest", False, 0, True),  # across store kinds the layer list is the identity
+    ],
+    ids=["same-id", "other-image", "across-stores"],
+)
+def test_destination_loads_verifies_and_promotes_in_one_program(
+    tmp_path, monkeypatch, loaded_id, same_store, status, promoted
 ):
-    fake = _FakeDestination(on_node)
-    fake.untagged = []
-    monkeypatch.setattr(ni, "DockerOn", fake)
-    monkeypatch.setattr(ni, "ssh_sessions", lambda: contextlib.nullcontext(lambda name: None))
-    # A refresh saw the drifted tag and wrote its ID into image_id; placed_image_id keeps what was placed.
-    state = olds(placed_tag=True, placed_image_id=placed, image_id=on_node)
-    NodeImageProvider().delete("b/app:1", state)
-    assert fake.untagged == (["app:1"] if untags else [])
+    import subprocess
+    import sys
+
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
+    docker.chmod(0o755)
+    log = tmp_path / "log"
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
+    monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"{loaded_id}"\t["{L1}","{L2}"]\t7')
+    argv = ni.load_argv(
+        "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1, L2)), same_store, sys.executable
+    )
+    done = subprocess.run(argv, input=b"archive", capture_output=True, timeout=60)
+    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert done.returncode == status and report["promoted"] is promoted and report["exit"] == status
+    assert parse_images(report["loaded"])[0].image_id == loaded_id
+    tagged = ["tag", "app:qwen35-tmp-1", "app:1"] in calls
+    assert tagged is promoted
+    assert calls[-1] == ["image", "rm", "app:qwen35-tmp-1"]  # the temporary tag goes either way

@@ -89,6 +89,7 @@ def test_lab_ray_ports_become_flags():
 def test_fabric_env_uses_the_nodes_own_address(dev, node, ip):
     env = fabric_env(dev, dev.nodes[node])
     assert env == {
+        "HF_HUB_OFFLINE": "1",
         "VLLM_HOST_IP": ip,
         "NCCL_SOCKET_IFNAME": "enp1s0f0np0",
         "GLOO_SOCKET_IFNAME": "enp1s0f0np0",

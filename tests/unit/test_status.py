@@ -310,6 +310,7 @@ def test_node_requests_name_the_declared_things_and_no_secret(config):
         "containers": ["qwen35-ray-worker"],
         "hf_cache": "/run/qwen35-lab/hf-cache",
         "model": "lab/standin-qwen35",
+        "revision": "main",
         "ray_container": None,
         "progress_dir": "~/.qwen35/progress",
     }
@@ -382,6 +383,14 @@ def test_checkpoint_facts_without_the_model(tmp_path):
     assert not found["present"] and "no snapshot for 'main'" in found["error"]
 
 
+def test_manifest_digest_is_the_checkpoint_resources_own():
+    """Two node programs (each one standalone file) compute the digest: they must agree."""
+    from components.node_programs import hf_checkpoint
+
+    files = [["b/x.json", "2" * 40, 1], ["a.safetensors", "1" * 64, 2]]
+    assert node_status.manifest_digest([(p, b) for p, b, _ in files]) == hf_checkpoint.manifest_digest(files)
+
+
 def test_manifest_digest_is_order_free():
     pairs = [("b", "2"), ("a", "1")]
     assert node_status.manifest_digest(pairs) == node_status.manifest_digest(reversed(pairs))
@@ -414,7 +423,7 @@ def test_node_program_runs_as_shipped_and_reports_without_docker(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python3").symlink_to(os.path.realpath("/usr/bin/python3"))
     done = subprocess.run(
-        facts.node_program_argv(),
+        facts.NODE_PROGRAM_ARGV,
         input=json.dumps(request).encode(),
         capture_output=True,
         env=env,

@@ -1,0 +1,431 @@
+"""Carrying a NodeImage out: gather both nodes' facts, `plan`, then skip, retag or copy (through the
+transfer layer); refresh's observation; delete's release of the tag."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import random
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from typing import Any
+
+from components import image_transfer, transfer
+from components.node_image.docker_on import DockerOn, facts_argv, parse_facts
+from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
+from components.node_image.facts import IMAGE_FORMAT, Daemon, Facts, ImageInfo, parse_images
+from components.node_image.nodes import inputs, parse
+from components.node_image.plan import Copy, Retag, Skip, plan
+from components.node_programs import program_argv
+from components.node_programs.image_tag import Exit as TagExit
+from components.remote import SSH_TRANSPORT_FAILURE, RemoteError
+from components.transfer import PhaseTimes, Tuning, peer_target, ssh_sessions
+
+TMP_TAG_PREFIX = "qwen35-tmp-"
+
+
+def ensure_image(props: Mapping[str, Any]) -> dict[str, Any]:
+    """create(): make `image` present and verified on the destination; the outputs."""
+    times = PhaseTimes(f"NodeImage {props.get('image')}")
+    try:
+        with ssh_sessions(times) as control:
+            return _ensure_image(props, control, times)
+    finally:
+        times.report()
+
+
+def _after(ready: Future, call: Callable[..., Any], *args, **kwargs) -> Any:
+    """`call` once `ready` is done, whatever its outcome (pool work that needs a connection first)."""
+    futures_wait([ready])
+    return call(*args, **kwargs)
+
+
+def _open_master(docker: DockerOn) -> None:
+    transfer.open_master(docker.node.target, docker.transport.control_path)
+
+
+def _ensure_image(
+    props: Mapping[str, Any], control: Callable[[str], str], times: PhaseTimes
+) -> dict[str, Any]:
+    image, source, destination, tuning = parse(props)
+    same_node = source.key == destination.key
+    src = DockerOn(source, "source", control("s"))
+    dst = src if same_node else DockerOn(destination, "destination", control("d"))
+    peer = None if same_node else transfer.Peer.new(peer_target(destination, tuning))
+    pool = ThreadPoolExecutor(max_workers=6)
+    # One connection per node, made first and without a remote shell; every command after it rides
+    # on it.
+    src_master = pool.submit(times.timed("source master", _open_master), src)
+    dst_master = (
+        src_master if same_node else pool.submit(times.timed("destination master", _open_master), dst)
+    )
+    # The source's inspection runs in the session that may later copy: it starts connecting to the
+    # destination, and opens the destination's end, while both nodes are inspected and the plan made.
+    if same_node:
+        src_facts = pool.submit(
+            times.timed("source facts", _after), src_master, src.facts, image, python=True
+        )
+    else:
+        src_facts = pool.submit(
+            times.timed("source facts", _after), src_master, source_session, src, peer, image, times
+        )
+    dst_facts = (
+        src_facts
+        if same_node
+        else pool.submit(
+            times.timed("destination facts", _after),
+            dst_master,
+            dst.facts,
+            image,
+            inventory=True,
+            python=True,
+        )
+    )
+    session: transfer.SourceSession | None = None
+    try:
+        with times.span("wait for facts"):
+            if same_node:
+                at_source = at_destination = src_facts.result()
+            else:
+                session, at_source = src_facts.result()
+                at_destination = dst_facts.result()
+        decided = plan(at_source, at_destination, tuning)
+        return carry_out(
+            decided, props, image, src, dst, at_source, at_destination, peer, tuning, session, times
+        )
+    finally:
+        pool.shutdown(wait=True)
+        if session is None and not same_node and src_facts.exception() is None:
+            session = src_facts.result()[0]
+        if session is not None:
+            with times.span("end source session"):
+                session.close()
+        if peer is not None and not peer.closed:  # the source's session died before ending it
+            with times.span("close peer master"), contextlib.suppress(RemoteError):
+                # One attempt: a source that cannot be reached must not hold up the error being raised;
+                # an abandoned master ends by itself.
+                src.transport.run(peer.close_argv(), timeout=15)
+
+
+def source_session(
+    src: DockerOn, peer: transfer.Peer, image: str, times: PhaseTimes
+) -> tuple[transfer.SourceSession, Facts]:
+    """The source's session and its facts; a session that could not reach the node is retried with
+    backoff for up to 20 s (transport failures only)."""
+    deadline, delay = time.monotonic() + 20.0, 1.0
+    argv = facts_argv(image, history=True, python=True)
+    while True:
+        session = transfer.SourceSession(src.node, peer, argv, src.transport.control_path, times=times)
+        status, out, err = session.before()
+        if status == 0:
+            return session, parse_facts(src.node, image, out, history=True, inventory=False, python=True)
+        session.close()
+        if status != SSH_TRANSPORT_FAILURE or time.monotonic() + delay > deadline:
+            raise src.facts_failed(status, err)
+        time.sleep(delay * random.uniform(0.5, 1.0))
+        delay = min(delay * 2, 10.0)
+
+
+def carry_out(
+    decided: Skip | Retag | Copy,
+    props: Mapping[str, Any],
+    image: str,
+    src: DockerOn,
+    dst: DockerOn,
+    at_source: Facts,
+    at_destination: Facts,
+    peer: transfer.Peer | None,
+    tuning: Tuning,
+    session: transfer.SourceSession | None,
+    times: PhaseTimes,
+) -> dict[str, Any]:
+    """The outputs after doing what the plan says."""
+    claim = secrets.token_hex(8)
+    base = {
+        **inputs(props),
+        "destination_label": dst.node.label,
+        "source_image_id": at_source.image.image_id,
+        "source_store": at_source.daemon.store,
+        "bytes_sent": 0,
+        "layer_bytes_sent": 0,
+        "layers_sent": 0,
+        "layers_left_out": 0,
+        "skipped": True,
+        "retagged": False,
+        "placed_tag": False,
+        "holds_tag": False,
+        "claim": "",
+        "layout": "",
+    }
+
+    def done(info: ImageInfo, daemon: Daemon, **extra) -> dict[str, Any]:
+        return {
+            **base,
+            "image_id": info.image_id,
+            "layers": list(info.layers),
+            "store": daemon.store,
+            "engine": daemon.version,
+            **extra,
+            # What delete() may untag: the image this resource tagged, never one refresh saw later.
+            "placed_image_id": info.image_id if extra.get("placed_tag") else "",
+            # What refresh compares against: the image verified on the destination.
+            "verified_image_id": info.image_id,
+            "seconds": round(time.monotonic() - times.started, 3),
+        }
+
+    if isinstance(decided, Skip):
+        if not decided.tag_was_there:
+            return done(decided.image, decided.daemon)
+        # The tag was there: when a NodeImage placed it (this resource's predecessor in a
+        # replacement), share it, so the predecessor's delete leaves it in place.
+        with times.span("join tag holders"):
+            joined = dst.tags("join", {"ref": image, "claim": claim}, at_destination.python)
+        held = bool(joined.get("joined"))
+        return done(decided.image, decided.daemon, holds_tag=held, claim=claim if held else "")
+    if isinstance(decided, Retag):
+        with times.span("retag"):
+            dst.tags(
+                "retag",
+                {"ref": image, "image_id": decided.image.image_id, "claim": claim},
+                at_destination.python,
+            )
+        return done(
+            decided.image, decided.daemon, retagged=True, placed_tag=True, holds_tag=True, claim=claim
+        )
+    report = copy_image(
+        decided, image, src, dst, at_source, at_destination, peer, tuning, claim, session, times
+    )
+    summary = report["summary"] or {}
+    return done(
+        report["image"],
+        at_destination.daemon,
+        skipped=False,
+        placed_tag=True,
+        holds_tag=True,
+        claim=claim,
+        bytes_sent=int(report["bytes"]),
+        layer_bytes_sent=int(summary.get("layer_bytes", 0)),
+        layers_sent=int(summary.get("layers_sent", 0)),
+        layers_left_out=int(summary.get("layers_left_out", 0)),
+        layout=str(summary.get("layout", "")),
+    )
+
+
+def copy_image(
+    decided: Copy,
+    image: str,
+    src: DockerOn,
+    dst: DockerOn,
+    at_source: Facts,
+    at_destination: Facts,
+    peer: transfer.Peer,
+    tuning: Tuning,
+    claim: str,
+    session: transfer.SourceSession | None,
+    times: PhaseTimes,
+) -> dict:
+    """Copy as planned: from the layer store when the plan says so (falling back to `docker save`
+    when the store cannot be read), verify, promote; the transfer's report. The first attempt runs in
+    the source's open session; a second one (a fallback) in a session of its own."""
+    wanted = at_source.image
+    sessions = [session] if session is not None else []
+    name, _ = image_transfer.split_reference(image)
+    tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
+
+    def stream(export: dict | None, how: Copy = decided) -> dict:
+        return _stream(
+            how,
+            image,
+            wanted,
+            tmp_tag,
+            src,
+            dst,
+            at_source,
+            at_destination,
+            peer,
+            tuning,
+            claim,
+            export,
+            sessions.pop() if sessions else None,
+            times,
+        )
+
+    try:
+        report = None
+        if decided.export:
+            export = {
+                "root": at_source.daemon.root_dir,
+                "driver": at_source.daemon.driver,
+                "image_id": wanted.image_id,
+            }
+            try:
+                with times.span("stream, verify, promote (layer store)"):
+                    report = stream(export)
+            except ExportFailed:  # the store could not be read, or what it gave did not load: docker save
+                dst.untag(tmp_tag)
+        if report is None:
+            with times.span("stream, verify, promote (docker save)"):
+                report = thin_or_whole(decided, stream, dst, tmp_tag)
+    except Mismatch as wrong:
+        dst.untag(tmp_tag)
+        raise NodeImageError(
+            f"destination {dst.node.label}: the loaded image does not match the source "
+            f"({wrong.loaded.image_id[:19]}, {len(wrong.loaded.layers)} layers; {src.node.label} has "
+            f"{wanted.image_id[:19]}, {len(wanted.layers)} layers); the temporary tag was removed; "
+            f"next: run again, and if it repeats compare `docker image inspect {image}` on both nodes"
+        ) from None
+    except BaseException:
+        dst.untag(tmp_tag)
+        raise
+    return report
+
+
+def thin_or_whole(decided: Copy, stream: Callable[..., dict], dst: DockerOn, tmp_tag: str) -> dict:
+    """A containerd destination left some layers out because its content store listed their blobs;
+    should the load still fail or not verify (a blob gone between the listing and the load), send
+    every layer once more."""
+    if not decided.leave_out or decided.keep_from:  # a classic store's chain reuse: no second try
+        return stream(None)
+    try:
+        return stream(None)
+    except (Mismatch, NodeImageError) as first:
+        if isinstance(first, NodeImageError) and "cannot SSH" in str(first):
+            raise
+        dst.untag(tmp_tag)
+        return stream(None, dataclasses.replace(decided, leave_out=()))
+
+
+def load_argv(
+    tmp_ref: str, ref: str, wanted: ImageInfo, same_store: bool, python: str = "python3", claim: str = ""
+) -> list[str]:
+    """The destination's end of the copy (`node_programs/image_tag.py load`): `docker load`, then tag
+    `ref` only if the image loaded under `tmp_ref` is the wanted one, drop `tmp_ref`, record `claim`
+    as the tag's holder. Identity as in `same_image`: the image ID within one store kind, the layer
+    list across."""
+    spec = {
+        "tmp_ref": tmp_ref,
+        "ref": ref,
+        "compare": "id" if same_store else "layers",
+        "want": wanted.image_id if same_store else list(wanted.layers),
+        "inspect_format": IMAGE_FORMAT,
+        "claim": claim,
+    }
+    return program_argv("image_tag", ["load", json.dumps(spec, separators=(",", ":"))], python)
+
+
+def _stream(
+    decided: Copy,
+    image: str,
+    wanted: ImageInfo,
+    tmp_tag: str,
+    src: DockerOn,
+    dst: DockerOn,
+    at_source: Facts,
+    at_destination: Facts,
+    peer: transfer.Peer,
+    tuning: Tuning,
+    claim: str,
+    export: dict | None,
+    session: transfer.SourceSession | None,
+    times: PhaseTimes,
+) -> dict:
+    """One transfer: producers on the source, `image_tag load` on the destination; the filter's
+    report plus `image` (the verified image now tagged). Raises Mismatch, ExportFailed or
+    NodeImageError."""
+    source, destination = src.node, dst.node
+    spec = image_transfer.filter_spec(
+        wanted.layers,
+        decided.keep_from,
+        tmp_tag,
+        tuning.compression,
+        export=export,
+        leave_out=decided.leave_out,
+    )
+    python = at_source.python
+    producers = [transfer.Stage("layer export (source)", image_transfer.filter_argv(spec, python))]
+    if not export:
+        producers = [
+            transfer.Stage("docker save (source)", ["docker", "save", image]),
+            transfer.Stage("save filter (source)", image_transfer.filter_argv(spec, python)),
+        ]
+    load = load_argv(tmp_tag, image, wanted, decided.same_store, at_destination.python, claim)
+    job = transfer.Transfer(
+        operation=f"node-image-{destination.label}-{secrets.token_hex(3)}",
+        producers=tuple(producers),
+        consumer=transfer.Stage("docker load (destination)", load),
+        bytes_total=decided.bytes_to_send,
+    )
+    try:
+        if session is not None:
+            result = session.transfer(job, destination, tuning)
+        else:
+            result = transfer.run_transfer(
+                job, source, destination, peer, tuning, src.transport.control_path, "python3", times
+            )
+    except transfer.PeerUnreachable as exc:
+        raise NodeImageError(str(exc)) from None
+    loaded_report = result.consumer_report or {}
+    loaded = parse_images(loaded_report.get("loaded") or "")
+    promoted = bool(loaded_report.get("promoted"))
+    summary = result.stages[-2].report if len(result.stages) >= 2 else None
+    if result.ok and promoted and loaded:
+        return {"summary": summary or {}, "bytes": result.bytes_sent, "image": loaded[0]}
+    if loaded_report.get("exit") == TagExit.MISMATCH and loaded:
+        raise Mismatch(loaded[0])
+    placed = (
+        f"{image} on {destination.label} was verified against the source and tagged"
+        if promoted
+        else f"nothing was tagged {image} on {destination.label}"
+    )
+    if loaded_report.get("outcome") and result.stages and result.stages[-1].status:
+        result.why = f"{loaded_report['outcome']} ({result.why})"
+    if loaded_report.get("stderr"):
+        result.detail = [*result.detail, *str(loaded_report["stderr"]).splitlines()]
+    message = result.error(
+        f"copy of {image}",
+        placed,
+        "check the link between the nodes and run again (layers already loaded are reused)",
+    )
+    if export and result.failure is transfer.Failure.STAGE and not promoted:
+        raise ExportFailed(message)
+    raise NodeImageError(message)
+
+
+# ---- refresh and delete --------------------------------------------------------------------------------
+
+
+def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
+    """read(): the destination's image now, or None when the tag is gone."""
+    image, _, destination, _ = parse(props)
+    with ssh_sessions() as control:
+        found = DockerOn(destination, "destination", control("d")).facts(image)
+    if found.image is None:
+        return None
+    return {
+        "image_id": found.image.image_id,
+        "layers": list(found.image.layers),
+        "store": found.daemon.store,
+        "engine": found.daemon.version,
+    }
+
+
+def release_tag(props: Mapping[str, Any]) -> None:
+    """delete(): give up this resource's hold on the tag. The tag goes only when this resource held it,
+    no other NodeImage holds it now (a replacement's successor does), and it still points at the image
+    that was placed. A resource that never placed or shared the tag never contacts the node."""
+    claim = props.get("claim") or ""
+    legacy = not claim and props.get("placed_tag")  # state written before tag records existed
+    if not claim and not legacy:
+        return
+    image, _, destination, _ = parse(props)
+    spec = {
+        "ref": image,
+        "claim": claim,
+        "legacy_placed_id": (props.get("placed_image_id") or props.get("image_id") or "") if legacy else "",
+    }
+    with ssh_sessions() as control:
+        DockerOn(destination, "destination", control("d")).tags("leave", spec)

@@ -1,0 +1,88 @@
+"""Facts: what a node's Docker holds, as values, and the pure functions that parse command output
+into them (the commands themselves are in `docker_on.py`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from components.node_image.nodes import Node
+
+SECTION = "@@qwen35@@"
+INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}\t{{.Driver}}"
+IMAGE_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """What a node's Docker daemon is: its image store, data root and version."""
+
+    store: str  # "classic" | "containerd"
+    root_dir: str
+    version: str
+    driver: str = ""  # storage driver, e.g. overlay2
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """One image as `docker image inspect` shows it."""
+
+    image_id: str
+    layers: tuple[str, ...]
+    size: int = 0
+
+
+@dataclass
+class Facts:
+    """What one round trip to a node found (see `DockerOn.facts`)."""
+
+    node: Node
+    ref: str
+    daemon: Daemon
+    image: ImageInfo | None  # the image `ref` names there, None when absent
+    history: str = ""  # `docker history` sizes of `ref` (asked of the source)
+    images: list[ImageInfo] = field(default_factory=list)  # every image there (asked of the destination)
+    free: int = 0  # bytes free under Docker's root (asked of the destination)
+    python: str = "python3"
+    blobs: frozenset[str] = frozenset()  # layer blobs in a containerd content store, by diff ID
+
+
+def same_image(a: ImageInfo, a_store: str, b: ImageInfo, b_store: str) -> bool:
+    """Identity: the image ID within one store kind, the layer list across store kinds."""
+    if a_store == b_store:
+        return a.image_id == b.image_id
+    return a.layers == b.layers
+
+
+def parse_daemon(text: str) -> Daemon:
+    status, root, version, *driver = text.strip().split("\t")
+    store = "containerd" if "io.containerd.snapshotter" in status else "classic"
+    return Daemon(store=store, root_dir=root, version=version, driver=driver[0] if driver else "")
+
+
+def parse_images(text: str) -> list[ImageInfo]:
+    images = []
+    for line in text.splitlines():
+        if line.strip():
+            image_id, layers, size = line.split("\t")
+            images.append(ImageInfo(json.loads(image_id), tuple(json.loads(layers) or ()), int(size or 0)))
+    return images
+
+
+def parse_df_available(text: str) -> int:
+    """Available bytes from `df -P -B1 PATH` (last line, fourth column)."""
+    return int(text.strip().splitlines()[-1].split()[3])
+
+
+def parse_layer_sizes(text: str, layer_count: int) -> list[int] | None:
+    """Per-layer sizes (bottom first) from `docker history` sizes, when they line up with the layers."""
+    sizes = [int(s) for s in text.split() if s.isdigit()]
+    nonzero = [s for s in reversed(sizes) if s > 0]
+    return nonzero if len(nonzero) == layer_count else None
+
+
+def parse_blobs(text: str) -> frozenset[str]:
+    """Digests of the blobs a containerd content store holds (its blob files, named by hex digest)."""
+    names = (line.strip().removeprefix("sha256:") for line in text.splitlines())
+    return frozenset(f"sha256:{name}" for name in names if re.fullmatch(r"[0-9a-f]{64}", name))

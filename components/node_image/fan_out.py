@@ -1,0 +1,56 @@
+"""One NodeImage per node, copied along `copy_plan`'s tree from the head."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import pulumi
+
+from components.copy_plan import copy_plan
+from components.node_image import resource
+from components.node_image.errors import NodeImageError
+
+
+def copy_tree(
+    name: str,
+    image: pulumi.Input[str],
+    accesses: Mapping[str, Any],
+    head: str,
+    opts: pulumi.ResourceOptions | None = None,
+    can_reexport: Callable[[str], bool] | Collection[str] | None = None,
+    tuning: Mapping[str, Any] | None = None,
+    trigger: pulumi.Input[str] | None = None,
+) -> dict[str, resource.NodeImage]:
+    """One NodeImage per node, sources arranged as a tree (`copy_plan`); node name -> NodeImage.
+
+    `accesses`: node name -> NodeAccess (or its `node_image_dict()`); `head` holds the image already.
+    Each copy depends on the NodeImage of its source and takes the image that one observed as an
+    input, so a node serves only once it has the image, and a source whose image changed (seen by a
+    refresh) replaces the copies made from it.
+    """
+    nodes = {
+        key: (value.node_image_dict() if hasattr(value, "node_image_dict") else dict(value))
+        for key, value in accesses.items()
+    }
+    if head not in nodes:
+        raise NodeImageError(f"copy_tree: head {head!r} is not among the nodes {sorted(nodes)}")
+    opts = opts or pulumi.ResourceOptions()
+    made: dict[str, resource.NodeImage] = {
+        head: resource.NodeImage(f"{name}-{head}", image, nodes[head], nodes[head], tuning, trigger, opts)
+    }
+    workers = [node for node in nodes if node != head]
+    for round_ in copy_plan(head, workers, can_reexport):
+        for src, dst in round_:
+            child = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[made[src]]))
+            made[dst] = resource.NodeImage(
+                f"{name}-{dst}",
+                image,
+                nodes[src],
+                nodes[dst],
+                tuning,
+                trigger,
+                child,
+                source_image_id=made[src].image_id,
+            )
+    return made

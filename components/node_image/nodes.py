@@ -1,0 +1,88 @@
+"""A NodeImage's inputs: the image reference, its two nodes (node dicts), tuning."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from components.node_image.errors import NodeImageError
+from components.transfer import Endpoint, EndpointError, Tuning, TuningError, tuning_from
+
+# name:tag, the tag required; stricter than Docker so nothing odd reaches a shell.
+IMAGE_REF = re.compile(
+    r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+)
+NODE_KEYS = (
+    "name",
+    "host",
+    "port",
+    "user",
+    "identity_file",
+    "known_hosts",
+    "proxy_jump",
+    "fabric_host",
+    "image_store",
+)
+STORES = ("classic", "containerd")
+# What identifies the node itself: a change of these is another node (a new copy); any other key is
+# only how the node is reached (an in-place update).
+IDENTITY_KEYS = ("host", "port")
+
+
+@dataclass(frozen=True)
+class Node(Endpoint):
+    """One node of a NodeImage: a transfer endpoint plus the image store the stack declares for it
+    (None: not declared; checked against the daemon)."""
+
+    image_store: str | None = None
+
+    @classmethod
+    def from_dict(cls, role: str, raw: Mapping[str, Any], connect_timeout: int = 10) -> Node:
+        try:
+            fields = Endpoint.fields_from(role, raw, connect_timeout)
+        except EndpointError as exc:
+            raise NodeImageError(f"NodeImage {exc}") from None
+        store = raw.get("image_store") or None
+        if store is not None and store not in STORES:
+            raise NodeImageError(
+                f"NodeImage {role} {fields['label']}: image_store {store!r}: use one of {', '.join(STORES)}"
+            )
+        return cls(**fields, image_store=store)
+
+
+def clean_node(raw: Mapping[str, Any] | None) -> dict:
+    """The node dict as stored in outputs: known keys only, plain values."""
+    raw = raw or {}
+    return {key: raw.get(key) for key in NODE_KEYS if raw.get(key) is not None}
+
+
+def inputs(props: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs as state keeps them."""
+    return {
+        "image": props["image"],
+        "source": clean_node(props.get("source")),
+        "destination": clean_node(props.get("destination")),
+        "tuning": dict(props.get("tuning") or {}),
+        "trigger": props.get("trigger") or "",
+        "source_image_id": props.get("source_image_id") or "",
+    }
+
+
+def parse(props: Mapping[str, Any]) -> tuple[str, Node, Node, Tuning]:
+    """Image reference, source, destination and tuning from the props; bad values fail here, before
+    any node is touched, with the field named."""
+    image = props.get("image")
+    if not isinstance(image, str) or not IMAGE_REF.match(image):
+        raise NodeImageError(
+            f"NodeImage: image {image!r} is not a valid name:tag (lowercase name, explicit tag)"
+        )
+    try:
+        tuning = tuning_from(props.get("tuning"), "NodeImage tuning")
+    except TuningError as exc:
+        raise NodeImageError(str(exc)) from None
+    source = Node.from_dict("source", props.get("source"), tuning.connect_timeout_s)
+    destination = Node.from_dict("destination", props.get("destination"), tuning.connect_timeout_s)
+    return image, source, destination, tuning

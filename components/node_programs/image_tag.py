@@ -1,0 +1,198 @@
+"""NodeImage's side on the DESTINATION node (standard library only): load-verify-promote, and the
+record of which NodeImage resources hold a tag.
+
+    image_tag load SPEC    stdin: a docker-load archive; land it on SPEC.tmp_ref, tag SPEC.ref only if
+                           the loaded image is the wanted one (SPEC.compare "id": its ID; "layers": its
+                           layer list, across image-store kinds), drop tmp_ref, record SPEC.claim as
+                           the tag's holder
+    image_tag retag SPEC   tag SPEC.image_id as SPEC.ref (an image already there) and record the claim
+    image_tag join SPEC    the tag is already there: add SPEC.claim to its holders, but only if a
+                           NodeImage placed it (a record exists) and it still points at that image
+    image_tag leave SPEC   drop SPEC.claim; the last holder leaving removes the tag, and only while it
+                           points at the image that was placed. SPEC.legacy_placed_id: a resource from
+                           before the records (no claim) removes a tag it placed when no record exists
+
+Why a record on the node: Pulumi replaces a resource by creating the new one, then deleting the old
+one. Both stand for the same tag; the record lets the old one's delete see that the tag is still held.
+Records live in ~/.qwen35/tags/, one JSON file per tag, changed under a lock. Every mode prints one
+JSON report on stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import urllib.parse
+from enum import IntEnum
+
+
+class Exit(IntEnum):
+    """Exit status, one per outcome (255 is ssh's own: the link failed)."""
+
+    OK = 0
+    LOAD_FAILED = 2
+    INSPECT_FAILED = 3
+    MISMATCH = 4
+    TAG_FAILED = 5
+    USAGE = 6
+
+
+OUTCOMES = {
+    Exit.OK: "ok",
+    Exit.LOAD_FAILED: "docker load failed on the destination",
+    Exit.INSPECT_FAILED: "the loaded image could not be inspected on the destination",
+    Exit.MISMATCH: "the loaded image does not match the source",
+    Exit.TAG_FAILED: "docker tag / docker image rm failed on the destination",
+    Exit.USAGE: "usage: image_tag load|retag|join|leave SPEC",
+}
+RECORDS = os.path.join("~", ".qwen35", "tags")
+
+
+def docker(*args: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], stdin=stdin, capture_output=True)
+
+
+def tail(data: bytes, lines: int = 6) -> str:
+    return "\n".join(data.decode(errors="replace").strip().splitlines()[-lines:])
+
+
+def image_id(ref: str) -> str | None:
+    found = docker("image", "inspect", "--format", "{{.Id}}", ref)
+    return found.stdout.decode().strip() if found.returncode == 0 else None
+
+
+@contextlib.contextmanager
+def records():
+    """The records folder, locked for the duration (one writer at a time on this node)."""
+    folder = os.path.expanduser(RECORDS)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    with open(os.path.join(folder, ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield folder
+
+
+def record_path(folder: str, ref: str) -> str:
+    return os.path.join(folder, urllib.parse.quote(ref, safe="") + ".json")
+
+
+def read_record(path: str) -> dict | None:
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def write_record(path: str, record: dict) -> None:
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w") as handle:
+        json.dump(record, handle)
+    os.replace(partial, path)
+
+
+def hold(ref: str, placed_id: str, claim: str) -> None:
+    """This claim placed `ref` (pointing at `placed_id`): it is now the tag's only holder."""
+    if claim:
+        with records() as folder:
+            write_record(record_path(folder, ref), {"ref": ref, "image_id": placed_id, "holders": [claim]})
+
+
+def load(spec: dict) -> tuple[Exit, dict]:
+    report: dict = {"promoted": False, "loaded": "", "stderr": ""}
+    loaded = docker("load", stdin=None)  # the archive: this program's stdin
+    if loaded.returncode:
+        report["stderr"] = tail(loaded.stderr or loaded.stdout)
+        return Exit.LOAD_FAILED, report
+    inspected = docker("image", "inspect", "--format", spec["inspect_format"], spec["tmp_ref"])
+    if inspected.returncode:
+        report["stderr"] = tail(inspected.stderr)
+        return Exit.INSPECT_FAILED, report
+    line = inspected.stdout.decode().strip()
+    report["loaded"] = line
+    fields = line.split("\t")
+    found = json.loads(fields[0]) if spec["compare"] == "id" else (json.loads(fields[1]) or [])
+    if found != spec["want"]:
+        docker("image", "rm", spec["tmp_ref"])
+        return Exit.MISMATCH, report
+    tagged = docker("tag", spec["tmp_ref"], spec["ref"])
+    if tagged.returncode:
+        report["stderr"] = tail(tagged.stderr)
+        return Exit.TAG_FAILED, report
+    report["promoted"] = True
+    hold(spec["ref"], json.loads(fields[0]), spec.get("claim") or "")
+    dropped = docker("image", "rm", spec["tmp_ref"])
+    if dropped.returncode:
+        report["stderr"] = tail(dropped.stderr)
+        return Exit.TAG_FAILED, report
+    return Exit.OK, report
+
+
+def retag(spec: dict) -> tuple[Exit, dict]:
+    tagged = docker("tag", spec["image_id"], spec["ref"])
+    if tagged.returncode:
+        return Exit.TAG_FAILED, {"promoted": False, "stderr": tail(tagged.stderr)}
+    hold(spec["ref"], spec["image_id"], spec.get("claim") or "")
+    return Exit.OK, {"promoted": True}
+
+
+def join(spec: dict) -> tuple[Exit, dict]:
+    with records() as folder:
+        path = record_path(folder, spec["ref"])
+        record = read_record(path)
+        current = image_id(spec["ref"])
+        if record is None or current is None or record.get("image_id") != current:
+            return Exit.OK, {"joined": False, "holders": len((record or {}).get("holders") or [])}
+        holders = [h for h in record.get("holders") or [] if h != spec["claim"]] + [spec["claim"]]
+        write_record(path, {**record, "holders": holders})
+        return Exit.OK, {"joined": True, "holders": len(holders)}
+
+
+def leave(spec: dict) -> tuple[Exit, dict]:
+    ref, claim = spec["ref"], spec.get("claim") or ""
+    with records() as folder:
+        path = record_path(folder, ref)
+        record = read_record(path)
+        if record is None:
+            legacy = spec.get("legacy_placed_id") or ""
+            if claim or not legacy or image_id(ref) != legacy:
+                return Exit.OK, {"removed": False, "holders": 0}
+            placed = legacy
+        else:
+            holders = list(record.get("holders") or [])
+            if claim not in holders:
+                return Exit.OK, {"removed": False, "holders": len(holders)}
+            holders.remove(claim)
+            if holders:
+                write_record(path, {**record, "holders": holders})
+                return Exit.OK, {"removed": False, "holders": len(holders)}
+            os.unlink(path)
+            placed = record.get("image_id")
+            if image_id(ref) != placed:  # re-pointed by someone else since: not ours to remove
+                return Exit.OK, {"removed": False, "holders": 0}
+        removed = docker("image", "rm", ref)
+        if removed.returncode and b"conflict" not in removed.stderr.lower():
+            return Exit.TAG_FAILED, {"removed": False, "holders": 0, "stderr": tail(removed.stderr)}
+        return Exit.OK, {"removed": removed.returncode == 0, "holders": 0}
+
+
+MODES = {"load": load, "retag": retag, "join": join, "leave": leave}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in MODES:
+        sys.stderr.write(OUTCOMES[Exit.USAGE] + "\n")
+        return Exit.USAGE
+    status, report = MODES[argv[0]](json.loads(argv[1]))
+    report["outcome"] = OUTCOMES[status]
+    report["exit"] = int(status)
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+    return int(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,503 @@
+"""The layer filter of a NodeImage copy (runs ON THE SOURCE; standard library only).
+
+    layer_filter SPEC    stdin: a `docker save` tar (either layout); stdout: the stream for `docker load`
+    layer_filter SPEC    with SPEC.export: no stdin; the layers to send read from a classic overlay2
+                         layer store (what `docker save` itself does), so no `docker save` runs
+
+It reads a `docker save` stream of either layout (OCI since Docker 25: `blobs/sha256/<diff id>`;
+before: `<v1 id>/layer.tar`), leaves out the layers the destination already has (SPEC.keep_from
+bottom layers), renames the image to the temporary tag SPEC.new_tag and optionally gzips the output.
+Its one-line JSON report (layers sent and left out, bytes, layout) goes to stderr as
+`qwen35-report {...}`: stdout is the stream. Stall and deadline are the transfer's watch's job.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import os
+import re
+import sys
+import zlib
+from collections.abc import Sequence
+from enum import IntEnum
+
+
+class Exit(IntEnum):
+    """Exit status (the report line on stderr says more)."""
+
+    OK = 0
+    STREAM_ERROR = 1  # the save stream ended early or could not be parsed
+    EXPORT_UNAVAILABLE = 3  # the layer store cannot be read: `docker save` has to do
+    USAGE = 4
+
+
+REPORT = "qwen35-report"  # the marker of this program's report line (see transfer_source.Marker)
+
+
+def chain_ids(layers: Sequence[str]) -> list[str]:
+    """Chain IDs of a layer list (diff IDs, bottom first): what a classic store keys layers by."""
+    chains: list[str] = []
+    for diff_id in layers:
+        if not chains:
+            chains.append(diff_id)
+        else:
+            chains.append("sha256:" + hashlib.sha256(f"{chains[-1]} {diff_id}".encode()).hexdigest())
+    return chains
+
+
+def full_reference(reference: str) -> str:
+    """'x:1' -> 'docker.io/library/x:1' (how containerd annotates names in index.json)."""
+    first, slash, _ = reference.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return reference
+    return ("docker.io/" if slash else "docker.io/library/") + reference
+
+
+def split_json_object(text: str) -> dict[str, str]:
+    """Top-level keys of a compact JSON object mapped to their raw value text (byte-exact)."""
+    result: dict[str, str] = {}
+    i, n = 1, len(text)
+    if not text.startswith("{"):
+        raise ValueError("not a JSON object")
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "}":
+            break
+        key_end = _json_string_end(text, i)
+        key = json.loads(text[i:key_end])
+        i = key_end
+        while text[i] in " \t\r\n:":
+            i += 1
+        start, depth = i, 0
+        while i < n:
+            char = text[i]
+            if char == '"':
+                i = _json_string_end(text, i)
+                continue
+            if char in "{[":
+                depth += 1
+            elif char in "}]":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif char == "," and depth == 0:
+                break
+            i += 1
+        result[key] = text[start:i].strip()
+    return result
+
+
+def _json_string_end(text: str, start: int) -> int:
+    i = start + 1
+    while text[i] != '"':
+        i += 2 if text[i] == "\\" else 1
+    return i + 1
+
+
+def legacy_layer_depth(v1_json: str, chains: Sequence[str]) -> int | None:
+    """Which layer (index into `chains`) a `<v1 id>/json` of an old-layout save describes, or None.
+
+    Docker before 25 names each layer folder by a v1 ID: sha256 of the folder's json without `id`,
+    with `parent` as a digest, plus `layer_id` (the chain ID); lower layers were hashed before `os`
+    was set. The answer is only trusted when the recomputed hash equals the folder's own ID.
+    """
+    raw = split_json_object(v1_json)
+    own = json.loads(raw.pop("id", '""'))
+    if "parent" in raw:
+        raw["parent"] = json.dumps("sha256:" + json.loads(raw["parent"]))
+    for drop_os in (True, False):
+        fields = dict(raw)
+        if drop_os:
+            fields.pop("os", None)
+        for depth, chain in enumerate(chains):
+            fields["layer_id"] = json.dumps(chain)
+            text = "{" + ",".join(f"{json.dumps(k)}:{fields[k]}" for k in sorted(fields)) + "}"
+            if hashlib.sha256(text.encode()).hexdigest() == own:
+                return depth
+    return None
+
+
+def retag_metadata(name: str, data: bytes, new_tag: str) -> bytes:
+    """manifest.json / index.json / repositories with every image name replaced by `new_tag`."""
+    doc = json.loads(data)
+    repo, tag = new_tag.rsplit(":", 1)
+    if name == "manifest.json":
+        for item in doc:
+            item["RepoTags"] = [new_tag]
+    elif name == "index.json":
+        for entry in doc.get("manifests", []):
+            notes = entry.get("annotations") or {}
+            if "io.containerd.image.name" in notes:
+                notes["io.containerd.image.name"] = full_reference(new_tag)
+            if "org.opencontainers.image.ref.name" in notes:
+                notes["org.opencontainers.image.ref.name"] = tag
+    elif name == "repositories":
+        targets = [v for tags in doc.values() for v in tags.values()]
+        doc = {repo: {tag: targets[0]}} if targets else {}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def tar_header_fields(header: bytes) -> tuple[str, bytes, int, str]:
+    """(name, typeflag, size, linkname) of one 512-byte tar header (ustar, GNU base-256 sizes)."""
+    field = header[124:136]
+    if field[0] & 0x80:
+        size = int.from_bytes(field[1:], "big")
+    else:
+        size = int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+    name = header[0:100].split(b"\0", 1)[0]
+    if header[257:262] == b"ustar":
+        prefix = header[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    link = header[157:257].split(b"\0", 1)[0]
+    return (
+        name.decode("utf-8", "surrogateescape"),
+        header[156:157],
+        size,
+        link.decode("utf-8", "surrogateescape"),
+    )
+
+
+def pax_records(data: bytes) -> dict[str, str]:
+    """The key=value records of a PAX extended header."""
+    records, i = {}, 0
+    while i < len(data):
+        space = data.index(b" ", i)
+        length = int(data[i:space])
+        key, _, value = data[space + 1 : i + length - 1].partition(b"=")
+        records[key.decode()] = value.decode("utf-8", "surrogateescape")
+        i += length
+    return records
+
+
+def regular_file_header(name: str, size: int, mtime: int) -> bytes:
+    """A ustar header for a rewritten small file (names here are short: manifest.json …)."""
+    header = bytearray(512)
+    header[0 : len(name)] = name.encode()
+    header[100:108] = b"0000644\0"
+    header[108:116] = b"0000000\0"
+    header[116:124] = b"0000000\0"
+    if size < 8**11:
+        header[124:136] = f"{size:011o}\0".encode()
+    else:  # GNU base-256: layers of 8 GiB and more
+        header[124:136] = b"\x80" + size.to_bytes(11, "big")
+    header[136:148] = f"{mtime:011o}\0".encode()
+    header[156:157] = b"0"
+    header[257:265] = b"ustar\x0000"
+    header[148:156] = b" " * 8
+    header[148:156] = f"{sum(header):06o}\0 ".encode()
+    return bytes(header)
+
+
+class StreamCounter:
+    """Bytes read and written, shared with the watchdog thread."""
+
+    def __init__(self):
+        self.read = 0
+        self.written = 0
+        self.layer_bytes = 0
+        self.layers_sent = 0
+        self.layers_left_out = 0
+        self.bytes_left_out = 0
+        self.layout = ""
+        self.unmatched = 0
+
+
+def filter_stream(spec: dict, source, sink, counter: StreamCounter) -> None:
+    """Copy a `docker save` tar from `source` to `sink` (file objects), leaving out present layers.
+
+    `spec`: layers (diff IDs, bottom first), keep_from (how many bottom layers to leave out),
+    new_tag (temporary name:tag for the load), compress ("none" | "gzip").
+    """
+    layers = list(spec["layers"])
+    keep_from = int(spec.get("keep_from", 0))
+    # Left out: the given diff IDs (a containerd store holding their blobs), else the bottom
+    # `keep_from` layers (a classic store holding them as a chain).
+    skip = set(spec.get("leave_out") or layers[:keep_from])
+    all_layers = set(layers)
+    chains = chain_ids(layers)
+    v1_depth: dict[str, int | None] = {}
+    left_out_paths: set[str] = set()
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if spec.get("compress") == "gzip" else None
+    chunk_size = 1 << 20
+
+    def read_exact(count: int) -> bytes:
+        data = source.read(count)
+        while len(data) < count:
+            more = source.read(count - len(data))
+            if not more:
+                raise EOFError(f"the save stream ended early ({counter.read + len(data)} bytes read)")
+            data += more
+        counter.read += len(data)
+        return data
+
+    def write(data: bytes) -> None:
+        if compressor is not None:
+            data = compressor.compress(data)
+        if data:
+            sink.write(data)
+            counter.written += len(data)
+
+    def discard(count: int) -> None:
+        while count:
+            count -= len(read_exact(min(count, chunk_size)))
+
+    def copy(count: int) -> None:
+        while count:
+            data = read_exact(min(count, chunk_size))
+            write(data)
+            count -= len(data)
+
+    pending: list[bytes] = []
+    overrides: dict[str, str] = {}
+    while True:
+        header = source.read(512)
+        if len(header) < 512:
+            raise EOFError("the save stream ended without a tar end marker")
+        counter.read += 512
+        if header == bytes(512):
+            write(header + bytes(512))
+            break
+        name, typ, size, link = tar_header_fields(header)
+        if typ in (b"x", b"L", b"K", b"g"):
+            size = int(overrides.get("size", size)) if typ == b"x" else size
+            data = read_exact((size + 511) // 512 * 512)
+            if typ == b"g":
+                write(header + data)
+                continue
+            pending.append(header + data)
+            if typ == b"x":
+                overrides.update(pax_records(data[:size]))
+            elif typ == b"L":
+                overrides["path"] = data[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            else:
+                overrides["linkpath"] = data[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            continue
+        name = overrides.get("path", name)
+        link = overrides.get("linkpath", link)
+        size = int(overrides.get("size", size))
+        padded = (size + 511) // 512 * 512
+        meta, pending, overrides = pending, [], {}
+        path = name[2:] if name.startswith("./") else name
+        blob = re.fullmatch(r"blobs/sha256/([0-9a-f]{64})", path)
+        legacy = re.fullmatch(r"([0-9a-f]{64})/(json|layer\.tar)", path)
+        if blob:
+            counter.layout = "oci"
+        elif legacy and not counter.layout:
+            counter.layout = "legacy"
+        digest = "sha256:" + blob.group(1) if blob else ""
+        leave_out = False
+        is_layer = False
+        if blob and typ in (b"0", b"\0") and digest in all_layers:
+            is_layer, leave_out = True, digest in skip
+        elif legacy and legacy.group(2) == "layer.tar":
+            if typ in (b"0", b"\0"):
+                depth = v1_depth.get(legacy.group(1))
+                is_layer = True
+                leave_out = depth is not None and layers[depth] in skip
+                if depth is None and skip:
+                    counter.unmatched += 1
+            elif typ in (b"1", b"2"):
+                # Newer saves may link the old path to the blob: drop the link with its target.
+                target = os.path.normpath(os.path.join(os.path.dirname(path), link))
+                leave_out = target in left_out_paths
+        if leave_out:
+            discard(padded)
+            left_out_paths.add(path)
+            if is_layer:
+                counter.layers_left_out += 1
+                counter.bytes_left_out += size
+            continue
+        if path in ("manifest.json", "index.json", "repositories") and typ in (b"0", b"\0"):
+            data = retag_metadata(path, read_exact(padded)[:size], spec["new_tag"])
+            mtime = int(header[136:148].split(b"\0", 1)[0].strip() or b"0", 8)
+            write(regular_file_header(path, len(data), mtime) + data + bytes(-len(data) % 512))
+            continue
+        for block in meta:
+            write(block)
+        write(header)
+        if legacy and legacy.group(2) == "json" and typ in (b"0", b"\0"):
+            data = read_exact(padded)
+            write(data)
+            try:
+                v1_depth[legacy.group(1)] = legacy_layer_depth(data[:size].decode(), chains)
+            except (ValueError, IndexError, UnicodeDecodeError):
+                v1_depth[legacy.group(1)] = None
+            continue
+        if is_layer:
+            counter.layers_sent += 1
+            counter.layer_bytes += size
+        copy(padded)
+    # Docker pads archives to a record boundary; pass whatever follows the end marker.
+    while True:
+        rest = source.read(chunk_size)
+        if not rest:
+            break
+        counter.read += len(rest)
+        write(rest)
+    if compressor is not None:
+        tail = compressor.flush()
+        sink.write(tail)
+        counter.written += len(tail)
+    sink.flush()
+
+
+class ExportUnavailable(Exception):
+    """The source's layer store cannot be read directly; `docker save` has to do."""
+
+
+def tar_split_entries(path: str):
+    """The entries of a layer's tar-split.json.gz: raw tar segments, and files by name and size.
+
+    Docker keeps these so it can reproduce the exact bytes (so the same diff ID) of a layer's tar
+    from the unpacked layer; `docker save` does the same.
+    """
+    with gzip.open(path, "rt") as stream:
+        for line in stream:
+            if line.strip():
+                yield json.loads(line)
+
+
+def layer_tar_size(split_path: str) -> int:
+    """Length of the tar that `tar_split_entries` reassembles into."""
+    total = 0
+    for entry in tar_split_entries(split_path):
+        if entry["type"] == 2:
+            total += len(base64.b64decode(entry.get("payload") or ""))
+        elif entry["type"] == 1:
+            total += int(entry.get("size") or 0)
+    return total
+
+
+def write_layer_tar(split_path: str, diff_dir: str, write, chunk_size: int = 1 << 20) -> None:
+    """Reassemble a layer's tar from its tar-split and its unpacked files, passing bytes to `write`."""
+    top = os.path.realpath(diff_dir)
+    for entry in tar_split_entries(split_path):
+        if entry["type"] == 2:
+            write(base64.b64decode(entry.get("payload") or ""))
+            continue
+        size = int(entry.get("size") or 0)
+        if entry["type"] != 1 or not size:
+            continue
+        raw = entry.get("name_raw")
+        name = base64.b64decode(raw).decode("utf-8", "surrogateescape") if raw else entry["name"]
+        path = os.path.normpath(os.path.join(top, name.lstrip("/")))
+        if not path.startswith(top + os.sep):
+            raise ValueError(f"tar-split names a file outside the layer: {name!r}")
+        with open(path, "rb") as handle:
+            left = size
+            while left:
+                data = handle.read(min(left, chunk_size))
+                if not data:
+                    raise ValueError(f"{name!r} in the layer is shorter than its tar-split says")
+                write(data)
+                left -= len(data)
+
+
+def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]]]:
+    """Check, before any byte is written, that every layer to send can be read from the layer store.
+
+    Returns the image config and (index, tar-split path, unpacked dir, tar size) per layer to send.
+    """
+    export = spec["export"]
+    layers, keep_from = list(spec["layers"]), int(spec.get("keep_from", 0))
+    base = os.path.join(export["root"], "image", export["driver"])
+    image_hex = export["image_id"].split(":", 1)[1]
+    try:
+        with open(os.path.join(base, "imagedb", "content", "sha256", image_hex), "rb") as handle:
+            config = handle.read()
+        if hashlib.sha256(config).hexdigest() != image_hex:
+            raise ExportUnavailable("the image config does not match its ID")
+        plan = []
+        for index, chain in enumerate(chain_ids(layers)):
+            if index < keep_from:
+                continue
+            folder = os.path.join(base, "layerdb", "sha256", chain.split(":", 1)[1])
+            with open(os.path.join(folder, "diff")) as handle:
+                if handle.read().strip() != layers[index]:
+                    raise ExportUnavailable(f"layer {index} in the store is not {layers[index]}")
+            with open(os.path.join(folder, "cache-id")) as handle:
+                cache_id = handle.read().strip()
+            split = os.path.join(folder, "tar-split.json.gz")
+            unpacked = os.path.join(export["root"], export["driver"], cache_id, "diff")
+            if not os.path.isdir(unpacked):
+                raise ExportUnavailable(f"layer {index}: {unpacked} is missing")
+            plan.append((index, split, unpacked, layer_tar_size(split)))
+    except OSError as exc:
+        raise ExportUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    return config, plan
+
+
+def export_stream(spec: dict, sink, counter: StreamCounter) -> None:
+    """Write a docker-load archive holding only the layers to send, read from the layer store."""
+    config, plan = export_plan(spec)
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if spec.get("compress") == "gzip" else None
+
+    def write(data: bytes) -> None:
+        counter.read += len(data)
+        if compressor is not None:
+            data = compressor.compress(data)
+        if data:
+            sink.write(data)
+            counter.written += len(data)
+
+    def add(name: str, size: int) -> None:
+        write(regular_file_header(name, size, 0))
+
+    counter.layout = "export"
+    counter.layers_left_out = int(spec.get("keep_from", 0))
+    image_hex = spec["export"]["image_id"].split(":", 1)[1]
+    add(f"{image_hex}.json", len(config))
+    write(config + bytes(-len(config) % 512))
+    for index, split, unpacked, size in plan:
+        add(f"layers/{index}.tar", size)
+        write_layer_tar(split, unpacked, write)
+        write(bytes(-size % 512))
+        counter.layers_sent += 1
+        counter.layer_bytes += size
+    paths = [f"layers/{index}.tar" for index in range(len(spec["layers"]))]
+    manifest = json.dumps([{"Config": f"{image_hex}.json", "RepoTags": [spec["new_tag"]], "Layers": paths}])
+    add("manifest.json", len(manifest))
+    write(manifest.encode() + bytes(-len(manifest) % 512) + bytes(1024))
+    if compressor is not None:
+        tail = compressor.flush()
+        sink.write(tail)
+        counter.written += len(tail)
+    sink.flush()
+
+
+def main(argv: list[str]) -> int:
+    """stdin = docker save (unless exporting), stdout = the stream for docker load."""
+    if len(argv) != 1:
+        sys.stderr.write("usage: layer_filter SPEC\n")
+        return Exit.USAGE
+    spec = json.loads(argv[0])
+    counter = StreamCounter()
+    try:
+        if spec.get("export"):
+            export_stream(spec, sys.stdout.buffer, counter)
+        else:
+            filter_stream(spec, sys.stdin.buffer, sys.stdout.buffer, counter)
+    except ExportUnavailable as exc:
+        sys.stderr.write(f"export-unavailable: {exc}\n")
+        sys.stderr.write(
+            f"{REPORT} " + json.dumps({**vars(counter), "error": f"export-unavailable: {exc}"}) + "\n"
+        )
+        return Exit.EXPORT_UNAVAILABLE
+    except (EOFError, ValueError, OSError) as exc:
+        sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+        sys.stderr.write(
+            f"{REPORT} " + json.dumps({**vars(counter), "error": f"{type(exc).__name__}: {exc}"}) + "\n"
+        )
+        return Exit.STREAM_ERROR
+    sys.stderr.write(f"{REPORT} " + json.dumps(vars(counter)) + "\n")
+    sys.stderr.flush()
+    return Exit.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

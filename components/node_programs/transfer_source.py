@@ -1,0 +1,449 @@
+"""The source node's side of a node-to-node transfer (runs ON THE SOURCE; standard library only).
+
+    transfer_source serve SPEC   for one whole operation: start connecting to the destination and open
+                                 the destination's end early (`transfer_sink`), meanwhile run SPEC.before
+                                 (the caller's inspection of the source) and print its outcome as one JSON
+                                 line; then read one JSON line on stdin: {"run": RUN} runs the transfer as
+                                 below, anything else (or end of input) ends the connection unused
+    transfer_source run RUN      connect, then run `producer stages | watch | ssh destination consumer`,
+                                 print one JSON report
+    transfer_source close SPEC   end the connection to the destination and remove its private folder
+
+SPEC and RUN are JSON. The connection to the destination is an SSH control master whose socket lives in a
+private folder (0700, owned by us); every ssh argv arrives ready-made in SPEC (the orchestrator
+builds them from its one set of SSH options). `run` copies the last producer's output to the
+consumer itself, so it counts every byte, ends the whole pipeline when no byte moved for `stall_s`
+or the deadline passed, writes a progress file for `status` at most once a second, and reports
+every stage's exit status, the tail of its stderr, a stage's own one-line JSON report (a stderr line
+`qwen35-report {...}`) and the consumer's one-line JSON report (its last stdout line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import threading
+import time
+from enum import Enum, IntEnum
+
+
+class Exit(IntEnum):
+    """This program's exit status (the JSON report says more)."""
+
+    OK = 0
+    FAILED = 1  # a stage failed, stalled or passed the deadline: see the report
+    PEER_FOLDER = 96  # the private folder for the connection could not be made or is not ours
+    PEER_TIMEOUT = 95  # the connection attempt hung past twice the connect timeout
+    USAGE = 97
+
+
+class Marker(str, Enum):
+    """Prefixes of the stderr lines this program (and the stages it runs) write."""
+
+    PROGRESS = "qwen35-progress"  # bytes moved so far (the orchestrator's stall backstop reads these)
+    REPORT = "qwen35-report"  # a stage's own one-line JSON report
+
+
+SSH_TRANSPORT_FAILURE = 255
+TAIL_LINES = 12
+OPERATION = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+# ---- the connection to the destination --------------------------------------------------------------
+
+
+def own_folder(folder: str) -> bool:
+    """Make the private folder, or accept an existing one only if it is a directory we own (a retry)."""
+    try:
+        os.mkdir(folder, 0o700)
+        return True
+    except FileExistsError:
+        info = os.lstat(folder)
+        return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def connect(peer: dict) -> tuple[int, str]:
+    """Make sure the control master is up: (exit status, stderr of a failed attempt)."""
+    folder = peer["folder"]
+    if not own_folder(folder):
+        return Exit.PEER_FOLDER, f"could not make {folder} (or it exists and is not ours)"
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    if subprocess.run(peer["check"], **quiet).returncode == 0:
+        return 0, ""
+    errors = os.path.join(folder, "err")
+    # The master's stderr goes to a file: a backgrounded master must not hold a session's pipes.
+    with open(errors, "wb") as err:
+        status = subprocess.run(
+            peer["connect"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+        )
+    if status.returncode == 0:
+        return 0, ""
+    with open(errors, "rb") as err:
+        return status.returncode, err.read().decode(errors="replace")
+
+
+def close(peer: dict) -> int:
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    subprocess.run(peer["exit"], **quiet)
+    folder = peer["folder"]
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(os.lstat(folder).st_mode) and os.lstat(folder).st_uid == os.getuid():
+            for name in os.listdir(folder):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, name))
+            os.rmdir(folder)
+    return 0
+
+
+class PeerLink(threading.Thread):
+    """Connects to the destination in the background; once connected, opens the destination's end
+    of the transfer (`sink`: an ssh argv running `transfer_sink` there) so its session start-up is
+    paid for while the caller still decides."""
+
+    def __init__(self, peer: dict, sink: list[str] | None):
+        super().__init__(daemon=True)
+        self.peer, self.sink_argv = peer, sink
+        self.status: int | None = None
+        self.err = ""
+        self.sink: subprocess.Popen | None = None
+
+    def run(self) -> None:
+        self.status, self.err = connect(self.peer)
+        if self.status == 0 and self.sink_argv:
+            with contextlib.suppress(OSError):
+                self.sink = subprocess.Popen(
+                    self.sink_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                )
+
+    def ready(self) -> tuple[int, str]:
+        """The connection's status once the attempt ended (bounded); a failed attempt is tried once more."""
+        self.join(2 * float(self.peer["connect_timeout"]) + 5)
+        if self.is_alive():
+            return Exit.PEER_TIMEOUT, "the connection attempt did not end in time"
+        if self.status:
+            self.status, self.err = connect(self.peer)
+        return int(self.status or 0), self.err
+
+    def discard_sink(self) -> None:
+        if self.sink is not None:
+            with contextlib.suppress(OSError):
+                self.sink.stdin.close()  # end of input before a header: the sink exits at once
+
+
+# `close` after a run: the attempt has ended (the run waited for it), so there is nothing to wait for.
+CLOSE_AFTER_RUN = (
+    "import json,shutil,subprocess,sys;p=json.loads(sys.argv[1]);"
+    "subprocess.run(p['exit'],stdin=-3,stdout=-3,stderr=-3);shutil.rmtree(p['folder'],ignore_errors=True)"
+)
+
+
+def close_detached(peer: dict) -> None:
+    """End the master in the background, detached from this session's pipes: the session ends at once."""
+    subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", CLOSE_AFTER_RUN, json.dumps(peer)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+# ---- progress -----------------------------------------------------------------------------------------
+
+
+class Progress:
+    """`$HOME/.qwen35/progress/<operation>.json`, replaced atomically, at most once a second."""
+
+    def __init__(self, spec: dict, started_at: float):
+        self.path = ""
+        operation = str(spec.get("operation") or "")
+        if spec.get("progress", True) and OPERATION.match(operation):
+            folder = os.path.join(os.path.expanduser("~"), ".qwen35", "progress")
+            with contextlib.suppress(OSError):
+                os.makedirs(folder, exist_ok=True)
+                self.path = os.path.join(folder, f"{operation}.json")
+        self.doc = {
+            "operation": operation,
+            "node": spec.get("node", ""),
+            "peer": spec.get("peer_label", ""),
+            "stage": "connecting",
+            "bytes_done": 0,
+            "bytes_total": int(spec.get("bytes_total") or 0),
+            "rate_bps": 0,
+            "eta_s": None,
+            "started_at": round(started_at, 3),
+            "updated_at": round(started_at, 3),
+            "pid": os.getpid(),
+        }
+        self.written_at = 0.0
+
+    def update(self, stage: str, done: int, elapsed: float, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.path or (not force and now - self.written_at < 1.0):
+            return
+        self.written_at = now
+        rate = done / elapsed if elapsed > 0 else 0.0
+        total = self.doc["bytes_total"]
+        eta = (total - done) / rate if rate > 0 and total > done else (0 if total and done >= total else None)
+        self.doc.update(
+            stage=stage,
+            bytes_done=done,
+            rate_bps=int(rate),
+            eta_s=None if eta is None else round(eta, 1),
+            updated_at=round(time.time(), 3),
+        )
+        partial = f"{self.path}.{os.getpid()}.tmp"
+        with contextlib.suppress(OSError):
+            with open(partial, "w") as handle:
+                json.dump(self.doc, handle)
+            os.replace(partial, self.path)
+
+    def remove(self) -> None:
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+# ---- the watched pipeline -----------------------------------------------------------------------------
+
+
+class StageErr(threading.Thread):
+    """Reads one stage's stderr: keeps its tail and its `qwen35-report` line, passes lines on."""
+
+    def __init__(self, stream, on_line):
+        super().__init__(daemon=True)
+        self.stream, self.on_line = stream, on_line
+        self.tail: list[str] = []
+        self.report: dict | None = None
+
+    def run(self) -> None:
+        for raw in self.stream:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.startswith(Marker.REPORT.value + " "):
+                with contextlib.suppress(ValueError):
+                    self.report = json.loads(line[len(Marker.REPORT.value) + 1 :])
+                continue
+            self.tail = (self.tail + [line])[-TAIL_LINES:]
+            self.on_line(line)
+
+
+def pump(source_fd: int, sink_fd: int, moved: list[int]) -> str:
+    """Copy until end of input; "" or why it stopped. In-kernel (splice) where the platform has it."""
+    splice = getattr(os, "splice", None)
+    try:
+        while True:
+            if splice is not None:
+                count = splice(source_fd, sink_fd, 1 << 20)
+            else:
+                data = os.read(source_fd, 1 << 20)
+                count = len(data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(sink_fd, view) :]
+            if not count:
+                return ""
+            moved[0] += count
+    except BrokenPipeError:
+        return "the consumer stopped reading"
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def run(spec: dict, link: PeerLink | None = None) -> int:
+    """The transfer: connect (or use `link`, started earlier), then the watched pipeline; one report."""
+    started, started_at = time.monotonic(), time.time()
+    progress = Progress(spec, started_at)
+    report: dict = {"preflight": None, "stages": [], "bytes": 0, "error": "", "seconds": 0.0}
+    lock = threading.Lock()
+
+    def say(line: str) -> None:
+        with lock:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    peer = spec.get("peer")
+    try:
+        sink = None
+        if peer:
+            progress.update("connecting", 0, 0.0, force=True)
+            if link is None:
+                link = PeerLink(peer, None)
+                link.start()
+            status, err = link.ready()
+            report["preflight"] = status
+            if status:
+                report["preflight_stderr"] = err[-2000:]
+                return finish(report, progress, started, Exit.FAILED)
+            sink, link.sink = link.sink, None
+        result = watched(spec, progress, started, say, sink)
+        report.update(result)
+        failed = report["error"] or any(stage["status"] for stage in report["stages"])
+        return finish(report, progress, started, Exit.FAILED if failed else Exit.OK)
+    finally:
+        if link is not None:
+            link.discard_sink()
+        if peer:
+            close_detached(peer)
+
+
+def serve(spec: dict) -> int:
+    """One operation's session: early connection and sink, the caller's inspection, then maybe a run."""
+    peer = spec.get("peer")
+    link = PeerLink(peer, spec.get("sink")) if peer else None
+    if link is not None:
+        link.start()
+    try:
+        before = spec.get("before")
+        if before:
+            done = subprocess.run(before, stdin=subprocess.DEVNULL, capture_output=True)
+            outcome = {
+                "status": done.returncode,
+                "stdout": done.stdout.decode(errors="replace"),
+                "stderr": done.stderr.decode(errors="replace")[-4000:],
+            }
+            sys.stdout.write(json.dumps({"before": outcome}) + "\n")
+            sys.stdout.flush()
+        line = sys.stdin.readline()
+        try:
+            request = json.loads(line) if line.strip() else {}
+        except ValueError:
+            request = {}
+        if isinstance(request, dict) and request.get("run"):
+            served, link = link, None  # run() ends the connection itself
+            return run({**request["run"], "peer": peer}, served)
+        return Exit.OK
+    finally:
+        if link is not None:
+            link.discard_sink()
+            link.join(2 * float(peer["connect_timeout"]) + 5)
+            close_detached(peer)
+
+
+def finish(report: dict, progress: Progress, started: float, status: int) -> int:
+    progress.remove()
+    report["seconds"] = round(time.monotonic() - started, 3)
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+    return int(status)
+
+
+def watched(
+    spec: dict, progress: Progress, started: float, say, sink: subprocess.Popen | None = None
+) -> dict:
+    """Run the stages and the consumer, copy and watch the stream between them; their outcome.
+    `sink`: the destination's end opened earlier (`transfer_sink`): told the consumer's argv first."""
+    stages = list(spec["stages"])
+    consumer = spec["consumer"]
+    stall_s, deadline_s = float(spec["stall_s"]), float(spec["deadline_s"])
+    interval_s = float(spec.get("interval_s") or 1.0)
+    procs, readers = [], []
+    previous = subprocess.DEVNULL
+    for stage in stages:
+        proc = subprocess.Popen(stage["argv"], stdin=previous, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if previous is not subprocess.DEVNULL:
+            previous.close()  # the next stage holds it now
+        previous = proc.stdout
+        procs.append(proc)
+    if sink is not None and consumer.get("sink_argv"):
+        header = json.dumps({"argv": consumer["sink_argv"]}).encode()
+        try:
+            sink.stdin.write(b"%d\n" % len(header) + header)
+            sink.stdin.flush()
+        except OSError:
+            sink = None  # the early session is gone: open the consumer now
+    if sink is None:
+        sink = subprocess.Popen(
+            consumer["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    procs.append(sink)
+    for proc in procs:
+        reader = StageErr(proc.stderr, say)
+        reader.start()
+        readers.append(reader)
+    out_lines: list[str] = []
+    out_reader = threading.Thread(
+        target=lambda: out_lines.extend(raw.decode(errors="replace") for raw in sink.stdout), daemon=True
+    )
+    out_reader.start()
+    moved = [0]
+    phase = ["streaming"]  # then "finishing": every byte sent, the consumer still at work
+    stop = threading.Event()
+    why: list[str] = []
+
+    def kill_all() -> None:
+        for proc in procs:
+            with contextlib.suppress(OSError):
+                proc.kill()
+
+    def watchdog() -> None:
+        last_change, seen, said = time.monotonic(), -1, 0.0
+        while not stop.wait(0.1):
+            now = time.monotonic()
+            if moved[0] != seen:
+                seen, last_change = moved[0], now
+            if now - said >= interval_s:
+                said = now
+                say(f"{Marker.PROGRESS.value} {seen}")
+            progress.update(phase[0], seen, now - started)
+            if now - last_change > stall_s:
+                why.append(f"stalled: no data moved for {stall_s:g} s ({seen} bytes sent)")
+            elif now - started > deadline_s:
+                why.append(f"deadline of {deadline_s:g} s passed ({seen} bytes sent)")
+            if why:
+                kill_all()
+                return
+
+    guard = threading.Thread(target=watchdog, daemon=True)
+    guard.start()
+    stopped = pump(previous.fileno(), sink.stdin.fileno(), moved) if stages else ""
+    phase[0] = "finishing"
+    with contextlib.suppress(OSError):
+        previous.close()  # producers still writing get a broken pipe instead of blocking
+    with contextlib.suppress(OSError):
+        sink.stdin.close()
+    for proc in procs:
+        proc.wait()
+    stop.set()
+    guard.join()
+    out_reader.join(timeout=5)
+    for reader in readers:
+        reader.join(timeout=5)
+    names = [stage["name"] for stage in stages] + [consumer["name"]]
+    consumer_report = None
+    for line in reversed(out_lines):
+        if line.strip():
+            with contextlib.suppress(ValueError):
+                consumer_report = json.loads(line)
+            break
+    return {
+        "stages": [
+            {"name": name, "status": proc.returncode, "stderr": reader.tail, "report": reader.report}
+            for name, proc, reader in zip(names, procs, readers, strict=True)
+        ],
+        "bytes": moved[0],
+        "error": why[0] if why else ("" if not stopped or sink.returncode else stopped),
+        "consumer_report": consumer_report,
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("serve", "run", "close"):
+        sys.stderr.write("usage: transfer_source serve|run|close SPEC\n")
+        return Exit.USAGE
+    spec = json.loads(argv[1])
+    if argv[0] == "serve":
+        return serve(spec)
+    if argv[0] == "close":
+        return close(spec["peer"])
+    return run(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""Node-to-node transfers over the fabric, knowing nothing of what is sent (images, checkpoints…).
+
+What a caller provides:
+- the two nodes as `Endpoint`s (how the orchestrator reaches each; the destination's fabric address);
+- a `Transfer`: producer `Stage`s, argument lists run on the SOURCE whose output is the stream (the
+  first reads nothing, each next one reads the previous one's output); a consumer `Stage` run on the
+  DESTINATION that reads the stream on stdin and prints one JSON line on stdout (its report); the
+  byte total, for progress; an operation name (`[A-Za-z0-9_.-]`, the progress file's name);
+- the copy tuning (`Tuning`, the one definition: `components.config.CopyConfig`; `tuning_from`
+  validates a resource's `tuning` input).
+
+What it does: over the orchestrator's SSH master to the source (`ssh_sessions`, `open_master`), a
+`SourceSession` (one SSH session on the source for the whole operation) starts the source's own
+connection to the destination (`Peer`: pinned keys) and, once connected, the destination's end of
+the stream, while it runs the caller's inspection of the source (`before`); the caller decides,
+then `SourceSession.transfer` runs `producers | watch | ssh destination consumer` in that same
+session, or `close` ends it unused (`run_transfer` does the transfer alone, in a session of its
+own). The watch counts bytes, ends the whole pipeline when
+no byte moved for `stall_timeout_s` or `deadline_s` passed, and keeps
+`$HOME/.qwen35/progress/<operation>.json` on the source up to date (at most once a second; removed
+at the end). The orchestrator keeps a backstop for a source that stops answering.
+
+What it gets back: a `TransferResult`: every stage's exit status and stderr tail (and a stage's own
+`qwen35-report {json}` stderr line), the bytes sent, the consumer's JSON report, and the failure
+classified (`Failure.NONE / PEER / TRANSPORT / STAGE`); `TransferResult.error()` words it for people
+with both nodes named. A source that cannot reach the destination raises `PeerUnreachable` (nothing
+was sent). Verification before anything is named final is the consumer's job.
+
+The code that runs on the nodes lives in `components/node_programs/` (`transfer_source.py`).
+"""
+
+from components.transfer.endpoints import Endpoint, EndpointError, peer_target
+from components.transfer.peer import Peer, PeerUnreachable, peer_unreachable
+from components.transfer.pipeline import (
+    BACKSTOP_MARGIN_S,
+    Failure,
+    SourceSession,
+    Stage,
+    StageOutcome,
+    Transfer,
+    TransferResult,
+    interpret,
+    run_transfer,
+    run_watched,
+)
+from components.transfer.sessions import MASTER_PERSIST_S, close_masters, open_master, ssh_sessions
+from components.transfer.timing import TIMING_ENV, PhaseTimes
+from components.transfer.tuning import GIB, Tuning, TuningError, tuning_from
+
+__all__ = [
+    "BACKSTOP_MARGIN_S",
+    "GIB",
+    "MASTER_PERSIST_S",
+    "TIMING_ENV",
+    "Endpoint",
+    "EndpointError",
+    "Failure",
+    "Peer",
+    "PeerUnreachable",
+    "PhaseTimes",
+    "SourceSession",
+    "Stage",
+    "StageOutcome",
+    "Transfer",
+    "TransferResult",
+    "Tuning",
+    "TuningError",
+    "close_masters",
+    "interpret",
+    "open_master",
+    "peer_target",
+    "peer_unreachable",
+    "run_transfer",
+    "run_watched",
+    "ssh_sessions",
+    "tuning_from",
+]

@@ -1,0 +1,96 @@
+"""The source's own SSH connection to the destination over the fabric.
+
+A control master on the source node, its socket in a private folder there (0700, ours). The source's
+session (`transfer_source serve`) starts connecting while the source is still being inspected and,
+once connected, opens the destination's end (`sink_argv`); a run waits for that, and ends the master
+when done, as does the session's end when nothing was sent. `close_argv` ends it should the
+session itself have died.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+
+from components.node_programs import program_argv
+from components.node_programs.transfer_source import Exit
+from components.remote import SshTarget, ssh_argv, ssh_options, stderr_tail
+from components.transfer.endpoints import Endpoint
+
+
+class PeerUnreachable(RuntimeError):
+    """The source could not connect to the destination: nothing was sent."""
+
+
+@dataclass
+class Peer:
+    """The source's connection to the destination (`target`), its master's socket under `folder`."""
+
+    target: SshTarget
+    folder: str
+    closed: bool = False  # a transfer's run ended the master (or will, detached)
+
+    @classmethod
+    def new(cls, target: SshTarget) -> Peer:
+        return cls(target, f"/tmp/qni-{secrets.token_hex(6)}")
+
+    @property
+    def control_path(self) -> str:
+        return f"{self.folder}/m"
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """`argv` run on the destination from the source, over the master."""
+        return ssh_argv(self.target, argv, self.control_path)
+
+    def spec(self) -> dict:
+        """What `transfer_source` needs to make, check and end the master (every ssh argv ready-made)."""
+        control = ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}"]
+        return {
+            "folder": self.folder,
+            "connect_timeout": self.target.connect_timeout,
+            "check": [*control, "-O", "check", "x"],
+            "exit": [*control, "-O", "exit", "x"],
+            "connect": [
+                "ssh",
+                # First value wins in ssh: this overrides the ControlMaster=auto of ssh_options.
+                "-o",
+                "ControlMaster=yes",
+                *ssh_options(self.target, self.control_path),
+                "-f",
+                "-N",
+                self.target.destination,
+            ],  # fmt: skip
+        }
+
+    def sink_argv(self, python: str = "python3") -> list[str]:
+        """The destination's end, opened early over the master: it learns its consumer from the stream."""
+        return self.argv(program_argv("transfer_sink", [], python))
+
+    def close_argv(self, python: str = "python3") -> list[str]:
+        """End the master and remove its folder (run on the source)."""
+        return program_argv("transfer_source", ["close", json.dumps({"peer": self.spec()})], python)
+
+
+def peer_unreachable(
+    source: Endpoint, destination: Endpoint, peer: Peer, status: int, stderr: str
+) -> PeerUnreachable:
+    """The error for a transfer whose first step, the source's SSH connection to the destination,
+    failed: nothing was sent."""
+    target = peer.target
+    where = f"{target.user}@{target.host}:{target.port}"
+    tail = stderr_tail(stderr, 4)
+    if status == Exit.PEER_FOLDER:
+        return PeerUnreachable(
+            f"source {source.label}: could not make the private folder {peer.folder} for the SSH "
+            f"connection to {destination.label}; nothing was sent:\n  stderr: {tail}\n"
+            f"  next: check /tmp on {source.label} (free space, permissions) and run again"
+        )
+    return PeerUnreachable(
+        f"source {source.label} cannot SSH to destination {destination.label} at {where} (exit {status}); "
+        f"nothing was sent:\n  stderr: {tail}\n"
+        f"  next: on {source.label}, make `ssh -p {target.port} {target.user}@{target.host}` work "
+        "unattended: "
+        f"key {target.identity_file or '(default)'} authorized on {destination.label}, host key for "
+        f"{target.host} in {target.known_hosts} (or set tuning peer_identity_file / peer_known_hosts)"
+    )

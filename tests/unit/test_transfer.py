@@ -1,0 +1,272 @@
+"""The transfer layer without nodes: the source-side program run on this machine with stand-in
+producers and consumers, the orchestrator's backstop, and the failure classification."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from components import transfer
+from components.node_programs import program_argv
+from components.node_programs.transfer_source import Exit as SourceExit
+from components.remote import SshTarget
+from components.transfer import Endpoint, Failure, Stage, Transfer
+
+SOURCE = Endpoint("node-a", SshTarget("10.0.0.1", "ops", "/kh"), "192.168.0.1")
+DESTINATION = Endpoint("node-b", SshTarget("10.0.0.2", "ops", "/kh"), "192.168.0.2")
+PY = sys.executable
+
+COUNT_INPUT = "import json,sys; n=len(sys.stdin.buffer.read()); print('noise'); print(json.dumps({'got': n}))"
+
+
+def py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+def spec_for(job: Transfer, stall_s: float = 30, deadline_s: float = 60, peer: dict | None = None) -> dict:
+    return {
+        "operation": job.operation,
+        "node": "node-a",
+        "peer_label": "node-b",
+        "bytes_total": job.bytes_total,
+        "stall_s": stall_s,
+        "deadline_s": deadline_s,
+        "interval_s": 0.2,
+        "stages": [{"name": s.name, "argv": list(s.argv)} for s in job.producers],
+        "consumer": {"name": job.consumer.name, "argv": list(job.consumer.argv)},
+        "peer": peer,
+    }
+
+
+def run_here(job: Transfer, margin_s: float = 30, **spec_args) -> transfer.TransferResult:
+    """`transfer_source run` on this machine (the part run_transfer runs over SSH), then interpreted."""
+    spec = spec_for(job, **spec_args)
+    argv = program_argv("transfer_source", ["run", json.dumps(spec)], PY)
+    outcome = transfer.run_watched(argv, spec["deadline_s"], spec["stall_s"], margin_s=margin_s)
+    return transfer.interpret(outcome, SOURCE, DESTINATION, None, job)
+
+
+def test_a_transfer_counts_bytes_and_returns_every_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    job = Transfer(
+        "op-ok",
+        (
+            Stage("make", py("import sys; sys.stdout.buffer.write(b'x' * 3_000_000)")),
+            Stage(
+                "pass",
+                py(
+                    "import sys; d=sys.stdin.buffer.read(); sys.stdout.buffer.write(d); "
+                    "sys.stderr.write('qwen35-report {\"seen\": %d}\\n' % len(d))"
+                ),
+            ),  # fmt: skip
+        ),
+        Stage("count", py(COUNT_INPUT)),
+        bytes_total=3_000_000,
+    )
+    result = run_here(job)
+    assert result.ok and result.failure is Failure.NONE, result
+    assert result.bytes_sent == 3_000_000 and result.consumer_report == {"got": 3_000_000}
+    assert [(s.name, s.status) for s in result.stages] == [("make", 0), ("pass", 0), ("count", 0)]
+    assert result.stage("pass").report == {"seen": 3_000_000}
+    assert not (tmp_path / ".qwen35" / "progress" / "op-ok.json").exists()  # removed at the end
+
+
+def test_progress_file_while_running(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    slow = (
+        "import sys,time;"
+        "[(sys.stdout.buffer.write(b'y'*1000),sys.stdout.flush(),time.sleep(0.6)) for _ in range(5)]"
+    )
+    job = Transfer("op-slow", (Stage("slow", py(slow)),), Stage("count", py(COUNT_INPUT)), bytes_total=5000)
+    done: list[transfer.TransferResult] = []
+    runner = threading.Thread(target=lambda: done.append(run_here(job)))
+    runner.start()
+    path = tmp_path / ".qwen35" / "progress" / "op-slow.json"
+    seen = []
+    while runner.is_alive():
+        if path.exists():
+            seen.append(json.loads(path.read_text()))
+        time.sleep(0.1)
+    runner.join()
+    assert done[0].ok and done[0].bytes_sent == 5000
+    assert seen, "no progress file was written while the transfer ran"
+    last = seen[-1]
+    keys = {"operation", "node", "peer", "stage", "bytes_done", "bytes_total", "rate_bps", "eta_s"}
+    assert keys | {"started_at", "updated_at", "pid"} == set(last)
+    assert (last["operation"], last["node"], last["peer"], last["bytes_total"]) == (
+        "op-slow",
+        "node-a",
+        "node-b",
+        5000,
+    )
+    assert (
+        0 < last["bytes_done"] <= 5000 and last["rate_bps"] > 0 and last["updated_at"] >= last["started_at"]
+    )
+    assert not path.exists()
+
+
+def test_a_stalled_producer_is_ended_by_the_watch_on_the_source():
+    stuck = "import sys,time; sys.stdout.buffer.write(b'z'*100); sys.stdout.flush(); time.sleep(60)"
+    job = Transfer("op-stall", (Stage("stuck", py(stuck)),), Stage("count", py(COUNT_INPUT)))
+    started = time.monotonic()
+    result = run_here(job, stall_s=1)
+    assert result.failure is Failure.TRANSPORT and result.why.startswith("stalled"), result
+    assert time.monotonic() - started < 30  # far below the producer's 60 s: it was ended
+
+
+def test_the_orchestrators_backstop_ends_a_silent_source():
+    """A source that stops answering altogether (no progress line, no report) is killed by the
+    orchestrator after the stall limit plus the margin, whatever the source's own watchdog does."""
+    outcome = transfer.run_watched(["sleep", "30"], deadline_s=100, stall_s=0.5, margin_s=0.5)
+    assert outcome.killed.startswith("no progress from the source") and outcome.returncode != 0
+    result = transfer.interpret(outcome, SOURCE, DESTINATION, None, None)
+    assert result.failure is Failure.TRANSPORT and "no progress" in result.why
+    deadline = transfer.run_watched(
+        py("import sys,time\nwhile 1: print(1, file=sys.stderr, flush=True); time.sleep(0.1)"),
+        deadline_s=0.5,
+        stall_s=30,
+        margin_s=0.5,
+    )
+    assert deadline.killed.startswith("the transfer passed its deadline")
+
+
+@pytest.mark.parametrize(
+    ("producer_code", "consumer_code", "failure", "words"),
+    [
+        (
+            "import sys; sys.stderr.write('disk gone\\n'); sys.exit(3)",
+            COUNT_INPUT,
+            Failure.STAGE,
+            ["make exited 3"],
+        ),
+        ("print('data')", "import sys; sys.stdin.read(); sys.exit(5)", Failure.STAGE, ["load exited 5"]),
+        (
+            "print('data')",
+            "import sys; sys.stdin.read(); sys.exit(255)",
+            Failure.TRANSPORT,
+            ["node-a to node-b"],
+        ),
+    ],
+    ids=["producer", "consumer", "link"],
+)
+def test_failures_are_classified_and_name_both_nodes(producer_code, consumer_code, failure, words):
+    job = Transfer("op-fail", (Stage("make", py(producer_code)),), Stage("load", py(consumer_code)))
+    result = run_here(job)
+    assert result.failure is failure and not result.ok
+    message = result.error("copy of x", "nothing was placed", "run again")
+    assert all(word in message for word in words + ["node-a", "node-b", "next: run again"]), message
+    if failure is Failure.STAGE and "make" in words[0]:
+        assert "disk gone" in message  # the failed stage's stderr tail
+
+
+def test_a_failed_connection_to_the_destination_sends_nothing(tmp_path):
+    peer = transfer.Peer(SshTarget("192.168.0.2", "ops", "/kh", name="node-b"), str(tmp_path / "p"))
+    fake = {
+        "folder": peer.folder,
+        "connect_timeout": 1,
+        "check": ["false"],
+        "connect": py("import sys; sys.stderr.write('Connection refused\\n'); sys.exit(255)"),
+        "exit": ["true"],
+    }
+    marker = tmp_path / "ran"
+    job = Transfer(
+        "op-peer", (Stage("make", py(f"open({str(marker)!r}, 'w')")),), Stage("count", py(COUNT_INPUT))
+    )
+    spec = spec_for(job, peer=fake)
+    argv = program_argv("transfer_source", ["run", json.dumps(spec)], PY)
+    outcome = transfer.run_watched(argv, 60, 30)
+    with pytest.raises(transfer.PeerUnreachable) as caught:
+        transfer.interpret(outcome, SOURCE, DESTINATION, peer, job)
+    message = str(caught.value)
+    assert "node-a cannot SSH to destination node-b" in message and "Connection refused" in message
+    assert "nothing was sent" in message and not marker.exists()
+    time.sleep(0.3)  # the close runs detached
+    assert not Path(peer.folder).exists()
+
+
+def test_the_private_folder_must_be_ours(tmp_path):
+    from components.node_programs import transfer_source
+
+    folder = tmp_path / "mine"
+    assert transfer_source.own_folder(str(folder)) and (folder.stat().st_mode & 0o777) <= 0o700
+    assert transfer_source.own_folder(str(folder))  # a retry: an existing folder of ours
+    (tmp_path / "link").symlink_to(folder)
+    assert not transfer_source.own_folder(str(tmp_path / "link"))
+    status, _ = transfer_source.connect(
+        {"folder": str(tmp_path / "link"), "check": ["true"], "connect": ["true"]}
+    )
+    assert status == SourceExit.PEER_FOLDER
+
+
+def test_stage_refuses_what_cannot_travel_to_a_node():
+    with pytest.raises(ValueError):
+        Stage("bad", ["echo", "two\nlines"])
+    assert Stage("ok", ("docker", "save", "x:1")).argv == ("docker", "save", "x:1")
+
+
+SINK = program_argv("transfer_sink", [], PY)
+
+
+def test_the_sink_becomes_the_consumer_named_in_the_stream():
+    header = json.dumps({"argv": py(COUNT_INPUT)}).encode()
+    stream = b"%d\n" % len(header) + header + b"x" * 70_000
+    done = subprocess.run(SINK, input=stream, capture_output=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout.decode().splitlines()[-1]) == {"got": 70_000}
+    nothing = subprocess.run(SINK, input=b"", capture_output=True, timeout=60)
+    assert nothing.returncode == 0 and nothing.stdout == b""  # nothing to send: ends quietly
+
+
+def serve(spec: dict, request: dict | None) -> tuple[list[dict], subprocess.CompletedProcess]:
+    argv = program_argv("transfer_source", ["serve", json.dumps(spec)], PY)
+    stdin = (json.dumps(request) + "\n").encode() if request is not None else b""
+    done = subprocess.run(argv, input=stdin, capture_output=True, timeout=60)
+    return [json.loads(line) for line in done.stdout.decode().splitlines() if line.startswith("{")], done
+
+
+def fake_peer(tmp_path, sink: list[str] | None) -> dict:
+    return {
+        "folder": str(tmp_path / "peer"),
+        "connect_timeout": 1,
+        "check": ["false"],
+        "connect": ["true"],
+        "exit": ["true"],
+    }
+
+
+def test_one_session_inspects_then_transfers_through_the_early_sink(tmp_path):
+    job = Transfer(
+        "op-serve",
+        (Stage("make", py("import sys; sys.stdout.buffer.write(b'q' * 50_000)")),),
+        Stage("count", py(COUNT_INPUT)),
+    )
+    run = spec_for(job)
+    run["consumer"]["sink_argv"] = py(COUNT_INPUT)
+    run["consumer"]["argv"] = py("import sys; sys.exit(7)")  # must not be used: the sink is there
+    spec = {"before": py("print('facts here')"), "peer": fake_peer(tmp_path, SINK), "sink": SINK}
+    run.pop("peer")
+    lines, done = serve(spec, {"run": run})
+    assert done.returncode == 0, done.stderr
+    before, report = lines
+    assert before == {"before": {"status": 0, "stdout": "facts here\n", "stderr": ""}}
+    assert report["bytes"] == 50_000 and report["consumer_report"] == {"got": 50_000}
+    assert [s["status"] for s in report["stages"]] == [0, 0]
+
+
+def test_a_session_ended_unused_sends_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    spec = {
+        "before": py("print('facts')"),
+        "peer": fake_peer(tmp_path, None),
+        "sink": py(f"open({str(marker)!r}, 'w').write(open(0).read())"),
+    }
+    lines, done = serve(spec, {})
+    assert done.returncode == 0 and lines == [{"before": {"status": 0, "stdout": "facts\n", "stderr": ""}}]
+    time.sleep(0.3)
+    assert marker.read_text() == ""  # the early sink got end of input: nothing was sent
+    assert not (tmp_path / "peer").exists()  # the connection was ended and its folder removed
