@@ -18,18 +18,19 @@ import pulumi_docker as docker
 
 from components.checkpoint import Checkpoint, checkpoint_tree
 from components.config import ImageStrategy, StackConfig
-from components.hybrid_image import HybridImage, HybridImageArgs
+from components.hybrid_image import HybridImage, HybridImageArgs, image_ref
 from components.model_support import ModelSupportCheck
 from components.node_image import NodeImage, copy_tree
 from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
     ContainerSpec,
     dashboard_host,
+    ray_container_name,
     ray_container_spec,
     ray_tmp_volume_name,
 )
 from components.readiness_gate import ReadinessGate
-from components.vllm_server import endpoint_url, local_url, vllm_container_spec
+from components.vllm_server import endpoint_url, local_url, vllm_container_name, vllm_container_spec
 
 # The model-support check's outputs that the stack exports (`model_support`).
 MODEL_SUPPORT_OUTPUTS = (
@@ -108,6 +109,15 @@ def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, An
     }
 
 
+def node_container_names(config: StackConfig) -> dict[str, list[str]]:
+    """The deployment's containers on each node, by name: its Ray container, and the server on the head."""
+    return {
+        node.name: [ray_container_name(config, node)]
+        + ([vllm_container_name(config)] if node is config.head else [])
+        for node in config.nodes
+    }
+
+
 class Qwen35Deployment(pulumi.ComponentResource):
     """Everything one stack deploys, in dependency order."""
 
@@ -136,7 +146,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 HybridImageArgs(image=cfg.image),
                 opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
             )
-        self.image_ref = self.image.ref if self.image else cfg.image.prebuilt_ref.tagged
+        self.image_ref = image_ref(cfg.image)
         self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
         self.checkpoints: dict[str, Checkpoint] = place_checkpoints(name, self, args.hf_token)
         head_checkpoint = self.checkpoints.get(head.name)
@@ -233,11 +243,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 }
                 for node, c in self.checkpoints.items()
             },
-            "containers": {
-                node.name: [ray_container_spec(cfg, node, "").name]
-                + ([vllm_spec.name] if node is head else [])
-                for node in cfg.nodes
-            },
+            "containers": node_container_names(cfg),
             "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
             "head": head.name,
             "nodes": [n.name for n in cfg.nodes],

@@ -648,3 +648,16 @@ def test_without_a_checkpoint_the_check_proves_the_fixture_configs(monkeypatch):
     inputs = graph.run.named("qwen35-model-support").inputs
     assert inputs.get("checkpoint_digest") is None and inputs.get("snapshot_path") is None
     assert not {d for d in graph.deps["qwen35-model-support"] if "checkpoint" in d}
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "hybrid"])
+def test_one_definition_of_the_reference_every_node_holds(request, graph_name):
+    # `status` asks the nodes for `image_ref(config.image)`: it must be what NodeImage places.
+    from components.config import parse_stack_config
+    from components.hybrid_image import image_ref
+
+    raw = hybrid_config() if graph_name == "hybrid" else stack_config("dev")
+    config = parse_stack_config({k.split(":", 1)[1]: v for k, v in raw.items()})
+    graph: Graph = request.getfixturevalue(graph_name)
+    for node in ("spark-1", "spark-2"):
+        assert node_image_of(graph, node).inputs["image"] == image_ref(config.image)
