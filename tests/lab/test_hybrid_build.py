@@ -22,7 +22,7 @@ from components.hybrid_image import PATCH_DIR, build_args, content_tag
 from lab.buildx import buildx_argv, ensure_buildx
 from lab.images import image_id
 from lab.vllm_images import base_standin, donor_standin, folder_context, transformers_wheels
-from tests.program import stack_config
+from tests.support.program import stack_config
 from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
 
 pytestmark = pytest.mark.lab

@@ -27,8 +27,9 @@ from components.memory_fit import GB, MemoryFitError
 from components.model_support import ModelSupportCheckProvider, ModelSupportError
 from lab.images import DEBIAN_TAG
 from lab.ray_image import ray_image
-from tests.lab.declared import plain
-from tests.program import run_program, stack_config
+from tests.support.declared import plain
+from tests.support.program import run_program, stack_config
+from tests.support.provider_host import Engine, ProviderHost
 
 pytestmark = pytest.mark.lab
 
@@ -237,4 +238,38 @@ def test_the_lab_stacks_check_reports_on_the_lab_ray_image(node_a, tmp_path):
         {**props, "image_id": ray_image_id, "snapshot_path": str(snapshot)}
     )
     assert created.outs["verdict"] == "fail" and created.outs["failed_stage"] == "environment"
+    assert leftover_containers(node_a) == []
+
+
+def test_the_check_through_the_provider_host_runs_once_until_the_image_changes(
+    node_a, standin_image, tmp_path
+):
+    """As `pulumi up` drives it: the provider pickled by the SDK, served by a fresh `python -m
+    pulumi.dynamic`, Check/Create/Diff/Read/Delete over gRPC with the inputs the lab stack registers."""
+    run = run_program(stack_config("lab"))
+    declared = run.named("qwen35-model-support")
+    _, ray_image_id = ray_image(node_a)
+    snapshot = hf_checkpoint(tmp_path, total_size=4096)
+    registered = {**declared.inputs, "image_id": ray_image_id, "snapshot_path": str(snapshot)}
+    with ProviderHost() as host:
+        engine = Engine(host, stack="lab")
+        since = time.time()
+        state = engine.create(declared.typ, declared.name, registered, timeout=300)
+        outputs = state.public_outputs()
+        assert outputs["verdict"] == "fail" and outputs["failed_stage"] == "environment", outputs
+        assert outputs["memory_fit"]["fits"] is True
+        assert len(check_containers_created(node_a, since)) == 1
+
+        # Nothing changed: the next `up` does nothing and `refresh` returns the recorded proof.
+        after = time.time()
+        assert engine.up(state, registered).op == "same"
+        assert engine.refresh(state).public_outputs() == outputs
+        assert check_containers_created(node_a, after) == []
+
+        # Another image on the head: the proof runs again (a replacement), once.
+        before_new = time.time()
+        replaced = engine.up(state, {**registered, "image_id": standin_image}, timeout=300)
+        assert replaced.op == "replace" and replaced.diff.delete_before_replace
+        assert len(check_containers_created(node_a, before_new)) == 1
+        engine.delete(replaced.state)
     assert leftover_containers(node_a) == []

@@ -9,8 +9,7 @@ import pytest
 
 from components.config import ImageConfig, parse_stack_config
 from components.hybrid_image import PATCH_DIR, HybridImage, HybridImageArgs, build_args, content_tag
-from tests.program import RecordingMocks
-from tests.unit.test_config import dev_raw
+from tests.support.program import RecordingMocks, dev_raw
 
 
 @pytest.fixture
