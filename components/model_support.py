@@ -36,6 +36,7 @@ import pulumi
 import pulumi.dynamic as dynamic
 from pulumi.runtime.rpc import UNKNOWN
 
+from components.config import ModelCheckMode as Mode
 from components.image_ref import ImageRefError, parse_image_ref
 from components.memory_fit import NodeMemory, check_memory_fit, memory_fit
 from components.nodes import target_from_dict
@@ -79,11 +80,6 @@ class ProofExit(int, Enum):
     FAILED = 1
     USAGE = 2
     DEADLINE = 124
-
-
-class Mode(str, Enum):
-    ENFORCE = "enforce"
-    REPORT = "report"
 
 
 # What to do when a stage fails: the README's troubleshooting rows say the same.
