@@ -152,6 +152,22 @@ def test_a_checkpoint_missing_a_scale_fails_the_load_naming_the_parameter_left_e
     assert "not filled" in report["error"]
 
 
+def test_a_checkpoint_without_an_mtp_head_passes_and_says_the_head_was_not_proven(prebuilt, tmp_path):
+    config = real_config()
+    names = [n for n in index_names(config) if not n.startswith("mtp.")]
+    proof = run_proof(prebuilt, "--checkpoint", str(write_checkpoint(tmp_path / "snapshot", config, names)))
+    assert proof.returncode == 0, proof.why()
+    mtp = [c for c in proof.report["checks"] if c["target"] == "snapshot:Qwen3_5MoeMTP"]
+    assert mtp == [
+        {
+            "stage": "construct",
+            "target": "snapshot:Qwen3_5MoeMTP",
+            "ok": True,
+            "detail": "no mtp.* tensors in the checkpoint: MTP head not proven",
+        }
+    ], proof.why()
+
+
 def test_a_usage_error_exits_2_with_a_report(prebuilt, tmp_path):
     proof = run_proof(prebuilt, "--checkpoint", str(tmp_path))
     assert proof.returncode == 2, proof.why()
