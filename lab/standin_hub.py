@@ -265,3 +265,25 @@ class StandinHub:
                     return
                 handler.wfile.write(chunk)
                 sent += len(chunk)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lab.standin_hub [PORT]`: serve a generated `lab/standin-qwen35` on loopback."""
+    import sys
+    import tempfile
+    import time
+
+    args = sys.argv[1:] if argv is None else argv
+    port = int(args[0]) if args else 18090
+    repo = generate_repo(
+        Path(tempfile.mkdtemp(prefix="standin-hub-")) / "repo", shards=2, shard_bytes=4 << 20
+    )
+    with StandinHub({"lab/standin-qwen35": repo}, port=port) as hub:
+        sha = hub.repos["lab/standin-qwen35"].sha
+        print(f"stand-in Hub (a test double) at {hub.endpoint}: lab/standin-qwen35 @ {sha}", flush=True)
+        while True:
+            time.sleep(3600)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from components.node_programs import hf_checkpoint
+from components.node_programs import hf_checkpoint, program_argv
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "node_programs"
 # What a receive's exit status means (declared once, in the node program).
@@ -33,7 +33,8 @@ def source(name: str) -> str:
 
 @functools.cache
 def loader(name: str) -> str:
-    """A one-line program that runs `name` (a command line carries no newlines: `shell_join`)."""
+    """A one-line program that runs `name` (a command line carries no newlines: `shell_join`), for
+    `hub_fetch`, which unlike `node_programs.program_argv`'s programs needs site packages."""
     packed = base64.b64encode(zlib.compress(source(name).encode(), 9)).decode()
     return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
 
@@ -49,10 +50,10 @@ def hub_dir(cache_dir: str) -> str:
 
 
 def _argv(python: str, program: str, *args: str) -> list[str]:
-    # -I -S: nothing installed on the node (PYTHON* variables, site packages) changes a stdlib program.
-    # The Hub client is the one program that needs site packages.
-    isolation = [] if program == "hub_fetch" else ["-I", "-S"]
-    return [python, *isolation, "-c", loader(program), *args]
+    if program != "hub_fetch":
+        return program_argv(program, list(args), python)  # stdlib programs run isolated (-I -S)
+    # The Hub client is the one program that needs the Python's site packages: no -I -S.
+    return [python, "-c", loader(program), *args]
 
 
 def inventory_argv(

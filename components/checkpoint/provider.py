@@ -14,7 +14,9 @@ pickle it by reference to this module.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dynamic
 
+from components import transfer
 from components.checkpoint import programs
 from components.checkpoint.plan import (
     CheckpointError,
@@ -31,7 +34,6 @@ from components.checkpoint.plan import (
     plan_copy,
     problems,
 )
-from components.checkpoint.stream import run_stream
 from components.nodes import target_from_dict
 from components.remote import RemoteError, Result, SshTarget, SshTransport, stderr_tail
 
@@ -61,20 +63,6 @@ def _target(raw: Mapping[str, Any], role: str) -> SshTarget:
             f"Checkpoint {role}: give a node dict with host, user, known_hosts (got {raw!r})"
         )
     return target_from_dict(raw)
-
-
-def _peer(destination: Mapping[str, Any], tuning: Mapping[str, Any]) -> SshTarget:
-    """How the source reaches the destination: its fabric address, with the peer key and pinned keys."""
-    target = _target(destination, "node")
-    return SshTarget(
-        host=str(destination.get("fabric_host") or target.host),
-        user=target.user,
-        port=target.port,
-        known_hosts=tuning.get("peer_known_hosts") or target.known_hosts,
-        identity_file=tuning.get("peer_identity_file") or target.identity_file,
-        name=target.label,
-        connect_timeout=int(tuning.get("connect_timeout_s") or 10),
-    )
 
 
 def _run(target: SshTarget, argv: list[str], what: str, stdin: bytes | None = None, timeout: float = 600):
@@ -198,46 +186,67 @@ def copy_to_node(props: Mapping[str, Any], manifest: Manifest) -> dict[str, Any]
             f"{target.label}: {manifest.repo}@{manifest.revision} is incomplete on the head itself "
             f"({len(plan.blobs)} files missing or damaged); next: `pulumi up` again (the fetch repairs it)"
         )
-    source = _target(source_raw, "source")
     python = props.get("python") or "python3"
     send = programs.send_argv(python, props["source_cache_dir"], manifest.repo, plan.blobs)
     owner = (int(report["uid"]), int(report["gid"]))
+    files, refs = manifest.as_state(), dict(manifest.refs)
     receive = programs.receive_argv(
-        python,
-        props["cache_dir"],
-        manifest.repo,
-        manifest.revision,
-        manifest.as_state(),
-        dict(manifest.refs),
-        owner,
+        python, props["cache_dir"], manifest.repo, manifest.revision, files, refs, owner
     )
-    tuning = props.get("tuning") or {}
-    result = run_stream(
-        source, _peer(props["node"], tuning), send, receive, float(tuning.get("deadline_s") or 3600 * 6)
-    )
-    received = programs.parse_report(result.stdout) or {}
-    if result.returncode != 0 or "error" in received or received.get("digest") != manifest.digest:
-        if result.receive_status in programs.RECEIVE_EXITS:
-            why = programs.RECEIVE_EXITS[result.receive_status]
-        elif result.transport_failed:
-            why = f"the SSH connection to {source.label} failed"
-        elif result.receive_status == 255:
-            why = f"{source.label} could not SSH to {target.label} at its fabric address"
-        else:
-            why = f"send exited {result.send_status}, receive exited {result.receive_status}"
-        detail = received.get("error") or result.stderr
-        raise CheckpointError(
-            f"copy of {manifest.repo}@{manifest.revision[:12]} from {source.label} to {target.label} "
-            f"failed: {why}"
-            + (f"\n  detail: {detail}" if detail else "")
-            + "\n  files verified before the failure are kept; nothing unverified carries a final name; "
-            "next: check the link between the nodes and run `pulumi up` again (only what is missing is sent)"
-        )
+    received = _transfer(props, manifest, plan.bytes, send, receive)
     return {
-        "bytes_sent": int(received.get("received_bytes") or 0),
+        # Bytes into the link (the files and their frame headers), as NodeImage counts them.
+        "bytes_sent": int(received.get("link_bytes") or 0),
         "files_sent": int(received.get("received") or 0),
         "snapshot_path": received.get("snapshot_path"),
     }
+
+
+def _transfer(
+    props: Mapping[str, Any], manifest: Manifest, bytes_total: int, send: list[str], receive: list[str]
+) -> dict[str, Any]:
+    """Source → destination over the fabric through the shared transfer layer; the receiver's report."""
+    try:
+        tuning = transfer.tuning_from(props.get("tuning"), "Checkpoint tuning")
+        source = transfer.Endpoint.from_dict("source", props["source"], tuning.connect_timeout_s)
+        destination = transfer.Endpoint.from_dict("node", props["node"], tuning.connect_timeout_s)
+    except (transfer.TuningError, transfer.EndpointError) as exc:
+        raise CheckpointError(f"Checkpoint: {exc}") from None
+    job = transfer.Transfer(
+        operation=f"checkpoint-{destination.label}-{secrets.token_hex(3)}",
+        producers=(transfer.Stage("checkpoint send (source)", send),),
+        consumer=transfer.Stage("checkpoint receive (destination)", receive),
+        bytes_total=bytes_total,
+    )
+    peer = transfer.Peer.new(transfer.peer_target(destination, tuning))
+    with transfer.ssh_sessions() as control:
+        source_master = control("source")
+        transfer.open_master(source.target, source_master)
+        try:
+            result = transfer.run_transfer(job, source, destination, peer, tuning, source_master)
+        except transfer.PeerUnreachable as exc:
+            raise CheckpointError(str(exc)) from None
+        finally:
+            if not peer.closed:
+                with contextlib.suppress(RemoteError):
+                    source.transport(source_master).run(peer.close_argv(), timeout=30)
+    received = result.consumer_report or {}
+    if result.ok and "error" not in received and received.get("digest") == manifest.digest:
+        return {**received, "link_bytes": result.bytes_sent}
+    receive_status = result.stages[-1].status if result.stages else None
+    if received.get("error"):
+        result.detail = [*result.detail, str(received["error"])]
+    if receive_status in programs.RECEIVE_EXITS and result.failure is not transfer.Failure.TRANSPORT:
+        result.why = f"{programs.RECEIVE_EXITS[receive_status]} ({result.why})"
+    elif result.ok:
+        result.why = f"the files on {destination.label} do not hash to the source's manifest digest"
+    raise CheckpointError(
+        result.error(
+            f"copy of {manifest.repo}@{manifest.revision[:12]}",
+            "files verified before the failure are kept; nothing unverified carries a final name",
+            "check the link between the nodes and run `pulumi up` again (only what is missing is sent)",
+        )
+    )
 
 
 def _snapshot(report: Mapping[str, Any], manifest: Manifest) -> str:

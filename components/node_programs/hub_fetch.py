@@ -54,44 +54,60 @@ def blob_bytes(blobs_dir: str) -> int:
 
 
 class Progress:
-    """Samples the bytes under the repo's blobs dir every second into the progress file."""
+    """The fetch's progress file, in the transfer layer's format (`components/node_programs/
+    transfer_source.py`): bytes under the repo's blobs dir sampled every second; removed at the end."""
 
-    def __init__(self, path: str | None, operation: str, blobs_dir: str):
-        self.path, self.operation, self.blobs_dir = path, operation, blobs_dir
-        self.total = 0
+    def __init__(self, path: str | None, operation: str, node: str, blobs_dir: str):
+        self.path, self.blobs_dir = path, blobs_dir
         self.stop = threading.Event()
-        self.started = time.time()
         self.base = blob_bytes(blobs_dir)
-
-    def record(self, phase: str) -> dict:
-        done = max(blob_bytes(self.blobs_dir) - self.base, 0)
-        elapsed = max(time.time() - self.started, 1e-6)
-        rate = done / elapsed
-        left = max(self.total - done, 0) if self.total else None
-        return {
-            "operation": self.operation,
-            "phase": phase,
-            "bytes_done": done,
-            "bytes_total": self.total or None,
-            "rate_bytes_per_s": round(rate),
-            "eta_s": round(left / rate) if left is not None and rate > 0 else None,
-            "started": self.started,
-            "updated": time.time(),
+        started = time.time()
+        self.doc = {
+            "operation": operation,
+            "node": node,
+            "peer": "",
+            "stage": "fetch",
+            "bytes_done": 0,
+            "bytes_total": 0,
+            "rate_bps": 0,
+            "eta_s": None,
+            "started_at": round(started, 3),
+            "updated_at": round(started, 3),
+            "pid": os.getpid(),
         }
+
+    def sample(self) -> dict:
+        done = max(blob_bytes(self.blobs_dir) - self.base, 0)
+        now = time.time()
+        elapsed = now - self.doc["started_at"]
+        rate = done / elapsed if elapsed > 0 else 0.0
+        total = self.doc["bytes_total"]
+        eta = (total - done) / rate if rate > 0 and total > done else (0 if total and done >= total else None)
+        self.doc.update(
+            bytes_done=done,
+            rate_bps=int(rate),
+            eta_s=None if eta is None else round(eta, 1),
+            updated_at=round(now, 3),
+        )
+        return dict(self.doc)
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
-            write_progress(self.path, self.record("fetch"))
+            with contextlib.suppress(OSError):
+                write_progress(self.path, self.sample())
 
     def __enter__(self) -> Progress:
         if self.path:
+            with contextlib.suppress(OSError):
+                write_progress(self.path, self.sample())
             threading.Thread(target=self.run, daemon=True).start()
         return self
 
-    def __exit__(self, exc_type, *rest) -> None:
+    def __exit__(self, *exc) -> None:
         self.stop.set()
         if self.path:
-            write_progress(self.path, self.record("failed" if exc_type else "done"))
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
 
 def _total_bytes(api, repo: str, sha: str, args: dict) -> int:
@@ -125,8 +141,10 @@ def fetch(args: dict, token: str | None) -> dict:
         # Resolved once: the commit every node will hold and serve, whatever the branch does later.
         info = HfApi(token=token or None).model_info(repo, revision=revision, files_metadata=False)
         sha = info.sha
-        with Progress(args.get("progress"), f"fetch {repo}", os.path.join(repo_dir, "blobs")) as progress:
-            progress.total = _total_bytes(HfApi(token=token or None), repo, sha, args)
+        operation = "fetch-" + repo.replace("/", "--")
+        blobs = os.path.join(repo_dir, "blobs")
+        with Progress(args.get("progress"), operation, str(args.get("node") or ""), blobs) as progress:
+            progress.doc["bytes_total"] = _total_bytes(HfApi(token=token or None), repo, sha, args)
             last: Exception | None = None
             for attempt in range(attempts):
                 try:

@@ -103,7 +103,7 @@ def test_fetch_on_the_head_then_copy_verified_to_the_worker(hub, caches, node_a,
     assert head["snapshot_path"] == f"{cache_dir(node_a)}/hub/{REPO_DIR}/snapshots/{head['revision']}"
     worker = PROVIDER.create(worker_props(node_b, node_a, head)).outs
     assert worker["digest"] == head["digest"] and worker["revision"] == head["revision"]
-    assert worker["bytes_sent"] == head["bytes"] and worker["files_sent"] == 8
+    assert head["bytes"] <= worker["bytes_sent"] <= head["bytes"] * 1.01 and worker["files_sent"] == 8
     snapshot = Path(worker["snapshot_path"])
     assert (snapshot / "config.json").read_text() == (Path(head["snapshot_path"]) / "config.json").read_text()
     assert os.readlink(snapshot / "model-00001-of-00003.safetensors").startswith("../../blobs/")
@@ -130,7 +130,7 @@ def test_a_flipped_byte_shows_at_a_full_refresh_and_only_that_shard_is_sent(hub,
     diff = PROVIDER.diff("x", refreshed, news)
     assert diff.changes and not diff.replaces
     repaired = PROVIDER.update("x", refreshed, news).outs
-    assert repaired["files_sent"] == 1 and repaired["bytes_sent"] == SHARD
+    assert repaired["files_sent"] == 1 and SHARD <= repaired["bytes_sent"] <= SHARD * 1.01
     assert PROVIDER.read("x", repaired).outs["problems"] == {}
 
 
@@ -141,7 +141,7 @@ def test_a_truncated_shard_shows_at_a_sizes_refresh(hub, caches, node_a, node_b)
     refreshed = PROVIDER.read("x", worker).outs
     assert refreshed["problems"] == {"model-00003-of-00003.safetensors": "truncated"}
     repaired = PROVIDER.update("x", refreshed, worker_props(node_b, node_a, head)).outs
-    assert repaired["files_sent"] == 1 and repaired["bytes_sent"] == SHARD
+    assert repaired["files_sent"] == 1 and SHARD <= repaired["bytes_sent"] <= SHARD * 1.01
 
 
 def test_disk_preflight_refuses_before_any_byte(hub, caches, node_a, node_b):
@@ -202,7 +202,8 @@ def test_ssh_cut_mid_shard_leaves_nothing_complete_looking_and_the_rerun_sends_t
     assert all((blobs / n).stat().st_size == sizes[n] for n in left)
     assert not (cache_dir(node_b) / "hub" / REPO_DIR / "snapshots").exists()
     rerun = PROVIDER.create(worker_props(node_b, node_a, head)).outs
-    assert rerun["bytes_sent"] == head["bytes"] - sum(sizes[n] for n in left)
+    missing = head["bytes"] - sum(sizes[n] for n in left)
+    assert rerun["files_sent"] == len(sizes) - len(left) and missing <= rerun["bytes_sent"] <= missing * 1.01
     assert rerun["digest"] == head["digest"]
 
 

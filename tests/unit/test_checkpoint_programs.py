@@ -84,10 +84,21 @@ def test_fetch_writes_the_standard_cache_layout(hub, fetched):
     assert shard.is_symlink() and os.readlink(shard).startswith("../../blobs/")
     lfs = hub.repos[REPO].files["model-00001-of-00003.safetensors"].sha256
     assert os.path.basename(os.readlink(shard)) == lfs
-    progress = json.loads((fetched / "progress.json").read_text())
-    assert progress["phase"] == "done" and progress["bytes_total"] == sum(
-        f.size for f in hub.repos[REPO].files.values()
-    )
+    assert not (fetched / "progress.json").exists()  # removed at the end, as the transfer layer does
+
+
+def test_fetch_progress_uses_the_transfer_layers_format(tmp_path):
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    progress = hub_fetch.Progress(str(tmp_path / "p.json"), "fetch-org--model", "spark-1", str(blobs))
+    progress.doc["bytes_total"] = 1000
+    (blobs / "x.incomplete").write_bytes(b"y" * 250)
+    sample = progress.sample()
+    assert sample["bytes_done"] == 250 and sample["bytes_total"] == 1000 and sample["stage"] == "fetch"
+    with open(hf_checkpoint.__file__.replace("hf_checkpoint.py", "transfer_source.py")) as handle:
+        source = handle.read()
+    for key in sample:  # the same keys `status` reads from a copy's progress file
+        assert f'"{key}"' in source
 
 
 def test_fetch_token_travels_as_a_header_never_in_output(hub, tmp_path):

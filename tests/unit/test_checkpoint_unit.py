@@ -10,7 +10,6 @@ from components import remote
 from components.checkpoint import programs
 from components.checkpoint.plan import CheckpointError, CopyPlan, Manifest, check_space, plan_copy, problems
 from components.checkpoint.provider import CheckpointProvider, fetch_argv
-from components.checkpoint.stream import parse_statuses, pipeline_argv
 from components.config import ConfigError, parse_stack_config
 from lab.standin_vllm import local_config
 
@@ -211,14 +210,16 @@ def test_programs_travel_in_one_line_and_stdlib_ones_run_isolated():
     remote.shell_join(argv)
 
 
-def test_the_stream_runs_on_the_source_with_the_pinned_ssh_options():
-    peer = remote.SshTarget(host="192.168.0.2", user="u", known_hosts="/k", name="spark-2")
-    argv = pipeline_argv(["send"], ["receive"], peer)
-    script = argv[-1]
-    assert argv[:3] == ["bash", "--norc", "--noprofile"] and "pipefail" in argv
-    assert "StrictHostKeyChecking=yes" in script and "UserKnownHostsFile=/k" in script
-    assert "u@192.168.0.2" in script
-    assert parse_statuses("oops\nqwen35-pipestatus 0 4\n") == (0, 4, "oops")
+def test_send_and_receive_name_the_same_repo_folder_on_both_nodes():
+    send = programs.send_argv("python3", "/a/hf", "org/model", ["c" * 64])
+    receive = programs.receive_argv(
+        "python3", "/b/hf", "org/model", SHA, MANIFEST.as_state(), {"main": SHA}, (1, 2)
+    )
+    sent, received = json.loads(send[-1]), json.loads(receive[-1])
+    assert send[-2] == "send" and receive[-2] == "receive"
+    assert sent == {"hub": "/a/hf/hub", "repo_dir": "models--org--model", "blobs": ["c" * 64]}
+    assert received["hub"] == "/b/hf/hub" and received["repo_dir"] == "models--org--model"
+    assert received["owner"] == [1, 2] and received["refs"] == {"main": SHA} and received["revision"] == SHA
 
 
 # ---- the stand-in vLLM reads its node's own cache, offline ----------------------------------------------

@@ -308,7 +308,7 @@ def test_node_requests_name_the_declared_things_and_no_secret(config):
     assert requests["node-b"] == {
         "image": facts.deployment_image(config),
         "containers": ["qwen35-ray-worker"],
-        "hf_cache": "/run/qwen35-lab/hf-cache",
+        "hf_cache": "/run/qwen35-lab/node-b/hf-cache",  # model.cache_dirs: its own
         "model": "lab/standin-qwen35",
         "revision": "main",
         "ray_container": None,
