@@ -307,6 +307,16 @@ def test_node_images_place_the_image_on_every_node_through_the_provider_host(pla
         assert engine.up(state, same).op == "same", node
     # node-b's copy knows which image its source (node-a's NodeImage) observed.
     assert placed["node-b"].inputs["source_image_id"] == placed["node-a"].outputs["image_id"]
+    # A rebuild trigger replaces node-b's NodeImage in the engine's order (the new one created, then
+    # the old one deleted): the node keeps its image, and a refresh finds no drift.
+    resource = program.named("qwen35-image-node-b")
+    rebuilt = {**node_image_inputs(program, resource, tag, placed), "trigger": "rebuild-2"}
+    replaced = engine.up(placed["node-b"], rebuilt)
+    assert replaced.op == "replace" and replaced.diff.delete_before_replace is False, replaced.diff
+    assert lab.docker(node_b, "image", "inspect", "-f", "{{.Id}}", tag).out == on_b
+    assert engine.refresh(replaced.state).outputs["image_id"] == on_b
+    assert engine.up(replaced.state, rebuilt).op == "same"
+    placed["node-b"] = replaced.state
 
 
 def test_the_model_support_check_runs_on_the_head_before_ray(placed, checkpoints, engine, program, node_a):
