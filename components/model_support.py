@@ -340,6 +340,9 @@ def verify_pin(transport: SshTransport, props: Mapping[str, Any]) -> None:
 def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[str, Any]:
     """The whole check on the head; the outputs. Raises when it fails (mode enforce) or cannot run."""
     problems = validate(props)
+    if not IMAGE_ID.match(str(props.get("image_id") or "")) and not _known(props.get("image_id")):
+        # check() lets an unknown ID through (preview); create needs the head's real one.
+        problems.append(f"image_id: {props.get('image_id')!r} is not a sha256: image ID")
     if problems:
         raise ModelSupportError("model-support check: " + "; ".join(problems))
     transport = SshTransport(target_from_dict(props["node"]))

@@ -433,3 +433,9 @@ def test_create_id_names_the_head_image_and_checkpoint(monkeypatch, proof_dir):
     created = ModelSupportCheckProvider().create(props(checkpoint_digest="sha256:0123456789abcdef"))
     assert created.id == "spark-1-abababababab-0123456789ab"
     assert created.outs["verdict"] == "pass" and created.outs["image_id"] == IMAGE_ID
+
+
+@pytest.mark.parametrize("image_id", [None, "", "vllm-node:latest"])
+def test_create_needs_the_heads_image_id(no_io, image_id):
+    with pytest.raises(ModelSupportError, match="image_id"):
+        run_check(props(image_id=image_id))
