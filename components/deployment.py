@@ -1,9 +1,11 @@
 """Qwen35Deployment: the whole cluster as one component (providers, images, Ray, vLLM, readiness).
 
 Order, enforced by dependencies (and reversed by `pulumi destroy`):
-docker provider per node → HybridImage on the head → NodeImage per node → Ray head → Ray workers →
-vLLM server on the head → readiness gate. Every container runs the `sha256:` image ID its node's
-NodeImage reports, so a rebuilt or replaced image replaces exactly the containers that run it.
+docker provider per node → the image on the head (strategy `prebuilt`: already there, nothing
+built; `hybrid`: HybridImage builds it) → NodeImage per node → model-support check on the head →
+Ray head → Ray workers → vLLM server on the head → readiness gate. Every container runs the
+`sha256:` image ID its node's NodeImage reports, so a rebuilt or replaced image replaces exactly the
+containers that run it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import pulumi
 import pulumi_docker as docker
 
 from components.checkpoint import Checkpoint, checkpoint_tree
-from components.config import StackConfig
-from components.hybrid_image import HybridImage, HybridImageArgs
+from components.config import ImageStrategy, StackConfig
+from components.hybrid_image import HybridImage, HybridImageArgs, image_ref
+from components.model_support import ModelSupportCheck
 from components.node_image import NodeImage, copy_tree
 from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
@@ -27,7 +30,19 @@ from components.ray_cluster import (
     ray_tmp_volume_name,
 )
 from components.readiness_gate import ReadinessGate
-from components.vllm_server import endpoint_url, local_url, vllm_container_spec
+from components.vllm_server import endpoint_url, local_url, vllm_container_name, vllm_container_spec
+
+# The model-support check's outputs that the stack exports (`model_support`).
+MODEL_SUPPORT_OUTPUTS = (
+    "verdict",
+    "failed_stage",
+    "vllm",
+    "transformers",
+    "architecture",
+    "model_type",
+    "quantization",
+    "memory_fit",
+)
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,15 @@ def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, An
     }
 
 
+def node_container_names(config: StackConfig) -> dict[str, list[str]]:
+    """The deployment's containers on each node, by name: its Ray container, and the server on the head."""
+    return {
+        node.name: [ray_container_name(config, node)]
+        + ([vllm_container_name(config)] if node is config.head else [])
+        for node in config.nodes
+    }
+
+
 class Qwen35Deployment(pulumi.ComponentResource):
     """Everything one stack deploys, in dependency order."""
 
@@ -114,13 +138,37 @@ class Qwen35Deployment(pulumi.ComponentResource):
         head = cfg.head
         secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
 
-        self.image = HybridImage(
-            f"{name}-image",
-            HybridImageArgs(image=cfg.image),
-            opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
-        )
-        self.node_images: dict[str, NodeImage] = place_images(name, self, self.image)
+        # Strategy prebuilt registers no build: the configured reference is on the head already.
+        self.image: HybridImage | None = None
+        if cfg.image.strategy is ImageStrategy.HYBRID:
+            self.image = HybridImage(
+                f"{name}-image",
+                HybridImageArgs(image=cfg.image),
+                opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
+            )
+        self.image_ref = image_ref(cfg.image)
+        self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
         self.checkpoints: dict[str, Checkpoint] = place_checkpoints(name, self, args.hf_token)
+        head_checkpoint = self.checkpoints.get(head.name)
+
+        # Before any Ray container: the head's image loads the checkpoint, and the model fits.
+        self.model_support = ModelSupportCheck(
+            f"{name}-model-support",
+            node=self.access[head.name].node_image_dict(),
+            image=self.image_ref if self.image else cfg.image.prebuilt,
+            image_id=self.node_images[head.name].image_id,
+            memory=memory_inputs(cfg),
+            mode=cfg.image.model_check.value,
+            # The head's checkpoint (none when serve.model is a path and model.repo is unset: then the
+            # proof runs on its fixture configs and the memory fit is not checked).
+            checkpoint_digest=head_checkpoint.digest if head_checkpoint else None,
+            snapshot_path=head_checkpoint.snapshot_path if head_checkpoint else None,
+            container_prefix=cfg.containers.name_prefix,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[self.node_images[head.name], *([head_checkpoint] if head_checkpoint else [])],
+            ),
+        )
 
         # Shared by the Ray head and the vLLM server (the driver needs the raylet's socket).
         self.ray_tmp = docker.Volume(
@@ -197,10 +245,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 }
                 for node, c in self.checkpoints.items()
             },
-            "containers": {
-                node.name: [ray_container_name(cfg, node)] + ([vllm_spec.name] if node is head else [])
-                for node in cfg.nodes
-            },
+            "containers": node_container_names(cfg),
+            "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
             "head": head.name,
             "nodes": [n.name for n in cfg.nodes],
         }
@@ -218,8 +264,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
         depends_on: list[pulumi.Resource],
         revision: pulumi.Output[str] | None = None,
     ) -> docker.Container:
-        """A container on `node`, created after that node's NodeImage (whose ID the spec carries) and
-        its checkpoint; `revision`: the commit `vllm serve` must serve (the pinned one)."""
+        """A container on `node`, created after that node's NodeImage (whose ID the spec carries), the
+        node's checkpoint and the model-support check; `revision`: the commit `vllm serve` must serve."""
         kwargs = container_args(spec, secrets)
         if revision is not None:
             kwargs["command"] = revision.apply(lambda sha: [*spec.command[1:], "--revision", sha])
@@ -230,7 +276,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.providers[node],
-                depends_on=[self.node_images[node], *checkpoint, *depends_on],
+                depends_on=[self.node_images[node], *checkpoint, self.model_support, *depends_on],
                 additional_secret_outputs=["envs"],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,
@@ -238,16 +284,29 @@ class Qwen35Deployment(pulumi.ComponentResource):
         )
 
 
-def place_images(name: str, deployment: Qwen35Deployment, image: HybridImage) -> dict[str, NodeImage]:
-    """One NodeImage per node, copied along a fan-out tree from the head (where the image is built)."""
+def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
+    """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism."""
+    return {
+        "nodes": [{"name": n.name, "memory_gb": n.memory_gb, "gpus": n.gpus} for n in cfg.nodes],
+        "tensor_parallel_size": cfg.serve.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.serve.pipeline_parallel_size,
+        "gpu_memory_utilization": cfg.serve.gpu_memory_utilization,
+    }
+
+
+def place_images(
+    name: str, deployment: Qwen35Deployment, ref: str, build: HybridImage | None
+) -> dict[str, NodeImage]:
+    """One NodeImage per node, copied along a fan-out tree from the head (where the image is)."""
     return copy_tree(
         f"{name}-image",
-        image.ref,
+        ref,
         deployment.access,
         deployment.config.head.name,
-        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[image]),
+        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[build] if build else []),
         # A rebuild under the same tag (a pinned `image.tag`) still re-places the image everywhere.
-        trigger=image.image.id,
+        # A prebuilt image re-tagged on the head shows at refresh (NodeImage reads the head's ID).
+        trigger=build.image.id if build else None,
         tuning=deployment.config.copy_.tuning() or None,
         # Only classic-store nodes serve others (a containerd store may lack layer blobs).
         can_reexport={n.name for n in deployment.config.nodes if n.image_store == "classic"},

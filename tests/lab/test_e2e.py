@@ -37,6 +37,7 @@ pytestmark = pytest.mark.lab
 
 API_KEY = "lab-e2e-key"
 CONTAINER = "docker:index/container:Container"
+MODEL_SUPPORT = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 VOLUME = "docker:index/volume:Volume"
 PROVIDER = "pulumi:providers:docker"
 # Dependency order, as the program's depends_on has it: head, then workers, then the server.
@@ -319,6 +320,32 @@ def test_node_images_place_the_image_on_every_node_through_the_provider_host(pla
     assert engine.refresh(replaced.state).outputs["image_id"] == on_b
     assert engine.up(replaced.state, rebuilt).op == "same"
     placed["node-b"] = replaced.state
+
+
+def test_the_model_support_check_runs_on_the_head_before_ray(placed, checkpoints, engine, program, node_a):
+    """The check as the lab stack declares it, through the provider host, on the head's placed image and
+    the head's real checkpoint. Pulumi.lab.yaml sets `model_check: report`: the lab Ray image has no
+    torch, so the real proof fails at `environment`, the verdict is recorded and Ray may start."""
+    (check,) = program.by_type(MODEL_SUPPORT)
+    head = checkpoints["node-a"].outputs
+    registered = {
+        **check.inputs,
+        "image_id": placed["node-a"].outputs["image_id"],
+        "checkpoint_digest": head["digest"],
+        "snapshot_path": head["snapshot_path"],
+    }
+    state = engine.create(check.typ, check.name, registered, timeout=600)
+    outputs = state.public_outputs()
+    print(f"e2e: {check.name}: {outputs}")
+    assert outputs["verdict"] == "fail" and outputs["failed_stage"] == "environment", outputs
+    # The head's checkpoint index was read on node-a and fits the lab's declared memory.
+    assert outputs["memory_fit"]["fits"] is True and outputs["memory_fit"]["weights_from"] in (
+        "index",
+        "shards",
+    )
+    # Unchanged inputs: no second run (the unit tests check that every container waits for it).
+    assert engine.up(state, registered).op == "same"
+    engine.delete(state)
 
 
 def test_declared_specs_bring_up_a_serving_two_node_cluster(deployment, program, engine):
