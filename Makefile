@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 # python3-venv: Debian's python3 cannot make a virtualenv without it.
 LAB_DEBS := python3-venv docker.io openssh-server busybox-static debootstrap iproute2 ca-certificates xz-utils shellcheck
 
-.PHONY: setup venv lab-packages test lint unit labtest lab-up lab-down lab-status bench status clean
+.PHONY: setup venv lab-packages test lint unit labtest releasetest lab-up lab-down lab-status bench status clean
 
 # `make status STACK=dev` (add STATUS_ARGS=--json for scripts): the deployed cluster against its stack file.
 STACK ?= dev
@@ -45,7 +45,7 @@ lab-packages:
 	  echo "       (unit tests run without them: make unit)"; \
 	fi
 
-test: lint unit labtest
+test: lint unit labtest releasetest
 
 # Shell scripts shipped to nodes must pass shellcheck (the node programs are Python today: none yet).
 lint: venv
@@ -60,6 +60,11 @@ unit: venv
 
 labtest: venv
 	$(PY) -m pytest -q tests/lab
+
+# Real vLLM releases (0.14.0, 0.17.1) with their torch from PyPI run patches/prove_model.py. The venvs
+# live in $${QWEN35_CACHE:-~/.cache/qwen35-spark}/release: ~10 GB and minutes each, made by the first run.
+releasetest: venv
+	$(PY) -m pytest -q --durations=0 tests/release
 
 lab-up: venv
 	$(PY) -m lab up

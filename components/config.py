@@ -204,8 +204,9 @@ class ImageConfig(_Model):
     name: str = "vllm-node-qwen35"
     # Empty: a content hash of the build inputs, so unchanged inputs never rebuild.
     tag: str | None = None
-    # An exact pin: a `>=` spec resolves differently on each rebuild. 5.2.0 first ships qwen3_5.
-    transformers: str = "==5.2.0"
+    # An exact pin: a `>=` spec resolves differently on each rebuild. 4.57.6 is what vLLM 0.17 pins and
+    # what its Qwen3.5 config classes load with; under 5.x they raise TypeError (README, the finding).
+    transformers: str = "==4.57.6"
     platform: str = "linux/arm64"
     base_vllm_dir: str = "/usr/local/lib/python3.12/dist-packages/vllm"
     donor_vllm_dir: str = "/usr/local/lib/python3.12/dist-packages/vllm"
@@ -213,7 +214,7 @@ class ImageConfig(_Model):
     pip_args: list[str] = []
     # Network for RUN steps of the build: `host` where the daemon has no bridge (the lab).
     build_network: str | None = None
-    # 0 skips only the final import smoke test (images without torch: the lab). Never on the Sparks.
+    # false skips the build steps that need torch (behaviour proofs, import smoke): the lab only.
     smoke: bool = True
 
     @field_validator("base", "donor", "name")

@@ -139,7 +139,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
         )
 
         self.ray_containers: dict[str, docker.Container] = {}
-        head_spec = ray_container_spec(cfg, head, "")
+        # Every container runs the image ID of its own node's copy (IDs differ across image stores).
+        image_on = {node: placed.image_id for node, placed in self.node_images.items()}
+        head_spec = ray_container_spec(cfg, head, image_on[head.name])
         self.ray_containers[head.name] = self._container(
             f"{name}-ray-head",
             head_spec,
@@ -150,14 +152,14 @@ class Qwen35Deployment(pulumi.ComponentResource):
         for worker in cfg.workers:
             self.ray_containers[worker.name] = self._container(
                 f"{name}-ray-worker-{worker.name}",
-                ray_container_spec(cfg, worker, ""),
+                ray_container_spec(cfg, worker, image_on[worker.name]),
                 worker.name,
                 secrets,
                 # A worker joins the head's GCS: never start one before the head.
                 depends_on=[self.ray_containers[head.name]],
             )
 
-        vllm_spec = vllm_container_spec(cfg, "")
+        vllm_spec = vllm_container_spec(cfg, image_on[head.name])
         self.server = self._container(
             f"{name}-vllm",
             vllm_spec,
@@ -222,11 +224,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
         depends_on: list[pulumi.Resource],
         revision: pulumi.Output[str] | None = None,
     ) -> docker.Container:
-        """A container on `node` running the image ID its NodeImage reports (after that NodeImage and
-        the node's checkpoint); `revision`: the commit `vllm serve` must serve (the pinned one)."""
-        node_image = self.node_images[node]
+        """A container on `node`, created after that node's NodeImage (whose ID the spec carries) and the
+        node's checkpoint; `revision`: the commit `vllm serve` must serve (the pinned one)."""
         kwargs = container_args(spec, secrets)
-        kwargs["image"] = node_image.image_id
         if revision is not None:
             kwargs["command"] = revision.apply(lambda sha: [*spec.command[1:], "--revision", sha])
         checkpoint = [self.checkpoints[node]] if node in self.checkpoints else []
@@ -236,7 +236,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.providers[node],
-                depends_on=[node_image, *checkpoint, *depends_on],
+                depends_on=[self.node_images[node], *checkpoint, *depends_on],
                 additional_secret_outputs=["envs"],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,

@@ -29,6 +29,8 @@ def build_args(image: ImageConfig) -> dict[str, str]:
         "DONOR_VLLM_DIR": image.donor_vllm_dir,
         "TRANSFORMERS_SPEC": f"transformers{image.transformers}",
         "PIP_ARGS": " ".join(image.pip_args),
+        # The steps that need torch: the behaviour proofs and the import smoke (both off only in the lab).
+        "PROOFS": "config,construct,load" if image.smoke else "",
         "SMOKE": "1" if image.smoke else "0",
     }
 

@@ -7,8 +7,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Union
 
 from components.config import NodeConfig, RayPorts, RestartPolicy, StackConfig
+
+if TYPE_CHECKING:
+    import pulumi
+
+# The image a container runs: its node's image ID, known only once that node's NodeImage is created
+# (an Output in the program; a plain `sha256:` string in tests of the spec alone).
+ImageId = Union[str, "pulumi.Output[str]"]  # noqa: UP007 (a string forward reference needs Union)
 
 # Where the HF cache is mounted in every container (they run as root), and HF_HOME points there.
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
@@ -52,7 +60,7 @@ class ContainerSpec:
     name: str
     node: str
     role: str
-    image: str
+    image: ImageId
     command: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     # Environment variable -> secret config key (`hf_token`, `api_key`); values never enter the spec.
@@ -178,7 +186,7 @@ def node_container_spec(
     *,
     name: str,
     role: str,
-    image_id: str,
+    image_id: ImageId,
     command: list[str],
     env: dict[str, str],
     secret_env: dict[str, str],
@@ -214,8 +222,9 @@ def node_container_spec(
     )
 
 
-def ray_container_spec(config: StackConfig, node: NodeConfig, image_id: str) -> ContainerSpec:
-    """The Ray head (on `config.head`) or a Ray worker (anywhere else) on `node`."""
+def ray_container_spec(config: StackConfig, node: NodeConfig, image_id: ImageId) -> ContainerSpec:
+    """The Ray head (on `config.head`) or a Ray worker (anywhere else) on `node`, running `image_id`
+    (the image ID of that node's own copy of the image)."""
     is_head = node is config.head
     extra = (Mount(ray_tmp_volume_name(config), RAY_TMP, volume=True),) if is_head else ()
     return node_container_spec(

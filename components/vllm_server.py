@@ -10,6 +10,7 @@ from components.config import ServeConfig, StackConfig
 from components.ray_cluster import (
     RAY_TMP,
     ContainerSpec,
+    ImageId,
     Mount,
     fabric_env,
     head_address,
@@ -55,8 +56,8 @@ def endpoint_url(config: StackConfig) -> str:
     return f"http://{host}:{serve.port}/v1"
 
 
-def vllm_container_spec(config: StackConfig, image_id: str) -> ContainerSpec:
-    """The server container on the head: same image and fabric settings as the Ray head."""
+def vllm_container_spec(config: StackConfig, image_id: ImageId) -> ContainerSpec:
+    """The server container on the head, running `image_id` (the head's copy, as the Ray head does)."""
     head = config.head
     env = {
         **fabric_env(config, head),

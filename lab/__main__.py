@@ -17,7 +17,11 @@ def parse_nodes(text: str | None) -> list[str] | None:
 
 def node_table(nodes: dict[str, LabNode]) -> str:
     rows = [("node", "ssh", "engine", "store", "DOCKER_HOST")]
-    rows += [(n.name, f"{n.target}:{n.port}", n.engine, n.store, n.docker_host) for n in nodes.values()]
+    rows += [
+        (n.name, f"{n.target}:{n.port}" + (f" via {n.proxy_jump}" if n.proxy_jump else ""), n.engine, n.store,
+         n.docker_host)
+        for n in nodes.values()
+    ]  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
     return "\n".join(line.rstrip() for line in lines)

@@ -27,6 +27,9 @@ PACKAGE_OF = {
     "dpkg": "dpkg",
     "debootstrap": "debootstrap",
     "tar": "tar",
+    "nsenter": "util-linux",
+    "unshare": "util-linux",
+    "ip": "iproute2",
 }
 
 

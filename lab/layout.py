@@ -32,12 +32,19 @@ class Store(str, Enum):
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One lab node as designed: name, loopback address, engine and image store."""
+    """One lab node as designed: name, loopback address, engine and image store.
+
+    `jump`: the node is reached only through that node, as spark-2 is through spark-1. Its dockerd and
+    sshd run in a network namespace of their own (the lab's "fabric"), where its sshd listens on
+    `host`; from this machine's network that address refuses connections. The jump node gets a second
+    SSH door (`door_port()` on its own address) whose sessions run inside the fabric namespace.
+    """
 
     name: str
     host: str
     engine: Engine
     store: Store
+    jump: str | None = None
 
 
 NODE_SPECS: tuple[NodeSpec, ...] = (
@@ -45,6 +52,7 @@ NODE_SPECS: tuple[NodeSpec, ...] = (
     NodeSpec("node-b", "127.0.0.3", Engine.BOOKWORM, Store.CLASSIC),
     NodeSpec("node-c", "127.0.0.4", Engine.TRIXIE, Store.CLASSIC),
     NodeSpec("node-d", "127.0.0.5", Engine.TRIXIE, Store.CONTAINERD),
+    NodeSpec("node-e", "127.0.0.6", Engine.BOOKWORM, Store.CLASSIC, jump="node-a"),
 )
 NODE_NAMES = tuple(spec.name for spec in NODE_SPECS)
 
@@ -62,6 +70,7 @@ class LabNode:
     docker_host: str  # unix://… socket the node's SSH sessions get as DOCKER_HOST
     engine: str  # the daemon's own version string, e.g. "20.10.24+dfsg1"
     store: str  # "classic" | "containerd"
+    proxy_jump: str | None = None  # `user@host:port` of the jump's door, for a node behind a jump
 
     @property
     def target(self) -> str:
@@ -79,6 +88,11 @@ def ssh_port() -> int:
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise LabError(f"lab: LAB_SSH_PORT={text!r} is not a port number")
     return int(text)
+
+
+def door_port() -> int:
+    """The port of a jump node's second door (the one whose sessions see the fabric namespace)."""
+    return ssh_port() + 1
 
 
 def data_dir() -> Path:
@@ -140,6 +154,24 @@ class NodePaths:
     def host_key(self) -> Path:
         return self.root / "ssh_host_ed25519_key"
 
+    @property
+    def netns(self) -> Path:
+        """A node behind a jump: its network namespace (an nsfs bind mount)."""
+        return self.root / "netns"
+
+    @property
+    def door_config(self) -> Path:
+        """A node behind a jump: the sshd config of the jump's door into this node's namespace."""
+        return self.root / "door_sshd_config"
+
+    @property
+    def door_pid(self) -> Path:
+        return self.root / "door.pid"
+
+    @property
+    def door_log(self) -> Path:
+        return self.root / "door.log"
+
 
 @dataclass(frozen=True)
 class SshPaths:
@@ -179,6 +211,13 @@ def select_specs(names: list[str] | tuple[str, ...] | None) -> tuple[NodeSpec, .
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise LabError(f"lab: unknown node {name!r}{hint}; nodes are {', '.join(NODE_NAMES)}")
     return tuple(spec for spec in NODE_SPECS if spec.name in wanted)
+
+
+def with_jumps(names: list[str] | tuple[str, ...]) -> list[str]:
+    """`names` plus the jump node of every node behind one (a node behind a jump needs its jump up)."""
+    wanted = set(names)
+    wanted |= {spec.jump for spec in select_specs(list(names)) if spec.jump}
+    return [spec.name for spec in NODE_SPECS if spec.name in wanted]
 
 
 def known_hosts_line(host: str, port: int, public_key: str) -> str:

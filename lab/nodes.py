@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,14 +28,18 @@ from lab.layout import (
     SshPaths,
     Store,
     data_dir,
+    door_port,
     known_hosts_line,
     lab_dir,
     node_paths,
     select_specs,
     ssh_paths,
     ssh_port,
+    with_jumps,
 )
+from lab.netns import ensure_netns, in_netns, netns_argv
 
+DOOR_SCRIPT = Path(__file__).resolve().parent / "door.py"
 DOCKERD_DEADLINE = 60.0
 SSHD_DEADLINE = 15.0
 STOP_DEADLINE = 30.0
@@ -66,30 +71,52 @@ def daemon_config(spec: NodeSpec) -> dict:
     return {}
 
 
+def _sshd_lines(host_key: Path, keys: SshPaths, name: str, paths: NodePaths) -> list[str]:
+    """What every lab sshd shares: pinned host key, key-only root login, sessions on `name`'s daemon."""
+    return [
+        f"HostKey {host_key}",
+        f"AuthorizedKeysFile {keys.authorized_keys}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "X11Forwarding no",
+        "PrintMotd no",
+        "MaxSessions 50",
+        "MaxStartups 50:30:100",
+        # Its own home, as a separate machine has: sessions read no startup files or client
+        # configuration of the machine running the lab (here, root's ~/.bashrc runs pyenv init).
+        f"SetEnv DOCKER_HOST=unix://{paths.socket} LAB_NODE={name} HOME={paths.home}",
+        "LogLevel INFO",
+        "",
+    ]
+
+
 def sshd_config_text(spec: NodeSpec, paths: NodePaths, keys: SshPaths) -> str:
-    """sshd on the node's own address; every session lands on the node's daemon via DOCKER_HOST."""
-    return "\n".join(
-        [
-            f"ListenAddress {spec.host}:{ssh_port()}",
-            f"HostKey {paths.host_key}",
-            f"PidFile {paths.sshd_pid}",
-            f"AuthorizedKeysFile {keys.authorized_keys}",
-            "PermitRootLogin prohibit-password",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "X11Forwarding no",
-            "PrintMotd no",
-            "MaxSessions 50",
-            "MaxStartups 50:30:100",
-            # Its own home, as a separate machine has: sessions read no startup files or client
-            # configuration of the machine running the lab (here, root's ~/.bashrc runs pyenv init).
-            f"SetEnv DOCKER_HOST=unix://{paths.socket} LAB_NODE={spec.name} HOME={paths.home}",
-            "LogLevel INFO",
-            "",
-        ]
-    )
+    """sshd on the node's own address; every session lands on the node's daemon via DOCKER_HOST.
+
+    A node behind a jump runs this sshd inside its own network namespace: the address is the node's
+    there, and nothing listens on it in this machine's network."""
+    listen = [f"ListenAddress {spec.host}:{ssh_port()}", f"PidFile {paths.sshd_pid}"]
+    return "\n".join(listen + _sshd_lines(paths.host_key, keys, spec.name, paths))
+
+
+def door_config_text(jump: NodeSpec, keys: SshPaths) -> str:
+    """The jump node's second door (`sshd -i` per connection): the jump's own host key and daemon."""
+    jump_paths = node_paths(jump.name)
+    return "\n".join(_sshd_lines(jump_paths.host_key, keys, jump.name, jump_paths))
+
+
+def jump_spec(spec: NodeSpec) -> NodeSpec:
+    """The spec of the node `spec` is reached through."""
+    (jump,) = [other for other in NODE_SPECS if other.name == spec.jump]
+    return jump
+
+
+def door_address(spec: NodeSpec) -> str:
+    """`user@host:port` of the door into `spec`'s namespace: its ProxyJump."""
+    return f"{LAB_USER}@{jump_spec(spec).host}:{door_port()}"
 
 
 def lab_node(spec: NodeSpec, engine_version: str) -> LabNode:
@@ -104,6 +131,7 @@ def lab_node(spec: NodeSpec, engine_version: str) -> LabNode:
         docker_host=f"unix://{node_paths(spec.name).socket}",
         engine=engine_version,
         store=spec.store.value,
+        proxy_jump=door_address(spec) if spec.jump else None,
     )
 
 
@@ -188,6 +216,12 @@ def running_sshd(name: str) -> int | None:
     return owned_pid(paths.sshd_pid, str(paths.sshd_config))
 
 
+def running_door(name: str) -> int | None:
+    """The door into `name`'s namespace (a node behind a jump), if it runs."""
+    paths = node_paths(name)
+    return owned_pid(paths.door_pid, str(paths.door_config))
+
+
 @dataclass(frozen=True)
 class NodeState:
     """What `status` reports for one node."""
@@ -197,10 +231,14 @@ class NodeState:
     sshd_pid: int | None
     engine: str | None
     store: str | None
+    # A node behind a jump: the jump's door into its namespace (None: not behind a jump, or down).
+    door_pid: int | None = None
+    behind_jump: bool = False
 
     @property
     def running(self) -> bool:
-        return bool(self.dockerd_pid and self.sshd_pid and self.engine)
+        door = self.door_pid is not None or not self.behind_jump
+        return bool(self.dockerd_pid and self.sshd_pid and self.engine and door)
 
 
 def node_state(spec: NodeSpec) -> NodeState:
@@ -215,6 +253,8 @@ def node_state(spec: NodeSpec) -> NodeState:
         sshd_pid=sshd_pid,
         engine=version.get("Version") if version else None,
         store=store_of(info) if info else None,
+        door_pid=running_door(spec.name) if spec.jump else None,
+        behind_jump=bool(spec.jump),
     )
 
 
@@ -259,6 +299,10 @@ def ensure_host_keys_and_known_hosts(keys: SshPaths) -> None:
             _keygen(paths.host_key, f"{spec.name}-host")
         public = Path(f"{paths.host_key}.pub").read_text()
         lines.append(known_hosts_line(spec.host, ssh_port(), public))
+    for spec in NODE_SPECS:
+        if spec.jump:  # the jump's door answers with the jump's own host key
+            public = Path(f"{node_paths(spec.jump).host_key}.pub").read_text()
+            lines.append(known_hosts_line(jump_spec(spec).host, door_port(), public))
     _write_if_changed(keys.known_hosts, "\n".join(lines) + "\n", mode=0o644)
 
 
@@ -280,18 +324,30 @@ def _write_if_changed(path: Path, text: str, mode: int) -> None:
         tmp.replace(path)
 
 
-def check_port_free(spec: NodeSpec) -> None:
+def check_port_free(spec: NodeSpec, port: int | None = None, host: str | None = None) -> None:
+    host = host or spec.host
+    port = port or ssh_port()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind((spec.host, ssh_port()))
+            probe.bind((host, port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise LabError(
-                    f"lab: {spec.name}: {spec.host}:{ssh_port()} is taken by another process "
-                    f"(see: ss -ltnp 'sport = :{ssh_port()}')"
+                    f"lab: {spec.name}: {host}:{port} is taken by another process "
+                    f"(see: ss -ltnp 'sport = :{port}')"
                 ) from None
-            raise LabError(f"lab: {spec.name}: cannot bind {spec.host}:{ssh_port()}: {exc}") from None
+            raise LabError(f"lab: {spec.name}: cannot bind {host}:{port}: {exc}") from None
+
+
+@contextlib.contextmanager
+def node_network(spec: NodeSpec) -> Iterator[None]:
+    """The network the node's own processes see: its namespace when it is behind a jump."""
+    if spec.jump:
+        with in_netns(node_paths(spec.name).netns):
+            yield
+    else:
+        yield
 
 
 def start_dockerd(spec: NodeSpec) -> str:
@@ -311,11 +367,15 @@ def start_dockerd(spec: NodeSpec) -> str:
     env = {"PATH": path_var, "HOME": "/root", "LANG": "C.UTF-8"}
     # A pidfile left by a daemon that died (or is an unreaped zombie) stops dockerd from starting.
     paths.docker_pid.unlink(missing_ok=True)
+    argv = dockerd_argv(binary, paths)
+    if spec.jump:
+        ensure_netns(paths.netns)
+        argv = netns_argv(paths.netns, argv)
     with open(paths.docker_log, "ab") as log:
         log.write(f"{LOG_MARK} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
         log.flush()
         process = subprocess.Popen(
-            dockerd_argv(binary, paths),
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -345,14 +405,18 @@ def start_sshd(spec: NodeSpec, keys: SshPaths) -> None:
     _write_if_changed(paths.sshd_config, sshd_config_text(spec, paths, keys), mode=0o600)
     if running_sshd(spec.name):
         return
-    check_port_free(spec)
+    if spec.jump:
+        ensure_netns(paths.netns)
+    with node_network(spec):
+        check_port_free(spec)
     sshd = find_binary("sshd")
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
     test = subprocess.run([sshd, "-t", "-f", str(paths.sshd_config)], capture_output=True, text=True)
     if test.returncode != 0:
         raise LabError(f"lab: {spec.name}: sshd rejects {paths.sshd_config}: {test.stderr.strip()}")
+    argv = [sshd, "-f", str(paths.sshd_config), "-E", str(paths.sshd_log)]
     started = subprocess.run(
-        [sshd, "-f", str(paths.sshd_config), "-E", str(paths.sshd_log)], capture_output=True, text=True
+        netns_argv(paths.netns, argv) if spec.jump else argv, capture_output=True, text=True
     )
     if started.returncode != 0:
         raise LabError(
@@ -360,7 +424,9 @@ def start_sshd(spec: NodeSpec, keys: SshPaths) -> None:
         )
     deadline = time.monotonic() + SSHD_DEADLINE
     while time.monotonic() < deadline:
-        if running_sshd(spec.name) and _accepts(spec.host, ssh_port()):
+        with node_network(spec):
+            accepts = _accepts(spec.host, ssh_port())
+        if running_sshd(spec.name) and accepts:
             return
         time.sleep(0.1)
     raise LabError(
@@ -375,6 +441,42 @@ def _accepts(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def start_door(spec: NodeSpec, keys: SshPaths) -> None:
+    """The jump's second door into `spec`'s namespace: on the jump's address, port `door_port()`."""
+    paths = node_paths(spec.name)
+    jump = jump_spec(spec)
+    _write_if_changed(paths.door_config, door_config_text(jump, keys), mode=0o600)
+    if running_door(spec.name):
+        return
+    check_port_free(jump, door_port())
+    sshd = find_binary("sshd")
+    test = subprocess.run([sshd, "-t", "-f", str(paths.door_config)], capture_output=True, text=True)
+    if test.returncode != 0:
+        raise LabError(f"lab: {spec.name}: sshd rejects {paths.door_config}: {test.stderr.strip()}")
+    serve = netns_argv(paths.netns, [sshd, "-i", "-f", str(paths.door_config), "-E", str(paths.door_log)])
+    paths.door_pid.unlink(missing_ok=True)
+    with open(paths.door_log, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-I", str(DOOR_SCRIPT), "--listen", f"{jump.host}:{door_port()}",
+             "--pidfile", str(paths.door_pid), "--", *serve],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # survives the CLI; `down` stops it by pidfile
+        )  # fmt: skip
+    deadline = time.monotonic() + SSHD_DEADLINE
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise LabError(f"lab: {spec.name}: the door on {jump.name} exited; {log_tail(paths.door_log)}")
+        if running_door(spec.name) and _accepts(jump.host, door_port()):
+            return
+        time.sleep(0.1)
+    raise LabError(
+        f"lab: {spec.name}: the door on {jump.host}:{door_port()} did not listen within "
+        f"{SSHD_DEADLINE:.0f}s; {log_tail(paths.door_log)}"
+    )
 
 
 LOCK_DEADLINE = 600.0
@@ -411,7 +513,7 @@ def up(nodes: list[str] | tuple[str, ...] | None = None) -> dict[str, LabNode]:
 
 def up_locked(nodes: list[str] | tuple[str, ...] | None = None) -> dict[str, LabNode]:
     """`up` for a caller that already holds `lab_lock`."""
-    specs = select_specs(nodes)
+    specs = select_specs(with_jumps(nodes) if nodes is not None else None)
     for name in ("sshd", "ssh", "ssh-keygen", "dockerd"):
         find_binary(name)
     keys = ssh_paths()
@@ -421,6 +523,8 @@ def up_locked(nodes: list[str] | tuple[str, ...] | None = None) -> dict[str, Lab
     for spec in specs:
         version = start_dockerd(spec)
         start_sshd(spec, keys)
+        if spec.jump:
+            start_door(spec, keys)
         started[spec.name] = lab_node(spec, version)
     return started
 
@@ -474,6 +578,11 @@ def down_locked(nodes: list[str] | tuple[str, ...] | None = None) -> list[str]:
     """`down` for a caller that already holds `lab_lock`."""
     notes = []
     specs = select_specs(nodes)
+    for spec in specs:
+        door = running_door(spec.name) if spec.jump else None
+        if door:
+            stop_pids([door], 5.0)
+            notes.append(f"{spec.name}: stopped the door on {spec.jump} (pid {door})")
     sshds = {spec.name: running_sshd(spec.name) for spec in specs}
     for name, pid in sshds.items():
         if pid:

@@ -26,6 +26,7 @@ def ssh_target(node: LabNode) -> SshTarget:
         port=node.port,
         known_hosts=node.known_hosts,
         identity_file=node.identity_file,
+        proxy_jump=node.proxy_jump,  # node-e: through node-a's door, checked against the same known_hosts
         name=node.name,
         connect_timeout=5,  # loopback: a dead node fails fast
     )

@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from lab.layout import LabNode, lab_dir
+from lab.layout import LabNode, lab_dir, with_jumps
 from lab.nodes import down_locked, lab_lock, pid_alive, running_nodes, up_locked
 
 
@@ -42,6 +42,7 @@ def next_state(state: dict, *, running: set[str], wanted: list[str], me: int, al
 def lab_session(wanted: list[str]) -> Iterator[dict[str, LabNode]]:
     """Bring `wanted` up for the duration of a test session; the last live session stops them."""
     me = os.getpid()
+    wanted = with_jumps(wanted)  # a node behind a jump is reached through it: both come up
     with lab_lock():
         running = set(running_nodes())
         state = next_state(_load(), running=running, wanted=wanted, me=me, alive=pid_alive)

@@ -8,12 +8,10 @@ from components.node_image.errors import NodeImageError
 from components.node_image.facts import (
     IMAGE_FORMAT,
     INFO_FORMAT,
-    SECTION,
     Facts,
     ImageInfo,
     parse_blobs,
     parse_daemon,
-    parse_df_available,
     parse_images,
 )
 from components.node_image.nodes import Node
@@ -23,68 +21,45 @@ from components.remote import (
     SSH_TRANSPORT_FAILURE,
     RemoteError,
     Result,
-    bash_argv,
-    shell_join,
     stderr_tail,
     with_retries,
 )
 
-# Where containerd keeps content (layer blobs by digest), under its root: the one dockerd starts
-# itself (<docker root>/containerd/daemon) or the system's (Docker 29's default).
-CONTENT_BLOBS = "io.containerd.content.v1.content/blobs/sha256"
-SYSTEM_CONTAINERD_ROOT = "/var/lib/containerd"
-
 
 def facts_argv(ref: str, history: bool = False, inventory: bool = False, python: bool = False) -> list[str]:
-    """One command for a node's facts: the daemon and image `ref`, optionally its layer sizes, the
-    node's inventory (every image's layers, free bytes under Docker's root, a containerd store's
-    layer blobs) and its system python3."""
-    info = shell_join(["docker", "info", "--format", INFO_FORMAT])
-    parts = [
-        f"info=$({info}) || exit $?",
-        'printf "%s\\n" "$info"',
-        f"echo {SECTION}",
-        shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref]) + " 2>/dev/null || true",
-    ]
-    if history:
-        sizes = ["docker", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}", ref]
-        parts += [f"echo {SECTION}", f"{shell_join(sizes)} 2>/dev/null || true"]
-    if python:
-        # The system interpreter (default PATH), not a version manager's shim: pyenv's costs a
-        # process tree per call.
-        parts += [f"echo {SECTION}", "command -pv python3 || true"]
-    if inventory:
-        listing = shell_join(["docker", "image", "inspect", "--format", IMAGE_FORMAT])
-        parts += [
-            f"echo {SECTION}",
-            f"{{ docker image ls -a -q --no-trunc | sort -u | xargs -r {listing}; }} || exit $?",
-            f"echo {SECTION}",
-            'df -P -B1 "$(printf "%s" "$info" | cut -f2)" || exit $?',
-            f"echo {SECTION}",
-            # Layer blobs a containerd-store daemon already holds (nothing on a classic store): the
-            # content store of the containerd dockerd manages, or of the system's. Unreadable (not
-            # root): nothing is listed, every layer is sent.
-            "case $info in *io.containerd.snapshotter*) "
-            f'for d in "$(printf "%s" "$info" | cut -f2)/containerd/daemon" {SYSTEM_CONTAINERD_ROOT}; '
-            f'do ls "$d/{CONTENT_BLOBS}" 2>/dev/null; done; true;; esac',
-        ]
-    return bash_argv("; ".join(parts), pipefail=True)
+    """One command for a node's facts (`node_programs/docker_facts.py`): the daemon and image `ref`,
+    optionally its layer sizes and the node's inventory (every image's layers, free bytes under
+    Docker's root, a containerd store's layer blobs); always the node's system python3 (`python` is
+    kept for callers: it costs nothing more)."""
+    spec = {
+        "ref": ref,
+        "history": history,
+        "inventory": inventory,
+        "info_format": INFO_FORMAT,
+        "image_format": IMAGE_FORMAT,
+    }
+    return program_argv("docker_facts", [json.dumps(spec, separators=(",", ":"))])
 
 
 def parse_facts(node: Node, ref: str, text: str, history: bool, inventory: bool, python: bool) -> Facts:
-    """The Facts in `facts_argv`'s output (pure)."""
-    sections = text.split(f"{SECTION}\n")
-    found = parse_images(sections[1])
-    facts = Facts(node, ref, parse_daemon(sections[0]), found[0] if found else None)
-    rest = sections[2:]
-    if history:
-        facts.history = rest.pop(0)
-    if python:
-        facts.python = rest.pop(0).strip() or "python3"
+    """The Facts in `docker_facts`' report (pure)."""
+    report = json.loads(text.strip().splitlines()[-1])
+    found = parse_images(report.get("image") or "")
+    facts = Facts(node, ref, parse_daemon(report["info"]), found[0] if found else None)
+    facts.history = report.get("history") or ""
+    facts.python = report.get("python") or "python3"
     if inventory:
-        facts.images, facts.free = parse_images(rest.pop(0)), parse_df_available(rest.pop(0))
-        facts.blobs = parse_blobs(rest.pop(0))
+        facts.images, facts.free = parse_images(report.get("images") or ""), int(report.get("free") or 0)
+        facts.blobs = parse_blobs("\n".join(report.get("blobs") or []))
     return facts
+
+
+def facts_stderr(stdout: str, stderr: str) -> str:
+    """What went wrong in a failed `docker_facts`: the stderr its report carries, else the session's."""
+    try:
+        return str(json.loads(stdout.strip().splitlines()[-1]).get("stderr") or stderr)
+    except (ValueError, IndexError, AttributeError):
+        return stderr
 
 
 class DockerOn:
@@ -113,15 +88,14 @@ class DockerOn:
 
     def facts(self, ref: str, history: bool = False, inventory: bool = False, python: bool = False) -> Facts:
         """The node's facts (see `facts_argv`) in one round trip."""
-        result = self.run(
-            facts_argv(ref, history, inventory, python),
-            hint=f"start Docker on {self.node.label} (systemctl start docker), check `docker info`",
-        )
+        result = self.run(facts_argv(ref, history, inventory, python), check=False)
+        if not result.ok:
+            raise self.facts_failed(result.returncode, facts_stderr(result.out, result.err))
         return parse_facts(self.node, ref, result.text, history, inventory, python)
 
     def facts_failed(self, status: int, stderr: str) -> NodeImageError:
         """The error for facts gathered elsewhere (the source's session) that failed."""
-        argv = facts_argv("…")
+        argv = ["docker_facts"]
         hint = f"start Docker on {self.node.label} (systemctl start docker), check `docker info`"
         if status == SSH_TRANSPORT_FAILURE:
             hint = (

@@ -15,7 +15,7 @@ from concurrent.futures import wait as futures_wait
 from typing import Any
 
 from components import image_transfer, transfer
-from components.node_image.docker_on import DockerOn, facts_argv, parse_facts
+from components.node_image.docker_on import DockerOn, facts_argv, facts_stderr, parse_facts
 from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
 from components.node_image.facts import IMAGE_FORMAT, Daemon, Facts, ImageInfo, parse_images
 from components.node_image.nodes import inputs, parse
@@ -125,7 +125,7 @@ def source_session(
             return session, parse_facts(src.node, image, out, history=True, inventory=False, python=True)
         session.close()
         if status != SSH_TRANSPORT_FAILURE or time.monotonic() + delay > deadline:
-            raise src.facts_failed(status, err)
+            raise src.facts_failed(status, facts_stderr(out, err))
         time.sleep(delay * random.uniform(0.5, 1.0))
         delay = min(delay * 2, 10.0)
 

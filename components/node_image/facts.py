@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from components.node_image.nodes import Node
 
-SECTION = "@@qwen35@@"
 INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}\t{{.Driver}}"
 IMAGE_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
 

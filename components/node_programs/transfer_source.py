@@ -321,8 +321,8 @@ def serve(spec: dict) -> int:
         return Exit.OK
     finally:
         if link is not None:
+            link.join(2 * float(peer["connect_timeout"]) + 5)  # a sink opened meanwhile is discarded too
             link.discard_sink()
-            link.join(2 * float(peer["connect_timeout"]) + 5)
             close_detached(peer)
 
 

@@ -1,14 +1,18 @@
-"""End to end on the lab: the containers the program declares, started for real, judged by the real gate.
+"""End to end on the lab: the resources the program declares, created for real, judged by the real gate.
 
-The program runs under mocks with the lab stack (Pulumi.lab.yaml); each `pulumi_docker.Container` it
-declares becomes `docker run` over SSH on the node its docker provider points at (tests/lab/declared.py),
-with only the image swapped: the mocked NodeImage's ID for the lab Ray image's ID on that node (Debian +
-Ray + a stand-in `vllm` that says it is one). Then the project's readiness gate provider decides, the
-way `pulumi up` (create) and `pulumi refresh` (read) would run it.
+The program runs under mocks with the lab stack (Pulumi.lab.yaml). Its dynamic resources (a NodeImage
+per node, the readiness gate) are driven the way the engine drives them: their registered inputs, with
+the provider the SDK pickled into `__provider`, go to a fresh `python -m pulumi.dynamic` process over
+gRPC (tests/support/provider_host.py): Check, Create, Read, Diff, Update and Delete. Only the image is
+swapped: the NodeImages place the lab Ray image (Debian + Ray + a stand-in `vllm` that says it is one)
+instead of the hybrid build. Each `pulumi_docker.Container` becomes `docker run` over SSH on the node
+its docker provider points at (tests/support/declared.py), running the image ID its own node's
+NodeImage reported.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,12 +22,11 @@ import openai
 import pytest
 
 import lab
-from components import readiness_gate
-from components.readiness_gate import GateFailed, ReadinessGateProvider
-from lab.ray_image import ray_images
+from lab.ray_image import ray_image
 from lab.standin_vllm import STANDIN_NOTE
-from tests.lab.declared import docker_run_argv, plain
-from tests.program import ProgramRun, Registered, run_program, stack_config
+from tests.support.declared import docker_run_argv
+from tests.support.program import READINESS_GATE, ProgramRun, Registered, run_program, stack_config
+from tests.support.provider_host import Engine, ProviderFailed, ProviderHost, State
 
 pytestmark = pytest.mark.lab
 
@@ -37,12 +40,10 @@ ROLE_ORDER = {"ray-head": 0, "ray-worker": 1, "vllm": 2}
 NEVER_JOINS_DEADLINE_S = 30
 CRASH_DEADLINE_S = 15
 DRIFT_DEADLINE_S = 20
-# The probe's default poll interval (components/readiness.py).
-PROBE_INTERVAL_S = 5
 # A cluster the previous test showed healthy passes in ~15 s; a precondition need not wait the stack's 180.
 PRECONDITION_DEADLINE_S = 90
-# Time beyond a deadline for SSH, `ray status` and the log tail.
-GATE_SLACK_S = 45
+# What a create may take beyond the gate's deadline (SSH, the probe's last round, its log tail).
+CALL_SLACK_S = 360
 
 
 @dataclass(frozen=True)
@@ -82,15 +83,14 @@ def declared_containers(run: ProgramRun) -> list[Declared]:
     return sorted(found, key=lambda c: ROLE_ORDER[c.role])
 
 
-def gate_props(run: ProgramRun, deadline_s: float | None = None) -> dict[str, Any]:
-    """The readiness gate's inputs as the provider receives them (optionally a shorter deadline)."""
-    (gate,) = [
-        r for r in run.by_type("pulumi-python:dynamic/qwen35:ReadinessGate") if r.name.endswith("-ready")
-    ]
-    props = {k: v for k, v in plain(gate.inputs).items() if k != "__provider"}
+def gate_inputs(run: ProgramRun, deadline_s: float | None = None) -> tuple[Registered, dict[str, Any]]:
+    """The readiness gate as the program registered it (secret api_key and `__provider` included),
+    optionally with a shorter deadline."""
+    (gate,) = [r for r in run.by_type(READINESS_GATE) if r.name.endswith("-ready")]
+    inputs = dict(gate.inputs)
     if deadline_s is not None:
-        props["deadline_s"] = deadline_s
-    return props
+        inputs["deadline_s"] = deadline_s
+    return gate, inputs
 
 
 # `ulimit -H` option and unit (bytes per unit) for the limits the program declares.
@@ -110,10 +110,14 @@ def node_limits(node: lab.LabNode) -> dict[str, int]:
 class LabDeployment:
     """The declared containers on the lab nodes: start some or all, remove one, clean up everything."""
 
-    def __init__(self, run: ProgramRun, nodes: dict[str, lab.LabNode], images: dict[str, str]):
+    def __init__(self, run: ProgramRun, nodes: dict[str, lab.LabNode], placed: dict[str, State]):
         self.run = run
         self.nodes = nodes
-        self.images = images
+        # The declared image of a container is its node's NodeImage `image_id` (a distinct fake per
+        # node under mocks); on the lab it becomes the ID that NodeImage really reported.
+        declared_ids = {node: out["image_id"] for node, out in run.outputs["images"].items()}
+        self.node_of_image = {image_id: node for node, image_id in declared_ids.items()}
+        self.images = {node: state.outputs["image_id"] for node, state in placed.items()}
         self.containers = declared_containers(run)
         self.volumes = [(provider_node(run, v), v.inputs["name"]) for v in run.by_type(VOLUME)]
         self.limits = {name: node_limits(node) for name, node in nodes.items()}
@@ -129,6 +133,8 @@ class LabDeployment:
         for container in self.containers:
             if container.role not in roles:
                 continue
+            image_node = self.node_of_image.get(container.inputs["image"])
+            assert image_node == container.node, f"{container.name} on {container.node} runs {image_node}'s"
             inputs = {**container.inputs, "image": self.images[container.node]}
             argv, dropped = docker_run_argv(inputs, self.limits[container.node])
             dropped_all += [f"{container.name} on {container.node}: {note}" for note in dropped]
@@ -159,18 +165,47 @@ def program() -> ProgramRun:
 
 
 @pytest.fixture(scope="module")
-def lab_images(node_a, node_b) -> dict[str, str]:
-    """The lab Ray image on both nodes (built once, then cached in QWEN35_CACHE)."""
+def engine() -> Iterator[Engine]:
+    """A fresh provider process for this module's dynamic resources, as `pulumi up` starts one."""
+    with ProviderHost() as host:
+        yield Engine(host, stack="lab")
+        stderr = host.stderr
+    assert API_KEY not in stderr, "the API key reached the provider process's log"
+
+
+def node_image_inputs(program: ProgramRun, resource: Registered, tag: str, states: dict[str, State]) -> dict:
+    """A NodeImage's registered inputs with the lab image, and with each input that is another
+    NodeImage's output (a worker's `source_image_id`) resolved to that resource's real output, as the
+    engine resolves it (under mocks it is a fake ID per node)."""
+    fakes = {out["image_id"]: node for node, out in program.outputs["images"].items()}
+    inputs = {**resource.inputs, "image": tag}
+    for key, value in inputs.items():
+        if isinstance(value, str) and value in fakes:
+            inputs[key] = states[fakes[value]].outputs["image_id"]
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def placed(program, engine, node_a, node_b) -> dict[str, State]:
+    """The program's NodeImages created through the provider host, placing the lab Ray image (built or
+    loaded from the cache on the head only; the NodeImage for node-b copies it there if it lacks it)."""
     try:
-        return ray_images([node_a, node_b])
+        tag, _ = ray_image(node_a)
     except lab.LabError as exc:
         pytest.fail(f"the lab Ray image could not be made: {exc}", pytrace=False)
+    states: dict[str, State] = {}
+    for resource in program.node_images():
+        inputs = node_image_inputs(program, resource, tag, states)
+        state = engine.create(resource.typ, resource.name, inputs, timeout=900)
+        states[resource.inputs["destination"]["name"]] = state
+        print(f"e2e: {resource.name}: {state.public_outputs()}")
+    return states
 
 
 @pytest.fixture
-def deployment(program, lab_images, node_a, node_b) -> Iterator[LabDeployment]:
+def deployment(program, placed, node_a, node_b) -> Iterator[LabDeployment]:
     nodes = {node.name: node for node in (node_a, node_b)}
-    deployed = LabDeployment(program, nodes, lab_images)
+    deployed = LabDeployment(program, nodes, placed)
     deployed.clean()  # a run that was killed may have left containers behind
     try:
         yield deployed
@@ -190,12 +225,48 @@ def diagnosis(message: str) -> str:
     return ""
 
 
-def create_gate(props: dict[str, Any]) -> dict[str, Any]:
-    """What `pulumi up` does for the gate: the provider's create, with the server's log on failure."""
-    return ReadinessGateProvider().create(props).outs
+def create_gate(engine: Engine, program: ProgramRun, deadline_s: float | None = None) -> State:
+    """What `pulumi up` does for the gate: Check and Create in the provider process."""
+    gate, inputs = gate_inputs(program, deadline_s)
+    timeout = float(inputs["deadline_s"]) + CALL_SLACK_S
+    return engine.create(gate.typ, gate.name, inputs, timeout=timeout)
 
 
-def test_declared_specs_bring_up_a_serving_two_node_cluster(deployment, program):
+def gate_refused(engine: Engine, program: ProgramRun, deadline_s: float) -> str:
+    """The gate's create fails: the provider's error (GateFailed, with the probe's report) as text."""
+    with pytest.raises(ProviderFailed) as failed:
+        create_gate(engine, program, deadline_s)
+    message = str(failed.value)
+    assert failed.value.method == "Create" and "GateFailed" in message, message
+    return message
+
+
+def test_node_images_place_the_image_on_every_node_through_the_provider_host(placed, engine, program, node_b):
+    assert sorted(placed) == ["node-a", "node-b"]
+    tag = placed["node-b"].outputs["image"]
+    on_b = lab.docker(node_b, "image", "inspect", "-f", "{{.Id}}", tag).out
+    assert placed["node-b"].outputs["image_id"] == on_b
+    for node, state in placed.items():
+        # Refresh sees what was placed; a preview with the same inputs shows no change.
+        assert engine.refresh(state).outputs["image_id"] == state.outputs["image_id"], node
+        resource = program.named(state.urn.rsplit("::", 1)[-1])
+        same = node_image_inputs(program, resource, state.inputs["image"], placed)
+        assert engine.up(state, same).op == "same", node
+    # node-b's copy knows which image its source (node-a's NodeImage) observed.
+    assert placed["node-b"].inputs["source_image_id"] == placed["node-a"].outputs["image_id"]
+    # A rebuild trigger replaces node-b's NodeImage in the engine's order (the new one created, then
+    # the old one deleted): the node keeps its image, and a refresh finds no drift.
+    resource = program.named("qwen35-image-node-b")
+    rebuilt = {**node_image_inputs(program, resource, tag, placed), "trigger": "rebuild-2"}
+    replaced = engine.up(placed["node-b"], rebuilt)
+    assert replaced.op == "replace" and replaced.diff.delete_before_replace is False, replaced.diff
+    assert lab.docker(node_b, "image", "inspect", "-f", "{{.Id}}", tag).out == on_b
+    assert engine.refresh(replaced.state).outputs["image_id"] == on_b
+    assert engine.up(replaced.state, rebuilt).op == "same"
+    placed["node-b"] = replaced.state
+
+
+def test_declared_specs_bring_up_a_serving_two_node_cluster(deployment, program, engine):
     assert [(c.role, c.node) for c in deployment.containers] == [
         ("ray-head", "node-a"),
         ("ray-worker", "node-b"),
@@ -206,13 +277,15 @@ def test_declared_specs_bring_up_a_serving_two_node_cluster(deployment, program)
     assert all("ulimit memlock" in note for note in dropped), dropped
     started = time.monotonic()
     try:
-        outs = create_gate(gate_props(program))
-    except GateFailed as exc:
+        gate = create_gate(engine, program)
+    except ProviderFailed as exc:
         pytest.fail(f"the gate refused a healthy cluster:\n{exc}{diagnosis(str(exc))}", pytrace=False)
-    print(f"e2e: gate passed in {time.monotonic() - started:.1f}s: {outs['report']}")
-    report = outs["report"]
+    print(f"e2e: gate passed in {time.monotonic() - started:.1f}s: {gate.outputs['report']}")
+    report = gate.outputs["report"]
     assert (report["ray_nodes"], report["ray_gpus"]) == (2, 2.0)
     assert report["completion_tokens"] > 0
+    # The API key reached the provider as a plain value and stays a secret in the state.
+    assert "api_key" in gate.secret_keys
 
     client = openai.OpenAI(base_url=program.outputs["endpoint"], api_key=API_KEY, max_retries=0, timeout=30)
     assert [m.id for m in client.models.list().data] == [program.outputs["served_model"]]
@@ -226,20 +299,18 @@ def test_declared_specs_bring_up_a_serving_two_node_cluster(deployment, program)
     assert "@127.0.0.2" in text and "@127.0.0.3" in text, text
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=program.outputs["endpoint"], api_key="wrong", max_retries=0).models.list()
+    # `pulumi refresh` of a serving cluster: the gate is still there; `pulumi destroy`: nothing left to do.
+    assert engine.refresh(gate).id == gate.id
+    engine.delete(gate)
 
 
-def test_worker_that_never_joins_fails_the_gate_by_its_deadline(deployment, program):
+def test_worker_that_never_joins_fails_the_gate_by_its_deadline(deployment, program, engine):
     deployment.start(roles=("ray-head", "vllm"))
     (worker,) = deployment.of_role("ray-worker")
-    started = time.monotonic()
-    with pytest.raises(GateFailed) as failed:
-        create_gate(gate_props(program, NEVER_JOINS_DEADLINE_S))
-    elapsed = time.monotonic() - started
-    message = str(failed.value)
-    missing = f"{worker.name} on {worker.node}"
-    print(f"e2e: gate failed after {elapsed:.1f}s ({missing} never started):\n{message}")
-    # It waited (it polls every PROBE_INTERVAL_S and stops when the next poll would pass the deadline).
-    assert NEVER_JOINS_DEADLINE_S - PROBE_INTERVAL_S - 1 <= elapsed < NEVER_JOINS_DEADLINE_S + GATE_SLACK_S
+    message = gate_refused(engine, program, NEVER_JOINS_DEADLINE_S)
+    print(f"e2e: gate failed ({worker.name} on {worker.node} never started):\n{message}")
+    # It waited out its deadline (the probe says so; how long that took is bench material, not a test).
+    assert re.search(rf"not ready after {NEVER_JOINS_DEADLINE_S:g} s", message), message
     assert "stage 'ray'" in message and "1/2 nodes" in message, message
     # It names the node that never joined (Ray's node list against the stack's fabric addresses).
     assert f"not joined: {worker.node} (127.0.0.3)" in message, message
@@ -247,36 +318,35 @@ def test_worker_that_never_joins_fails_the_gate_by_its_deadline(deployment, prog
     assert "last 30 lines of the server log" in message, message
 
 
-def test_server_that_crashes_after_start_fails_the_gate_with_its_log_tail(deployment, program):
+def test_server_that_crashes_after_start_fails_the_gate_with_its_log_tail(deployment, program, engine):
     deployment.start()
-    create_gate(gate_props(program, PRECONDITION_DEADLINE_S))  # healthy first
+    create_gate(engine, program, PRECONDITION_DEADLINE_S)  # healthy first
     (server,) = deployment.of_role("vllm")
     lab.docker(deployment.nodes[server.node], "kill", server.name)
-    with pytest.raises(GateFailed) as failed:
-        create_gate(gate_props(program, CRASH_DEADLINE_S))
-    message = str(failed.value)
+    message = gate_refused(engine, program, CRASH_DEADLINE_S)
     print(f"e2e: gate after the server was killed:\n{message}")
     # The container exited and the lab stack has no restart policy: the gate says so at once.
     assert "the server container has exited (exit code 137)" in message, message
-    assert "stage 'connect'" in message, message
+    assert "stage 'connect'" in message and "not ready after" not in message, message
     assert "last 30 lines of the server log" in message and "Application startup complete" in message, message
 
 
-def test_worker_container_removed_is_drift_and_fails_the_gate(deployment, program, monkeypatch):
+def test_worker_container_removed_is_drift_and_fails_the_gate(deployment, program, engine):
     deployment.start()
-    outs = create_gate(gate_props(program, PRECONDITION_DEADLINE_S))  # healthy first
+    gate = create_gate(engine, program, PRECONDITION_DEADLINE_S)  # healthy first
+    # A shorter deadline alone is an in-place update (no new probe), and bounds the refresh below.
+    _, shorter = gate_inputs(program, DRIFT_DEADLINE_S)
+    updated = engine.up(gate, shorter)
+    assert updated.op == "update" and updated.state.id == gate.id
+    assert updated.state.outputs["deadline_s"] == DRIFT_DEADLINE_S
     (worker,) = deployment.of_role("ray-worker")
     assert deployment.exists(worker)
     lab.docker(deployment.nodes[worker.node], "rm", "--force", worker.name)
     # What the docker provider's Read finds on refresh: the declared container is gone.
     assert not deployment.exists(worker), f"{worker.name} still exists on {worker.node}"
-    # The gate's refresh (read) reports it gone too, so `pulumi refresh` shows the drift.
-    monkeypatch.setattr(readiness_gate, "REFRESH_DEADLINE_S", DRIFT_DEADLINE_S)
-    gate_id = "node-a-qwen35-vllm-id"
-    assert ReadinessGateProvider().read(gate_id, {**gate_props(program), **outs}).id == ""
-    with pytest.raises(GateFailed) as failed:
-        create_gate(gate_props(program, DRIFT_DEADLINE_S))
-    message = str(failed.value)
+    # The gate's refresh (Read) reports it gone too, so `pulumi refresh` shows the drift.
+    assert engine.refresh(updated.state).id == ""
+    message = gate_refused(engine, program, DRIFT_DEADLINE_S)
     print(f"e2e: gate after {worker.name} was removed:\n{message}")
     # Either the engine is still up and waits for its worker, or it exited on losing it (as vLLM does).
     assert "not ready after" in message or "the server container has exited" in message, message

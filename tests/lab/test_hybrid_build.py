@@ -7,6 +7,7 @@ the build with a reason a person can act on."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from components.hybrid_image import PATCH_DIR, build_args, content_tag
 from lab.buildx import buildx_argv, ensure_buildx
 from lab.images import image_id
 from lab.vllm_images import base_standin, donor_standin, folder_context, transformers_wheels
-from tests.program import stack_config
+from tests.support.program import stack_config
 from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
 
 pytestmark = pytest.mark.lab
@@ -155,6 +156,30 @@ def hybrid(node_a: lab.LabNode, cfg: ImageConfig, context: Path) -> Build:
 def test_the_program_build_args_build_the_hybrid(node_a, cfg, hybrid):
     assert hybrid.args["SMOKE"] == "0" and hybrid.args["BASE_IMAGE"] == cfg.base_ref
     assert image_id(node_a, hybrid.ref), f"{hybrid.ref} is missing on {node_a.name} after a successful build"
+    # The stand-ins hold no torch: the lab stack turns the behaviour proofs off, and the build says so.
+    assert hybrid.args["PROOFS"] == ""
+    assert "PROOFS is empty: behaviour proofs skipped" in hybrid.output, hybrid.tail()
+
+
+def test_the_behaviour_proofs_run_in_the_build_and_stop_it_naming_the_missing_torch(
+    node_a, cfg, context, hybrid
+):
+    # PROOFS as the Sparks' builds set it: the proof stage runs prove_model.py in the image and the build
+    # stops at its first failure, here the environment (a vLLM tree and transformers, but no torch).
+    args = {**build_args(cfg), "PROOFS": "config,construct,load"}
+    build = build_hybrid(node_a, cfg, context, args)
+    print(f"\n{node_a.name}: proofs-enabled build {build.seconds:.1f}s")
+    assert build.result.returncode != 0, f"the build passed its proofs without torch:\n{build.tail()}"
+    verdict = next(
+        (json.loads(line[line.index("{") :]) for line in build.output.splitlines() if '"verdict"' in line),
+        None,
+    )
+    assert verdict is not None, f"no proof verdict in the build output:\n{build.tail()}"
+    assert (verdict["verdict"], verdict["failed_stage"]) == ("fail", "environment"), verdict
+    assert verdict["error"].startswith("ModuleNotFoundError: No module named 'torch'"), verdict
+    assert verdict["transformers"] == cfg.transformers.removeprefix("=="), verdict
+    assert "behaviour proof failed (exit 2)" in build.output, build.tail()
+    assert image_id(node_a, build.ref) is None
 
 
 def test_the_proof_says_ok_and_the_staged_files_are_the_donors(node_a, cfg, hybrid):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import lab
-from lab import engines, images, nodes, sessions
+from lab import engines, images, layout, nodes, sessions
 from lab.layout import LabError, known_hosts_line, node_paths, select_specs, ssh_paths
 
 NODE = lab.LabNode(
@@ -79,8 +79,8 @@ def test_known_hosts_line_uses_the_bracketed_form_for_other_ports():
 
 
 def test_unknown_node_gets_did_you_mean():
-    with pytest.raises(LabError, match=r"unknown node 'node-e'.*did you mean node-"):
-        select_specs(["node-e"])
+    with pytest.raises(LabError, match=r"unknown node 'node-f'.*did you mean node-"):
+        select_specs(["node-f"])
 
 
 @pytest.mark.parametrize(
@@ -241,3 +241,46 @@ def test_daemon_that_never_answers_hits_the_deadline(monkeypatch, private_lab):
         LabError, match=r"(?s)did not answer on .*docker\.sock within 0s; last lines.*still thinking"
     ):
         nodes.start_dockerd(select_specs(["node-a"])[0])
+
+
+# ---- node-e: behind a jump ----------------------------------------------------------------------
+
+
+def test_a_node_behind_a_jump_brings_its_jump_up():
+    assert layout.with_jumps(["node-e"]) == ["node-a", "node-e"]
+    assert layout.with_jumps(["node-b", "node-e", "node-a"]) == ["node-a", "node-b", "node-e"]
+    assert layout.with_jumps(["node-c"]) == ["node-c"]
+
+
+def test_node_e_listens_only_in_its_namespace_and_the_door_serves_node_a(private_lab):
+    spec = select_specs(["node-e"])[0]
+    text = nodes.sshd_config_text(spec, node_paths("node-e"), ssh_paths())
+    assert "ListenAddress 127.0.0.6:2222" in text
+    assert f"SetEnv DOCKER_HOST=unix://{node_paths('node-e').socket} LAB_NODE=node-e" in text
+    door = nodes.door_config_text(nodes.jump_spec(spec), ssh_paths())
+    # The door is node-a (its host key, its daemon), only reached another way: no address of its own.
+    assert f"HostKey {node_paths('node-a').host_key}" in door
+    assert f"SetEnv DOCKER_HOST=unix://{node_paths('node-a').socket} LAB_NODE=node-a" in door
+    assert "ListenAddress" not in door and "PasswordAuthentication no" in door
+
+
+def test_node_e_is_reached_through_node_as_door_with_the_same_known_hosts(private_lab):
+    spec = select_specs(["node-e"])[0]
+    node = nodes.lab_node(spec, "20.10.24+dfsg1")
+    assert node.proxy_jump == "root@127.0.0.2:2223"
+    assert lab.node_config(node)["proxy_jump"] == "root@127.0.0.2:2223"
+    assert "proxy_jump" not in lab.node_config(nodes.lab_node(select_specs(["node-a"])[0], "x"))
+    proxy = next(o for o in lab.ssh_options(node) if o.startswith("ProxyCommand="))
+    assert f"UserKnownHostsFile={node.known_hosts}" in proxy and "-p 2223" in proxy
+
+
+def test_known_hosts_pins_the_door_with_the_jumps_host_key(private_lab):
+    keys = ssh_paths()
+    keys.root.mkdir(parents=True)
+    nodes.ensure_host_keys_and_known_hosts(keys)
+    lines = keys.known_hosts.read_text().splitlines()
+    a_key = Path(f"{node_paths('node-a').host_key}.pub").read_text().split()[1]
+    e_key = Path(f"{node_paths('node-e').host_key}.pub").read_text().split()[1]
+    assert f"[127.0.0.2]:2222 ssh-ed25519 {a_key}" in lines
+    assert f"[127.0.0.2]:2223 ssh-ed25519 {a_key}" in lines
+    assert f"[127.0.0.6]:2222 ssh-ed25519 {e_key}" in lines

@@ -5,11 +5,9 @@ Provider methods are called directly; images are busybox plus a few small random
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import socket
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -17,71 +15,18 @@ from pathlib import Path
 import pytest
 
 import lab
-from components.node_image import NodeImageError, NodeImageProvider
-
-PROVIDER = NodeImageProvider()
-
-
-def node_dict(node: lab.LabNode, **overrides) -> dict:
-    return {**lab.node_config(node), "name": node.name, **overrides}
-
-
-def props(image: str, source: lab.LabNode, destination: lab.LabNode, tuning=None, **dst_overrides) -> dict:
-    return {
-        "image": image,
-        "source": node_dict(source),
-        "destination": node_dict(destination, **dst_overrides),
-        "tuning": tuning or {},
-        "trigger": "",
-    }
-
-
-def build(node: lab.LabNode, tag: str, base: str, payload: bytes) -> str:
-    """`FROM base` + one layer holding `payload`, built on the node; its image ID."""
-    buffer = io.BytesIO()
-    dockerfile = f"FROM {base}\nCOPY blob /blob-{len(payload)}\n".encode()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in (("Dockerfile", dockerfile), ("blob", payload)):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    lab.docker(node, "build", "--network", "host", "-q", "-t", tag, "-", input=buffer.getvalue(), timeout=300)
-    return image_id(node, tag)
-
-
-def image_id(node: lab.LabNode, ref: str) -> str | None:
-    found = lab.docker(node, "image", "inspect", "--format", "{{.Id}}", ref, check=False)
-    return found.out if found.returncode == 0 else None
-
-
-def remove(node: lab.LabNode, *refs: str) -> None:
-    for ref in refs:
-        lab.docker(node, "image", "rm", "-f", ref, check=False)
-
-
-def tags_on(node: lab.LabNode) -> list[str]:
-    return lab.docker(node, "images", "--format", "{{.Repository}}:{{.Tag}}").out.split()
-
-
-def runs(node: lab.LabNode, ref: str) -> str:
-    return lab.docker(node, "run", "--rm", "--network", "host", ref, "cat", "/etc/group").out
-
-
-def no_temporary_tags(node: lab.LabNode) -> bool:
-    return not [t for t in tags_on(node) if "qwen35-tmp-" in t]
-
-
-def peer_connections() -> set[str]:
-    """The sources' private folders for their SSH masters to destinations (lab nodes share /tmp)."""
-    return {str(p.parent) for p in Path("/tmp").glob("qni-*/m")}
-
-
-def no_new_peer_connection(before: set[str], wait_s: float = 3.0) -> bool:
-    """A copy ends its source's master in the background; a skip closes it before returning."""
-    deadline = time.monotonic() + wait_s
-    while peer_connections() - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not peer_connections() - before
+from components.node_image import NodeImageError
+from tests.support.node_image_lab import (
+    PROVIDER,
+    build,
+    image_id,
+    no_new_peer_connection,
+    no_temporary_tags,
+    peer_connections,
+    props,
+    remove,
+    runs,
+)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 import lab
 from components.copy_plan import copy_plan
-from tests.lab.test_node_image import PROVIDER, build, image_id, no_temporary_tags, props, remove, runs
+from tests.support.node_image_lab import PROVIDER, build, image_id, no_temporary_tags, props, remove, runs
 
 
 def layers_of(node: lab.LabNode, ref: str) -> list[str]:
@@ -43,7 +43,8 @@ def test_oci_layout_source_to_classic_destination_is_thin(node_c, node_a, images
     assert "root" in runs(node_a, "ni-eng:1") and no_temporary_tags(node_a)
 
 
-def test_legacy_source_to_classic_destination(node_a, node_b, images_on_c):
+def test_legacy_source_to_classic_destination(node_a, node_b, node_c, images_on_c):
+    PROVIDER.create(props("ni-eng:1", node_c, node_a))  # node-a holds it whatever ran before
     remove(node_b, "ni-eng:1")
     outs = PROVIDER.create(props("ni-eng:1", node_a, node_b, tuning={"source_export": "save"})).outs
     assert outs["layout"] == "legacy" and outs["image_id"] == images_on_c

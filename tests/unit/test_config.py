@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import copy
-
 import pulumi
 import pytest
 
 from components.config import ConfigError, Role, parse_stack_config
-from tests.program import run_program, stack_config
-
-
-def dev_raw() -> dict:
-    """The dev stack's config without the namespace, as parse_stack_config takes it."""
-    return {k.split(":", 1)[1]: v for k, v in copy.deepcopy(stack_config("dev")).items()}
+from tests.support.program import dev_raw, run_program, stack_config
 
 
 def test_dev_stack_loads_with_the_seed_procedure_values():
@@ -167,7 +160,7 @@ def test_bad_config_fails_the_program_before_any_resource():
 
 
 def test_bad_config_registers_no_resources():
-    from tests import program
+    from tests.support import program
 
     recorded = []
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lab.declared import SECRET_SIG, SIG_KEY, docker_run_argv, plain
-from tests.program import run_program, stack_config
+from tests.support.declared import SECRET_SIG, SIG_KEY, docker_run_argv, plain
+from tests.support.program import run_program, stack_config
 
 BASE = {"image": "sha256:" + "1" * 64, "name": "c"}
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pulumi
 import pytest
 
-from tests.program import ProgramRun, run_program, stack_config
+from tests.support.program import ProgramRun, run_program, stack_config
 
 CONTAINER = "docker:index/container:Container"
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
@@ -201,14 +201,20 @@ def test_dependency_order(request, graph_name):
     assert max(order.index(w) for w in workers) < order.index("qwen35-vllm") < order.index("qwen35-ready")
 
 
-def test_containers_run_their_nodes_image_id(four):
-    for container in four.run.by_type(CONTAINER):
-        node = container.inputs["labels"]
-        node = next(label["value"] for label in node if label["label"] == "qwen35.node")
-        image_id = node_image_of(four, node)
-        assert container.inputs["image"].startswith("sha256:")
-        assert container.inputs["image"] == four.run.outputs["images"][node]["image_id"]
-        assert image_id  # the placement exists for that node
+@pytest.mark.parametrize("graph_name", ["dev", "four"])
+def test_containers_run_their_own_nodes_image_id(request, graph_name):
+    graph: Graph = request.getfixturevalue(graph_name)
+    images = graph.run.outputs["images"]
+    # The mocks give each node its own ID (as a containerd-store node has): a container given
+    # another node's ID (say, the head's) fails below.
+    ids = {node: placed["image_id"] for node, placed in images.items()}
+    assert len(set(ids.values())) == len(ids) == len(graph.run.outputs["nodes"]), ids
+    containers = graph.run.by_type(CONTAINER)
+    assert {c.name for c in containers} >= {"qwen35-ray-head", "qwen35-vllm"}
+    for container in containers:
+        node = next(label["value"] for label in container.inputs["labels"] if label["label"] == "qwen35.node")
+        assert node_image_of(graph, node).inputs["destination"]["name"] == node
+        assert container.inputs["image"] == ids[node], f"{container.name} on {node}"
 
 
 def test_ray_head_container_inputs(dev):
@@ -400,7 +406,7 @@ def test_vllm_server_sees_the_ray_processes(dev):
 
 
 def test_copy_tuning_from_config_reaches_every_node_image():
-    from tests.program import run_program, stack_config
+    from tests.support.program import run_program, stack_config
 
     config = stack_config("dev")
     config["qwen35-spark:copy"] = {"compression": "gzip", "stall_timeout_s": 30}

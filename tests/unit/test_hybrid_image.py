@@ -9,8 +9,7 @@ import pytest
 
 from components.config import ImageConfig, parse_stack_config
 from components.hybrid_image import PATCH_DIR, HybridImage, HybridImageArgs, build_args, content_tag
-from tests.program import RecordingMocks
-from tests.unit.test_config import dev_raw
+from tests.support.program import RecordingMocks, dev_raw
 
 
 @pytest.fixture
@@ -68,6 +67,12 @@ def test_build_args_from_config():
     assert args["DONOR_IMAGE"] == "hellohal2064/vllm-qwen3.5-gb10:latest"
     assert args["TRANSFORMERS_SPEC"] == "transformers==5.2.0"
     assert args["SMOKE"] == "1" and args["PIP_ARGS"] == ""
+    assert args["PROOFS"] == "config,construct,load"
+
+
+def test_without_torch_the_build_skips_the_proofs_and_the_smoke():
+    args = build_args(ImageConfig(smoke=False))
+    assert (args["PROOFS"], args["SMOKE"]) == ("", "0")
 
 
 def _build_under_mocks(image: ImageConfig):

@@ -10,7 +10,7 @@ import pytest
 
 from components import remote
 from components.node_image import NodeImageProvider
-from tests.program import NODE_IMAGE, run_program, stack_config
+from tests.support.program import NODE_IMAGE, run_program, stack_config
 
 NODES = 64
 

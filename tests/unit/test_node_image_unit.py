@@ -33,7 +33,7 @@ from components.node_image import (
 from components.node_programs import program_argv
 from components.node_programs.transfer_source import Exit as SourceExit
 from components.transfer import Peer, peer_unreachable
-from tests.program import RecordingMocks
+from tests.support.program import RecordingMocks
 
 L1, L2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 
@@ -458,3 +458,60 @@ def test_destination_loads_verifies_and_promotes_in_one_program(
     tagged = ["tag", "app:qwen35-tmp-1", "app:1"] in calls
     assert tagged is promoted
     assert calls[-1] == ["image", "rm", "app:qwen35-tmp-1"]  # the temporary tag goes either way
+
+
+FACTS_DOCKER = """#!{python}
+import os, sys
+args = sys.argv[1:]
+if args[0] == "info":
+    status = '[["driver-type","io.containerd.snapshotter.v1"]]'
+    print(status + '\\t' + os.environ["FAKE_ROOT"] + '\\t29.0.0\\toverlayfs')
+elif args[:2] == ["image", "inspect"] and args[-1] == "app:1":
+    print('"sha256:ab"\\t["{l1}","{l2}"]\\t123')
+elif args[:2] == ["image", "inspect"]:
+    print("\\n".join('"' + ref + '"\\t["{l1}"]\\t5' for ref in args[4:]))
+elif args[0] == "history":
+    print("0\\n100\\n23")
+elif args[:2] == ["image", "ls"]:
+    print("sha256:b\\nsha256:a\\nsha256:b")
+else:
+    sys.exit(1)
+"""
+
+
+def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from components.node_image.docker_on import facts_argv, parse_facts
+
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir()
+    docker.write_text(FACTS_DOCKER.format(python=sys.executable, l1=L1, l2=L2))
+    docker.chmod(0o755)
+    root = tmp_path / "docker-root"
+    blobs = root / "containerd" / "daemon" / "io.containerd.content.v1.content" / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    (blobs / L1.split(":")[1]).write_bytes(b"")
+    monkeypatch.setenv("PATH", f"{docker.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_ROOT", str(root))
+    argv = facts_argv("app:1", history=True, inventory=True)
+    argv[0] = sys.executable
+    done = subprocess.run(argv, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    facts = parse_facts(Node.from_dict("d", node("b", "h2")), "app:1", done.stdout.decode(), True, True, True)
+    assert facts.daemon == Daemon("containerd", str(root), "29.0.0", "overlayfs")
+    assert facts.image == ImageInfo("sha256:ab", (L1, L2), 123) and facts.history.split() == [
+        "0",
+        "100",
+        "23",
+    ]
+    assert [i.image_id for i in facts.images] == ["sha256:a", "sha256:b"]  # each image once
+    assert facts.blobs == frozenset({L1}) and facts.free > 0 and facts.python.endswith("python3")
+
+
+def test_the_report_marker_is_the_same_on_both_sides():
+    from components.node_programs import layer_filter, transfer_source
+
+    # Two programs shipped separately (each one standalone file): the filter writes what the watch reads.
+    assert transfer_source.Marker.REPORT.value == layer_filter.REPORT

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.config import RestartPolicy, parse_stack_config
+from components.config import RestartPolicy
 from components.ray_cluster import (
     CONTAINER_HF_HOME,
     RAY_TMP,
@@ -14,16 +14,9 @@ from components.ray_cluster import (
     ray_container_spec,
     ray_start_argv,
 )
-from tests.program import stack_config
+from tests.support.program import config_from
 
 IMAGE_ID = "sha256:" + "c" * 64
-
-
-def config_from(stack: str = "dev", **sections):
-    raw = {k.removeprefix("qwen35-spark:"): v for k, v in stack_config(stack).items()}
-    for key, value in sections.items():
-        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-    return parse_stack_config(raw)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from components import readiness
 from components.readiness import ReadinessError, parse_ray_status, wait_ready
 from components.readiness_gate import probe_argv, probe_program
-from tests.lab.standin_openai import StandinServer
+from tests.support.standin_openai import StandinServer
 
 MODEL = "qwen3.5-test"
 

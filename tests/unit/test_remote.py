@@ -19,7 +19,7 @@ from components.remote import (
     ssh_options,
     with_retries,
 )
-from tests.unit.test_config import dev_raw
+from tests.support.program import dev_raw
 
 TARGET = SshTarget(host="10.0.0.1", user="aurora", known_hosts="/k/known_hosts", name="spark-1")
 

@@ -20,7 +20,7 @@ from lab.standin_vllm import (
     parse_serve_args,
     prompt_text,
 )
-from tests.program import stack_config
+from tests.support.program import stack_config
 
 
 def lab_serve_argv() -> list[str]:

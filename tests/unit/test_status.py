@@ -14,7 +14,7 @@ from components.config import parse_stack_config
 from components.node_programs import node_status
 from status import facts, render
 from status.verdict import Problem, duration, judge
-from tests.program import stack_config
+from tests.support.program import stack_config
 
 URL = "http://127.0.0.2:18000"
 LAYERS = ["sha256:" + c * 64 for c in "abc"]

@@ -13,7 +13,9 @@ from components.vllm_server import (
     serve_argv,
     vllm_container_spec,
 )
-from tests.unit.test_ray_cluster import IMAGE_ID, config_from
+from tests.support.program import config_from
+
+IMAGE_ID = "sha256:" + "d" * 64
 
 
 def test_dev_serve_argv():

@@ -4,7 +4,7 @@ Modes: `healthy` answers like a served model; `unhealthy` answers /health with 5
 engine); `loading` answers /health with 503 forever (a model that never finishes loading);
 `no-tokens` completes with zero tokens. `ready_after_s` keeps any mode `loading` for a while first.
 
-    python3 -m tests.lab.standin_openai --host 127.0.0.2 --port 18001 --model m --mode healthy
+    python3 -m tests.support.standin_openai --host 127.0.0.2 --port 18001 --model m --mode healthy
 """
 
 from __future__ import annotations
@@ -46,6 +46,24 @@ class StandinServer(ThreadingHTTPServer):
             target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="standin-openai", daemon=True
         ).start()
         return self
+
+
+def probe_props(
+    node: dict, server: StandinServer, *, api_key: str | None, log_container: str | None = None
+) -> dict:
+    """The readiness gate's inputs for a probe on `node` (a node dict) of this stand-in (no Ray)."""
+    return {
+        "node": node,
+        "server_id": "standin",
+        "url": server.url,
+        "model": server.model,
+        "expect_nodes": 1,
+        "expect_gpus": 1,
+        "deadline_s": 20,
+        "ray_container": None,  # explicit: no Ray behind a stand-in
+        "log_container": log_container,
+        "api_key": api_key,
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):

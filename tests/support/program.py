@@ -6,8 +6,11 @@ Used by the unit tests (resource graph) and by the lab end-to-end test (declared
 from __future__ import annotations
 
 import asyncio
+import copy
+import hashlib
 import json
 import runpy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,13 +18,28 @@ from typing import Any
 import pulumi
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from components.config import StackConfig, parse_stack_config
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 MAIN = ROOT / "__main__.py"
 
 
 def stack_config(stack: str) -> dict[str, Any]:
     """The `config:` block of Pulumi.<stack>.yaml."""
     return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
+def dev_raw(stack: str = "dev") -> dict[str, Any]:
+    """A stack's config without the namespace, as `parse_stack_config` takes it (a fresh copy)."""
+    return {k.split(":", 1)[1]: v for k, v in copy.deepcopy(stack_config(stack)).items()}
+
+
+def config_from(stack: str = "dev", **sections: Any) -> StackConfig:
+    """A stack's validated config, with `sections` merged over its own (dict sections key by key)."""
+    raw = dev_raw(stack)
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    return parse_stack_config(raw)
 
 
 @dataclass
@@ -45,6 +63,10 @@ class ProgramRun:
 
     def by_type(self, typ: str) -> list[Registered]:
         return [r for r in self.resources if r.typ == typ]
+
+    def node_images(self) -> list[Registered]:
+        """The NodeImages, in registration order (the head's first, then along the copy tree)."""
+        return [r for r in self.resources if is_node_image(r)]
 
     def named(self, name: str) -> Registered:
         matches = [r for r in self.resources if r.name == name]
@@ -83,16 +105,27 @@ NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
 READINESS_GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
 
 
+def is_node_image(args: pulumi.runtime.MockResourceArgs | Registered) -> bool:
+    return args.typ == NODE_IMAGE
+
+
+def fake_image_id(image: str, node: str) -> str:
+    """A distinct image ID per image and node, as real nodes have (a containerd store gives the same
+    image another ID), so a container given another node's ID is caught."""
+    return "sha256:" + hashlib.sha256(f"{image}@{node}".encode()).hexdigest()
+
+
 def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     """Outputs a real provider would compute, so downstream inputs can be checked."""
-    if args.typ == NODE_IMAGE:
-        image = args.inputs.get("image", "img:tag")
+    if is_node_image(args):
+        image = args.inputs.get("image") or "img:tag"
+        destination = args.inputs["destination"]
         return {
-            "image_id": "sha256:" + (f"{abs(hash(image)):x}" * 8)[:64],
+            "image_id": fake_image_id(image, destination.get("name") or destination.get("host", "")),
             "layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64],
             "bytes_sent": 0,
             "skipped": True,
-            "store": "classic",
+            "store": destination.get("image_store") or "classic",
         }
     if args.typ == "pulumi-python:dynamic/qwen35:Checkpoint":
         # The commit a branch resolved to, and the manifest digest (the same on every node).
@@ -153,3 +186,16 @@ def run_program(
 
     _run()
     return ProgramRun(mocks.resources, captured, secret_outputs)
+
+
+def registered_by(build: Callable[[], Any], stack: str = "test") -> list[Registered]:
+    """What `build()` registers when run as a Pulumi program under mocks (inputs as the engine gets them)."""
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="qwen35-spark", stack=stack, preview=False)
+
+    @pulumi.runtime.test
+    def _run():
+        build()
+
+    _run()
+    return mocks.resources

@@ -1,0 +1,772 @@
+#!/usr/bin/env python3
+"""Prove that this environment's vLLM can load, build and fill a Qwen3.5 model, on CPU, offline.
+
+Three proofs, each stopping at the first failure:
+  config     vLLM's own config loading of each config.json (text + vision sub-configs, FP8 quantization)
+  construct  each architecture built on CPU from a tiny config of the same shape (dims multiples of 128)
+  load       `load_weights` of tiny random tensors under the checkpoint's Hugging Face names: every
+             name must land in a parameter and every parameter must be filled
+
+  python3 prove_model.py [--fixtures DIR] [--checkpoint SNAPSHOT_DIR] [--stages config,construct,load]
+
+Without --checkpoint: every fixture under DIR (default: proof_configs/ next to this file). With
+--checkpoint: the snapshot's own config.json, a tiny model derived from it, and the tensor names of its
+model.safetensors.index.json (no weights needed). Progress goes to stderr; the last line of stdout is
+one JSON report. Exit 0 pass, 1 a proof failed, 2 usage error or environment missing (no torch/vLLM).
+Only the standard library is imported until the environment stage, so a missing torch is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STAGES = ("config", "construct", "load")
+FIXTURES_DIR = Path(__file__).resolve().parent / "proof_configs"
+INDEX_FILE = "model.safetensors.index.json"
+
+# The Qwen3.5 architectures the tiny-model derivation and the naming scheme below know.
+ARCHITECTURES = {
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+}
+# The MTP (speculative decoding) architecture vLLM builds from the same checkpoint's `mtp.*` tensors.
+MTP_ARCHITECTURES = {
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeMTP",
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5MTP",
+}
+# Quantization methods whose checkpoint tensors this program can name: none, or FP8 with block scales.
+QUANTIZATIONS = (None, "fp8")
+
+# Tiny dimensions. 128 is the FP8 block edge of the real checkpoint: every quantized matrix divides.
+# Head sizes stay the checkpoint's own (rotary sections and kernels are defined over them).
+UNIT = 128
+TINY_TEXT = {
+    "hidden_size": 2 * UNIT,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "linear_num_key_heads": 1,
+    "linear_num_value_heads": 2,
+    "intermediate_size": 2 * UNIT,
+    "moe_intermediate_size": UNIT,
+    "shared_expert_intermediate_size": UNIT,
+    "vocab_size": 8 * UNIT,
+    "max_position_embeddings": 4096,
+}
+TINY_EXPERTS, TINY_EXPERTS_PER_TOKEN, TINY_MTP_LAYERS = 4, 2, 1
+TINY_VISION = {
+    "hidden_size": UNIT,
+    "intermediate_size": 2 * UNIT,
+    "num_heads": 1,
+    "num_position_embeddings": 64,
+}
+TINY_VISION_DEPTH = 2
+
+# Parameters vLLM creates with a default that a checkpoint may leave out: the KV-cache quantization
+# scales of each attention layer (1.0 unless the checkpoint calibrated them; the real FP8 one did not).
+DEFAULTED_PARAMETERS = re.compile(r"\.attn\.(?:k|v|q|prob)_scale$")
+
+LM = "model.language_model."
+VISUAL = "model.visual."
+
+
+class ProofFailed(Exception):
+    """A proof failed; carries the check that says so (the exception is in its detail)."""
+
+
+@dataclass
+class Report:
+    """What the JSON line says; filled as the proofs go."""
+
+    vllm: str | None = None
+    transformers: str | None = None
+    torch: str | None = None
+    architecture: str | None = None
+    model_type: str | None = None
+    quantization: str | None = None
+    failed_stage: str | None = None
+    error: str | None = None
+    where: str | None = None
+    checks: list[dict] = field(default_factory=list)
+
+    def check(self, stage: str, target: str, ok: bool, detail: str) -> None:
+        self.checks.append({"stage": stage, "target": target, "ok": ok, "detail": detail})
+        say(f"{stage:9} {target}: {'ok' if ok else 'FAILED'}: {detail}")
+
+    def fail(self, stage: str, target: str, error: str, where: str | None = None) -> ProofFailed:
+        self.failed_stage, self.error, self.where = stage, error, where
+        self.check(stage, target, False, f"{error}" + (f" (at {where})" if where else ""))
+        return ProofFailed(error)
+
+    def as_json(self) -> str:
+        verdict = "fail" if self.failed_stage or self.error else "pass"
+        return json.dumps(
+            {
+                "verdict": verdict,
+                "failed_stage": self.failed_stage,
+                "error": self.error,
+                "where": self.where,
+                "vllm": self.vllm,
+                "transformers": self.transformers,
+                "torch": self.torch,
+                "architecture": self.architecture,
+                "model_type": self.model_type,
+                "quantization": self.quantization,
+                "checks": self.checks,
+            }
+        )
+
+
+def say(message: str) -> None:
+    print(f"prove_model: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure parts: describing the error, deriving the tiny config, naming the checkpoint's tensors.
+# ---------------------------------------------------------------------------------------------------
+
+
+def describe(exc: BaseException) -> tuple[str, str | None]:
+    """`Type: message` and the innermost vllm/transformers frame it was raised in (`vllm/x.py:12`);
+    when that is in transformers, the vLLM code that called it follows (`… (from vllm/y.py:3)`)."""
+    message, where, line, caller = " ".join(str(exc).split()), None, None, None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = frame.filename.replace(os.sep, "/")
+        found = re.search(r"(?:^|/)((vllm|transformers)/.+)$", path)
+        if found:
+            where, line = f"{found.group(1)}:{frame.lineno}", frame.line
+            caller = where if found.group(2) == "vllm" else caller
+    if where and caller and where.startswith("transformers/"):
+        where = f"{where} (from {caller})"
+    # A bare `assert` says nothing: its source line is the message.
+    message = message or (line or "").strip()
+    return (f"{type(exc).__name__}: {message}" if message else type(exc).__name__), where
+
+
+def text_config(config: dict) -> dict:
+    """The language model's part of a Qwen3.5 config (nested `text_config`, or the config itself)."""
+    return config.get("text_config") or config
+
+
+def quant_method(config: dict) -> str | None:
+    quant = config.get("quantization_config") or text_config(config).get("quantization_config")
+    return quant.get("quant_method") if quant else None
+
+
+def layer_types(text: dict) -> list[str]:
+    """Each decoder layer's kind: the config's `layer_types`, else Qwen3.5's every-Nth full attention."""
+    if text.get("layer_types"):
+        return list(text["layer_types"])
+    interval = int(text.get("full_attention_interval", 4))
+    return [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(int(text["num_hidden_layers"]))
+    ]
+
+
+def tiny_layer_count(kinds: list[str]) -> int:
+    """The fewest leading layers that hold every layer kind the model has (their indices are kept)."""
+    wanted, seen = set(kinds), set()
+    for index, kind in enumerate(kinds):
+        seen.add(kind)
+        if seen == wanted:
+            return index + 1
+    return len(kinds)
+
+
+def check_supported(config: dict) -> tuple[str, str, str | None]:
+    """The architecture, model type and quantization method, or ValueError naming what is unknown."""
+    archs = config.get("architectures") or []
+    if len(archs) != 1:
+        raise ValueError(f"config.json must name exactly one architecture, found {archs!r}")
+    arch, model_type, method = archs[0], config.get("model_type"), quant_method(config)
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"unknown architecture {arch!r}: this proof derives tiny models for {', '.join(ARCHITECTURES)}"
+        )
+    if ARCHITECTURES[arch] != model_type:
+        raise ValueError(
+            f"architecture {arch} has model_type {ARCHITECTURES[arch]!r}, config says {model_type!r}"
+        )
+    if method not in QUANTIZATIONS:
+        raise ValueError(
+            f"unknown quantization method {method!r}: this proof knows {', '.join(map(str, QUANTIZATIONS))}"
+        )
+    return arch, model_type, method
+
+
+def _keep_module(name: str, layers: int, depth: int, mtp_layers: int, experts: int) -> bool:
+    """Whether a checkpoint module/tensor name belongs to the tiny model's kept layers and experts."""
+    for pattern, limit in (
+        (rf"^{re.escape(LM)}layers\.(\d+)\.", layers),
+        (rf"^{re.escape(VISUAL)}blocks\.(\d+)\.", depth),
+        (r"^mtp\.layers\.(\d+)\.", mtp_layers),
+        (r"\.experts\.(\d+)\.", experts),
+    ):
+        found = re.search(pattern, name)
+        if found and int(found.group(1)) >= limit:
+            return False
+    return True
+
+
+def tiny_config(config: dict) -> dict:
+    """A config of the same architecture, model type and quantization with tiny dimensions.
+
+    The leading layers are kept (as many as hold every layer kind), so the checkpoint's own names for
+    those layers, experts and vision blocks apply to the tiny model unchanged.
+    """
+    tiny = copy.deepcopy(config)
+    text = text_config(tiny)
+    kinds = layer_types(text)
+    layers = tiny_layer_count(kinds)
+    text.update(TINY_TEXT)
+    text.update(num_hidden_layers=layers, layer_types=kinds[:layers])
+    text.pop("full_attention_interval", None)
+    if "num_experts" in text:
+        text["num_experts"] = min(int(text["num_experts"]), TINY_EXPERTS)
+        text["num_experts_per_tok"] = min(
+            int(text.get("num_experts_per_tok", 1)), text["num_experts"], TINY_EXPERTS_PER_TOKEN
+        )
+    if "mtp_num_hidden_layers" in text:
+        text["mtp_num_hidden_layers"] = min(int(text["mtp_num_hidden_layers"]), TINY_MTP_LAYERS)
+    vision = tiny.get("vision_config")
+    depth = 0
+    if vision is not None:
+        depth = min(int(vision.get("depth", TINY_VISION_DEPTH)), TINY_VISION_DEPTH)
+        vision.update(TINY_VISION, depth=depth, out_hidden_size=text["hidden_size"])
+        if "deepstack_visual_indexes" in vision:
+            vision["deepstack_visual_indexes"] = [i for i in vision["deepstack_visual_indexes"] if i < depth]
+    quant = tiny.get("quantization_config")
+    if quant and quant.get("modules_to_not_convert"):
+        keep = [
+            name
+            for name in quant["modules_to_not_convert"]
+            if _keep_module(f"{name}.", layers, depth, text.get("mtp_num_hidden_layers", 0), TINY_EXPERTS)
+        ]
+        quant["modules_to_not_convert"] = keep
+    return tiny
+
+
+def tiny_models(config: dict) -> list[tuple[str, dict]]:
+    """The tiny models to build: the served architecture ("model") and, when the checkpoint has an MTP
+    head, its MTP architecture ("mtp") from the same tiny config."""
+    tiny = tiny_config(config)
+    models = [("model", tiny)]
+    arch = (tiny.get("architectures") or [None])[0]
+    if int(text_config(tiny).get("mtp_num_hidden_layers", 0)) > 0 and arch in MTP_ARCHITECTURES:
+        models.append(("mtp", {**tiny, "architectures": [MTP_ARCHITECTURES[arch]]}))
+    return models
+
+
+def _unquantized(module: str, config: dict) -> bool:
+    quant = config.get("quantization_config") or {}
+    if quant.get("quant_method") != "fp8":
+        return True
+    skipped = quant.get("modules_to_not_convert") or quant.get("ignored_layers") or []
+    return any(module == s or module.startswith(f"{s}.") for s in skipped)
+
+
+def _linear(shapes: dict, module: str, out: int, inp: int, config: dict, bias: bool = False) -> None:
+    shapes[f"{module}.weight"] = (out, inp)
+    if bias:
+        shapes[f"{module}.bias"] = (out,)
+    if not _unquantized(module, config):
+        block_out, block_in = (config["quantization_config"].get("weight_block_size") or [UNIT, UNIT])[:2]
+        shapes[f"{module}.weight_scale_inv"] = (math.ceil(out / block_out), math.ceil(inp / block_in))
+
+
+def checkpoint_tensors(config: dict, head: str = "model") -> dict[str, tuple[int, ...]]:
+    """The tensors a Qwen3.5 checkpoint of this config holds, by Hugging Face name, with their shapes (the
+    naming of Qwen's own releases: `model.language_model.*`, `model.visual.*`, `lm_head`, per-expert MoE
+    weights, FP8 `weight_scale_inv` beside each quantized matrix). head "model": what the served
+    architecture loads; head "mtp": what its MTP (speculative decoding) architecture loads, `mtp.*` and
+    the shared embeddings and `lm_head`."""
+    text, vision = text_config(config), config.get("vision_config")
+    h, vocab, shapes = int(text["hidden_size"]), int(text["vocab_size"]), {}
+    shapes[f"{LM}embed_tokens.weight"] = (vocab, h)
+    if not (config.get("tie_word_embeddings") or text.get("tie_word_embeddings")):
+        _linear(shapes, "lm_head", vocab, h, config)
+    if head == "mtp":
+        _linear(shapes, "mtp.fc", h, 2 * h, config)
+        for norm in ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+            shapes[f"mtp.{norm}.weight"] = (h,)
+        for i in range(int(text.get("mtp_num_hidden_layers", 0))):
+            _decoder_layer(shapes, f"mtp.layers.{i}", "full_attention", text, config)
+        return shapes
+    shapes[f"{LM}norm.weight"] = (h,)
+    for i, kind in enumerate(layer_types(text)):
+        _decoder_layer(shapes, f"{LM}layers.{i}", kind, text, config)
+    if vision is not None:
+        shapes.update(_vision_tensors(vision, config))
+    return shapes
+
+
+def _decoder_layer(shapes: dict, layer: str, kind: str, text: dict, config: dict) -> None:
+    h = int(text["hidden_size"])
+    shapes[f"{layer}.input_layernorm.weight"] = (h,)
+    shapes[f"{layer}.post_attention_layernorm.weight"] = (h,)
+    if kind == "linear_attention":
+        nk, nv = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
+        dk, dv = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
+        attn, conv_dim = f"{layer}.linear_attn", 2 * nk * dk + nv * dv
+        _linear(shapes, f"{attn}.in_proj_qkv", conv_dim, h, config)
+        _linear(shapes, f"{attn}.in_proj_z", nv * dv, h, config)
+        _linear(shapes, f"{attn}.in_proj_b", nv, h, config)
+        _linear(shapes, f"{attn}.in_proj_a", nv, h, config)
+        shapes[f"{attn}.conv1d.weight"] = (conv_dim, 1, int(text.get("linear_conv_kernel_dim", 4)))
+        shapes[f"{attn}.A_log"] = (nv,)
+        shapes[f"{attn}.dt_bias"] = (nv,)
+        shapes[f"{attn}.norm.weight"] = (dv,)
+        _linear(shapes, f"{attn}.out_proj", h, nv * dv, config)
+    else:
+        heads, kv_heads, head_dim = (
+            int(text["num_attention_heads"]),
+            int(text["num_key_value_heads"]),
+            int(text["head_dim"]),
+        )
+        attn, gate = f"{layer}.self_attn", 2 if text.get("attn_output_gate", True) else 1
+        _linear(shapes, f"{attn}.q_proj", heads * head_dim * gate, h, config)
+        _linear(shapes, f"{attn}.k_proj", kv_heads * head_dim, h, config)
+        _linear(shapes, f"{attn}.v_proj", kv_heads * head_dim, h, config)
+        _linear(shapes, f"{attn}.o_proj", h, heads * head_dim, config)
+        shapes[f"{attn}.q_norm.weight"] = (head_dim,)
+        shapes[f"{attn}.k_norm.weight"] = (head_dim,)
+    mlp = f"{layer}.mlp"
+    if "num_experts" in text:
+        inter, shared = int(text["moe_intermediate_size"]), int(text["shared_expert_intermediate_size"])
+        _linear(shapes, f"{mlp}.gate", int(text["num_experts"]), h, config)
+        for e in range(int(text["num_experts"])):
+            _linear(shapes, f"{mlp}.experts.{e}.gate_proj", inter, h, config)
+            _linear(shapes, f"{mlp}.experts.{e}.up_proj", inter, h, config)
+            _linear(shapes, f"{mlp}.experts.{e}.down_proj", h, inter, config)
+        _linear(shapes, f"{mlp}.shared_expert.gate_proj", shared, h, config)
+        _linear(shapes, f"{mlp}.shared_expert.up_proj", shared, h, config)
+        _linear(shapes, f"{mlp}.shared_expert.down_proj", h, shared, config)
+        _linear(shapes, f"{mlp}.shared_expert_gate", 1, h, config)
+    else:
+        inter = int(text["intermediate_size"])
+        _linear(shapes, f"{mlp}.gate_proj", inter, h, config)
+        _linear(shapes, f"{mlp}.up_proj", inter, h, config)
+        _linear(shapes, f"{mlp}.down_proj", h, inter, config)
+
+
+def _vision_tensors(vision: dict, config: dict) -> dict[str, tuple[int, ...]]:
+    hv, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
+    patch, temporal = int(vision.get("patch_size", 16)), int(vision.get("temporal_patch_size", 2))
+    merged = hv * int(vision.get("spatial_merge_size", 2)) ** 2
+    shapes: dict[str, tuple[int, ...]] = {
+        f"{VISUAL}patch_embed.proj.weight": (hv, int(vision.get("in_channels", 3)), temporal, patch, patch),
+        f"{VISUAL}patch_embed.proj.bias": (hv,),
+        f"{VISUAL}pos_embed.weight": (int(vision["num_position_embeddings"]), hv),
+    }
+    for b in range(int(vision["depth"])):
+        block = f"{VISUAL}blocks.{b}"
+        for norm in ("norm1", "norm2"):
+            shapes[f"{block}.{norm}.weight"] = shapes[f"{block}.{norm}.bias"] = (hv,)
+        _linear(shapes, f"{block}.attn.qkv", 3 * hv, hv, config, bias=True)
+        _linear(shapes, f"{block}.attn.proj", hv, hv, config, bias=True)
+        _linear(shapes, f"{block}.mlp.linear_fc1", inter, hv, config, bias=True)
+        _linear(shapes, f"{block}.mlp.linear_fc2", hv, inter, config, bias=True)
+    mergers = [("merger", hv)] + [
+        (f"deepstack_merger_list.{k}", merged)
+        for k in range(len(vision.get("deepstack_visual_indexes") or []))
+    ]
+    for merger, norm_dim in mergers:
+        shapes[f"{VISUAL}{merger}.norm.weight"] = shapes[f"{VISUAL}{merger}.norm.bias"] = (norm_dim,)
+        _linear(shapes, f"{VISUAL}{merger}.linear_fc1", merged, merged, config, bias=True)
+        _linear(
+            shapes, f"{VISUAL}{merger}.linear_fc2", int(vision["out_hidden_size"]), merged, config, bias=True
+        )
+    return shapes
+
+
+def index_names_for(tiny: dict, index: dict, head: str = "model") -> list[str]:
+    """The checkpoint index's tensor names that the tiny model's head loads: for "model" those of its
+    layers, experts and vision blocks (not `mtp.*`); for "mtp" its MTP layers and experts plus the
+    shared embeddings and `lm_head`."""
+    text, vision = text_config(tiny), tiny.get("vision_config") or {}
+    layers, depth = int(text["num_hidden_layers"]), int(vision.get("depth", 0))
+    mtp_layers, experts = int(text.get("mtp_num_hidden_layers", 0)), int(text.get("num_experts", 0))
+    shared = (f"{LM}embed_tokens.", "lm_head.")
+    names = [
+        n for n in (index.get("weight_map") or {}) if _keep_module(n, layers, depth, mtp_layers, experts)
+    ]
+    if head == "mtp":
+        return sorted(n for n in names if n.startswith(("mtp.", *shared)))
+    return sorted(n for n in names if not n.startswith("mtp."))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The proofs (torch and vLLM imported from here on).
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One thing to prove: a folder with config.json (and, for a checkpoint, its safetensors index)."""
+
+    name: str
+    config_dir: Path
+    from_index: bool  # (c) uses the index's tensor names; else the naming scheme's own for the tiny model
+
+    def config(self) -> dict:
+        return json.loads((self.config_dir / "config.json").read_text())
+
+    def names(self, tiny: dict, head: str) -> list[str]:
+        if not self.from_index:
+            return sorted(checkpoint_tensors(tiny, head))
+        return index_names_for(tiny, json.loads((self.config_dir / INDEX_FILE).read_text()), head)
+
+
+class Environment:
+    """torch, vLLM and transformers as imported here, and vLLM set up for one CPU process."""
+
+    def __init__(self, report: Report) -> None:
+        # Versions first, from package metadata, so a report of a broken environment still names them.
+        from importlib import metadata
+
+        for attr, package in (("torch", "torch"), ("transformers", "transformers"), ("vllm", "vllm")):
+            with contextlib.suppress(metadata.PackageNotFoundError):
+                setattr(report, attr, metadata.version(package))
+        import torch
+        import transformers
+        import vllm
+
+        self.torch = torch
+        report.torch, report.transformers = torch.__version__, transformers.__version__
+        report.vllm = getattr(vllm, "__version__", None) or report.vllm
+        self.distributed = False
+
+    def use_cpu(self) -> None:
+        """Without a GPU vLLM picks an 'unspecified' platform with no device: make the CPU one current."""
+        import vllm.platforms
+        from vllm.platforms.cpu import CpuPlatform
+
+        vllm.platforms._current_platform = CpuPlatform()
+
+    def start_distributed(self, vllm_config, workdir: Path) -> None:
+        """A gloo process group of one (once per process), and model parallel (1, 1) made anew for
+        each model: vLLM creates the expert-parallel group only when the current config has experts."""
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+        from vllm.distributed.parallel_state import destroy_model_parallel
+
+        with set_current_vllm_config(vllm_config):
+            if not self.distributed:
+                init_distributed_environment(
+                    world_size=1,
+                    rank=0,
+                    local_rank=0,
+                    distributed_init_method=f"file://{workdir / 'gloo-rendezvous'}",
+                    backend="gloo",
+                )
+                self.distributed = True
+            destroy_model_parallel()
+            ensure_model_parallel_initialized(1, 1)
+
+
+def prove_config(env: Environment, report: Report, target: Target) -> None:
+    """(a) vLLM's own config loading, then what it loaded is the Qwen3.5 shape the checkpoint says."""
+    from vllm.transformers_utils import config as vllm_config_module
+
+    raw = target.config()
+    try:
+        # What this vLLM knows comes first: an architecture or quantization it lacks is the finding.
+        from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        archs, method = raw.get("architectures") or [], quant_method(raw)
+        unknown = [a for a in archs if a not in ModelRegistry.get_supported_archs()]
+        if unknown:
+            raise ValueError(f"architecture {unknown[0]!r} is not registered in this vLLM's model registry")
+        if method is not None and method not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization method {method!r} is not one this vLLM knows")
+        arch, model_type, method = check_supported(raw)
+        registry = getattr(vllm_config_module, "_CONFIG_REGISTRY", {})
+        loader = "vllm get_config"
+        if model_type in registry:
+            loader += f" -> {registry[model_type].__name__}"
+        hf = vllm_config_module.get_config(str(target.config_dir), trust_remote_code=False)
+    except Exception as exc:
+        raise report.fail("config", target.name, *describe(exc)) from exc
+    text = getattr(hf, "text_config", hf)
+    problems = []
+    if getattr(hf, "model_type", None) != model_type:
+        problems.append(f"model_type {getattr(hf, 'model_type', None)!r}, expected {model_type!r}")
+    if not hasattr(hf, "vision_config") and "vision_config" in raw:
+        problems.append("no vision_config")
+    for key in ("hidden_size", "num_hidden_layers", "linear_num_value_heads"):
+        if getattr(text, key, None) != text_config(raw).get(key):
+            problems.append(
+                f"text_config.{key} {getattr(text, key, None)!r} != {text_config(raw).get(key)!r}"
+            )
+    quant = getattr(hf, "quantization_config", None)
+    if method is not None and (quant or {}).get("quant_method") != method:
+        problems.append(f"quantization_config lost: {quant!r}")
+    if problems:
+        raise report.fail(
+            "config", target.name, f"ConfigMismatch: {type(hf).__name__}: {'; '.join(problems)}"
+        )
+    blocks = (quant or {}).get("weight_block_size")
+    report.check(
+        "config",
+        target.name,
+        True,
+        f"{loader}: {type(hf).__name__} ({type(text).__name__}, {len(layer_types(text_config(raw)))} layers, "
+        f"quantization {method}{f' blocks {blocks}' if blocks else ''})",
+    )
+
+
+def prove_construct(env: Environment, report: Report, target: str, tiny: dict, workdir: Path):
+    """(b) the architecture built on CPU from the tiny config, as vLLM's model loader builds it."""
+    torch = env.torch
+    model_dir = workdir / target
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(tiny, indent=1))
+    try:
+        env.use_cpu()
+        from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+        from vllm.model_executor.model_loader.utils import initialize_model
+
+        model_config = ModelConfig(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            dtype="bfloat16",
+            enforce_eager=True,
+            skip_tokenizer_init=True,
+            max_model_len=256,
+            seed=0,
+        )
+        vllm_config = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"))
+        env.start_distributed(vllm_config, workdir)
+        with set_current_vllm_config(vllm_config), torch.device("cpu"):
+            model = initialize_model(vllm_config=vllm_config)
+    except Exception as exc:
+        raise report.fail("construct", target, *describe(exc)) from exc
+    params = dict(model.named_parameters())
+    count = sum(p.numel() for p in params.values())
+    quant = type(vllm_config.quant_config).__name__ if vllm_config.quant_config else "none"
+    report.check(
+        "construct",
+        target,
+        True,
+        f"{type(model).__name__} on CPU: {len(params)} parameters ({count} values), quantization {quant}",
+    )
+    return model
+
+
+def _tensor(torch, name: str, shape: tuple[int, ...], fp8: bool):
+    """A small random tensor as the checkpoint stores it: FP8 weights, float32 block scales, else bf16."""
+    if name.endswith("weight_scale_inv"):
+        return torch.rand(shape, dtype=torch.float32) + 0.5
+    weight = torch.randn(shape, dtype=torch.float32) * 0.02
+    return weight.to(torch.float8_e4m3fn) if fp8 else weight.bfloat16()
+
+
+def prove_load(
+    env: Environment, report: Report, target: str, tiny: dict, head: str, names: list[str], model
+) -> None:
+    """(c) every checkpoint name lands in a parameter, and every parameter is filled."""
+    torch = env.torch
+    shapes = checkpoint_tensors(tiny, head)
+    unknown = [n for n in names if n not in shapes]
+    if unknown:
+        raise report.fail(
+            "load",
+            target,
+            f"UnknownTensorName: {len(unknown)} checkpoint tensor(s) outside the Qwen3.5 naming scheme, "
+            f"e.g. {', '.join(unknown[:5])}",
+        )
+    params = set(dict(model.named_parameters()))
+    filled, nowhere = set(), []
+    quantized = {n.removesuffix("_scale_inv") for n in shapes if n.endswith("weight_scale_inv")}
+    try:
+        for name in names:
+            tensor = _tensor(torch, name, shapes[name], name in quantized)
+            # One name per call: what it returns is where this name landed.
+            landed = model.load_weights([(name, tensor)])
+            if not landed:
+                nowhere.append(name)
+            filled |= set(landed or ())
+    except Exception as exc:
+        text, where = describe(exc)
+        raise report.fail("load", target, f"{text} (loading {name} {list(shapes[name])})", where) from exc
+    defaulted = {p for p in params - filled if DEFAULTED_PARAMETERS.search(p)}
+    missing = sorted(params - filled - defaulted)
+    if nowhere or missing:
+        parts = []
+        if nowhere:
+            parts.append(f"{len(nowhere)} name(s) landed in no parameter: {', '.join(nowhere[:8])}")
+        if missing:
+            parts.append(f"{len(missing)} parameter(s) not filled: {', '.join(missing[:8])}")
+        raise report.fail("load", target, "IncompleteLoad: " + "; ".join(parts))
+    scales = sum(1 for n in names if n.endswith("weight_scale_inv"))
+    report.check(
+        "load",
+        target,
+        True,
+        f"{len(names)} checkpoint tensors ({scales} FP8 weight_scale_inv) filled "
+        f"{len(params) - len(defaulted)} of {len(params)} parameters "
+        f"(the other {len(defaulted)}: KV-cache scales, default 1.0)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Targets and the command line.
+# ---------------------------------------------------------------------------------------------------
+
+
+def fixture_targets(folder: Path) -> list[Target]:
+    """Each `<folder>/<name>/config.json` (a full-size config; the tiny model is derived from it)."""
+    dirs = sorted(p.parent for p in folder.glob("*/config.json"))
+    if not dirs:
+        raise UsageError(f"--fixtures {folder}: no <name>/config.json under it")
+    return [Target(d.name, d, False) for d in dirs]
+
+
+def checkpoint_target(snapshot: Path) -> Target:
+    """The checkpoint's config.json for (a); a tiny model derived from it; its index's tensor names."""
+    config_file, index_file = snapshot / "config.json", snapshot / INDEX_FILE
+    for needed in (config_file, index_file):
+        if not needed.is_file():
+            raise UsageError(
+                f"--checkpoint {snapshot}: {needed.name} is missing (is this a snapshot folder?)"
+            )
+    try:
+        json.loads(config_file.read_text())
+        index = json.loads(index_file.read_text())
+    except ValueError as exc:
+        raise UsageError(f"--checkpoint {snapshot}: not valid JSON: {exc}") from exc
+    if not isinstance(index.get("weight_map"), dict) or not index["weight_map"]:
+        raise UsageError(f"--checkpoint {snapshot}: {INDEX_FILE} has no weight_map")
+    # Unknown architectures and quantizations fail in the config stage (naming them), not here.
+    return Target(snapshot.name or "checkpoint", snapshot, True)
+
+
+class UsageError(Exception):
+    """Bad arguments: exit 2."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="prove_model.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--fixtures", type=Path, default=FIXTURES_DIR, help="folder of <name>/config.json")
+    parser.add_argument("--checkpoint", type=Path, help="snapshot folder with config.json and the index")
+    parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated: config,construct,load")
+    args = parser.parse_args(argv)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    bad = [s for s in stages if s not in STAGES]
+    if bad or not stages:
+        raise UsageError(
+            f"--stages: unknown stage(s) {', '.join(bad) or '(none given)'}; choose from {','.join(STAGES)}"
+        )
+    if "load" in stages and "construct" not in stages:
+        raise UsageError("--stages: load needs construct (the weights are loaded into the built model)")
+    args.stages = [s for s in STAGES if s in stages]
+    return args
+
+
+def run(args: argparse.Namespace, report: Report) -> int:
+    targets = [checkpoint_target(args.checkpoint)] if args.checkpoint else fixture_targets(args.fixtures)
+    with tempfile.TemporaryDirectory(prefix="prove_model-") as tmp:
+        workdir = Path(tmp)
+        # vLLM keeps caches and settings under ~/.cache/vllm and ~/.config/vllm, torch's compiler and
+        # Triton theirs in $TMPDIR and ~/.triton: keep them all in here, removed at the end.
+        for key, folder in (
+            ("VLLM_CACHE_ROOT", "vllm-cache"),
+            ("VLLM_CONFIG_ROOT", "vllm-config"),
+            ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+            ("TRITON_CACHE_DIR", "triton"),
+        ):
+            os.environ[key] = str(workdir / folder)
+        try:
+            env = Environment(report)
+        except Exception as exc:
+            text, where = describe(exc)
+            report.fail(
+                "environment", "python", f"{text} (this proof needs torch, vLLM and transformers)", where
+            )
+            return 2
+        say(
+            f"vLLM {report.vllm}, transformers {report.transformers}, torch {report.torch}; "
+            f"stages {','.join(args.stages)}"
+        )
+        try:
+            for target in targets:
+                prove_target(env, report, target, args.stages, workdir)
+        except ProofFailed:
+            return 1
+    return 0
+
+
+def prove_target(env: Environment, report: Report, target: Target, stages: list[str], workdir: Path) -> None:
+    """The stages for one fixture or checkpoint; raises ProofFailed at the first failure."""
+    raw = target.config()
+    report.architecture = (raw.get("architectures") or [None])[0]
+    report.model_type, report.quantization = raw.get("model_type"), quant_method(raw)
+    if "config" in stages:
+        prove_config(env, report, target)
+    else:
+        try:
+            check_supported(raw)
+        except ValueError as exc:
+            raise report.fail("config", target.name, *describe(exc)) from exc
+    if "construct" not in stages:
+        return
+    for head, tiny in tiny_models(raw):
+        name = target.name if head == "model" else f"{target.name}:{tiny['architectures'][0]}"
+        names = target.names(tiny, head)
+        if head == "mtp" and not any(n.startswith("mtp.") for n in names):
+            # A checkpoint whose config declares an MTP head but that ships none serves without
+            # speculative decoding; there is nothing of the head to prove.
+            report.check("construct", name, True, "no mtp.* tensors in the checkpoint: MTP head not proven")
+            continue
+        model = prove_construct(env, report, name, tiny, workdir)
+        if "load" in stages:
+            prove_load(env, report, name, tiny, head, names, model)
+        del model
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Offline, and nothing reported anywhere: the proof reads only its inputs.
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        os.environ.setdefault(key, "1")
+    report = Report()
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        code = run(args, report)
+    except UsageError as exc:
+        report.error = f"UsageError: {exc}"
+        say(report.error)
+        code = 2
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        if exc.code == 0:
+            return 0
+        report.error = "UsageError: see the usage message above"
+        code = 2
+    if report.failed_stage:
+        say(
+            f"VERDICT fail at {report.failed_stage}: {report.error}"
+            + (f" (at {report.where})" if report.where else "")
+            + f"; vLLM {report.vllm}, transformers {report.transformers}, torch {report.torch}"
+        )
+    elif code == 0:
+        say(
+            f"VERDICT pass: {len(report.checks)} checks; vLLM {report.vllm}, "
+            f"transformers {report.transformers}, torch {report.torch}"
+        )
+    print(report.as_json(), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
