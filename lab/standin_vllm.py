@@ -273,10 +273,14 @@ class Engine:
         class StandinWorker:
             """One "GPU worker": reports where it runs, which is all a stand-in can compute."""
 
-            def __init__(self, rank: int, model: str, revision: str | None):
+            def __init__(self, rank: int, model: str, revision: str | None, here: str):
                 self.rank = rank
-                # Every node loads its shard from its own cache: no checkpoint there, no worker.
-                self.model_type = local_config(model, revision).get("model_type")
+                # Every node loads its shard from its own cache: no checkpoint there, no worker. The
+                # stand-in's folder is the same in every node's image; Ray's worker lacks it on its path.
+                sys.path.insert(0, here)
+                from standin_vllm import local_config as read_local_config
+
+                self.model_type = read_local_config(model, revision).get("model_type")
 
             def where(self) -> str:
                 return f"rank {self.rank} on {ray.util.get_node_ip_address()} pid {os.getpid()}"
@@ -289,7 +293,7 @@ class Engine:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=group, placement_group_bundle_index=index
                 )
-            ).remote(index, self.args.model, self.args.revision)
+            ).remote(index, self.args.model, self.args.revision, os.path.dirname(os.path.abspath(__file__)))
             for index in range(world)
         ]
         for line in ray.get([actor.where.remote() for actor in self.actors], timeout=120):
