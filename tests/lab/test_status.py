@@ -21,15 +21,15 @@ import yaml
 import lab
 from lab.nodes import running_sshd
 from status.facts import ROOT, deployment_image, load_config
-from tests.lab.test_e2e import (
+from tests.lab.test_e2e import (  # noqa: F401  (engine and placed are fixtures used by name)
     API_KEY,
     PRECONDITION_DEADLINE_S,
     LabDeployment,
     create_gate,
-    gate_props,
-    lab_images,  # noqa: F401  (a fixture)
+    engine,
+    placed,
 )
-from tests.program import run_program
+from tests.support.program import run_program
 
 pytestmark = pytest.mark.lab
 
@@ -106,12 +106,20 @@ def problems(output: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def cluster(lab_images, node_a, node_b, stack):  # noqa: F811
-    """The declared containers running and ready, the image tagged and the checkpoint on both nodes."""
+def program(stack):
+    """The program under mocks with this module's stack file (test_e2e's `engine` and `placed` use it)."""
+    return run_program(
+        yaml.safe_load(stack[0].read_text())["config"], stack="lab", secrets={"api_key": API_KEY}
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(program, engine, placed, node_a, node_b, stack):  # noqa: F811
+    """The declared containers running and ready on the image the NodeImages placed, that image also
+    under the deployment image's reference, and the checkpoint in each node's own cache."""
     path, caches = stack
-    run = run_program(yaml.safe_load(path.read_text())["config"], stack="lab", secrets={"api_key": API_KEY})
     nodes = {node.name: node for node in (node_a, node_b)}
-    deployed = LabDeployment(run, nodes, lab_images)
+    deployed = LabDeployment(program, nodes, placed)
     (server,) = deployed.of_role("vllm")
     command = list(server.inputs["command"])
     commit = command[command.index("--revision") + 1]  # the pinned commit the server serves
@@ -119,10 +127,10 @@ def cluster(lab_images, node_a, node_b, stack):  # noqa: F811
     deployed.clean()
     try:
         for name, node in nodes.items():
-            lab.docker(node, "tag", lab_images[name], ref)
+            lab.docker(node, "tag", deployed.images[name], ref)
             make_checkpoint(node, caches[name], commit)
         deployed.start()
-        create_gate(gate_props(run, PRECONDITION_DEADLINE_S))
+        create_gate(engine, program, PRECONDITION_DEADLINE_S)
         yield deployed, ref, commit
     finally:
         deployed.clean()
@@ -173,14 +181,14 @@ def test_without_an_api_key_the_completion_is_not_tried(cluster, stack_file):
     assert code == 0, document["problems"]
 
 
-def test_an_image_that_differs_between_nodes(cluster, stack_file, lab_images, node_b):  # noqa: F811
-    _deployed, ref, _commit = cluster
+def test_an_image_that_differs_between_nodes(cluster, stack_file, node_b):
+    deployed, ref, _commit = cluster
     lab.docker(node_b, "commit", "qwen35-ray-worker", "status-other:1")
     lab.docker(node_b, "tag", "status-other:1", ref)
     try:
         code, out, _ = status(stack_file)
     finally:
-        lab.docker(node_b, "tag", lab_images["node-b"], ref)
+        lab.docker(node_b, "tag", deployed.images["node-b"], ref)
         lab.docker(node_b, "image", "rm", "status-other:1")
     found = problems(out)
     assert code == 1
