@@ -22,6 +22,8 @@ from components.remote import bash_argv, shell_join, ssh_argv
 
 BASE = "bench-base:2"
 IMAGE = "bench-image:1"
+# The previous build keeps its own tag on the node, as the deployment's content-hash tags do.
+PREVIOUS = "bench-image:previous"
 BASE_MB = (100, 100, 100, 100)
 TOP_MB = 10
 PAIRS = (
@@ -75,7 +77,7 @@ def _context(dockerfile: str) -> bytes:
 
 
 def clear(node: lab.LabNode) -> None:
-    for ref in (IMAGE, BASE):
+    for ref in (IMAGE, PREVIOUS, BASE):
         lab.docker(node, "image", "rm", "-f", ref, check=False)
     lab.docker(node, "image", "prune", "-f", check=False)
 
@@ -150,8 +152,9 @@ def bench_pair(src: lab.LabNode, dst: lab.LabNode, label: str) -> list[tuple]:
     note = f"{'ok' if ok else 'MISS'}: 0 layer bytes, < 2 s"
     rows.append((label, "unchanged image", None, ours_s, None, total, outs["bytes_sent"], note))
 
+    lab.docker(dst, "tag", IMAGE, PREVIOUS)
     build_top(src)
-    plain_s = plain_copy(src, dst)  # the destination keeps the base layers (the old image, untagged)
+    plain_s = plain_copy(src, dst)  # the destination keeps the base layers (the previous image)
     lab.docker(dst, "image", "rm", "-f", IMAGE, check=False)
     save_s, _ = ours(provider, src, dst, "save")
     lab.docker(dst, "image", "rm", "-f", IMAGE, check=False)
@@ -200,6 +203,7 @@ def bench_slow_shell(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
     build_base(src)
     build_top(src)
     ours(provider, src, dst)  # the destination holds the base
+    lab.docker(dst, "tag", IMAGE, PREVIOUS)
     build_top(src)
     with slow_login_shell(src, dst) as sessions:
         before = sessions()

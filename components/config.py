@@ -13,7 +13,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -51,6 +51,9 @@ SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--token"})
 EXTRA_ARG = re.compile(r"^[A-Za-z0-9_./:=,@+%-]*$")
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+# A node's Docker image store: the one definition (NodeImage, the copy tree and config use it).
+ImageStore = Literal["classic", "containerd"]
+IMAGE_STORES: tuple[str, ...] = get_args(ImageStore)
 
 
 class ConfigError(ValueError):
@@ -130,7 +133,7 @@ class NodeConfig(_Model):
     gpus: int = Field(default=1, ge=0, le=64)
     # The node's Docker image store. A containerd-store node may hold an image without every layer
     # blob, so the copy tree never uses one as a source; NodeImage checks the declaration.
-    image_store: Literal["classic", "containerd"] = "classic"
+    image_store: ImageStore = "classic"
     ray_ports: RayPorts = RayPorts()
 
     @field_validator("name")

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -181,18 +182,23 @@ def carry_out(
         if not decided.tag_was_there:
             return done(decided.image, decided.daemon)
         # The tag was there: when a NodeImage placed it (this resource's predecessor in a
-        # replacement), share it, so the predecessor's delete leaves it in place.
+        # replacement), share it, so the predecessor's delete leaves it in place. The source's
+        # session, unused, ends meanwhile.
+        ending = _end_meanwhile(session, times)
         with times.span("join tag holders"):
             joined = dst.tags("join", {"ref": image, "claim": claim}, at_destination.python)
+        ending.join()
         held = bool(joined.get("joined"))
         return done(decided.image, decided.daemon, holds_tag=held, claim=claim if held else "")
     if isinstance(decided, Retag):
+        ending = _end_meanwhile(session, times)
         with times.span("retag"):
             dst.tags(
                 "retag",
                 {"ref": image, "image_id": decided.image.image_id, "claim": claim},
                 at_destination.python,
             )
+        ending.join()
         return done(
             decided.image, decided.daemon, retagged=True, placed_tag=True, holds_tag=True, claim=claim
         )
@@ -213,6 +219,13 @@ def carry_out(
         layers_left_out=int(summary.get("layers_left_out", 0)),
         layout=str(summary.get("layout", "")),
     )
+
+
+def _end_meanwhile(session: transfer.SourceSession | None, times: PhaseTimes) -> threading.Thread:
+    """End the source's session (nothing to send) in a thread, while the destination is told."""
+    ending = threading.Thread(target=times.timed("end source session", session.close) if session else None)
+    ending.start()
+    return ending
 
 
 def copy_image(
@@ -261,6 +274,8 @@ def copy_image(
                 "root": at_source.daemon.root_dir,
                 "driver": at_source.daemon.driver,
                 "image_id": wanted.image_id,
+                # a containerd store takes left-out blobs from its content store only by digest
+                "layout": "oci" if at_destination.daemon.store == "containerd" else "docker",
             }
             try:
                 with times.span("stream, verify, promote (layer store)"):

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from components.config import IMAGE_STORES
 from components.node_image.errors import NodeImageError
 from components.transfer import Endpoint, EndpointError, Tuning, TuningError, tuning_from
 
@@ -26,7 +27,7 @@ NODE_KEYS = (
     "fabric_host",
     "image_store",
 )
-STORES = ("classic", "containerd")
+STORES = IMAGE_STORES
 # What identifies the node itself: a change of these is another node (a new copy); any other key is
 # only how the node is reached (an in-place update).
 IDENTITY_KEYS = ("host", "port")

@@ -69,9 +69,13 @@ def plan(source: Facts, destination: Facts, tuning: Tuning) -> Plan:
             wanted.layers, image_transfer.present_chains(i.layers for i in destination.images)
         )
         leave_out = tuple(wanted.layers[:keep_from])
-    else:  # containerd: a layer whose blob the content store holds (stored under its diff ID)
+    else:
+        # containerd: a layer whose blob the content store holds (stored uncompressed under its diff
+        # ID when this program loaded it) and that an image there still uses: a blob no image uses
+        # may be garbage-collected between this listing and the load.
         keep_from = 0
-        leave_out = tuple(layer for layer in wanted.layers if layer in destination.blobs)
+        in_use = {layer for image in destination.images for layer in image.layers}
+        leave_out = tuple(layer for layer in wanted.layers if layer in destination.blobs and layer in in_use)
     sizes = parse_layer_sizes(source.history, len(wanted.layers))
     to_send = (
         sum(size for layer, size in zip(wanted.layers, sizes, strict=True) if layer not in leave_out)
@@ -126,10 +130,6 @@ def check_disk(destination: Facts, layer_bytes: int, tuning: Tuning) -> None:
 
 
 def can_export(tuning: Tuning, source: Daemon, destination: Daemon) -> bool:
-    """Read layers straight from the source's store: classic overlay2 to a classic destination only."""
-    return (
-        tuning.source_export == "auto"
-        and source.store == "classic"
-        and source.driver == "overlay2"
-        and destination.store == "classic"
-    )
+    """Read layers straight from the source's store: a classic overlay2 source (to a containerd
+    destination as an OCI layout, whose blobs are named by digest)."""
+    return tuning.source_export == "auto" and source.store == "classic" and source.driver == "overlay2"

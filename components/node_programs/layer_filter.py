@@ -398,13 +398,17 @@ def write_layer_tar(split_path: str, diff_dir: str, write, chunk_size: int = 1 <
                 left -= len(data)
 
 
-def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]]]:
+def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]], list[int]]:
     """Check, before any byte is written, that every layer to send can be read from the layer store.
 
-    Returns the image config and (index, tar-split path, unpacked dir, tar size) per layer to send.
+    Returns the image config, (index, tar-split path, unpacked dir, tar size) per layer to send, and
+    (for the OCI layout, whose manifest lists every layer's size) every layer's tar size.
     """
     export = spec["export"]
     layers, keep_from = list(spec["layers"]), int(spec.get("keep_from", 0))
+    skip = set(spec.get("leave_out") or layers[:keep_from])
+    oci = export.get("layout") == "oci"
+    sizes: list[int] = []
     base = os.path.join(export["root"], "image", export["driver"])
     image_hex = export["image_id"].split(":", 1)[1]
     try:
@@ -414,9 +418,11 @@ def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]]]:
             raise ExportUnavailable("the image config does not match its ID")
         plan = []
         for index, chain in enumerate(chain_ids(layers)):
-            if index < keep_from:
-                continue
             folder = os.path.join(base, "layerdb", "sha256", chain.split(":", 1)[1])
+            if layers[index] in skip:
+                if oci:
+                    sizes.append(layer_tar_size(os.path.join(folder, "tar-split.json.gz")))
+                continue
             with open(os.path.join(folder, "diff")) as handle:
                 if handle.read().strip() != layers[index]:
                     raise ExportUnavailable(f"layer {index} in the store is not {layers[index]}")
@@ -427,14 +433,17 @@ def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]]]:
             if not os.path.isdir(unpacked):
                 raise ExportUnavailable(f"layer {index}: {unpacked} is missing")
             plan.append((index, split, unpacked, layer_tar_size(split)))
+            sizes.append(plan[-1][3])
     except OSError as exc:
         raise ExportUnavailable(f"{type(exc).__name__}: {exc}") from exc
-    return config, plan
+    return config, plan, sizes
 
 
 def export_stream(spec: dict, sink, counter: StreamCounter) -> None:
     """Write a docker-load archive holding only the layers to send, read from the layer store."""
-    config, plan = export_plan(spec)
+    config, plan, sizes = export_plan(spec)
+    if spec["export"].get("layout") == "oci":
+        return export_oci(spec, config, plan, sizes, sink, counter)
     compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if spec.get("compress") == "gzip" else None
 
     def write(data: bytes) -> None:
@@ -449,7 +458,7 @@ def export_stream(spec: dict, sink, counter: StreamCounter) -> None:
         write(regular_file_header(name, size, 0))
 
     counter.layout = "export"
-    counter.layers_left_out = int(spec.get("keep_from", 0))
+    counter.layers_left_out = len(spec["layers"]) - len(plan)
     image_hex = spec["export"]["image_id"].split(":", 1)[1]
     add(f"{image_hex}.json", len(config))
     write(config + bytes(-len(config) % 512))
@@ -463,6 +472,87 @@ def export_stream(spec: dict, sink, counter: StreamCounter) -> None:
     manifest = json.dumps([{"Config": f"{image_hex}.json", "RepoTags": [spec["new_tag"]], "Layers": paths}])
     add("manifest.json", len(manifest))
     write(manifest.encode() + bytes(-len(manifest) % 512) + bytes(1024))
+    if compressor is not None:
+        tail = compressor.flush()
+        sink.write(tail)
+        counter.written += len(tail)
+    sink.flush()
+
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def export_oci(spec: dict, config: bytes, plan: list, sizes: list[int], sink, counter: StreamCounter) -> None:
+    """The same layers as an OCI image layout: every blob named by its digest (a layer's is its diff
+    ID), so a containerd image store takes the blobs left out from its content store."""
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if spec.get("compress") == "gzip" else None
+
+    def write(data: bytes) -> None:
+        counter.read += len(data)
+        if compressor is not None:
+            data = compressor.compress(data)
+        if data:
+            sink.write(data)
+            counter.written += len(data)
+
+    def add(name: str, data: bytes) -> None:
+        write(regular_file_header(name, len(data), 0) + data + bytes(-len(data) % 512))
+
+    def blob(digest: str) -> str:
+        return "blobs/sha256/" + digest.split(":", 1)[1]
+
+    layers = list(spec["layers"])
+    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config_digest,
+                "size": len(config),
+            },
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest, "size": size}
+                for digest, size in zip(layers, sizes, strict=True)
+            ],
+        },
+        separators=(",", ":"),
+    ).encode()
+    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    new_tag = spec["new_tag"]
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {
+                "mediaType": OCI_MANIFEST,
+                "digest": manifest_digest,
+                "size": len(manifest),
+                "annotations": {
+                    "io.containerd.image.name": full_reference(new_tag),
+                    "org.opencontainers.image.ref.name": new_tag.rsplit(":", 1)[1],
+                },
+            }
+        ],
+    }
+    counter.layout = "export-oci"
+    counter.layers_left_out = len(layers) - len(plan)
+    add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+    add(blob(config_digest), config)
+    for position, split, unpacked, size in plan:
+        write(regular_file_header(blob(layers[position]), size, 0))
+        write_layer_tar(split, unpacked, write)
+        write(bytes(-size % 512))
+        counter.layers_sent += 1
+        counter.layer_bytes += size
+    add(blob(manifest_digest), manifest)
+    add("index.json", json.dumps(index, separators=(",", ":")).encode())
+    docker_manifest = [
+        {"Config": blob(config_digest), "RepoTags": [new_tag], "Layers": [blob(d) for d in layers]}
+    ]
+    add("manifest.json", json.dumps(docker_manifest, separators=(",", ":")).encode())
+    write(bytes(1024))
     if compressor is not None:
         tail = compressor.flush()
         sink.write(tail)

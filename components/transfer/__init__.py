@@ -15,10 +15,10 @@ connection to the destination (`Peer`: pinned keys) and, once connected, the des
 the stream, while it runs the caller's inspection of the source (`before`); the caller decides,
 then `SourceSession.transfer` runs `producers | watch | ssh destination consumer` in that same
 session, or `close` ends it unused (`run_transfer` does the transfer alone, in a session of its
-own). The watch counts bytes, ends the whole pipeline when
-no byte moved for `stall_timeout_s` or `deadline_s` passed, and keeps
-`$HOME/.qwen35/progress/<operation>.json` on the source up to date (at most once a second; removed
-at the end). The orchestrator keeps a backstop for a source that stops answering.
+own). The watch counts bytes, ends the whole pipeline when no byte moved for `stall_timeout_s`
+or `deadline_s` passed, and keeps `$HOME/.qwen35/progress/<operation>.json` on the source up to
+date (at most once a second; removed at the end). The orchestrator keeps a backstop for a source
+that stops answering (`run_watched`: the stall limit plus `BACKSTOP_MARGIN_S`).
 
 What it gets back: a `TransferResult`: every stage's exit status and stderr tail (and a stage's own
 `qwen35-report {json}` stderr line), the bytes sent, the consumer's JSON report, and the failure

@@ -66,9 +66,18 @@ def content_blobs(node: lab.LabNode) -> set[str]:
     return set(ctr(node, "content", "ls", "-q").split())
 
 
+def layers_in_use(node: lab.LabNode) -> set[str]:
+    """Every layer of every image on the node."""
+    ids = lab.docker(node, "image", "ls", "-a", "-q", "--no-trunc").out.split()
+    listing = lab.docker(
+        node, "image", "inspect", "--format", "{{range .RootFS.Layers}}{{.}} {{end}}", *set(ids)
+    )
+    return set(listing.out.split())
+
+
 def test_oci_source_to_containerd_destination_leaves_out_held_blobs(node_c, node_d, images_on_c):
     remove(node_d, "ni-eng:1", "ni-eng-base:1")
-    held = content_blobs(node_d) & set(layers_of(node_c, "ni-eng:1"))
+    held = content_blobs(node_d) & set(layers_of(node_c, "ni-eng:1")) & layers_in_use(node_d)
     outs = PROVIDER.create(props("ni-eng:1", node_c, node_d)).outs
     assert outs["store"] == "containerd" and outs["source_store"] == "classic"
     assert outs["layers_left_out"] == len(held) and outs["layers_sent"] == 3 - len(held)
@@ -79,13 +88,16 @@ def test_oci_source_to_containerd_destination_leaves_out_held_blobs(node_c, node
     assert again["skipped"] is True and again["bytes_sent"] == 0
 
 
-def test_containerd_destination_gets_a_changed_top_layer_only(node_c, node_d, images_on_c):
+@pytest.mark.parametrize(("export", "layout"), [("save", "oci"), ("auto", "export-oci")])
+def test_containerd_destination_gets_a_changed_top_layer_only(node_c, node_d, images_on_c, export, layout):
     """Loaded once, the base's blobs stay in the content store (under their diff IDs): a new top
-    layer on the same base sends only that layer."""
+    layer on the same base sends only that layer (from `docker save`, or read from the source's
+    layer store as an OCI layout)."""
     PROVIDER.create(props("ni-eng-base:1", node_c, node_d))
     top = build(node_c, "ni-eng-top:1", "ni-eng-base:1", os.urandom(100_000))
     remove(node_d, "ni-eng-top:1")
-    outs = PROVIDER.create(props("ni-eng-top:1", node_c, node_d)).outs
+    outs = PROVIDER.create(props("ni-eng-top:1", node_c, node_d, tuning={"source_export": export})).outs
+    assert outs["layout"] == layout
     assert outs["layers_left_out"] == 2 and outs["layers_sent"] == 1 and outs["bytes_sent"] <= 1.2 * 100_000
     assert outs["layers"] == layers_of(node_c, "ni-eng-top:1") and top != outs["image_id"]
     assert "root" in runs(node_d, "ni-eng-top:1") and no_temporary_tags(node_d)

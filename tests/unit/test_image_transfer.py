@@ -225,3 +225,34 @@ def test_layer_store_export_refuses_before_writing_anything(tmp_path):
     with pytest.raises(t.ExportUnavailable, match="layer 2"):
         t.export_stream(spec, out, t.StreamCounter())
     assert out.getvalue() == b""
+
+
+def test_layer_store_export_as_an_oci_layout_names_every_blob_by_digest(tmp_path):
+    """For a containerd destination: blobs by digest (a layer's is its diff ID), a manifest listing
+    every layer with its size, the layers left out absent (the content store has them)."""
+    root, image_id = fake_layer_store(tmp_path)
+    export = {"root": root, "driver": "overlay2", "image_id": image_id, "layout": "oci"}
+    spec = t.filter_spec(DIFF_IDS, 0, "app:qwen35-tmp-1", export=export, leave_out=[DIFF_IDS[0], DIFF_IDS[2]])
+    out, counter = io.BytesIO(), t.StreamCounter()
+    t.export_stream(spec, out, counter)
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    for name, data in files.items():  # every blob's name is its digest
+        if name.startswith("blobs/sha256/"):
+            assert digest(data) == "sha256:" + name.rsplit("/", 1)[1]
+    index = json.loads(files["index.json"])
+    (entry,) = index["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == "docker.io/library/app:qwen35-tmp-1"
+    manifest = json.loads(files["blobs/sha256/" + entry["digest"].split(":")[1]])
+    assert manifest["config"]["digest"] == image_id
+    assert [(layer["digest"], layer["size"]) for layer in manifest["layers"]] == [
+        (d, len(layer)) for d, layer in zip(DIFF_IDS, LAYERS, strict=True)
+    ]
+    sent = [
+        name
+        for name in files
+        if name.startswith("blobs/") and name.split("/")[-1] in {d[7:] for d in DIFF_IDS}
+    ]
+    assert sent == ["blobs/sha256/" + DIFF_IDS[1][7:]]  # only the layer not left out
+    assert counter.layers_sent == 1 and counter.layers_left_out == 2 and counter.layout == "export-oci"
+    assert json.loads(files["manifest.json"])[0]["RepoTags"] == ["app:qwen35-tmp-1"]

@@ -70,17 +70,24 @@ def destination(tag=None, images=(), daemon=CLASSIC, free=10**12, blobs=(), at=B
             destination(images=[OTHER]),
             Copy(leave_out=(L1, L2), keep_from=2, export=True, same_store=True, bytes_to_send=1000),
         ),
-        # containerd destination: layers whose blobs its content store holds are left out (any layer)
+        # containerd destination: layers whose blobs its content store holds, and an image there
+        # still uses, are left out (any layer, not only a bottom chain)
         (
             source(),
-            destination(daemon=CONTAINERD, blobs=[L1, L3]),
-            Copy(leave_out=(L1, L3), keep_from=0, export=False, same_store=False, bytes_to_send=1000),
+            destination(daemon=CONTAINERD, blobs=[L1, L3], images=[ImageInfo("sha256:t", (L1, L3))]),
+            Copy(leave_out=(L1, L3), keep_from=0, export=True, same_store=False, bytes_to_send=1000),
+        ),
+        # a blob no image uses any more may be collected before the load: sent
+        (
+            source(),
+            destination(daemon=CONTAINERD, blobs=[L1, L3], images=[OTHER]),
+            Copy(leave_out=(L1,), keep_from=0, export=True, same_store=False, bytes_to_send=2000),
         ),
         # containerd destination with the layers in images but not as blobs: everything is sent
         (
             source(),
             destination(daemon=CONTAINERD, images=[OTHER]),
-            Copy(leave_out=(), keep_from=0, export=False, same_store=False, bytes_to_send=3000),
+            Copy(leave_out=(), keep_from=0, export=True, same_store=False, bytes_to_send=3000),
         ),
         # across stores the layer list is the identity: the containerd ID differs, still a skip
         (
@@ -92,7 +99,7 @@ def destination(tag=None, images=(), daemon=CLASSIC, free=10**12, blobs=(), at=B
         (
             source(),
             destination(tag=ImageInfo("sha256:w", (L1,)), daemon=CONTAINERD),
-            Copy(leave_out=(), keep_from=0, export=False, same_store=False, bytes_to_send=3000),
+            Copy(leave_out=(), keep_from=0, export=True, same_store=False, bytes_to_send=3000),
         ),
     ],
     ids=[
@@ -103,6 +110,7 @@ def destination(tag=None, images=(), daemon=CLASSIC, free=10**12, blobs=(), at=B
         "fresh",
         "thin-classic",
         "thin-containerd",
+        "containerd-unused-blob",
         "containerd-no-blobs",
         "across-stores-skip",
         "across-stores-other",
