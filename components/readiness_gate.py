@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ import pulumi
 import pulumi.dynamic as dynamic
 
 from components.nodes import target_from_dict
+from components.progress import tell_operator
 from components.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT, PROGRESS_PREFIX
 from components.remote import RemoteError, Result, ssh_argv, stderr_tail
 
@@ -72,16 +72,6 @@ def probe_program(api_key: str | None) -> bytes:
     if api_key:
         prelude = f"import os\nos.environ[{API_KEY_ENV!r}] = {api_key!r}\n"
     return (prelude + PROBE_SOURCE.read_text()).encode()
-
-
-def tell_operator(line: str) -> None:
-    """A line the operator sees live during `pulumi up`.
-
-    The engine reads a dynamic provider's stderr line by line and shows each line as an info
-    diagnostic on the stack's row as it arrives, with no resource attached (pulumi/pulumi
-    pkg/resource/plugin/plugin.go, `newPlugin`'s `runtrace`; README "Progress during pulumi up").
-    """
-    print(f"qwen35: {line}", file=sys.stderr, flush=True)
 
 
 def run_relaying(

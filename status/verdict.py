@@ -11,6 +11,7 @@ from typing import Any
 
 from components.config import StackConfig
 from components.deployment import node_container_names
+from components.ray_cluster import head_container_name, worker_container_name
 from components.readiness import parse_alive_ips, parse_ray_status
 from components.vllm_server import vllm_container_name
 
@@ -105,7 +106,9 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
                     )
                 )
             problems += _image(node.name, cells, report.get("image") or {}, head_image, node.name == head)
-            problems += _containers(node.name, cells, report, containers[node.name])
+            problems += _containers(
+                node.name, cells, report, containers[node.name], worker_ray=worker_container_name(config)
+            )
         gpus = report.get("gpus") or {}
         problems += _gpus(node.name, node.gpus, config.containers.gpu_runtime, cells, gpus)
         checkpoint = report.get("checkpoint") or {}
@@ -173,7 +176,7 @@ def duration(seconds: Any) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def _containers(node: str, cells: dict, report: dict, names: list[str]) -> list[Problem]:
+def _containers(node: str, cells: dict, report: dict, names: list[str], worker_ray: str) -> list[Problem]:
     problems = []
     shown = []
     image_id = (report.get("image") or {}).get("id")
@@ -181,14 +184,11 @@ def _containers(node: str, cells: dict, report: dict, names: list[str]) -> list[
         fact = (report.get("containers") or {}).get(name) or {"present": False}
         if not fact.get("present"):
             shown.append(f"{name} missing")
-            problems.append(
-                Problem(
-                    node,
-                    f"container {name} does not exist",
-                    "`pulumi up --refresh` creates it again; if it is a Ray worker, also replace the "
-                    "server (`--replace` the qwen35-vllm URN) so the engine re-forms its TP group",
-                )
-            )
+            again = "`pulumi up --refresh` creates it again"
+            if name == worker_ray:
+                # The drift table's row: the engine must re-form its TP group with the new worker.
+                again += "; also `--replace` the server's URN so the engine re-forms its TP group"
+            problems.append(Problem(node, f"container {name} does not exist", again))
             continue
         state, restarts = fact.get("state"), fact.get("restarts", 0)
         text = f"{name} {state}"
@@ -297,6 +297,11 @@ def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]
     if not head_report.get("reachable") or ray is None:
         cluster["ray"] = "not checked (head unreachable or its Docker down)"
         return []
+    head_ray = (head_report.get("containers") or {}).get(head_container_name(config)) or {}
+    if head_ray.get("state") != "running":
+        # Already a problem of the head's: its Ray container is missing or not running.
+        cluster["ray"] = "not checked (the Ray head container is not running)"
+        return []
     if ray.get("error") or not ray.get("status"):
         cluster["ray"] = f"no answer: {_first_line(ray.get('error'))}"
         return [
@@ -349,7 +354,7 @@ def _server(cluster: dict, server: dict, server_name: str) -> list[Problem]:
         problems.append(
             Problem(
                 "cluster",
-                f"{url}/health: {health.get('error')}",
+                f"{url}/health failed: {str(health.get('error')).removeprefix(f'{url}/health: ')}",
                 f"read `docker logs {server_name}` on the head; a crashed engine: `pulumi up --refresh "
                 f"--replace <urn of {server_name}>`",
             )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,29 +21,29 @@ import yaml
 import lab
 from lab.nodes import running_sshd
 from status.facts import ROOT, deployment_image, load_config
-from tests.lab.test_e2e import (
+from tests.lab.test_e2e import (  # noqa: F401  (engine and placed are fixtures used by name)
     API_KEY,
     PRECONDITION_DEADLINE_S,
     LabDeployment,
     create_gate,
-    gate_props,
-    lab_images,  # noqa: F401  (a fixture)
-    program,  # noqa: F401  (a fixture)
+    engine,
+    placed,
 )
+from tests.support.program import run_program
 
 pytestmark = pytest.mark.lab
 
 MODEL = "lab/standin-qwen35"
-# A checkpoint in the Hub cache layout: blobs named by their sha256, snapshot links, refs/main.
+# A checkpoint in the Hub cache layout under HF_HOME (argv: the cache dir, the commit): blobs named by
+# their sha256, relative snapshot links, refs/main. Prints the path of the second shard's blob.
 CACHE_MAKER = r"""
 import hashlib, os, sys
-root = os.path.expanduser("~/.cache/huggingface/hub/models--lab--standin-qwen35")
-commit = "0123456789abcdef0123456789abcdef01234567"
+home, commit = sys.argv[1], sys.argv[2]
+root = os.path.join(home, "hub", "models--lab--standin-qwen35")
 files = {"config.json": b'{"model_type": "qwen3_5_moe"}', "tokenizer.json": b"{}",
          "model-00001-of-00002.safetensors": b"a" * 4096, "model-00002-of-00002.safetensors": b"b" * 4096}
-os.makedirs(os.path.join(root, "blobs"), exist_ok=True)
-os.makedirs(os.path.join(root, "refs"), exist_ok=True)
-os.makedirs(os.path.join(root, "snapshots", commit), exist_ok=True)
+for sub in ("blobs", "refs", os.path.join("snapshots", commit)):
+    os.makedirs(os.path.join(root, sub), exist_ok=True)
 with open(os.path.join(root, "refs", "main"), "w") as f:
     f.write(commit)
 for name, data in files.items():
@@ -59,18 +60,25 @@ STATUS_DEADLINE_S = 120
 
 
 @pytest.fixture(scope="module")
-def stack_file(tmp_path_factory) -> Path:
-    """Pulumi.lab.yaml with the HF cache in each node's own home (lab nodes share one filesystem)."""
+def stack(tmp_path_factory) -> tuple[Path, dict]:
+    """Pulumi.lab.yaml with each node's HF cache in a folder of its own (lab nodes share a filesystem)."""
+    folder = tmp_path_factory.mktemp("status")
     document = yaml.safe_load((ROOT / "Pulumi.lab.yaml").read_text())
-    document["config"]["qwen35-spark:containers"]["hf_cache"] = "~/.cache/huggingface"
-    path = tmp_path_factory.mktemp("status") / "Pulumi.lab-status.yaml"
+    caches = {name: str(folder / "hf" / name) for name in ("node-a", "node-b")}
+    document["config"].setdefault("qwen35-spark:model", {})["cache_dirs"] = caches
+    path = folder / "Pulumi.lab-status.yaml"
     path.write_text(yaml.safe_dump(document))
-    return path
+    return path, caches
 
 
-def make_checkpoint(node: lab.LabNode) -> str:
-    """The checkpoint on `node`; the path of its second shard's blob."""
-    return lab.on_node(node, ["python3", "-"], input=CACHE_MAKER.encode()).out
+@pytest.fixture(scope="module")
+def stack_file(stack) -> Path:
+    return stack[0]
+
+
+def make_checkpoint(node: lab.LabNode, cache: str, commit: str) -> str:
+    """The checkpoint in `node`'s cache; the path of its second shard's blob."""
+    return lab.on_node(node, ["python3", "-", cache, commit], input=CACHE_MAKER.encode()).out
 
 
 def status(stack_file: Path, *, key: str | None = API_KEY, json_out: bool = True) -> tuple[int, str, float]:
@@ -98,26 +106,37 @@ def problems(output: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def cluster(program, lab_images, node_a, node_b, stack_file):  # noqa: F811
-    """The declared containers running and ready, the image tagged and the checkpoint on both nodes."""
+def program(stack):
+    """The program under mocks with this module's stack file (test_e2e's `engine` and `placed` use it)."""
+    return run_program(
+        yaml.safe_load(stack[0].read_text())["config"], stack="lab", secrets={"api_key": API_KEY}
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(program, engine, placed, node_a, node_b, stack):  # noqa: F811
+    """The declared containers running and ready on the image the NodeImages placed, that image also
+    under the deployment image's reference, and the checkpoint in each node's own cache."""
+    path, caches = stack
     nodes = {node.name: node for node in (node_a, node_b)}
-    deployed = LabDeployment(program, nodes, lab_images)
-    ref = deployment_image(load_config(stack_file))
+    deployed = LabDeployment(program, nodes, placed)
+    (server,) = deployed.of_role("vllm")
+    command = list(server.inputs["command"])
+    commit = command[command.index("--revision") + 1]  # the pinned commit the server serves
+    ref = deployment_image(load_config(path))
     deployed.clean()
     try:
         for name, node in nodes.items():
-            lab.docker(node, "tag", lab_images[name], ref)
-            make_checkpoint(node)
+            lab.docker(node, "tag", deployed.images[name], ref)
+            make_checkpoint(node, caches[name], commit)
         deployed.start()
-        create_gate(gate_props(program, PRECONDITION_DEADLINE_S))
-        yield deployed, ref
+        create_gate(engine, program, PRECONDITION_DEADLINE_S)
+        yield deployed, ref, commit
     finally:
         deployed.clean()
         for node in nodes.values():
             lab.docker(node, "image", "rm", ref, check=False)
-            lab.on_node(
-                node, ["rm", "-rf", ".cache/huggingface/hub/models--lab--standin-qwen35"], check=False
-            )
+        shutil.rmtree(Path(caches["node-a"]).parent, ignore_errors=True)
 
 
 def test_healthy_cluster_is_all_green(cluster, stack_file):
@@ -162,14 +181,14 @@ def test_without_an_api_key_the_completion_is_not_tried(cluster, stack_file):
     assert code == 0, document["problems"]
 
 
-def test_an_image_that_differs_between_nodes(cluster, stack_file, lab_images, node_b):  # noqa: F811
-    deployed, ref = cluster
+def test_an_image_that_differs_between_nodes(cluster, stack_file, node_b):
+    deployed, ref, _commit = cluster
     lab.docker(node_b, "commit", "qwen35-ray-worker", "status-other:1")
     lab.docker(node_b, "tag", "status-other:1", ref)
     try:
         code, out, _ = status(stack_file)
     finally:
-        lab.docker(node_b, "tag", lab_images["node-b"], ref)
+        lab.docker(node_b, "tag", deployed.images["node-b"], ref)
         lab.docker(node_b, "image", "rm", "status-other:1")
     found = problems(out)
     assert code == 1
@@ -177,19 +196,18 @@ def test_an_image_that_differs_between_nodes(cluster, stack_file, lab_images, no
     assert all(node == "node-b" for node, _ in found), found
 
 
-def test_a_checkpoint_file_missing_on_one_node(cluster, stack_file, node_b):
-    lab.on_node(node_b, ["rm", make_checkpoint(node_b)])
+def test_a_checkpoint_file_missing_on_one_node(cluster, stack, node_b):
+    _deployed, _ref, commit = cluster
+    path, caches = stack
+    lab.on_node(node_b, ["rm", make_checkpoint(node_b, caches["node-b"], commit)])
     try:
-        code, out, _ = status(stack_file)
+        code, out, _ = status(path)
     finally:
-        make_checkpoint(node_b)
+        make_checkpoint(node_b, caches["node-b"], commit)
     assert code == 1
+    repo = f"{caches['node-b']}/hub/models--lab--standin-qwen35"
     assert problems(out) == [
-        (
-            "node-b",
-            "1 checkpoint file(s) missing in /run/qwen35-lab/node-b/home/.cache/huggingface/hub/"
-            "models--lab--standin-qwen35: model-00002-of-00002.safetensors",
-        )
+        ("node-b", f"1 checkpoint file(s) missing in {repo}: model-00002-of-00002.safetensors")
     ]
 
 

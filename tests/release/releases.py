@@ -1,9 +1,10 @@
 """Real vLLM releases for the proof tier: virtualenvs with vLLM and its torch from PyPI, cached outside git.
 
 `release_venv("0.17.1")` returns the python of `<cache>/release/vllm-0.17.1`, made once per machine
-(`python -m venv` + `pip install -c constraints-X.txt vllm==X`: ~10 GB, minutes) under a file lock and recognised by a marker
-written after the install and an import check. A venv left without its marker (an interrupted run) is
-completed by running the same `pip install` again, which keeps what is already there.
+(`python -m venv` + `pip install -c constraints-X.txt vllm==X`: ~10 GB, minutes) under a file lock
+and recognised by a marker written after the install and an import check (with the constraints'
+hash). A venv left without its marker (an interrupted run) is completed by running the same
+`pip install` again, which keeps what is already there.
 
 Two overlays go first on PYTHONPATH, so one venv serves several setups without being changed:
   - `transformers_overlay("5.2.0", python)`: exactly the packages `pip install transformers==5.2.0`

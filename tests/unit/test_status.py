@@ -16,6 +16,7 @@ from status import facts, render
 from status.verdict import Problem, duration, judge
 from tests.support.program import stack_config
 
+URL = "http://127.0.0.2:18000"
 LAYERS = ["sha256:" + c * 64 for c in "abc"]
 IMAGE_ID = "sha256:" + "1" * 64
 DIGEST = "d" * 64
@@ -70,7 +71,7 @@ def healthy():
             "node-b": node_report(["qwen35-ray-worker"]),
         },
         "server": {
-            "url": "http://127.0.0.2:18000",
+            "url": URL,
             "health": {"ok": True},
             "models": {"ok": True},
             "completion": {"tried": True, "ok": True, "latency_s": 0.25, "tokens": 5, "tokens_per_s": 20.0},
@@ -114,7 +115,7 @@ CASES = [
     (
         "worker's Ray container removed",
         _set((*B, "containers", "qwen35-ray-worker"), {"present": False}),
-        [("node-b", "container qwen35-ray-worker does not exist", "pulumi up --refresh")],
+        [("node-b", "container qwen35-ray-worker does not exist", "`--replace` the server's URN")],
     ),
     (
         "image missing on the worker",
@@ -169,9 +170,19 @@ CASES = [
         [("cluster", "Ray reports 2/2 nodes and 1/2 GPUs", "gpus")],
     ),
     (
+        "server container removed",
+        _set((*A, "containers", "qwen35-vllm"), {"present": False}),
+        [("node-a", "container qwen35-vllm does not exist", "creates it again")],
+    ),
+    (
+        "Ray head container stopped: Ray is not asked again",
+        lambda g: g["nodes"]["node-a"]["containers"]["qwen35-ray-head"].update(state="exited", exit_code=1),
+        [("node-a", "container qwen35-ray-head is exited (exit code 1", "docker logs qwen35-ray-head")],
+    ),
+    (
         "server down",
-        _set(("server", "health"), {"ok": False, "error": "http://h:1/health: Connection refused"}),
-        [("cluster", "/health: http://h:1/health: Connection refused", "docker logs qwen35-vllm")],
+        _set(("server", "health"), {"ok": False, "error": f"{URL}/health: Connection refused"}),
+        [("cluster", f"{URL}/health failed: Connection refused", "docker logs qwen35-vllm")],
     ),
     (
         "completion fails",
