@@ -189,7 +189,10 @@ def carry_out(
             joined = dst.tags("join", {"ref": image, "claim": claim}, at_destination.python)
         ending.join()
         held = bool(joined.get("joined"))
-        return done(decided.image, decided.daemon, holds_tag=held, claim=claim if held else "")
+        # Waiting: no holder recorded (by hand, or a resource from before the records placed it): the
+        # claim is kept so that such a predecessor's delete can hand the tag over (image_tag leave).
+        waits = bool(joined.get("waiting"))
+        return done(decided.image, decided.daemon, holds_tag=held, claim=claim if held or waits else "")
     if isinstance(decided, Retag):
         ending = _end_meanwhile(session, times)
         with times.span("retag"):

@@ -385,6 +385,82 @@ def test_a_tag_no_nodeimage_placed_is_never_removed(node_docker):
     assert tags() == {"base:1": "sha256:b"}
 
 
+def test_a_replacement_of_state_from_before_records_keeps_the_tag_for_the_survivor(node_docker):
+    """The old resource placed the tag before records existed (placed_tag, no claim, no record): the new
+    one finds it there and waits; the old one's delete hands the tag over instead of removing it, and
+    the survivor's delete removes it."""
+    tags, image_tag = node_docker
+    image_tag("retag", ref="app:1", image_id="sha256:x", claim="")  # no record, as before records
+    joined = image_tag("join", ref="app:1", claim="new")
+    assert joined["joined"] is False and joined["waiting"] is True
+    assert image_tag("leave", ref="app:1", claim="", legacy_placed_id="sha256:x")["removed"] is False
+    assert tags() == {"app:1": "sha256:x"}
+    assert image_tag("leave", ref="app:1", claim="new", legacy_placed_id="")["removed"] is True
+    assert tags() == {}
+
+
+def test_a_waiting_claim_on_a_tag_placed_by_hand_never_removes_it(node_docker):
+    tags, image_tag = node_docker
+    image_tag("retag", ref="base:1", image_id="sha256:b", claim="")  # by hand: no record
+    assert image_tag("join", ref="base:1", claim="c1")["waiting"] is True
+    assert image_tag("join", ref="base:1", claim="c2")["joined"] is False  # still nobody holds it
+    assert image_tag("leave", ref="base:1", claim="c1", legacy_placed_id="")["removed"] is False
+    assert image_tag("leave", ref="base:1", claim="c2", legacy_placed_id="")["removed"] is False
+    assert tags() == {"base:1": "sha256:b"}
+    # nothing left waiting: a later legacy delete of another image's state does not hand anything over
+    assert image_tag("leave", ref="base:1", claim="", legacy_placed_id="sha256:other")["removed"] is False
+
+
+def test_a_legacy_delete_hands_over_only_what_it_placed(node_docker):
+    tags, image_tag = node_docker
+    image_tag("retag", ref="app:1", image_id="sha256:x", claim="")
+    image_tag("join", ref="app:1", claim="new")
+    image_tag("retag", ref="app:1", image_id="sha256:y", claim="")  # re-pointed by hand since
+    assert image_tag("leave", ref="app:1", claim="", legacy_placed_id="sha256:x")["removed"] is False
+    assert image_tag("leave", ref="app:1", claim="new", legacy_placed_id="")["removed"] is False
+    assert tags() == {"app:1": "sha256:y"}
+
+
+@pytest.mark.parametrize(
+    ("joined", "claim_kept", "holds"),
+    [
+        ({"joined": True, "waiting": False}, True, True),
+        ({"joined": False, "waiting": True}, True, False),  # may be handed the tag by a legacy delete
+        ({"joined": False, "waiting": False}, False, False),
+    ],
+    ids=["joined", "waiting", "neither"],
+)
+def test_a_skip_keeps_its_claim_when_it_joined_or_waits(joined, claim_kept, holds):
+    from components.node_image.facts import Facts
+    from components.node_image.plan import Skip
+    from components.transfer import PhaseTimes
+
+    class Destination:
+        node = Node.from_dict("destination", node("b", "h2"))
+
+        def tags(self, mode, spec, python="python3"):
+            assert mode == "join"
+            return joined
+
+    info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1")
+    facts = Facts(Destination.node, "app:1", daemon, info)
+    props = {**olds(), "tuning": {}}
+    outs = execute.carry_out(
+        Skip(info, daemon, True),
+        props,
+        "app:1",
+        None,
+        Destination(),
+        facts,
+        facts,
+        None,
+        None,
+        None,
+        PhaseTimes(),
+    )
+    assert bool(outs["claim"]) is claim_kept and outs["holds_tag"] is holds and outs["placed_tag"] is False
+
+
 def test_a_tag_pointed_elsewhere_since_is_not_removed_nor_joined(node_docker):
     tags, image_tag = node_docker
     image_tag("retag", ref="app:1", image_id="sha256:x", claim="a")
