@@ -8,6 +8,7 @@ import dataclasses
 import json
 import random
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -391,6 +392,8 @@ def _stream(
     promoted = bool(loaded_report.get("promoted"))
     summary = result.stages[-2].report if len(result.stages) >= 2 else None
     if result.ok and promoted and loaded:
+        if loaded_report.get("warning"):
+            print(f"NodeImage {image} on {destination.label}: {loaded_report['warning']}", file=sys.stderr)
         return {"summary": summary or {}, "bytes": result.bytes_sent, "image": loaded[0]}
     if loaded_report.get("exit") == TagExit.MISMATCH and loaded:
         raise Mismatch(loaded[0])

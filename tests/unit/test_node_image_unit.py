@@ -497,6 +497,8 @@ if args[0] == "load":
     sys.exit(0 if data == b"archive" else 1)
 if args[:2] == ["image", "inspect"]:
     print(os.environ["FAKE_DOCKER_IMAGE"])
+if args[:2] == ["image", "rm"] and os.environ.get("FAKE_DOCKER_RM_FAILS"):
+    sys.stderr.write("Error response from daemon: busy\\n"); sys.exit(1)
 sys.exit(0)
 """
 
@@ -591,3 +593,28 @@ def test_the_report_marker_is_the_same_on_both_sides():
 
     # Two programs shipped separately (each one standalone file): the filter writes what the watch reads.
     assert transfer_source.Marker.REPORT.value == layer_filter.REPORT
+
+
+def test_a_temporary_tag_left_behind_only_warns_and_the_claim_stays_valid(tmp_path, monkeypatch):
+    """The real tag is verified and recorded before the temporary tag goes: failing to remove the
+    temporary tag must not fail the load (that would leave a claim no resource state knows)."""
+    import subprocess
+    import sys
+
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "log"))
+    monkeypatch.setenv("FAKE_DOCKER_RM_FAILS", "1")
+    monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"sha256:ab"\t["{L1}"]\t7')
+    argv = ni.load_argv(
+        "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1,)), True, sys.executable, "c1"
+    )
+    done = subprocess.run(argv, input=b"archive", capture_output=True, timeout=60)
+    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert done.returncode == 0 and report["exit"] == 0 and report["promoted"] is True, report
+    assert "app:qwen35-tmp-1" in report["warning"] and "docker image rm" in report["warning"]
+    records = list((tmp_path / "home" / ".qwen35" / "tags").glob("*.json"))
+    assert [json.loads(r.read_text())["holders"] for r in records] == [["c1"]]
