@@ -8,6 +8,7 @@ import dataclasses
 import json
 import random
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -411,9 +412,18 @@ def _stream(
         placed,
         "check the link between the nodes and run again (layers already loaded are reused)",
     )
-    if export and result.failure is transfer.Failure.STAGE and not promoted:
-        raise ExportFailed(message)
+    export_at_fault = loaded_report.get("exit") == TagExit.MISMATCH or _producer_failed(result.stages[0])
+    if export and result.failure is transfer.Failure.STAGE and not promoted and export_at_fault:
+        raise ExportFailed(message)  # the layer store's export failed: `docker save` may still do
     raise NodeImageError(message)
+
+
+def _producer_failed(producer: transfer.StageOutcome) -> bool:
+    """The source's export failed on its own, not because the destination stopped reading (its load
+    failed first: a broken pipe)."""
+    if not producer.status or producer.status == -signal.SIGPIPE:
+        return False
+    return not str((producer.report or {}).get("error") or "").startswith("BrokenPipeError")
 
 
 # ---- refresh and delete --------------------------------------------------------------------------------

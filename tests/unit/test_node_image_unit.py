@@ -618,3 +618,73 @@ def test_a_temporary_tag_left_behind_only_warns_and_the_claim_stays_valid(tmp_pa
     assert "app:qwen35-tmp-1" in report["warning"] and "docker image rm" in report["warning"]
     records = list((tmp_path / "home" / ".qwen35" / "tags").glob("*.json"))
     assert [json.loads(r.read_text())["holders"] for r in records] == [["c1"]]
+
+
+def _stream_with(stages: list, consumer_report: dict) -> Exception:
+    """execute._stream of a layer-store export whose transfer ended with these stage outcomes."""
+    from components.node_image.errors import ExportFailed
+    from components.node_image.facts import Facts
+    from components.node_image.plan import Copy
+    from components.transfer import Failure, StageOutcome, TransferResult
+
+    a, b = Node.from_dict("source", node("a", "h1")), Node.from_dict("destination", node("b", "h2"))
+    outcomes = [StageOutcome(name, status, [], report) for name, status, report in stages]
+    failed = next(o for o in outcomes if o.status)
+
+    class Session:
+        def transfer(self, job, destination, tuning):
+            return TransferResult(
+                a,
+                b,
+                outcomes,
+                10,
+                consumer_report,
+                Failure.STAGE,
+                f"{failed.name} exited {failed.status}",
+                [],
+            )
+
+    class On:
+        def __init__(self, n):
+            self.node = n
+
+    info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1", "overlay2")
+    export = {"root": "/var/lib/docker", "driver": "overlay2", "image_id": "sha256:x", "layout": "docker"}
+    with pytest.raises((ExportFailed, NodeImageError)) as caught:
+        execute._stream(
+            Copy((), 0, True, True, 10),
+            "app:1",
+            info,
+            "app:qwen35-tmp-1",
+            On(a),
+            On(b),
+            Facts(a, "app:1", daemon, info),
+            Facts(b, "app:1", daemon, None),
+            None,
+            CopyConfig(),
+            "c1",
+            export,
+            Session(),
+            execute.PhaseTimes(),
+        )
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("producer", "consumer", "export_failed"),
+    [
+        ((3, {"error": "export-unavailable: no layer store"}), (2, {"exit": 2}), True),
+        ((1, {"error": "OSError: unreadable layer"}), (2, {"exit": 2}), True),  # it failed first
+        ((1, {"error": "BrokenPipeError: [Errno 32]"}), (2, {"exit": 2}), False),  # the load failed first
+        ((0, {}), (2, {"exit": 2}), False),  # docker load failed on the destination: not the export
+        ((0, {}), (4, {"exit": 4}), True),  # what the export gave did not match
+    ],
+    ids=["unavailable", "export-error", "load-first", "load-failed", "mismatch"],
+)
+def test_only_a_failed_export_falls_back_to_docker_save(producer, consumer, export_failed):
+    from components.node_image.errors import ExportFailed
+
+    error = _stream_with(
+        [("layer export (source)", *producer), ("docker load (destination)", consumer[0], None)], consumer[1]
+    )
+    assert isinstance(error, ExportFailed) is export_failed, error
