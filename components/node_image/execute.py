@@ -25,10 +25,27 @@ from components.node_image.nodes import inputs, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_programs import program_argv
 from components.node_programs.image_tag import Exit as TagExit
-from components.remote import SSH_TRANSPORT_FAILURE, RemoteError
+from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTarget
 from components.transfer import PhaseTimes, Tuning, peer_target, ssh_sessions
 
 TMP_TAG_PREFIX = "qwen35-tmp-"
+
+
+class Peers:
+    """The source's connections to the destination, a fresh one (its own private folder) for every
+    attempt: a previous attempt's detached close may still remove its folder and end its master."""
+
+    def __init__(self, target: SshTarget):
+        self.target = target
+        self.made: list[transfer.Peer] = []
+
+    def new(self) -> transfer.Peer:
+        peer = transfer.Peer.new(self.target)
+        self.made.append(peer)
+        return peer
+
+    def unclosed(self) -> list[transfer.Peer]:
+        return [peer for peer in self.made if not peer.closed]
 
 
 def ensure_image(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -58,7 +75,7 @@ def _ensure_image(
     same_node = source.key == destination.key
     src = DockerOn(source, "source", control("s"))
     dst = src if same_node else DockerOn(destination, "destination", control("d"))
-    peer = None if same_node else transfer.Peer.new(peer_target(destination, tuning))
+    peers = None if same_node else Peers(peer_target(destination, tuning))
     pool = ThreadPoolExecutor(max_workers=6)
     # One connection per node, made first and without a remote shell; every command after it rides
     # on it.
@@ -74,7 +91,7 @@ def _ensure_image(
         )
     else:
         src_facts = pool.submit(
-            times.timed("source facts", _after), src_master, source_session, src, peer, image, times
+            times.timed("source facts", _after), src_master, source_session, src, peers, image, times
         )
     dst_facts = (
         src_facts
@@ -98,7 +115,7 @@ def _ensure_image(
                 at_destination = dst_facts.result()
         decided = plan(at_source, at_destination, tuning)
         return carry_out(
-            decided, props, image, src, dst, at_source, at_destination, peer, tuning, session, times
+            decided, props, image, src, dst, at_source, at_destination, peers, tuning, session, times
         )
     finally:
         pool.shutdown(wait=True)
@@ -107,7 +124,7 @@ def _ensure_image(
         if session is not None:
             with times.span("end source session"):
                 session.close()
-        if peer is not None and not peer.closed:  # the source's session died before ending it
+        for peer in peers.unclosed() if peers is not None else []:  # a session died before ending it
             with times.span("close peer master"), contextlib.suppress(RemoteError):
                 # One attempt: a source that cannot be reached must not hold up the error being raised;
                 # an abandoned master ends by itself.
@@ -115,14 +132,14 @@ def _ensure_image(
 
 
 def source_session(
-    src: DockerOn, peer: transfer.Peer, image: str, times: PhaseTimes
+    src: DockerOn, peers: Peers, image: str, times: PhaseTimes
 ) -> tuple[transfer.SourceSession, Facts]:
     """The source's session and its facts; a session that could not reach the node is retried with
-    backoff for up to 20 s (transport failures only)."""
+    backoff for up to 20 s (transport failures only), each attempt with a connection of its own."""
     deadline, delay = time.monotonic() + 20.0, 1.0
     argv = facts_argv(image, history=True, python=True)
     while True:
-        session = transfer.SourceSession(src.node, peer, argv, src.transport.control_path, times=times)
+        session = transfer.SourceSession(src.node, peers.new(), argv, src.transport.control_path, times=times)
         status, out, err = session.before()
         if status == 0:
             return session, parse_facts(src.node, image, out, history=True, inventory=False, python=True)
@@ -141,7 +158,7 @@ def carry_out(
     dst: DockerOn,
     at_source: Facts,
     at_destination: Facts,
-    peer: transfer.Peer | None,
+    peers: Peers | None,
     tuning: Tuning,
     session: transfer.SourceSession | None,
     times: PhaseTimes,
@@ -208,7 +225,7 @@ def carry_out(
             decided.image, decided.daemon, retagged=True, placed_tag=True, holds_tag=True, claim=claim
         )
     report = copy_image(
-        decided, image, src, dst, at_source, at_destination, peer, tuning, claim, session, times
+        decided, image, src, dst, at_source, at_destination, peers, tuning, claim, session, times
     )
     summary = report["summary"] or {}
     return done(
@@ -240,7 +257,7 @@ def copy_image(
     dst: DockerOn,
     at_source: Facts,
     at_destination: Facts,
-    peer: transfer.Peer,
+    peers: Peers,
     tuning: Tuning,
     claim: str,
     session: transfer.SourceSession | None,
@@ -248,13 +265,15 @@ def copy_image(
 ) -> dict:
     """Copy as planned: from the layer store when the plan says so (falling back to `docker save`
     when the store cannot be read), verify, promote; the transfer's report. The first attempt runs in
-    the source's open session; a second one (a fallback) in a session of its own."""
+    the source's open session; a second one (a fallback) in a session, and over a connection to the
+    destination, of its own."""
     wanted = at_source.image
     sessions = [session] if session is not None else []
     name, _ = image_transfer.split_reference(image)
     tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
 
     def stream(export: dict | None, how: Copy = decided) -> dict:
+        attempt = sessions.pop() if sessions else None
         return _stream(
             how,
             image,
@@ -264,11 +283,11 @@ def copy_image(
             dst,
             at_source,
             at_destination,
-            peer,
+            attempt.peer if attempt is not None and attempt.peer is not None else peers.new(),
             tuning,
             claim,
             export,
-            sessions.pop() if sessions else None,
+            attempt,
             times,
         )
 

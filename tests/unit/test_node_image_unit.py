@@ -688,3 +688,72 @@ def test_only_a_failed_export_falls_back_to_docker_save(producer, consumer, expo
         [("layer export (source)", *producer), ("docker load (destination)", consumer[0], None)], consumer[1]
     )
     assert isinstance(error, ExportFailed) is export_failed, error
+
+
+class _Session:
+    """transfer.SourceSession stand-in: its peer, a scripted `before` status."""
+
+    statuses: list[int] = []
+
+    def __init__(self, node, peer, argv, control_path, times=None):
+        self.peer = peer
+        self.status = self.statuses.pop(0)
+
+    def before(self):
+        return self.status, "", ""
+
+    def close(self):
+        pass
+
+
+def test_every_attempt_gets_a_connection_of_its_own(monkeypatch):
+    """A retried source session and the docker save fallback each use a fresh private folder: a previous
+    attempt's detached close removes its own folder and master, never the next attempt's."""
+    from components.node_image.errors import ExportFailed
+    from components.node_image.facts import Facts
+    from components.node_image.plan import Copy
+    from components.remote import SshTarget
+
+    a = Node.from_dict("source", node("a", "h1"))
+    peers = execute.Peers(SshTarget("h2", "ops", "/kh"))
+    monkeypatch.setattr(execute.transfer, "SourceSession", _Session)
+    monkeypatch.setattr(_Session, "statuses", [255, 0])
+    monkeypatch.setattr(execute, "parse_facts", lambda *args, **kwargs: "facts")
+
+    class On:
+        node = a
+
+        class transport:  # noqa: N801
+            control_path = "/cp"
+
+        def untag(self, ref):
+            pass
+
+    session, facts = execute.source_session(On(), peers, "app:1", execute.PhaseTimes())
+    assert facts == "facts" and len(peers.made) == 2 and session.peer is peers.made[1]
+    used = []
+
+    def stream(how, image, wanted, tmp_tag, src, dst, at_source, at_destination, peer, *rest):
+        used.append(peer)
+        if len(used) == 1:
+            raise ExportFailed("the layer store could not be read")
+        return {"summary": {}, "bytes": 1, "image": wanted}
+
+    monkeypatch.setattr(execute, "_stream", stream)
+    info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1", "overlay2")
+    at = Facts(a, "app:1", daemon, info)
+    execute.copy_image(
+        Copy((), 0, True, True, 1),
+        "app:1",
+        On(),
+        On(),
+        at,
+        at,
+        peers,
+        CopyConfig(),
+        "c",
+        session,
+        execute.PhaseTimes(),
+    )
+    assert used[0] is session.peer and used[1] is peers.made[2]
+    assert len({peer.folder for peer in peers.made}) == 3
