@@ -324,7 +324,9 @@ def serve(spec: dict) -> int:
         if link is not None:
             link.join(2 * float(peer["connect_timeout"]) + 5)  # a sink opened meanwhile is discarded too
             link.discard_sink()
-            close_detached(peer)
+            # Ended unused (the caller skips or retags): end the master before the session ends, so
+            # nothing is left behind when the caller returns; nothing waits on a transfer here.
+            close(peer)
 
 
 def finish(report: dict, progress: Progress, started: float, status: int) -> int:
