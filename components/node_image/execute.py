@@ -180,7 +180,16 @@ def carry_out(
         "holds_tag": False,
         "claim": "",
         "layout": "",
+        # False: the destination's containerd content store could not be read, every layer is sent
+        "blobs_listed": not at_destination.blobs_unlisted,
     }
+    if at_destination.blobs_unlisted:
+        print(
+            f"NodeImage {image}: {dst.node.label}'s containerd content store could not be read "
+            f"({'; '.join(at_destination.blobs_unlisted)}): no layer is left out; thin copies need the "
+            f"SSH user to read the content store",
+            file=sys.stderr,
+        )
 
     def done(info: ImageInfo, daemon: Daemon, **extra) -> dict[str, Any]:
         return {

@@ -757,3 +757,60 @@ def test_every_attempt_gets_a_connection_of_its_own(monkeypatch):
     )
     assert used[0] is session.peer and used[1] is peers.made[2]
     assert len({peer.folder for peer in peers.made}) == 3
+
+
+def test_an_unreadable_content_store_is_reported_not_silently_sent_in_full(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from components.node_image.docker_on import facts_argv, parse_facts
+
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir()
+    docker.write_text(FACTS_DOCKER.format(python=sys.executable, l1=L1, l2=L2))
+    docker.chmod(0o755)
+    root = tmp_path / "docker-root"
+    content = root / "containerd" / "daemon" / "io.containerd.content.v1.content" / "blobs"
+    content.mkdir(parents=True)
+    (content / "sha256").write_bytes(b"")  # cannot be listed (as for a user without read access)
+    monkeypatch.setenv("PATH", f"{docker.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_ROOT", str(root))
+    argv = facts_argv("app:1", history=False, inventory=True)
+    argv[0] = sys.executable
+    done = subprocess.run(argv, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.decode().splitlines()[-1])["blobs_listed"] is False
+    facts = parse_facts(
+        Node.from_dict("d", node("b", "h2")), "app:1", done.stdout.decode(), False, True, True
+    )
+    assert facts.blobs == frozenset() and str(content / "sha256") in facts.blobs_unlisted[0]
+
+
+@pytest.mark.parametrize("unlisted", [(), ("/x/blobs/sha256: Permission denied",)])
+def test_outputs_say_whether_the_content_store_was_listed(unlisted, capsys):
+    from components.node_image.facts import Facts
+    from components.node_image.plan import Skip
+    from components.transfer import PhaseTimes
+
+    b = Node.from_dict("destination", node("b", "h2"))
+
+    class Destination:
+        node = b
+
+    info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("containerd", "/var/lib/docker", "29.0")
+    facts = Facts(b, "app:1", daemon, info, blobs_unlisted=unlisted)
+    outs = execute.carry_out(
+        Skip(info, daemon, False),
+        olds(),
+        "app:1",
+        None,
+        Destination(),
+        facts,
+        facts,
+        None,
+        None,
+        None,
+        PhaseTimes(),
+    )
+    assert outs["blobs_listed"] is (not unlisted)
+    assert ("Permission denied" in capsys.readouterr().err) is bool(unlisted)
