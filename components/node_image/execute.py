@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass
 from typing import Any
 
 from components import image_transfer, transfer
@@ -46,6 +47,21 @@ class Peers:
 
     def unclosed(self) -> list[transfer.Peer]:
         return [peer for peer in self.made if not peer.closed]
+
+
+@dataclass(frozen=True)
+class CopyJob:
+    """One NodeImage operation once both nodes are inspected: what every step after the plan needs."""
+
+    image: str
+    src: DockerOn
+    dst: DockerOn
+    at_source: Facts
+    at_destination: Facts
+    peers: Peers | None  # None: source and destination are one node
+    tuning: Tuning
+    claim: str  # this resource's claim on the tag, should it place or share it
+    times: PhaseTimes
 
 
 def ensure_image(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,9 +130,8 @@ def _ensure_image(
                 session, at_source = src_facts.result()
                 at_destination = dst_facts.result()
         decided = plan(at_source, at_destination, tuning)
-        return carry_out(
-            decided, props, image, src, dst, at_source, at_destination, peers, tuning, session, times
-        )
+        job = CopyJob(image, src, dst, at_source, at_destination, peers, tuning, secrets.token_hex(8), times)
+        return carry_out(decided, props, job, session)
     finally:
         pool.shutdown(wait=True)
         if session is None and not same_node and src_facts.exception() is None:
@@ -153,18 +168,12 @@ def source_session(
 def carry_out(
     decided: Skip | Retag | Copy,
     props: Mapping[str, Any],
-    image: str,
-    src: DockerOn,
-    dst: DockerOn,
-    at_source: Facts,
-    at_destination: Facts,
-    peers: Peers | None,
-    tuning: Tuning,
+    job: CopyJob,
     session: transfer.SourceSession | None,
-    times: PhaseTimes,
 ) -> dict[str, Any]:
     """The outputs after doing what the plan says."""
-    claim = secrets.token_hex(8)
+    image, dst, claim, times = job.image, job.dst, job.claim, job.times
+    at_source, at_destination = job.at_source, job.at_destination
     base = {
         **inputs(props),
         "destination_label": dst.node.label,
@@ -233,9 +242,7 @@ def carry_out(
         return done(
             decided.image, decided.daemon, retagged=True, placed_tag=True, holds_tag=True, claim=claim
         )
-    report = copy_image(
-        decided, image, src, dst, at_source, at_destination, peers, tuning, claim, session, times
-    )
+    report = copy_image(decided, job, session)
     summary = report["summary"] or {}
     return done(
         report["image"],
@@ -259,23 +266,12 @@ def _end_meanwhile(session: transfer.SourceSession | None, times: PhaseTimes) ->
     return ending
 
 
-def copy_image(
-    decided: Copy,
-    image: str,
-    src: DockerOn,
-    dst: DockerOn,
-    at_source: Facts,
-    at_destination: Facts,
-    peers: Peers,
-    tuning: Tuning,
-    claim: str,
-    session: transfer.SourceSession | None,
-    times: PhaseTimes,
-) -> dict:
+def copy_image(decided: Copy, job: CopyJob, session: transfer.SourceSession | None) -> dict:
     """Copy as planned: from the layer store when the plan says so (falling back to `docker save`
     when the store cannot be read), verify, promote; the transfer's report. The first attempt runs in
     the source's open session; a second one (a fallback) in a session, and over a connection to the
     destination, of its own."""
+    image, src, dst, at_source, times = job.image, job.src, job.dst, job.at_source, job.times
     wanted = at_source.image
     sessions = [session] if session is not None else []
     name, _ = image_transfer.split_reference(image)
@@ -283,22 +279,8 @@ def copy_image(
 
     def stream(export: dict | None, how: Copy = decided) -> dict:
         attempt = sessions.pop() if sessions else None
-        return _stream(
-            how,
-            image,
-            wanted,
-            tmp_tag,
-            src,
-            dst,
-            at_source,
-            at_destination,
-            attempt.peer if attempt is not None and attempt.peer is not None else peers.new(),
-            tuning,
-            claim,
-            export,
-            attempt,
-            times,
-        )
+        peer = attempt.peer if attempt is not None and attempt.peer is not None else job.peers.new()
+        return _stream(how, job, tmp_tag, export, peer, attempt)
 
     try:
         report = None
@@ -308,7 +290,7 @@ def copy_image(
                 "driver": at_source.daemon.driver,
                 "image_id": wanted.image_id,
                 # a containerd store takes left-out blobs from its content store only by digest
-                "layout": "oci" if at_destination.daemon.store == "containerd" else "docker",
+                "layout": "oci" if job.at_destination.daemon.store == "containerd" else "docker",
             }
             try:
                 with times.span("stream, verify, promote (layer store)"):
@@ -367,24 +349,18 @@ def load_argv(
 
 def _stream(
     decided: Copy,
-    image: str,
-    wanted: ImageInfo,
+    job: CopyJob,
     tmp_tag: str,
-    src: DockerOn,
-    dst: DockerOn,
-    at_source: Facts,
-    at_destination: Facts,
-    peer: transfer.Peer,
-    tuning: Tuning,
-    claim: str,
     export: dict | None,
+    peer: transfer.Peer,
     session: transfer.SourceSession | None,
-    times: PhaseTimes,
 ) -> dict:
     """One transfer: producers on the source, `image_tag load` on the destination; the filter's
     report plus `image` (the verified image now tagged). Raises Mismatch, ExportFailed or
     NodeImageError."""
-    source, destination = src.node, dst.node
+    image, src, tuning, times = job.image, job.src, job.tuning, job.times
+    wanted, at_source, at_destination = job.at_source.image, job.at_source, job.at_destination
+    source, destination = src.node, job.dst.node
     spec = image_transfer.filter_spec(
         wanted.layers,
         decided.keep_from,
@@ -400,8 +376,8 @@ def _stream(
             transfer.Stage("docker save (source)", ["docker", "save", image]),
             transfer.Stage("save filter (source)", image_transfer.filter_argv(spec, python)),
         ]
-    load = load_argv(tmp_tag, image, wanted, decided.same_store, at_destination.python, claim)
-    job = transfer.Transfer(
+    load = load_argv(tmp_tag, image, wanted, decided.same_store, at_destination.python, job.claim)
+    moving = transfer.Transfer(
         operation=f"node-image-{destination.label}-{secrets.token_hex(3)}",
         producers=tuple(producers),
         consumer=transfer.Stage("docker load (destination)", load),
@@ -409,10 +385,10 @@ def _stream(
     )
     try:
         if session is not None:
-            result = session.transfer(job, destination, tuning)
+            result = session.transfer(moving, destination, tuning)
         else:
             result = transfer.run_transfer(
-                job, source, destination, peer, tuning, src.transport.control_path, "python3", times
+                moving, source, destination, peer, tuning, src.transport.control_path, "python3", times
             )
     except transfer.PeerUnreachable as exc:
         raise NodeImageError(str(exc)) from None

@@ -445,19 +445,8 @@ def test_a_skip_keeps_its_claim_when_it_joined_or_waits(joined, claim_kept, hold
     info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1")
     facts = Facts(Destination.node, "app:1", daemon, info)
     props = {**olds(), "tuning": {}}
-    outs = execute.carry_out(
-        Skip(info, daemon, True),
-        props,
-        "app:1",
-        None,
-        Destination(),
-        facts,
-        facts,
-        None,
-        None,
-        None,
-        PhaseTimes(),
-    )
+    job = execute.CopyJob("app:1", None, Destination(), facts, facts, None, CopyConfig(), "c1", PhaseTimes())
+    outs = execute.carry_out(Skip(info, daemon, True), props, job, None)
     assert bool(outs["claim"]) is claim_kept and outs["holds_tag"] is holds and outs["placed_tag"] is False
 
 
@@ -651,11 +640,8 @@ def _stream_with(stages: list, consumer_report: dict) -> Exception:
     info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1", "overlay2")
     export = {"root": "/var/lib/docker", "driver": "overlay2", "image_id": "sha256:x", "layout": "docker"}
     with pytest.raises((ExportFailed, NodeImageError)) as caught:
-        execute._stream(
-            Copy((), 0, True, True, 10),
+        job = execute.CopyJob(
             "app:1",
-            info,
-            "app:qwen35-tmp-1",
             On(a),
             On(b),
             Facts(a, "app:1", daemon, info),
@@ -663,10 +649,9 @@ def _stream_with(stages: list, consumer_report: dict) -> Exception:
             None,
             CopyConfig(),
             "c1",
-            export,
-            Session(),
             execute.PhaseTimes(),
         )
+        execute._stream(Copy((), 0, True, True, 10), job, "app:qwen35-tmp-1", export, None, Session())
     return caught.value
 
 
@@ -733,28 +718,17 @@ def test_every_attempt_gets_a_connection_of_its_own(monkeypatch):
     assert facts == "facts" and len(peers.made) == 2 and session.peer is peers.made[1]
     used = []
 
-    def stream(how, image, wanted, tmp_tag, src, dst, at_source, at_destination, peer, *rest):
+    def stream(how, job, tmp_tag, export, peer, session):
         used.append(peer)
         if len(used) == 1:
             raise ExportFailed("the layer store could not be read")
-        return {"summary": {}, "bytes": 1, "image": wanted}
+        return {"summary": {}, "bytes": 1, "image": job.at_source.image}
 
     monkeypatch.setattr(execute, "_stream", stream)
     info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1", "overlay2")
     at = Facts(a, "app:1", daemon, info)
-    execute.copy_image(
-        Copy((), 0, True, True, 1),
-        "app:1",
-        On(),
-        On(),
-        at,
-        at,
-        peers,
-        CopyConfig(),
-        "c",
-        session,
-        execute.PhaseTimes(),
-    )
+    job = execute.CopyJob("app:1", On(), On(), at, at, peers, CopyConfig(), "c", execute.PhaseTimes())
+    execute.copy_image(Copy((), 0, True, True, 1), job, session)
     assert used[0] is session.peer and used[1] is peers.made[2]
     assert len({peer.folder for peer in peers.made}) == 3
 
@@ -799,18 +773,7 @@ def test_outputs_say_whether_the_content_store_was_listed(unlisted, capsys):
 
     info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("containerd", "/var/lib/docker", "29.0")
     facts = Facts(b, "app:1", daemon, info, blobs_unlisted=unlisted)
-    outs = execute.carry_out(
-        Skip(info, daemon, False),
-        olds(),
-        "app:1",
-        None,
-        Destination(),
-        facts,
-        facts,
-        None,
-        None,
-        None,
-        PhaseTimes(),
-    )
+    job = execute.CopyJob("app:1", None, Destination(), facts, facts, None, CopyConfig(), "c1", PhaseTimes())
+    outs = execute.carry_out(Skip(info, daemon, False), olds(), job, None)
     assert outs["blobs_listed"] is (not unlisted)
     assert ("Permission denied" in capsys.readouterr().err) is bool(unlisted)
