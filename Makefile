@@ -8,7 +8,11 @@ PY     := $(VENV)/bin/python
 # python3-venv: Debian's python3 cannot make a virtualenv without it.
 LAB_DEBS := python3-venv docker.io openssh-server busybox-static debootstrap iproute2 ca-certificates xz-utils shellcheck
 
-.PHONY: setup venv lab-packages test lint unit labtest releasetest lab-up lab-down lab-status bench clean
+.PHONY: setup venv lab-packages test lint unit labtest releasetest lab-up lab-down lab-status bench status clean
+
+# `make status STACK=dev` (add STATUS_ARGS=--json for scripts): the deployed cluster against its stack file.
+STACK ?= dev
+STATUS_ARGS ?=
 
 # Debian packages first (they include python3-venv), then the virtualenv.
 setup: lab-packages venv
@@ -73,6 +77,9 @@ lab-status: venv
 
 bench: venv
 	$(PY) -m bench
+
+status: venv
+	$(PY) -m status --stack $(STACK) $(STATUS_ARGS)
 
 clean:
 	@if [ "$$(id -u)" = 0 ] && [ -x $(PY) ]; then $(PY) -m lab down || true; fi

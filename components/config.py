@@ -24,6 +24,9 @@ from pydantic import (
     model_validator,
 )
 
+from components.image_ref import ImageRef, ImageRefError, parse_image_ref
+from components.memory_fit import GB10_MEMORY_GB
+
 NAMESPACE = "qwen35-spark"
 
 # Names that reach Docker and a shell: strict patterns, checked before anything runs.
@@ -32,11 +35,6 @@ HOSTNAME = re.compile(
     r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
-# Docker reference grammar (simplified, stricter): lowercase path components, optional registry host:port.
-IMAGE_NAME = re.compile(
-    r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"
-)
 IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 HCA = re.compile(r"^[A-Za-z0-9_.-]{1,64}(:[0-9]{1,2})?$")
@@ -131,6 +129,9 @@ class NodeConfig(_Model):
     user: str | None = None
     proxy_jump: str | None = None
     gpus: int = Field(default=1, ge=0, le=64)
+    # The node's memory in GB (10^9 bytes) that its GPUs share: the GB10's 128 GB of unified memory.
+    # The memory-fit preflight splits it over the node's GPUs (components/memory_fit.py).
+    memory_gb: float = Field(default=GB10_MEMORY_GB, gt=8, le=100_000)
     # The node's Docker image store. A containerd-store node may hold an image without every layer
     # blob, so the copy tree never uses one as a source; NodeImage checks the declaration.
     image_store: ImageStore = "classic"
@@ -197,13 +198,56 @@ class SshConfig(_Model):
         return _check_path(v)
 
 
-class ImageConfig(_Model):
-    """The hybrid image: base (Ray/NCCL) + donor (Qwen3.5 model code), patched."""
+class ImageStrategy(str, Enum):
+    """Where the deployment's image comes from."""
 
-    base: str = "vllm-node"
-    base_tag: str = "latest"
-    donor: str = "hellohal2064/vllm-qwen3.5-gb10"
-    donor_tag: str = "latest"
+    # An image that already holds a vLLM with native Qwen3.5 support (vLLM >= 0.17), used as is.
+    PREBUILT = "prebuilt"
+    # The seed procedure's build: base (Ray/NCCL) + donor's Qwen3.5 code, patched, built on the head.
+    HYBRID = "hybrid"
+
+
+class ModelCheckMode(str, Enum):
+    """What a failed model-support check does."""
+
+    # Stop `pulumi up` before any Ray container starts.
+    ENFORCE = "enforce"
+    # Record the verdict in the stack outputs and go on (stand-in images that hold no vLLM: the lab).
+    REPORT = "report"
+
+
+# Default prebuilt image: the community DGX Spark `vllm-node` build (vLLM nightly, Ray, system NCCL),
+# made on the head by its build script. README "Choosing the image" says why.
+DEFAULT_PREBUILT = "vllm-node:latest"
+
+
+def _check_ref(value: str, *, tag_required: bool = False) -> str:
+    try:
+        ref = parse_image_ref(value)
+    except ImageRefError as exc:
+        raise ValueError(str(exc)) from None
+    if tag_required and ref.tag is None and ref.digest is not None:
+        raise ValueError(
+            f"{value!r}: a digest alone gives NodeImage no tag to place on the nodes: "
+            "write name:tag@sha256:… (the tag the head holds the image under)"
+        )
+    return value
+
+
+class ImageConfig(_Model):
+    """The deployment's image: a prebuilt one used as is, or the hybrid built on the head."""
+
+    strategy: ImageStrategy = ImageStrategy.PREBUILT
+    # strategy prebuilt: a full Docker reference (name, name:tag, host:port/name:tag, …@sha256:…),
+    # present on the head; NodeImage copies it to the other nodes.
+    prebuilt: str = DEFAULT_PREBUILT
+    # strategy hybrid: the base (Ray/NCCL) and donor (Qwen3.5 code) images, full references.
+    base: str = "vllm-node:latest"
+    # Older stacks gave the tag apart; still read when `base`/`donor` carry no tag or digest.
+    base_tag: str | None = None
+    donor: str = "hellohal2064/vllm-qwen3.5-gb10:latest"
+    donor_tag: str | None = None
+    # The hybrid's repository name (no tag: `tag` below, or a content hash).
     name: str = "vllm-node-qwen35"
     # Empty: a content hash of the build inputs, so unchanged inputs never rebuild.
     tag: str | None = None
@@ -219,12 +263,25 @@ class ImageConfig(_Model):
     build_network: str | None = None
     # false skips the build steps that need torch (behaviour proofs, import smoke): the lab only.
     smoke: bool = True
+    # The model-support check on the head (components/model_support.py): enforce, or only report.
+    model_check: ModelCheckMode = ModelCheckMode.ENFORCE
 
-    @field_validator("base", "donor", "name")
+    @field_validator("prebuilt")
+    @classmethod
+    def _prebuilt(cls, v: str) -> str:
+        return _check_ref(v, tag_required=True)
+
+    @field_validator("base", "donor")
     @classmethod
     def _image(cls, v: str) -> str:
-        if not IMAGE_NAME.match(v):
-            raise ValueError(f"{v!r} is not a safe image name (lowercase, digits, '.', '_', '-', '/')")
+        return _check_ref(v)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        ref = parse_image_ref(_check_ref(v))
+        if ref.tag or ref.digest:
+            raise ValueError(f"{v!r}: give the repository name only; the tag goes in `image.tag`")
         return v
 
     @field_validator("tag", "base_tag", "donor_tag")
@@ -233,6 +290,17 @@ class ImageConfig(_Model):
         if v is not None and not IMAGE_TAG.match(v):
             raise ValueError(f"{v!r} is not a safe image tag (letters, digits, '_', '.', '-'; at most 128)")
         return v
+
+    @model_validator(mode="after")
+    def _tags_once(self) -> ImageConfig:
+        for field in ("base", "donor"):
+            ref = parse_image_ref(getattr(self, field))
+            if getattr(self, f"{field}_tag") is not None and (ref.tag or ref.digest):
+                raise ValueError(
+                    f"image.{field}_tag: {field} {str(ref)!r} already carries a tag or digest: "
+                    f"drop `{field}_tag`"
+                )
+        return self
 
     @field_validator("transformers")
     @classmethod
@@ -277,12 +345,24 @@ class ImageConfig(_Model):
         return v
 
     @property
+    def prebuilt_ref(self) -> ImageRef:
+        return parse_image_ref(self.prebuilt)
+
+    def _source_ref(self, field: str) -> str:
+        ref = parse_image_ref(getattr(self, field))
+        legacy_tag = getattr(self, f"{field}_tag")
+        if legacy_tag is not None:
+            ref = ImageRef(ref.name, legacy_tag)
+        # What a Dockerfile's FROM resolves: the digest when pinned, else name:tag (`latest` if none).
+        return ref.pullable
+
+    @property
     def base_ref(self) -> str:
-        return f"{self.base}:{self.base_tag}"
+        return self._source_ref("base")
 
     @property
     def donor_ref(self) -> str:
-        return f"{self.donor}:{self.donor_tag}"
+        return self._source_ref("donor")
 
 
 class ServeConfig(_Model):
@@ -442,6 +522,93 @@ class CopyConfig(_Model):
         return self.model_dump(exclude_defaults=True)
 
 
+HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+# A branch, tag or 40-hex commit; what the Hub client accepts, without anything a path could abuse.
+REVISION = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}$")
+PATTERN = re.compile(r"^[A-Za-z0-9_.*?\[\]/-]{1,200}$")
+
+
+class ModelConfig(_Model):
+    """The checkpoint on every node: which Hub repo and revision, from where, and how it is checked."""
+
+    # Default: `serve.model` when that is a Hub id (an absolute path there means "no checkpoint here").
+    repo: str | None = None
+    # A branch, tag or commit. Resolved once to a commit sha and recorded: a moving branch never
+    # changes a running stack on its own.
+    revision: str = "main"
+    # hub: fetched on the head from the Hub; cache: already in the head's cache (downloaded by hand).
+    source: Literal["hub", "cache"] = "hub"
+    allow_patterns: list[str] = []
+    ignore_patterns: list[str] = []
+    # What `pulumi refresh` checks on every node: presence and size, or every byte re-hashed.
+    refresh: Literal["sizes", "full"] = "sizes"
+    # A 120 GB download is expensive: `pulumi destroy` leaves the files unless this is false.
+    keep_on_destroy: bool = True
+    # Per-node HF cache dir (the directory containers mount as HF_HOME); default containers.hf_cache.
+    cache_dirs: dict[str, str] = {}
+    # Left free on each node's cache filesystem after the copy.
+    disk_reserve_bytes: int = Field(default=10 * 1024**3, ge=0)
+    # The Python on the head that runs the Hub client. Unset: a short-lived container of the
+    # deployment image (it has huggingface_hub, as vLLM needs it; the head's own Python may not).
+    fetch_python: str | None = None
+    # The image of that container when it is not the deployment's own (it must have huggingface_hub).
+    fetch_image: str | None = None
+    # HF_ENDPOINT for the fetch (a mirror or a stand-in Hub); unset: the client's default, the Hub.
+    endpoint: str | None = None
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str | None) -> str | None:
+        if v is not None and not HUB_REPO.match(v):
+            raise ValueError(f"{v!r}: give a Hugging Face repo id such as Qwen/Qwen3.5-122B-A10B-FP8")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not REVISION.match(v) or ".." in v:
+            raise ValueError(f"{v!r}: give a branch, tag or 40-hex commit (letters, digits, . _ - /)")
+        return v
+
+    @field_validator("allow_patterns", "ignore_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            if not PATTERN.match(pattern):
+                raise ValueError(
+                    f"{pattern!r}: a glob such as '*.safetensors' (letters, digits, . _ * ? [ ] / -)"
+                )
+        return v
+
+    @field_validator("cache_dirs")
+    @classmethod
+    def _cache_dirs(cls, v: dict[str, str]) -> dict[str, str]:
+        for node, path in v.items():
+            if not NODE_NAME.match(node):
+                raise ValueError(f"{node!r} is not a node name")
+            _check_path(path)
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[A-Za-z0-9_.:\[\]-]+(/[A-Za-z0-9_./-]*)?$", v):
+            raise ValueError(f"{v!r}: an http(s) URL without credentials, e.g. https://hf-mirror.example")
+        return v
+
+    @field_validator("fetch_python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(/[A-Za-z0-9_.+-]+)+$|^python3(\.[0-9]+)?$", v):
+            raise ValueError(f"{v!r}: an absolute path to a Python, or python3")
+        return v
+
+    @field_validator("fetch_image")
+    @classmethod
+    def _fetch_image(cls, v: str | None) -> str | None:
+        return None if v is None else _check_ref(v)
+
+
 class StackConfig(_Model):
     """Everything a deployment needs, validated across fields."""
 
@@ -453,6 +620,7 @@ class StackConfig(_Model):
     ray: RayConfig = RayConfig()
     containers: ContainerConfig = ContainerConfig()
     copy_: CopyConfig = Field(default=CopyConfig(), alias="copy")
+    model: ModelConfig = ModelConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StackConfig:
@@ -482,6 +650,19 @@ class StackConfig(_Model):
                         f"{node.proxy_jump!r} is not a node name nor user@host[:port]",
                     )
                 )
+        for node in self.model.cache_dirs:
+            if node not in names:
+                hint = difflib.get_close_matches(node, sorted(names), n=1)
+                problems.append(
+                    (
+                        f"model.cache_dirs.{node}",
+                        "not a node of this stack" + (f" (did you mean {hint[0]!r}?)" if hint else ""),
+                    )
+                )
+        if self.model.repo is None and self.model.source == "cache" and self.serve.model.startswith("/"):
+            problems.append(
+                ("model.repo", "source: cache needs the Hub repo id the cache holds (serve.model is a path)")
+            )
         total_gpus = sum(n.gpus for n in self.nodes)
         need = self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
         if need != total_gpus:
@@ -507,6 +688,17 @@ class StackConfig(_Model):
     def workers(self) -> list[NodeConfig]:
         head = self.head
         return [n for n in self.nodes if n is not head]
+
+    @property
+    def hub_repo(self) -> str | None:
+        """The Hub repo every node holds: `model.repo`, else `serve.model` when it is a Hub id."""
+        if self.model.repo:
+            return self.model.repo
+        return self.serve.model if HUB_REPO.match(self.serve.model) else None
+
+    def hf_cache(self, node: NodeConfig) -> str:
+        """The node's HF cache dir (HF_HOME of its containers): `model.cache_dirs`, else containers'."""
+        return self.model.cache_dirs.get(node.name, self.containers.hf_cache)
 
     def node_user(self, node: NodeConfig) -> str:
         return node.user or self.ssh.user
@@ -540,6 +732,7 @@ SECTIONS: dict[str, type[BaseModel] | None] = {
     "ray": RayConfig,
     "containers": ContainerConfig,
     "copy": CopyConfig,
+    "model": ModelConfig,
 }
 SECRET_KEYS = ("hf_token", "api_key")
 

@@ -1,9 +1,11 @@
 """Qwen35Deployment: the whole cluster as one component (providers, images, Ray, vLLM, readiness).
 
 Order, enforced by dependencies (and reversed by `pulumi destroy`):
-docker provider per node → HybridImage on the head → NodeImage per node → Ray head → Ray workers →
-vLLM server on the head → readiness gate. Every container runs the `sha256:` image ID its node's
-NodeImage reports, so a rebuilt or replaced image replaces exactly the containers that run it.
+docker provider per node → the image on the head (strategy `prebuilt`: already there, nothing
+built; `hybrid`: HybridImage builds it) → NodeImage per node → model-support check on the head →
+Ray head → Ray workers → vLLM server on the head → readiness gate. Every container runs the
+`sha256:` image ID its node's NodeImage reports, so a rebuilt or replaced image replaces exactly the
+containers that run it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 import pulumi
 import pulumi_docker as docker
 
-from components.config import StackConfig
-from components.hybrid_image import HybridImage, HybridImageArgs
+from components.checkpoint import Checkpoint, checkpoint_tree
+from components.config import ImageStrategy, StackConfig
+from components.hybrid_image import HybridImage, HybridImageArgs, image_ref
+from components.model_support import ModelSupportCheck
 from components.node_image import NodeImage, copy_tree
 from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
@@ -26,7 +30,19 @@ from components.ray_cluster import (
     ray_tmp_volume_name,
 )
 from components.readiness_gate import ReadinessGate
-from components.vllm_server import endpoint_url, local_url, vllm_container_spec
+from components.vllm_server import endpoint_url, local_url, vllm_container_name, vllm_container_spec
+
+# The model-support check's outputs that the stack exports (`model_support`).
+MODEL_SUPPORT_OUTPUTS = (
+    "verdict",
+    "failed_stage",
+    "vllm",
+    "transformers",
+    "architecture",
+    "model_type",
+    "quantization",
+    "memory_fit",
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,15 @@ def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, An
     }
 
 
+def node_container_names(config: StackConfig) -> dict[str, list[str]]:
+    """The deployment's containers on each node, by name: its Ray container, and the server on the head."""
+    return {
+        node.name: [ray_container_name(config, node)]
+        + ([vllm_container_name(config)] if node is config.head else [])
+        for node in config.nodes
+    }
+
+
 class Qwen35Deployment(pulumi.ComponentResource):
     """Everything one stack deploys, in dependency order."""
 
@@ -113,12 +138,37 @@ class Qwen35Deployment(pulumi.ComponentResource):
         head = cfg.head
         secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
 
-        self.image = HybridImage(
-            f"{name}-image",
-            HybridImageArgs(image=cfg.image),
-            opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
+        # Strategy prebuilt registers no build: the configured reference is on the head already.
+        self.image: HybridImage | None = None
+        if cfg.image.strategy is ImageStrategy.HYBRID:
+            self.image = HybridImage(
+                f"{name}-image",
+                HybridImageArgs(image=cfg.image),
+                opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
+            )
+        self.image_ref = image_ref(cfg.image)
+        self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
+        self.checkpoints: dict[str, Checkpoint] = place_checkpoints(name, self, args.hf_token)
+        head_checkpoint = self.checkpoints.get(head.name)
+
+        # Before any Ray container: the head's image loads the checkpoint, and the model fits.
+        self.model_support = ModelSupportCheck(
+            f"{name}-model-support",
+            node=self.access[head.name].node_image_dict(),
+            image=self.image_ref if self.image else cfg.image.prebuilt,
+            image_id=self.node_images[head.name].image_id,
+            memory=memory_inputs(cfg),
+            mode=cfg.image.model_check.value,
+            # The head's checkpoint (none when serve.model is a path and model.repo is unset: then the
+            # proof runs on its fixture configs and the memory fit is not checked).
+            checkpoint_digest=head_checkpoint.digest if head_checkpoint else None,
+            snapshot_path=head_checkpoint.snapshot_path if head_checkpoint else None,
+            container_prefix=cfg.containers.name_prefix,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[self.node_images[head.name], *([head_checkpoint] if head_checkpoint else [])],
+            ),
         )
-        self.node_images: dict[str, NodeImage] = place_images(name, self, self.image)
 
         # Shared by the Ray head and the vLLM server (the driver needs the raylet's socket).
         self.ray_tmp = docker.Volume(
@@ -156,6 +206,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             secrets,
             # The server claims every GPU of the cluster: only once every Ray container runs.
             depends_on=[*self.ray_containers.values(), self.ray_tmp],
+            revision=self.checkpoints[head.name].revision if cfg.serve.model == cfg.hub_repo else None,
         )
 
         self.ready = ReadinessGate(
@@ -184,10 +235,18 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 node: {"image_id": img.image_id, "layers": img.layers}
                 for node, img in self.node_images.items()
             },
-            "containers": {
-                node.name: [ray_container_name(cfg, node)] + ([vllm_spec.name] if node is head else [])
-                for node in cfg.nodes
+            "checkpoints": {
+                node: {
+                    "revision": c.revision,
+                    "digest": c.digest,
+                    "files": c.files,
+                    "bytes": c.bytes,
+                    "snapshot_path": c.snapshot_path,
+                }
+                for node, c in self.checkpoints.items()
             },
+            "containers": node_container_names(cfg),
+            "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
             "head": head.name,
             "nodes": [n.name for n in cfg.nodes],
         }
@@ -203,15 +262,21 @@ class Qwen35Deployment(pulumi.ComponentResource):
         node: str,
         secrets: dict[str, Any],
         depends_on: list[pulumi.Resource],
+        revision: pulumi.Output[str] | None = None,
     ) -> docker.Container:
-        """A container on `node`, created after that node's NodeImage (whose ID the spec carries)."""
+        """A container on `node`, created after that node's NodeImage (whose ID the spec carries), the
+        node's checkpoint and the model-support check; `revision`: the commit `vllm serve` must serve."""
+        kwargs = container_args(spec, secrets)
+        if revision is not None:
+            kwargs["command"] = revision.apply(lambda sha: [*spec.command[1:], "--revision", sha])
+        checkpoint = [self.checkpoints[node]] if node in self.checkpoints else []
         return docker.Container(
             resource_name,
-            **container_args(spec, secrets),
+            **kwargs,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.providers[node],
-                depends_on=[self.node_images[node], *depends_on],
+                depends_on=[self.node_images[node], *checkpoint, self.model_support, *depends_on],
                 additional_secret_outputs=["envs"],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,
@@ -219,17 +284,53 @@ class Qwen35Deployment(pulumi.ComponentResource):
         )
 
 
-def place_images(name: str, deployment: Qwen35Deployment, image: HybridImage) -> dict[str, NodeImage]:
-    """One NodeImage per node, copied along a fan-out tree from the head (where the image is built)."""
+def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
+    """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism."""
+    return {
+        "nodes": [{"name": n.name, "memory_gb": n.memory_gb, "gpus": n.gpus} for n in cfg.nodes],
+        "tensor_parallel_size": cfg.serve.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.serve.pipeline_parallel_size,
+        "gpu_memory_utilization": cfg.serve.gpu_memory_utilization,
+    }
+
+
+def place_images(
+    name: str, deployment: Qwen35Deployment, ref: str, build: HybridImage | None
+) -> dict[str, NodeImage]:
+    """One NodeImage per node, copied along a fan-out tree from the head (where the image is)."""
     return copy_tree(
         f"{name}-image",
-        image.ref,
+        ref,
         deployment.access,
         deployment.config.head.name,
-        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[image]),
+        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[build] if build else []),
         # A rebuild under the same tag (a pinned `image.tag`) still re-places the image everywhere.
-        trigger=image.image.id,
+        # A prebuilt image re-tagged on the head shows at refresh (NodeImage reads the head's ID).
+        trigger=build.image.id if build else None,
         tuning=deployment.config.copy_.tuning() or None,
         # Only classic-store nodes serve others (a containerd store may lack layer blobs).
         can_reexport={n.name for n in deployment.config.nodes if n.image_store == "classic"},
+    )
+
+
+def place_checkpoints(
+    name: str, deployment: Qwen35Deployment, hf_token: pulumi.Output[str] | None
+) -> dict[str, Checkpoint]:
+    """The checkpoint on every node (none when `serve.model` is a path and `model.repo` unset).
+
+    Without `model.fetch_python` the head fetches in a short-lived container of the deployment's
+    image (it has the Hub client), so the fetch waits for that image on the head.
+    """
+    cfg = deployment.config
+    if cfg.hub_repo is None:
+        return {}
+    head_image = deployment.node_images[cfg.head.name]
+    needs_image = cfg.model.source == "hub" and not cfg.model.fetch_python and not cfg.model.fetch_image
+    return checkpoint_tree(
+        f"{name}-checkpoint",
+        cfg,
+        deployment.access,
+        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[head_image] if needs_image else []),
+        hf_token=hf_token,
+        fetch_image=head_image.image_id if needs_image else None,
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pulumi
 import pulumi_docker as docker
 
-from components.config import ImageConfig
+from components.config import ImageConfig, ImageStrategy
 
 PATCH_DIR = Path(__file__).resolve().parent.parent / "patches"
 _IGNORED = {"__pycache__", ".pytest_cache"}
@@ -54,6 +54,19 @@ def content_tag(context: Path, args: dict[str, str], platform: str) -> str:
     return "h-" + digest.hexdigest()[:16]
 
 
+def image_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
+    """The deployment image's reference on every node: the prebuilt image's `name:tag` (strategy
+    prebuilt), or the hybrid's `name:tag` (the content hash unless pinned)."""
+    if image.strategy is ImageStrategy.PREBUILT:
+        return image.prebuilt_ref.tagged
+    return hybrid_ref(image, context)
+
+
+def hybrid_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
+    """The hybrid build's reference: `name:tag` (the content hash unless pinned)."""
+    return f"{image.name}:{image.tag or content_tag(context, build_args(image), image.platform)}"
+
+
 @dataclass(frozen=True)
 class HybridImageArgs:
     image: ImageConfig
@@ -67,8 +80,8 @@ class HybridImage(pulumi.ComponentResource):
         super().__init__("qwen35:index:HybridImage", name, None, opts)
         cfg = args.image
         bargs = build_args(cfg)
-        self.tag = cfg.tag or content_tag(args.context, bargs, cfg.platform)
-        self.ref = f"{cfg.name}:{self.tag}"
+        self.ref = hybrid_ref(cfg, args.context)
+        self.tag = self.ref.rpartition(":")[2]
         self.image = docker.Image(
             f"{name}-build",
             image_name=self.ref,

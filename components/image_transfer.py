@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
+from components.image_ref import familiar_reference  # noqa: F401  (re-exported)
+from components.image_ref import split_tagged as split_reference  # noqa: F401  (re-exported)
 from components.node_programs import program_argv
 from components.node_programs.layer_filter import (  # noqa: F401  (re-exported)
     REPORT,
@@ -48,22 +50,6 @@ def present_prefix(layers: Sequence[str], chains_on_destination: set[str]) -> in
             break
         count = index + 1
     return count
-
-
-def split_reference(reference: str) -> tuple[str, str]:
-    """'name:tag' -> ('name', 'tag'); a registry port ('host:5000/x:1') is not mistaken for a tag."""
-    name, sep, tag = reference.rpartition(":")
-    if not sep or "/" in tag or not name:
-        raise ValueError(f"{reference!r} is not of the form name:tag")
-    return name, tag
-
-
-def familiar_reference(reference: str) -> str:
-    """'docker.io/library/x:1' -> 'x:1' (how `docker image inspect` and RepoTags show names)."""
-    for prefix in ("docker.io/library/", "docker.io/"):
-        if reference.startswith(prefix):
-            return reference[len(prefix) :]
-    return reference
 
 
 def filter_spec(

@@ -130,6 +130,10 @@ def fabric_env(config: StackConfig, node: NodeConfig) -> dict[str, str]:
         "RAY_memory_monitor_refresh_ms": "0",
         "HF_HOME": CONTAINER_HF_HOME,
     }
+    if config.hub_repo is not None:
+        # The checkpoint is placed on every node by the program (components/checkpoint): serving never
+        # talks to the Hub, and a node without its copy fails instead of downloading 120 GB on its own.
+        env["HF_HUB_OFFLINE"] = "1"
     if fabric.ib_hca:
         # Every HCA port: leaving one out halves the bandwidth between the Sparks.
         env["NCCL_IB_HCA"] = ",".join(fabric.ib_hca)
@@ -192,7 +196,7 @@ def node_container_spec(
 ) -> ContainerSpec:
     """The settings every container of the deployment shares on `node` (runtime, devices, limits)."""
     c = config.containers
-    hf_cache = Mount(host_path(c.hf_cache, config.node_user(node)), CONTAINER_HF_HOME)
+    hf_cache = Mount(host_path(config.hf_cache(node), config.node_user(node)), CONTAINER_HF_HOME)
     return ContainerSpec(
         name=name,
         node=node.name,

@@ -14,7 +14,9 @@ driver (a `ray.init` would); the dashboard stays closed to everything off the fa
 """
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,6 +28,12 @@ from dataclasses import asdict, dataclass
 
 API_KEY_ENV = "QWEN35_API_KEY"
 LOG_TAIL_LINES = 30
+# A wait that stays at one stage still says so this often (a 120 GB load takes many minutes).
+REPORT_EVERY_S = 30.0
+# Progress lines on stderr start with this (the gate relays them to the operator as they come).
+PROGRESS_PREFIX = "waiting "
+# Where operations in flight leave their progress on the node (`status` reads the folder).
+PROGRESS_DIR = "~/.qwen35/progress"
 EXIT_TIMEOUT = 3
 EXIT_REJECTED = 4
 PROMPT = "Reply with the single word: ready"
@@ -237,6 +245,7 @@ def wait_ready(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     progress: Callable[[str], None] | None = None,
+    report_every_s: float = REPORT_EVERY_S,
 ) -> ReadyReport:
     """Poll every stage until all pass or `deadline_s` passes (then raise ReadinessError).
 
@@ -244,12 +253,15 @@ def wait_ready(
     `log_tail` returns the server's last log lines for the timeout message. `ray_nodes` returns
     `ray list nodes --format json`, to name the nodes of `expected_ips` (name -> address) that have
     not joined; `server_state` returns the container's "status exit-code", to stop early on exit.
+    `progress` gets `waiting <s> s at stage '<stage>': <detail>` when the stage changes and at least
+    every `report_every_s` while it does not.
     """
     base = probe_target.rstrip("/")
     start = clock()
     end = start + deadline_s
     last = NotReady("start", "not probed yet")
     seen_stage = ""
+    reported_at = start
     while True:
         remaining = max(end - clock(), 1.0)
         try:
@@ -271,9 +283,10 @@ def wait_ready(
             )
         except NotReady as exc:
             last = exc
-            if progress and exc.stage != seen_stage:
-                progress(f"waiting: {exc}")
-                seen_stage = exc.stage
+            now = clock()
+            if progress and (exc.stage != seen_stage or now - reported_at >= report_every_s):
+                progress(f"{PROGRESS_PREFIX}{now - start:.0f} s at stage '{exc.stage}': {exc.detail}")
+                seen_stage, reported_at = exc.stage, now
             try:
                 check_server_alive(server_state)
             except ReadinessError as exited:
@@ -317,9 +330,46 @@ def _docker(argv: list[str], timeout: float = 60.0) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    import os
+class ProgressFile:
+    """This wait's stage on stderr (the gate relays it) and in `~/.qwen35/progress/<operation>.json`.
 
+    The file has the fields every long operation writes (byte fields are None for a wait), so
+    `status` shows a wait in flight beside copies and fetches. Failing to write it never fails the wait.
+    """
+
+    def __init__(self, operation: str, node: str, folder: str = PROGRESS_DIR):
+        self.path = os.path.join(os.path.expanduser(folder), f"{operation}.json")
+        self.record = {
+            "operation": operation,
+            "node": node,
+            "peer": None,
+            "stage": "starting",
+            "bytes_done": None,
+            "bytes_total": None,
+            "rate_bps": None,
+            "eta_s": None,
+            "started_at": time.time(),
+            "updated_at": time.time(),
+            "pid": os.getpid(),
+        }
+
+    def report(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+        self.record.update(stage=line, updated_at=time.time())
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(self.path + ".tmp", "w") as handle:
+                json.dump(self.record, handle)
+            os.replace(self.path + ".tmp", self.path)
+        except OSError:
+            pass
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            os.remove(self.path)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="readiness", description="Wait until the cluster serves.")
     parser.add_argument("--url", required=True, help="server base URL as seen from here")
     parser.add_argument("--model", required=True, help="served model name")
@@ -334,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--expect-node", action="append", default=[], metavar="NAME=IP", help="a node Ray must report"
     )
+    parser.add_argument("--node", default="", help="this node's name (for the progress file)")
     args = parser.parse_args(argv)
     expected_ips = dict(item.split("=", 1) for item in args.expect_node)
 
@@ -348,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         log_tail = lambda: _docker(["logs", "--tail", str(LOG_TAIL_LINES), logs])  # noqa: E731
         state_format = "{{.State.Status}} {{.State.ExitCode}}"
         server_state = lambda: _docker(["inspect", "--format", state_format, logs])  # noqa: E731
+    progress_file = ProgressFile("readiness", args.node)
     try:
         report = wait_ready(
             args.url,
@@ -362,11 +414,13 @@ def main(argv: list[str] | None = None) -> int:
             expected_ips=expected_ips,
             server_state=server_state,
             interval_s=args.interval,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            progress=progress_file.report,
         )
     except ReadinessError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_REJECTED if exc.rejected else EXIT_TIMEOUT
+    finally:
+        progress_file.remove()
     print(json.dumps(asdict(report)))
     return 0
 

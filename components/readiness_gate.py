@@ -12,6 +12,9 @@ rename `ReadinessGateProvider` (existing stacks refer to it).
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,9 @@ import pulumi
 import pulumi.dynamic as dynamic
 
 from components.nodes import target_from_dict
-from components.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT
-from components.remote import RemoteError, SshTransport, stderr_tail
+from components.progress import tell_operator
+from components.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT, PROGRESS_PREFIX
+from components.remote import RemoteError, Result, ssh_argv, stderr_tail
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "readiness.py"
 # Extra seconds beyond the probe's own deadline: SSH, plus the probe's last round of docker
@@ -53,6 +57,8 @@ def probe_argv(props: dict[str, Any], deadline_s: float) -> list[str]:
     ]  # fmt: skip
     ray = props.get("ray_container")
     argv += ["--ray-container", ray] if ray else ["--no-ray-check"]
+    if (props.get("node") or {}).get("name"):
+        argv += ["--node", str(props["node"]["name"])]
     if props.get("log_container"):
         argv += ["--log-container", props["log_container"]]
     for name, ip in sorted((props.get("expect_node_ips") or {}).items()):
@@ -68,12 +74,68 @@ def probe_program(api_key: str | None) -> bytes:
     return (prelude + PROBE_SOURCE.read_text()).encode()
 
 
+def run_relaying(
+    node: str,
+    local_argv: Sequence[str],
+    argv: Sequence[str],
+    stdin: bytes,
+    timeout: float,
+    relay: Callable[[str], None],
+) -> Result:
+    """Run `local_argv` (ssh … argv) like the transport does, relaying progress lines as they come."""
+    proc = subprocess.Popen(
+        list(local_argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    def feed() -> None:
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        except OSError:  # the remote side ended early: its exit status says why
+            pass
+
+    def pump() -> None:
+        for raw in proc.stderr:
+            err.append(raw)
+            line = raw.decode(errors="replace").rstrip()
+            if line.startswith(PROGRESS_PREFIX):
+                relay(line)
+
+    threads = [
+        threading.Thread(target=feed, daemon=True),
+        threading.Thread(target=pump, daemon=True),
+        threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise RemoteError(node, argv, -1, b"".join(err), f"timed out after {timeout:g} s") from None
+    finally:
+        for thread in threads:
+            thread.join(timeout=5)
+    return Result(tuple(argv), proc.returncode, b"".join(out), b"".join(err), node)
+
+
 def run_probe(props: dict[str, Any], deadline_s: float) -> dict[str, Any]:
-    """Run the probe on the head; its report on success, RemoteError (with the log tail) if not."""
-    transport = SshTransport(target_from_dict(props["node"]))
+    """Run the probe on the head; its report on success, RemoteError (with the log tail) if not.
+
+    Its progress lines (the stage it waits on, at least every 30 s) reach the operator as they come.
+    """
+    target = target_from_dict(props["node"])
     argv = probe_argv(props, deadline_s)
-    result = transport.run(
-        argv, stdin=probe_program(props.get("api_key")), timeout=deadline_s + TRANSPORT_SLACK_S
+    result = run_relaying(
+        target.label,
+        ssh_argv(target, argv),
+        argv,
+        probe_program(props.get("api_key")),
+        deadline_s + TRANSPORT_SLACK_S,
+        lambda line: tell_operator(f"readiness on {target.label}: {line}"),
     )
     if result.ok:
         return json.loads(result.text.strip().splitlines()[-1])

@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     serve.add_argument("--max-model-len", type=int, default=None)
     serve.add_argument("--api-key", default=None)
+    serve.add_argument("--revision", default=None)
     return parser
 
 
@@ -72,6 +73,7 @@ class ServeArgs:
     max_model_len: int
     api_key: str | None
     ignored: tuple[str, ...]
+    revision: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -105,7 +107,41 @@ def parse_serve_args(argv: Sequence[str], env: dict[str, str] | None = None) -> 
         # vLLM reads the key from --api-key or VLLM_API_KEY; the deployment uses the variable.
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         ignored=tuple(unknown),
+        revision=args.revision,
     )
+
+
+def local_config(model: str, revision: str | None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The checkpoint's config.json from this node's own cache, as vLLM reads it with HF_HUB_OFFLINE=1.
+
+    Raises SystemExit when it is not there: like vLLM offline, the stand-in never starts without it.
+    """
+    env = os.environ if env is None else env
+    if model.startswith("/"):
+        path = os.path.join(model, "config.json")
+    else:
+        if env.get("HF_HUB_OFFLINE") != "1":
+            raise SystemExit(
+                f"vllm (stand-in): HF_HUB_OFFLINE=1 is not set: {model} would be fetched from the Hub"
+            )
+        hub = os.path.join(env.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub")
+        root = os.path.join(hub, "models--" + model.replace("/", "--"))
+        commit = revision or "main"
+        if not (len(commit) == 40 and all(c in "0123456789abcdef" for c in commit)):
+            try:
+                with open(os.path.join(root, "refs", commit)) as handle:
+                    commit = handle.read().strip()
+            except OSError:
+                commit = ""
+        path = os.path.join(root, "snapshots", commit, "config.json")
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(
+            f"vllm (stand-in): offline and {model}@{revision or 'main'} is not in this node's cache: "
+            f"cannot read {path} ({exc.__class__.__name__})"
+        ) from None
 
 
 def cluster_summary(nodes: list[dict[str, Any]]) -> tuple[int, float, str]:
@@ -237,8 +273,14 @@ class Engine:
         class StandinWorker:
             """One "GPU worker": reports where it runs, which is all a stand-in can compute."""
 
-            def __init__(self, rank: int):
+            def __init__(self, rank: int, model: str, revision: str | None, here: str):
                 self.rank = rank
+                # Every node loads its shard from its own cache: no checkpoint there, no worker. The
+                # stand-in's folder is the same in every node's image; Ray's worker lacks it on its path.
+                sys.path.insert(0, here)
+                from standin_vllm import local_config as read_local_config
+
+                self.model_type = read_local_config(model, revision).get("model_type")
 
             def where(self) -> str:
                 return f"rank {self.rank} on {ray.util.get_node_ip_address()} pid {os.getpid()}"
@@ -251,7 +293,7 @@ class Engine:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=group, placement_group_bundle_index=index
                 )
-            ).remote(index)
+            ).remote(index, self.args.model, self.args.revision, os.path.dirname(os.path.abspath(__file__)))
             for index in range(world)
         ]
         for line in ray.get([actor.where.remote() for actor in self.actors], timeout=120):
@@ -352,6 +394,8 @@ def serve(args: ServeArgs) -> int:
     log(f"{STANDIN_NOTE}; vllm serve {args.model} {shape}")
     if args.ignored:
         log(f"flags the stand-in does not model (ignored): {' '.join(args.ignored)}")
+    config = local_config(args.model, args.revision)
+    log(f"checkpoint config.json read from this node's cache: model_type {config.get('model_type')}")
     engine = Engine(args)
     engine.start()
     server = ThreadingHTTPServer((args.host, args.port), make_handler(args, engine, lambda _: None))

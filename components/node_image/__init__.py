@@ -44,7 +44,7 @@ from components.node_image.facts import (
     same_image,
 )
 from components.node_image.fan_out import copy_tree
-from components.node_image.nodes import IMAGE_REF, NODE_KEYS, STORES, Node, clean_node, inputs, parse
+from components.node_image.nodes import NODE_KEYS, STORES, Node, clean_node, inputs, parse
 from components.node_image.plan import Copy, Retag, Skip, disk_needed, plan
 from components.node_image.provider import NodeImageProvider, replace_reasons
 from components.node_image.resource import OUTPUT_KEYS, NodeImage
@@ -52,7 +52,6 @@ from components.transfer import TIMING_ENV, PhaseTimes, Tuning, peer_target
 
 __all__ = [
     "IMAGE_FORMAT",
-    "IMAGE_REF",
     "NODE_KEYS",
     "OUTPUT_KEYS",
     "STORES",

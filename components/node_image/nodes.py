@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from components.config import IMAGE_STORES
+from components.image_ref import ImageRefError, parse_image_ref
 from components.node_image.errors import NodeImageError
 from components.transfer import Endpoint, EndpointError, Tuning, TuningError, tuning_from
 
-# name:tag, the tag required; stricter than Docker so nothing odd reaches a shell.
-IMAGE_REF = re.compile(
-    r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
-)
 NODE_KEYS = (
     "name",
     "host",
@@ -76,10 +71,13 @@ def parse(props: Mapping[str, Any]) -> tuple[str, Node, Node, Tuning]:
     """Image reference, source, destination and tuning from the props; bad values fail here, before
     any node is touched, with the field named."""
     image = props.get("image")
-    if not isinstance(image, str) or not IMAGE_REF.match(image):
-        raise NodeImageError(
-            f"NodeImage: image {image!r} is not a valid name:tag (lowercase name, explicit tag)"
-        )
+    try:
+        ref = parse_image_ref(image)
+    except ImageRefError as exc:
+        raise NodeImageError(f"NodeImage: image {image!r} is not of the form name:tag: {exc}") from None
+    # NodeImage places a tag on every node: name:tag exactly (components/image_ref.py).
+    if ref.tag is None or ref.digest is not None:
+        raise NodeImageError(f"NodeImage: image {image!r} is not of the form name:tag (an explicit tag)")
     try:
         tuning = tuning_from(props.get("tuning"), "NodeImage tuning")
     except TuningError as exc:

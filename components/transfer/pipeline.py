@@ -16,7 +16,7 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 from components.config import CopyConfig
 from components.node_programs import program_argv
 from components.node_programs.transfer_source import Marker
+from components.progress import SAY_EVERY_S, tell_operator, transfer_line
 from components.remote import SSH_TRANSPORT_FAILURE, shell_join, ssh_argv
 from components.transfer.endpoints import Endpoint
 from components.transfer.peer import Peer, peer_unreachable
@@ -126,6 +127,7 @@ class _Streams:
         self.out: list[str] = []
         self.err: list[str] = []
         self.last = time.monotonic()  # when the last line (either stream) arrived
+        self.bytes_done = 0  # the source's latest `qwen35-progress <bytes>`
         self.changed = threading.Condition()
         self.threads = [
             threading.Thread(target=self._pump, args=(proc.stdout, self.out, False), daemon=True),
@@ -140,6 +142,9 @@ class _Streams:
             with self.changed:
                 lines.append(line)
                 self.last = time.monotonic()
+                if is_err and line.startswith(Marker.PROGRESS.value):
+                    with contextlib.suppress(ValueError, IndexError):
+                        self.bytes_done = int(line.split()[1])
                 self.changed.notify_all()
             if is_err and self.times is not None and not line.startswith(Marker.PROGRESS.value):
                 self.times.mark(f"  pipeline: {line[:26]}", self.last)
@@ -175,13 +180,19 @@ def watch(
     stall_s: float,
     margin_s: float,
     from_line: int = 0,
+    say: Callable[[int, float], None] | None = None,
 ) -> str:
     """Wait for the process to end (or for a report line after `from_line`), killing it when its
-    stderr goes silent for stall_s + margin_s or it passes deadline_s + margin_s; why it was killed."""
+    stderr goes silent for stall_s + margin_s or it passes deadline_s + margin_s; why it was killed.
+    `say(bytes_done, elapsed_s)` is called every SAY_EVERY_S while it runs (progress for the operator)."""
     started = time.monotonic()
+    said_at = started
     reported_at = None
     while proc.poll() is None:
         now = time.monotonic()
+        if say is not None and now - said_at >= SAY_EVERY_S:
+            said_at = now
+            say(streams.bytes_done, now - started)
         if reported_at is None and streams.json_line(from_line, 0)[0] is not None:
             reported_at = now
         if reported_at is not None and now - reported_at > 3:
@@ -208,6 +219,7 @@ def run_watched(
     stall_s: float,
     times: PhaseTimes | None = None,
     margin_s: float = BACKSTOP_MARGIN_S,
+    say: Callable[[int, float], None] | None = None,
 ) -> Watched:
     """Run argv locally; kill it when its stderr goes silent for stall_s + margin_s or it passes
     deadline_s + margin_s.
@@ -217,12 +229,27 @@ def run_watched(
     """
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     streams = _Streams(proc, times)
-    killed = watch(proc, streams, deadline_s, stall_s, margin_s)
+    killed = watch(proc, streams, deadline_s, stall_s, margin_s, say=say)
     if proc.poll() is None:
         proc.kill()
     proc.wait()
     streams.finish()
     return Watched(proc.returncode, "\n".join(streams.out), "\n".join(streams.err), killed)
+
+
+def operator_progress(
+    transfer: Transfer, source: Endpoint, destination: Endpoint
+) -> Callable[[int, float], None]:
+    """What a running transfer tells the operator every SAY_EVERY_S: bytes, rate, ETA."""
+
+    def say(done: int, elapsed: float) -> None:
+        tell_operator(
+            transfer_line(
+                transfer.operation, source.label, destination.label, done, transfer.bytes_total, elapsed
+            )
+        )
+
+    return say
 
 
 def run_spec(
@@ -265,7 +292,14 @@ def run_transfer(
     spec = run_spec(transfer, source, destination, peer, tuning)
     program = program_argv("transfer_source", ["run", json.dumps(spec, separators=(",", ":"))], python)
     local = ssh_argv(source.target, program, source_control_path)
-    outcome = run_watched(local, tuning.deadline_s, tuning.stall_timeout_s, times, margin_s)
+    outcome = run_watched(
+        local,
+        tuning.deadline_s,
+        tuning.stall_timeout_s,
+        times,
+        margin_s,
+        say=operator_progress(transfer, source, destination),
+    )
     if peer is not None:
         peer.closed = True  # the program closes the master whenever it got to run
     return interpret(outcome, source, destination, peer, transfer)
@@ -387,7 +421,13 @@ class SourceSession:
         spec.pop("peer")
         self._send({"run": spec})
         killed = watch(
-            self.proc, self.streams, tuning.deadline_s, tuning.stall_timeout_s, margin_s, self.read_to
+            self.proc,
+            self.streams,
+            tuning.deadline_s,
+            tuning.stall_timeout_s,
+            margin_s,
+            self.read_to,
+            say=operator_progress(job, self.source, destination),
         )
         report, _ = self.streams.json_line(self.read_to, 0 if killed else 5)
         self._end()

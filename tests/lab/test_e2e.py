@@ -13,6 +13,8 @@ NodeImage reported.
 from __future__ import annotations
 
 import re
+import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,9 +24,11 @@ import openai
 import pytest
 
 import lab
+from components.checkpoint import CheckpointProvider
 from lab.ray_image import ray_image
+from lab.standin_hub import StandinHub, generate_repo
 from lab.standin_vllm import STANDIN_NOTE
-from tests.support.declared import docker_run_argv
+from tests.support.declared import docker_run_argv, plain
 from tests.support.node_image_lab import remove_with_record
 from tests.support.program import READINESS_GATE, ProgramRun, Registered, run_program, stack_config
 from tests.support.provider_host import Engine, ProviderFailed, ProviderHost, State
@@ -33,6 +37,7 @@ pytestmark = pytest.mark.lab
 
 API_KEY = "lab-e2e-key"
 CONTAINER = "docker:index/container:Container"
+MODEL_SUPPORT = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 VOLUME = "docker:index/volume:Volume"
 PROVIDER = "pulumi:providers:docker"
 # Dependency order, as the program's depends_on has it: head, then workers, then the server.
@@ -111,7 +116,9 @@ def node_limits(node: lab.LabNode) -> dict[str, int]:
 class LabDeployment:
     """The declared containers on the lab nodes: start some or all, remove one, clean up everything."""
 
-    def __init__(self, run: ProgramRun, nodes: dict[str, lab.LabNode], placed: dict[str, State]):
+    def __init__(
+        self, run: ProgramRun, nodes: dict[str, lab.LabNode], placed: dict[str, State], revision: str = ""
+    ):
         self.run = run
         self.nodes = nodes
         # The declared image of a container is its node's NodeImage `image_id` (a distinct fake per
@@ -119,6 +126,8 @@ class LabDeployment:
         declared_ids = {node: out["image_id"] for node, out in run.outputs["images"].items()}
         self.node_of_image = {image_id: node for node, image_id in declared_ids.items()}
         self.images = {node: state.outputs["image_id"] for node, state in placed.items()}
+        # The commit the real Checkpoint resources resolved (the mocks only fake one).
+        self.revision = revision
         self.containers = declared_containers(run)
         self.volumes = [(provider_node(run, v), v.inputs["name"]) for v in run.by_type(VOLUME)]
         self.limits = {name: node_limits(node) for name, node in nodes.items()}
@@ -137,6 +146,10 @@ class LabDeployment:
             image_node = self.node_of_image.get(container.inputs["image"])
             assert image_node == container.node, f"{container.name} on {container.node} runs {image_node}'s"
             inputs = {**container.inputs, "image": self.images[container.node]}
+            command = list(inputs.get("command") or [])
+            if "--revision" in command and self.revision:
+                command[command.index("--revision") + 1] = self.revision
+                inputs["command"] = command
             argv, dropped = docker_run_argv(inputs, self.limits[container.node])
             dropped_all += [f"{container.name} on {container.node}: {note}" for note in dropped]
             lab.docker(self.nodes[container.node], *argv[1:], timeout=120)
@@ -206,10 +219,50 @@ def placed(program, engine, node_a, node_b) -> Iterator[dict[str, State]]:
         engine.delete(state)
 
 
+def checkpoint_props(program: ProgramRun, node: str, endpoint: str, placed: dict[str, dict]) -> dict:
+    """A declared Checkpoint's inputs, with the source's outputs filled in (what the engine passes)."""
+    (declared,) = [
+        r
+        for r in program.by_type("pulumi-python:dynamic/qwen35:Checkpoint")
+        if r.inputs["node"]["name"] == node
+    ]
+    props = {k: v for k, v in plain(declared.inputs).items() if k != "__provider"}
+    props.setdefault("source", None)
+    if props["source"]:
+        source = placed[props["source"]["name"]]
+        props.update(
+            source_revision=source["revision"],
+            source_manifest=source["manifest"],
+            source_refs=source["refs"],
+            manifest_digest=source["digest"],
+        )
+    else:
+        # The stand-in Hub's port is the test's; the head's Python with the Hub client is this venv's.
+        props["fetch"] = {**props.get("fetch", {}), "python": sys.executable, "endpoint": endpoint}
+    return props
+
+
+@pytest.fixture(scope="module")
+def checkpoints(program, node_a, node_b, tmp_path_factory) -> Iterator[dict[str, dict]]:
+    """The real Checkpoint provider: node-a fetches from the stand-in Hub, node-b copies from node-a."""
+    repo = generate_repo(tmp_path_factory.mktemp("hub-repo"), shards=2, shard_bytes=2 << 20)
+    placed: dict[str, dict] = {}
+    repo_id = program.by_type("pulumi-python:dynamic/qwen35:Checkpoint")[0].inputs["repo"]
+    with StandinHub({repo_id: repo}) as hub:
+        for node in ("node-a", "node-b"):
+            props = checkpoint_props(program, node, hub.endpoint, placed)
+            shutil.rmtree(props["cache_dir"], ignore_errors=True)
+            placed[node] = {**props, **CheckpointProvider().create(props).outs}
+    yield placed
+    for outs in placed.values():
+        shutil.rmtree(outs["cache_dir"], ignore_errors=True)
+
+
 @pytest.fixture
-def deployment(program, placed, node_a, node_b) -> Iterator[LabDeployment]:
+def deployment(program, placed, checkpoints, node_a, node_b) -> Iterator[LabDeployment]:
     nodes = {node.name: node for node in (node_a, node_b)}
-    deployed = LabDeployment(program, nodes, placed)
+    assert checkpoints["node-a"]["digest"] == checkpoints["node-b"]["digest"]
+    deployed = LabDeployment(program, nodes, placed, checkpoints["node-a"]["revision"])
     deployed.clean()  # a run that was killed may have left containers behind
     try:
         yield deployed
@@ -268,6 +321,32 @@ def test_node_images_place_the_image_on_every_node_through_the_provider_host(pla
     assert engine.refresh(replaced.state).outputs["image_id"] == on_b
     assert engine.up(replaced.state, rebuilt).op == "same"
     placed["node-b"] = replaced.state
+
+
+def test_the_model_support_check_runs_on_the_head_before_ray(placed, checkpoints, engine, program, node_a):
+    """The check as the lab stack declares it, through the provider host, on the head's placed image and
+    the head's real checkpoint. Pulumi.lab.yaml sets `model_check: report`: the lab Ray image has no
+    torch, so the real proof fails at `environment`, the verdict is recorded and Ray may start."""
+    (check,) = program.by_type(MODEL_SUPPORT)
+    head = checkpoints["node-a"]
+    registered = {
+        **check.inputs,
+        "image_id": placed["node-a"].outputs["image_id"],
+        "checkpoint_digest": head["digest"],
+        "snapshot_path": head["snapshot_path"],
+    }
+    state = engine.create(check.typ, check.name, registered, timeout=600)
+    outputs = state.public_outputs()
+    print(f"e2e: {check.name}: {outputs}")
+    assert outputs["verdict"] == "fail" and outputs["failed_stage"] == "environment", outputs
+    # The head's checkpoint index was read on node-a and fits the lab's declared memory.
+    assert outputs["memory_fit"]["fits"] is True and outputs["memory_fit"]["weights_from"] in (
+        "index",
+        "shards",
+    )
+    # Unchanged inputs: no second run (the unit tests check that every container waits for it).
+    assert engine.up(state, registered).op == "same"
+    engine.delete(state)
 
 
 def test_declared_specs_bring_up_a_serving_two_node_cluster(deployment, program, engine):
@@ -355,3 +434,25 @@ def test_worker_container_removed_is_drift_and_fails_the_gate(deployment, progra
     # Either the engine is still up and waits for its worker, or it exited on losing it (as vLLM does).
     assert "not ready after" in message or "the server container has exited" in message, message
     assert "1/2 nodes" in message or "EngineDeadError" in message or "engine dead" in message, message
+
+
+def test_no_server_while_a_node_lacks_the_checkpoint_and_up_repairs_it(
+    deployment, engine, program, checkpoints
+):
+    """Served offline from each node's own cache: a worker without its copy keeps the server down;
+    refresh sees the missing files, and `up` (update) sends them back."""
+    worker = checkpoints["node-b"]
+    snapshot = worker["snapshot_path"]
+    shutil.rmtree(snapshot)
+    refreshed = CheckpointProvider().read("x", worker).outs
+    assert "config.json" in refreshed["problems"], refreshed["problems"]
+    try:
+        deployment.start()
+        message = gate_refused(engine, program, CRASH_DEADLINE_S)
+        (server,) = deployment.of_role("vllm")
+        log = deployment.logs(server)
+        print(f"e2e: gate with node-b's checkpoint gone:\n{message}")
+        assert "not in this node's cache" in message + log, log
+    finally:
+        repaired = CheckpointProvider().update("x", refreshed, {**worker, "problems": {}}).outs
+    assert repaired["files_sent"] == 0 and repaired["digest"] == checkpoints["node-a"]["digest"]

@@ -19,6 +19,7 @@ import pytest
 import lab
 from components.config import ImageConfig, parse_stack_config
 from components.hybrid_image import PATCH_DIR, build_args, content_tag
+from components.image_ref import parse_image_ref
 from lab.buildx import buildx_argv, ensure_buildx
 from lab.images import image_id
 from lab.vllm_images import base_standin, donor_standin, folder_context, transformers_wheels
@@ -230,7 +231,7 @@ def test_a_failing_proof_stops_the_build_and_says_why(node_a, cfg, context, hybr
 
 
 def test_a_base_without_the_vllm_tree_stops_the_build_naming_base_vllm_dir(node_a, cfg, context, hybrid):
-    bare = f"{cfg.base}:no-vllm"
+    bare = f"{parse_image_ref(cfg.base).name}:no-vllm"
     try:
         base_standin(node_a, bare, None, None)
     except lab.LabError as exc:

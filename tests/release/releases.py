@@ -1,9 +1,10 @@
 """Real vLLM releases for the proof tier: virtualenvs with vLLM and its torch from PyPI, cached outside git.
 
 `release_venv("0.17.1")` returns the python of `<cache>/release/vllm-0.17.1`, made once per machine
-(`python -m venv` + `pip install vllm==X`: ~10 GB, minutes) under a file lock and recognised by a marker
-written after the install and an import check. A venv left without its marker (an interrupted run) is
-completed by running the same `pip install` again, which keeps what is already there.
+(`python -m venv` + `pip install -c constraints-X.txt vllm==X`: ~10 GB, minutes) under a file lock
+and recognised by a marker written after the install and an import check (with the constraints'
+hash). A venv left without its marker (an interrupted run) is completed by running the same
+`pip install` again, which keeps what is already there.
 
 Two overlays go first on PYTHONPATH, so one venv serves several setups without being changed:
   - `transformers_overlay("5.2.0", python)`: exactly the packages `pip install transformers==5.2.0`
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
 PROVE_MODEL = PATCHES / "prove_model.py"
 MARKER = ".qwen35-complete"
-INSTALL_TIMEOUT_S = 3600
+INSTALL_TIMEOUT_S = 1800  # a fresh machine took 4-7 min per venv; CI has 90 min in all
 PROOF_TIMEOUT_S = 900
 
 
@@ -89,14 +90,32 @@ VERSIONS_PROBE = (
 )
 
 
+def constraints(version: str) -> Path:
+    """The pinned environment of `vllm==version` (committed): the same torch and transformers everywhere."""
+    path = Path(__file__).resolve().parent / f"constraints-{version}.txt"
+    if not path.is_file():
+        raise ReleaseError(f"no {path.name} beside {__file__}: pin the release's environment first")
+    return path
+
+
+def _constraints_digest(version: str) -> str:
+    return hashlib.sha256(constraints(version).read_bytes()).hexdigest()[:16]
+
+
+def _venv_current(venv: Path, version: str) -> bool:
+    """A complete venv made with today's constraints (changed pins bring the venv up to date)."""
+    marker = _marker(venv)
+    return bool(marker) and marker.get("constraints") == _constraints_digest(version)
+
+
 def release_venv(version: str) -> Path:
     """The python of a venv with `vllm==version` and its torch from PyPI; made once, under a lock."""
     venv = release_root() / f"vllm-{version}"
     python = venv / "bin" / "python"
-    if _marker(venv):
+    if _venv_current(venv, version):
         return python
     with _locked(venv.name):
-        if _marker(venv):
+        if _venv_current(venv, version):
             return python
         started = time.monotonic()
         if not python.exists():
@@ -104,7 +123,16 @@ def release_venv(version: str) -> Path:
             _run([host_python(), "-m", "venv", str(venv)], f"making the venv {venv}", 300)
         # Into an existing (interrupted) venv too: pip keeps what is installed and adds the rest.
         _run(
-            [str(python), "-m", "pip", "install", "--quiet", f"vllm=={version}"],
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "-c",
+                str(constraints(version)),
+                f"vllm=={version}",
+            ],
             f"pip install vllm=={version} into {venv}",
             INSTALL_TIMEOUT_S,
         )
@@ -112,6 +140,7 @@ def release_venv(version: str) -> Path:
         found = json.loads(probe.stdout.strip().splitlines()[-1])
         if found["vllm"] != version:
             raise ReleaseError(f"{venv} imports vLLM {found['vllm']}, not {version}")
+        found["constraints"] = _constraints_digest(version)
         found["seconds"] = round(time.monotonic() - started, 1)
         (venv / MARKER).write_text(json.dumps(found, indent=2) + "\n")
         print(f"release: made {venv} in {found['seconds']} s: {found}", file=sys.stderr)

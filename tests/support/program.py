@@ -127,6 +127,33 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
             "skipped": True,
             "store": destination.get("image_store") or "classic",
         }
+    if args.typ == "pulumi-python:dynamic/qwen35:ModelSupportCheck":
+        # What a passing proof reports (the provider itself is tested in test_model_support.py).
+        return {
+            "verdict": "pass",
+            "failed_stage": None,
+            "vllm": "0.17.1",
+            "transformers": "4.57.6",
+            "architecture": "Qwen3_5MoeForConditionalGeneration",
+            "model_type": "qwen3_5_moe",
+            "quantization": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+            "memory_fit": None,
+        }
+    if args.typ == "pulumi-python:dynamic/qwen35:Checkpoint":
+        # The commit a branch resolved to, and the manifest digest (the same on every node).
+        repo = args.inputs.get("repo", "org/model")
+        sha = (f"{abs(hash(repo)):x}" * 8)[:40]
+        return {
+            "revision": sha,
+            "digest": "d" * 64,
+            "files": 3,
+            "bytes": 3 << 30,
+            "bytes_sent": 0,
+            "manifest": [["config.json", "c" * 40, 100]],
+            "refs": {args.inputs.get("requested_revision", "main"): sha},
+            "snapshot_path": f"{args.inputs.get('cache_dir')}/hub/models--{repo.replace('/', '--')}"
+            f"/snapshots/{sha}",
+        }
     if args.typ == "docker:index/image:Image":
         return {"repo_digest": "", "image_name": args.inputs.get("imageName", "")}
     return {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from components.config import ConfigError, Role, parse_stack_config
+from components.config import ConfigError, ImageStrategy, ModelCheckMode, Role, parse_stack_config
 from tests.support.program import dev_raw, run_program, stack_config
 
 
@@ -19,8 +19,9 @@ def test_dev_stack_loads_with_the_seed_procedure_values():
     assert cfg.jump_spec(cfg.workers[0]) == "aurora@10.1.230.180:22"
     assert cfg.jump_spec(cfg.head) is None
     assert cfg.node_user(cfg.head) == "aurora"
-    assert cfg.image.base == "vllm-node" and cfg.image.donor == "hellohal2064/vllm-qwen3.5-gb10"
-    assert cfg.image.name == "vllm-node-qwen35" and cfg.image.transformers == "==5.2.0"
+    assert cfg.image.strategy is ImageStrategy.PREBUILT and cfg.image.prebuilt == "vllm-node:latest"
+    assert cfg.image.model_check is ModelCheckMode.ENFORCE
+    assert [n.memory_gb for n in cfg.nodes] == [128.0, 128.0]
     assert cfg.serve.model == "Qwen/Qwen3.5-122B-A10B-FP8" and cfg.serve.tensor_parallel_size == 2
 
 
@@ -100,7 +101,26 @@ BAD = [
     ("tag with shell chars", _set("image.tag", "v1;reboot"), ["image.tag:", "safe image tag"]),
     ("tag with backticks", _set("image.tag", "`id`"), ["image.tag:"]),
     ("uppercase image", _set("image.name", "VLLM-Node"), ["image.name:"]),
-    ("image with space", _set("image.base", "vllm node"), ["image.base:"]),
+    ("image with space", _set("image.base", "vllm node"), ["image.base:", "whitespace"]),
+    ("prebuilt injection", _set("image.prebuilt", "vllm-node:latest;reboot"), ["image.prebuilt:", "tag"]),
+    ("prebuilt as an option", _set("image.prebuilt", "--privileged"), ["image.prebuilt:"]),
+    ("prebuilt subshell", _set("image.prebuilt", "$(id)/x:1"), ["image.prebuilt:"]),
+    (
+        "prebuilt digest only",
+        _set("image.prebuilt", "x@sha256:" + "a" * 64),
+        ["image.prebuilt:", "name:tag@"],
+    ),
+    ("donor bad digest", _set("image.donor", "x@sha256:123"), ["image.donor:", "digest"]),
+    ("name with a tag", _set("image.name", "vllm-node-qwen35:v1"), ["image.name:", "image.tag"]),
+    ("tag twice", _both(_set("image.base", "vllm-node:1"), _set("image.base_tag", "2")), ["image.base_tag"]),
+    ("unknown strategy", _set("image.strategy", "download"), ["image.strategy:"]),
+    ("unknown check mode", _set("image.model_check", "skip"), ["image.model_check:"]),
+    ("no memory", _set("nodes.1.memory_gb", 0), ["nodes.1.memory_gb:"]),
+    (
+        "tp x pp under",
+        _set("serve.tensor_parallel_size", 1),
+        ["serve.tensor_parallel_size:", "= 1", "2 GPUs"],
+    ),
     ("bad transformers", _set("image.transformers", "latest"), ["image.transformers:"]),
     ("bad platform", _set("image.platform", "windows/arm64"), ["image.platform:"]),
     ("no known_hosts", _delete("ssh.known_hosts"), ["ssh.known_hosts:"]),
@@ -214,3 +234,42 @@ def test_secret_extra_args_are_refused_without_echoing_the_value():
     with pytest.raises(ConfigError) as info:
         parse_stack_config(raw)
     assert "sk-very-secret" not in str(info.value)
+
+
+ACCEPTED_IMAGES = [
+    # (field, typed, base_ref/donor_ref/prebuilt as the program uses it)
+    ("base", "vllm-node:latest", "vllm-node:latest"),
+    ("base", "vllm-node", "vllm-node:latest"),
+    ("base", "localhost:5000/vllm-node:0.14.0", "localhost:5000/vllm-node:0.14.0"),
+    ("base", "vllm-node:0.14@sha256:" + "b" * 64, "vllm-node@sha256:" + "b" * 64),
+    (
+        "donor",
+        "hellohal2064/vllm-qwen3.5-gb10@sha256:" + "c" * 64,
+        "hellohal2064/vllm-qwen3.5-gb10@sha256:" + "c" * 64,
+    ),
+    ("prebuilt", "nvcr.io/nvidia/vllm:26.03-py3", "nvcr.io/nvidia/vllm:26.03-py3"),
+    ("prebuilt", "vllm-node", "vllm-node"),
+    ("prebuilt", "vllm-node:nightly@sha256:" + "d" * 64, "vllm-node:nightly@sha256:" + "d" * 64),
+]
+
+
+@pytest.mark.parametrize(("field", "typed", "used"), ACCEPTED_IMAGES)
+def test_image_references_as_operators_type_them(field, typed, used):
+    raw = dev_raw()
+    raw["image"][field] = typed
+    image = parse_stack_config(raw).image
+    got = {"base": image.base_ref, "donor": image.donor_ref, "prebuilt": image.prebuilt}[field]
+    assert got == used
+
+
+def test_a_separate_tag_still_applies_to_an_untagged_base():
+    raw = dev_raw()
+    raw["image"].update(base="lab-vllm-base", base_tag="0.14.0")
+    assert parse_stack_config(raw).image.base_ref == "lab-vllm-base:0.14.0"
+
+
+def test_hybrid_strategy_and_report_mode_are_accepted():
+    raw = dev_raw()
+    raw["image"].update(strategy="hybrid", model_check="report")
+    image = parse_stack_config(raw).image
+    assert image.strategy is ImageStrategy.HYBRID and image.model_check is ModelCheckMode.REPORT

@@ -15,6 +15,8 @@ from tests.support.program import ProgramRun, run_program, stack_config
 CONTAINER = "docker:index/container:Container"
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
 GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
+CHECK = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
+CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
 SECRETS = {"hf_token": "hf_token_value_123", "api_key": "sk-api-key-value-456"}
 
 
@@ -76,6 +78,18 @@ def four(monkeypatch) -> Graph:
     return run_graph(monkeypatch, four_node_config())
 
 
+def hybrid_config() -> dict:
+    """The dev stack building the seed's hybrid instead of using the prebuilt image."""
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:image"] = {**cfg["qwen35-spark:image"], "strategy": "hybrid"}
+    return cfg
+
+
+@pytest.fixture
+def hybrid(monkeypatch) -> Graph:
+    return run_graph(monkeypatch, hybrid_config())
+
+
 SECRET_SIG = pulumi.runtime.rpc._special_secret_sig
 
 
@@ -91,25 +105,34 @@ def envs(graph: Graph, name: str) -> dict[str, str]:
     return dict(e.split("=", 1) for e in value)
 
 
+DEV_RESOURCES = {
+    ("qwen35:index:Deployment", "qwen35"),
+    ("pulumi:providers:docker", "qwen35-docker-spark-1"),
+    ("pulumi:providers:docker", "qwen35-docker-spark-2"),
+    ("docker:index/volume:Volume", "qwen35-ray-tmp"),
+    (NODE_IMAGE, "qwen35-image-spark-1"),
+    (NODE_IMAGE, "qwen35-image-spark-2"),
+    (CHECKPOINT, "qwen35-checkpoint-spark-1"),
+    (CHECKPOINT, "qwen35-checkpoint-spark-2"),
+    (CHECK, "qwen35-model-support"),
+    (CONTAINER, "qwen35-ray-head"),
+    (CONTAINER, "qwen35-ray-worker-spark-2"),
+    (CONTAINER, "qwen35-vllm"),
+    (GATE, "qwen35-ready"),
+}
+BUILD = {("qwen35:index:HybridImage", "qwen35-image"), ("docker:index/image:Image", "qwen35-image-build")}
+
+
 def test_dev_resource_set(dev):
-    names = {(r.typ, r.name) for r in dev.run.resources}
-    assert names == {
-        ("qwen35:index:Deployment", "qwen35"),
-        ("pulumi:providers:docker", "qwen35-docker-spark-1"),
-        ("pulumi:providers:docker", "qwen35-docker-spark-2"),
-        ("qwen35:index:HybridImage", "qwen35-image"),
-        ("docker:index/image:Image", "qwen35-image-build"),
-        ("docker:index/volume:Volume", "qwen35-ray-tmp"),
-        (NODE_IMAGE, "qwen35-image-spark-1"),
-        (NODE_IMAGE, "qwen35-image-spark-2"),
-        (CONTAINER, "qwen35-ray-head"),
-        (CONTAINER, "qwen35-ray-worker-spark-2"),
-        (CONTAINER, "qwen35-vllm"),
-        (GATE, "qwen35-ready"),
-    }
+    # The default strategy (prebuilt) registers no build.
+    assert {(r.typ, r.name) for r in dev.run.resources} == DEV_RESOURCES
 
 
-@pytest.mark.parametrize("graph_name", ["dev", "four"])
+def test_hybrid_resource_set(hybrid):
+    assert {(r.typ, r.name) for r in hybrid.run.resources} == DEV_RESOURCES | BUILD
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "four", "hybrid"])
 def test_image_copies_form_a_tree_from_the_head(request, graph_name):
     graph: Graph = request.getfixturevalue(graph_name)
     head = node_image_of(graph, "spark-1").inputs
@@ -120,7 +143,12 @@ def test_image_copies_form_a_tree_from_the_head(request, graph_name):
         assert source != node
         # A node serves as a source only once it holds the image itself.
         assert f"qwen35-image-{source}" in graph.deps[placed.name]
-        assert placed.inputs["image"].startswith("vllm-node-qwen35:h-")
+    for node in graph.run.outputs["nodes"]:
+        image = node_image_of(graph, node).inputs["image"]
+        if graph_name == "hybrid":
+            assert image.startswith("vllm-node-qwen35:h-")
+        else:
+            assert image == "vllm-node:latest"
 
 
 def test_four_node_resource_set(four):
@@ -135,10 +163,11 @@ def test_four_node_resource_set(four):
     assert len(four.run.by_type("pulumi:providers:docker")) == 4
 
 
-@pytest.mark.parametrize("graph_name", ["dev", "four"])
+@pytest.mark.parametrize("graph_name", ["dev", "four", "hybrid"])
 def test_providers(request, graph_name):
     graph: Graph = request.getfixturevalue(graph_name)
-    assert graph.provider_of("qwen35-image-build") == "qwen35-docker-spark-1"
+    if graph_name == "hybrid":
+        assert graph.provider_of("qwen35-image-build") == "qwen35-docker-spark-1"
     assert graph.provider_of("qwen35-ray-tmp") == "qwen35-docker-spark-1"
     assert graph.provider_of("qwen35-ray-head") == "qwen35-docker-spark-1"
     assert graph.provider_of("qwen35-vllm") == "qwen35-docker-spark-1"
@@ -171,14 +200,18 @@ def node_image_of(graph: Graph, node: str):
     return found
 
 
-@pytest.mark.parametrize("graph_name", ["dev", "four"])
+@pytest.mark.parametrize("graph_name", ["dev", "four", "hybrid"])
 def test_dependency_order(request, graph_name):
     graph: Graph = request.getfixturevalue(graph_name)
     deps = graph.deps
     workers = [r.name for r in graph.run.by_type(CONTAINER) if r.name.startswith("qwen35-ray-worker-")]
-    # Images: every placement waits for the build.
+    # Images: with a build, every placement waits for it.
     for node in graph.run.outputs["nodes"]:
-        assert "qwen35-image-build" in deps[node_image_of(graph, node).name]
+        assert ("qwen35-image-build" in deps[node_image_of(graph, node).name]) is (graph_name == "hybrid")
+    # The model-support check runs on the head's image, once it is placed; every container waits for it.
+    assert node_image_of(graph, "spark-1").name in deps["qwen35-model-support"]
+    for container in graph.run.by_type(CONTAINER):
+        assert "qwen35-model-support" in deps[container.name], container.name
     # Containers depend on their own node's image placement.
     assert node_image_of(graph, "spark-1").name in deps["qwen35-ray-head"]
     assert node_image_of(graph, "spark-1").name in deps["qwen35-vllm"]
@@ -194,6 +227,7 @@ def test_dependency_order(request, graph_name):
     assert "qwen35-vllm" in deps["qwen35-ready"]
     # Registration order agrees (a reader of `pulumi preview` sees the same order).
     order = [r.name for r in graph.run.resources]
+    assert order.index("qwen35-model-support") < order.index("qwen35-ray-head")
     assert order.index("qwen35-ray-head") < min(order.index(w) for w in workers)
     assert max(order.index(w) for w in workers) < order.index("qwen35-vllm") < order.index("qwen35-ready")
 
@@ -438,3 +472,198 @@ def test_resource_names_are_unique(graph_name, request):
         key = (graph.provider_of(container.name), container.inputs["name"])
         assert key not in per_node, f"{key} declared twice"
         per_node[key] = container.name
+
+
+PINNED = "sha256:" + "e" * 64
+
+
+@pytest.mark.parametrize(
+    ("typed", "placed"),
+    [
+        ("vllm-node:latest", "vllm-node:latest"),
+        ("vllm-node", "vllm-node:latest"),
+        ("nvcr.io/nvidia/vllm:26.03-py3", "nvcr.io/nvidia/vllm:26.03-py3"),
+        ("localhost:5000/vllm-node:nightly", "localhost:5000/vllm-node:nightly"),
+        (f"vllm-node:nightly@{PINNED}", "vllm-node:nightly"),
+    ],
+)
+def test_prebuilt_registers_no_build_and_copies_the_configured_reference(monkeypatch, typed, placed):
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:image"] = {"strategy": "prebuilt", "prebuilt": typed}
+    graph = run_graph(monkeypatch, cfg)
+    types = {r.typ for r in graph.run.resources}
+    assert "docker:index/image:Image" not in types and "qwen35:index:HybridImage" not in types
+    for node in ("spark-1", "spark-2"):
+        assert node_image_of(graph, node).inputs["image"] == placed
+        # Nothing to wait for on the head: the image is there already.
+        assert not graph.deps[node_image_of(graph, node).name] & {"qwen35-image-build", "qwen35-image"}
+    # The check sees the reference as typed (a pin is verified on the head).
+    assert graph.run.named("qwen35-model-support").inputs["image"] == typed
+
+
+def test_model_support_check_inputs(four):
+    check = four.run.named("qwen35-model-support")
+    assert check.typ == CHECK
+    inputs = check.inputs
+    assert inputs["node"]["name"] == "spark-1" and inputs["node"]["host"] == "10.1.230.180"
+    assert inputs["node"]["known_hosts"] == "~/.ssh/qwen35_known_hosts"
+    # It runs the image the head holds, by ID, as NodeImage reported it.
+    assert inputs["image_id"] == four.run.outputs["images"]["spark-1"]["image_id"]
+    assert inputs["image"] == "vllm-node:latest"
+    assert inputs["mode"] == "enforce"
+    assert inputs["memory"] == {
+        "nodes": [{"name": f"spark-{i}", "memory_gb": 128.0, "gpus": 1} for i in range(1, 5)],
+        "tensor_parallel_size": 4,
+        "pipeline_parallel_size": 1,
+        "gpu_memory_utilization": 0.85,
+    }
+    assert inputs["container_prefix"] == "qwen35"
+    # The head's checkpoint: the proof loads it and the memory fit reads its index.
+    head_checkpoint = four.run.outputs["checkpoints"]["spark-1"]
+    assert inputs["checkpoint_digest"] == head_checkpoint["digest"]
+    assert inputs["snapshot_path"] == head_checkpoint["snapshot_path"]
+    assert inputs["snapshot_path"].startswith("/home/aurora/")
+    assert "qwen35-checkpoint-spark-1" in four.deps["qwen35-model-support"]
+    # Not registered on a docker provider: it reaches the head over SSH itself.
+    assert not (check.provider or "").startswith("urn:pulumi:stack::project::pulumi:providers:docker")
+
+
+def test_model_support_outputs(dev):
+    support = dev.run.outputs["model_support"]
+    assert support["verdict"] == "pass"
+    assert set(support) >= {
+        "vllm",
+        "transformers",
+        "architecture",
+        "model_type",
+        "quantization",
+        "memory_fit",
+    }
+
+
+def test_model_check_mode_from_config(monkeypatch):
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:image"] = {**cfg["qwen35-spark:image"], "model_check": "report"}
+    graph = run_graph(monkeypatch, cfg)
+    assert graph.run.named("qwen35-model-support").inputs["mode"] == "report"
+
+
+def test_node_memory_from_config_reaches_the_check(monkeypatch):
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:nodes"][1]["memory_gb"] = 64
+    cfg["qwen35-spark:serve"] = {**cfg["qwen35-spark:serve"], "gpu_memory_utilization": 0.7}
+    graph = run_graph(monkeypatch, cfg)
+    memory = graph.run.named("qwen35-model-support").inputs["memory"]
+    assert [n["memory_gb"] for n in memory["nodes"]] == [128.0, 64.0]
+    assert memory["gpu_memory_utilization"] == 0.7
+
+
+@pytest.mark.parametrize(
+    ("field", "hostile"),
+    [
+        ("prebuilt", "vllm-node:latest; docker rm -f x"),
+        ("prebuilt", "--privileged"),
+        ("prebuilt", "$(curl evil)/x:1"),
+        ("base", "vllm-node:`id`"),
+        ("donor", "donor@sha256:short"),
+    ],
+)
+def test_hostile_references_register_nothing_and_name_the_field(monkeypatch, field, hostile):
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:image"] = {**cfg["qwen35-spark:image"], field: hostile}
+    mocks_seen = []
+    original = pulumi.runtime.mocks.MockMonitor.RegisterResource
+
+    def recording(self, request):
+        mocks_seen.append(request.name)
+        return original(self, request)
+
+    monkeypatch.setattr(pulumi.runtime.mocks.MockMonitor, "RegisterResource", recording)
+    with pytest.raises(Exception) as info:
+        run_program(cfg)
+    assert f"image.{field}:" in str(info.value)
+    assert mocks_seen == []
+
+
+# ---- the checkpoint on every node (components/checkpoint) -------------------------------------------
+
+
+def checkpoint_of(graph: Graph, node: str):
+    found = graph.run.named(f"qwen35-checkpoint-{node}")
+    assert found.typ == CHECKPOINT and found.inputs["node"]["name"] == node
+    return found
+
+
+def test_checkpoints_fetch_once_on_the_head_and_copy_along_a_tree(four):
+    head = checkpoint_of(four, "spark-1").inputs
+    assert head.get("source") is None and head["repo"] == "Qwen/Qwen3.5-122B-A10B-FP8"
+    assert head["requested_revision"] == "main" and head["source_mode"] == "hub"
+    # The token is a secret input of the head's fetch only.
+    token, secret = unsecret(head["hf_token"])
+    assert token == SECRETS["hf_token"] and secret
+    sources = {}
+    for node in ("spark-2", "spark-3", "spark-4"):
+        placed = checkpoint_of(four, node)
+        source = placed.inputs["source"]["name"]
+        assert source != node and f"qwen35-checkpoint-{source}" in four.deps[placed.name]
+        assert placed.inputs["source_revision"] == four.run.outputs["checkpoints"][source]["revision"]
+        assert placed.inputs.get("hf_token") is None
+        sources[node] = source
+    # 3 workers: 2 rounds (ceil(log2(4))): the head serves one, then both holders serve one each.
+    assert sorted(sources.values()).count("spark-1") == 2
+
+
+def test_containers_wait_for_their_nodes_checkpoint_and_serve_offline_the_pinned_commit(four):
+    for node, container in [("spark-1", "qwen35-ray-head"), ("spark-1", "qwen35-vllm")] + [
+        (f"spark-{i}", f"qwen35-ray-worker-spark-{i}") for i in (2, 3, 4)
+    ]:
+        assert f"qwen35-checkpoint-{node}" in four.deps[container]
+        assert envs(four, container)["HF_HUB_OFFLINE"] == "1"
+    cmd = four.container("qwen35-vllm").inputs["command"]
+    sha = four.run.outputs["checkpoints"]["spark-1"]["revision"]
+    assert cmd[cmd.index("--revision") + 1] == sha and len(sha) == 40
+    assert four.run.outputs["checkpoints"]["spark-2"]["snapshot_path"].endswith(f"/snapshots/{sha}")
+
+
+def test_without_a_hub_model_there_is_no_checkpoint_and_no_offline_flag(monkeypatch):
+    config = stack_config("dev")
+    config["qwen35-spark:serve"] = {**config["qwen35-spark:serve"], "model": "/models/qwen35"}
+    graph = run_graph(monkeypatch, config)
+    assert not graph.run.by_type(CHECKPOINT)
+    assert "HF_HUB_OFFLINE" not in envs(graph, "qwen35-ray-head")
+    assert "--revision" not in graph.container("qwen35-vllm").inputs["command"]
+
+
+def test_each_node_mounts_its_own_cache_dir(monkeypatch):
+    config = stack_config("dev")
+    config["qwen35-spark:model"] = {"cache_dirs": {"spark-2": "/data/hf"}}
+    graph = run_graph(monkeypatch, config)
+    assert checkpoint_of(graph, "spark-2").inputs["cache_dir"] == "/data/hf"
+    mounts = graph.container("qwen35-ray-worker-spark-2").inputs["volumes"]
+    assert any(m.get("hostPath") == "/data/hf" for m in mounts)
+    assert (
+        checkpoint_of(graph, "spark-2").inputs["source_cache_dir"]
+        == checkpoint_of(graph, "spark-1").inputs["cache_dir"]
+    )
+
+
+def test_without_a_checkpoint_the_check_proves_the_fixture_configs(monkeypatch):
+    config = stack_config("dev")
+    config["qwen35-spark:serve"] = {**config["qwen35-spark:serve"], "model": "/models/qwen35"}
+    graph = run_graph(monkeypatch, config)
+    inputs = graph.run.named("qwen35-model-support").inputs
+    assert inputs.get("checkpoint_digest") is None and inputs.get("snapshot_path") is None
+    assert not {d for d in graph.deps["qwen35-model-support"] if "checkpoint" in d}
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "hybrid"])
+def test_one_definition_of_the_reference_every_node_holds(request, graph_name):
+    # `status` asks the nodes for `image_ref(config.image)`: it must be what NodeImage places.
+    from components.config import parse_stack_config
+    from components.hybrid_image import image_ref
+
+    raw = hybrid_config() if graph_name == "hybrid" else stack_config("dev")
+    config = parse_stack_config({k.split(":", 1)[1]: v for k, v in raw.items()})
+    graph: Graph = request.getfixturevalue(graph_name)
+    for node in ("spark-1", "spark-2"):
+        assert node_image_of(graph, node).inputs["image"] == image_ref(config.image)

@@ -82,6 +82,7 @@ def test_lab_ray_ports_become_flags():
 def test_fabric_env_uses_the_nodes_own_address(dev, node, ip):
     env = fabric_env(dev, dev.nodes[node])
     assert env == {
+        "HF_HUB_OFFLINE": "1",
         "VLLM_HOST_IP": ip,
         "NCCL_SOCKET_IFNAME": "enp1s0f0np0",
         "GLOO_SOCKET_IFNAME": "enp1s0f0np0",
@@ -153,7 +154,8 @@ def test_lab_differences_come_from_config():
     lab = config_from("lab")
     spec = ray_container_spec(lab, lab.head, IMAGE_ID)
     assert spec.gpus is None and spec.devices == () and spec.restart is RestartPolicy.NO
-    assert spec.mounts[0] == Mount("/run/qwen35-lab/hf-cache", CONTAINER_HF_HOME)
+    # Each lab node has its own cache dir (model.cache_dirs), as separate machines have.
+    assert spec.mounts[0] == Mount("/run/qwen35-lab/node-a/hf-cache", CONTAINER_HF_HOME)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@ this machine, the timeout message, and the gate's command line (the secret stays
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from components import readiness
@@ -168,11 +170,14 @@ def test_probe_argv_keeps_the_key_off_the_command_line():
         "--gpus", "2",
         "--deadline", "3600",
         "--ray-container", "qwen35-ray-head",
+        "--node", "spark-1",
         "--log-container", "qwen35-vllm",
     ]  # fmt: skip
     assert "sk-very-secret" not in " ".join(argv)
-    assert probe_argv({**PROPS, "ray_container": None}, 10)[-3:] == [
+    assert probe_argv({**PROPS, "ray_container": None}, 10)[-5:] == [
         "--no-ray-check",
+        "--node",
+        "spark-1",
         "--log-container",
         "qwen35-vllm",
     ]
@@ -260,3 +265,171 @@ def test_running_or_restarting_server_is_waited_for(server):
 def test_probe_argv_names_the_expected_nodes():
     argv = probe_argv({**PROPS, "expect_node_ips": EXPECTED_IPS}, 10)
     assert argv[-4:] == ["--expect-node", "spark-1=192.168.200.12", "--expect-node", "spark-2=192.168.200.13"]
+
+
+# Two nodes joined, but one of them brought no GPU: the cluster is one GPU short of TP×PP.
+RAY_STATUS_ONE_GPU_SHORT = RAY_STATUS_V2.replace("0.0/2.0 GPU", "0.0/1.0 GPU")
+
+
+def test_a_cluster_one_gpu_short_does_not_pass(server):
+    with pytest.raises(ReadinessError) as caught:
+        probe(server, deadline=0.3, ray_check=lambda: RAY_STATUS_ONE_GPU_SHORT)
+    assert caught.value.stage == "ray"
+    assert "2/2 nodes, 1/2 GPUs joined" in str(caught.value)
+    # Nothing was asked of the server: Ray is the first stage and it never passed.
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus", "passes"),
+    [(2, 2.0, True), (2, 1.0, False), (1, 2.0, False), (3, 4.0, True)],
+    ids=["exact", "one-gpu-short", "one-node-short", "more-than-declared"],
+)
+def test_check_ray_needs_every_node_and_every_gpu(nodes, gpus, passes):
+    text = f"Active:\n {nodes} node_x\nResources\nUsage:\n 0.0/{gpus:g} GPU\n"
+    if passes:
+        assert readiness.check_ray(lambda: text, 2, 2.0).nodes == nodes
+    else:
+        with pytest.raises(readiness.NotReady, match=f"{nodes}/2 nodes, {gpus:g}/2 GPUs joined"):
+            readiness.check_ray(lambda: text, 2, 2.0)
+
+
+GATE_INPUTS = {**PROPS, "server_id": "c0ffee", "expect_node_ips": EXPECTED_IPS, "deadline_s": 3600}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("expect_nodes", 3),
+        ("expect_gpus", 3),
+        ("expect_node_ips", {**EXPECTED_IPS, "spark-3": "192.168.200.14"}),
+        ("server_id", "deadbeef"),
+        ("url", "http://127.0.0.1:8001"),
+        ("model", "other"),
+        ("ray_container", "other-ray-head"),
+        ("log_container", "other-vllm"),
+    ],
+)
+def test_gate_diff_replaces_when_what_it_probes_changes(key, value):
+    from components.readiness_gate import ReadinessGateProvider
+
+    diff = ReadinessGateProvider().diff("gate", GATE_INPUTS, {**GATE_INPUTS, key: value})
+    assert diff.changes and diff.replaces == [key]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("api_key", "sk-new"), ("deadline_s", 60), ("node", {**PROPS["node"], "port": 2222})]
+)
+def test_gate_diff_updates_in_place_for_key_deadline_and_access(key, value):
+    from components.readiness_gate import ReadinessGateProvider
+
+    diff = ReadinessGateProvider().diff("gate", GATE_INPUTS, {**GATE_INPUTS, key: value})
+    assert diff.changes and not diff.replaces
+
+
+def test_gate_diff_of_unchanged_inputs_is_no_change():
+    from components.readiness_gate import ReadinessGateProvider
+
+    diff = ReadinessGateProvider().diff("gate", GATE_INPUTS, dict(GATE_INPUTS))
+    assert not diff.changes and not diff.replaces
+
+
+class FakeClock:
+    """A clock that moves only when the probe sleeps."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_long_wait_reports_its_stage_periodically(server):
+    clock, lines = FakeClock(), []
+    with pytest.raises(ReadinessError):
+        wait_ready(
+            server.url, 2, 2, MODEL, 100, "sk-test", ray_check=lambda: RAY_STATUS_V1_ONE_NODE,
+            interval_s=5, clock=clock, sleep=clock.sleep, progress=lines.append, report_every_s=30,
+        )  # fmt: skip
+    # At the start, then every 30 s while the stage stays the same (not every 5 s poll).
+    assert [line.split(" s at")[0] for line in lines] == [
+        "waiting 0",
+        "waiting 30",
+        "waiting 60",
+        "waiting 90",
+    ]
+    assert lines[0] == "waiting 0 s at stage 'ray': 1/2 nodes, 1/2 GPUs joined"
+
+
+def test_a_new_stage_is_reported_at_once(server):
+    clock, lines, answers = FakeClock(), [], iter([RAY_STATUS_V1_ONE_NODE] + [RAY_STATUS_V2] * 50)
+    server.mode = "unhealthy"
+    with pytest.raises(ReadinessError):
+        wait_ready(
+            server.url, 2, 2, MODEL, 20, "sk-test", ray_check=lambda: next(answers),
+            interval_s=5, clock=clock, sleep=clock.sleep, progress=lines.append,
+        )  # fmt: skip
+    assert [line.split(": ")[0] for line in lines] == [
+        "waiting 0 s at stage 'ray'",
+        "waiting 5 s at stage 'health'",
+    ]
+
+
+def test_progress_file_is_written_for_status_and_removed_at_the_end(tmp_path, capsys):
+    import json
+
+    progress = readiness.ProgressFile("readiness", "spark-1", folder=str(tmp_path / "p"))
+    progress.report("waiting 0 s at stage 'ray': 1/2 nodes")
+    record = json.loads((tmp_path / "p" / "readiness.json").read_text())
+    assert {k: record[k] for k in ("operation", "node", "stage", "bytes_done")} == {
+        "operation": "readiness",
+        "node": "spark-1",
+        "stage": "waiting 0 s at stage 'ray': 1/2 nodes",
+        "bytes_done": None,
+    }
+    assert record["pid"] == os.getpid() and record["updated_at"] >= record["started_at"]
+    assert capsys.readouterr().err == "waiting 0 s at stage 'ray': 1/2 nodes\n"
+    progress.remove()
+    assert not (tmp_path / "p" / "readiness.json").exists()
+
+
+def test_the_gate_relays_progress_lines_while_the_probe_still_runs():
+    import sys
+    import time
+
+    from components.readiness_gate import run_relaying
+
+    script = (
+        "import sys, time\n"
+        "print('waiting 0 s at stage \\'ray\\'', file=sys.stderr, flush=True)\n"
+        "print('other noise', file=sys.stderr, flush=True)\n"
+        "time.sleep(1.0)\n"
+        "print(sys.stdin.read().upper())\n"
+    )
+    relayed = []
+    started = time.monotonic()
+    result = run_relaying(
+        "spark-1", [sys.executable, "-c", script], ["probe"], b"report", 30,
+        lambda line: relayed.append((line, time.monotonic() - started)),
+    )  # fmt: skip
+    finished = time.monotonic() - started
+    assert result.ok and result.out == "REPORT"
+    assert [line for line, _ in relayed] == ["waiting 0 s at stage 'ray'"]
+    # Relayed as it came, not when the probe ended.
+    assert relayed[0][1] < finished - 0.5
+    assert "other noise" in result.err
+
+
+def test_the_gate_gives_up_on_a_probe_past_its_timeout():
+    import sys
+
+    from components.readiness_gate import run_relaying
+    from components.remote import RemoteError
+
+    with pytest.raises(RemoteError, match="timed out after 0.5 s"):
+        run_relaying(
+            "spark-1", [sys.executable, "-c", "import time; time.sleep(30)"], ["probe"], b"", 0.5, print
+        )

@@ -1,0 +1,137 @@
+"""The node programs of the checkpoint (components/node_programs/) as argument lists and reports.
+
+Each program travels in its command line (`python3 -c <source> …`), so stdin stays free for a stream
+or a secret; its one-line JSON report comes back on stdout.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from components.node_programs import hf_checkpoint, program_argv
+
+PROGRAMS = Path(__file__).resolve().parent.parent / "node_programs"
+# What a receive's exit status means (declared once, in the node program).
+RECEIVE_EXITS = {
+    hf_checkpoint.EXIT_BAD_INPUT: "bad input to the receiving program",
+    hf_checkpoint.EXIT_STREAM: "the stream ended early or was malformed (the link was cut?)",
+    hf_checkpoint.EXIT_VERIFY: "a received file did not match its hash or size",
+    hf_checkpoint.EXIT_IO: "the destination's disk refused a write",
+}
+
+
+@functools.cache
+def source(name: str) -> str:
+    return (PROGRAMS / f"{name}.py").read_text()
+
+
+@functools.cache
+def loader(name: str) -> str:
+    """A one-line program that runs `name` (a command line carries no newlines: `shell_join`), for
+    `hub_fetch`, which unlike `node_programs.program_argv`'s programs needs site packages."""
+    packed = base64.b64encode(zlib.compress(source(name).encode(), 9)).decode()
+    return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
+
+
+def repo_dir_name(repo: str) -> str:
+    """`models--ORG--NAME`: the Hub client's folder for a model repo in its cache."""
+    return "models--" + repo.replace("/", "--")
+
+
+def hub_dir(cache_dir: str) -> str:
+    """The Hub cache inside an HF_HOME-style cache dir (what containers mount as HF_HOME)."""
+    return cache_dir.rstrip("/") + "/hub"
+
+
+def _argv(python: str, program: str, *args: str) -> list[str]:
+    if program != "hub_fetch":
+        return program_argv(program, list(args), python)  # stdlib programs run isolated (-I -S)
+    # The Hub client is the one program that needs the Python's site packages: no -I -S.
+    return [python, "-c", loader(program), *args]
+
+
+def inventory_argv(
+    python: str,
+    cache_dir: str,
+    repo: str,
+    revision: str,
+    expect: Sequence[Sequence[Any]] | None = None,
+    full: bool = False,
+) -> list[str]:
+    args = {
+        "hub": hub_dir(cache_dir),
+        "repo_dir": repo_dir_name(repo),
+        "revision": revision,
+        "expect": [list(f) for f in expect] if expect is not None else None,
+        "hash": full,
+    }
+    return _argv(python, "hf_checkpoint", "inventory", json.dumps(args, sort_keys=True))
+
+
+def send_argv(python: str, cache_dir: str, repo: str, blobs: Sequence[str]) -> list[str]:
+    args = {"hub": hub_dir(cache_dir), "repo_dir": repo_dir_name(repo), "blobs": list(blobs)}
+    return _argv(python, "hf_checkpoint", "send", json.dumps(args, sort_keys=True))
+
+
+def receive_argv(
+    python: str,
+    cache_dir: str,
+    repo: str,
+    revision: str,
+    files: Sequence[Sequence[Any]],
+    refs: dict[str, str],
+    owner: tuple[int, int] | None,
+) -> list[str]:
+    args = {
+        "hub": hub_dir(cache_dir),
+        "repo_dir": repo_dir_name(repo),
+        "revision": revision,
+        "files": [list(f) for f in files],
+        "refs": dict(refs),
+        "owner": list(owner) if owner else None,
+    }
+    return _argv(python, "hf_checkpoint", "receive", json.dumps(args, sort_keys=True))
+
+
+def remove_argv(python: str, cache_dir: str, repo: str, revision: str) -> list[str]:
+    args = {"hub": hub_dir(cache_dir), "repo_dir": repo_dir_name(repo), "revision": revision}
+    return _argv(python, "hf_checkpoint", "remove", json.dumps(args, sort_keys=True))
+
+
+def fetch_argv(
+    python: str,
+    cache_dir: str,
+    repo: str,
+    revision: str,
+    allow: Sequence[str],
+    ignore: Sequence[str],
+    progress: str | None,
+) -> list[str]:
+    args = {
+        "hub": hub_dir(cache_dir),
+        "repo": repo,
+        "revision": revision,
+        "allow": list(allow) or None,
+        "ignore": list(ignore) or None,
+        "progress": progress,
+        "attempts": 3,
+    }
+    return _argv(python, "hub_fetch", json.dumps(args, sort_keys=True))
+
+
+def parse_report(text: str) -> dict[str, Any] | None:
+    """The program's JSON report: the last line of its stdout that parses as an object."""
+    for line in reversed(text.strip().splitlines()):
+        try:
+            report = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(report, dict):
+            return report
+    return None

@@ -1,0 +1,451 @@
+"""ModelSupportCheck: on the head, before any Ray container, prove the image loads the checkpoint and fits.
+
+create(), over SSH on the head:
+1. With a checkpoint declared: read the snapshot's size and layer count on the head
+   (`node_programs/checkpoint_facts.py`) and run the memory-fit preflight (`memory_fit.py`), so a
+   model that cannot fit stops here, before any container starts.
+2. With a pinned reference (`…@sha256:`): the head's image must carry that repo digest.
+3. Run the proof program (`patches/prove_model.py` and its `proof_configs/`) in a short-lived
+   container of the image, by image ID: `docker run --rm`, no network, `HF_HUB_OFFLINE=1`, the
+   checkpoint's Hugging Face repo folder mounted read-only (its snapshot's `../../blobs` links
+   resolve inside it). The program arrives on stdin, packed into `node_programs/proof_bootstrap.py`,
+   so the image needs nothing but python3. Its last stdout line is one JSON report.
+A failed proof stops `pulumi up` naming the stage, the error, the image and its vLLM (mode
+`enforce`), or is recorded in the outputs (mode `report`: stand-in images, the lab).
+
+It is a proof, not live state: diff asks for a new run only when the image ID, the checkpoint digest
+or the memory inputs change; diff and check do no I/O; read returns what was recorded.
+Pickled by reference to this module: keep it importable without side effects, and do not rename
+`ModelSupportCheckProvider` (existing stacks refer to it).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import secrets
+import tarfile
+from collections.abc import Mapping
+from enum import Enum
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pulumi
+import pulumi.dynamic as dynamic
+from pulumi.runtime.rpc import UNKNOWN
+
+from components.config import ModelCheckMode as Mode
+from components.image_ref import ImageRefError, parse_image_ref
+from components.memory_fit import NodeMemory, check_memory_fit, memory_fit
+from components.nodes import target_from_dict
+from components.remote import RemoteError, Result, SshTransport, stderr_tail
+
+PATCH_DIR = Path(__file__).resolve().parent.parent / "patches"
+NODE_PROGRAMS = Path(__file__).resolve().parent / "node_programs"
+PROOF_PROGRAM = "prove_model.py"
+PROOF_CONFIGS = "proof_configs"
+# Where the checkpoint's repo folder (models--ORG--NAME) appears inside the check's container.
+CONTAINER_REPO = "/qwen35/checkpoint"
+DEFAULT_DEADLINE_S = 900
+# Beyond the proof's own deadline: SSH, `docker run` start-up and removal.
+TRANSPORT_SLACK_S = 60
+FACTS_TIMEOUT_S = 120
+IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+# A host path Docker's `-v host:container:ro` cannot misread.
+HOST_PATH = re.compile(r"^/[A-Za-z0-9_./@+=-]*$")
+# What the stack outputs carry of the proof's report.
+REPORT_FIELDS = (
+    "verdict",
+    "failed_stage",
+    "error",
+    "where",
+    "vllm",
+    "transformers",
+    "torch",
+    "architecture",
+    "model_type",
+    "quantization",
+)
+# A change of any of these asks for a new proof; anything else is updated in place.
+RERUN_KEYS = ("image_id", "checkpoint_digest", "memory")
+SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix")
+
+
+class ProofExit(int, Enum):
+    """The proof program's exit statuses (its contract), and the bootstrap's deadline."""
+
+    PASS = 0
+    FAILED = 1
+    USAGE = 2
+    DEADLINE = 124
+
+
+# What to do when a stage fails: the README's troubleshooting rows say the same.
+STAGE_HINTS = {
+    "environment": (
+        "the image's python3 cannot run the proof (vLLM, transformers or torch missing or broken): "
+        "use an image with vLLM >= 0.17 (image.strategy: prebuilt, image.prebuilt)"
+    ),
+    "config": (
+        "the image's vLLM/transformers cannot load this checkpoint's config.json: use an image whose "
+        "vLLM knows this model_type (vLLM >= 0.17 for qwen3_5 / qwen3_5_moe), or pin transformers "
+        "to what that vLLM expects"
+    ),
+    "construct": (
+        "the image's vLLM cannot build this architecture (the seed's hybrid stops here at "
+        "_mark_tower_model): use a prebuilt image with vLLM >= 0.17 (image.strategy: prebuilt)"
+    ),
+    "load": (
+        "the checkpoint's tensor names do not land in the model's parameters: the image's vLLM and "
+        "this checkpoint (or revision) do not match; use a vLLM that supports this checkpoint"
+    ),
+}
+
+
+class ModelSupportError(RuntimeError):
+    """The check could not prove support (or could not run); the message says what to do."""
+
+
+def _known(value: Any) -> bool:
+    return value is not None and value != UNKNOWN
+
+
+def validate(props: Mapping[str, Any]) -> list[str]:
+    """Problems with the inputs, each naming its field (no I/O; unknown values pass)."""
+    problems = []
+    node = props.get("node")
+    if not isinstance(node, Mapping) or not node.get("host") or not node.get("known_hosts"):
+        problems.append("node: the head's access details (host, known_hosts) are required")
+    image = props.get("image")
+    if _known(image):
+        try:
+            parse_image_ref(image)
+        except ImageRefError as exc:
+            problems.append(f"image: {exc}")
+    image_id = props.get("image_id")
+    if _known(image_id) and not (isinstance(image_id, str) and IMAGE_ID.match(image_id)):
+        problems.append(f"image_id: {image_id!r} is not a sha256: image ID")
+    snapshot = props.get("snapshot_path")
+    if _known(snapshot) and snapshot != "" and not (isinstance(snapshot, str) and HOST_PATH.match(snapshot)):
+        problems.append(f"snapshot_path: {snapshot!r}: an absolute path without ':', ',' or spaces")
+    mode = props.get("mode", Mode.ENFORCE.value)
+    if mode not in {m.value for m in Mode}:
+        problems.append(f"mode: {mode!r}: one of {', '.join(m.value for m in Mode)}")
+    memory = props.get("memory")
+    if _known(memory) and memory is not None:
+        try:
+            _memory_nodes(memory)
+            int(memory["tensor_parallel_size"]), int(memory["pipeline_parallel_size"])
+            float(memory["gpu_memory_utilization"])
+        except (KeyError, TypeError, ValueError) as exc:
+            problems.append(f"memory: {exc!r}: nodes, tensor/pipeline parallel sizes and utilization")
+    return problems
+
+
+def _memory_nodes(memory: Mapping[str, Any]) -> list[NodeMemory]:
+    return [NodeMemory(str(n["name"]), float(n["memory_gb"]), int(n["gpus"])) for n in memory["nodes"]]
+
+
+# ---- what runs on the head ----------------------------------------------------------------------------
+
+
+def proof_payload(proof_dir: Path) -> str:
+    """base64 of a gzip tar of the proof program and its fixture configs (stable bytes for same files)."""
+    program = proof_dir / PROOF_PROGRAM
+    if not program.is_file():
+        raise ModelSupportError(
+            f"model-support check: {program} is missing: the proof program ships with this repository "
+            "(patches/prove_model.py); restore it"
+        )
+    files = [program]
+    configs = proof_dir / PROOF_CONFIGS
+    if configs.is_dir():
+        files += sorted(p for p in configs.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for path in files:
+            data = path.read_bytes()
+            info = tarfile.TarInfo(path.relative_to(proof_dir).as_posix())
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def proof_source(payload: str, deadline_s: float) -> bytes:
+    """What `python3 -` reads in the container: the payload, the deadline, then the bootstrap."""
+    bootstrap = (NODE_PROGRAMS / "proof_bootstrap.py").read_text()
+    return f"PAYLOAD = {payload!r}\nDEADLINE_S = {float(deadline_s)!r}\n{bootstrap}".encode()
+
+
+def checkpoint_mount(snapshot_path: str) -> tuple[str, str]:
+    """(host folder to mount, the snapshot's path in the container).
+
+    A Hugging Face snapshot holds relative links into `../../blobs`: mount the repo folder
+    (`models--ORG--NAME`) so they resolve; a plain folder of files is mounted as it is.
+    """
+    snapshot = PurePosixPath(snapshot_path)
+    if snapshot.parent.name == "snapshots" and snapshot.parent.parent.name.startswith("models--"):
+        repo = snapshot.parent.parent
+        return str(repo), f"{CONTAINER_REPO}/{snapshot.relative_to(repo).as_posix()}"
+    return str(snapshot), CONTAINER_REPO
+
+
+def proof_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
+    """`docker run` of the proof in a throwaway container of the image (by ID), offline, no network."""
+    argv = [
+        "docker", "run", "--rm", "-i",
+        "--name", container_name,
+        "--label", "qwen35.role=model-support",
+        # Nothing to fetch: the proof uses the checkpoint on disk or its own fixture configs.
+        "--network", "none",
+        "--env", "HF_HUB_OFFLINE=1",
+        "--env", "TRANSFORMERS_OFFLINE=1",
+        # The image's own entrypoint (the Ray wrapper script) must not run.
+        "--entrypoint", "python3",
+    ]  # fmt: skip
+    snapshot = props.get("snapshot_path") or ""
+    program_args = ["-"]
+    if snapshot:
+        host, inside = checkpoint_mount(snapshot)
+        argv += ["--volume", f"{host}:{CONTAINER_REPO}:ro"]
+        program_args += ["--checkpoint", inside]
+    return [*argv, str(props["image_id"]), *program_args]
+
+
+def last_json_line(text: str) -> dict[str, Any] | None:
+    """The report: the last non-empty stdout line, when it is a JSON object."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def _image_label(props: Mapping[str, Any], report: Mapping[str, Any] | None = None) -> str:
+    image_id = str(props.get("image_id") or "")
+    vllm = (report or {}).get("vllm") or "unknown"
+    transformers = (report or {}).get("transformers") or "unknown"
+    return f"{props.get('image')} ({image_id[:19]}…, vLLM {vllm}, transformers {transformers})"
+
+
+def failure_message(props: Mapping[str, Any], report: Mapping[str, Any]) -> str:
+    """The proof said no: stage, error, where, the image and its versions, what to do."""
+    node = props["node"]["name"]
+    stage = report.get("failed_stage") or "unknown"
+    lines = [
+        f"{node}: the model-support check failed at stage '{stage}' in image {_image_label(props, report)}",
+        f"  error: {report.get('error') or '(none reported)'}",
+    ]
+    if report.get("where"):
+        lines.append(f"  where: {report['where']}")
+    if report.get("architecture") or report.get("model_type"):
+        lines.append(
+            f"  checkpoint: {report.get('architecture')} / {report.get('model_type')} / "
+            f"quantization {json.dumps(report.get('quantization'))}"
+        )
+    lines.append(f"  next: {STAGE_HINTS.get(stage, 'read the error above')}")
+    return "\n".join(lines)
+
+
+def parse_proof(props: Mapping[str, Any], result: Result) -> dict[str, Any]:
+    """The proof's report from its container run; ModelSupportError when it gave none."""
+    node = props["node"]["name"]
+    report = last_json_line(result.text)
+    if result.returncode in (ProofExit.PASS, ProofExit.FAILED, ProofExit.USAGE) and report is not None:
+        if report.get("verdict") not in ("pass", "fail"):
+            raise ModelSupportError(f"{node}: the proof's report has no verdict: {json.dumps(report)[:300]}")
+        if (report["verdict"] == "pass") != (result.returncode == ProofExit.PASS):
+            raise ModelSupportError(
+                f"{node}: the proof exited {result.returncode} but reported {report['verdict']!r}"
+            )
+        return report
+    if result.returncode == ProofExit.DEADLINE:
+        why = f"the proof did not finish within its deadline ({props.get('deadline_s')} s)"
+        hint = "raise the check's deadline, or see whether the head is short of memory or CPU"
+    elif result.returncode == 125:
+        why = "docker could not start the check's container"
+        hint = "the image ID must be on the head (NodeImage placed it): run `pulumi up --refresh`"
+    elif result.returncode in (126, 127):
+        why = "the image has no runnable python3"
+        hint = STAGE_HINTS["environment"]
+    else:
+        why = f"the proof ended without a report (exit {result.returncode})"
+        hint = "its stderr is above; a crash of the image's python is an environment failure"
+    raise ModelSupportError(
+        f"{node}: the model-support check could not run in image {_image_label(props)}: {why}\n"
+        f"  stderr: {stderr_tail(result.stderr, lines=20)}\n  next: {hint}"
+    )
+
+
+def checkpoint_facts(transport: SshTransport, snapshot_path: str) -> dict[str, Any]:
+    """Size, source of that size and layer count of the snapshot, read on the head."""
+    source = (NODE_PROGRAMS / "checkpoint_facts.py").read_bytes()
+    result = transport.run(["python3", "-", snapshot_path], stdin=source, timeout=FACTS_TIMEOUT_S)
+    report = last_json_line(result.text) if result.ok else None
+    if report is None:
+        raise RemoteError(
+            transport.name, ["python3", "-", snapshot_path], result.returncode, result.stderr,
+            "the head needs python3 (it already runs the readiness probe and NodeImage's helpers)",
+        )  # fmt: skip
+    if report.get("error") or not report.get("weight_bytes"):
+        raise ModelSupportError(
+            f"{transport.name}: checkpoint snapshot {snapshot_path}: "
+            f"{report.get('error') or 'no model.safetensors.index.json and no *.safetensors shards'}\n"
+            "  next: the checkpoint on the head is incomplete; `pulumi up --refresh` re-sends it"
+        )
+    return report
+
+
+def check_fit(props: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The memory-fit preflight for this checkpoint; MemoryFitError (with the numbers) if it does not fit."""
+    memory = props["memory"]
+    utilization = float(memory["gpu_memory_utilization"])
+    fit = memory_fit(
+        int(facts["weight_bytes"]),
+        _memory_nodes(memory),
+        int(memory["tensor_parallel_size"]),
+        int(memory["pipeline_parallel_size"]),
+        utilization,
+        facts.get("num_layers"),
+    )
+    check_memory_fit(fit, utilization)
+    return {**fit.summary(), "weights_from": facts.get("weight_source"), "layers": facts.get("num_layers")}
+
+
+def verify_pin(transport: SshTransport, props: Mapping[str, Any]) -> None:
+    """A `…@sha256:` reference: the head's image must carry that repo digest."""
+    ref = parse_image_ref(props["image"])
+    if ref.digest is None:
+        return
+    argv = ["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", str(props["image_id"])]
+    result = transport.run(argv, timeout=FACTS_TIMEOUT_S)
+    result.check("the image NodeImage placed on the head must still be there: `pulumi up --refresh`")
+    digests = json.loads(result.out or "null") or []
+    if not any(d.endswith(f"@{ref.digest}") for d in digests):
+        raise ModelSupportError(
+            f"{transport.name}: image {ref} is pinned to {ref.digest}, but the head's {ref.tagged} "
+            f"({props['image_id'][:19]}…) has repo digests {digests or 'none'}\n"
+            f"  next: `docker pull {ref.pullable}` on the head (then tag it {ref.tagged}), "
+            "or change the pin in image.prebuilt"
+        )
+
+
+def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[str, Any]:
+    """The whole check on the head; the outputs. Raises when it fails (mode enforce) or cannot run."""
+    problems = validate(props)
+    if not IMAGE_ID.match(str(props.get("image_id") or "")) and not _known(props.get("image_id")):
+        # check() lets an unknown ID through (preview); create needs the head's real one.
+        problems.append(f"image_id: {props.get('image_id')!r} is not a sha256: image ID")
+    if problems:
+        raise ModelSupportError("model-support check: " + "; ".join(problems))
+    transport = SshTransport(target_from_dict(props["node"]))
+    payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
+    outs: dict[str, Any] = {"memory_fit": None}
+    snapshot = props.get("snapshot_path") or ""
+    if snapshot and props.get("memory"):
+        outs["memory_fit"] = check_fit(props, checkpoint_facts(transport, snapshot))
+    verify_pin(transport, props)
+    deadline = float(props.get("deadline_s") or DEFAULT_DEADLINE_S)
+    name = f"{props.get('container_prefix') or 'qwen35'}-model-support-{secrets.token_hex(4)}"
+    result = transport.run(
+        proof_argv(props, name), stdin=proof_source(payload, deadline), timeout=deadline + TRANSPORT_SLACK_S
+    )
+    report = parse_proof(props, result)
+    outs.update({key: report.get(key) for key in REPORT_FIELDS})
+    if report["verdict"] != "pass":
+        message = failure_message(props, report)
+        if props.get("mode", Mode.ENFORCE.value) == Mode.ENFORCE.value:
+            raise ModelSupportError(message)
+        # The provider process's log goes to stderr (pulumi/pulumi#6065): the outputs carry it too.
+        pulumi.log.warn(f"{message}\n  (image.model_check: report: continuing)")
+    return outs
+
+
+def _outputs_of(props: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: props.get(key) for key in (*REPORT_FIELDS, "memory_fit")}
+
+
+class ModelSupportCheckProvider(dynamic.ResourceProvider):
+    """create: run the check; diff: compare inputs only; read: the recorded proof; delete: nothing."""
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        failures = [
+            dynamic.CheckFailure(problem.split(":", 1)[0], problem.split(":", 1)[1].strip())
+            for problem in validate(news)
+        ]
+        return dynamic.CheckResult(news, failures)
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        outs = {**props, **run_check(props)}
+        image_id = str(props["image_id"]).removeprefix("sha256:")[:12]
+        digest = str(props.get("checkpoint_digest") or "none").removeprefix("sha256:")[:12]
+        return dynamic.CreateResult(id_=f"{props['node']['name']}-{image_id}-{digest}", outs=outs)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        rerun = [key for key in RERUN_KEYS if olds.get(key) != news.get(key)]
+        soft = [key for key in SOFT_KEYS if olds.get(key) != news.get(key)]
+        return dynamic.DiffResult(changes=bool(rerun or soft), replaces=rerun, delete_before_replace=True)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        recorded = _outputs_of(olds)
+        if news.get("mode") == Mode.ENFORCE.value and recorded.get("verdict") == "fail":
+            # Switching to enforce over a recorded failure: no new run needed to say no.
+            raise ModelSupportError(failure_message({**olds, **news}, recorded))
+        return dynamic.UpdateResult(outs={**news, **recorded})
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        # A proof about an image ID and a checkpoint digest does not drift: those are its inputs.
+        return dynamic.ReadResult(id_=id_, outs=props)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        # The container was `--rm`: nothing is left on the head.
+        return None
+
+
+class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportCheck"):
+    """On the head: this image loads this checkpoint (config, construction, weights) and it fits."""
+
+    verdict: pulumi.Output[str]
+    failed_stage: pulumi.Output[str | None]
+    vllm: pulumi.Output[str]
+    transformers: pulumi.Output[str]
+    architecture: pulumi.Output[str]
+    model_type: pulumi.Output[str]
+    quantization: pulumi.Output[Any]
+    memory_fit: pulumi.Output[dict | None]
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        node: dict[str, Any],
+        image: str,
+        image_id: pulumi.Input[str],
+        memory: dict[str, Any],
+        mode: str = Mode.ENFORCE.value,
+        checkpoint_digest: pulumi.Input[str] | None = None,
+        snapshot_path: pulumi.Input[str] | None = None,
+        container_prefix: str = "qwen35",
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        props = {
+            "node": node,
+            "image": image,
+            "image_id": image_id,
+            "memory": memory,
+            "mode": mode,
+            "checkpoint_digest": checkpoint_digest,
+            "snapshot_path": snapshot_path,
+            "container_prefix": container_prefix,
+            "deadline_s": deadline_s,
+            **{key: None for key in (*REPORT_FIELDS, "memory_fit")},
+        }
+        super().__init__(ModelSupportCheckProvider(), name, props, opts)

@@ -1,0 +1,75 @@
+"""Runs ON a node (stdlib only): what the memory-fit preflight needs to know about a checkpoint snapshot.
+
+    python3 - SNAPSHOT_DIR        (this file on stdin)
+
+Prints one JSON object on stdout: the weight bytes (the safetensors index's `metadata.total_size`,
+else the sum of the `*.safetensors` shard sizes, symlinks followed), where that figure came from,
+the layer count and architecture from `config.json`. Exit 0 with a report, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+INDEX = "model.safetensors.index.json"
+
+
+def layer_count(config: dict) -> int | None:
+    """`num_hidden_layers` of the text model (multimodal configs nest it in `text_config`)."""
+    for section in (config.get("text_config") or {}, config):
+        value = section.get("num_hidden_layers") if isinstance(section, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def weight_bytes(snapshot: str) -> tuple[int | None, str | None, int]:
+    """(bytes, source, shards): the index's total_size when it has one, else the shard sizes."""
+    names = sorted(n for n in os.listdir(snapshot) if n.endswith(".safetensors"))
+    index_path = os.path.join(snapshot, INDEX)
+    if os.path.exists(index_path):
+        with open(index_path, encoding="utf-8") as handle:
+            index = json.load(handle)
+        total = (index.get("metadata") or {}).get("total_size")
+        shards = len(set((index.get("weight_map") or {}).values())) or len(names)
+        if isinstance(total, int) and total > 0:
+            return total, "index", shards
+    if not names:
+        return None, None, 0
+    return sum(os.stat(os.path.join(snapshot, n)).st_size for n in names), "shards", len(names)
+
+
+def facts(snapshot: str) -> dict:
+    report: dict = {"snapshot": snapshot, "exists": os.path.isdir(snapshot)}
+    if not report["exists"]:
+        report["error"] = f"{snapshot} is not a directory on this node"
+        return report
+    try:
+        total, source, shards = weight_bytes(snapshot)
+        report.update(weight_bytes=total, weight_source=source, shards=shards)
+        config_path = os.path.join(snapshot, "config.json")
+        if os.path.exists(config_path):
+            with open(config_path, encoding="utf-8") as handle:
+                config = json.load(handle)
+            report.update(
+                num_layers=layer_count(config),
+                architectures=config.get("architectures") or [],
+                model_type=config.get("model_type"),
+            )
+    except (OSError, ValueError) as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    return report
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: checkpoint_facts.py SNAPSHOT_DIR", file=sys.stderr)
+        return 2
+    print(json.dumps(facts(argv[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

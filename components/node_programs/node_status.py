@@ -1,0 +1,262 @@
+"""What one node holds and runs, for `status`: one JSON report on stdout. Runs ON THE NODE.
+
+Standard library only; no argument carries anything: the request (image reference, container names,
+cache path, …) arrives as one JSON object on stdin, so an API key or token could never reach argv.
+Everything is read, nothing is changed. Each fact is gathered on its own: a failing `docker` or a
+missing cache still leaves the other facts in the report, with the error next to the fact.
+
+Facts: Docker engine version and image store; the deployment image (ID and diff IDs); each declared
+container (state, restarts, uptime, last exit code, image); GPUs (`nvidia-smi`); the checkpoint in
+the Hugging Face cache (revision, files present, manifest digest); on the head, `ray status` and
+Ray's node list; operations in flight from `$HOME/.qwen35/progress/*.json`.
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+# Seconds any one command may take: a hung daemon must not hang the whole status.
+COMMAND_TIMEOUT_S = 20.0
+# A progress file not rewritten for this long belongs to an operation that is no longer moving.
+PROGRESS_STALE_S = 120.0
+# At most this many missing checkpoint files are named (the count is always given).
+MISSING_SHOWN = 10
+
+
+def run(argv, timeout=COMMAND_TIMEOUT_S):
+    """(exit status, stdout, stderr) of argv; 127 when the program is not installed, 124 on timeout."""
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: not installed"
+    except subprocess.TimeoutExpired:
+        return 124, "", f"`{' '.join(argv[:3])}` did not answer within {timeout:g} s"
+    return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+
+
+def _tail(text, lines=3):
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def docker_facts():
+    code, out, err = run(["docker", "info", "--format", "{{json .}}"])
+    if code != 0:
+        return {"ok": False, "error": _tail(err or out) or f"docker info exited {code}"}
+    try:
+        info = json.loads(out)
+    except ValueError:
+        return {"ok": False, "error": f"docker info answered no JSON: {out[:120]!r}"}
+    if info.get("ServerErrors"):
+        return {"ok": False, "error": "; ".join(info["ServerErrors"])[:300]}
+    containerd = any(
+        len(pair) == 2 and pair[0] == "driver-type" and str(pair[1]).startswith("io.containerd.snapshotter")
+        for pair in info.get("DriverStatus") or []
+    )
+    return {
+        "ok": True,
+        "version": info.get("ServerVersion") or "",
+        "store": "containerd" if containerd else "classic",
+        "driver": info.get("Driver") or "",
+    }
+
+
+def image_facts(ref):
+    code, out, err = run(["docker", "image", "inspect", ref])
+    if code != 0:
+        gone = "No such image" in err or "No such object" in err
+        return {"ref": ref, "present": False, "error": "" if gone else _tail(err)}
+    item = json.loads(out)[0]
+    return {
+        "ref": ref,
+        "present": True,
+        "id": item.get("Id") or "",
+        "layers": list((item.get("RootFS") or {}).get("Layers") or []),
+    }
+
+
+def _seconds_since(stamp, now):
+    """Seconds from Docker's RFC 3339 time (nanoseconds, Z) to `now`; None for Docker's zero time."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    whole = stamp.split(".")[0].rstrip("Z")
+    try:
+        then = datetime.datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    except ValueError:
+        return None
+    return max(0, int(now - then.timestamp()))
+
+
+def container_facts(names, now):
+    facts = {name: {"present": False} for name in names}
+    if not names:
+        return facts
+    # One call for all of them; a missing one makes docker exit 1 but the others are still printed.
+    code, out, err = run(["docker", "container", "inspect", *names])
+    try:
+        items = json.loads(out) if out.strip() else []
+    except ValueError:
+        items = []
+    for item in items:
+        name = str(item.get("Name") or "").lstrip("/")
+        if name not in facts:
+            continue
+        state = item.get("State") or {}
+        running = state.get("Status") == "running"
+        facts[name] = {
+            "present": True,
+            "state": state.get("Status") or "",
+            "restarts": int(item.get("RestartCount") or 0),
+            "exit_code": int(state.get("ExitCode") or 0),
+            "uptime_s": _seconds_since(state.get("StartedAt"), now) if running else None,
+            "error": state.get("Error") or "",
+            "image": item.get("Image") or "",
+        }
+    if code != 0 and not items:
+        for name in names:
+            facts[name]["error"] = _tail(err)
+    return facts
+
+
+def gpu_facts():
+    if shutil.which("nvidia-smi") is None:
+        return {"tool": False, "count": 0, "names": []}
+    code, out, err = run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+    if code != 0:
+        return {"tool": True, "count": 0, "names": [], "error": _tail(err or out)}
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return {"tool": True, "count": len(names), "names": names}
+
+
+def manifest_digest(pairs):
+    """sha256 over the sorted (path, blob hash) pairs, one `path<TAB>hash<LF>` line each."""
+    digest = hashlib.sha256()
+    for path, blob in sorted(pairs):
+        digest.update(f"{path}\t{blob}\n".encode())
+    return digest.hexdigest()
+
+
+def _snapshot_pairs(snapshot):
+    """(relative path, blob name) of every file of a snapshot; blob None when the file is missing."""
+    pairs = []
+    for folder, _dirs, files in os.walk(snapshot):
+        for name in files:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, snapshot)
+            # Snapshot entries link to ../../blobs/<hash>; the blob's name is the file's hash. A blob
+            # that is itself a link into a shared store still carries its name here.
+            target = os.path.realpath(path)
+            if not os.path.isfile(target):
+                pairs.append((rel, None, 0))
+                continue
+            size = os.path.getsize(target)
+            # A plain file (a cache copied with links dereferenced) is not re-hashed here: 120 GB
+            # would take minutes. It gets a marker, so its digest differs from a proper cache's.
+            blob = os.path.basename(os.readlink(path)) if os.path.islink(path) else f"unlinked:{size}"
+            pairs.append((rel, blob, size))
+    return pairs
+
+
+def checkpoint_facts(cache, model, revision="main"):
+    """The model's snapshot in the Hub cache layout under `cache` (HF_HOME): present, complete, digest."""
+    cache = os.path.expanduser(cache)
+    if model.startswith("/"):
+        present = os.path.isfile(os.path.join(model, "config.json"))
+        return {"path": model, "present": present, "local_dir": True}
+    repo = os.path.join(cache, "hub", "models--" + model.replace("/", "--"))
+    facts = {"path": repo, "present": False}
+    ref_file = os.path.join(repo, "refs", revision)
+    commit = revision
+    if os.path.isfile(ref_file):
+        with open(ref_file) as handle:
+            commit = handle.read().strip()
+    snapshot = os.path.join(repo, "snapshots", commit)
+    if not os.path.isdir(snapshot):
+        facts["error"] = f"no snapshot for {revision!r} in {repo}"
+        return facts
+    pairs = _snapshot_pairs(snapshot)
+    missing = sorted(rel for rel, blob, _size in pairs if blob is None)
+    facts.update(
+        present=bool(pairs) and not missing,
+        revision=commit,
+        files=len(pairs),
+        bytes=sum(size for _rel, _blob, size in pairs),
+        missing=missing[:MISSING_SHOWN],
+        missing_count=len(missing),
+        digest=manifest_digest((rel, blob or "") for rel, blob, _size in pairs),
+    )
+    return facts
+
+
+def ray_facts(container):
+    code, status, err = run(["docker", "exec", container, "ray", "status"])
+    facts = {"status": status if code == 0 else "", "error": "" if code == 0 else _tail(err or status)}
+    code, nodes, _err = run(["docker", "exec", container, "ray", "list", "nodes", "--format", "json"])
+    facts["nodes_json"] = nodes if code == 0 else ""
+    return facts
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
+
+
+def progress_facts(folder, now):
+    """Every progress file, with whether its writer still lives and moved recently."""
+    folder = os.path.expanduser(folder)
+    found = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return found
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(folder, name)) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        updated = record.get("updated_at")
+        age = now - updated if isinstance(updated, (int, float)) else None
+        record["alive"] = _pid_alive(record.get("pid"))
+        record["stale"] = age is None or age > PROGRESS_STALE_S
+        record["age_s"] = None if age is None else round(age, 1)
+        found.append(record)
+    return found
+
+
+def gather(request):
+    now = time.time()
+    report = {"docker": docker_facts(), "now": now}
+    if report["docker"]["ok"]:
+        report["image"] = image_facts(request["image"])
+        report["containers"] = container_facts(list(request.get("containers") or []), now)
+        if request.get("ray_container"):
+            report["ray"] = ray_facts(request["ray_container"])
+    report["gpus"] = gpu_facts()
+    if request.get("model"):
+        report["checkpoint"] = checkpoint_facts(
+            request["hf_cache"], request["model"], request.get("revision") or "main"
+        )
+    report["progress"] = progress_facts(request.get("progress_dir") or "~/.qwen35/progress", now)
+    return report
+
+
+def main():
+    request = json.loads(sys.stdin.read())
+    print(json.dumps(gather(request)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

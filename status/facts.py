@@ -1,0 +1,200 @@
+"""Gathering for `status`: the stack's config, each node's report over SSH, the server as a client sees it.
+
+Everything here does I/O and returns plain JSON-able values; judging them is `status.verdict`'s job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from components import readiness
+from components.checkpoint.fan_out import PROGRESS_DIR, node_cache_dir
+from components.config import NAMESPACE, ConfigError, StackConfig, parse_stack_config
+from components.deployment import node_container_names
+from components.hybrid_image import image_ref
+from components.node_programs import program_argv
+from components.nodes import node_access
+from components.ray_cluster import head_container_name
+from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTransport, stderr_tail
+
+ROOT = Path(__file__).resolve().parent.parent
+# The node program travels in the command (`python3 -I -S -c …`); its request comes on stdin.
+NODE_PROGRAM_ARGV = program_argv("node_status", [])
+# The API key when the Pulumi CLI cannot give it (`pulumi config get --show-secrets`).
+API_KEY_ENV = readiness.API_KEY_ENV
+# Beyond the SSH connect timeout: the node's own docker calls (each bounded on the node).
+NODE_COMMAND_S = 90.0
+HTTP_TIMEOUT_S = 10.0
+COMPLETION_TIMEOUT_S = 120.0
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """The `qwen35-spark:*` keys of a `Pulumi.<stack>.yaml` (namespace removed), as the program sees them."""
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot be read ({exc.strerror}): give --stack or --file"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not YAML: {str(exc).splitlines()[0]}"]) from None
+    raw = {}
+    for full_key, value in (document.get("config") or {}).items():
+        namespace, _, key = str(full_key).partition(":")
+        if namespace == NAMESPACE:
+            raw[key] = value
+    return raw
+
+
+def load_config(path: Path) -> StackConfig:
+    """The validated StackConfig of a stack file; a bad one raises ConfigError naming every field."""
+    return parse_stack_config(read_stack_file(path))
+
+
+def api_key(
+    stack: str,
+    cwd: Path = ROOT,
+    env: Mapping[str, str] = os.environ,
+    which: Callable[[str], str | None] = shutil.which,
+) -> tuple[str | None, str]:
+    """(key, where it came from): the Pulumi CLI's secret where the CLI exists, else $QWEN35_API_KEY."""
+    cli = which("pulumi")
+    if cli:
+        argv = [cli, "config", "get", "--show-secrets", f"{NAMESPACE}:api_key", "--stack", stack]
+        try:
+            done = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            done = None
+        if done is not None and done.returncode == 0 and done.stdout.strip():
+            return done.stdout.decode().strip(), "pulumi config"
+    if env.get(API_KEY_ENV):
+        return env[API_KEY_ENV], f"${API_KEY_ENV}"
+    return None, ""
+
+
+def node_requests(config: StackConfig) -> dict[str, dict[str, Any]]:
+    """What each node is asked about: the declared image, containers, checkpoint (no secret).
+
+    The checkpoint is looked for where the node's Checkpoint resource keeps it and its containers
+    mount it (`node_cache_dir`); a `serve.model` that is a path is checked for its config.json.
+    """
+    image = deployment_image(config)
+    containers = node_container_names(config)
+    model = config.hub_repo or (config.serve.model if config.serve.model.startswith("/") else None)
+    return {
+        node.name: {
+            "image": image,
+            "containers": containers[node.name],
+            "hf_cache": node_cache_dir(config, node.name),
+            "model": model,
+            "revision": config.model.revision,
+            "ray_container": head_container_name(config) if node is config.head else None,
+            "progress_dir": PROGRESS_DIR,
+        }
+        for node in config.nodes
+    }
+
+
+def deployment_image(config: StackConfig) -> str:
+    """The image reference every node should hold (the one place `status` learns it)."""
+    return image_ref(config.image)
+
+
+def ask_node(transport: SshTransport, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The node's report, or {"reachable": False, "error": why} (never raises for a node's failure)."""
+    started = time.monotonic()
+    try:
+        result = transport.run(NODE_PROGRAM_ARGV, stdin=json.dumps(request).encode(), timeout=timeout)
+    except RemoteError as exc:
+        return {"reachable": False, "error": exc.hint or str(exc), "seconds": _since(started)}
+    if result.returncode == SSH_TRANSPORT_FAILURE:
+        # ssh's last line is the reason (connection refused, timed out, host key); warnings come first.
+        why = stderr_tail(result.stderr, 1) or "ssh failed (exit 255)"
+        return {"reachable": False, "error": why, "seconds": _since(started)}
+    if not result.ok:
+        why = stderr_tail(result.stderr, 3) or f"exit {result.returncode}"
+        return {"reachable": True, "error": f"the status program failed on the node: {why}"}
+    try:
+        report = json.loads(result.text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"reachable": True, "error": f"the status program printed no report: {result.text[:120]!r}"}
+    return {"reachable": True, **report, "seconds": _since(started)}
+
+
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 2)
+
+
+def server_facts(base: str, model: str, key: str | None) -> dict[str, Any]:
+    """/health, /v1/models and one timed chat completion, from here (as a client sees the server)."""
+    facts: dict[str, Any] = {"url": base}
+    try:
+        readiness.check_health(base, HTTP_TIMEOUT_S)
+        facts["health"] = {"ok": True}
+    except readiness.NotReady as exc:
+        # Nothing behind it will answer either: one problem, not three.
+        facts["health"] = {"ok": False, "error": exc.detail}
+        return facts
+    try:
+        readiness.check_models(base, model, key, HTTP_TIMEOUT_S)
+        facts["models"] = {"ok": True}
+    except readiness.NotReady as exc:
+        facts["models"] = {"ok": False, "error": exc.detail}
+    except readiness.ReadinessError:
+        facts["models"] = {"ok": False, "rejected": True}
+    if facts["models"].get("rejected") and not key:
+        facts["completion"] = {"tried": False, "why": "no API key"}
+        return facts
+    started = time.monotonic()
+    try:
+        tokens, _reply = readiness.check_completion(base, model, key, COMPLETION_TIMEOUT_S)
+    except readiness.NotReady as exc:
+        facts["completion"] = {"tried": True, "ok": False, "error": exc.detail}
+        return facts
+    except readiness.ReadinessError:
+        facts["completion"] = {"tried": True, "ok": False, "rejected": True}
+        return facts
+    latency = time.monotonic() - started
+    facts["completion"] = {
+        "tried": True,
+        "ok": True,
+        "latency_s": round(latency, 3),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / latency, 1) if latency > 0 else None,
+    }
+    return facts
+
+
+def server_base(config: StackConfig) -> str:
+    """The server's base URL as a client reaches it (the stack's `endpoint` without `/v1`)."""
+    from components.vllm_server import endpoint_url
+
+    return endpoint_url(config).removesuffix("/v1")
+
+
+def gather(config: StackConfig, key: str | None, connect_timeout: int = 10) -> dict[str, Any]:
+    """Every node's report and the server's answers, all at once (a dead node costs its connect timeout)."""
+    requests = node_requests(config)
+    access = node_access(config)
+    with ThreadPoolExecutor(max_workers=len(access) + 1) as pool:
+        server = pool.submit(server_facts, server_base(config), config.serve.model_name, key)
+        asked = {
+            name: pool.submit(
+                ask_node,
+                SshTransport(replace(acc.target, connect_timeout=connect_timeout)),
+                requests[name],
+                connect_timeout + NODE_COMMAND_S,
+            )
+            for name, acc in access.items()
+        }
+        nodes = {name: future.result() for name, future in asked.items()}
+        return {"nodes": nodes, "server": server.result(), "image": deployment_image(config)}

@@ -1,0 +1,397 @@
+"""Judging `status` facts against the stack's declaration. Pure: facts in, cells and problems out.
+
+Each problem names the node (or `cluster`), what is wrong, and the next step, in the words of the
+README's troubleshooting and drift rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from components.config import StackConfig
+from components.deployment import node_container_names
+from components.ray_cluster import head_container_name, worker_container_name
+from components.readiness import parse_alive_ips, parse_ray_status
+from components.vllm_server import vllm_container_name
+
+OK = "ok"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One way the cluster differs from its declaration, and what to do about it."""
+
+    node: str
+    what: str
+    next: str
+
+    def line(self) -> str:
+        return f"{self.node}: {self.what}\n  next: {self.next}"
+
+
+@dataclass
+class Verdict:
+    """Per-node cells (column -> text), cluster cells, operations in flight, and every problem."""
+
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    cluster: dict[str, str] = field(default_factory=dict)
+    operations: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "nodes": self.nodes,
+            "cluster": self.cluster,
+            "operations": self.operations,
+            "problems": [asdict(p) for p in self.problems],
+        }
+
+
+def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
+    """The verdict on gathered facts (`status.facts.gather`) for this stack."""
+    verdict = Verdict()
+    head = config.head.name
+    head_report = facts["nodes"].get(head, {})
+    head_image = head_report.get("image") or {}
+    head_checkpoint = head_report.get("checkpoint") or {}
+    containers = node_container_names(config)
+    for node in config.nodes:
+        report = facts["nodes"].get(node.name) or {"reachable": False, "error": "not asked"}
+        cells: dict[str, str] = {"role": "head" if node.name == head else "worker"}
+        verdict.nodes[node.name] = cells
+        problems = verdict.problems
+        if not report.get("reachable"):
+            cells["ssh"] = "unreachable"
+            problems.append(
+                Problem(
+                    node.name,
+                    f"not reachable over SSH: {_first_line(report.get('error'))}",
+                    "the node or its jump host is down, or the key is refused: `ssh` to it by hand "
+                    "with the stack's user, key and known_hosts",
+                )
+            )
+            continue
+        if report.get("error"):
+            cells["ssh"] = OK
+            cells["docker"] = f"unknown: {report['error']}"
+            problems.append(Problem(node.name, report["error"], "run `python3 -V` on the node (3.8+ needed)"))
+            continue
+        cells["ssh"] = OK
+        docker = report.get("docker") or {}
+        if not docker.get("ok"):
+            cells["docker"] = f"down: {_first_line(docker.get('error'))}"
+            problems.append(
+                Problem(
+                    node.name,
+                    f"Docker does not answer: {_first_line(docker.get('error'))}",
+                    "start the daemon (`systemctl status docker` on the node) and check the SSH user "
+                    "may use it",
+                )
+            )
+        else:
+            cells["docker"] = f"{docker.get('version')} {docker.get('store')}"
+            if docker.get("store") != node.image_store:
+                problems.append(
+                    Problem(
+                        node.name,
+                        f"its Docker uses the {docker.get('store')} image store, but the stack declares "
+                        f"{node.image_store}",
+                        "set nodes[].image_store to what the node runs (`docker info`)",
+                    )
+                )
+            problems += _image(node.name, cells, report.get("image") or {}, head_image, node.name == head)
+            problems += _containers(
+                node.name, cells, report, containers[node.name], worker_ray=worker_container_name(config)
+            )
+        gpus = report.get("gpus") or {}
+        problems += _gpus(node.name, node.gpus, config.containers.gpu_runtime, cells, gpus)
+        checkpoint = report.get("checkpoint") or {}
+        problems += _checkpoint(node.name, cells, checkpoint, head_checkpoint, node.name == head)
+        for operation in report.get("progress") or []:
+            verdict.operations.append({"on": node.name, **operation})
+    verdict.problems += _ray(config, verdict.cluster, head_report)
+    verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
+    return verdict
+
+
+def _first_line(text: Any) -> str:
+    lines = str(text or "").strip().splitlines()
+    return lines[0] if lines else "no reason given"
+
+
+def _short(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12]
+
+
+def _image(node: str, cells: dict, image: dict, head_image: dict, is_head: bool) -> list[Problem]:
+    ref = image.get("ref", "?")
+    if not image.get("present"):
+        cells["image"] = "missing"
+        why = f" ({_first_line(image['error'])})" if image.get("error") else ""
+        return [
+            Problem(
+                node,
+                f"the deployment image {ref} is missing{why}",
+                "`pulumi up --refresh` copies it back (only missing layers) and replaces the node's "
+                "containers",
+            )
+        ]
+    cells["image"] = _short(image.get("id", ""))
+    if is_head or not head_image.get("present"):
+        return []
+    # Across image stores the IDs differ for the same image: the layer lists (diff IDs) are the truth.
+    mine, theirs = list(image.get("layers") or []), list(head_image.get("layers") or [])
+    if mine == theirs:
+        cells["image"] += " = head"
+        return []
+    differ = sum(1 for i in range(max(len(mine), len(theirs))) if mine[i : i + 1] != theirs[i : i + 1])
+    cells["image"] += " != head"
+    return [
+        Problem(
+            node,
+            f"the deployment image {ref} differs from the head's ({differ} of {len(theirs)} layers differ)",
+            "`pulumi up --refresh`: refresh records the node's image, and up copies the head's (only the "
+            "layers that differ) and replaces the node's containers",
+        )
+    ]
+
+
+def duration(seconds: Any) -> str:
+    """`45s`, `12m05s`, `3h07m`, `2d04h`: an uptime at a glance."""
+    if not isinstance(seconds, int | float):
+        return "?"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _containers(node: str, cells: dict, report: dict, names: list[str], worker_ray: str) -> list[Problem]:
+    problems = []
+    shown = []
+    image_id = (report.get("image") or {}).get("id")
+    for name in names:
+        fact = (report.get("containers") or {}).get(name) or {"present": False}
+        if not fact.get("present"):
+            shown.append(f"{name} missing")
+            again = "`pulumi up --refresh` creates it again"
+            if name == worker_ray:
+                # The drift table's row: the engine must re-form its TP group with the new worker.
+                again += "; also `--replace` the server's URN so the engine re-forms its TP group"
+            problems.append(Problem(node, f"container {name} does not exist", again))
+            continue
+        state, restarts = fact.get("state"), fact.get("restarts", 0)
+        text = f"{name} {state}"
+        if state == "running":
+            text += f" {duration(fact.get('uptime_s'))}"
+        else:
+            text += f" (exit {fact.get('exit_code')})"
+        if restarts:
+            text += f" restarts={restarts}"
+        shown.append(text)
+        if state != "running":
+            problems.append(
+                Problem(
+                    node,
+                    f"container {name} is {state} (exit code {fact.get('exit_code')}, {restarts} restarts)",
+                    f"read `docker logs {name}` on {node}, fix the cause, then `pulumi up --refresh` "
+                    "starts it again",
+                )
+            )
+        elif image_id and fact.get("image") and fact["image"] != image_id:
+            problems.append(
+                Problem(
+                    node,
+                    f"container {name} runs image {_short(fact['image'])}, not the deployment image "
+                    f"({_short(image_id)})",
+                    "`pulumi up --refresh` replaces it with one on the deployment image",
+                )
+            )
+    cells["containers"] = "; ".join(shown) or "-"
+    return problems
+
+
+def _gpus(node: str, declared: int, runtime: bool, cells: dict, gpus: dict) -> list[Problem]:
+    if not gpus.get("tool"):
+        cells["gpus"] = "no nvidia-smi"
+        if runtime and declared:
+            return [
+                Problem(
+                    node,
+                    f"no `nvidia-smi` on the node; the stack declares {declared} GPU(s)",
+                    "install the NVIDIA driver and container toolkit (DGX OS has them) or fix PATH",
+                )
+            ]
+        return []
+    cells["gpus"] = f"{gpus.get('count', 0)}/{declared}"
+    if gpus.get("count", 0) < declared:
+        why = f": {_first_line(gpus['error'])}" if gpus.get("error") else ""
+        return [
+            Problem(
+                node,
+                f"nvidia-smi shows {gpus.get('count', 0)} GPU(s), the stack declares {declared}{why}",
+                "check the driver (`nvidia-smi` on the node) or the node's `gpus` in the stack",
+            )
+        ]
+    return []
+
+
+def _checkpoint(node: str, cells: dict, ckpt: dict, head_ckpt: dict, is_head: bool) -> list[Problem]:
+    if not ckpt:
+        cells["checkpoint"] = "-"
+        return []
+    if ckpt.get("local_dir"):
+        cells["checkpoint"] = "present (local dir)" if ckpt.get("present") else "missing"
+        if ckpt.get("present"):
+            return []
+        return [Problem(node, f"no config.json in {ckpt.get('path')}", "put the model there on every node")]
+    if "revision" not in ckpt:
+        cells["checkpoint"] = "missing"
+        return [
+            Problem(
+                node,
+                f"the checkpoint is not in the Hugging Face cache ({_first_line(ckpt.get('error'))})",
+                "let `pulumi up` fetch it (or download it there by hand) before the containers start",
+            )
+        ]
+    if ckpt.get("missing_count"):
+        cells["checkpoint"] = f"{ckpt['missing_count']} of {ckpt.get('files')} files missing"
+        shown = ", ".join(ckpt.get("missing") or [])
+        return [
+            Problem(
+                node,
+                f"{ckpt['missing_count']} checkpoint file(s) missing in {ckpt.get('path')}: {shown}",
+                "`pulumi up --refresh` sends the missing files again",
+            )
+        ]
+    cells["checkpoint"] = f"{ckpt.get('digest', '')[:12]} ({ckpt.get('files')} files)"
+    if is_head or not head_ckpt.get("digest"):
+        return []
+    if ckpt.get("digest") == head_ckpt.get("digest"):
+        cells["checkpoint"] += " = head"
+        return []
+    cells["checkpoint"] += " != head"
+    return [
+        Problem(
+            node,
+            f"the checkpoint differs from the head's (digest {ckpt.get('digest', '')[:12]} vs "
+            f"{head_ckpt['digest'][:12]}, revision {ckpt.get('revision', '')[:12]} vs "
+            f"{head_ckpt.get('revision', '')[:12]})",
+            "`pulumi up --refresh` copies the head's checkpoint again (only the files that differ)",
+        )
+    ]
+
+
+def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]:
+    ray = head_report.get("ray")
+    if not head_report.get("reachable") or ray is None:
+        cluster["ray"] = "not checked (head unreachable or its Docker down)"
+        return []
+    head_ray = (head_report.get("containers") or {}).get(head_container_name(config)) or {}
+    if head_ray.get("state") != "running":
+        # Already a problem of the head's: its Ray container is missing or not running.
+        cluster["ray"] = "not checked (the Ray head container is not running)"
+        return []
+    if ray.get("error") or not ray.get("status"):
+        cluster["ray"] = f"no answer: {_first_line(ray.get('error'))}"
+        return [
+            Problem(
+                config.head.name,
+                f"`ray status` in the Ray head container failed: {_first_line(ray.get('error'))}",
+                "see the head's container above; `docker logs` of the Ray head on the head node",
+            )
+        ]
+    status = parse_ray_status(ray["status"])
+    want_nodes, want_gpus = len(config.nodes), sum(n.gpus for n in config.nodes)
+    cluster["ray"] = f"{status.nodes}/{want_nodes} nodes, {status.gpus:g}/{want_gpus} GPUs"
+    if status.nodes >= want_nodes and status.gpus >= want_gpus:
+        return []
+    try:
+        alive = parse_alive_ips(ray.get("nodes_json") or "")
+    except ValueError:
+        alive = None
+    problems = []
+    missing = [n for n in config.nodes if alive is not None and n.fabric_ip not in alive]
+    for node in missing:
+        problems.append(
+            Problem(
+                node.name,
+                f"has not joined the Ray cluster (no ALIVE Ray node at {node.fabric_ip})",
+                f"check `docker logs {node_container_names(config)[node.name][0]}` on it, the fabric "
+                "addresses and `fabric.socket_ifname`",
+            )
+        )
+    if not missing:
+        problems.append(
+            Problem(
+                "cluster",
+                f"Ray reports {status.nodes}/{want_nodes} nodes and {status.gpus:g}/{want_gpus} GPUs",
+                "check each node's `gpus` against `ray status` in the Ray head, and the Ray containers' logs",
+            )
+        )
+    return problems
+
+
+def _server(cluster: dict, server: dict, server_name: str) -> list[Problem]:
+    if not server:
+        return []
+    problems = []
+    url = server.get("url", "")
+    health, models, completion = (server.get(k) or {} for k in ("health", "models", "completion"))
+    cluster["health"] = OK if health.get("ok") else f"failed: {health.get('error')}"
+    if not health.get("ok"):
+        cluster["models"] = cluster["completion"] = "not checked (/health failed)"
+        problems.append(
+            Problem(
+                "cluster",
+                f"{url}/health failed: {str(health.get('error')).removeprefix(f'{url}/health: ')}",
+                f"read `docker logs {server_name}` on the head; a crashed engine: `pulumi up --refresh "
+                f"--replace <urn of {server_name}>`",
+            )
+        )
+        return problems
+    if models.get("rejected"):
+        cluster["models"] = "API key required" if not completion.get("tried", True) else "API key rejected"
+    else:
+        cluster["models"] = OK if models.get("ok") else f"failed: {models.get('error')}"
+    if models.get("rejected") and completion.get("tried", True):
+        problems.append(
+            Problem(
+                "cluster",
+                f"{url}/v1/models rejected the API key",
+                "give the server's key: `pulumi config set --secret qwen35-spark:api_key …` or "
+                "$QWEN35_API_KEY",
+            )
+        )
+    elif not models.get("ok") and not models.get("rejected"):
+        problems.append(
+            Problem("cluster", f"{url}/v1/models: {models.get('error')}", "check serve.served_model_name")
+        )
+    if not completion.get("tried", True):
+        cluster["completion"] = f"not tried: {completion.get('why')}"
+    elif completion.get("ok"):
+        cluster["completion"] = (
+            f"{completion['latency_s']:.2f} s, {completion['tokens']} tokens, "
+            f"{completion.get('tokens_per_s')} tokens/s"
+        )
+    else:
+        cluster["completion"] = f"failed: {completion.get('error') or 'rejected'}"
+        if not completion.get("rejected"):
+            problems.append(
+                Problem(
+                    "cluster",
+                    f"one chat completion failed: {completion.get('error')}",
+                    f"read `docker logs {server_name}` on the head",
+                )
+            )
+    return problems

@@ -1,0 +1,249 @@
+"""The checkpoint's node programs run for real on this machine: the real Hub client against the
+stand-in Hub on loopback (fetch), and inventory / send | receive between two cache dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.checkpoint import programs
+from components.checkpoint.plan import Manifest, manifest_from_inventory, plan_copy
+from components.node_programs import hf_checkpoint, hub_fetch
+from lab.standin_hub import StandinHub, generate_repo
+
+REPO = "lab/tiny-qwen35"
+TOKEN = "hf_secret_token_value_123"
+
+
+def run(argv, stdin: bytes = b"", env: dict | None = None) -> subprocess.CompletedProcess:
+    environment = {**os.environ, **(env or {})}
+    return subprocess.run(argv, input=stdin, capture_output=True, env=environment, timeout=120)
+
+
+def fetch(cache: Path, hub: StandinHub, revision: str = "main", token: str = "", repo: str = REPO):
+    argv = programs.fetch_argv(
+        sys.executable, str(cache), repo, revision, [], [], str(cache / "progress.json")
+    )
+    done = run(argv, stdin=(token + "\n").encode(), env={"HF_ENDPOINT": hub.endpoint})
+    return done, programs.parse_report(done.stdout.decode())
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    repo = generate_repo(tmp_path_factory.mktemp("repo"), shards=3, shard_bytes=3 << 20)
+    with StandinHub({REPO: repo}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fetched(hub, tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("head")
+    done, report = fetch(cache, hub)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert report["revision"] == hub.repos[REPO].sha
+    return cache
+
+
+def inventory(cache: Path, revision: str, expect=None, full: bool = False) -> dict:
+    done = run(programs.inventory_argv(sys.executable, str(cache), REPO, revision, expect, full))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def source_manifest(cache: Path) -> Manifest:
+    return manifest_from_inventory(REPO, "main", inventory(cache, "main"), "head")
+
+
+def copy(source: Path, destination: Path, manifest: Manifest, blobs, cut_at: int | None = None):
+    sent = run(programs.send_argv(sys.executable, str(source), REPO, blobs)).stdout
+    if cut_at is not None:
+        sent = sent[:cut_at]
+    receive = programs.receive_argv(
+        sys.executable,
+        str(destination),
+        REPO,
+        manifest.revision,
+        manifest.as_state(),
+        dict(manifest.refs),
+        None,
+    )
+    done = run(receive, stdin=sent)
+    return done, programs.parse_report(done.stdout.decode())
+
+
+def test_fetch_writes_the_standard_cache_layout(hub, fetched):
+    root = fetched / "hub" / "models--lab--tiny-qwen35"
+    sha = hub.repos[REPO].sha
+    assert (root / "refs" / "main").read_text() == sha
+    shard = root / "snapshots" / sha / "model-00001-of-00003.safetensors"
+    assert shard.is_symlink() and os.readlink(shard).startswith("../../blobs/")
+    lfs = hub.repos[REPO].files["model-00001-of-00003.safetensors"].sha256
+    assert os.path.basename(os.readlink(shard)) == lfs
+    assert not (fetched / "progress.json").exists()  # removed at the end, as the transfer layer does
+
+
+def test_fetch_progress_uses_the_transfer_layers_format(tmp_path):
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    progress = hub_fetch.Progress(str(tmp_path / "p.json"), "fetch-org--model", "spark-1", str(blobs))
+    progress.doc["bytes_total"] = 1000
+    (blobs / "x.incomplete").write_bytes(b"y" * 250)
+    sample = progress.sample()
+    assert sample["bytes_done"] == 250 and sample["bytes_total"] == 1000 and sample["stage"] == "fetch"
+    with open(hf_checkpoint.__file__.replace("hf_checkpoint.py", "transfer_source.py")) as handle:
+        source = handle.read()
+    for key in sample:  # the same keys `status` reads from a copy's progress file
+        assert f'"{key}"' in source
+
+
+def test_fetch_token_travels_as_a_header_never_in_output(hub, tmp_path):
+    hub.require_token = TOKEN
+    try:
+        refused, report = fetch(tmp_path / "a", hub, token="hf_wrong_token_456")
+        assert refused.returncode == hub_fetch.EXIT_FETCH
+        assert report["kind"] == "not_found"
+        assert REPO in report["error"] and "revision main" in report["error"] and "401" in report["error"]
+        assert b"hf_wrong_token_456" not in refused.stdout + refused.stderr
+        accepted, report = fetch(tmp_path / "b", hub, token=TOKEN)
+        assert accepted.returncode == 0, accepted.stdout
+        assert TOKEN.encode() not in accepted.stdout + accepted.stderr
+    finally:
+        hub.require_token = None
+    assert any(h.get("authorization") == f"Bearer {TOKEN}" for _m, _p, h in hub.requests)
+
+
+def test_fetch_errors_name_repo_and_revision(hub, tmp_path):
+    _, missing_repo = fetch(tmp_path, hub, repo="lab/no-such-model")
+    assert missing_repo["kind"] == "not_found" and "lab/no-such-model" in missing_repo["error"]
+    _, missing_rev = fetch(tmp_path, hub, revision="no-such-branch")
+    assert missing_rev["kind"] == "revision"
+    assert "no-such-branch" in missing_rev["error"] and REPO in missing_rev["error"]
+    hub.fail_status = 404
+    try:
+        _, gone = fetch(tmp_path, hub)
+    finally:
+        hub.fail_status = None
+    assert gone["kind"] == "not_found" and "404" in gone["error"]
+
+
+def test_fetch_continues_a_cut_download(hub, tmp_path):
+    hub.cut_after = 1 << 20  # each shard's first GET breaks after 1 MiB
+    before = len(hub.requests)
+    try:
+        done, report = fetch(tmp_path, hub)
+    finally:
+        hub.cut_after = None
+    assert done.returncode == 0, done.stdout + done.stderr
+    shard_gets = [
+        p for m, p, _h in hub.requests[before:] if m == "GET" and p.endswith("00001-of-00003.safetensors")
+    ]
+    assert len(shard_gets) >= 2  # cut once, then fetched again
+    manifest = manifest_from_inventory(REPO, "main", inventory(tmp_path, "main"), "head")
+    assert inventory(tmp_path, "main", manifest.as_state(), full=True)["digest"] == manifest.digest
+
+
+def test_copy_to_an_empty_node_is_verified_and_relative(fetched, tmp_path):
+    manifest = source_manifest(fetched)
+    plan = plan_copy(manifest, inventory(tmp_path, manifest.revision, manifest.as_state()))
+    assert len(plan.blobs) == len(manifest.files) and plan.bytes == manifest.bytes
+    done, report = copy(fetched, tmp_path, manifest, plan.blobs)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert report["digest"] == manifest.digest and report["received_bytes"] == manifest.bytes
+    after = inventory(tmp_path, "main", manifest.as_state(), full=True)
+    assert after["digest"] == manifest.digest and set(after["status"].values()) == {"ok"}
+    link = Path(report["snapshot_path"]) / "config.json"
+    assert os.readlink(link) == "../../blobs/" + dict((p, b) for p, b, _ in manifest.files)["config.json"]
+    assert plan_copy(manifest, after).nothing_to_do
+
+
+def test_a_cut_stream_leaves_nothing_complete_looking_and_the_rerun_sends_the_rest(fetched, tmp_path):
+    manifest = source_manifest(fetched)
+    blobs = plan_copy(manifest, inventory(tmp_path, manifest.revision, manifest.as_state())).blobs
+    stream = run(programs.send_argv(sys.executable, str(fetched), REPO, blobs)).stdout
+    cut = len(stream) // 2
+    done, report = copy(fetched, tmp_path, manifest, blobs, cut_at=cut)
+    assert done.returncode == hf_checkpoint.EXIT_STREAM and "ended" in report["error"]
+    blobs_dir = tmp_path / "hub" / "models--lab--tiny-qwen35" / "blobs"
+    left = sorted(p.name for p in blobs_dir.iterdir())
+    assert not [n for n in left if n.endswith(hf_checkpoint.PARTIAL_SUFFIX)]
+    sizes = manifest.blob_sizes
+    for name in left:  # every file under a final name is whole
+        assert (blobs_dir / name).stat().st_size == sizes[name]
+    assert not (tmp_path / "hub" / "models--lab--tiny-qwen35" / "snapshots").exists()
+    second = plan_copy(manifest, inventory(tmp_path, manifest.revision, manifest.as_state()))
+    assert set(second.blobs) == set(blobs) - set(left) and second.blobs
+    done, report = copy(fetched, tmp_path, manifest, second.blobs)
+    assert done.returncode == 0 and report["received_bytes"] == second.bytes < manifest.bytes
+
+
+def test_a_flipped_byte_is_seen_by_a_full_check_and_only_that_file_is_resent(fetched, tmp_path):
+    manifest = source_manifest(fetched)
+    copy(fetched, tmp_path, manifest, sorted(manifest.blob_sizes))
+    shard = next(b for p, b, _ in manifest.files if p.endswith("00002-of-00003.safetensors"))
+    path = tmp_path / "hub" / "models--lab--tiny-qwen35" / "blobs" / shard
+    data = bytearray(path.read_bytes())
+    data[1000] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert plan_copy(manifest, inventory(tmp_path, manifest.revision, manifest.as_state())).nothing_to_do
+    full = inventory(tmp_path, manifest.revision, manifest.as_state(), full=True)
+    assert full["blobs"][shard] == "damaged" and full["digest"] is None
+    plan = plan_copy(manifest, full)
+    assert plan.blobs == (shard,)
+    done, report = copy(fetched, tmp_path, manifest, plan.blobs)
+    assert (
+        done.returncode == 0
+        and report["received"] == 1
+        and report["received_bytes"] == manifest.blob_sizes[shard]
+    )
+    assert inventory(tmp_path, manifest.revision, manifest.as_state(), full=True)["digest"] == manifest.digest
+
+
+def test_a_truncated_shard_shows_at_a_sizes_check(fetched, tmp_path):
+    manifest = source_manifest(fetched)
+    copy(fetched, tmp_path, manifest, sorted(manifest.blob_sizes))
+    shard = next(b for p, b, _ in manifest.files if p.endswith("00003-of-00003.safetensors"))
+    path = tmp_path / "hub" / "models--lab--tiny-qwen35" / "blobs" / shard
+    os.truncate(path, 100)
+    report = inventory(tmp_path, manifest.revision, manifest.as_state())
+    assert report["blobs"][shard] == "truncated"
+    assert plan_copy(manifest, report).blobs == (shard,)
+
+
+def test_bytes_that_do_not_match_their_name_are_refused(fetched, tmp_path):
+    manifest = source_manifest(fetched)
+    shard = next(b for p, b, _ in manifest.files if p.endswith(".safetensors"))
+    stream = run(programs.send_argv(sys.executable, str(fetched), REPO, [shard])).stdout
+    header_end = stream.index(b"\n") + 1
+    corrupted = stream[: header_end + 10] + bytes([stream[header_end + 10] ^ 1]) + stream[header_end + 11 :]
+    receive = programs.receive_argv(
+        sys.executable, str(tmp_path), REPO, manifest.revision, manifest.as_state(), {}, None
+    )
+    done = run(receive, stdin=corrupted)
+    assert done.returncode == hf_checkpoint.EXIT_VERIFY
+    assert not (tmp_path / "hub" / "models--lab--tiny-qwen35" / "blobs" / shard).exists()
+
+
+def test_shared_blob_store_symlinks_are_followed_and_materialised(fetched, tmp_path):
+    manifest = source_manifest(fetched)
+    source = tmp_path / "source"
+    store = tmp_path / "shared-store"
+    store.mkdir()
+    blobs = source / "hub" / "models--lab--tiny-qwen35" / "blobs"
+    blobs.mkdir(parents=True)
+    for blob in manifest.blob_sizes:
+        original = fetched / "hub" / "models--lab--tiny-qwen35" / "blobs" / blob
+        (store / blob).write_bytes(original.read_bytes())
+        (blobs / blob).symlink_to(store / blob)
+    destination = tmp_path / "destination"
+    done, report = copy(source, destination, manifest, sorted(manifest.blob_sizes))
+    assert done.returncode == 0, done.stdout + done.stderr
+    received = destination / "hub" / "models--lab--tiny-qwen35" / "blobs"
+    assert all(not (received / b).is_symlink() for b in manifest.blob_sizes)
+    # A destination whose blobs are shared-store symlinks counts them as present.
+    held = inventory(source, manifest.revision, manifest.as_state())
+    assert all(state == "ok" for state in held["blobs"].values())

@@ -1,0 +1,441 @@
+"""The model-support check's provider without a node: the command it runs, how the proof program is
+shipped (run here for real with `python3 -`), what it makes of each report, and that diff, check and
+read never touch a node."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components import model_support
+from components.memory_fit import GB, MemoryFitError
+from components.model_support import (
+    CONTAINER_REPO,
+    ModelSupportCheckProvider,
+    ModelSupportError,
+    checkpoint_mount,
+    proof_argv,
+    proof_payload,
+    proof_source,
+    run_check,
+)
+from components.remote import LocalTransport, Result
+
+IMAGE_ID = "sha256:" + "ab" * 32
+PIN = "sha256:" + "cd" * 32
+NODE = {"name": "spark-1", "host": "10.1.230.180", "port": 22, "user": "aurora", "known_hosts": "/k"}
+MEMORY = {
+    "nodes": [
+        {"name": "spark-1", "memory_gb": 128.0, "gpus": 1},
+        {"name": "spark-2", "memory_gb": 128.0, "gpus": 1},
+    ],
+    "tensor_parallel_size": 2,
+    "pipeline_parallel_size": 1,
+    "gpu_memory_utilization": 0.85,
+}
+PASS_REPORT = {
+    "verdict": "pass",
+    "failed_stage": None,
+    "error": "",
+    "where": "",
+    "vllm": "0.17.1",
+    "transformers": "4.57.6",
+    "torch": "2.9.1",
+    "architecture": "Qwen3_5MoeForConditionalGeneration",
+    "model_type": "qwen3_5_moe",
+    "quantization": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    "checks": [],
+}
+CONSTRUCT_FAIL = {
+    **PASS_REPORT,
+    "verdict": "fail",
+    "failed_stage": "construct",
+    "error": "AttributeError: 'Qwen3_5MoeForConditionalGeneration' object has no attribute "
+    "'_mark_tower_model'",
+    "where": "vllm/model_executor/models/qwen3_5.py:412",
+    "vllm": "0.14.0",
+    "transformers": "4.57.6",
+}
+
+
+def props(**changes) -> dict:
+    base = {
+        "node": NODE,
+        "image": "vllm-node:latest",
+        "image_id": IMAGE_ID,
+        "memory": MEMORY,
+        "mode": "enforce",
+        "checkpoint_digest": None,
+        "snapshot_path": None,
+        "container_prefix": "qwen35",
+        "deadline_s": 900,
+    }
+    return {**base, **changes}
+
+
+# ---- the stand-in proof program (a double of patches/prove_model.py's contract, for these tests) ------
+
+STANDIN_PROGRAM = """
+import json, os, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+args = sys.argv[1:]
+if "--sleep" in args:
+    time.sleep(30)
+fixtures = sorted(os.listdir(os.path.join(here, "proof_configs")))
+verdict = os.environ.get("STANDIN_VERDICT", "pass")
+print("some log line before the report")
+print(json.dumps({"verdict": verdict, "failed_stage": None if verdict == "pass" else "config",
+                  "error": "", "argv": args, "fixtures": fixtures, "program": os.path.basename(__file__)}))
+sys.exit(0 if verdict == "pass" else 1)
+"""
+
+
+@pytest.fixture
+def proof_dir(tmp_path) -> Path:
+    (tmp_path / "prove_model.py").write_text(STANDIN_PROGRAM)
+    (tmp_path / "proof_configs").mkdir()
+    (tmp_path / "proof_configs" / "qwen3_5_moe.json").write_text("{}")
+    (tmp_path / "proof_configs" / "qwen3_5.json").write_text("{}")
+    return tmp_path
+
+
+def run_shipped(source: bytes, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """What the container does with its stdin: `python3 - ARGS`, here on this machine."""
+    return subprocess.run(
+        [sys.executable, "-", *args],
+        input=source,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        cwd="/",
+    )
+
+
+def test_the_shipped_program_runs_with_its_configs_and_arguments(proof_dir):
+    done = run_shipped(proof_source(proof_payload(proof_dir), 60), "--checkpoint", "/x/snapshots/abc")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert report["argv"] == ["--checkpoint", "/x/snapshots/abc"]
+    assert report["fixtures"] == ["qwen3_5.json", "qwen3_5_moe.json"]
+    assert report["program"] == "prove_model.py"
+    assert b"Warning" not in done.stderr
+
+
+def test_the_shipped_programs_exit_status_is_the_containers(proof_dir):
+    done = run_shipped(proof_source(proof_payload(proof_dir), 60), env={"STANDIN_VERDICT": "fail"})
+    assert done.returncode == 1
+    assert json.loads(done.stdout.decode().strip().splitlines()[-1])["verdict"] == "fail"
+
+
+def test_the_bootstrap_stops_a_proof_past_its_deadline(proof_dir):
+    done = run_shipped(proof_source(proof_payload(proof_dir), 1), "--sleep")
+    assert done.returncode == model_support.ProofExit.DEADLINE
+
+
+def test_payload_is_stable_and_a_missing_program_is_named(proof_dir, tmp_path):
+    assert proof_payload(proof_dir) == proof_payload(proof_dir)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelSupportError, match="prove_model.py is missing"):
+        proof_payload(empty)
+
+
+# ---- the command -------------------------------------------------------------------------------------
+
+
+def test_proof_runs_offline_without_network_in_a_throwaway_container():
+    argv = proof_argv(props(), "qwen35-model-support-1234")
+    assert argv[:4] == ["docker", "run", "--rm", "-i"]
+    assert argv[argv.index("--network") + 1] == "none"
+    envs = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
+    assert "HF_HUB_OFFLINE=1" in envs
+    assert argv[argv.index("--entrypoint") + 1] == "python3"
+    # The image by ID, the program on stdin, no checkpoint: the fixture configs.
+    assert argv[-2:] == [IMAGE_ID, "-"]
+    assert "--volume" not in argv
+    assert not any("token" in a.lower() for a in argv)
+
+
+def test_the_checkpoints_repo_folder_is_mounted_read_only():
+    snapshot = "/home/aurora/.cache/huggingface/hub/models--Qwen--Qwen3.5-122B-A10B-FP8/snapshots/0123abc"
+    argv = proof_argv(props(snapshot_path=snapshot), "x")
+    volume = argv[argv.index("--volume") + 1]
+    assert (
+        volume
+        == f"/home/aurora/.cache/huggingface/hub/models--Qwen--Qwen3.5-122B-A10B-FP8:{CONTAINER_REPO}:ro"
+    )
+    assert argv[-4:] == [IMAGE_ID, "-", "--checkpoint", f"{CONTAINER_REPO}/snapshots/0123abc"]
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "host", "inside"),
+    [
+        ("/c/hub/models--a--b/snapshots/s1", "/c/hub/models--a--b", f"{CONTAINER_REPO}/snapshots/s1"),
+        ("/models/qwen", "/models/qwen", CONTAINER_REPO),  # a plain folder of files
+        ("/c/snapshots/s1", "/c/snapshots/s1", CONTAINER_REPO),  # not a HF repo folder
+    ],
+)
+def test_checkpoint_mount(snapshot, host, inside):
+    assert checkpoint_mount(snapshot) == (host, inside)
+
+
+# ---- the head, scripted ------------------------------------------------------------------------------
+
+
+class FakeHead:
+    """The head: `python3 -` programs really run here (LocalTransport); docker answers are scripted."""
+
+    def __init__(self, run_result: Result | None = None, repo_digests: list[str] | None = None):
+        self.calls: list[list[str]] = []
+        self.run_result = run_result or Result((), 0, (json.dumps(PASS_REPORT) + "\n").encode())
+        self.repo_digests = repo_digests or []
+        self.name = "spark-1"
+
+    def __call__(self, _target):
+        return self
+
+    def run(self, argv, stdin=None, timeout=None) -> Result:
+        self.calls.append(list(argv))
+        if argv[:2] == ["python3", "-"]:
+            local = LocalTransport("spark-1").run([sys.executable, *argv[1:]], stdin=stdin, timeout=timeout)
+            return Result(tuple(argv), local.returncode, local.stdout, local.stderr, "spark-1")
+        if argv[:3] == ["docker", "image", "inspect"]:
+            return Result(tuple(argv), 0, json.dumps(self.repo_digests).encode(), b"", "spark-1")
+        if argv[:2] == ["docker", "run"]:
+            return Result(
+                tuple(argv),
+                self.run_result.returncode,
+                self.run_result.stdout,
+                self.run_result.stderr,
+                "spark-1",
+            )
+        raise AssertionError(f"unexpected command {argv}")
+
+    def docker_runs(self) -> int:
+        return sum(1 for call in self.calls if call[:2] == ["docker", "run"])
+
+
+def head(monkeypatch, **kwargs) -> FakeHead:
+    fake = FakeHead(**kwargs)
+    monkeypatch.setattr(model_support, "SshTransport", fake)
+    return fake
+
+
+def report_result(report: dict, code: int) -> Result:
+    return Result((), code, (f"loading...\n{json.dumps(report)}\n").encode(), b"some stderr")
+
+
+def test_a_passing_proof_gives_the_report_fields(monkeypatch, proof_dir):
+    fake = head(monkeypatch)
+    outs = run_check(props(), proof_dir)
+    assert outs["verdict"] == "pass" and outs["vllm"] == "0.17.1"
+    assert (
+        outs["architecture"] == "Qwen3_5MoeForConditionalGeneration" and outs["model_type"] == "qwen3_5_moe"
+    )
+    assert outs["quantization"]["quant_method"] == "fp8"
+    # No checkpoint declared: no memory fit, no facts read, only the proof.
+    assert outs["memory_fit"] is None
+    assert fake.docker_runs() == 1 and len(fake.calls) == 1
+
+
+def test_a_failed_proof_stops_up_naming_stage_error_image_and_vllm(monkeypatch, proof_dir):
+    fake = head(monkeypatch, run_result=report_result(CONSTRUCT_FAIL, 1))
+    with pytest.raises(ModelSupportError) as info:
+        run_check(props(), proof_dir)
+    message = str(info.value)
+    for part in (
+        "spark-1",
+        "stage 'construct'",
+        "_mark_tower_model",
+        "qwen3_5.py:412",
+        "vllm-node:latest",
+        IMAGE_ID[:19],
+        "vLLM 0.14.0",
+        "next: ",
+        "prebuilt",
+    ):
+        assert part in message, f"{part!r} not in:\n{message}"
+    assert fake.docker_runs() == 1
+
+
+def test_report_mode_records_the_failure_and_goes_on(monkeypatch, proof_dir):
+    head(monkeypatch, run_result=report_result({**CONSTRUCT_FAIL, "failed_stage": "environment"}, 1))
+    outs = run_check(props(mode="report"), proof_dir)
+    assert outs["verdict"] == "fail" and outs["failed_stage"] == "environment"
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout", "expected"),
+    [
+        (125, b"", "docker could not start"),
+        (127, b"", "no runnable python3"),
+        (1, b"Traceback (most recent call last):\n  boom\n", "without a report (exit 1)"),
+        (124, b"", "deadline"),
+        (0, b'{"verdict": "fail"}\n', "exited 0 but reported 'fail'"),
+        (0, b'{"something": 1}\n', "no verdict"),
+    ],
+)
+def test_a_proof_without_a_sound_report_is_an_error(monkeypatch, proof_dir, code, stdout, expected):
+    head(monkeypatch, run_result=Result((), code, stdout, b"docker: Error response from daemon"))
+    with pytest.raises(ModelSupportError, match=re.escape(expected)):
+        run_check(props(mode="report"), proof_dir)
+
+
+def hf_snapshot(root: Path, total_size: int | None, shard_bytes: list[int], layers: int = 48) -> Path:
+    """A Hugging Face cache repo folder: blobs, a snapshot of relative links, an index and a config."""
+    repo = root / "hub" / "models--Qwen--Qwen3.5-122B-A10B-FP8"
+    blobs, snapshot = repo / "blobs", repo / "snapshots" / ("ab" * 20)
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+
+    def put(name: str, data: bytes) -> None:
+        blob = blobs / f"{abs(hash(name)):064x}"[:64]
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}
+    config["text_config"] = {"num_hidden_layers": layers}
+    put("config.json", json.dumps(config).encode())
+    names = [f"model-{i:05d}-of-{len(shard_bytes):05d}.safetensors" for i in range(1, len(shard_bytes) + 1)]
+    for name, size in zip(names, shard_bytes, strict=True):
+        put(name, b"\0" * size)
+    if total_size is not None:
+        index = {
+            "metadata": {"total_size": total_size},
+            "weight_map": {f"w{i}": n for i, n in enumerate(names)},
+        }
+        put("model.safetensors.index.json", json.dumps(index).encode())
+    return snapshot
+
+
+def test_the_memory_fit_runs_before_any_container_and_stops_a_model_that_cannot_fit(
+    monkeypatch, proof_dir, tmp_path
+):
+    fake = head(monkeypatch)
+    snapshot = hf_snapshot(tmp_path, total_size=126 * GB, shard_bytes=[10, 20])
+    one_node = {**MEMORY, "nodes": MEMORY["nodes"][:1], "tensor_parallel_size": 1}
+    with pytest.raises(MemoryFitError) as info:
+        run_check(
+            props(snapshot_path=str(snapshot), memory=one_node, checkpoint_digest="sha256:1"), proof_dir
+        )
+    assert "126.0 GB of weights" in str(info.value) and "spark-1: needs 132.0 GB per GPU" in str(info.value)
+    assert fake.docker_runs() == 0
+
+
+def test_a_model_that_fits_reports_the_numbers(monkeypatch, proof_dir, tmp_path):
+    fake = head(monkeypatch)
+    snapshot = hf_snapshot(tmp_path, total_size=126 * GB, shard_bytes=[10, 20])
+    outs = run_check(props(snapshot_path=str(snapshot), checkpoint_digest="sha256:1"), proof_dir)
+    fit = outs["memory_fit"]
+    assert fit["fits"] is True and fit["weights_gb"] == 126.0 and fit["weights_from"] == "index"
+    assert fit["layers"] == 48 and fit["per_rank"]["spark-2"]["weights_gb"] == 63.0
+    assert fake.docker_runs() == 1
+
+
+def test_without_an_index_the_shard_sizes_count(monkeypatch, proof_dir, tmp_path):
+    head(monkeypatch)
+    snapshot = hf_snapshot(tmp_path, total_size=None, shard_bytes=[1000, 2345])
+    outs = run_check(props(snapshot_path=str(snapshot), checkpoint_digest="sha256:1"), proof_dir)
+    assert outs["memory_fit"]["weights_from"] == "shards"
+    assert outs["memory_fit"]["weights_gb"] == round(3345 / GB, 1)
+
+
+def test_a_snapshot_without_weights_is_named(monkeypatch, proof_dir, tmp_path):
+    fake = head(monkeypatch)
+    with pytest.raises(ModelSupportError, match="does-not-exist is not a directory"):
+        run_check(props(snapshot_path=str(tmp_path / "does-not-exist"), checkpoint_digest="x"), proof_dir)
+    assert fake.docker_runs() == 0
+
+
+def test_a_pinned_reference_must_match_the_heads_repo_digest(monkeypatch, proof_dir):
+    pinned = f"nvcr.io/nvidia/vllm:26.03-py3@{PIN}"
+    fake = head(monkeypatch, repo_digests=["nvcr.io/nvidia/vllm@sha256:" + "00" * 32])
+    with pytest.raises(ModelSupportError) as info:
+        run_check(props(image=pinned), proof_dir)
+    assert PIN in str(info.value) and "docker pull nvcr.io/nvidia/vllm@" in str(info.value)
+    assert fake.docker_runs() == 0
+    fake = head(monkeypatch, repo_digests=[f"nvcr.io/nvidia/vllm@{PIN}"])
+    assert run_check(props(image=pinned), proof_dir)["verdict"] == "pass"
+
+
+# ---- diff, check, read, update: no I/O ----------------------------------------------------------------
+
+
+@pytest.fixture
+def no_io(monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the provider touched a node")
+
+    monkeypatch.setattr(model_support, "SshTransport", refuse)
+    monkeypatch.setattr(model_support, "proof_payload", refuse)
+
+
+RECORDED = {
+    **props(checkpoint_digest="sha256:aaa", snapshot_path="/c/models--a--b/snapshots/s"),
+    **PASS_REPORT,
+}
+
+DIFF_TABLE = [
+    # (case, changes, replaced keys)
+    ("nothing changed", {}, []),
+    ("new image ID", {"image_id": "sha256:" + "ff" * 32}, ["image_id"]),
+    ("new checkpoint", {"checkpoint_digest": "sha256:bbb"}, ["checkpoint_digest"]),
+    ("node memory", {"memory": {**MEMORY, "gpu_memory_utilization": 0.5}}, ["memory"]),
+    ("parallelism", {"memory": {**MEMORY, "tensor_parallel_size": 1}}, ["memory"]),
+    ("the head reached another way", {"node": {**NODE, "host": "10.0.0.9"}}, []),
+    ("same image under another name", {"image": "vllm-node:other"}, []),
+    ("mode", {"mode": "report"}, []),
+]
+
+
+@pytest.mark.parametrize(("case", "changes", "replaces"), DIFF_TABLE, ids=[d[0] for d in DIFF_TABLE])
+def test_diff_runs_again_only_for_image_checkpoint_or_memory(no_io, case, changes, replaces):
+    news = {**props(checkpoint_digest="sha256:aaa", snapshot_path="/c/models--a--b/snapshots/s"), **changes}
+    result = ModelSupportCheckProvider().diff("id", RECORDED, news)
+    assert result.replaces == replaces
+    assert result.changes is bool(changes)
+
+
+def test_check_names_bad_fields_without_io(no_io):
+    result = ModelSupportCheckProvider().check(
+        {}, props(image="Bad Ref", image_id="latest", snapshot_path="/a b", mode="maybe")
+    )
+    assert {f.property for f in result.failures} == {"image", "image_id", "snapshot_path", "mode"}
+    unknown = model_support.UNKNOWN
+    assert (
+        ModelSupportCheckProvider().check({}, props(image_id=unknown, snapshot_path=unknown)).failures == []
+    )
+
+
+def test_read_returns_the_recorded_proof_without_io(no_io):
+    result = ModelSupportCheckProvider().read("spark-1-abab", RECORDED)
+    assert result.id == "spark-1-abab" and result.outs == RECORDED
+
+
+def test_update_keeps_the_proof_and_enforcing_a_recorded_failure_refuses(no_io):
+    news = props(checkpoint_digest="sha256:aaa", node={**NODE, "host": "10.0.0.9"})
+    updated = ModelSupportCheckProvider().update("id", RECORDED, news)
+    assert updated.outs["verdict"] == "pass" and updated.outs["node"]["host"] == "10.0.0.9"
+    failed = {**RECORDED, **CONSTRUCT_FAIL, "mode": "report"}
+    with pytest.raises(ModelSupportError, match="stage 'construct'"):
+        ModelSupportCheckProvider().update("id", failed, {**news, "mode": "enforce"})
+
+
+def test_create_id_names_the_head_image_and_checkpoint(monkeypatch, proof_dir):
+    head(monkeypatch)
+    monkeypatch.setattr(model_support, "PATCH_DIR", proof_dir)
+    created = ModelSupportCheckProvider().create(props(checkpoint_digest="sha256:0123456789abcdef"))
+    assert created.id == "spark-1-abababababab-0123456789ab"
+    assert created.outs["verdict"] == "pass" and created.outs["image_id"] == IMAGE_ID
+
+
+@pytest.mark.parametrize("image_id", [None, "", "vllm-node:latest"])
+def test_create_needs_the_heads_image_id(no_io, image_id):
+    with pytest.raises(ModelSupportError, match="image_id"):
+        run_check(props(image_id=image_id))
