@@ -416,10 +416,18 @@ def _stream(
         placed,
         "check the link between the nodes and run again (layers already loaded are reused)",
     )
-    export_at_fault = loaded_report.get("exit") == TagExit.MISMATCH or _producer_failed(result.stages[0])
-    if export and result.failure is transfer.Failure.STAGE and not promoted and export_at_fault:
+    if export and result.failure is transfer.Failure.STAGE and not promoted and _export_failed(result):
         raise ExportFailed(message)  # the layer store's export failed: `docker save` may still do
     raise NodeImageError(message)
+
+
+def _export_failed(result: transfer.TransferResult) -> bool:
+    """The export itself is at fault: its producer failed on its own, or what it gave did not match."""
+    if not result.stages:
+        return False
+    return (result.consumer_report or {}).get("exit") == TagExit.MISMATCH or _producer_failed(
+        result.stages[0]
+    )
 
 
 def _producer_failed(producer: transfer.StageOutcome) -> bool:

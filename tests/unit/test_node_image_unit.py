@@ -609,7 +609,7 @@ def test_a_temporary_tag_left_behind_only_warns_and_the_claim_stays_valid(tmp_pa
     assert [json.loads(r.read_text())["holders"] for r in records] == [["c1"]]
 
 
-def _stream_with(stages: list, consumer_report: dict) -> Exception:
+def _stream_with(stages: list, consumer_report: dict | None, failure=None) -> Exception:
     """execute._stream of a layer-store export whose transfer ended with these stage outcomes."""
     from components.node_image.errors import ExportFailed
     from components.node_image.facts import Facts
@@ -618,20 +618,12 @@ def _stream_with(stages: list, consumer_report: dict) -> Exception:
 
     a, b = Node.from_dict("source", node("a", "h1")), Node.from_dict("destination", node("b", "h2"))
     outcomes = [StageOutcome(name, status, [], report) for name, status, report in stages]
-    failed = next(o for o in outcomes if o.status)
+    failed = next((o for o in outcomes if o.status), None)
+    why = f"{failed.name} exited {failed.status}" if failed else "no progress from the source for 150 s"
 
     class Session:
         def transfer(self, job, destination, tuning):
-            return TransferResult(
-                a,
-                b,
-                outcomes,
-                10,
-                consumer_report,
-                Failure.STAGE,
-                f"{failed.name} exited {failed.status}",
-                [],
-            )
+            return TransferResult(a, b, outcomes, 10, consumer_report, failure or Failure.STAGE, why, [])
 
     class On:
         def __init__(self, n):
@@ -777,3 +769,12 @@ def test_outputs_say_whether_the_content_store_was_listed(unlisted, capsys):
     outs = execute.carry_out(Skip(info, daemon, False), olds(), job, None)
     assert outs["blobs_listed"] is (not unlisted)
     assert ("Permission denied" in capsys.readouterr().err) is bool(unlisted)
+
+
+def test_a_transfer_without_a_report_is_an_error_not_a_crash():
+    from components.node_image.errors import ExportFailed
+    from components.transfer import Failure
+
+    for failure in (Failure.TRANSPORT, Failure.STAGE):  # no stage outcomes at all
+        error = _stream_with([], None, failure)
+        assert isinstance(error, NodeImageError) and not isinstance(error, ExportFailed), error
