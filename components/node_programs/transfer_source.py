@@ -92,7 +92,8 @@ def connect(peer: dict) -> tuple[int, str]:
 
 def close(peer: dict) -> int:
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    subprocess.run(peer["exit"], **quiet)
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a master that does not answer ends by itself
+        subprocess.run(peer["exit"], timeout=10, **quiet)
     folder = peer["folder"]
     with contextlib.suppress(OSError):
         if stat.S_ISDIR(os.lstat(folder).st_mode) and os.lstat(folder).st_uid == os.getuid():
