@@ -17,6 +17,7 @@ import sys
 import time
 
 import lab
+from bench import checkpoint as checkpoint_bench
 from components.node_image import Node, NodeImageProvider, Tuning, peer_target
 from components.remote import bash_argv, shell_join, ssh_argv
 
@@ -224,6 +225,8 @@ def bench_slow_shell(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["checkpoint"]:
+        return checkpoint_bench.main()
     nodes = lab.up([name for pair in PAIRS for name in pair[:2]])
     rows = []
     cases = [
@@ -255,6 +258,8 @@ def main() -> int:
         print(" | ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
         if index == 0:
             print("-+-".join("-" * width for width in widths))
+    print()
+    checkpoint_bench.main(nodes)
     return 0
 
 

@@ -180,7 +180,7 @@ class StandinHub:
         return self.repos.get(f"{parts[0]}/{parts[1]}"), parts[2:]
 
     def _commit(self, repo: HubRepo, rev: str) -> str | None:
-        if rev == repo.sha:
+        if rev == repo.sha or rev in repo.branches.values():
             return rev
         return repo.branches.get(rev)
 

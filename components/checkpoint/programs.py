@@ -112,6 +112,7 @@ def fetch_argv(
     allow: Sequence[str],
     ignore: Sequence[str],
     progress: str | None,
+    resolve_only: bool = False,
 ) -> list[str]:
     args = {
         "hub": hub_dir(cache_dir),
@@ -121,6 +122,7 @@ def fetch_argv(
         "ignore": list(ignore) or None,
         "progress": progress,
         "attempts": 3,
+        "resolve_only": resolve_only,
     }
     return _argv(python, "hub_fetch", json.dumps(args, sort_keys=True))
 

@@ -43,6 +43,7 @@ REPLACE_KEYS = ("repo", "requested_revision", "source_mode", "cache_dir", "manif
 # node is another checkpoint (a replacement whose old copy, when not kept, is removed from the old node).
 NODE_IDENTITY = ("name",)
 OUTPUT_KEYS = (
+    "upstream_revision",
     "revision",
     "files",
     "bytes",
@@ -101,7 +102,9 @@ def inventory(props: Mapping[str, Any], manifest: Manifest | None, full: bool) -
     return report
 
 
-def fetch_argv(props: Mapping[str, Any], owner: tuple[int, int] | None) -> list[str]:
+def fetch_argv(
+    props: Mapping[str, Any], owner: tuple[int, int] | None, resolve_only: bool = False
+) -> list[str]:
     """The fetch on the head: a Python that has the Hub client, or a short-lived container of the image."""
     fetch = props.get("fetch") or {}
     cache_dir = props["cache_dir"]
@@ -110,7 +113,7 @@ def fetch_argv(props: Mapping[str, Any], owner: tuple[int, int] | None) -> list[
     if fetch.get("python"):
         program = programs.fetch_argv(
             fetch["python"], cache_dir, props["repo"], props["requested_revision"], props.get("allow") or [],
-            props.get("ignore") or [], progress,
+            props.get("ignore") or [], None if resolve_only else progress, resolve_only,
         )  # fmt: skip
         return (["env", f"HF_ENDPOINT={endpoint}"] if endpoint else []) + program
     image = fetch.get("image")
@@ -130,7 +133,7 @@ def fetch_argv(props: Mapping[str, Any], owner: tuple[int, int] | None) -> list[
         argv += ["-e", f"HF_ENDPOINT={endpoint}"]
     program = programs.fetch_argv(
         "python3", cache_dir, props["repo"], props["requested_revision"], props.get("allow") or [],
-        props.get("ignore") or [], progress,
+        props.get("ignore") or [], None if resolve_only else progress, resolve_only,
     )  # fmt: skip
     return [*argv, image, *program[1:]]
 
@@ -149,6 +152,30 @@ def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> st
             message = message.replace(token, "***")
         raise CheckpointError(f"{target.label}: fetching {message}")
     return str(report["revision"])
+
+
+def upstream_revision(props: Mapping[str, Any]) -> str | None:
+    """The commit the configured branch or tag points at on the Hub now (refresh shows a newer one
+    beside the recorded `revision`; nothing moves until the operator pins it). None when the Hub
+    cannot be asked: refresh of the files on the node must not depend on the Hub."""
+    requested = str(props.get("requested_revision") or "")
+    if len(requested) == 40 and all(c in "0123456789abcdef" for c in requested):
+        return requested
+    try:
+        target = _target(props["node"], "node")
+        token = props.get("hf_token") or ""
+        status, report = _run(
+            target,
+            fetch_argv(props, None, resolve_only=True),
+            "the Hub look-up",
+            stdin=(token + "\n").encode(),
+            timeout=120,
+        )
+    except CheckpointError:
+        return props.get("upstream_revision")
+    if status != 0 or "error" in report:
+        return props.get("upstream_revision")
+    return str(report.get("revision") or "") or None
 
 
 def head_manifest(props: Mapping[str, Any]) -> Manifest:
@@ -263,6 +290,8 @@ def _outputs(props: Mapping[str, Any], manifest: Manifest, extra: Mapping[str, A
         "manifest": manifest.as_state(),
         "refs": dict(manifest.refs),
         "problems": {},
+        # What the branch pointed at when this was placed; refresh updates it (see upstream_revision).
+        "upstream_revision": None if props.get("source") else manifest.revision,
         "seconds": round(time.monotonic() - started, 3),
         **extra,
     }
@@ -310,7 +339,10 @@ class CheckpointProvider(dynamic.ResourceProvider):
         if not report.get("exists"):
             return dynamic.ReadResult("", {})
         # `digest` stays the recorded one (other nodes' inputs follow it); what is wrong shows here.
-        return dynamic.ReadResult(id_, {**props, "problems": problems(manifest, report)})
+        outs = {**props, "problems": problems(manifest, report)}
+        if not props.get("source") and props.get("source_mode", "hub") == "hub":
+            outs["upstream_revision"] = upstream_revision(props)
+        return dynamic.ReadResult(id_, outs)
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         replaces = [key for key in REPLACE_KEYS if olds.get(key) != news.get(key)]

@@ -23,15 +23,18 @@ holds the same checkpoint.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import queue
 import re
 import sys
+import threading
 
 MAGIC = b"QWEN35CKPT1"
 PARTIAL_SUFFIX = ".qwen35-partial"
-CHUNK = 1 << 20
+CHUNK = 4 << 20
 SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
 SHA1_NAME = re.compile(r"^[0-9a-f]{40}$")
 REPO_DIR = re.compile(r"^(models|datasets|spaces)--[A-Za-z0-9_.-]+(--[A-Za-z0-9_.-]+)*$")
@@ -207,6 +210,28 @@ def inventory(args: dict) -> dict:
     return report
 
 
+def _copy_out(handle, out, size: int, path: str) -> None:
+    """`size` bytes of `handle` to `out`: by sendfile (no copy through Python) where the kernel can."""
+    out.flush()
+    out_fd, in_fd, offset = out.fileno(), handle.fileno(), 0
+    try:
+        while offset < size:
+            sent = os.sendfile(out_fd, in_fd, offset, min(size - offset, 1 << 30))
+            if sent == 0:
+                raise Failure(EXIT_IO, f"{path} shrank while it was sent")
+            offset += sent
+        return
+    except OSError as exc:
+        if offset or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    while offset < size:  # no sendfile to this kind of output: read and write
+        chunk = handle.read(min(CHUNK, size - offset))
+        if not chunk:
+            raise Failure(EXIT_IO, f"{path} shrank while it was sent")
+        out.write(chunk)
+        offset += len(chunk)
+
+
 def send(args: dict, out) -> None:
     """Stream the listed blobs (following shared-store symlinks) as frames, then an end frame."""
     root = repo_root(args)
@@ -216,13 +241,7 @@ def send(args: dict, out) -> None:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             out.write(b"%s %s %d\n" % (MAGIC, name.encode(), size))
-            left = size
-            while left:
-                chunk = handle.read(min(CHUNK, left))
-                if not chunk:
-                    raise Failure(EXIT_IO, f"{path} shrank while it was sent")
-                out.write(chunk)
-                left -= len(chunk)
+            _copy_out(handle, out, size, path)
     out.write(MAGIC + b" END\n")
     out.flush()
 
@@ -254,34 +273,91 @@ def _makedirs(path: str, owner: tuple[int, int] | None) -> None:
         _chown(directory, owner)
 
 
-def receive_blob(stream, blobs_dir: str, name: str, size: int, owner) -> None:
-    """Write one blob under a temporary name, hashing as it arrives; rename only when it matches."""
+class HashThread:
+    """Hashes the chunks it is given on a thread of its own: hashlib releases the GIL, so hashing
+    overlaps with reading the stream and writing the file."""
+
+    def __init__(self, hasher):
+        self.hasher = hasher
+        self.chunks: queue.Queue = queue.Queue(maxsize=8)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self.chunks.get()) is not None:
+            self.hasher.update(chunk)
+
+    def update(self, chunk: bytes) -> None:
+        self.chunks.put(chunk)
+
+    def hexdigest(self) -> str:
+        self.chunks.put(None)
+        self.thread.join()
+        return self.hasher.hexdigest()
+
+
+class Finisher:
+    """Makes a verified blob durable (fsync) and gives it its final name on a thread, while the next
+    blob arrives; `wait()` returns once every blob is named, and raises the first failure."""
+
+    def __init__(self):
+        self.threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+
+    def finish(self, handle, partial: str, final: str, owner) -> None:
+        def run() -> None:
+            try:
+                try:
+                    os.fsync(handle.fileno())
+                finally:
+                    handle.close()
+                _chown(partial, owner)
+                os.chmod(partial, 0o644)
+                # Replaces a damaged file or a symlink into a shared store with the verified bytes.
+                os.replace(partial, final)
+            except BaseException as exc:  # reported by wait(); the partial file must not stay
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+                self.errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def wait(self) -> None:
+        for thread in self.threads:
+            thread.join()
+        if self.errors:
+            raise self.errors[0]
+
+
+def receive_blob(stream, blobs_dir: str, name: str, size: int, owner, finisher: Finisher) -> None:
+    """Write one blob under a temporary name, hashing as it arrives; it is renamed (by `finisher`)
+    only once its hash matched its name."""
     final = os.path.join(blobs_dir, name)
     partial = final + PARTIAL_SUFFIX
-    hasher = blob_hasher(name, size)
+    hasher = HashThread(blob_hasher(name, size))
     left = size
+    handle = open(partial, "wb")  # noqa: SIM115 -- closed here on failure, else by the finisher
     try:
-        with open(partial, "wb") as handle:
-            while left:
-                chunk = stream.read(min(CHUNK, left))
-                if not chunk:
-                    got = size - left
-                    raise Failure(EXIT_STREAM, f"the stream ended inside blob {name} ({got} of {size} bytes)")
-                hasher.update(chunk)
-                handle.write(chunk)
-                left -= len(chunk)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if hasher.hexdigest() != name:
-            raise Failure(EXIT_VERIFY, f"blob {name}: the bytes received hash to {hasher.hexdigest()}")
-        _chown(partial, owner)
-        os.chmod(partial, 0o644)
-        # Replaces a damaged file or a symlink into a shared store with the verified bytes.
-        os.replace(partial, final)
+        while left:
+            chunk = stream.read(min(CHUNK, left))
+            if not chunk:
+                got = size - left
+                raise Failure(EXIT_STREAM, f"the stream ended inside blob {name} ({got} of {size} bytes)")
+            hasher.update(chunk)
+            handle.write(chunk)
+            left -= len(chunk)
+        handle.flush()
+        digest = hasher.hexdigest()
+        if digest != name:
+            raise Failure(EXIT_VERIFY, f"blob {name}: the bytes received hash to {digest}")
     except BaseException:
+        handle.close()
         with contextlib.suppress(OSError):
             os.unlink(partial)
         raise
+    finisher.finish(handle, partial, final, owner)
 
 
 def link_snapshot(root: str, sha: str, files: list, owner) -> None:
@@ -331,17 +407,21 @@ def receive(args: dict, stream) -> dict:
         if stale.endswith(PARTIAL_SUFFIX):
             os.unlink(os.path.join(blobs_dir, stale))  # a cut earlier copy
     received, received_bytes = 0, 0
-    while (header := _read_header(stream)) is not None:
-        name, size = header
-        if name not in sizes:
-            raise Failure(EXIT_STREAM, f"blob {name} is not in this checkpoint's manifest")
-        if size != sizes[name]:
-            raise Failure(
-                EXIT_VERIFY, f"blob {name}: the source has {size} bytes, the manifest says {sizes[name]}"
-            )
-        receive_blob(stream, blobs_dir, name, size, owner)
-        received += 1
-        received_bytes += size
+    finisher = Finisher()
+    try:
+        while (header := _read_header(stream)) is not None:
+            name, size = header
+            if name not in sizes:
+                raise Failure(EXIT_STREAM, f"blob {name} is not in this checkpoint's manifest")
+            if size != sizes[name]:
+                raise Failure(
+                    EXIT_VERIFY, f"blob {name}: the source has {size} bytes, the manifest says {sizes[name]}"
+                )
+            receive_blob(stream, blobs_dir, name, size, owner, finisher)
+            received += 1
+            received_bytes += size
+    finally:
+        finisher.wait()
     for blob, size in sizes.items():
         try:
             have = os.stat(os.path.join(blobs_dir, blob)).st_size

@@ -6,6 +6,7 @@ one, arrives as the first line of stdin and is exported as `HF_TOKEN` for the cl
 argument, and no message printed here contains it. `HF_ENDPOINT` in the environment is honoured.
 
 Args: `hub` (the cache's hub dir), `repo`, `revision`, `allow`, `ignore` (pattern lists or null),
+`resolve_only` (only resolve the revision to its commit now: what refresh shows),
 `progress` (a progress file to keep up to date, or null), `attempts` (download calls; files that
 completed stay, so a cut download continues where it stopped).
 
@@ -141,6 +142,8 @@ def fetch(args: dict, token: str | None) -> dict:
         # Resolved once: the commit every node will hold and serve, whatever the branch does later.
         info = HfApi(token=token or None).model_info(repo, revision=revision, files_metadata=False)
         sha = info.sha
+        if args.get("resolve_only"):  # refresh: where the branch points now; nothing is downloaded
+            return {"revision": sha}
         operation = "fetch-" + repo.replace("/", "--")
         blobs = os.path.join(repo_dir, "blobs")
         with Progress(args.get("progress"), operation, str(args.get("node") or ""), blobs) as progress:

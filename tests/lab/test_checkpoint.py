@@ -229,3 +229,18 @@ def test_hub_errors_name_repo_and_revision_never_the_token(hub, caches, node_a):
     finally:
         hub.fail_status = None
     assert "lab/gone-model" in str(gone.value) and "404" in str(gone.value)
+
+
+def test_a_moved_branch_shows_at_refresh_and_changes_nothing(hub, caches, node_a):
+    head = PROVIDER.create(head_props(node_a, hub)).outs
+    assert head["upstream_revision"] == head["revision"]
+    moved = "f" * 40
+    hub.repos[REPO].branches["main"] = moved
+    try:
+        refreshed = PROVIDER.read("x", head).outs
+    finally:
+        hub.repos[REPO].branches["main"] = hub.repos[REPO].sha
+    # The newer commit shows; the recorded one (what every node holds and serves) does not move.
+    assert refreshed["upstream_revision"] == moved and refreshed["revision"] == head["revision"]
+    assert refreshed["problems"] == {}
+    assert not PROVIDER.diff("x", refreshed, head_props(node_a, hub)).changes

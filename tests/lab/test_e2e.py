@@ -7,7 +7,9 @@ gRPC (tests/support/provider_host.py): Check, Create, Read, Diff, Update and Del
 swapped: the NodeImages place the lab Ray image (Debian + Ray + a stand-in `vllm` that says it is one)
 instead of the hybrid build. Each `pulumi_docker.Container` becomes `docker run` over SSH on the node
 its docker provider points at (tests/support/declared.py), running the image ID its own node's
-NodeImage reported.
+NodeImage reported. The Checkpoints are created the same way first: node-a fetches the model repo from
+a stand-in Hub on loopback with the real `huggingface_hub` client, node-b receives it from node-a; the
+stand-in `vllm` serves only from each node's own cache, offline.
 """
 
 from __future__ import annotations
@@ -24,11 +26,10 @@ import openai
 import pytest
 
 import lab
-from components.checkpoint import CheckpointProvider
 from lab.ray_image import ray_image
 from lab.standin_hub import StandinHub, generate_repo
 from lab.standin_vllm import STANDIN_NOTE
-from tests.support.declared import docker_run_argv, plain
+from tests.support.declared import docker_run_argv
 from tests.support.node_image_lab import remove_with_record
 from tests.support.program import READINESS_GATE, ProgramRun, Registered, run_program, stack_config
 from tests.support.provider_host import Engine, ProviderFailed, ProviderHost, State
@@ -121,13 +122,13 @@ class LabDeployment:
     ):
         self.run = run
         self.nodes = nodes
+        # The commit the head's Checkpoint really resolved (the mocks fake one for `--revision`).
+        self.revision = revision
         # The declared image of a container is its node's NodeImage `image_id` (a distinct fake per
         # node under mocks); on the lab it becomes the ID that NodeImage really reported.
         declared_ids = {node: out["image_id"] for node, out in run.outputs["images"].items()}
         self.node_of_image = {image_id: node for node, image_id in declared_ids.items()}
         self.images = {node: state.outputs["image_id"] for node, state in placed.items()}
-        # The commit the real Checkpoint resources resolved (the mocks only fake one).
-        self.revision = revision
         self.containers = declared_containers(run)
         self.volumes = [(provider_node(run, v), v.inputs["name"]) for v in run.by_type(VOLUME)]
         self.limits = {name: node_limits(node) for name, node in nodes.items()}
@@ -219,50 +220,52 @@ def placed(program, engine, node_a, node_b) -> Iterator[dict[str, State]]:
         engine.delete(state)
 
 
-def checkpoint_props(program: ProgramRun, node: str, endpoint: str, placed: dict[str, dict]) -> dict:
-    """A declared Checkpoint's inputs, with the source's outputs filled in (what the engine passes)."""
-    (declared,) = [
-        r
-        for r in program.by_type("pulumi-python:dynamic/qwen35:Checkpoint")
-        if r.inputs["node"]["name"] == node
-    ]
-    props = {k: v for k, v in plain(declared.inputs).items() if k != "__provider"}
-    props.setdefault("source", None)
-    if props["source"]:
-        source = placed[props["source"]["name"]]
-        props.update(
-            source_revision=source["revision"],
-            source_manifest=source["manifest"],
-            source_refs=source["refs"],
-            manifest_digest=source["digest"],
-        )
+CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
+# What a worker's Checkpoint takes from its source's Checkpoint (fake values under mocks).
+SOURCE_OUTPUTS = {
+    "source_revision": "revision",
+    "source_manifest": "manifest",
+    "source_refs": "refs",
+    "manifest_digest": "digest",
+}
+
+
+def checkpoint_inputs(resource: Registered, endpoint: str, states: dict[str, State]) -> dict:
+    """A Checkpoint's registered inputs with its source's real outputs (as the engine resolves them),
+    and on the head the stand-in Hub's endpoint and a Python with the Hub client (this venv's: lab
+    nodes share this machine's filesystem)."""
+    inputs = dict(resource.inputs)
+    source = inputs.get("source")
+    if source:
+        for key, output in SOURCE_OUTPUTS.items():
+            inputs[key] = states[source["name"]].outputs[output]
     else:
-        # The stand-in Hub's port is the test's; the head's Python with the Hub client is this venv's.
-        props["fetch"] = {**props.get("fetch", {}), "python": sys.executable, "endpoint": endpoint}
-    return props
+        inputs["fetch"] = {**inputs.get("fetch", {}), "python": sys.executable, "endpoint": endpoint}
+    return inputs
 
 
 @pytest.fixture(scope="module")
-def checkpoints(program, node_a, node_b, tmp_path_factory) -> Iterator[dict[str, dict]]:
-    """The real Checkpoint provider: node-a fetches from the stand-in Hub, node-b copies from node-a."""
+def checkpoints(program, engine, node_a, node_b, tmp_path_factory) -> Iterator[dict[str, State]]:
+    """The program's Checkpoints created through the provider host, head first, then along the tree."""
+    declared = program.by_type(CHECKPOINT)
     repo = generate_repo(tmp_path_factory.mktemp("hub-repo"), shards=2, shard_bytes=2 << 20)
-    placed: dict[str, dict] = {}
-    repo_id = program.by_type("pulumi-python:dynamic/qwen35:Checkpoint")[0].inputs["repo"]
-    with StandinHub({repo_id: repo}) as hub:
-        for node in ("node-a", "node-b"):
-            props = checkpoint_props(program, node, hub.endpoint, placed)
-            shutil.rmtree(props["cache_dir"], ignore_errors=True)
-            placed[node] = {**props, **CheckpointProvider().create(props).outs}
-    yield placed
-    for outs in placed.values():
-        shutil.rmtree(outs["cache_dir"], ignore_errors=True)
+    states: dict[str, State] = {}
+    with StandinHub({declared[0].inputs["repo"]: repo}) as hub:
+        for resource in declared:
+            shutil.rmtree(resource.inputs["cache_dir"], ignore_errors=True)
+            inputs = checkpoint_inputs(resource, hub.endpoint, states)
+            states[resource.inputs["node"]["name"]] = engine.create(
+                resource.typ, resource.name, inputs, timeout=600
+            )
+    yield states
+    for resource in declared:
+        shutil.rmtree(resource.inputs["cache_dir"], ignore_errors=True)
 
 
 @pytest.fixture
 def deployment(program, placed, checkpoints, node_a, node_b) -> Iterator[LabDeployment]:
     nodes = {node.name: node for node in (node_a, node_b)}
-    assert checkpoints["node-a"]["digest"] == checkpoints["node-b"]["digest"]
-    deployed = LabDeployment(program, nodes, placed, checkpoints["node-a"]["revision"])
+    deployed = LabDeployment(program, nodes, placed, checkpoints["node-a"].outputs["revision"])
     deployed.clean()  # a run that was killed may have left containers behind
     try:
         yield deployed
@@ -328,7 +331,7 @@ def test_the_model_support_check_runs_on_the_head_before_ray(placed, checkpoints
     the head's real checkpoint. Pulumi.lab.yaml sets `model_check: report`: the lab Ray image has no
     torch, so the real proof fails at `environment`, the verdict is recorded and Ray may start."""
     (check,) = program.by_type(MODEL_SUPPORT)
-    head = checkpoints["node-a"]
+    head = checkpoints["node-a"].outputs
     registered = {
         **check.inputs,
         "image_id": placed["node-a"].outputs["image_id"],
@@ -436,23 +439,34 @@ def test_worker_container_removed_is_drift_and_fails_the_gate(deployment, progra
     assert "1/2 nodes" in message or "EngineDeadError" in message or "engine dead" in message, message
 
 
+def test_checkpoints_on_every_node_through_the_provider_host(checkpoints, program, engine):
+    head, worker = checkpoints["node-a"].outputs, checkpoints["node-b"].outputs
+    assert head["digest"] == worker["digest"] and head["revision"] == worker["revision"]
+    assert worker["bytes_sent"] >= worker["bytes"] > 0 and head["bytes_sent"] == 0
+    for node, state in checkpoints.items():
+        assert engine.refresh(state).outputs["problems"] == {}, node
+
+
 def test_no_server_while_a_node_lacks_the_checkpoint_and_up_repairs_it(
-    deployment, engine, program, checkpoints
+    deployment, program, engine, checkpoints
 ):
     """Served offline from each node's own cache: a worker without its copy keeps the server down;
-    refresh sees the missing files, and `up` (update) sends them back."""
+    refresh sees the missing files, and `pulumi up` (an update in place) sends them back."""
     worker = checkpoints["node-b"]
-    snapshot = worker["snapshot_path"]
-    shutil.rmtree(snapshot)
-    refreshed = CheckpointProvider().read("x", worker).outs
-    assert "config.json" in refreshed["problems"], refreshed["problems"]
+    shutil.rmtree(worker.outputs["snapshot_path"])
+    refreshed = engine.refresh(worker)
+    assert "config.json" in refreshed.outputs["problems"], refreshed.outputs["problems"]
     try:
         deployment.start()
-        message = gate_refused(engine, program, CRASH_DEADLINE_S)
+        # The server waits for node-b's Ray worker, then its rank there fails: the container exits.
+        message = gate_refused(engine, program, PRECONDITION_DEADLINE_S)
         (server,) = deployment.of_role("vllm")
-        log = deployment.logs(server)
         print(f"e2e: gate with node-b's checkpoint gone:\n{message}")
-        assert "not in this node's cache" in message + log, log
+        assert "not in this node's cache" in message + deployment.logs(server), message
     finally:
-        repaired = CheckpointProvider().update("x", refreshed, {**worker, "problems": {}}).outs
-    assert repaired["files_sent"] == 0 and repaired["digest"] == checkpoints["node-a"]["digest"]
+        registered = checkpoint_inputs(program.named("qwen35-checkpoint-node-b"), "", checkpoints)
+        repaired = engine.up(refreshed, registered)
+    assert repaired.op == "update", repaired.op
+    assert repaired.state.outputs["files_sent"] == 0  # only the snapshot links were missing
+    assert engine.refresh(repaired.state).outputs["problems"] == {}
+    checkpoints["node-b"] = repaired.state

@@ -247,3 +247,29 @@ def test_shared_blob_store_symlinks_are_followed_and_materialised(fetched, tmp_p
     # A destination whose blobs are shared-store symlinks counts them as present.
     held = inventory(source, manifest.revision, manifest.as_state())
     assert all(state == "ok" for state in held["blobs"].values())
+
+
+def test_received_files_belong_to_the_cache_owner(fetched, tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("this test runs as root (as the lab and CI do): it checks chown")
+    manifest = source_manifest(fetched)
+    owner = (4242, 4343)
+    receive = programs.receive_argv(
+        sys.executable,
+        str(tmp_path),
+        REPO,
+        manifest.revision,
+        manifest.as_state(),
+        dict(manifest.refs),
+        owner,
+    )
+    sent = run(programs.send_argv(sys.executable, str(fetched), REPO, sorted(manifest.blob_sizes))).stdout
+    done = run(receive, stdin=sent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    root = tmp_path / "hub" / "models--lab--tiny-qwen35"
+    snapshot = root / "snapshots" / manifest.revision
+    paths = [root, root / "blobs", root / "refs" / "main", snapshot, *(root / "blobs").iterdir()]
+    paths += list(snapshot.iterdir())
+    for path in paths:
+        stat = os.lstat(path)
+        assert (stat.st_uid, stat.st_gid) == owner, path

@@ -154,8 +154,10 @@ def test_lab_differences_come_from_config():
     lab = config_from("lab")
     spec = ray_container_spec(lab, lab.head, IMAGE_ID)
     assert spec.gpus is None and spec.devices == () and spec.restart is RestartPolicy.NO
-    # Each lab node has its own cache dir (model.cache_dirs), as separate machines have.
+    # Each lab node has its own HF cache (model.cache_dirs), as separate machines have.
     assert spec.mounts[0] == Mount("/run/qwen35-lab/node-a/hf-cache", CONTAINER_HF_HOME)
+    worker = ray_container_spec(lab, lab.workers[0], IMAGE_ID)
+    assert worker.mounts[0] == Mount("/run/qwen35-lab/node-b/hf-cache", CONTAINER_HF_HOME)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,198 @@
+"""Benchmark the checkpoint copy in the lab (node-a -> node-b); prints a table (figures, not asserts).
+
+The checkpoint: config, tokenizer files and 4 x 256 MiB random safetensors shards (1 GiB), fetched
+once into node-a's HF cache from the stand-in Hub with the real `huggingface_hub` client. Cases, in
+one run: the raw SSH link (`cat | ssh | dd`), `rsync -a` of the repo folder over the same SSH options
+(verifies nothing), our fresh copy (every byte hashed while received), the unchanged checkpoint, and
+one damaged shard (found by a `full` check, only it re-sent).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lab
+from components.checkpoint import CheckpointProvider
+from components.checkpoint.programs import repo_dir_name
+from components.remote import SshTarget, bash_argv, shell_join, ssh_argv, ssh_options
+from lab.layout import data_dir
+from lab.standin_hub import StandinHub, generate_repo
+
+REPO = "bench/qwen35-1g"
+SHARDS = 4
+SHARD_BYTES = 256 << 20
+MIB = 1 << 20
+
+
+def cache_dir(node: lab.LabNode) -> Path:
+    return data_dir() / "bench-hf-cache" / node.name
+
+
+def node_dict(node: lab.LabNode) -> dict:
+    return {**lab.node_config(node), "name": node.name}
+
+
+def peer(dst: lab.LabNode) -> SshTarget:
+    """The source's SSH target for the destination: what the checkpoint copy uses."""
+    return SshTarget(
+        host=dst.host,
+        user=dst.user,
+        port=dst.port,
+        known_hosts=dst.known_hosts,
+        identity_file=dst.identity_file,
+        name=dst.name,
+    )
+
+
+def say(message: str) -> None:
+    print(f"bench: checkpoint: {message}", file=sys.stderr, flush=True)
+
+
+def timed(node: lab.LabNode, script: str) -> float:
+    started = time.monotonic()
+    lab.on_node(node, bash_argv(script, pipefail=True), timeout=1800)
+    return time.monotonic() - started
+
+
+def props(src: lab.LabNode, dst: lab.LabNode, head: dict, refresh: str = "sizes") -> dict:
+    return {
+        "node": node_dict(dst),
+        "repo": REPO,
+        "requested_revision": "main",
+        "cache_dir": str(cache_dir(dst)),
+        "source": node_dict(src),
+        "source_cache_dir": str(cache_dir(src)),
+        "source_mode": "hub",
+        "refresh": refresh,
+        "keep": True,
+        "reserve": 0,
+        "tuning": {},
+        "source_revision": head["revision"],
+        "source_manifest": head["manifest"],
+        "source_refs": head["refs"],
+        "manifest_digest": head["digest"],
+    }
+
+
+def fetch_head(src: lab.LabNode, workdir: Path) -> dict:
+    repo = generate_repo(workdir / "repo", shards=SHARDS, shard_bytes=SHARD_BYTES)
+    with StandinHub({REPO: repo}) as hub:
+        head = {
+            "node": node_dict(src),
+            "repo": REPO,
+            "requested_revision": "main",
+            "cache_dir": str(cache_dir(src)),
+            "source": None,
+            "source_mode": "hub",
+            "refresh": "sizes",
+            "keep": True,
+            "reserve": 0,
+            "fetch": {"python": sys.executable, "endpoint": hub.endpoint},
+            "tuning": {},
+        }
+        return CheckpointProvider().create(head).outs
+
+
+def rows(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
+    """(case, seconds, MB sent, figure) rows of one run."""
+    provider = CheckpointProvider()
+    for node in (src, dst):
+        shutil.rmtree(cache_dir(node), ignore_errors=True)
+        cache_dir(node).mkdir(parents=True)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
+    say("generating 1 GiB and fetching it into node-a's cache from the stand-in Hub")
+    try:
+        head = fetch_head(src, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    total = head["bytes"]
+    repo_src = cache_dir(src) / "hub" / repo_dir_name(REPO)
+    out: list[tuple] = []
+
+    say("raw SSH, rsync -a, ours")
+    blobs = " ".join(shell_join([str(p)]) for p in sorted((repo_src / "blobs").iterdir()))
+    sink = shell_join(ssh_argv(peer(dst), ["dd", "of=/dev/null", "bs=1M", "status=none"]))
+    timed(src, f"cat {blobs} > /dev/null")  # page cache warm for every case alike
+    raw_s = timed(src, f"cat {blobs} | {sink}")
+    out.append(("raw SSH link (same bytes)", raw_s, total / MIB, f"{total / MIB / raw_s:.0f} MiB/s ceiling"))
+
+    rsync_dest = cache_dir(dst) / "rsync" / repo_dir_name(REPO)
+    lab.on_node(dst, ["mkdir", "-p", str(rsync_dest.parent)])
+    rsh = shell_join(["ssh", *ssh_options(peer(dst))])
+    rsync_s = timed(
+        src, shell_join(["rsync", "-a", "-e", rsh, f"{repo_src}/", f"{dst.user}@{dst.host}:{rsync_dest}/"])
+    )
+    out.append(("rsync -a (no verification)", rsync_s, total / MIB, f"{total / MIB / rsync_s:.0f} MiB/s"))
+    shutil.rmtree(rsync_dest.parent, ignore_errors=True)
+
+    started = time.monotonic()
+    fresh = provider.create(props(src, dst, head)).outs
+    fresh_s = time.monotonic() - started
+    assert fresh["digest"] == head["digest"], "the copy's digest differs from the head's"
+    out.append(
+        (
+            "ours: fresh copy, hashed",
+            fresh_s,
+            fresh["bytes_sent"] / MIB,
+            f"ours/rsync {fresh_s / rsync_s:.2f} (target <= 1.1); {100 * raw_s / fresh_s:.0f}% of raw SSH",
+        )
+    )
+
+    started = time.monotonic()
+    unchanged = provider.create(props(src, dst, head)).outs
+    unchanged_s = time.monotonic() - started
+    verdict = "ok" if unchanged["bytes_sent"] == 0 and unchanged_s <= 1.0 else "MISSED"
+    out.append(("ours: unchanged", unchanged_s, unchanged["bytes_sent"] / MIB, f"{verdict}: 0 bytes, <= 1 s"))
+
+    shard = next(b for p, b, _s in head["manifest"] if p.endswith(f"00002-of-{SHARDS:05d}.safetensors"))
+    with open(cache_dir(dst) / "hub" / repo_dir_name(REPO) / "blobs" / shard, "r+b") as handle:
+        handle.seek(SHARD_BYTES // 2)
+        byte = handle.read(1)
+        handle.seek(SHARD_BYTES // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    started = time.monotonic()
+    found = provider.read("x", {**unchanged, "refresh": "full"}).outs["problems"]
+    check_s = time.monotonic() - started
+    out.append(("full re-hash finds it", check_s, 0.0, f"problems: {found}"))
+    started = time.monotonic()
+    repaired = provider.update("x", unchanged, props(src, dst, head, refresh="full")).outs
+    repair_s = time.monotonic() - started
+    ratio = repaired["bytes_sent"] / SHARD_BYTES
+    out.append(
+        (
+            "ours: one damaged shard",
+            repair_s,
+            repaired["bytes_sent"] / MIB,
+            f"{repaired['files_sent']} file sent, {ratio:.3f} x its size (target <= 1.05); "
+            "time incl. a full re-hash",
+        )
+    )
+    for node in (src, dst):
+        shutil.rmtree(cache_dir(node), ignore_errors=True)
+    return out
+
+
+def print_table(table_rows: list[tuple]) -> None:
+    header = ("checkpoint 1 GiB, 4 shards (node-a -> node-b)", "s", "MiB sent", "figure")
+    table = [header] + [(r[0], f"{r[1]:.2f}", f"{r[2]:.1f}", r[3]) for r in table_rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+    for index, row in enumerate(table):
+        print(" | ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+        if index == 0:
+            print("-+-".join("-" * width for width in widths))
+
+
+def main(nodes: dict[str, lab.LabNode] | None = None) -> int:
+    """`python -m bench checkpoint`: this table only (the lab nodes it starts are stopped after)."""
+    if nodes is None:
+        from lab.sessions import lab_session
+
+        with lab_session(["node-a", "node-b"]) as started:
+            return main(started)
+    print("bench: checkpoint copy (node-a -> node-b) ...", file=sys.stderr, flush=True)
+    print_table(rows(nodes["node-a"], nodes["node-b"]))
+    return 0
