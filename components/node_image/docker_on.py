@@ -51,6 +51,7 @@ def parse_facts(node: Node, ref: str, text: str, history: bool, inventory: bool,
     if inventory:
         facts.images, facts.free = parse_images(report.get("images") or ""), int(report.get("free") or 0)
         facts.blobs = parse_blobs("\n".join(report.get("blobs") or []))
+        facts.blobs_unlisted = tuple(str(why) for why in report.get("blobs_unlisted") or [])
     return facts
 
 

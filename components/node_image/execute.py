@@ -8,11 +8,14 @@ import dataclasses
 import json
 import random
 import secrets
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass
 from typing import Any
 
 from components import image_transfer, transfer
@@ -23,10 +26,42 @@ from components.node_image.nodes import inputs, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_programs import program_argv
 from components.node_programs.image_tag import Exit as TagExit
-from components.remote import SSH_TRANSPORT_FAILURE, RemoteError
+from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTarget
 from components.transfer import PhaseTimes, Tuning, peer_target, ssh_sessions
 
 TMP_TAG_PREFIX = "qwen35-tmp-"
+
+
+class Peers:
+    """The source's connections to the destination, a fresh one (its own private folder) for every
+    attempt: a previous attempt's detached close may still remove its folder and end its master."""
+
+    def __init__(self, target: SshTarget):
+        self.target = target
+        self.made: list[transfer.Peer] = []
+
+    def new(self) -> transfer.Peer:
+        peer = transfer.Peer.new(self.target)
+        self.made.append(peer)
+        return peer
+
+    def unclosed(self) -> list[transfer.Peer]:
+        return [peer for peer in self.made if not peer.closed]
+
+
+@dataclass(frozen=True)
+class CopyJob:
+    """One NodeImage operation once both nodes are inspected: what every step after the plan needs."""
+
+    image: str
+    src: DockerOn
+    dst: DockerOn
+    at_source: Facts
+    at_destination: Facts
+    peers: Peers | None  # None: source and destination are one node
+    tuning: Tuning
+    claim: str  # this resource's claim on the tag, should it place or share it
+    times: PhaseTimes
 
 
 def ensure_image(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,7 +91,7 @@ def _ensure_image(
     same_node = source.key == destination.key
     src = DockerOn(source, "source", control("s"))
     dst = src if same_node else DockerOn(destination, "destination", control("d"))
-    peer = None if same_node else transfer.Peer.new(peer_target(destination, tuning))
+    peers = None if same_node else Peers(peer_target(destination, tuning))
     pool = ThreadPoolExecutor(max_workers=6)
     # One connection per node, made first and without a remote shell; every command after it rides
     # on it.
@@ -72,7 +107,7 @@ def _ensure_image(
         )
     else:
         src_facts = pool.submit(
-            times.timed("source facts", _after), src_master, source_session, src, peer, image, times
+            times.timed("source facts", _after), src_master, source_session, src, peers, image, times
         )
     dst_facts = (
         src_facts
@@ -95,9 +130,8 @@ def _ensure_image(
                 session, at_source = src_facts.result()
                 at_destination = dst_facts.result()
         decided = plan(at_source, at_destination, tuning)
-        return carry_out(
-            decided, props, image, src, dst, at_source, at_destination, peer, tuning, session, times
-        )
+        job = CopyJob(image, src, dst, at_source, at_destination, peers, tuning, secrets.token_hex(8), times)
+        return carry_out(decided, props, job, session)
     finally:
         pool.shutdown(wait=True)
         if session is None and not same_node and src_facts.exception() is None:
@@ -105,7 +139,7 @@ def _ensure_image(
         if session is not None:
             with times.span("end source session"):
                 session.close()
-        if peer is not None and not peer.closed:  # the source's session died before ending it
+        for peer in peers.unclosed() if peers is not None else []:  # a session died before ending it
             with times.span("close peer master"), contextlib.suppress(RemoteError):
                 # One attempt: a source that cannot be reached must not hold up the error being raised;
                 # an abandoned master ends by itself.
@@ -113,14 +147,14 @@ def _ensure_image(
 
 
 def source_session(
-    src: DockerOn, peer: transfer.Peer, image: str, times: PhaseTimes
+    src: DockerOn, peers: Peers, image: str, times: PhaseTimes
 ) -> tuple[transfer.SourceSession, Facts]:
     """The source's session and its facts; a session that could not reach the node is retried with
-    backoff for up to 20 s (transport failures only)."""
+    backoff for up to 20 s (transport failures only), each attempt with a connection of its own."""
     deadline, delay = time.monotonic() + 20.0, 1.0
     argv = facts_argv(image, history=True, python=True)
     while True:
-        session = transfer.SourceSession(src.node, peer, argv, src.transport.control_path, times=times)
+        session = transfer.SourceSession(src.node, peers.new(), argv, src.transport.control_path, times=times)
         status, out, err = session.before()
         if status == 0:
             return session, parse_facts(src.node, image, out, history=True, inventory=False, python=True)
@@ -134,18 +168,12 @@ def source_session(
 def carry_out(
     decided: Skip | Retag | Copy,
     props: Mapping[str, Any],
-    image: str,
-    src: DockerOn,
-    dst: DockerOn,
-    at_source: Facts,
-    at_destination: Facts,
-    peer: transfer.Peer | None,
-    tuning: Tuning,
+    job: CopyJob,
     session: transfer.SourceSession | None,
-    times: PhaseTimes,
 ) -> dict[str, Any]:
     """The outputs after doing what the plan says."""
-    claim = secrets.token_hex(8)
+    image, dst, claim, times = job.image, job.dst, job.claim, job.times
+    at_source, at_destination = job.at_source, job.at_destination
     base = {
         **inputs(props),
         "destination_label": dst.node.label,
@@ -161,7 +189,16 @@ def carry_out(
         "holds_tag": False,
         "claim": "",
         "layout": "",
+        # False: the destination's containerd content store could not be read, every layer is sent
+        "blobs_listed": not at_destination.blobs_unlisted,
     }
+    if at_destination.blobs_unlisted:
+        print(
+            f"NodeImage {image}: {dst.node.label}'s containerd content store could not be read "
+            f"({'; '.join(at_destination.blobs_unlisted)}): no layer is left out; thin copies need the "
+            f"SSH user to read the content store",
+            file=sys.stderr,
+        )
 
     def done(info: ImageInfo, daemon: Daemon, **extra) -> dict[str, Any]:
         return {
@@ -189,7 +226,10 @@ def carry_out(
             joined = dst.tags("join", {"ref": image, "claim": claim}, at_destination.python)
         ending.join()
         held = bool(joined.get("joined"))
-        return done(decided.image, decided.daemon, holds_tag=held, claim=claim if held else "")
+        # Waiting: no holder recorded (by hand, or a resource from before the records placed it): the
+        # claim is kept so that such a predecessor's delete can hand the tag over (image_tag leave).
+        waits = bool(joined.get("waiting"))
+        return done(decided.image, decided.daemon, holds_tag=held, claim=claim if held or waits else "")
     if isinstance(decided, Retag):
         ending = _end_meanwhile(session, times)
         with times.span("retag"):
@@ -202,9 +242,7 @@ def carry_out(
         return done(
             decided.image, decided.daemon, retagged=True, placed_tag=True, holds_tag=True, claim=claim
         )
-    report = copy_image(
-        decided, image, src, dst, at_source, at_destination, peer, tuning, claim, session, times
-    )
+    report = copy_image(decided, job, session)
     summary = report["summary"] or {}
     return done(
         report["image"],
@@ -228,44 +266,21 @@ def _end_meanwhile(session: transfer.SourceSession | None, times: PhaseTimes) ->
     return ending
 
 
-def copy_image(
-    decided: Copy,
-    image: str,
-    src: DockerOn,
-    dst: DockerOn,
-    at_source: Facts,
-    at_destination: Facts,
-    peer: transfer.Peer,
-    tuning: Tuning,
-    claim: str,
-    session: transfer.SourceSession | None,
-    times: PhaseTimes,
-) -> dict:
+def copy_image(decided: Copy, job: CopyJob, session: transfer.SourceSession | None) -> dict:
     """Copy as planned: from the layer store when the plan says so (falling back to `docker save`
     when the store cannot be read), verify, promote; the transfer's report. The first attempt runs in
-    the source's open session; a second one (a fallback) in a session of its own."""
+    the source's open session; a second one (a fallback) in a session, and over a connection to the
+    destination, of its own."""
+    image, src, dst, at_source, times = job.image, job.src, job.dst, job.at_source, job.times
     wanted = at_source.image
     sessions = [session] if session is not None else []
     name, _ = image_transfer.split_reference(image)
     tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
 
     def stream(export: dict | None, how: Copy = decided) -> dict:
-        return _stream(
-            how,
-            image,
-            wanted,
-            tmp_tag,
-            src,
-            dst,
-            at_source,
-            at_destination,
-            peer,
-            tuning,
-            claim,
-            export,
-            sessions.pop() if sessions else None,
-            times,
-        )
+        attempt = sessions.pop() if sessions else None
+        peer = attempt.peer if attempt is not None and attempt.peer is not None else job.peers.new()
+        return _stream(how, job, tmp_tag, export, peer, attempt)
 
     try:
         report = None
@@ -275,7 +290,7 @@ def copy_image(
                 "driver": at_source.daemon.driver,
                 "image_id": wanted.image_id,
                 # a containerd store takes left-out blobs from its content store only by digest
-                "layout": "oci" if at_destination.daemon.store == "containerd" else "docker",
+                "layout": "oci" if job.at_destination.daemon.store == "containerd" else "docker",
             }
             try:
                 with times.span("stream, verify, promote (layer store)"):
@@ -334,24 +349,18 @@ def load_argv(
 
 def _stream(
     decided: Copy,
-    image: str,
-    wanted: ImageInfo,
+    job: CopyJob,
     tmp_tag: str,
-    src: DockerOn,
-    dst: DockerOn,
-    at_source: Facts,
-    at_destination: Facts,
-    peer: transfer.Peer,
-    tuning: Tuning,
-    claim: str,
     export: dict | None,
+    peer: transfer.Peer,
     session: transfer.SourceSession | None,
-    times: PhaseTimes,
 ) -> dict:
     """One transfer: producers on the source, `image_tag load` on the destination; the filter's
     report plus `image` (the verified image now tagged). Raises Mismatch, ExportFailed or
     NodeImageError."""
-    source, destination = src.node, dst.node
+    image, src, tuning, times = job.image, job.src, job.tuning, job.times
+    wanted, at_source, at_destination = job.at_source.image, job.at_source, job.at_destination
+    source, destination = src.node, job.dst.node
     spec = image_transfer.filter_spec(
         wanted.layers,
         decided.keep_from,
@@ -367,8 +376,8 @@ def _stream(
             transfer.Stage("docker save (source)", ["docker", "save", image]),
             transfer.Stage("save filter (source)", image_transfer.filter_argv(spec, python)),
         ]
-    load = load_argv(tmp_tag, image, wanted, decided.same_store, at_destination.python, claim)
-    job = transfer.Transfer(
+    load = load_argv(tmp_tag, image, wanted, decided.same_store, at_destination.python, job.claim)
+    moving = transfer.Transfer(
         operation=f"node-image-{destination.label}-{secrets.token_hex(3)}",
         producers=tuple(producers),
         consumer=transfer.Stage("docker load (destination)", load),
@@ -376,10 +385,10 @@ def _stream(
     )
     try:
         if session is not None:
-            result = session.transfer(job, destination, tuning)
+            result = session.transfer(moving, destination, tuning)
         else:
             result = transfer.run_transfer(
-                job, source, destination, peer, tuning, src.transport.control_path, "python3", times
+                moving, source, destination, peer, tuning, src.transport.control_path, "python3", times
             )
     except transfer.PeerUnreachable as exc:
         raise NodeImageError(str(exc)) from None
@@ -388,6 +397,8 @@ def _stream(
     promoted = bool(loaded_report.get("promoted"))
     summary = result.stages[-2].report if len(result.stages) >= 2 else None
     if result.ok and promoted and loaded:
+        if loaded_report.get("warning"):
+            print(f"NodeImage {image} on {destination.label}: {loaded_report['warning']}", file=sys.stderr)
         return {"summary": summary or {}, "bytes": result.bytes_sent, "image": loaded[0]}
     if loaded_report.get("exit") == TagExit.MISMATCH and loaded:
         raise Mismatch(loaded[0])
@@ -405,9 +416,26 @@ def _stream(
         placed,
         "check the link between the nodes and run again (layers already loaded are reused)",
     )
-    if export and result.failure is transfer.Failure.STAGE and not promoted:
-        raise ExportFailed(message)
+    if export and result.failure is transfer.Failure.STAGE and not promoted and _export_failed(result):
+        raise ExportFailed(message)  # the layer store's export failed: `docker save` may still do
     raise NodeImageError(message)
+
+
+def _export_failed(result: transfer.TransferResult) -> bool:
+    """The export itself is at fault: its producer failed on its own, or what it gave did not match."""
+    if not result.stages:
+        return False
+    return (result.consumer_report or {}).get("exit") == TagExit.MISMATCH or _producer_failed(
+        result.stages[0]
+    )
+
+
+def _producer_failed(producer: transfer.StageOutcome) -> bool:
+    """The source's export failed on its own, not because the destination stopped reading (its load
+    failed first: a broken pipe)."""
+    if not producer.status or producer.status == -signal.SIGPIPE:
+        return False
+    return not str((producer.report or {}).get("error") or "").startswith("BrokenPipeError")
 
 
 # ---- refresh and delete --------------------------------------------------------------------------------

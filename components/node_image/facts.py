@@ -45,6 +45,7 @@ class Facts:
     free: int = 0  # bytes free under Docker's root (asked of the destination)
     python: str = "python3"
     blobs: frozenset[str] = frozenset()  # layer blobs in a containerd content store, by diff ID
+    blobs_unlisted: tuple[str, ...] = ()  # why a containerd content store could not be listed
 
 
 def same_image(a: ImageInfo, a_store: str, b: ImageInfo, b_store: str) -> bool:

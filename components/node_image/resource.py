@@ -18,6 +18,7 @@ OUTPUT_KEYS = (
     "layer_bytes_sent",
     "layers_sent",
     "layers_left_out",
+    "blobs_listed",
     "skipped",
     "retagged",
     "placed_tag",

@@ -5,7 +5,8 @@
 Prints one JSON report: `info` (`docker info` in info_format), `image` (`docker image inspect` of
 ref in image_format, "" when absent), and as asked: `history` (ref's layer sizes), `images` (every
 image's inspect line), `free` (bytes available under Docker's root), `blobs` (the layer blobs of a
-containerd store's content store: dockerd's own containerd under its root, or the system's), and
+containerd store's content store: dockerd's own containerd under its root, or the system's;
+`blobs_listed` false and `blobs_unlisted` saying why when none could be read), and
 `python` (the system python3, not a version manager's shim). The docker commands that do not
 depend on each other run at once.
 """
@@ -42,14 +43,23 @@ def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def content_blobs(docker_root: str) -> list[str]:
+def content_blobs(docker_root: str) -> tuple[list[str], list[str]]:
+    """The blobs of dockerd's own containerd content store (under its root) and the system's, and why
+    a store could not be listed (none listed: every layer is sent)."""
     found: set[str] = set()
+    listed, why = False, []
     for root in (os.path.join(docker_root, "containerd", "daemon"), SYSTEM_CONTAINERD_ROOT):
+        folder = os.path.join(root, CONTENT_BLOBS)
         try:
-            found.update(os.listdir(os.path.join(root, CONTENT_BLOBS)))
-        except OSError:  # absent, or not readable by this user: those layers are sent
+            found.update(os.listdir(folder))
+            listed = True
+        except FileNotFoundError:
             continue
-    return sorted(found)
+        except OSError as exc:  # not readable by this user (a non-root SSH user): those layers are sent
+            why.append(f"{folder}: {exc.strerror or exc}")
+    return sorted(found), [] if listed else (
+        why or [f"no content store under {docker_root} or {SYSTEM_CONTAINERD_ROOT}"]
+    )
 
 
 def facts(spec: dict) -> tuple[Exit, dict]:
@@ -92,7 +102,11 @@ def facts(spec: dict) -> tuple[Exit, dict]:
         root = info_out.strip().split("\t")[1] if "\t" in info_out else "/var/lib/docker"
         stats = os.statvfs(root)
         report["free"] = stats.f_bavail * stats.f_frsize
-        report["blobs"] = content_blobs(root) if "io.containerd.snapshotter" in info_out else []
+        if "io.containerd.snapshotter" in info_out:
+            report["blobs"], unlisted = content_blobs(root)
+            report["blobs_listed"] = not unlisted
+            if unlisted:
+                report["blobs_unlisted"] = unlisted
     return Exit.OK, report
 
 

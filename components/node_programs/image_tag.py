@@ -3,14 +3,16 @@ record of which NodeImage resources hold a tag.
 
     image_tag load SPEC    stdin: a docker-load archive; land it on SPEC.tmp_ref, tag SPEC.ref only if
                            the loaded image is the wanted one (SPEC.compare "id": its ID; "layers": its
-                           layer list, across image-store kinds), drop tmp_ref, record SPEC.claim as
-                           the tag's holder
+                           layer list, across image-store kinds), record SPEC.claim as the tag's
+                           holder, drop tmp_ref (failing that only warns: the real tag is verified)
     image_tag retag SPEC   tag SPEC.image_id as SPEC.ref (an image already there) and record the claim
     image_tag join SPEC    the tag is already there: add SPEC.claim to its holders, but only if a
-                           NodeImage placed it (a record exists) and it still points at that image
+                           NodeImage placed it (a record exists) and it still points at that image;
+                           with no holder recorded, SPEC.claim only waits (see leave)
     image_tag leave SPEC   drop SPEC.claim; the last holder leaving removes the tag, and only while it
                            points at the image that was placed. SPEC.legacy_placed_id: a resource from
-                           before the records (no claim) removes a tag it placed when no record exists
+                           before the records (no claim) removes a tag it placed when no record exists, and
+                           hands it over to the claims waiting on it when newer ones joined
 
 Why a record on the node: Pulumi replaces a resource by creating the new one, then deleting the old
 one. Both stand for the same tag; the record lets the old one's delete see that the tag is still held.
@@ -125,9 +127,11 @@ def load(spec: dict) -> tuple[Exit, dict]:
     report["promoted"] = True
     hold(spec["ref"], json.loads(fields[0]), spec.get("claim") or "")
     dropped = docker("image", "rm", spec["tmp_ref"])
-    if dropped.returncode:
-        report["stderr"] = tail(dropped.stderr)
-        return Exit.TAG_FAILED, report
+    if dropped.returncode:  # the real tag is verified and held: a leftover temporary tag only warns
+        report["warning"] = (
+            f"the temporary tag {spec['tmp_ref']} could not be removed ({tail(dropped.stderr, 2)}); "
+            f"remove it by hand: docker image rm {spec['tmp_ref']}"
+        )
     return Exit.OK, report
 
 
@@ -144,25 +148,51 @@ def join(spec: dict) -> tuple[Exit, dict]:
         path = record_path(folder, spec["ref"])
         record = read_record(path)
         current = image_id(spec["ref"])
-        if record is None or current is None or record.get("image_id") != current:
-            return Exit.OK, {"joined": False, "holders": len((record or {}).get("holders") or [])}
+        if current is None or (record is not None and record.get("image_id") != current):
+            return Exit.OK, {
+                "joined": False,
+                "waiting": False,
+                "holders": len((record or {}).get("holders") or []),
+            }
+        if record is None or not record.get("holders"):
+            # No NodeImage is known to have placed it: by hand, or by a resource from before the records.
+            # Wait for the latter's delete to hand the tag over (`leave`); never hold it otherwise.
+            record = record or {"ref": spec["ref"], "image_id": current, "holders": []}
+            waiting = [w for w in record.get("waiting") or [] if w != spec["claim"]] + [spec["claim"]]
+            write_record(path, {**record, "waiting": waiting})
+            return Exit.OK, {"joined": False, "waiting": True, "holders": 0}
         holders = [h for h in record.get("holders") or [] if h != spec["claim"]] + [spec["claim"]]
         write_record(path, {**record, "holders": holders})
-        return Exit.OK, {"joined": True, "holders": len(holders)}
+        return Exit.OK, {"joined": True, "waiting": False, "holders": len(holders)}
 
 
 def leave(spec: dict) -> tuple[Exit, dict]:
     ref, claim = spec["ref"], spec.get("claim") or ""
+    legacy = spec.get("legacy_placed_id") or ""
     with records() as folder:
         path = record_path(folder, ref)
         record = read_record(path)
+        holders = list((record or {}).get("holders") or [])
+        waiting = list((record or {}).get("waiting") or [])
+        if record is not None and not holders and not claim and legacy:
+            # A resource from before the records placed the tag; newer ones found it there and wait:
+            # hand it over to them when it still points at what was placed, else only forget it.
+            if waiting and record.get("image_id") == legacy == image_id(ref):
+                write_record(path, {**record, "holders": waiting, "waiting": []})
+                return Exit.OK, {"removed": False, "holders": len(waiting)}
+            record = None
         if record is None:
-            legacy = spec.get("legacy_placed_id") or ""
             if claim or not legacy or image_id(ref) != legacy:
                 return Exit.OK, {"removed": False, "holders": 0}
             placed = legacy
         else:
-            holders = list(record.get("holders") or [])
+            if claim in waiting:  # it never held the tag: only stop waiting
+                waiting.remove(claim)
+                if holders or waiting:
+                    write_record(path, {**record, "waiting": waiting})
+                else:
+                    os.unlink(path)
+                return Exit.OK, {"removed": False, "holders": len(holders)}
             if claim not in holders:
                 return Exit.OK, {"removed": False, "holders": len(holders)}
             holders.remove(claim)

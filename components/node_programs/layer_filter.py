@@ -439,20 +439,36 @@ def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]], lis
     return config, plan, sizes
 
 
+class ArchiveOut:
+    """An export's output: counts the archive's bytes (`read`) and what reaches the sink (`written`),
+    gzip-compressed when asked; `close()` writes the compressor's tail and flushes."""
+
+    def __init__(self, sink, counter: StreamCounter, compress: str | None):
+        self.sink, self.counter = sink, counter
+        self.compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if compress == "gzip" else None
+
+    def __call__(self, data: bytes) -> None:
+        self.counter.read += len(data)
+        if self.compressor is not None:
+            data = self.compressor.compress(data)
+        if data:
+            self.sink.write(data)
+            self.counter.written += len(data)
+
+    def close(self) -> None:
+        if self.compressor is not None:
+            tail = self.compressor.flush()
+            self.sink.write(tail)
+            self.counter.written += len(tail)
+        self.sink.flush()
+
+
 def export_stream(spec: dict, sink, counter: StreamCounter) -> None:
     """Write a docker-load archive holding only the layers to send, read from the layer store."""
     config, plan, sizes = export_plan(spec)
+    write = ArchiveOut(sink, counter, spec.get("compress"))
     if spec["export"].get("layout") == "oci":
-        return export_oci(spec, config, plan, sizes, sink, counter)
-    compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if spec.get("compress") == "gzip" else None
-
-    def write(data: bytes) -> None:
-        counter.read += len(data)
-        if compressor is not None:
-            data = compressor.compress(data)
-        if data:
-            sink.write(data)
-            counter.written += len(data)
+        return export_oci(spec, config, plan, sizes, write)
 
     def add(name: str, size: int) -> None:
         write(regular_file_header(name, size, 0))
@@ -472,28 +488,16 @@ def export_stream(spec: dict, sink, counter: StreamCounter) -> None:
     manifest = json.dumps([{"Config": f"{image_hex}.json", "RepoTags": [spec["new_tag"]], "Layers": paths}])
     add("manifest.json", len(manifest))
     write(manifest.encode() + bytes(-len(manifest) % 512) + bytes(1024))
-    if compressor is not None:
-        tail = compressor.flush()
-        sink.write(tail)
-        counter.written += len(tail)
-    sink.flush()
+    write.close()
 
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
-def export_oci(spec: dict, config: bytes, plan: list, sizes: list[int], sink, counter: StreamCounter) -> None:
+def export_oci(spec: dict, config: bytes, plan: list, sizes: list[int], write: ArchiveOut) -> None:
     """The same layers as an OCI image layout: every blob named by its digest (a layer's is its diff
     ID), so a containerd image store takes the blobs left out from its content store."""
-    compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if spec.get("compress") == "gzip" else None
-
-    def write(data: bytes) -> None:
-        counter.read += len(data)
-        if compressor is not None:
-            data = compressor.compress(data)
-        if data:
-            sink.write(data)
-            counter.written += len(data)
+    counter = write.counter
 
     def add(name: str, data: bytes) -> None:
         write(regular_file_header(name, len(data), 0) + data + bytes(-len(data) % 512))
@@ -553,11 +557,7 @@ def export_oci(spec: dict, config: bytes, plan: list, sizes: list[int], sink, co
     ]
     add("manifest.json", json.dumps(docker_manifest, separators=(",", ":")).encode())
     write(bytes(1024))
-    if compressor is not None:
-        tail = compressor.flush()
-        sink.write(tail)
-        counter.written += len(tail)
-    sink.flush()
+    write.close()
 
 
 def main(argv: list[str]) -> int:

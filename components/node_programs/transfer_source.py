@@ -13,7 +13,8 @@ SPEC and RUN are JSON. The connection to the destination is an SSH control maste
 private folder (0700, owned by us); every ssh argv arrives ready-made in SPEC (the orchestrator
 builds them from its one set of SSH options). `run` copies the last producer's output to the
 consumer itself, so it counts every byte, ends the whole pipeline when no byte moved for `stall_s`
-or the deadline passed, writes a progress file for `status` at most once a second, and reports
+while streaming (not once every byte is sent and the consumer is finishing) or the deadline passed,
+writes a progress file for `status` at most once a second, and reports
 every stage's exit status, the tail of its stderr, a stage's own one-line JSON report (a stderr line
 `qwen35-report {...}`) and the consumer's one-line JSON report (its last stdout line).
 """
@@ -91,7 +92,8 @@ def connect(peer: dict) -> tuple[int, str]:
 
 def close(peer: dict) -> int:
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    subprocess.run(peer["exit"], **quiet)
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a master that does not answer ends by itself
+        subprocess.run(peer["exit"], timeout=10, **quiet)
     folder = peer["folder"]
     with contextlib.suppress(OSError):
         if stat.S_ISDIR(os.lstat(folder).st_mode) and os.lstat(folder).st_uid == os.getuid():
@@ -323,7 +325,9 @@ def serve(spec: dict) -> int:
         if link is not None:
             link.join(2 * float(peer["connect_timeout"]) + 5)  # a sink opened meanwhile is discarded too
             link.discard_sink()
-            close_detached(peer)
+            # Ended unused (the caller skips or retags): end the master before the session ends, so
+            # nothing is left behind when the caller returns; nothing waits on a transfer here.
+            close(peer)
 
 
 def finish(report: dict, progress: Progress, started: float, status: int) -> int:
@@ -392,7 +396,10 @@ def watched(
                 said = now
                 say(f"{Marker.PROGRESS.value} {seen}")
             progress.update(phase[0], seen, now - started)
-            if now - last_change > stall_s:
+            # The stall limit is for the stream only: once every byte is sent, the consumer (a
+            # `docker load` unpacking a large first copy) may rightly be silent for long; the
+            # deadline still holds, and the progress lines above keep the orchestrator's backstop quiet.
+            if phase[0] == "streaming" and now - last_change > stall_s:
                 why.append(f"stalled: no data moved for {stall_s:g} s ({seen} bytes sent)")
             elif now - started > deadline_s:
                 why.append(f"deadline of {deadline_s:g} s passed ({seen} bytes sent)")

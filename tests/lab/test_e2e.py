@@ -30,6 +30,7 @@ from lab.ray_image import ray_image
 from lab.standin_hub import StandinHub, generate_repo
 from lab.standin_vllm import STANDIN_NOTE
 from tests.support.declared import docker_run_argv
+from tests.support.node_image_lab import remove_with_record
 from tests.support.program import READINESS_GATE, ProgramRun, Registered, run_program, stack_config
 from tests.support.provider_host import Engine, ProviderFailed, ProviderHost, State
 
@@ -200,20 +201,23 @@ def node_image_inputs(program: ProgramRun, resource: Registered, tag: str, state
 
 
 @pytest.fixture(scope="module")
-def placed(program, engine, node_a, node_b) -> dict[str, State]:
+def placed(program, engine, node_a, node_b) -> Iterator[dict[str, State]]:
     """The program's NodeImages created through the provider host, placing the lab Ray image (built or
     loaded from the cache on the head only; the NodeImage for node-b copies it there if it lacks it)."""
     try:
         tag, _ = ray_image(node_a)
     except lab.LabError as exc:
         pytest.fail(f"the lab Ray image could not be made: {exc}", pytrace=False)
+    remove_with_record(node_b, tag)  # node-b's NodeImage places the tag itself, whatever a past run left
     states: dict[str, State] = {}
     for resource in program.node_images():
         inputs = node_image_inputs(program, resource, tag, states)
         state = engine.create(resource.typ, resource.name, inputs, timeout=900)
         states[resource.inputs["destination"]["name"]] = state
         print(f"e2e: {resource.name}: {state.public_outputs()}")
-    return states
+    yield states
+    for state in states.values():  # the tests may have replaced a state: the current ones
+        engine.delete(state)
 
 
 CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"

@@ -18,11 +18,11 @@ import lab
 from components.node_image import NodeImageError
 from tests.support.node_image_lab import (
     PROVIDER,
+    PeerFolders,
     build,
     image_id,
-    no_new_peer_connection,
     no_temporary_tags,
-    peer_connections,
+    peer_folders_gone,
     props,
     remove,
     runs,
@@ -40,11 +40,11 @@ EXPORTS = pytest.mark.parametrize(("export", "layout"), [("save", "legacy"), ("a
 
 
 @EXPORTS
-def test_fresh_copy_then_repeat_sends_nothing(pair, export, layout):
+def test_fresh_copy_then_repeat_sends_nothing(pair, export, layout, monkeypatch):
     src, dst = pair
     wanted = build(src, "ni-fresh:1", "lab-busybox:1", os.urandom(300_000))
     remove(dst, "ni-fresh:1", "lab-busybox:1")
-    connections = peer_connections()
+    connections = PeerFolders(monkeypatch)
     first = PROVIDER.create(props("ni-fresh:1", src, dst, tuning={"source_export": export})).outs
     assert first["skipped"] is False and first["placed_tag"] is True
     assert first["image_id"] == wanted == image_id(dst, "ni-fresh:1")
@@ -52,12 +52,15 @@ def test_fresh_copy_then_repeat_sends_nothing(pair, export, layout):
     assert first["store"] == "classic" and first["layout"] == layout
     assert "root" in runs(dst, "ni-fresh:1")
     assert no_temporary_tags(dst)
-    assert no_new_peer_connection(connections)
+    copied = connections.take()
+    assert copied and peer_folders_gone(copied)  # the copy's master ends in the background
     again = PROVIDER.create(props("ni-fresh:1", src, dst)).outs
     assert again["skipped"] is True and again["bytes_sent"] == 0
     assert again["image_id"] == wanted
-    # the connection made speculatively during the source's inspection was closed, not left behind
-    assert no_new_peer_connection(connections, wait_s=0)
+    # the connection made speculatively during the source's inspection was closed before create
+    # returned, not left behind
+    skipped = connections.take()
+    assert skipped and peer_folders_gone(skipped, wait_s=0)
 
 
 @EXPORTS

@@ -53,6 +53,20 @@ def remove(node: lab.LabNode, *refs: str) -> None:
         lab.docker(node, "image", "rm", "-f", ref, check=False)
 
 
+# Removes the tag record image_tag keeps on a node (~/.qwen35/tags/<quoted ref>.json).
+FORGET_RECORD = (
+    "import os,sys,urllib.parse;"
+    "p=os.path.expanduser('~/.qwen35/tags/'+urllib.parse.quote(sys.argv[1],safe='')+'.json');"
+    "os.path.exists(p) and os.unlink(p)"
+)
+
+
+def remove_with_record(node: lab.LabNode, ref: str) -> None:
+    """The tag and NodeImage's record of who holds it: the node as if no NodeImage had been there."""
+    remove(node, ref)
+    lab.on_node(node, ["python3", "-c", FORGET_RECORD, ref])
+
+
 def tags_on(node: lab.LabNode) -> list[str]:
     return lab.docker(node, "images", "--format", "{{.Repository}}:{{.Tag}}").out.split()
 
@@ -65,14 +79,33 @@ def no_temporary_tags(node: lab.LabNode) -> bool:
     return not [t for t in tags_on(node) if "qwen35-tmp-" in t]
 
 
-def peer_connections() -> set[str]:
-    """The sources' private folders for their SSH masters to destinations (lab nodes share /tmp)."""
-    return {str(p.parent) for p in Path("/tmp").glob("qni-*/m")}
+class PeerFolders:
+    """The private folders of the sources' SSH masters to destinations that NodeImage operations in
+    this process make (lab nodes share this machine's /tmp): `take()` returns those made since the last
+    call."""
+
+    def __init__(self, monkeypatch):
+        from components.node_image import execute
+
+        self.made: list[str] = []
+        real = execute.Peers.new
+
+        def new(peers):
+            peer = real(peers)
+            self.made.append(peer.folder)
+            return peer
+
+        monkeypatch.setattr(execute.Peers, "new", new)
+
+    def take(self) -> list[str]:
+        made, self.made = self.made, []
+        return made
 
 
-def no_new_peer_connection(before: set[str], wait_s: float = 3.0) -> bool:
-    """A copy ends its source's master in the background; a skip closes it before returning."""
+def peer_folders_gone(folders: list[str], wait_s: float = 3.0) -> bool:
+    """None of these masters' folders is left: a copy ends its master in the background (wait_s), a skip
+    before create returns (wait_s=0)."""
     deadline = time.monotonic() + wait_s
-    while peer_connections() - before and time.monotonic() < deadline:
+    while any(Path(f).exists() for f in folders) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not peer_connections() - before
+    return not any(Path(f).exists() for f in folders)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import io
 import json
@@ -256,3 +257,18 @@ def test_layer_store_export_as_an_oci_layout_names_every_blob_by_digest(tmp_path
     assert sent == ["blobs/sha256/" + DIFF_IDS[1][7:]]  # only the layer not left out
     assert counter.layers_sent == 1 and counter.layers_left_out == 2 and counter.layout == "export-oci"
     assert json.loads(files["manifest.json"])[0]["RepoTags"] == ["app:qwen35-tmp-1"]
+
+
+@pytest.mark.parametrize("layout", ["docker", "oci"])
+def test_layer_store_export_compressed_is_the_same_archive(tmp_path, layout):
+    root, image_id = fake_layer_store(tmp_path)
+    export = {"root": root, "driver": "overlay2", "image_id": image_id, "layout": layout}
+    archives = []
+    for compression in ("none", "gzip"):
+        spec = t.filter_spec(DIFF_IDS, 1, "app:qwen35-tmp-1", compression, export=export)
+        out, counter = io.BytesIO(), t.StreamCounter()
+        t.export_stream(spec, out, counter)
+        assert counter.written == len(out.getvalue()) and counter.layers_sent == 2
+        archives.append((out.getvalue(), counter.read))
+    (plain, plain_read), (packed, packed_read) = archives
+    assert gzip.decompress(packed) == plain and packed_read == plain_read == len(plain)

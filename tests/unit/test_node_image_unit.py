@@ -385,6 +385,71 @@ def test_a_tag_no_nodeimage_placed_is_never_removed(node_docker):
     assert tags() == {"base:1": "sha256:b"}
 
 
+def test_a_replacement_of_state_from_before_records_keeps_the_tag_for_the_survivor(node_docker):
+    """The old resource placed the tag before records existed (placed_tag, no claim, no record): the new
+    one finds it there and waits; the old one's delete hands the tag over instead of removing it, and
+    the survivor's delete removes it."""
+    tags, image_tag = node_docker
+    image_tag("retag", ref="app:1", image_id="sha256:x", claim="")  # no record, as before records
+    joined = image_tag("join", ref="app:1", claim="new")
+    assert joined["joined"] is False and joined["waiting"] is True
+    assert image_tag("leave", ref="app:1", claim="", legacy_placed_id="sha256:x")["removed"] is False
+    assert tags() == {"app:1": "sha256:x"}
+    assert image_tag("leave", ref="app:1", claim="new", legacy_placed_id="")["removed"] is True
+    assert tags() == {}
+
+
+def test_a_waiting_claim_on_a_tag_placed_by_hand_never_removes_it(node_docker):
+    tags, image_tag = node_docker
+    image_tag("retag", ref="base:1", image_id="sha256:b", claim="")  # by hand: no record
+    assert image_tag("join", ref="base:1", claim="c1")["waiting"] is True
+    assert image_tag("join", ref="base:1", claim="c2")["joined"] is False  # still nobody holds it
+    assert image_tag("leave", ref="base:1", claim="c1", legacy_placed_id="")["removed"] is False
+    assert image_tag("leave", ref="base:1", claim="c2", legacy_placed_id="")["removed"] is False
+    assert tags() == {"base:1": "sha256:b"}
+    # nothing left waiting: a later legacy delete of another image's state does not hand anything over
+    assert image_tag("leave", ref="base:1", claim="", legacy_placed_id="sha256:other")["removed"] is False
+
+
+def test_a_legacy_delete_hands_over_only_what_it_placed(node_docker):
+    tags, image_tag = node_docker
+    image_tag("retag", ref="app:1", image_id="sha256:x", claim="")
+    image_tag("join", ref="app:1", claim="new")
+    image_tag("retag", ref="app:1", image_id="sha256:y", claim="")  # re-pointed by hand since
+    assert image_tag("leave", ref="app:1", claim="", legacy_placed_id="sha256:x")["removed"] is False
+    assert image_tag("leave", ref="app:1", claim="new", legacy_placed_id="")["removed"] is False
+    assert tags() == {"app:1": "sha256:y"}
+
+
+@pytest.mark.parametrize(
+    ("joined", "claim_kept", "holds"),
+    [
+        ({"joined": True, "waiting": False}, True, True),
+        ({"joined": False, "waiting": True}, True, False),  # may be handed the tag by a legacy delete
+        ({"joined": False, "waiting": False}, False, False),
+    ],
+    ids=["joined", "waiting", "neither"],
+)
+def test_a_skip_keeps_its_claim_when_it_joined_or_waits(joined, claim_kept, holds):
+    from components.node_image.facts import Facts
+    from components.node_image.plan import Skip
+    from components.transfer import PhaseTimes
+
+    class Destination:
+        node = Node.from_dict("destination", node("b", "h2"))
+
+        def tags(self, mode, spec, python="python3"):
+            assert mode == "join"
+            return joined
+
+    info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1")
+    facts = Facts(Destination.node, "app:1", daemon, info)
+    props = {**olds(), "tuning": {}}
+    job = execute.CopyJob("app:1", None, Destination(), facts, facts, None, CopyConfig(), "c1", PhaseTimes())
+    outs = execute.carry_out(Skip(info, daemon, True), props, job, None)
+    assert bool(outs["claim"]) is claim_kept and outs["holds_tag"] is holds and outs["placed_tag"] is False
+
+
 def test_a_tag_pointed_elsewhere_since_is_not_removed_nor_joined(node_docker):
     tags, image_tag = node_docker
     image_tag("retag", ref="app:1", image_id="sha256:x", claim="a")
@@ -421,6 +486,8 @@ if args[0] == "load":
     sys.exit(0 if data == b"archive" else 1)
 if args[:2] == ["image", "inspect"]:
     print(os.environ["FAKE_DOCKER_IMAGE"])
+if args[:2] == ["image", "rm"] and os.environ.get("FAKE_DOCKER_RM_FAILS"):
+    sys.stderr.write("Error response from daemon: busy\\n"); sys.exit(1)
 sys.exit(0)
 """
 
@@ -515,3 +582,199 @@ def test_the_report_marker_is_the_same_on_both_sides():
 
     # Two programs shipped separately (each one standalone file): the filter writes what the watch reads.
     assert transfer_source.Marker.REPORT.value == layer_filter.REPORT
+
+
+def test_a_temporary_tag_left_behind_only_warns_and_the_claim_stays_valid(tmp_path, monkeypatch):
+    """The real tag is verified and recorded before the temporary tag goes: failing to remove the
+    temporary tag must not fail the load (that would leave a claim no resource state knows)."""
+    import subprocess
+    import sys
+
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "log"))
+    monkeypatch.setenv("FAKE_DOCKER_RM_FAILS", "1")
+    monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"sha256:ab"\t["{L1}"]\t7')
+    argv = ni.load_argv(
+        "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1,)), True, sys.executable, "c1"
+    )
+    done = subprocess.run(argv, input=b"archive", capture_output=True, timeout=60)
+    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert done.returncode == 0 and report["exit"] == 0 and report["promoted"] is True, report
+    assert "app:qwen35-tmp-1" in report["warning"] and "docker image rm" in report["warning"]
+    records = list((tmp_path / "home" / ".qwen35" / "tags").glob("*.json"))
+    assert [json.loads(r.read_text())["holders"] for r in records] == [["c1"]]
+
+
+def _stream_with(stages: list, consumer_report: dict | None, failure=None) -> Exception:
+    """execute._stream of a layer-store export whose transfer ended with these stage outcomes."""
+    from components.node_image.errors import ExportFailed
+    from components.node_image.facts import Facts
+    from components.node_image.plan import Copy
+    from components.transfer import Failure, StageOutcome, TransferResult
+
+    a, b = Node.from_dict("source", node("a", "h1")), Node.from_dict("destination", node("b", "h2"))
+    outcomes = [StageOutcome(name, status, [], report) for name, status, report in stages]
+    failed = next((o for o in outcomes if o.status), None)
+    why = f"{failed.name} exited {failed.status}" if failed else "no progress from the source for 150 s"
+
+    class Session:
+        def transfer(self, job, destination, tuning):
+            return TransferResult(a, b, outcomes, 10, consumer_report, failure or Failure.STAGE, why, [])
+
+    class On:
+        def __init__(self, n):
+            self.node = n
+
+    info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1", "overlay2")
+    export = {"root": "/var/lib/docker", "driver": "overlay2", "image_id": "sha256:x", "layout": "docker"}
+    with pytest.raises((ExportFailed, NodeImageError)) as caught:
+        job = execute.CopyJob(
+            "app:1",
+            On(a),
+            On(b),
+            Facts(a, "app:1", daemon, info),
+            Facts(b, "app:1", daemon, None),
+            None,
+            CopyConfig(),
+            "c1",
+            execute.PhaseTimes(),
+        )
+        execute._stream(Copy((), 0, True, True, 10), job, "app:qwen35-tmp-1", export, None, Session())
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("producer", "consumer", "export_failed"),
+    [
+        ((3, {"error": "export-unavailable: no layer store"}), (2, {"exit": 2}), True),
+        ((1, {"error": "OSError: unreadable layer"}), (2, {"exit": 2}), True),  # it failed first
+        ((1, {"error": "BrokenPipeError: [Errno 32]"}), (2, {"exit": 2}), False),  # the load failed first
+        ((0, {}), (2, {"exit": 2}), False),  # docker load failed on the destination: not the export
+        ((0, {}), (4, {"exit": 4}), True),  # what the export gave did not match
+    ],
+    ids=["unavailable", "export-error", "load-first", "load-failed", "mismatch"],
+)
+def test_only_a_failed_export_falls_back_to_docker_save(producer, consumer, export_failed):
+    from components.node_image.errors import ExportFailed
+
+    error = _stream_with(
+        [("layer export (source)", *producer), ("docker load (destination)", consumer[0], None)], consumer[1]
+    )
+    assert isinstance(error, ExportFailed) is export_failed, error
+
+
+class _Session:
+    """transfer.SourceSession stand-in: its peer, a scripted `before` status."""
+
+    statuses: list[int] = []
+
+    def __init__(self, node, peer, argv, control_path, times=None):
+        self.peer = peer
+        self.status = self.statuses.pop(0)
+
+    def before(self):
+        return self.status, "", ""
+
+    def close(self):
+        pass
+
+
+def test_every_attempt_gets_a_connection_of_its_own(monkeypatch):
+    """A retried source session and the docker save fallback each use a fresh private folder: a previous
+    attempt's detached close removes its own folder and master, never the next attempt's."""
+    from components.node_image.errors import ExportFailed
+    from components.node_image.facts import Facts
+    from components.node_image.plan import Copy
+    from components.remote import SshTarget
+
+    a = Node.from_dict("source", node("a", "h1"))
+    peers = execute.Peers(SshTarget("h2", "ops", "/kh"))
+    monkeypatch.setattr(execute.transfer, "SourceSession", _Session)
+    monkeypatch.setattr(_Session, "statuses", [255, 0])
+    monkeypatch.setattr(execute, "parse_facts", lambda *args, **kwargs: "facts")
+
+    class On:
+        node = a
+
+        class transport:  # noqa: N801
+            control_path = "/cp"
+
+        def untag(self, ref):
+            pass
+
+    session, facts = execute.source_session(On(), peers, "app:1", execute.PhaseTimes())
+    assert facts == "facts" and len(peers.made) == 2 and session.peer is peers.made[1]
+    used = []
+
+    def stream(how, job, tmp_tag, export, peer, session):
+        used.append(peer)
+        if len(used) == 1:
+            raise ExportFailed("the layer store could not be read")
+        return {"summary": {}, "bytes": 1, "image": job.at_source.image}
+
+    monkeypatch.setattr(execute, "_stream", stream)
+    info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1", "overlay2")
+    at = Facts(a, "app:1", daemon, info)
+    job = execute.CopyJob("app:1", On(), On(), at, at, peers, CopyConfig(), "c", execute.PhaseTimes())
+    execute.copy_image(Copy((), 0, True, True, 1), job, session)
+    assert used[0] is session.peer and used[1] is peers.made[2]
+    assert len({peer.folder for peer in peers.made}) == 3
+
+
+def test_an_unreadable_content_store_is_reported_not_silently_sent_in_full(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from components.node_image.docker_on import facts_argv, parse_facts
+
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir()
+    docker.write_text(FACTS_DOCKER.format(python=sys.executable, l1=L1, l2=L2))
+    docker.chmod(0o755)
+    root = tmp_path / "docker-root"
+    content = root / "containerd" / "daemon" / "io.containerd.content.v1.content" / "blobs"
+    content.mkdir(parents=True)
+    (content / "sha256").write_bytes(b"")  # cannot be listed (as for a user without read access)
+    monkeypatch.setenv("PATH", f"{docker.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_ROOT", str(root))
+    argv = facts_argv("app:1", history=False, inventory=True)
+    argv[0] = sys.executable
+    done = subprocess.run(argv, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.decode().splitlines()[-1])["blobs_listed"] is False
+    facts = parse_facts(
+        Node.from_dict("d", node("b", "h2")), "app:1", done.stdout.decode(), False, True, True
+    )
+    assert facts.blobs == frozenset() and str(content / "sha256") in facts.blobs_unlisted[0]
+
+
+@pytest.mark.parametrize("unlisted", [(), ("/x/blobs/sha256: Permission denied",)])
+def test_outputs_say_whether_the_content_store_was_listed(unlisted, capsys):
+    from components.node_image.facts import Facts
+    from components.node_image.plan import Skip
+    from components.transfer import PhaseTimes
+
+    b = Node.from_dict("destination", node("b", "h2"))
+
+    class Destination:
+        node = b
+
+    info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("containerd", "/var/lib/docker", "29.0")
+    facts = Facts(b, "app:1", daemon, info, blobs_unlisted=unlisted)
+    job = execute.CopyJob("app:1", None, Destination(), facts, facts, None, CopyConfig(), "c1", PhaseTimes())
+    outs = execute.carry_out(Skip(info, daemon, False), olds(), job, None)
+    assert outs["blobs_listed"] is (not unlisted)
+    assert ("Permission denied" in capsys.readouterr().err) is bool(unlisted)
+
+
+def test_a_transfer_without_a_report_is_an_error_not_a_crash():
+    from components.node_image.errors import ExportFailed
+    from components.transfer import Failure
+
+    for failure in (Failure.TRANSPORT, Failure.STAGE):  # no stage outcomes at all
+        error = _stream_with([], None, failure)
+        assert isinstance(error, NodeImageError) and not isinstance(error, ExportFailed), error
