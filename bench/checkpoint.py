@@ -18,8 +18,9 @@ from pathlib import Path
 import lab
 from components.checkpoint import CheckpointProvider
 from components.checkpoint.programs import repo_dir_name
-from components.remote import SshTarget, bash_argv, shell_join, ssh_argv, ssh_options
+from components.remote import bash_argv, shell_join, ssh_argv, ssh_options
 from lab.layout import data_dir
+from lab.remote import ssh_target
 from lab.standin_hub import StandinHub, generate_repo
 
 REPO = "bench/qwen35-1g"
@@ -34,18 +35,6 @@ def cache_dir(node: lab.LabNode) -> Path:
 
 def node_dict(node: lab.LabNode) -> dict:
     return {**lab.node_config(node), "name": node.name}
-
-
-def peer(dst: lab.LabNode) -> SshTarget:
-    """The source's SSH target for the destination: what the checkpoint copy uses."""
-    return SshTarget(
-        host=dst.host,
-        user=dst.user,
-        port=dst.port,
-        known_hosts=dst.known_hosts,
-        identity_file=dst.identity_file,
-        name=dst.name,
-    )
 
 
 def say(message: str) -> None:
@@ -115,14 +104,14 @@ def rows(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
 
     say("raw SSH, rsync -a, ours")
     blobs = " ".join(shell_join([str(p)]) for p in sorted((repo_src / "blobs").iterdir()))
-    sink = shell_join(ssh_argv(peer(dst), ["dd", "of=/dev/null", "bs=1M", "status=none"]))
+    sink = shell_join(ssh_argv(ssh_target(dst), ["dd", "of=/dev/null", "bs=1M", "status=none"]))
     timed(src, f"cat {blobs} > /dev/null")  # page cache warm for every case alike
     raw_s = timed(src, f"cat {blobs} | {sink}")
     out.append(("raw SSH link (same bytes)", raw_s, total / MIB, f"{total / MIB / raw_s:.0f} MiB/s ceiling"))
 
     rsync_dest = cache_dir(dst) / "rsync" / repo_dir_name(REPO)
     lab.on_node(dst, ["mkdir", "-p", str(rsync_dest.parent)])
-    rsh = shell_join(["ssh", *ssh_options(peer(dst))])
+    rsh = shell_join(["ssh", *ssh_options(ssh_target(dst))])
     rsync_s = timed(
         src, shell_join(["rsync", "-a", "-e", rsh, f"{repo_src}/", f"{dst.user}@{dst.host}:{rsync_dest}/"])
     )
