@@ -198,68 +198,82 @@ def head_manifest(props: Mapping[str, Any]) -> Manifest:
     return manifest
 
 
-def copy_to_node(props: Mapping[str, Any], manifest: Manifest) -> dict[str, Any]:
-    """Send the node what it lacks of `manifest` from its source; nothing when it holds it all."""
+def copy_to_node(props: Mapping[str, Any], manifest: Manifest, early: bool = True) -> dict[str, Any]:
+    """Send the node what it lacks of `manifest` from its source; nothing when it holds it all.
+
+    `early`: the source's session (its connection to this node, and this node's receiving end) is
+    opened while this node is inventoried, so connection set-up and login shells are paid meanwhile,
+    not on the copy's path; it ends unused when nothing is missing. Late (after the inventory) when a
+    copy is unlikely (an update of a node that held everything at the last refresh)."""
     target = _target(props["node"], "node")
     full = props.get("refresh") == "full"
-    report = inventory(props, manifest, full)
-    plan = plan_copy(manifest, report)
-    if plan.nothing_to_do:
-        return {"bytes_sent": 0, "files_sent": 0, "snapshot_path": _snapshot(report, manifest)}
-    check_space(target.label, plan, report, int(props.get("reserve") or 0))
     source_raw = props.get("source")
     if not source_raw:
+        report = inventory(props, manifest, full)
+        plan = plan_copy(manifest, report)
+        if plan.nothing_to_do:
+            return {"bytes_sent": 0, "files_sent": 0, "snapshot_path": _snapshot(report, manifest)}
         raise CheckpointError(
             f"{target.label}: {manifest.repo}@{manifest.revision} is incomplete on the head itself "
             f"({len(plan.blobs)} files missing or damaged); next: `pulumi up` again (the fetch repairs it)"
         )
+    try:
+        tuning = transfer.tuning_from(props.get("tuning"), "Checkpoint tuning")
+        source = transfer.Endpoint.from_dict("source", source_raw, tuning.connect_timeout_s)
+        destination = transfer.Endpoint.from_dict("node", props["node"], tuning.connect_timeout_s)
+    except (transfer.TuningError, transfer.EndpointError) as exc:
+        raise CheckpointError(f"Checkpoint: {exc}") from None
+    peer = transfer.Peer.new(transfer.peer_target(destination, tuning))
     python = props.get("python") or "python3"
-    send = programs.send_argv(python, props["source_cache_dir"], manifest.repo, plan.blobs)
-    owner = (int(report["uid"]), int(report["gid"]))
-    files, refs = manifest.as_state(), dict(manifest.refs)
-    receive = programs.receive_argv(
-        python, props["cache_dir"], manifest.repo, manifest.revision, files, refs, owner
-    )
-    received = _transfer(props, manifest, plan.bytes, send, receive)
+    with transfer.ssh_sessions() as control:
+        source_master = control("source")
+        session = None
+        try:
+            if early:
+                session = transfer.SourceSession(source, peer, None, source_master, python)
+            report = inventory(props, manifest, full)
+            plan = plan_copy(manifest, report)
+            if plan.nothing_to_do:
+                return {"bytes_sent": 0, "files_sent": 0, "snapshot_path": _snapshot(report, manifest)}
+            check_space(target.label, plan, report, int(props.get("reserve") or 0))
+            if session is None:
+                session = transfer.SourceSession(source, peer, None, source_master, python)
+            send = programs.send_argv(python, props["source_cache_dir"], manifest.repo, plan.blobs)
+            owner = (int(report["uid"]), int(report["gid"]))
+            receive = programs.receive_argv(
+                python, props["cache_dir"], manifest.repo, manifest.revision, manifest.as_state(),
+                dict(manifest.refs), owner,
+            )  # fmt: skip
+            job = transfer.Transfer(
+                operation=f"checkpoint-{destination.label}-{secrets.token_hex(3)}",
+                producers=(transfer.Stage("checkpoint send (source)", send),),
+                consumer=transfer.Stage("checkpoint receive (destination)", receive),
+                bytes_total=plan.bytes,
+            )
+            try:
+                result = session.transfer(job, destination, tuning)
+            except transfer.PeerUnreachable as exc:
+                raise CheckpointError(str(exc)) from None
+        finally:
+            if session is not None:
+                session.close()  # ends it unused (nothing to send, or a refusal before any byte)
+                if not peer.closed:  # the session died before ending its connection to this node
+                    with contextlib.suppress(RemoteError):
+                        source.transport(source_master).run(peer.close_argv(python), timeout=30)
+    received = _received(result, manifest, destination)
     return {
         # Bytes into the link (the files and their frame headers), as NodeImage counts them.
-        "bytes_sent": int(received.get("link_bytes") or 0),
+        "bytes_sent": result.bytes_sent,
         "files_sent": int(received.get("received") or 0),
         "snapshot_path": received.get("snapshot_path"),
     }
 
 
-def _transfer(
-    props: Mapping[str, Any], manifest: Manifest, bytes_total: int, send: list[str], receive: list[str]
-) -> dict[str, Any]:
-    """Source → destination over the fabric through the shared transfer layer; the receiver's report."""
-    try:
-        tuning = transfer.tuning_from(props.get("tuning"), "Checkpoint tuning")
-        source = transfer.Endpoint.from_dict("source", props["source"], tuning.connect_timeout_s)
-        destination = transfer.Endpoint.from_dict("node", props["node"], tuning.connect_timeout_s)
-    except (transfer.TuningError, transfer.EndpointError) as exc:
-        raise CheckpointError(f"Checkpoint: {exc}") from None
-    job = transfer.Transfer(
-        operation=f"checkpoint-{destination.label}-{secrets.token_hex(3)}",
-        producers=(transfer.Stage("checkpoint send (source)", send),),
-        consumer=transfer.Stage("checkpoint receive (destination)", receive),
-        bytes_total=bytes_total,
-    )
-    peer = transfer.Peer.new(transfer.peer_target(destination, tuning))
-    with transfer.ssh_sessions() as control:
-        source_master = control("source")
-        transfer.open_master(source.target, source_master)
-        try:
-            result = transfer.run_transfer(job, source, destination, peer, tuning, source_master)
-        except transfer.PeerUnreachable as exc:
-            raise CheckpointError(str(exc)) from None
-        finally:
-            if not peer.closed:
-                with contextlib.suppress(RemoteError):
-                    source.transport(source_master).run(peer.close_argv(), timeout=30)
+def _received(result: transfer.TransferResult, manifest: Manifest, destination: transfer.Endpoint) -> dict:
+    """The receiver's report of a transfer that placed every file, verified; else an error for people."""
     received = result.consumer_report or {}
     if result.ok and "error" not in received and received.get("digest") == manifest.digest:
-        return {**received, "link_bytes": result.bytes_sent}
+        return received
     receive_status = result.stages[-1].status if result.stages else None
     if received.get("error"):
         result.detail = [*result.detail, str(received["error"])]
@@ -301,14 +315,14 @@ def _inputs(props: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in props.items() if key not in OUTPUT_KEYS and not key.startswith("__")}
 
 
-def ensure(props: Mapping[str, Any]) -> dict[str, Any]:
+def ensure(props: Mapping[str, Any], copy_likely: bool = True) -> dict[str, Any]:
     """create()/update(): the node holds the checkpoint, intact, afterwards."""
     started = time.monotonic()
     if props.get("source"):
         manifest = Manifest.from_state(
             props["repo"], props["source_revision"], props["source_manifest"], props.get("source_refs") or {}
         )
-        extra = copy_to_node(props, manifest)
+        extra = copy_to_node(props, manifest, early=copy_likely)
     else:
         manifest = head_manifest(props)
         report = inventory(props, manifest, props.get("refresh") == "full")
@@ -362,7 +376,10 @@ class CheckpointProvider(dynamic.ResourceProvider):
         )
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        return dynamic.UpdateResult(outs=ensure(news))
+        # A node that held everything at the last refresh most likely still does: its source's
+        # session is opened only once the inventory shows something missing.
+        likely = bool(olds.get("problems")) or olds.get("manifest_digest") != news.get("manifest_digest")
+        return dynamic.UpdateResult(outs=ensure(news, copy_likely=likely))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         if props.get("keep", True):

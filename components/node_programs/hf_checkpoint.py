@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -34,7 +35,11 @@ import threading
 
 MAGIC = b"QWEN35CKPT1"
 PARTIAL_SUFFIX = ".qwen35-partial"
-CHUNK = 4 << 20
+CHUNK = 1 << 20
+# Buffers the receiver cycles through (reading the stream, writing the file, hashing on a thread):
+# allocated once, so a 120 GB copy costs no allocation (and no page faults of fresh memory) per chunk.
+RING = 8
+PIPE_BYTES = 1 << 20
 SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
 SHA1_NAME = re.compile(r"^[0-9a-f]{40}$")
 REPO_DIR = re.compile(r"^(models|datasets|spaces)--[A-Za-z0-9_.-]+(--[A-Za-z0-9_.-]+)*$")
@@ -123,9 +128,10 @@ def free_bytes(path: str) -> tuple[str, int]:
 
 def hash_file(path: str, name: str, size: int) -> bool:
     hasher = blob_hasher(name, size)
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            hasher.update(chunk)
+    buffer = memoryview(bytearray(CHUNK))  # one buffer, filled again and again: no allocation per chunk
+    with open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(buffer):
+            hasher.update(buffer[:count])
     return hasher.hexdigest() == name
 
 
@@ -273,22 +279,40 @@ def _makedirs(path: str, owner: tuple[int, int] | None) -> None:
         _chown(directory, owner)
 
 
-class HashThread:
-    """Hashes the chunks it is given on a thread of its own: hashlib releases the GIL, so hashing
-    overlaps with reading the stream and writing the file."""
+class BufferRing:
+    """RING buffers of CHUNK bytes: the receiver takes a free one, fills it from the stream, writes
+    it to the file, and hands it to the hash thread, which gives it back once hashed."""
 
-    def __init__(self, hasher):
-        self.hasher = hasher
-        self.chunks: queue.Queue = queue.Queue(maxsize=8)
+    def __init__(self, count: int = RING, size: int = CHUNK):
+        self.free: queue.Queue = queue.Queue()
+        for _ in range(count):
+            self.free.put(memoryview(bytearray(size)))
+
+    def take(self) -> memoryview:
+        return self.free.get()
+
+    def give(self, buffer: memoryview) -> None:
+        self.free.put(buffer)
+
+
+class HashThread:
+    """Hashes filled buffers on a thread of its own (hashlib releases the GIL, so hashing overlaps
+    with reading the stream and writing the file), returning each buffer to the ring when done."""
+
+    def __init__(self, hasher, ring: BufferRing):
+        self.hasher, self.ring = hasher, ring
+        self.chunks: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while (chunk := self.chunks.get()) is not None:
-            self.hasher.update(chunk)
+        while (item := self.chunks.get()) is not None:
+            buffer, count = item
+            self.hasher.update(buffer[:count])
+            self.ring.give(buffer)
 
-    def update(self, chunk: bytes) -> None:
-        self.chunks.put(chunk)
+    def update(self, buffer: memoryview, count: int) -> None:
+        self.chunks.put((buffer, count))
 
     def hexdigest(self) -> str:
         self.chunks.put(None)
@@ -331,24 +355,32 @@ class Finisher:
             raise self.errors[0]
 
 
-def receive_blob(stream, blobs_dir: str, name: str, size: int, owner, finisher: Finisher) -> None:
+def write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def receive_blob(
+    stream, blobs_dir: str, name: str, size: int, owner, finisher: Finisher, ring: BufferRing
+) -> None:
     """Write one blob under a temporary name, hashing as it arrives; it is renamed (by `finisher`)
     only once its hash matched its name."""
     final = os.path.join(blobs_dir, name)
     partial = final + PARTIAL_SUFFIX
-    hasher = HashThread(blob_hasher(name, size))
+    hasher = HashThread(blob_hasher(name, size), ring)
     left = size
-    handle = open(partial, "wb")  # noqa: SIM115 -- closed here on failure, else by the finisher
+    handle = open(partial, "wb", buffering=0)  # noqa: SIM115 -- closed here on failure, else by the finisher
     try:
         while left:
-            chunk = stream.read(min(CHUNK, left))
-            if not chunk:
+            buffer = ring.take()
+            count = stream.readinto(buffer[: min(len(buffer), left)])
+            if not count:
+                ring.give(buffer)
                 got = size - left
                 raise Failure(EXIT_STREAM, f"the stream ended inside blob {name} ({got} of {size} bytes)")
-            hasher.update(chunk)
-            handle.write(chunk)
-            left -= len(chunk)
-        handle.flush()
+            write_all(handle.fileno(), buffer[:count])
+            hasher.update(buffer, count)
+            left -= count
         digest = hasher.hexdigest()
         if digest != name:
             raise Failure(EXIT_VERIFY, f"blob {name}: the bytes received hash to {digest}")
@@ -390,8 +422,15 @@ def write_refs(root: str, refs: dict, owner) -> None:
         os.replace(temporary, path)
 
 
+def widen_pipe(fd: int) -> None:
+    """A larger pipe (1 MiB, not 64 KiB) when `fd` is one: fewer wake-ups per byte. Best effort."""
+    with contextlib.suppress(OSError, AttributeError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+
+
 def receive(args: dict, stream) -> dict:
     """Receive the stream into the cache, then make the snapshot, refs and ownership whole."""
+    widen_pipe(stream.fileno())
     root = repo_root(args)
     sha = str(args["revision"])
     if not SHA1_NAME.match(sha):
@@ -408,6 +447,7 @@ def receive(args: dict, stream) -> dict:
             os.unlink(os.path.join(blobs_dir, stale))  # a cut earlier copy
     received, received_bytes = 0, 0
     finisher = Finisher()
+    ring = BufferRing()
     try:
         while (header := _read_header(stream)) is not None:
             name, size = header
@@ -417,7 +457,7 @@ def receive(args: dict, stream) -> dict:
                 raise Failure(
                     EXIT_VERIFY, f"blob {name}: the source has {size} bytes, the manifest says {sizes[name]}"
                 )
-            receive_blob(stream, blobs_dir, name, size, owner, finisher)
+            receive_blob(stream, blobs_dir, name, size, owner, finisher, ring)
             received += 1
             received_bytes += size
     finally:

@@ -22,6 +22,7 @@ every stage's exit status, the tail of its stderr, a stage's own one-line JSON r
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -236,8 +237,14 @@ class StageErr(threading.Thread):
             self.on_line(line)
 
 
+PIPE_BYTES = 1 << 20  # pipes the stream passes through: 1 MiB instead of the default 64 KiB
+
+
 def pump(source_fd: int, sink_fd: int, moved: list[int]) -> str:
     """Copy until end of input; "" or why it stopped. In-kernel (splice) where the platform has it."""
+    for fd in (source_fd, sink_fd):  # fewer wake-ups of both ends per byte; best effort
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     splice = getattr(os, "splice", None)
     try:
         while True:

@@ -8,6 +8,7 @@ every test starts from empty caches on both nodes.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import sys
@@ -155,9 +156,11 @@ def test_disk_preflight_refuses_before_any_byte(hub, caches, node_a, node_b):
 
 
 def _kill_link_when_partial(node: lab.LabNode, stop: threading.Event, killed: list[int]) -> None:
-    """Kill the source's ssh to the destination once a shard is partly written there."""
+    """Kill the source's SSH connection to the destination (the peer master every byte travels
+    through) once a shard is partly written there: the link is cut as a failing fabric would cut it."""
     blobs = cache_dir(node) / "hub" / REPO_DIR / "blobs"
-    marker = str(cache_dir(node)).encode()
+    peer_master = re.compile(rb"\0-o\0ControlMaster=yes\0.*\0ControlPath=/tmp/qni-[0-9a-f]+/m\0")
+    destination = f"{node.user}@{node.host}".encode()
     while not stop.is_set():
         partials = list(blobs.glob(f"*{hf_checkpoint.PARTIAL_SUFFIX}")) if blobs.exists() else []
         if any(p.exists() and p.stat().st_size > (4 << 20) for p in partials):
@@ -169,8 +172,7 @@ def _kill_link_when_partial(node: lab.LabNode, stop: threading.Event, killed: li
                 except OSError:
                     continue
                 argv = cmdline.split(b"\0")
-                # The source's ssh client to node-b carries the receive command for node-b's cache dir.
-                if argv and argv[0] == b"ssh" and marker in cmdline and b"receive" in cmdline:
+                if argv and argv[0] == b"ssh" and peer_master.search(cmdline) and destination in argv:
                     os.kill(int(pid), signal.SIGKILL)
                     killed.append(int(pid))
             if killed:
