@@ -13,8 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,16 +73,6 @@ def ensure_image(props: Mapping[str, Any]) -> dict[str, Any]:
         times.report()
 
 
-def _after(ready: Future, call: Callable[..., Any], *args, **kwargs) -> Any:
-    """`call` once `ready` is done, whatever its outcome (pool work that needs a connection first)."""
-    futures_wait([ready])
-    return call(*args, **kwargs)
-
-
-def _open_master(docker: DockerOn) -> None:
-    transfer.open_master(docker.node.target, docker.transport.control_path)
-
-
 def _ensure_image(
     props: Mapping[str, Any], control: Callable[[str], str], times: PhaseTimes
 ) -> dict[str, Any]:
@@ -92,34 +81,20 @@ def _ensure_image(
     src = DockerOn(source, "source", control("s"))
     dst = src if same_node else DockerOn(destination, "destination", control("d"))
     peers = None if same_node else Peers(peer_target(destination, tuning))
-    pool = ThreadPoolExecutor(max_workers=6)
-    # One connection per node, made first and without a remote shell; every command after it rides
-    # on it.
-    src_master = pool.submit(times.timed("source master", _open_master), src)
-    dst_master = (
-        src_master if same_node else pool.submit(times.timed("destination master", _open_master), dst)
-    )
+    pool = ThreadPoolExecutor(max_workers=4)
+    # One connection per node: each node's first command makes it (ControlMaster=auto) and every
+    # command after it rides on it. Nothing waits for a connection of its own first: the inspections
+    # start at once, on both nodes.
     # The source's inspection runs in the session that may later copy: it starts connecting to the
     # destination, and opens the destination's end, while both nodes are inspected and the plan made.
     if same_node:
-        src_facts = pool.submit(
-            times.timed("source facts", _after), src_master, src.facts, image, python=True
-        )
+        src_facts = pool.submit(times.timed("source facts", src.facts), image, python=True)
     else:
-        src_facts = pool.submit(
-            times.timed("source facts", _after), src_master, source_session, src, peers, image, times
-        )
+        src_facts = pool.submit(times.timed("source facts", source_session), src, peers, image, times)
     dst_facts = (
         src_facts
         if same_node
-        else pool.submit(
-            times.timed("destination facts", _after),
-            dst_master,
-            dst.facts,
-            image,
-            inventory=True,
-            python=True,
-        )
+        else pool.submit(times.timed("destination facts", dst.facts), image, inventory=True, python=True)
     )
     session: transfer.SourceSession | None = None
     try:

@@ -59,22 +59,23 @@ OPERATION = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # ---- the connection to the destination --------------------------------------------------------------
 
 
-def own_folder(folder: str) -> bool:
-    """Make the private folder, or accept an existing one only if it is a directory we own (a retry)."""
+def own_folder(folder: str) -> bool | None:
+    """Make the private folder (True), or accept an existing one only if it is a directory we own
+    (False: a retry, whose master may be up); None when neither."""
     try:
         os.mkdir(folder, 0o700)
         return True
     except FileExistsError:
         info = os.lstat(folder)
-        return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+        return False if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() else None
     except OSError:
-        return False
+        return None
 
 
 def connect(peer: dict) -> tuple[int, str]:
     """Make sure the control master is up: (exit status, stderr of a failed attempt)."""
     folder = peer["folder"]
-    if not own_folder(folder):
+    if own_folder(folder) is None:
         return Exit.PEER_FOLDER, f"could not make {folder} (or it exists and is not ours)"
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     if subprocess.run(peer["check"], **quiet).returncode == 0:
@@ -105,6 +106,29 @@ def close(peer: dict) -> int:
     return 0
 
 
+def connect_with_sink(peer: dict, sink_argv: list[str]) -> tuple[int, str, subprocess.Popen | None]:
+    """Start the destination's end over a connection of its own that becomes the master: (0, "", the
+    sink) once the master's socket is there (authenticated), else the ssh's exit status and stderr."""
+    try:
+        sink = subprocess.Popen(
+            sink_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    except OSError as exc:
+        return Exit.FAILED, f"cannot start ssh: {exc}", None
+    deadline = time.monotonic() + 2 * float(peer["connect_timeout"]) + 5
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(peer["control"]).st_mode):
+                return 0, "", sink
+        if sink.poll() is not None:
+            err = sink.stderr.read().decode(errors="replace")
+            return int(sink.returncode or Exit.FAILED), err, None
+        time.sleep(0.005)
+    sink.kill()
+    sink.wait()
+    return Exit.PEER_TIMEOUT, "the connection attempt did not end in time", None
+
+
 class PeerLink(threading.Thread):
     """Connects to the destination in the background; once connected, opens the destination's end
     of the transfer (`sink`: an ssh argv running `transfer_sink` there) so its session start-up is
@@ -118,6 +142,11 @@ class PeerLink(threading.Thread):
         self.sink: subprocess.Popen | None = None
 
     def run(self) -> None:
+        if self.sink_argv and self.peer.get("control") and own_folder(self.peer["folder"]):
+            # A new folder has no master in it: the sink's own ssh becomes the master (its argv says
+            # ControlMaster=auto), one connection and one session set-up instead of two steps.
+            self.status, self.err, self.sink = connect_with_sink(self.peer, self.sink_argv)
+            return
         self.status, self.err = connect(self.peer)
         if self.status == 0 and self.sink_argv:
             with contextlib.suppress(OSError):

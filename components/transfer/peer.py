@@ -48,6 +48,7 @@ class Peer:
         control = ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}"]
         return {
             "folder": self.folder,
+            "control": self.control_path,
             "connect_timeout": self.target.connect_timeout,
             "check": [*control, "-O", "check", "x"],
             "exit": [*control, "-O", "exit", "x"],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -17,11 +18,14 @@ from pathlib import Path
 import pytest
 
 import lab
+from components.checkpoint import CheckpointError, CheckpointProvider
 from components.config import ImageConfig, parse_stack_config
 from components.hybrid_image import PATCH_DIR, build_args, content_tag
 from components.image_ref import parse_image_ref
 from lab.buildx import buildx_argv, ensure_buildx
 from lab.images import image_id
+from lab.layout import data_dir
+from lab.standin_hub import StandinHub, generate_repo
 from lab.vllm_images import base_standin, donor_standin, folder_context, transformers_wheels
 from tests.support.program import stack_config
 from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
@@ -217,6 +221,51 @@ def test_transformers_is_installed_and_knows_qwen3_5(node_a, cfg, hybrid):
     assert recorded.returncode == 0, f"/opt/qwen35/pip-check.txt is missing: {recorded.err}"
     # The stand-in's vLLM is a bare tree, not a pip install: nothing conflicts with transformers 5 here.
     assert recorded.out == "No broken requirements found.", recorded.out
+
+
+def test_the_deployment_image_fetches_the_checkpoint_from_the_hub(node_a, hybrid):
+    """The default fetch (no `model.fetch_python`): Checkpoint runs the Hub client of the deployment's
+    image in a short-lived container on the head (`docker run -i --network host --user <cache
+    owner>`, the cache's hub dir mounted, the token on stdin). This image's client is the one its
+    transformers brought (huggingface_hub 1.x), not this project's; the stand-in Hub wants a token."""
+    cache = data_dir() / "hf-cache-container" / node_a.name
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True)
+    token = "hf_container_fetch_token_321"
+    workdir = data_dir() / "hf-container-repo"
+    shutil.rmtree(workdir, ignore_errors=True)
+    repo = generate_repo(workdir, shards=2, shard_bytes=2 << 20)
+    props = {
+        "node": {**lab.node_config(node_a), "name": node_a.name},
+        "repo": "lab/container-fetch",
+        "requested_revision": "main",
+        "cache_dir": str(cache),
+        "source": None,
+        "source_mode": "hub",
+        "refresh": "full",
+        "keep": True,
+        "reserve": 0,
+        "fetch": {"image": hybrid.ref},
+        "tuning": {},
+        "hf_token": token,
+    }
+    try:
+        with StandinHub({"lab/container-fetch": repo}) as hub:
+            hub.require_token = token
+            props["fetch"]["endpoint"] = hub.endpoint
+            outs = CheckpointProvider().create(props).outs
+            with pytest.raises(CheckpointError) as refused:
+                CheckpointProvider().create({**props, "hf_token": "hf_wrong_token_000"})
+        assert outs["revision"] == hub.repos["lab/container-fetch"].sha
+        assert outs["files"] == len(hub.repos["lab/container-fetch"].files) and outs["problems"] == {}
+        assert "401" in str(refused.value) and "hf_wrong_token_000" not in str(refused.value)
+        # Read back on the node by every byte (refresh: full), as a worker's copy would be planned.
+        assert CheckpointProvider().read("x", outs).outs["problems"] == {}
+        root = cache / "hub" / "models--lab--container-fetch"
+        assert os.readlink(root / "snapshots" / outs["revision"] / "config.json").startswith("../../blobs/")
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_a_failing_proof_stops_the_build_and_says_why(node_a, cfg, context, hybrid):

@@ -212,10 +212,10 @@ def test_the_private_folder_must_be_ours(tmp_path):
     from components.node_programs import transfer_source
 
     folder = tmp_path / "mine"
-    assert transfer_source.own_folder(str(folder)) and (folder.stat().st_mode & 0o777) <= 0o700
-    assert transfer_source.own_folder(str(folder))  # a retry: an existing folder of ours
+    assert transfer_source.own_folder(str(folder)) is True and (folder.stat().st_mode & 0o777) <= 0o700
+    assert transfer_source.own_folder(str(folder)) is False  # a retry: an existing folder of ours
     (tmp_path / "link").symlink_to(folder)
-    assert not transfer_source.own_folder(str(tmp_path / "link"))
+    assert transfer_source.own_folder(str(tmp_path / "link")) is None
     status, _ = transfer_source.connect(
         {"folder": str(tmp_path / "link"), "check": ["true"], "connect": ["true"]}
     )
@@ -291,3 +291,70 @@ def test_a_session_ended_unused_sends_nothing(tmp_path):
     assert not (tmp_path / "peer").exists()
     time.sleep(0.3)
     assert marker.read_text() == ""  # the early sink got end of input: nothing was sent
+
+
+def becomes_master_then(control: Path, then: list[str]) -> list[str]:
+    """A stand-in for the sink's `ssh -o ControlMaster=auto …`: once "authenticated" it has its
+    control socket (as a backgrounded master has), then runs `then` as the session's command."""
+    code = (
+        "import os,socket,sys; s=socket.socket(socket.AF_UNIX); "
+        f"s.bind({str(control)!r}); os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [PY, "-c", code, *then]
+
+
+def test_a_new_connection_and_the_sink_are_one_step(tmp_path):
+    """A fresh folder holds no master: the sink's own ssh becomes it; no `-O check`, no separate
+    master start (each an ssh start-up on the copy's path)."""
+    ran = tmp_path / "two-step"
+    peer = fake_peer(tmp_path, None)
+    peer["control"] = str(tmp_path / "peer" / "m")
+    peer["check"] = py(f"open({str(ran)!r}, 'a').write('check'); raise SystemExit(1)")
+    peer["connect"] = py(f"open({str(ran)!r}, 'a').write('connect')")
+    sink = becomes_master_then(Path(peer["control"]), SINK)
+    job = Transfer(
+        "op-one-step",
+        (Stage("make", py("import sys; sys.stdout.buffer.write(b'z' * 40_000)")),),
+        Stage("count", py(COUNT_INPUT)),
+    )
+    run = spec_for(job)
+    run["consumer"]["sink_argv"] = py(COUNT_INPUT)
+    run["consumer"]["argv"] = py("import sys; sys.exit(7)")  # must not be used: the sink is there
+    run.pop("peer")
+    lines, done = serve({"before": None, "peer": peer, "sink": sink}, {"run": run})
+    assert done.returncode == 0, done.stderr
+    assert lines[-1]["preflight"] == 0 and lines[-1]["consumer_report"] == {"got": 40_000}
+    assert not ran.exists(), ran.read_text()
+
+
+def test_a_one_step_connection_that_fails_reports_the_ssh_error(tmp_path):
+    from components.node_programs import transfer_source
+
+    peer = {"folder": str(tmp_path / "p"), "control": str(tmp_path / "p" / "m"), "connect_timeout": 1}
+    (tmp_path / "p").mkdir()
+    refused = py("import sys; sys.stderr.write('Permission denied (publickey).\\n'); sys.exit(255)")
+    status, err, sink = transfer_source.connect_with_sink(peer, refused)
+    assert (status, sink) == (255, None) and "Permission denied (publickey)" in err
+    hangs = py("import time; time.sleep(30)")
+    started = time.monotonic()
+    peer["connect_timeout"] = 0.1
+    status, err, sink = transfer_source.connect_with_sink(peer, hangs)
+    assert status == SourceExit.PEER_TIMEOUT and sink is None and time.monotonic() - started < 20
+
+
+def test_a_failed_one_step_connection_is_tried_again_as_a_master_then_refused(tmp_path):
+    """The one-step attempt failed, so did the second (two-step) one: nothing is sent, and the run's
+    report carries the connection's error for PeerUnreachable."""
+    marker = tmp_path / "sent"
+    peer = fake_peer(tmp_path, None)
+    peer["control"] = str(tmp_path / "peer" / "m")
+    peer["connect"] = py("import sys; sys.stderr.write('Connection refused\\n'); sys.exit(255)")
+    sink = py("import sys; sys.stderr.write('Connection refused\\n'); sys.exit(255)")
+    job = Transfer(
+        "op-refused", (Stage("make", py(f"open({str(marker)!r}, 'w')")),), Stage("count", py(COUNT_INPUT))
+    )
+    run = spec_for(job)
+    run.pop("peer")
+    lines, done = serve({"before": None, "peer": peer, "sink": sink}, {"run": run})
+    assert lines[-1]["preflight"] == 255 and "Connection refused" in lines[-1]["preflight_stderr"]
+    assert not marker.exists()
