@@ -377,9 +377,9 @@ class CheckpointProvider(dynamic.ResourceProvider):
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         # A node that held everything at the last refresh most likely still does: its source's
-        # session is opened only once the inventory shows something missing.
-        likely = bool(olds.get("problems")) or olds.get("manifest_digest") != news.get("manifest_digest")
-        return dynamic.UpdateResult(outs=ensure(news, copy_likely=likely))
+        # session is opened only once the inventory shows something missing. (Another manifest is a
+        # replacement, never an update.)
+        return dynamic.UpdateResult(outs=ensure(news, copy_likely=bool(olds.get("problems"))))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         if props.get("keep", True):

@@ -308,8 +308,10 @@ class HashThread:
     def _run(self) -> None:
         while (item := self.chunks.get()) is not None:
             buffer, count = item
-            self.hasher.update(buffer[:count])
-            self.ring.give(buffer)
+            try:
+                self.hasher.update(buffer[:count])
+            finally:
+                self.ring.give(buffer)  # back to the ring whatever happened: the reader never waits forever
 
     def update(self, buffer: memoryview, count: int) -> None:
         self.chunks.put((buffer, count))
@@ -378,7 +380,11 @@ def receive_blob(
                 ring.give(buffer)
                 got = size - left
                 raise Failure(EXIT_STREAM, f"the stream ended inside blob {name} ({got} of {size} bytes)")
-            write_all(handle.fileno(), buffer[:count])
+            try:
+                write_all(handle.fileno(), buffer[:count])
+            except BaseException:
+                ring.give(buffer)
+                raise
             hasher.update(buffer, count)
             left -= count
         digest = hasher.hexdigest()

@@ -130,9 +130,9 @@ def connect_with_sink(peer: dict, sink_argv: list[str]) -> tuple[int, str, subpr
 
 
 class PeerLink(threading.Thread):
-    """Connects to the destination in the background; once connected, opens the destination's end
-    of the transfer (`sink`: an ssh argv running `transfer_sink` there) so its session start-up is
-    paid for while the caller still decides."""
+    """Connects to the destination in the background together with the destination's end of the
+    transfer (`sink`: an ssh argv running `transfer_sink` there; in a new folder its ssh becomes the
+    connection's master, one step), so both are paid for while the caller still decides."""
 
     def __init__(self, peer: dict, sink: list[str] | None):
         super().__init__(daemon=True)

@@ -9,10 +9,11 @@ What a caller provides:
 - the copy tuning (`Tuning`, the one definition: `components.config.CopyConfig`; `tuning_from`
   validates a resource's `tuning` input).
 
-What it does: over the orchestrator's SSH master to the source (`ssh_sessions`, `open_master`), a
-`SourceSession` (one SSH session on the source for the whole operation) starts the source's own
-connection to the destination (`Peer`: pinned keys) and, once connected, the destination's end of
-the stream, while it runs the caller's inspection of the source (`before`); the caller decides,
+What it does: over the orchestrator's SSH master to the source (`ssh_sessions`: the operation's first
+command to a node makes it), a `SourceSession` (one SSH session on the source for the whole
+operation) starts the source's own connection to the destination (`Peer`: pinned keys) together with
+the destination's end of the stream (one ssh that becomes the connection's master and runs the end),
+while it runs the caller's inspection of the source (`before`); the caller decides,
 then `SourceSession.transfer` runs `producers | watch | ssh destination consumer` in that same
 session, or `close` ends it unused (`run_transfer` does the transfer alone, in a session of its
 own). The watch counts bytes, ends the whole pipeline when no byte moved for `stall_timeout_s`
@@ -43,14 +44,13 @@ from components.transfer.pipeline import (
     run_transfer,
     run_watched,
 )
-from components.transfer.sessions import MASTER_PERSIST_S, close_masters, open_master, ssh_sessions
+from components.transfer.sessions import close_masters, ssh_sessions
 from components.transfer.timing import TIMING_ENV, PhaseTimes
 from components.transfer.tuning import GIB, Tuning, TuningError, tuning_from
 
 __all__ = [
     "BACKSTOP_MARGIN_S",
     "GIB",
-    "MASTER_PERSIST_S",
     "TIMING_ENV",
     "Endpoint",
     "EndpointError",
@@ -67,7 +67,6 @@ __all__ = [
     "TuningError",
     "close_masters",
     "interpret",
-    "open_master",
     "peer_target",
     "peer_unreachable",
     "run_transfer",

@@ -1,10 +1,11 @@
 """The source's own SSH connection to the destination over the fabric.
 
 A control master on the source node, its socket in a private folder there (0700, ours). The source's
-session (`transfer_source serve`) starts connecting while the source is still being inspected and,
-once connected, opens the destination's end (`sink_argv`); a run waits for that, and ends the master
-when done, as does the session's end when nothing was sent. `close_argv` ends it should the
-session itself have died.
+session (`transfer_source serve`) starts it while the source is still being inspected, in one step
+with the destination's end (`sink_argv`: its ssh, `ControlMaster=auto` in a folder just made,
+becomes the master); a retry, or a transfer without an early end, connects first (`connect`) and then
+runs over the master. A run waits for the connection, and ends the master when done, as does the
+session's end when nothing was sent. `close_argv` ends it should the session itself have died.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Per-operation SSH masters from the orchestrator to the nodes: one connection per node, opened
-first, shared by every command of the operation, all closed at its end."""
+"""Per-operation SSH masters from the orchestrator to the nodes: one connection per node, made by the
+operation's first command to that node (`ControlMaster=auto`, see `remote.ssh_options`), shared by
+every command after it, all closed at the operation's end."""
 
 from __future__ import annotations
 
@@ -11,10 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator
 
-from components.remote import SshTarget, ssh_options
 from components.transfer.timing import PhaseTimes
-
-MASTER_PERSIST_S = 30  # an orchestrator that died leaves no connection behind for longer
 
 
 @contextlib.contextmanager
@@ -59,27 +57,3 @@ def close_masters(socket_paths: Collection[str]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def open_master(target: SshTarget, control_path: str) -> None:
-    """Connect to the node now, without running a remote shell; later commands share the connection.
-
-    Best effort: when this fails, the first command connects by itself and reports why, with retries.
-    """
-    argv = [
-        "ssh",
-        # First value wins in ssh: these override the ControlMaster=auto of ssh_options.
-        "-o", "ControlMaster=yes",
-        "-o", f"ControlPersist={MASTER_PERSIST_S}",
-        *ssh_options(target, control_path),
-        "-f", "-N",
-        target.destination,
-    ]  # fmt: skip
-    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-        subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=target.connect_timeout * 2 + 5,
-        )

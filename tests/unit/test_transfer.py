@@ -343,18 +343,40 @@ def test_a_one_step_connection_that_fails_reports_the_ssh_error(tmp_path):
 
 
 def test_a_failed_one_step_connection_is_tried_again_as_a_master_then_refused(tmp_path):
-    """The one-step attempt failed, so did the second (two-step) one: nothing is sent, and the run's
-    report carries the connection's error for PeerUnreachable."""
-    marker = tmp_path / "sent"
+    """The one-step attempt failed, then the second (two-step) one: nothing is sent, and the run's
+    report carries the second attempt's status and error for PeerUnreachable."""
+    marker, retried = tmp_path / "sent", tmp_path / "retried"
     peer = fake_peer(tmp_path, None)
     peer["control"] = str(tmp_path / "peer" / "m")
-    peer["connect"] = py("import sys; sys.stderr.write('Connection refused\\n'); sys.exit(255)")
-    sink = py("import sys; sys.stderr.write('Connection refused\\n'); sys.exit(255)")
+    peer["connect"] = py(
+        f"import sys; open({str(retried)!r}, 'w'); sys.stderr.write('No route to host\\n'); sys.exit(254)"
+    )
+    sink = py("import sys; sys.stderr.write('Permission denied (publickey).\\n'); sys.exit(255)")
     job = Transfer(
         "op-refused", (Stage("make", py(f"open({str(marker)!r}, 'w')")),), Stage("count", py(COUNT_INPUT))
     )
     run = spec_for(job)
     run.pop("peer")
     lines, done = serve({"before": None, "peer": peer, "sink": sink}, {"run": run})
-    assert lines[-1]["preflight"] == 255 and "Connection refused" in lines[-1]["preflight_stderr"]
+    assert retried.exists(), "the failed one-step connection was not tried again"
+    assert lines[-1]["preflight"] == 254 and "No route to host" in lines[-1]["preflight_stderr"], lines
     assert not marker.exists()
+
+
+def test_a_failed_one_step_connection_that_succeeds_the_second_time_still_transfers(tmp_path):
+    """A retry that connects: the consumer then runs over the new master (its own session), and
+    every byte arrives."""
+    peer = fake_peer(tmp_path, None)
+    peer["control"] = str(tmp_path / "peer" / "m")
+    sink = py("import sys; sys.stderr.write('Connection reset by peer\\n'); sys.exit(255)")
+    job = Transfer(
+        "op-retried",
+        (Stage("make", py("import sys; sys.stdout.buffer.write(b'r' * 30_000)")),),
+        Stage("count", py(COUNT_INPUT)),
+    )
+    run = spec_for(job)
+    run["consumer"]["sink_argv"] = py("import sys; sys.exit(7)")  # the early sink is gone: not used
+    run.pop("peer")
+    lines, done = serve({"before": None, "peer": peer, "sink": sink}, {"run": run})
+    assert done.returncode == 0, done.stderr
+    assert lines[-1]["preflight"] == 0 and lines[-1]["consumer_report"] == {"got": 30_000}, lines
