@@ -1,7 +1,7 @@
 """ReadinessGate: a dynamic resource whose create waits until the cluster answers a real request.
 
-The provider ships `components/readiness.py` to the head over SSH (`python3 -`, program on stdin)
-and runs it there, so the probe sees the server the way a client on the head does. Dynamic
+The provider ships `components/node_programs/readiness.py` to the head over SSH (`python3 -`, program
+on stdin) and runs it there, so the probe sees the server the way a client on the head does. Dynamic
 providers' create never runs during preview. `read` (pulumi refresh) probes once more with a short
 deadline and reports the gate gone when the server no longer answers, so refresh shows that drift.
 
@@ -21,12 +21,12 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dynamic
 
+from components.node_programs.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT, PROGRESS_PREFIX
 from components.nodes import target_from_dict
 from components.progress import tell_operator
-from components.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT, PROGRESS_PREFIX
 from components.remote import RemoteError, Result, ssh_argv, stderr_tail
 
-PROBE_SOURCE = Path(__file__).resolve().parent / "readiness.py"
+PROBE_SOURCE = Path(__file__).resolve().parent / "node_programs" / "readiness.py"
 # Extra seconds beyond the probe's own deadline: SSH, plus the probe's last round of docker
 # calls (ray status, node list, inspect, logs: up to 60 s each) and its log tail.
 TRANSPORT_SLACK_S = 300

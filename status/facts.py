@@ -18,12 +18,11 @@ from typing import Any
 
 import yaml
 
-from components import readiness
 from components.checkpoint.fan_out import PROGRESS_DIR, node_cache_dir
 from components.config import NAMESPACE, ConfigError, StackConfig, parse_stack_config
 from components.deployment import node_container_names
 from components.hybrid_image import image_ref
-from components.node_programs import program_argv
+from components.node_programs import program_argv, readiness
 from components.nodes import node_access
 from components.ray_cluster import head_container_name
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTransport, stderr_tail

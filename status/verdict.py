@@ -11,8 +11,8 @@ from typing import Any
 
 from components.config import StackConfig
 from components.deployment import node_container_names
+from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
-from components.readiness import parse_alive_ips, parse_ray_status
 from components.vllm_server import vllm_container_name
 
 OK = "ok"

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 import lab
-from components.readiness import EXIT_REJECTED, EXIT_TIMEOUT, LOG_TAIL_LINES
+from components.node_programs.readiness import EXIT_REJECTED, EXIT_TIMEOUT, LOG_TAIL_LINES
 from components.readiness_gate import GateFailed, ReadinessGateProvider, run_probe
 from tests.support.node_image_lab import node_dict
 from tests.support.standin_openai import StandinServer, probe_props

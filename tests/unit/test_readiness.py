@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from components import readiness
-from components.readiness import ReadinessError, parse_ray_status, wait_ready
+from components.node_programs import readiness
+from components.node_programs.readiness import ReadinessError, parse_ray_status, wait_ready
 from components.readiness_gate import probe_argv, probe_program
 from tests.support.standin_openai import StandinServer
 

@@ -5,7 +5,7 @@ Checks, in order, until a deadline: Ray reports every node and GPU; `/health` an
 (or exits 3) naming the stage that never passed, its last error, and the server's last log lines.
 
 Shipped to the head as `ssh head python3 - ARGS < readiness.py` (no install, no copy on the node);
-`python3 -m components.readiness ARGS` runs it locally. The API key comes from $QWEN35_API_KEY,
+`python3 -m components.node_programs.readiness ARGS` runs it locally. The API key comes from $QWEN35_API_KEY,
 never from argv. The Ray check runs `docker exec <head> ray status`: it needs only the Ray CLI that
 is already in the head container, works before the dashboard is up, and does not register a
 driver (a `ray.init` would); the dashboard stays closed to everything off the fabric network.
