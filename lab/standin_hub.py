@@ -21,6 +21,7 @@ import http.server
 import json
 import os
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +119,7 @@ class StandinHub:
         self.require_token: str | None = None
         self.fail_status: int | None = None
         self.cut_after: int | None = None
+        self.rate_bps: int | None = None  # file bodies at about this many bytes per second (a slow link)
         self.requests: list[tuple[str, str, dict]] = []
         self._cut_done: set[str] = set()
         self._lock = threading.Lock()
@@ -265,6 +267,8 @@ class StandinHub:
                     return
                 handler.wfile.write(chunk)
                 sent += len(chunk)
+                if self.rate_bps:
+                    time.sleep(len(chunk) / self.rate_bps)
 
 
 def main(argv: list[str] | None = None) -> int:

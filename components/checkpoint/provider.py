@@ -34,8 +34,18 @@ from components.checkpoint.plan import (
     plan_copy,
     problems,
 )
+from components.node_programs.hub_fetch import PROGRESS_MARKER
 from components.nodes import target_from_dict
-from components.remote import RemoteError, Result, SshTarget, SshTransport, stderr_tail
+from components.progress import tell_operator, transfer_line
+from components.remote import (
+    SSH_TRANSPORT_FAILURE,
+    RemoteError,
+    Result,
+    SshTarget,
+    SshTransport,
+    ssh_argv,
+    stderr_tail,
+)
 
 # Inputs whose change means another checkpoint on that node (a new resource).
 REPLACE_KEYS = ("repo", "requested_revision", "source_mode", "cache_dir", "manifest_digest")
@@ -138,16 +148,46 @@ def fetch_argv(
     return [*argv, image, *program[1:]]
 
 
+FETCH_DEADLINE_S = 6 * 3600.0  # 126 GB at ~10 MB/s is 3.5 h
+FETCH_STALL_S = 300.0  # the fetch says its progress every second; this long silent, it is gone
+
+
 def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> str:
-    """Fetch the revision into the head's cache; the commit it resolved to. The token goes on stdin."""
+    """Fetch the revision into the head's cache; the commit it resolved to. The token goes on stdin.
+
+    The fetch says its progress on stderr every second: the operator sees bytes, rate and ETA every
+    SAY_EVERY_S during `pulumi up`, and a fetch silent for FETCH_STALL_S (the head or the link to it
+    gone) is ended instead of waited for until the deadline."""
     target = _target(props["node"], "node")
     token = props.get("hf_token") or ""
-    deadline = float((props.get("tuning") or {}).get("deadline_s") or 3600 * 6)
-    status, report = _run(
-        target, fetch_argv(props, owner), "the Hub fetch", stdin=(token + "\n").encode(), timeout=deadline
+    deadline = float((props.get("tuning") or {}).get("deadline_s") or FETCH_DEADLINE_S)
+    operation = f"fetch {props['repo']}@{str(props['requested_revision'])[:12]}"
+
+    def say(done: int, elapsed: float, total: int = 0) -> None:
+        tell_operator(transfer_line(operation, "hub", target.label, done, total, elapsed))
+
+    outcome = transfer.run_watched(
+        ssh_argv(target, fetch_argv(props, owner)),
+        deadline,
+        FETCH_STALL_S,
+        margin_s=0.0,
+        say=say,
+        stdin=(token + "\n").encode(),
     )
-    if status != 0 or "error" in report:
-        message = str(report.get("error") or f"exit {status}")
+    report = programs.parse_report(outcome.stdout)
+    if report is None or outcome.killed:
+        lines = [line for line in outcome.stderr.splitlines() if not line.startswith(PROGRESS_MARKER)]
+        why = outcome.killed or (
+            "could not be reached over SSH" if outcome.returncode == SSH_TRANSPORT_FAILURE else "no report"
+        )
+        tail = "\n".join(lines[-6:])
+        raise CheckpointError(
+            f"{target.label}: the Hub fetch of {props['repo']} ended without a result: {why} "
+            f"(exit {outcome.returncode}):\n  stderr: {tail.replace(token, '***') if token else tail}\n"
+            "  files already complete are kept; next: check the head, then `pulumi up` again (it resumes)"
+        )
+    if outcome.returncode != 0 or "error" in report:
+        message = str(report.get("error") or f"exit {outcome.returncode}")
         if token:
             message = message.replace(token, "***")
         raise CheckpointError(f"{target.label}: fetching {message}")

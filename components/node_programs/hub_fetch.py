@@ -27,6 +27,10 @@ import time
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FETCH = 6
+# A stderr line every second while downloading: `qwen35-progress <bytes done> <bytes total>`, the
+# transfer layer's marker (`transfer_source.Marker.PROGRESS`; a unit test keeps them equal). The
+# orchestrator relays it to the operator during `pulumi up`, and its silence is a stall.
+PROGRESS_MARKER = "qwen35-progress"
 
 
 def scrub(text: str, secret: str | None) -> str:
@@ -55,8 +59,9 @@ def blob_bytes(blobs_dir: str) -> int:
 
 
 class Progress:
-    """The fetch's progress file, in the transfer layer's format (`components/node_programs/
-    transfer_source.py`): bytes under the repo's blobs dir sampled every second; removed at the end."""
+    """The fetch's progress: bytes under the repo's blobs dir sampled every second, said on stderr
+    (`PROGRESS_MARKER`) and kept in the progress file when there is one, in the transfer layer's
+    format (`components/node_programs/transfer_source.py`); the file is removed at the end."""
 
     def __init__(self, path: str | None, operation: str, node: str, blobs_dir: str):
         self.path, self.blobs_dir = path, blobs_dir
@@ -92,20 +97,28 @@ class Progress:
         )
         return dict(self.doc)
 
+    def say(self, sample: dict) -> None:
+        sys.stderr.write(f"{PROGRESS_MARKER} {sample['bytes_done']} {sample['bytes_total']}\n")
+        sys.stderr.flush()
+
     def run(self) -> None:
         while not self.stop.wait(1.0):
-            with contextlib.suppress(OSError):
-                write_progress(self.path, self.sample())
+            sample = self.sample()
+            self.say(sample)
+            if self.path:
+                with contextlib.suppress(OSError):
+                    write_progress(self.path, sample)
 
     def __enter__(self) -> Progress:
         if self.path:
             with contextlib.suppress(OSError):
                 write_progress(self.path, self.sample())
-            threading.Thread(target=self.run, daemon=True).start()
+        threading.Thread(target=self.run, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
+        self.say(self.sample())  # the last count, however short the download was
         if self.path:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)

@@ -127,7 +127,8 @@ class _Streams:
         self.out: list[str] = []
         self.err: list[str] = []
         self.last = time.monotonic()  # when the last line (either stream) arrived
-        self.bytes_done = 0  # the source's latest `qwen35-progress <bytes>`
+        self.bytes_done = 0  # the source's latest `qwen35-progress <bytes> [<total>]`
+        self.bytes_total = 0  # its total, when the line carries one
         self.changed = threading.Condition()
         self.threads = [
             threading.Thread(target=self._pump, args=(proc.stdout, self.out, False), daemon=True),
@@ -144,7 +145,10 @@ class _Streams:
                 self.last = time.monotonic()
                 if is_err and line.startswith(Marker.PROGRESS.value):
                     with contextlib.suppress(ValueError, IndexError):
-                        self.bytes_done = int(line.split()[1])
+                        fields = line.split()
+                        self.bytes_done = int(fields[1])
+                        if len(fields) > 2:
+                            self.bytes_total = int(fields[2])
                 self.changed.notify_all()
             if is_err and self.times is not None and not line.startswith(Marker.PROGRESS.value):
                 self.times.mark(f"  pipeline: {line[:26]}", self.last)
@@ -180,11 +184,12 @@ def watch(
     stall_s: float,
     margin_s: float,
     from_line: int = 0,
-    say: Callable[[int, float], None] | None = None,
+    say: Callable[..., None] | None = None,
 ) -> str:
     """Wait for the process to end (or for a report line after `from_line`), killing it when its
     stderr goes silent for stall_s + margin_s or it passes deadline_s + margin_s; why it was killed.
-    `say(bytes_done, elapsed_s)` is called every SAY_EVERY_S while it runs (progress for the operator)."""
+    `say(bytes_done, elapsed_s, bytes_total)` is called every SAY_EVERY_S while it runs (progress for
+    the operator; the total is the progress lines' own, 0 when they carry none)."""
     started = time.monotonic()
     said_at = started
     reported_at = None
@@ -192,7 +197,7 @@ def watch(
         now = time.monotonic()
         if say is not None and now - said_at >= SAY_EVERY_S:
             said_at = now
-            say(streams.bytes_done, now - started)
+            say(streams.bytes_done, now - started, streams.bytes_total)
         if reported_at is None and streams.json_line(from_line, 0)[0] is not None:
             reported_at = now
         if reported_at is not None and now - reported_at > 3:
@@ -219,15 +224,27 @@ def run_watched(
     stall_s: float,
     times: PhaseTimes | None = None,
     margin_s: float = BACKSTOP_MARGIN_S,
-    say: Callable[[int, float], None] | None = None,
+    say: Callable[..., None] | None = None,
+    stdin: bytes | None = None,
 ) -> Watched:
     """Run argv locally; kill it when its stderr goes silent for stall_s + margin_s or it passes
-    deadline_s + margin_s.
+    deadline_s + margin_s. `stdin`: bytes written to its standard input first (a secret, never an
+    argument).
 
     The source's program enforces the real limits itself and says progress every second; this is the
     backstop for a source that stops answering altogether.
     """
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    if stdin is not None:
+        with contextlib.suppress(OSError):  # a program that died at once: its exit status tells
+            proc.stdin.write(stdin)
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
     streams = _Streams(proc, times)
     killed = watch(proc, streams, deadline_s, stall_s, margin_s, say=say)
     if proc.poll() is None:
@@ -237,12 +254,10 @@ def run_watched(
     return Watched(proc.returncode, "\n".join(streams.out), "\n".join(streams.err), killed)
 
 
-def operator_progress(
-    transfer: Transfer, source: Endpoint, destination: Endpoint
-) -> Callable[[int, float], None]:
+def operator_progress(transfer: Transfer, source: Endpoint, destination: Endpoint) -> Callable[..., None]:
     """What a running transfer tells the operator every SAY_EVERY_S: bytes, rate, ETA."""
 
-    def say(done: int, elapsed: float) -> None:
+    def say(done: int, elapsed: float, _total: int = 0) -> None:
         tell_operator(
             transfer_line(
                 transfer.operation, source.label, destination.label, done, transfer.bytes_total, elapsed

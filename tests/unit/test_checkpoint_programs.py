@@ -273,3 +273,39 @@ def test_received_files_belong_to_the_cache_owner(fetched, tmp_path):
     for path in paths:
         stat = os.lstat(path)
         assert (stat.st_uid, stat.st_gid) == owner, path
+
+
+def test_the_progress_marker_is_the_transfer_layers():
+    from components.node_programs.transfer_source import Marker
+
+    assert Marker.PROGRESS.value == hub_fetch.PROGRESS_MARKER
+
+
+def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_path, monkeypatch, capsys):
+    """`pulumi up` shows a long Hub fetch live (a dynamic provider's stderr lines reach the operator):
+    the provider relays the fetch's progress lines as `fetch REPO@REV hub -> NODE: … MB, MB/s, ETA`.
+    The fetch runs here on this machine (ssh_argv replaced by the command itself), from a slow Hub."""
+    from components.checkpoint import provider
+    from components.transfer import pipeline
+
+    monkeypatch.setattr(pipeline, "SAY_EVERY_S", 0.3)
+    monkeypatch.setattr(provider, "ssh_argv", lambda target, argv, control_path=None: list(argv))
+    props = {
+        "node": {"name": "spark-1", "host": "127.0.0.9", "user": "u", "known_hosts": "/kh"},
+        "repo": REPO,
+        "requested_revision": "main",
+        "cache_dir": str(tmp_path / "cache"),
+        "fetch": {"python": sys.executable, "endpoint": hub.endpoint},
+        "hf_token": TOKEN,
+    }
+    hub.rate_bps, hub.require_token = 1 << 20, TOKEN  # 3 MiB shards, fetched in parallel: ~3 s
+    try:
+        revision = provider.fetch_on_head(props, None)
+    finally:
+        hub.rate_bps, hub.require_token = None, None
+    assert revision == hub.repos[REPO].sha
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("qwen35: fetch ")]
+    total_mb = sum(f.size for f in hub.repos[REPO].files.values()) / 1e6
+    where = "lab/tiny-qwen35@main hub -> spark-1: "
+    assert any(where in line and f"of {total_mb:.0f} MB (" in line for line in said), said
+    assert any("MB/s" in line for line in said) and not any(TOKEN in line for line in said)

@@ -45,14 +45,39 @@ def test_a_running_transfer_says_its_latest_byte_count(monkeypatch):
         60,
         30,
         margin_s=5,
-        say=lambda done, elapsed: said.append((done, elapsed)),
+        say=lambda done, elapsed, total: said.append((done, elapsed, total)),
     )
     assert outcome.returncode == 0 and not outcome.killed
     # Said while it ran (about every 0.3 s of a 1.2 s run), each time the latest count so far.
     assert 2 <= len(said) <= 5, said
-    counts = [done for done, _ in said]
+    counts = [done for done, _, _ in said]
     assert counts == sorted(counts) and counts[0] >= 1000 and counts[-1] <= 8000
-    assert all(elapsed >= 0.3 for _, elapsed in said)
+    assert all(elapsed >= 0.3 for _, elapsed, _ in said)
+    assert all(total == 0 for _, _, total in said)  # these lines carry no total
+
+
+def test_a_watched_program_gets_its_stdin_and_says_totals_its_lines_carry(monkeypatch):
+    """The Hub fetch's way: a secret on stdin (never an argument), `qwen35-progress <done> <total>`."""
+    monkeypatch.setattr(pipeline, "SAY_EVERY_S", 0.2)
+    source = (
+        "import sys, time\n"
+        "token = sys.stdin.readline().strip()\n"
+        "for n in range(1, 7):\n"
+        "    sys.stderr.write('qwen35-progress %d 6000\\n' % (n * 1000))\n"
+        "    sys.stderr.flush(); time.sleep(0.12)\n"
+        "print('{\"got\": %d}' % len(token))\n"
+    )
+    said = []
+    outcome = pipeline.run_watched(
+        [sys.executable, "-c", source],
+        60,
+        30,
+        margin_s=5,
+        say=lambda done, elapsed, total: said.append((done, total)),
+        stdin=b"hf_secret_token\n",
+    )
+    assert outcome.returncode == 0 and outcome.stdout.strip() == '{"got": 15}', outcome
+    assert said and all(total == 6000 for _, total in said) and said[-1][0] <= 6000
 
 
 def test_operator_progress_names_the_operation_and_both_nodes(capsys):
