@@ -32,6 +32,20 @@ def test_tell_operator_writes_one_flushed_prefixed_line():
     assert out.getvalue() == "qwen35: readiness on spark-1: waiting\n"
 
 
+def watched_python(source: str, stdin: bytes | None = None) -> tuple[pipeline.Watched, list[tuple]]:
+    """`source` run by `run_watched`, and every (bytes done, elapsed, total) it said."""
+    said: list[tuple] = []
+    outcome = pipeline.run_watched(
+        [sys.executable, "-c", source],
+        60,
+        30,
+        margin_s=5,
+        say=lambda done, elapsed, total: said.append((done, elapsed, total)),
+        stdin=stdin,
+    )
+    return outcome, said
+
+
 def test_a_running_transfer_says_its_latest_byte_count(monkeypatch):
     monkeypatch.setattr(pipeline, "SAY_EVERY_S", 0.3)
     source = (
@@ -39,14 +53,7 @@ def test_a_running_transfer_says_its_latest_byte_count(monkeypatch):
         "for n in range(1, 9):\n"
         "    sys.stderr.write('qwen35-progress %d\\n' % (n * 1000)); sys.stderr.flush(); time.sleep(0.15)\n"
     )
-    said = []
-    outcome = pipeline.run_watched(
-        [sys.executable, "-c", source],
-        60,
-        30,
-        margin_s=5,
-        say=lambda done, elapsed, total: said.append((done, elapsed, total)),
-    )
+    outcome, said = watched_python(source)
     assert outcome.returncode == 0 and not outcome.killed
     # Said while it ran (about every 0.3 s of a 1.2 s run), each time the latest count so far.
     assert 2 <= len(said) <= 5, said
@@ -67,17 +74,9 @@ def test_a_watched_program_gets_its_stdin_and_says_totals_its_lines_carry(monkey
         "    sys.stderr.flush(); time.sleep(0.12)\n"
         "print('{\"got\": %d}' % len(token))\n"
     )
-    said = []
-    outcome = pipeline.run_watched(
-        [sys.executable, "-c", source],
-        60,
-        30,
-        margin_s=5,
-        say=lambda done, elapsed, total: said.append((done, total)),
-        stdin=b"hf_secret_token\n",
-    )
+    outcome, said = watched_python(source, stdin=b"hf_secret_token\n")
     assert outcome.returncode == 0 and outcome.stdout.strip() == '{"got": 15}', outcome
-    assert said and all(total == 6000 for _, total in said) and said[-1][0] <= 6000
+    assert said and all(total == 6000 for _, _, total in said) and said[-1][0] <= 6000
 
 
 def test_operator_progress_names_the_operation_and_both_nodes(capsys):

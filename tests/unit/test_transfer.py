@@ -257,18 +257,25 @@ def fake_peer(tmp_path, sink: list[str] | None) -> dict:
     }
 
 
-def test_one_session_inspects_then_transfers_through_the_early_sink(tmp_path):
+def counted_run(name: str, size: int, early_sink: bool = True) -> dict:
+    """The run request of a transfer of `size` bytes to a counting consumer; with `early_sink`, the
+    consumer is the early sink's (the late argv exits 7, so using it fails the test)."""
     job = Transfer(
-        "op-serve",
-        (Stage("make", py("import sys; sys.stdout.buffer.write(b'q' * 50_000)")),),
+        name,
+        (Stage("make", py(f"import sys; sys.stdout.buffer.write(b'q' * {size})")),),
         Stage("count", py(COUNT_INPUT)),
     )
     run = spec_for(job)
-    run["consumer"]["sink_argv"] = py(COUNT_INPUT)
-    run["consumer"]["argv"] = py("import sys; sys.exit(7)")  # must not be used: the sink is there
-    spec = {"before": py("print('facts here')"), "peer": fake_peer(tmp_path, SINK), "sink": SINK}
+    if early_sink:
+        run["consumer"]["sink_argv"] = py(COUNT_INPUT)
+        run["consumer"]["argv"] = py("import sys; sys.exit(7)")  # must not be used: the sink is there
     run.pop("peer")
-    lines, done = serve(spec, {"run": run})
+    return run
+
+
+def test_one_session_inspects_then_transfers_through_the_early_sink(tmp_path):
+    spec = {"before": py("print('facts here')"), "peer": fake_peer(tmp_path, SINK), "sink": SINK}
+    lines, done = serve(spec, {"run": counted_run("op-serve", 50_000)})
     assert done.returncode == 0, done.stderr
     before, report = lines
     assert before == {"before": {"status": 0, "stdout": "facts here\n", "stderr": ""}}
@@ -312,16 +319,9 @@ def test_a_new_connection_and_the_sink_are_one_step(tmp_path):
     peer["check"] = py(f"open({str(ran)!r}, 'a').write('check'); raise SystemExit(1)")
     peer["connect"] = py(f"open({str(ran)!r}, 'a').write('connect')")
     sink = becomes_master_then(Path(peer["control"]), SINK)
-    job = Transfer(
-        "op-one-step",
-        (Stage("make", py("import sys; sys.stdout.buffer.write(b'z' * 40_000)")),),
-        Stage("count", py(COUNT_INPUT)),
+    lines, done = serve(
+        {"before": None, "peer": peer, "sink": sink}, {"run": counted_run("op-one-step", 40_000)}
     )
-    run = spec_for(job)
-    run["consumer"]["sink_argv"] = py(COUNT_INPUT)
-    run["consumer"]["argv"] = py("import sys; sys.exit(7)")  # must not be used: the sink is there
-    run.pop("peer")
-    lines, done = serve({"before": None, "peer": peer, "sink": sink}, {"run": run})
     assert done.returncode == 0, done.stderr
     assert lines[-1]["preflight"] == 0 and lines[-1]["consumer_report"] == {"got": 40_000}
     assert not ran.exists(), ran.read_text()
@@ -369,14 +369,8 @@ def test_a_failed_one_step_connection_that_succeeds_the_second_time_still_transf
     peer = fake_peer(tmp_path, None)
     peer["control"] = str(tmp_path / "peer" / "m")
     sink = py("import sys; sys.stderr.write('Connection reset by peer\\n'); sys.exit(255)")
-    job = Transfer(
-        "op-retried",
-        (Stage("make", py("import sys; sys.stdout.buffer.write(b'r' * 30_000)")),),
-        Stage("count", py(COUNT_INPUT)),
-    )
-    run = spec_for(job)
+    run = counted_run("op-retried", 30_000, early_sink=False)
     run["consumer"]["sink_argv"] = py("import sys; sys.exit(7)")  # the early sink is gone: not used
-    run.pop("peer")
     lines, done = serve({"before": None, "peer": peer, "sink": sink}, {"run": run})
     assert done.returncode == 0, done.stderr
     assert lines[-1]["preflight"] == 0 and lines[-1]["consumer_report"] == {"got": 30_000}, lines
