@@ -20,6 +20,7 @@ import time
 
 import lab
 from bench import checkpoint as checkpoint_bench
+from bench import median_run, spread
 from components.node_image import Node, NodeImageProvider, Tuning, peer_target
 from components.remote import bash_argv, shell_join, ssh_argv
 
@@ -166,11 +167,11 @@ def bench_pair(src: lab.LabNode, dst: lab.LabNode, label: str) -> list[tuple]:
         lab.docker(dst, "image", "rm", "-f", IMAGE, check=False)
         ours_s, outs = ours(provider, src, dst)
         runs.append((plain_s, ours_s, save_s, outs))
-    plain_s, ours_s, save_s, outs = median_run(runs)
+    plain_s, ours_s, save_s, outs = median_run(runs, faster)
     top = TOP_MB * 2**20
     note = (
         f"sent {outs['bytes_sent'] / top:.2f} x layer (<= 1.2), {plain_s / ours_s:.1f}x faster (>= 5; "
-        f"{spread(runs)})"
+        f"{spread(runs, faster, 1, 'x')})"
     )
     rows.append(
         (label, "changed top layer", plain_s, ours_s, save_s, save_bytes(src), outs["bytes_sent"], note)
@@ -179,14 +180,9 @@ def bench_pair(src: lab.LabNode, dst: lab.LabNode, label: str) -> list[tuple]:
     return rows
 
 
-def median_run(runs: list[tuple]) -> tuple:
-    """The run whose plain/ours ratio is the median of `runs` ((plain s, ours s, …) tuples)."""
-    return sorted(runs, key=lambda run: run[0] / run[1])[len(runs) // 2]
-
-
-def spread(runs: list[tuple]) -> str:
-    ratios = sorted(run[0] / run[1] for run in runs)
-    return f"median of {len(runs)}: {ratios[0]:.1f}-{ratios[-1]:.1f}x"
+def faster(run: tuple) -> float:
+    """plain s / ours s of a run `(plain s, ours s, …)`."""
+    return run[0] / run[1]
 
 
 def mb(value) -> str:
@@ -236,11 +232,12 @@ def bench_slow_shell(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
             before = sessions()
             ours_s, outs = ours(provider, src, dst)
             runs.append((plain_s, ours_s, plain_sessions, sessions() - before, outs))
-    plain_s, ours_s, plain_sessions, ours_sessions, outs = median_run(runs)
+    plain_s, ours_s, plain_sessions, ours_sessions, outs = median_run(runs, faster)
     top = TOP_MB * 2**20
     note = (
-        f"{plain_s / ours_s:.1f}x faster (>= 5; {spread(runs)}), sent {outs['bytes_sent'] / top:.2f} x "
-        f"layer; SSH sessions per create: ours {ours_sessions}, plain {plain_sessions}"
+        f"{plain_s / ours_s:.1f}x faster (>= 5; {spread(runs, faster, 1, 'x')}), sent "
+        f"{outs['bytes_sent'] / top:.2f} x layer; SSH sessions per create: ours {ours_sessions}, "
+        f"plain {plain_sessions}"
     )
     rows = [(label, "changed top layer", plain_s, ours_s, None, save_bytes(src), outs["bytes_sent"], note)]
     clear(dst)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import lab
+from bench import median_run, spread
 from components.checkpoint import CheckpointProvider
 from components.checkpoint.programs import repo_dir_name
 from components.remote import bash_argv, shell_join, ssh_argv, ssh_options
@@ -29,6 +30,11 @@ SHARDS = 4
 SHARD_BYTES = 256 << 20
 MIB = 1 << 20
 REPEATS = 3  # fresh copies, ours and rsync's alternately (the figure is the median run's)
+
+
+def over_rsync(run: tuple) -> float:
+    """ours s / rsync s of a run `(rsync s, ours s, …)`."""
+    return run[1] / run[0]
 
 
 def cache_dir(node: lab.LabNode) -> Path:
@@ -125,16 +131,15 @@ def rows(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
         fresh = provider.create(props(src, dst, head)).outs
         runs.append((rsync_s, time.monotonic() - started, fresh))
         assert fresh["digest"] == head["digest"], "the copy's digest differs from the head's"
-    rsync_s, fresh_s, fresh = sorted(runs, key=lambda run: run[1] / run[0])[len(runs) // 2]
-    ratios = sorted(run[1] / run[0] for run in runs)
+    rsync_s, fresh_s, fresh = median_run(runs, over_rsync)
     out.append(("rsync -a (no verification)", rsync_s, total / MIB, f"{total / MIB / rsync_s:.0f} MiB/s"))
     out.append(
         (
             "ours: fresh copy, hashed",
             fresh_s,
             fresh["bytes_sent"] / MIB,
-            f"ours/rsync {fresh_s / rsync_s:.2f} (target <= 1.1; median of {len(runs)}: "
-            f"{ratios[0]:.2f}-{ratios[-1]:.2f}); {100 * raw_s / fresh_s:.0f}% of raw SSH",
+            f"ours/rsync {fresh_s / rsync_s:.2f} (target <= 1.1; {spread(runs, over_rsync, 2)}); "
+            f"{100 * raw_s / fresh_s:.0f}% of raw SSH",
         )
     )
 
