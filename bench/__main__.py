@@ -13,7 +13,6 @@ init` or `pyenv init` do), and the SSH sessions each create opens on the nodes a
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import sys
 import time
@@ -23,6 +22,7 @@ from bench import checkpoint as checkpoint_bench
 from bench import median_run, spread
 from components.node_image import Node, NodeImageProvider, Tuning, peer_target
 from components.remote import bash_argv, shell_join, ssh_argv
+from lab.logins import counted_logins
 
 BASE = "bench-base:2"
 IMAGE = "bench-image:1"
@@ -193,26 +193,6 @@ def sec(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-SLOW_RC = 'echo x >> "$HOME/.bench-sessions"; sleep 0.1\n'
-
-
-@contextlib.contextmanager
-def slow_login_shell(*nodes: lab.LabNode):
-    """Each node's ~/.bashrc costs 0.1 s and counts the sessions that read it; removed afterwards."""
-    from lab.layout import node_paths
-
-    homes = [node_paths(node.name).home for node in nodes]
-    for home in homes:
-        (home / ".bashrc").write_text(SLOW_RC)
-        (home / ".bench-sessions").write_text("")
-    try:
-        yield lambda: sum(len((home / ".bench-sessions").read_text().splitlines()) for home in homes)
-    finally:
-        for home in homes:
-            for name in (".bashrc", ".bench-sessions"):
-                (home / name).unlink(missing_ok=True)
-
-
 def bench_slow_shell(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
     """Changed top layer, 20.10 -> 20.10, with a 0.1 s login shell on both nodes."""
     provider = NodeImageProvider()
@@ -222,7 +202,11 @@ def bench_slow_shell(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
     ours(provider, src, dst)  # the destination holds the base
     lab.docker(dst, "tag", IMAGE, PREVIOUS)
     runs = []
-    with slow_login_shell(src, dst) as sessions:
+    with counted_logins(src, dst, costs_s=0.1) as counts:
+
+        def sessions() -> int:
+            return sum(counts().values())
+
         for _ in range(REPEATS):
             build_top(src)
             before = sessions()

@@ -24,6 +24,7 @@ from components.remote import (
     stderr_tail,
     with_retries,
 )
+from components.transfer import DestinationEnd
 
 
 def facts_argv(ref: str, history: bool = False, inventory: bool = False, python: bool = False) -> list[str]:
@@ -107,10 +108,15 @@ class DockerOn:
             f"{self.role} " + str(RemoteError(self.node.label, argv[:1], status, stderr, hint))
         )
 
-    def tags(self, mode: str, spec: dict, python: str = "python3") -> dict:
-        """Run `image_tag MODE SPEC` on the node (retag, join, leave); its report."""
+    def tags(self, mode: str, spec: dict, python: str = "python3", end: DestinationEnd | None = None) -> dict:
+        """Run `image_tag MODE SPEC` on the node (retag, join, leave); its report. `end`: the
+        destination's end, with nothing to serve, runs it in its session (no new one)."""
         argv = program_argv("image_tag", [mode, json.dumps(spec, separators=(",", ":"))], python)
-        result = self.run(argv, check=False)
+        ran = end.run(argv) if end is not None else None
+        if ran is not None:
+            result = Result(tuple(argv), ran[0], ran[1].encode(), ran[2].encode(), self.node.label)
+        else:
+            result = self.run(argv, check=False)
         try:
             report = json.loads(result.out.splitlines()[-1]) if result.out else {}
         except ValueError:

@@ -33,14 +33,16 @@ TMP_TAG_PREFIX = "qwen35-tmp-"
 
 class Peers:
     """The source's connections to the destination, a fresh one (its own private folder) for every
-    attempt: a previous attempt's detached close may still remove its folder and end its master."""
+    attempt: a previous attempt's detached close may still remove its folder and end its master. The
+    source session's connections forward to the destination's end (`forward`); a later attempt's
+    runs the consumer in a session of its own."""
 
-    def __init__(self, target: SshTarget):
-        self.target = target
+    def __init__(self, target: SshTarget, forward: transfer.Forward | None = None):
+        self.target, self.forward = target, forward
         self.made: list[transfer.Peer] = []
 
-    def new(self) -> transfer.Peer:
-        peer = transfer.Peer.new(self.target)
+    def new(self, forwarded: bool = False) -> transfer.Peer:
+        peer = transfer.Peer.new(self.target, self.forward if forwarded else None)
         self.made.append(peer)
         return peer
 
@@ -58,6 +60,7 @@ class CopyJob:
     at_source: Facts
     at_destination: Facts
     peers: Peers | None  # None: source and destination are one node
+    end: transfer.DestinationEnd | None  # the destination's end, listening (None: one node)
     tuning: Tuning
     claim: str  # this resource's claim on the tag, should it place or share it
     times: PhaseTimes
@@ -80,13 +83,22 @@ def _ensure_image(
     same_node = source.key == destination.key
     src = DockerOn(source, "source", control("s"))
     dst = src if same_node else DockerOn(destination, "destination", control("d"))
-    peers = None if same_node else Peers(peer_target(destination, tuning))
     pool = ThreadPoolExecutor(max_workers=4)
     # One connection per node: each node's first command makes it (ControlMaster=auto) and every
-    # command after it rides on it. Nothing waits for a connection of its own first: the inspections
-    # start at once, on both nodes.
-    # The source's inspection runs in the session that may later copy: it starts connecting to the
-    # destination, and opens the destination's end, while both nodes are inspected and the plan made.
+    # command after it rides on it. Nothing waits for a connection of its own first: both nodes'
+    # sessions start at once. The destination's inspects it and then listens (the destination's end
+    # of a copy); the source's inspects it and meanwhile connects to the destination, forwarding to
+    # that end: no session on the destination from the source, no login shell on the copy's path.
+    end = peers = None
+    if not same_node:
+        end = transfer.DestinationEnd(
+            destination,
+            facts_argv(image, inventory=True, python=True),
+            dst.transport.control_path,
+            times=times,
+            deadline_s=tuning.deadline_s,
+        )
+        peers = Peers(peer_target(destination, tuning), end.forward)
     if same_node:
         src_facts = pool.submit(times.timed("source facts", src.facts), image, python=True)
     else:
@@ -94,7 +106,7 @@ def _ensure_image(
     dst_facts = (
         src_facts
         if same_node
-        else pool.submit(times.timed("destination facts", dst.facts), image, inventory=True, python=True)
+        else pool.submit(times.timed("destination facts", destination_facts), dst, end, image)
     )
     session: transfer.SourceSession | None = None
     try:
@@ -105,7 +117,9 @@ def _ensure_image(
                 session, at_source = src_facts.result()
                 at_destination = dst_facts.result()
         decided = plan(at_source, at_destination, tuning)
-        job = CopyJob(image, src, dst, at_source, at_destination, peers, tuning, secrets.token_hex(8), times)
+        job = CopyJob(
+            image, src, dst, at_source, at_destination, peers, end, tuning, secrets.token_hex(8), times
+        )
         return carry_out(decided, props, job, session)
     finally:
         pool.shutdown(wait=True)
@@ -114,11 +128,25 @@ def _ensure_image(
         if session is not None:
             with times.span("end source session"):
                 session.close()
+        if end is not None:
+            with times.span("end destination session"):
+                end.close()
         for peer in peers.unclosed() if peers is not None else []:  # a session died before ending it
             with times.span("close peer master"), contextlib.suppress(RemoteError):
                 # One attempt: a source that cannot be reached must not hold up the error being raised;
                 # an abandoned master ends by itself.
                 src.transport.run(peer.close_argv(), timeout=15)
+
+
+def destination_facts(dst: DockerOn, end: transfer.DestinationEnd, image: str) -> Facts:
+    """The destination's facts from its end's session; should that session fail to start, the
+    ordinary inspection (with its retries) instead, and no end listens."""
+    status, out, err = end.before()
+    if status == SSH_TRANSPORT_FAILURE:
+        return dst.facts(image, inventory=True, python=True)
+    if status != 0:
+        raise dst.facts_failed(status, facts_stderr(out, err))
+    return parse_facts(dst.node, image, out, history=False, inventory=True, python=True)
 
 
 def source_session(
@@ -129,7 +157,9 @@ def source_session(
     deadline, delay = time.monotonic() + 20.0, 1.0
     argv = facts_argv(image, history=True, python=True)
     while True:
-        session = transfer.SourceSession(src.node, peers.new(), argv, src.transport.control_path, times=times)
+        session = transfer.SourceSession(
+            src.node, peers.new(forwarded=True), argv, src.transport.control_path, times=times
+        )
         status, out, err = session.before()
         if status == 0:
             return session, parse_facts(src.node, image, out, history=True, inventory=False, python=True)
@@ -198,7 +228,7 @@ def carry_out(
         # session, unused, ends meanwhile.
         ending = _end_meanwhile(session, times)
         with times.span("join tag holders"):
-            joined = dst.tags("join", {"ref": image, "claim": claim}, at_destination.python)
+            joined = dst.tags("join", {"ref": image, "claim": claim}, at_destination.python, job.end)
         ending.join()
         held = bool(joined.get("joined"))
         # Waiting: no holder recorded (by hand, or a resource from before the records placed it): the
@@ -212,6 +242,7 @@ def carry_out(
                 "retag",
                 {"ref": image, "image_id": decided.image.image_id, "claim": claim},
                 at_destination.python,
+                job.end,
             )
         ending.join()
         return done(
@@ -360,7 +391,9 @@ def _stream(
     )
     try:
         if session is not None:
-            result = session.transfer(moving, destination, tuning)
+            result = session.transfer(
+                moving, destination, tuning, end=job.end if peer and peer.forward else None
+            )
         else:
             result = transfer.run_transfer(
                 moving, source, destination, peer, tuning, src.transport.control_path, "python3", times

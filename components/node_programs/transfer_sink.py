@@ -1,26 +1,56 @@
 """The destination's end of a transfer, started before the source knows what to send (runs ON THE
-DESTINATION; standard library only).
+DESTINATION; standard library only). Two ways to start it:
 
-    transfer_sink      stdin: `<length>\\n<JSON {"argv": [...]}>` then the stream; becomes that argv
+    transfer_sink              started by the source over its connection to the destination; stdin:
+                               `<length>\\n<JSON {"argv": [...]}>` then the stream; becomes that argv
+    transfer_sink listen SPEC  started by the orchestrator in its own session to the destination: listens
+                               on a socket in a private folder, runs SPEC.before (the caller's inspection
+                               of the destination) and prints its outcome as one JSON line, starts the
+                               consumer when stdin says {"consumer": ARGV}, and serves the one connection
+                               the source makes through its SSH master's stream-local forward (`-L`);
+                               or runs the caller's last command for the node ({"run": ARGV}, one JSON
+                               line {"ran": outcome}) when there is nothing to serve
 
-The source opens this session while both nodes are still being inspected, so the destination's
-SSH session (and its login shell's start-up) is paid for in parallel, not on the copy's path. The
-header names the consumer; this program then replaces itself with it (exec), the stream's first
-byte still unread on stdin. End of input before a header (nothing to send): exit 0.
+The first: the destination's SSH session (and its login shell's start-up) is paid for while both nodes
+are still being inspected; the header names the consumer; this program then replaces itself with it
+(exec), the stream's first byte still unread on stdin. End of input before a header (nothing to send):
+exit 0.
+
+The second (`listen`) takes the destination's session off the transfer's path altogether: the source's
+connection carries no session and no login shell, and the consumer (e.g. `docker load`) is already
+running when the first byte arrives. The connection starts with SPEC.token and a newline; the answer is
+`+` (served: the stream follows, half-closed at its end) or `-` (refused). When the consumer has ended,
+its outcome goes back over the connection as one JSON line {"status", "stdout", "stderr"} and this
+program exits. End of stdin (or {}) before a connection: nothing to serve, a started consumer gets end
+of input and is ended.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import select
+import signal
+import socket
+import stat
+import subprocess
 import sys
+import threading
+import time
 from enum import IntEnum
 
 
 class Exit(IntEnum):
     NOTHING_TO_DO = 0
+    CANNOT_LISTEN = 97  # listen: the private folder or its socket could not be made
     BAD_HEADER = 98
     CANNOT_START = 99
+
+
+TOKEN_WAIT_S = 10.0  # a connection must say its token within this
+TAIL_LINES = 12
 
 
 def read_exact(count: int) -> bytes:
@@ -33,7 +63,7 @@ def read_exact(count: int) -> bytes:
     return data
 
 
-def main() -> int:
+def become_consumer() -> int:
     digits = b""
     while not digits.endswith(b"\n"):
         byte = os.read(0, 1)  # unbuffered: what follows the header stays on stdin for the consumer
@@ -55,5 +85,263 @@ def main() -> int:
     return Exit.CANNOT_START
 
 
+# ---- listen --------------------------------------------------------------------------------------------
+
+
+def make_listener(folder: str) -> socket.socket:
+    """A socket at `folder`/s, the folder made private (0700) and ours; raises OSError."""
+    os.mkdir(folder, 0o700)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise OSError(f"{folder} is not a directory of ours")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.path.join(folder, "s"))
+    listener.listen(4)
+    return listener
+
+
+class Consumer:
+    """The consumer, started before the stream arrives: stdin a pipe this program fills from the
+    connection, stdout and stderr kept (the outcome sent back at the end)."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # ended as a group should nothing arrive
+        )
+        self.out: list[bytes] = []
+        self.err: list[bytes] = []
+        self.readers = [
+            threading.Thread(target=lambda: self.out.extend(self.proc.stdout), daemon=True),
+            threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    def end_input(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+
+    def outcome(self) -> dict:
+        """Wait for the consumer; its exit status, stdout and stderr's tail."""
+        self.end_input()
+        self.proc.wait()
+        for reader in self.readers:
+            reader.join(timeout=5)
+        err = b"".join(self.err).decode(errors="replace").splitlines()
+        return {
+            "status": self.proc.returncode,
+            "stdout": b"".join(self.out).decode(errors="replace")[-20000:],
+            "stderr": err[-TAIL_LINES:],
+        }
+
+    def cancel(self) -> None:
+        """Nothing will arrive: end of input, then the group is ended if it lingers."""
+        self.end_input()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def relay(conn: socket.socket, sink_fd: int) -> tuple[int, str]:
+    """Copy the connection into the consumer's stdin until the source's end of stream: (bytes, why it
+    stopped early or "")."""
+    moved = 0
+    splice = getattr(os, "splice", None)
+    buffer = bytearray(1 << 20)
+    try:
+        while True:
+            if splice is not None:
+                try:
+                    count = splice(conn.fileno(), sink_fd, 1 << 20)
+                except OSError as exc:
+                    if exc.errno not in (22, 95):  # EINVAL, EOPNOTSUPP: copy by hand instead
+                        raise
+                    splice = None
+                    continue
+            else:
+                count = conn.recv_into(buffer)
+                view = memoryview(buffer)[:count]
+                while view:
+                    view = view[os.write(sink_fd, view) :]
+            if not count:
+                return moved, ""
+            moved += count
+    except BrokenPipeError:
+        return moved, "the consumer stopped reading"
+    except OSError as exc:
+        return moved, f"{type(exc).__name__}: {exc}"
+
+
+class Stdin:
+    """This program's stdin: JSON lines from the orchestrator, read without blocking the listener."""
+
+    def __init__(self):
+        self.buffer = b""
+        self.closed = False
+
+    def read_available(self) -> list[dict]:
+        data = os.read(0, 65536)
+        if not data:
+            self.closed = True
+        self.buffer += data
+        messages = []
+        while b"\n" in self.buffer:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            with contextlib.suppress(ValueError):
+                message = json.loads(line) if line.strip() else {}
+                messages.append(message if isinstance(message, dict) else {})
+        return messages
+
+
+def read_token(conn: socket.socket, size: int) -> str:
+    """The connection's first `size` bytes (its token and a newline), not one byte more: what follows
+    is the stream."""
+    conn.settimeout(TOKEN_WAIT_S)
+    data = b""
+    with contextlib.suppress(OSError):
+        while len(data) < size:
+            more = conn.recv(size - len(data))
+            if not more:
+                break
+            data += more
+    conn.settimeout(None)
+    return data.decode(errors="replace").rstrip("\n")
+
+
+def listen(spec: dict) -> int:
+    folder = str(spec["folder"])
+    deadline = time.monotonic() + float(spec.get("deadline_s") or 6 * 3600)
+    try:
+        listener = make_listener(folder)
+        error = ""
+    except OSError as exc:
+        listener, error = None, f"cannot listen in {folder}: {exc}"
+    try:
+        outcome = None
+        before = spec.get("before")
+        if before:
+            done = subprocess.run(before, stdin=subprocess.DEVNULL, capture_output=True)
+            outcome = {
+                "status": done.returncode,
+                "stdout": done.stdout.decode(errors="replace"),
+                "stderr": done.stderr.decode(errors="replace")[-4000:],
+            }
+        say({"before": outcome, "listening": listener is not None, "error": error})
+        if listener is None:
+            return Exit.CANNOT_LISTEN
+        return serve_one(listener, str(spec["token"]), deadline)
+    finally:
+        if listener is not None:
+            listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, "s"))
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
+    """Wait for the consumer's argv (stdin) and the source's connection (either first); serve it."""
+    stdin, consumer, conn = Stdin(), None, None
+    try:
+        while time.monotonic() < deadline:
+            waiting = [listener] if conn is None else []
+            if not stdin.closed:
+                waiting.append(0)
+            if not waiting:
+                break  # a connection, and stdin ended before the consumer was named
+            ready, _, _ = select.select(waiting, [], [], 1.0)
+            if 0 in ready:
+                for message in stdin.read_available():
+                    if isinstance(message.get("consumer"), list) and consumer is None:
+                        consumer = Consumer([str(arg) for arg in message["consumer"]])
+                    elif isinstance(message.get("run"), list) and consumer is None and conn is None:
+                        # Nothing to serve after all (a skip, a retag): the one command the caller
+                        # still has for this node runs here, in this session, instead of a new one.
+                        say({"ran": run_instead([str(arg) for arg in message["run"]])})
+                        return Exit.NOTHING_TO_DO
+                    elif not message.get("consumer"):
+                        stdin.closed = True  # {}: nothing to serve
+                if stdin.closed and conn is None:
+                    break
+            if listener in ready:
+                accepted, _ = listener.accept()
+                if read_token(accepted, len(token) + 1) == token:
+                    conn = accepted
+                else:
+                    with contextlib.suppress(OSError):
+                        accepted.sendall(b"-")
+                    accepted.close()
+            if conn is not None and consumer is not None:
+                conn.sendall(b"+")
+                with contextlib.suppress(OSError, AttributeError):  # fewer wake-ups; best effort
+                    fcntl.fcntl(consumer.proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
+                # Should the orchestrator end this session (its stdin) or the deadline pass while
+                # the stream runs, the connection is ended: the consumer gets a cut stream, and fails.
+                watch = threading.Thread(target=end_on_eof_or, args=(conn, stdin, deadline), daemon=True)
+                watch.start()
+                moved, why = relay(conn, consumer.proc.stdin.fileno())
+                outcome = consumer.outcome()
+                with contextlib.suppress(OSError):
+                    conn.sendall((json.dumps(outcome) + "\n").encode())
+                    conn.shutdown(socket.SHUT_WR)
+                conn.close()
+                consumer = conn = None
+                say({"served": {"bytes": moved, "stopped": why, "status": outcome["status"]}})
+                return Exit.NOTHING_TO_DO
+        say({"served": None})
+        return Exit.NOTHING_TO_DO
+    finally:
+        if consumer is not None:
+            consumer.cancel()
+        if conn is not None:  # accepted, never served
+            with contextlib.suppress(OSError):
+                conn.sendall(b"-")  # refused: the source falls back to a session of its own
+            conn.close()
+
+
+def run_instead(argv: list[str]) -> dict:
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+    except OSError as exc:
+        return {"status": Exit.CANNOT_START, "stdout": "", "stderr": f"cannot start {argv[0]}: {exc}"}
+    return {
+        "status": done.returncode,
+        "stdout": done.stdout.decode(errors="replace"),
+        "stderr": done.stderr.decode(errors="replace")[-4000:],
+    }
+
+
+def end_on_eof_or(conn: socket.socket, stdin: Stdin, deadline: float) -> None:
+    while not stdin.closed:
+        ready, _, _ = select.select([0], [], [], max(0.0, min(5.0, deadline - time.monotonic())))
+        if ready:
+            stdin.read_available()
+        elif time.monotonic() >= deadline:
+            break
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
+
+
+def say(doc: dict) -> None:
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["listen"] and len(argv) == 2:
+        return listen(json.loads(argv[1]))
+    if argv:
+        sys.stderr.write("usage: transfer_sink [listen SPEC]\n")
+        return Exit.BAD_HEADER
+    return become_consumer()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -26,6 +26,7 @@ import fcntl
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -187,6 +188,106 @@ def close_detached(peer: dict) -> None:
     )
 
 
+# ---- the destination's end over the master's stream-local forward --------------------------------------
+
+
+class _SendSide:
+    """The connection's sending half, shaped as a pipe's write end for `watched`."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+
+    def fileno(self) -> int:
+        return self.conn.fileno()
+
+    def write(self, data: bytes) -> None:
+        self.conn.sendall(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.shutdown(socket.SHUT_WR)  # end of stream: the consumer gets end of input
+
+
+class Forwarded:
+    """The destination's end started by the orchestrator (`transfer_sink listen`), reached through the
+    master's `-L` forward and shaped like a Popen for `watched`: stdin is the connection; exit status,
+    stdout and stderr are the consumer's, sent back over the connection once it has ended. A connection
+    that ends without them counts as a failed SSH link (255)."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+        self.stdin = _SendSide(conn)
+        self.returncode: int | None = None
+        self._out: list[bytes] = []
+        self._err: list[bytes] = []
+        self._done = threading.Event()
+        threading.Thread(target=self._read_outcome, daemon=True).start()
+
+    def _read_outcome(self) -> None:
+        data = b""
+        with contextlib.suppress(OSError):
+            while True:
+                more = self.conn.recv(65536)
+                if not more:
+                    break
+                data += more
+        try:
+            outcome = json.loads(data.decode(errors="replace").strip().splitlines()[-1])
+            self.returncode = int(outcome["status"])
+            self._out = [line + b"\n" for line in str(outcome.get("stdout") or "").encode().splitlines()]
+            self._err = [str(line).encode() + b"\n" for line in outcome.get("stderr") or []]
+        except (ValueError, KeyError, IndexError, TypeError):
+            self.returncode = SSH_TRANSPORT_FAILURE
+            self._err = [b"the destination's end closed the connection without the consumer's outcome\n"]
+        self._done.set()
+
+    def _lines(self, which: str):
+        self._done.wait()
+        yield from getattr(self, which)
+
+    @property
+    def stdout(self):
+        return self._lines("_out")
+
+    @property
+    def stderr(self):
+        return self._lines("_err")
+
+    def poll(self) -> int | None:
+        return self.returncode if self._done.is_set() else None
+
+    def wait(self) -> int:
+        self._done.wait()
+        return int(self.returncode)
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.shutdown(socket.SHUT_RDWR)  # the destination's end sees the stream cut
+
+
+def open_forward(forward: dict, timeout: float) -> tuple[Forwarded | None, str]:
+    """Connect to the destination's end through the forward and say the token: (the end, "") once it
+    answered `+`, else (None, why): refused, or forwarding not allowed by the destination's sshd (the
+    connection closes at once)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout)
+    try:
+        conn.connect(forward["local"])
+        conn.sendall((str(forward["token"]) + "\n").encode())
+        answer = conn.recv(1)
+    except OSError as exc:
+        conn.close()
+        return None, f"{type(exc).__name__}: {exc}"
+    if answer != b"+":
+        conn.close()
+        return None, "refused by the destination's end" if answer else "the forward was closed at once"
+    conn.settimeout(None)
+    return Forwarded(conn), ""
+
+
 # ---- progress -----------------------------------------------------------------------------------------
 
 
@@ -320,6 +421,10 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
                 report["preflight_stderr"] = err[-2000:]
                 return finish(report, progress, started, Exit.FAILED)
             sink, link.sink = link.sink, None
+            if sink is None and peer.get("forward") and spec.get("use_forward"):
+                sink, why = open_forward(peer["forward"], float(peer["connect_timeout"]) + 10)
+                # Not served: the consumer runs in a session of its own over the master, as without one.
+                report["forward"] = "used" if sink is not None else f"not used: {why}"
         result = watched(spec, progress, started, say, sink)
         report.update(result)
         failed = report["error"] or any(stage["status"] for stage in report["stages"])
@@ -391,7 +496,7 @@ def watched(
             previous.close()  # the next stage holds it now
         previous = proc.stdout
         procs.append(proc)
-    if sink is not None and consumer.get("sink_argv"):
+    if sink is not None and not isinstance(sink, Forwarded) and consumer.get("sink_argv"):
         header = json.dumps({"argv": consumer["sink_argv"]}).encode()
         try:
             sink.stdin.write(b"%d\n" % len(header) + header)

@@ -31,9 +31,10 @@ The code that runs on the nodes lives in `components/node_programs/` (`transfer_
 """
 
 from components.transfer.endpoints import Endpoint, EndpointError, peer_target
-from components.transfer.peer import Peer, PeerUnreachable, peer_unreachable
+from components.transfer.peer import Forward, Peer, PeerUnreachable, peer_unreachable
 from components.transfer.pipeline import (
     BACKSTOP_MARGIN_S,
+    DestinationEnd,
     Failure,
     SourceSession,
     Stage,
@@ -51,10 +52,12 @@ from components.transfer.tuning import GIB, Tuning, TuningError, tuning_from
 __all__ = [
     "BACKSTOP_MARGIN_S",
     "GIB",
+    "DestinationEnd",
     "TIMING_ENV",
     "Endpoint",
     "EndpointError",
     "Failure",
+    "Forward",
     "Peer",
     "PeerUnreachable",
     "PhaseTimes",

@@ -1,6 +1,10 @@
 """The source's own SSH connection to the destination over the fabric.
 
-A control master on the source node, its socket in a private folder there (0700, ours). The source's
+A control master on the source node, its socket in a private folder there (0700, ours). With a
+`Forward` (the destination's end already listening, started by the orchestrator: `DestinationEnd`),
+the master is made with a stream-local forward (`-L <folder>/f:<the end's socket>`) and carries no
+session at all: the stream goes through the forward into a consumer already running. Without one, the
+source's
 session (`transfer_source serve`) starts it while the source is still being inspected, in one step
 with the destination's end (`sink_argv`: its ssh, `ControlMaster=auto` in a folder just made,
 becomes the master); a retry, or a transfer without an early end, connects first (`connect`) and then
@@ -24,17 +28,27 @@ class PeerUnreachable(RuntimeError):
     """The source could not connect to the destination: nothing was sent."""
 
 
+@dataclass(frozen=True)
+class Forward:
+    """Where the destination's end listens (`transfer_sink listen`) and the token it expects."""
+
+    socket: str
+    token: str
+
+
 @dataclass
 class Peer:
-    """The source's connection to the destination (`target`), its master's socket under `folder`."""
+    """The source's connection to the destination (`target`), its master's socket under `folder`;
+    with `forward`, the master also forwards `<folder>/f` to the destination's end."""
 
     target: SshTarget
     folder: str
     closed: bool = False  # a transfer's run ended the master (or will, detached)
+    forward: Forward | None = None
 
     @classmethod
-    def new(cls, target: SshTarget) -> Peer:
-        return cls(target, f"/tmp/qni-{secrets.token_hex(6)}")
+    def new(cls, target: SshTarget, forward: Forward | None = None) -> Peer:
+        return cls(target, f"/tmp/qni-{secrets.token_hex(6)}", forward=forward)
 
     @property
     def control_path(self) -> str:
@@ -47,7 +61,12 @@ class Peer:
     def spec(self) -> dict:
         """What `transfer_source` needs to make, check and end the master (every ssh argv ready-made)."""
         control = ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}"]
-        return {
+        forward = (
+            ["-o", "ExitOnForwardFailure=yes", "-L", f"{self.folder}/f:{self.forward.socket}"]
+            if self.forward
+            else []
+        )
+        spec = {
             "folder": self.folder,
             "control": self.control_path,
             "connect_timeout": self.target.connect_timeout,
@@ -59,11 +78,15 @@ class Peer:
                 "-o",
                 "ControlMaster=yes",
                 *ssh_options(self.target, self.control_path),
+                *forward,
                 "-f",
                 "-N",
                 self.target.destination,
             ],  # fmt: skip
         }
+        if self.forward:
+            spec["forward"] = {"local": f"{self.folder}/f", "token": self.forward.token}
+        return spec
 
     def sink_argv(self, python: str = "python3") -> list[str]:
         """The destination's end, opened early over the master: it learns its consumer from the stream."""

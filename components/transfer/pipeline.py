@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import subprocess
 import threading
 import time
@@ -27,7 +28,7 @@ from components.node_programs.transfer_source import Marker
 from components.progress import SAY_EVERY_S, tell_operator, transfer_line
 from components.remote import SSH_TRANSPORT_FAILURE, shell_join, ssh_argv
 from components.transfer.endpoints import Endpoint
-from components.transfer.peer import Peer, peer_unreachable
+from components.transfer.peer import Forward, Peer, peer_unreachable
 from components.transfer.timing import PhaseTimes
 
 BACKSTOP_MARGIN_S = 30.0  # the orchestrator waits this long past the source's own stall limit
@@ -88,6 +89,7 @@ class TransferResult:
     why: str
     detail: list[str]
     seconds: float = 0.0
+    forward: str = ""  # "used", "not used: why", or "" (no forward offered)
 
     @property
     def ok(self) -> bool:
@@ -268,7 +270,12 @@ def operator_progress(transfer: Transfer, source: Endpoint, destination: Endpoin
 
 
 def run_spec(
-    transfer: Transfer, source: Endpoint, destination: Endpoint, peer: Peer | None, tuning: CopyConfig
+    transfer: Transfer,
+    source: Endpoint,
+    destination: Endpoint,
+    peer: Peer | None,
+    tuning: CopyConfig,
+    use_forward: bool = False,
 ) -> dict[str, Any]:
     """The JSON spec `transfer_source run` takes."""
     return {
@@ -287,6 +294,8 @@ def run_spec(
             "sink_argv": list(transfer.consumer.argv) if peer else None,
         },
         "peer": peer.spec() if peer else None,
+        # the destination's end was told its consumer (`DestinationEnd.start`): reach it through the forward
+        "use_forward": bool(peer and peer.forward and use_forward),
     }
 
 
@@ -382,6 +391,7 @@ def interpret(
         why,
         detail or other[-6:],
         float(report.get("seconds") or 0.0),
+        str(report.get("forward") or ""),
     )
 
 
@@ -404,7 +414,8 @@ class SourceSession:
         spec = {
             "before": list(before) if before else None,
             "peer": peer.spec() if peer else None,
-            "sink": peer.sink_argv(python) if peer else None,
+            # with a forward, the destination's end is the orchestrator's (`DestinationEnd`)
+            "sink": peer.sink_argv(python) if peer and not peer.forward else None,
         }
         program = program_argv("transfer_source", ["serve", json.dumps(spec, separators=(",", ":"))], python)
         argv = ssh_argv(source.target, program, control_path)
@@ -430,9 +441,12 @@ class SourceSession:
         destination: Endpoint,
         tuning: CopyConfig,
         margin_s: float = BACKSTOP_MARGIN_S,
+        end: DestinationEnd | None = None,
     ) -> TransferResult:
-        """Run `job` in this session; as `run_transfer`."""
-        spec = run_spec(job, self.source, destination, self.peer, tuning)
+        """Run `job` in this session; as `run_transfer`. `end`: the destination's end, listening
+        (this session's peer forwards to it): it starts the consumer now, before the source connects."""
+        use_forward = end is not None and end.start(list(job.consumer.argv))
+        spec = run_spec(job, self.source, destination, self.peer, tuning, use_forward)
         spec.pop("peer")
         self._send({"run": spec})
         killed = watch(
@@ -477,3 +491,101 @@ class SourceSession:
             self.proc.kill()
             self.proc.wait()
         self.streams.finish()
+
+
+class DestinationEnd:
+    """The destination's end of a transfer, started by the orchestrator in its own session to the
+    destination (`transfer_sink listen`) while the source is inspected: it listens on a socket in a
+    private folder there, runs the caller's inspection of the destination (`before`), starts the
+    consumer when `start` names it, and serves the connection the source makes through its master's
+    stream-local forward (`forward`). The destination's session and login shell, and the consumer's
+    start, are then off the transfer's path; the source's connection carries no session. Where the
+    end cannot listen, or the destination's sshd refuses the forward, the source runs the consumer
+    over its master as before."""
+
+    def __init__(
+        self,
+        destination: Endpoint,
+        before: Sequence[str] | None,
+        control_path: str | None = None,
+        python: str = "python3",
+        times: PhaseTimes | None = None,
+        deadline_s: float = 6 * 3600,
+    ):
+        self.destination = destination
+        self.forward = Forward(f"/tmp/qns-{secrets.token_hex(6)}/s", secrets.token_hex(16))
+        spec = {
+            "folder": self.forward.socket.rsplit("/", 1)[0],
+            "token": self.forward.token,
+            "before": list(before) if before else None,
+            "deadline_s": deadline_s,
+        }
+        program = program_argv("transfer_sink", ["listen", json.dumps(spec, separators=(",", ":"))], python)
+        self.proc = subprocess.Popen(
+            ssh_argv(destination.target, program, control_path),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.streams = _Streams(self.proc, times)
+        self.listening = False
+        self.started = False
+        self.read_to = 0
+        self.ended = False
+
+    def before(self, timeout: float = 120.0) -> tuple[int, str, str]:
+        """The inspection's exit status, stdout and stderr; exit 255 when the session itself failed."""
+        line, self.read_to = self.streams.json_line(0, timeout)
+        if line is None or "before" not in line:
+            self.close()
+            return SSH_TRANSPORT_FAILURE, "", "\n".join(self.streams.err[-8:])
+        self.listening = bool(line.get("listening"))
+        outcome = line["before"] or {"status": 0, "stdout": "", "stderr": ""}
+        return int(outcome["status"]), str(outcome["stdout"]), str(outcome["stderr"])
+
+    def start(self, consumer: list[str]) -> bool:
+        """Start the consumer now; False when the end is not there to serve (the source then runs the
+        consumer itself)."""
+        if self.ended or not self.listening or self.started:
+            return False  # one consumer, one connection: a second attempt runs its own
+        self.started = True
+        try:
+            self.proc.stdin.write((json.dumps({"consumer": consumer}) + "\n").encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def run(self, argv: list[str], timeout: float = 120.0) -> tuple[int, str, str] | None:
+        """Nothing to serve after all: run `argv` in this session instead of a new one (the caller's
+        last command for the node), which ends it; (status, stdout, stderr), or None when the end is
+        not there to run it (the caller then runs it as usual)."""
+        if self.ended or self.started or self.proc.poll() is not None:
+            return None
+        self.started = True
+        try:
+            self.proc.stdin.write((json.dumps({"run": argv}) + "\n").encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            return None
+        line, self.read_to = self.streams.json_line(self.read_to, timeout)
+        if line is None or "ran" not in line:
+            return None
+        ran = line["ran"]
+        return int(ran["status"]), str(ran["stdout"]), str(ran["stderr"])
+
+    def close(self) -> dict | None:
+        """End the session: an end that served has already ended; one that did not (a skip, a retag,
+        a fallback) ends a consumer it started, unfed. What it served, if anything."""
+        if not self.ended:
+            self.ended = True
+            with contextlib.suppress(OSError, ValueError):
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.streams.finish()
+        served, _ = self.streams.json_line(self.read_to, 0)
+        return (served or {}).get("served")

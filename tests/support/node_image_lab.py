@@ -90,8 +90,8 @@ class PeerFolders:
         self.made: list[str] = []
         real = execute.Peers.new
 
-        def new(peers):
-            peer = real(peers)
+        def new(peers, forwarded=False):
+            peer = real(peers, forwarded)
             self.made.append(peer.folder)
             return peer
 

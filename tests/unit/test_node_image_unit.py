@@ -288,7 +288,7 @@ class _RecordingDestination:
     def __call__(self, *args, **kwargs):
         return self
 
-    def tags(self, mode, spec, python="python3"):
+    def tags(self, mode, spec, python="python3", end=None):
         self.calls.append((mode, spec))
         return {"exit": 0}
 
@@ -438,14 +438,16 @@ def test_a_skip_keeps_its_claim_when_it_joined_or_waits(joined, claim_kept, hold
     class Destination:
         node = Node.from_dict("destination", node("b", "h2"))
 
-        def tags(self, mode, spec, python="python3"):
+        def tags(self, mode, spec, python="python3", end=None):
             assert mode == "join"
             return joined
 
     info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1")
     facts = Facts(Destination.node, "app:1", daemon, info)
     props = {**olds(), "tuning": {}}
-    job = execute.CopyJob("app:1", None, Destination(), facts, facts, None, CopyConfig(), "c1", PhaseTimes())
+    job = execute.CopyJob(
+        "app:1", None, Destination(), facts, facts, None, None, CopyConfig(), "c1", PhaseTimes()
+    )
     outs = execute.carry_out(Skip(info, daemon, True), props, job, None)
     assert bool(outs["claim"]) is claim_kept and outs["holds_tag"] is holds and outs["placed_tag"] is False
 
@@ -622,7 +624,7 @@ def _stream_with(stages: list, consumer_report: dict | None, failure=None) -> Ex
     why = f"{failed.name} exited {failed.status}" if failed else "no progress from the source for 150 s"
 
     class Session:
-        def transfer(self, job, destination, tuning):
+        def transfer(self, job, destination, tuning, end=None):
             return TransferResult(a, b, outcomes, 10, consumer_report, failure or Failure.STAGE, why, [])
 
     class On:
@@ -638,6 +640,7 @@ def _stream_with(stages: list, consumer_report: dict | None, failure=None) -> Ex
             On(b),
             Facts(a, "app:1", daemon, info),
             Facts(b, "app:1", daemon, None),
+            None,
             None,
             CopyConfig(),
             "c1",
@@ -719,7 +722,7 @@ def test_every_attempt_gets_a_connection_of_its_own(monkeypatch):
     monkeypatch.setattr(execute, "_stream", stream)
     info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("classic", "/var/lib/docker", "26.1", "overlay2")
     at = Facts(a, "app:1", daemon, info)
-    job = execute.CopyJob("app:1", On(), On(), at, at, peers, CopyConfig(), "c", execute.PhaseTimes())
+    job = execute.CopyJob("app:1", On(), On(), at, at, peers, None, CopyConfig(), "c", execute.PhaseTimes())
     execute.copy_image(Copy((), 0, True, True, 1), job, session)
     assert used[0] is session.peer and used[1] is peers.made[2]
     assert len({peer.folder for peer in peers.made}) == 3
@@ -765,7 +768,9 @@ def test_outputs_say_whether_the_content_store_was_listed(unlisted, capsys):
 
     info, daemon = ImageInfo("sha256:x", (L1,)), Daemon("containerd", "/var/lib/docker", "29.0")
     facts = Facts(b, "app:1", daemon, info, blobs_unlisted=unlisted)
-    job = execute.CopyJob("app:1", None, Destination(), facts, facts, None, CopyConfig(), "c1", PhaseTimes())
+    job = execute.CopyJob(
+        "app:1", None, Destination(), facts, facts, None, None, CopyConfig(), "c1", PhaseTimes()
+    )
     outs = execute.carry_out(Skip(info, daemon, False), olds(), job, None)
     assert outs["blobs_listed"] is (not unlisted)
     assert ("Permission denied" in capsys.readouterr().err) is bool(unlisted)

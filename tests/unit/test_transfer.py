@@ -4,6 +4,8 @@ producers and consumers, the orchestrator's backstop, and the failure classifica
 from __future__ import annotations
 
 import json
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -14,6 +16,7 @@ import pytest
 
 from components import transfer
 from components.node_programs import program_argv
+from components.node_programs.transfer_sink import Exit as SinkExit
 from components.node_programs.transfer_source import Exit as SourceExit
 from components.remote import SshTarget
 from components.transfer import Endpoint, Failure, Stage, Transfer
@@ -374,3 +377,174 @@ def test_a_failed_one_step_connection_that_succeeds_the_second_time_still_transf
     lines, done = serve({"before": None, "peer": peer, "sink": sink}, {"run": run})
     assert done.returncode == 0, done.stderr
     assert lines[-1]["preflight"] == 0 and lines[-1]["consumer_report"] == {"got": 30_000}, lines
+
+
+# ---- the destination's end started by the orchestrator (`transfer_sink listen`) -------------------------
+
+TOKEN = "t" * 32
+
+
+class Listening:
+    """`transfer_sink listen` run on this machine, as the orchestrator runs it on the destination."""
+
+    def __init__(self, tmp_path: Path, before: list[str] | None = None):
+        self.folder = tmp_path / "end"
+        spec = {"folder": str(self.folder), "token": TOKEN, "before": before, "deadline_s": 60}
+        argv = program_argv("transfer_sink", ["listen", json.dumps(spec)], PY)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self.first = json.loads(self.proc.stdout.readline())
+
+    @property
+    def socket(self) -> str:
+        return str(self.folder / "s")
+
+    def start(self, consumer: list[str]) -> None:
+        self.proc.stdin.write((json.dumps({"consumer": consumer}) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def end(self) -> list[dict]:
+        """Close its stdin (the orchestrator's session ends); what else it said."""
+        out, _ = self.proc.communicate(timeout=30)
+        return [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+
+
+def connect(path: str, token: str = TOKEN) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(20)
+    conn.connect(path)
+    conn.sendall((token + "\n").encode())
+    return conn
+
+
+def received(conn: socket.socket) -> bytes:
+    data = b""
+    while more := conn.recv(65536):
+        data += more
+    return data
+
+
+def test_the_listening_end_inspects_then_serves_the_stream_into_a_consumer_started_before_it(tmp_path):
+    started = tmp_path / "started"
+    end = Listening(tmp_path, py("print('facts of the destination')"))
+    assert end.first == {
+        "before": {"status": 0, "stdout": "facts of the destination\n", "stderr": ""},
+        "listening": True,
+        "error": "",
+    }
+    assert stat.S_IMODE(end.folder.stat().st_mode) == 0o700
+    # the consumer runs before any byte arrives (it records that, then counts its input)
+    end.start(py(f"open({str(started)!r}, 'w'); {COUNT_INPUT}"))
+    deadline = time.monotonic() + 20
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert started.exists(), "the consumer was not started before the connection"
+    conn = connect(end.socket)
+    assert conn.recv(1) == b"+"
+    conn.sendall(b"z" * 300_000)
+    conn.shutdown(socket.SHUT_WR)
+    outcome = json.loads(received(conn))
+    assert outcome["status"] == 0 and outcome["stdout"].splitlines()[-1] == '{"got": 300000}'
+    assert end.end() == [{"served": {"bytes": 300_000, "stopped": "", "status": 0}}]
+    assert not end.folder.exists()  # socket and folder removed
+
+
+def test_a_connection_first_waits_for_its_consumer_and_a_wrong_token_is_refused(tmp_path):
+    end = Listening(tmp_path)
+    stranger = connect(end.socket, "x" * 32)
+    assert stranger.recv(1) == b"-"
+    conn = connect(end.socket)
+    time.sleep(0.3)
+    end.start(py(COUNT_INPUT))  # named after the source connected
+    assert conn.recv(1) == b"+"
+    conn.sendall(b"12345")
+    conn.shutdown(socket.SHUT_WR)
+    assert json.loads(received(conn))["stdout"].endswith('{"got": 5}\n')
+    assert end.end()[-1]["served"]["bytes"] == 5
+
+
+def test_an_end_never_reached_ends_its_consumer_unfed(tmp_path):
+    """A skip, a retag, or a source that fell back to a session of its own: the orchestrator ends the
+    session; the consumer started for nothing gets end of input, nothing else."""
+    fed = tmp_path / "fed"
+    end = Listening(tmp_path)
+    end.start(py(f"import sys; open({str(fed)!r}, 'w').write(str(len(sys.stdin.buffer.read())))"))
+    time.sleep(0.3)
+    assert end.end() == [{"served": None}]  # its stdin closed: the orchestrator's session ended
+    assert fed.read_text() == "0" and not end.folder.exists()
+
+
+def test_with_nothing_to_serve_the_end_runs_the_last_command_for_the_node_in_its_session(tmp_path):
+    end = Listening(tmp_path)
+    end.proc.stdin.write((json.dumps({"run": py("print('retagged'); raise SystemExit(4)")}) + "\n").encode())
+    end.proc.stdin.flush()
+    assert end.end() == [{"ran": {"status": 4, "stdout": "retagged\n", "stderr": ""}}]
+    assert not end.folder.exists()
+
+
+def test_an_end_that_cannot_listen_says_so_and_still_inspects(tmp_path):
+    (tmp_path / "end").write_text("in the way")
+    end = Listening(tmp_path, py("print('facts')"))
+    assert end.first["listening"] is False and "cannot listen" in end.first["error"]
+    assert end.first["before"]["stdout"] == "facts\n"
+    assert end.proc.wait(timeout=30) == SinkExit.CANNOT_LISTEN
+
+
+def forwarded_peer(tmp_path, local: str) -> dict:
+    peer = fake_peer(tmp_path, None)
+    peer["forward"] = {"local": local, "token": TOKEN}
+    return peer
+
+
+def test_the_source_streams_through_the_forward_into_the_listening_end(tmp_path):
+    """What the source's master forwards (here: the end's socket itself) carries the stream; the
+    consumer the source would run in a session of its own is not used."""
+    end = Listening(tmp_path)
+    end.start(py(COUNT_INPUT))
+    run = counted_run("op-forward", 2_000_000, early_sink=False)
+    run["consumer"]["argv"] = py("import sys; sys.exit(7)")  # must not be used: the end serves
+    run["use_forward"] = True
+    lines, done = serve({"before": None, "peer": forwarded_peer(tmp_path, end.socket)}, {"run": run})
+    assert done.returncode == 0, done.stderr
+    report = lines[-1]
+    assert report["forward"] == "used" and report["bytes"] == 2_000_000
+    assert report["consumer_report"] == {"got": 2_000_000}
+    assert [s["status"] for s in report["stages"]] == [0, 0]
+    assert end.end()[-1]["served"]["bytes"] == 2_000_000
+
+
+def test_a_refused_forward_falls_back_to_the_consumer_in_a_session_before_anything_is_sent(tmp_path):
+    """Nothing listens where the forward leads (as when the destination's sshd refuses stream-local
+    forwarding, the connection closes at once): the consumer runs the other way, every byte arrives."""
+    gone = tmp_path / "nothing-here"
+    gone.mkdir()
+    run = counted_run("op-no-forward", 70_000, early_sink=False)
+    run["use_forward"] = True
+    lines, done = serve({"before": None, "peer": forwarded_peer(tmp_path, str(gone / "s"))}, {"run": run})
+    assert done.returncode == 0, done.stderr
+    assert lines[-1]["forward"].startswith("not used: ") and lines[-1]["consumer_report"] == {"got": 70_000}
+
+
+def test_a_consumer_that_fails_at_the_end_is_reported_as_the_stage_that_failed(tmp_path):
+    end = Listening(tmp_path)
+    fails = (
+        "import sys; sys.stdin.buffer.read(10); sys.stderr.write('load failed: bad archive\\n'); sys.exit(3)"
+    )
+    end.start(py(fails))
+    job = Transfer(
+        "op-forward-fails",
+        (Stage("make", py("import sys; sys.stdout.buffer.write(b'q' * 500_000)")),),
+        Stage("docker load (destination)", py("import sys; sys.exit(7)")),
+    )
+    run = spec_for(job)
+    run.pop("peer")
+    run["use_forward"] = True
+    peer = forwarded_peer(tmp_path, end.socket)
+    argv = program_argv("transfer_source", ["serve", json.dumps({"before": None, "peer": peer})], PY)
+    outcome = transfer.run_watched(argv, 60, 30, stdin=(json.dumps({"run": run}) + "\n").encode())
+    result = transfer.interpret(outcome, SOURCE, DESTINATION, None, job)
+    assert result.forward == "used"
+    assert result.failure is Failure.STAGE and result.why == "docker load (destination) exited 3"
+    assert "load failed: bad archive" in result.error("copy", "nothing was tagged", "run again")
+    end.end()
