@@ -8,9 +8,11 @@ import re
 from dataclasses import dataclass, field
 
 from components.node_image.nodes import Node
+from components.node_programs.image_tag import INSPECT_FORMAT
 
 INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}\t{{.Driver}}"
-IMAGE_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
+# One image per line: its ID, its layer list, its size (what image_tag's Engine API path builds too).
+IMAGE_FORMAT = INSPECT_FORMAT
 
 
 @dataclass(frozen=True)

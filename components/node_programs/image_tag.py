@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.parse
@@ -56,6 +58,112 @@ RECORDS = os.path.join("~", ".qwen35", "tags")
 
 def docker(*args: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", *args], stdin=stdin, capture_output=True)
+
+
+# ---- after the load: inspect, tag, untag ------------------------------------------------------------
+# Each `docker` command costs a CLI start (tens of ms); where the daemon's socket is known, the Engine
+# API does the same in a few ms. It is used only once it has found the temporary tag just loaded (a
+# name no other image has: the same daemon); anything else, the CLI.
+
+INSPECT_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"  # the line the API path builds too
+
+
+class Cli:
+    def inspect(self, ref: str, fmt: str) -> tuple[int, str, bytes]:
+        done = docker("image", "inspect", "--format", fmt, ref)
+        return done.returncode, done.stdout.decode().strip(), done.stderr
+
+    def tag(self, source: str, ref: str) -> tuple[int, bytes]:
+        done = docker("tag", source, ref)
+        return done.returncode, done.stderr
+
+    def untag(self, ref: str) -> tuple[int, bytes]:
+        done = docker("image", "rm", ref)
+        return done.returncode, done.stderr
+
+
+class UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str):
+        super().__init__("localhost", timeout=60)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(60)
+        self.sock.connect(self.socket_path)
+
+
+class Api:
+    def __init__(self, path: str):
+        self.path = path
+
+    def call(self, method: str, url: str) -> tuple[int, bytes]:
+        conn = UnixHTTP(self.path)
+        try:
+            conn.request(method, url)
+            answer = conn.getresponse()
+            return answer.status, answer.read()
+        finally:
+            conn.close()
+
+    def inspect(self, ref: str, fmt: str) -> tuple[int, str, bytes]:
+        status, body = self.call("GET", f"/images/{quote(ref)}/json")
+        if status != 200:
+            return 1, "", body
+        found = json.loads(body)
+        layers = json.dumps((found.get("RootFS") or {}).get("Layers"), separators=(",", ":"))
+        return 0, f"{json.dumps(found['Id'])}\t{layers}\t{found.get('Size') or 0}", b""
+
+    def tag(self, source: str, ref: str) -> tuple[int, bytes]:
+        repo, tag = split_ref(ref)
+        query = urllib.parse.urlencode({"repo": repo, "tag": tag})
+        status, body = self.call("POST", f"/images/{quote(source)}/tag?{query}")
+        return (0, b"") if status in (200, 201) else (1, body)
+
+    def untag(self, ref: str) -> tuple[int, bytes]:
+        status, body = self.call("DELETE", f"/images/{quote(ref)}")
+        return (0, b"") if status == 200 else (1, body)
+
+
+def quote(ref: str) -> str:
+    return urllib.parse.quote(ref, safe="/:@")
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    name, _, tag = ref.rpartition(":")
+    return (name, tag) if name and "/" not in tag else (ref, "latest")
+
+
+def engine_socket() -> str | None:
+    """The daemon's unix socket as the docker CLI would pick it, when that is plain: DOCKER_HOST
+    unix://…, or no DOCKER_HOST, no context chosen and the default socket. None: ask the CLI."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if host:
+        return host[len("unix://") :] if host.startswith("unix://") else None
+    if os.environ.get("DOCKER_CONTEXT"):
+        return None
+    config = os.path.join(os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker"), "config.json")
+    try:
+        with open(config) as handle:
+            if json.load(handle).get("currentContext") not in (None, "", "default"):
+                return None
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, AttributeError):
+        return None
+    return "/var/run/docker.sock"
+
+
+def engine_for(tmp_ref: str, fmt: str) -> Cli | Api:
+    """The API where it finds `tmp_ref` (just loaded, by the CLI), else the CLI."""
+    path = engine_socket()
+    if path is None or fmt != INSPECT_FORMAT:
+        return Cli()
+    api = Api(path)
+    with contextlib.suppress(OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+        if api.inspect(tmp_ref, fmt)[0] == 0:
+            return api
+    return Cli()
 
 
 def tail(data: bytes, lines: int = 6) -> str:
@@ -109,28 +217,42 @@ def load(spec: dict) -> tuple[Exit, dict]:
     if loaded.returncode:
         report["stderr"] = tail(loaded.stderr or loaded.stdout)
         return Exit.LOAD_FAILED, report
-    inspected = docker("image", "inspect", "--format", spec["inspect_format"], spec["tmp_ref"])
-    if inspected.returncode:
-        report["stderr"] = tail(inspected.stderr)
+    tmp_ref, fmt = spec["tmp_ref"], spec["inspect_format"]
+    engine = engine_for(tmp_ref, fmt)
+    try:
+        return promote(spec, engine, report)
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
+        if isinstance(engine, Cli):
+            raise
+        # The API failed midway: the CLI goes on from wherever it stopped (each step is idempotent).
+        report["api_error"] = f"{type(exc).__name__}: {exc}"
+        return promote(spec, Cli(), report)
+
+
+def promote(spec: dict, engine: Cli | Api, report: dict) -> tuple[Exit, dict]:
+    """Inspect what landed on tmp_ref; when it is the wanted image tag ref, hold it, drop tmp_ref."""
+    tmp_ref = spec["tmp_ref"]
+    status, line, err = engine.inspect(tmp_ref, spec["inspect_format"])
+    if status:
+        report["stderr"] = tail(err)
         return Exit.INSPECT_FAILED, report
-    line = inspected.stdout.decode().strip()
     report["loaded"] = line
     fields = line.split("\t")
     found = json.loads(fields[0]) if spec["compare"] == "id" else (json.loads(fields[1]) or [])
     if found != spec["want"]:
-        docker("image", "rm", spec["tmp_ref"])
+        engine.untag(tmp_ref)
         return Exit.MISMATCH, report
-    tagged = docker("tag", spec["tmp_ref"], spec["ref"])
-    if tagged.returncode:
-        report["stderr"] = tail(tagged.stderr)
+    status, err = engine.tag(tmp_ref, spec["ref"])
+    if status:
+        report["stderr"] = tail(err)
         return Exit.TAG_FAILED, report
     report["promoted"] = True
     hold(spec["ref"], json.loads(fields[0]), spec.get("claim") or "")
-    dropped = docker("image", "rm", spec["tmp_ref"])
-    if dropped.returncode:  # the real tag is verified and held: a leftover temporary tag only warns
+    status, err = engine.untag(tmp_ref)
+    if status:  # the real tag is verified and held: a leftover temporary tag only warns
         report["warning"] = (
-            f"the temporary tag {spec['tmp_ref']} could not be removed ({tail(dropped.stderr, 2)}); "
-            f"remove it by hand: docker image rm {spec['tmp_ref']}"
+            f"the temporary tag {tmp_ref} could not be removed ({tail(err, 2)}); "
+            f"remove it by hand: docker image rm {tmp_ref}"
         )
     return Exit.OK, report
 

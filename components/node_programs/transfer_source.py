@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from enum import Enum, IntEnum
 
 
@@ -76,10 +78,12 @@ def own_folder(folder: str) -> bool | None:
 def connect(peer: dict) -> tuple[int, str]:
     """Make sure the control master is up: (exit status, stderr of a failed attempt)."""
     folder = peer["folder"]
-    if own_folder(folder) is None:
+    made = own_folder(folder)
+    if made is None:
         return Exit.PEER_FOLDER, f"could not make {folder} (or it exists and is not ours)"
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    if subprocess.run(peer["check"], **quiet).returncode == 0:
+    # A folder just made holds no master: nothing to check (an ssh start on the transfer's path).
+    if not made and subprocess.run(peer["check"], **quiet).returncode == 0:
         return 0, ""
     errors = os.path.join(folder, "err")
     # The master's stderr goes to a file: a backgrounded master must not hold a session's pipes.
@@ -408,6 +412,7 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
             sys.stderr.flush()
 
     peer = spec.get("peer")
+    reach = None
     try:
         sink = None
         if peer:
@@ -422,10 +427,8 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
                 return finish(report, progress, started, Exit.FAILED)
             sink, link.sink = link.sink, None
             if sink is None and peer.get("forward") and spec.get("use_forward"):
-                sink, why = open_forward(peer["forward"], float(peer["connect_timeout"]) + 10)
-                # Not served: the consumer runs in a session of its own over the master, as without one.
-                report["forward"] = "used" if sink is not None else f"not used: {why}"
-        result = watched(spec, progress, started, say, sink)
+                reach = functools.partial(reach_forward, peer, report)
+        result = watched(spec, progress, started, say, sink, reach)
         report.update(result)
         failed = report["error"] or any(stage["status"] for stage in report["stages"])
         return finish(report, progress, started, Exit.FAILED if failed else Exit.OK)
@@ -434,6 +437,14 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
             link.discard_sink()
         if peer:
             close_detached(peer)
+
+
+def reach_forward(peer: dict, report: dict) -> Forwarded | None:
+    """The destination's end through the forward, or None (not served: the consumer then runs in a
+    session of its own over the master, as without one); the report says which."""
+    end, why = open_forward(peer["forward"], float(peer["connect_timeout"]) + 10)
+    report["forward"] = "used" if end is not None else f"not used: {why}"
+    return end
 
 
 def serve(spec: dict) -> int:
@@ -480,10 +491,18 @@ def finish(report: dict, progress: Progress, started: float, status: int) -> int
 
 
 def watched(
-    spec: dict, progress: Progress, started: float, say, sink: subprocess.Popen | None = None
+    spec: dict,
+    progress: Progress,
+    started: float,
+    say,
+    sink: subprocess.Popen | None = None,
+    reach: Callable[[], Forwarded | None] | None = None,
 ) -> dict:
     """Run the stages and the consumer, copy and watch the stream between them; their outcome.
-    `sink`: the destination's end opened earlier (`transfer_sink`): told the consumer's argv first."""
+    `sink`: the destination's end opened earlier (`transfer_sink`): told the consumer's argv first.
+    `reach`: reaches the destination's end through the forward once the producers run (their start
+    overlaps the wait for its answer; should it not answer, what they made waits in the pipe for the
+    consumer run the other way)."""
     stages = list(spec["stages"])
     consumer = spec["consumer"]
     stall_s, deadline_s = float(spec["stall_s"]), float(spec["deadline_s"])
@@ -496,6 +515,8 @@ def watched(
             previous.close()  # the next stage holds it now
         previous = proc.stdout
         procs.append(proc)
+    if sink is None and reach is not None:
+        sink = reach()
     if sink is not None and not isinstance(sink, Forwarded) and consumer.get("sink_argv"):
         header = json.dumps({"argv": consumer["sink_argv"]}).encode()
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import pickle
+import urllib.parse
+from pathlib import Path
 
 import pulumi
 import pytest
@@ -494,6 +496,64 @@ sys.exit(0)
 """
 
 
+class StandinEngine:
+    """A stand-in Docker Engine API on a unix socket: one image under `tmp_ref`; records each request
+    and what the tag and untag requests changed."""
+
+    def __init__(self, folder: Path, tmp_ref: str, loaded: dict):
+        import http.server
+        import socketserver
+        import threading
+
+        self.path = str(folder / "engine.sock")
+        self.requests: list[str] = []
+        self.refs = {tmp_ref: loaded}
+        engine = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def address_string(self):
+                return "local"
+
+            def log_message(self, *args):
+                pass
+
+            def answer(self, status: int, body: object = None):
+                data = json.dumps(body).encode() if body is not None else b""
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                engine.requests.append(f"GET {self.path}")
+                ref = urllib.parse.unquote(self.path.removeprefix("/images/").removesuffix("/json"))
+                self.answer(200, engine.refs[ref]) if ref in engine.refs else self.answer(404, {})
+
+            def do_POST(self):
+                engine.requests.append(f"POST {self.path}")
+                path, _, query = self.path.partition("?")
+                ref = urllib.parse.unquote(path.removeprefix("/images/").removesuffix("/tag"))
+                asked = dict(urllib.parse.parse_qsl(query))
+                engine.refs[f"{asked['repo']}:{asked['tag']}"] = engine.refs[ref]
+                self.answer(201)
+
+            def do_DELETE(self):
+                engine.requests.append(f"DELETE {self.path}")
+                engine.refs.pop(urllib.parse.unquote(self.path.removeprefix("/images/")), None)
+                self.answer(200, [])
+
+        class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+            daemon_threads = True
+
+        self.server = Server(self.path, Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("engine", ["cli", "api"])
 @pytest.mark.parametrize(
     ("loaded_id", "same_store", "status", "promoted"),
     [
@@ -504,8 +564,11 @@ sys.exit(0)
     ids=["same-id", "other-image", "across-stores"],
 )
 def test_destination_loads_verifies_and_promotes_in_one_program(
-    tmp_path, monkeypatch, loaded_id, same_store, status, promoted
+    tmp_path, monkeypatch, loaded_id, same_store, status, promoted, engine
 ):
+    """`docker load` by the CLI, then inspect, tag and untag: by the Engine API when the daemon's
+    socket is plain (DOCKER_HOST unix://…) and it finds the temporary tag, else by the CLI; the same
+    outcome either way."""
     import subprocess
     import sys
 
@@ -516,17 +579,35 @@ def test_destination_loads_verifies_and_promotes_in_one_program(
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
     monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"{loaded_id}"\t["{L1}","{L2}"]\t7')
+    api = None
+    if engine == "api":
+        api = StandinEngine(
+            tmp_path, "app:qwen35-tmp-1", {"Id": loaded_id, "RootFS": {"Layers": [L1, L2]}, "Size": 7}
+        )
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{api.path}")
+    else:  # a socket that is not there: the CLI does it all
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")
     argv = ni.load_argv(
         "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1, L2)), same_store, sys.executable
     )
-    done = subprocess.run(argv, input=b"archive", capture_output=True, timeout=60)
+    try:
+        done = subprocess.run(argv, input=b"archive", capture_output=True, timeout=60)
+    finally:
+        if api is not None:
+            api.close()
     report = json.loads(done.stdout.decode().strip().splitlines()[-1])
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert done.returncode == status and report["promoted"] is promoted and report["exit"] == status
-    assert parse_images(report["loaded"])[0].image_id == loaded_id
-    tagged = ["tag", "app:qwen35-tmp-1", "app:1"] in calls
-    assert tagged is promoted
-    assert calls[-1] == ["image", "rm", "app:qwen35-tmp-1"]  # the temporary tag goes either way
+    assert parse_images(report["loaded"])[0] == ImageInfo(loaded_id, (L1, L2), 7)
+    if api is None:
+        tagged = ["tag", "app:qwen35-tmp-1", "app:1"] in calls
+        assert tagged is promoted
+        assert calls[-1] == ["image", "rm", "app:qwen35-tmp-1"]  # the temporary tag goes either way
+        return
+    assert calls == [["load"]]  # the CLI only loaded
+    assert ("POST /images/app:qwen35-tmp-1/tag?repo=app&tag=1" in api.requests) is promoted
+    assert api.requests[-1] == "DELETE /images/app:qwen35-tmp-1"
+    assert set(api.refs) == ({"app:1"} if promoted else set())
 
 
 FACTS_DOCKER = """#!{python}
@@ -599,6 +680,7 @@ def test_a_temporary_tag_left_behind_only_warns_and_the_claim_stays_valid(tmp_pa
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "log"))
     monkeypatch.setenv("FAKE_DOCKER_RM_FAILS", "1")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")  # the CLI does it all
     monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"sha256:ab"\t["{L1}"]\t7')
     argv = ni.load_argv(
         "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1,)), True, sys.executable, "c1"
@@ -783,3 +865,28 @@ def test_a_transfer_without_a_report_is_an_error_not_a_crash():
     for failure in (Failure.TRANSPORT, Failure.STAGE):  # no stage outcomes at all
         error = _stream_with([], None, failure)
         assert isinstance(error, NodeImageError) and not isinstance(error, ExportFailed), error
+
+
+def test_the_engine_api_is_used_only_where_the_cli_would_pick_the_same_plain_socket(tmp_path, monkeypatch):
+    from components.node_programs import image_tag
+
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")  # rootless, say
+    assert image_tag.engine_socket() == "/run/user/1000/docker.sock"
+    for elsewhere in ("tcp://10.0.0.9:2376", "ssh://ops@spark-1"):
+        monkeypatch.setenv("DOCKER_HOST", elsewhere)
+        assert image_tag.engine_socket() is None
+    monkeypatch.delenv("DOCKER_HOST")
+    assert image_tag.engine_socket() == "/var/run/docker.sock"  # no config: the default
+    (config / "config.json").write_text(json.dumps({"currentContext": "default"}))
+    assert image_tag.engine_socket() == "/var/run/docker.sock"
+    (config / "config.json").write_text(json.dumps({"currentContext": "remote-box"}))
+    assert image_tag.engine_socket() is None  # a context chosen: the CLI knows where it leads
+    (config / "config.json").write_text("{not json")
+    assert image_tag.engine_socket() is None
+    (config / "config.json").unlink()
+    monkeypatch.setenv("DOCKER_CONTEXT", "remote-box")
+    assert image_tag.engine_socket() is None
