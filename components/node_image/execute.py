@@ -96,7 +96,7 @@ def _ensure_image(
             facts_argv(image, inventory=True, python=True),
             dst.transport.control_path,
             times=times,
-            deadline_s=tuning.deadline_s,
+            deadline_s=tuning.deadline_s + transfer.BACKSTOP_MARGIN_S,  # never before the source's own
         )
         peers = Peers(peer_target(destination, tuning), end.forward)
     if same_node:

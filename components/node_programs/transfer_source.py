@@ -276,6 +276,12 @@ def open_forward(forward: dict, timeout: float) -> tuple[Forwarded | None, str]:
     """Connect to the destination's end through the forward and say the token: (the end, "") once it
     answered `+`, else (None, why): refused, or forwarding not allowed by the destination's sshd (the
     connection closes at once)."""
+    # The first channel of a connection just made waits ~44 ms for its confirmation (measured on
+    # OpenSSH 9.2: 44 ms in 10 runs of 10; a delayed ACK); a throwaway channel to the same end,
+    # opened and closed just before, takes that wait (then 2 ms in 10 of 10). The end refuses it: no token.
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as nudge:
+        nudge.connect(forward["local"])
+    time.sleep(0.001)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)
     try:

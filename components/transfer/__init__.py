@@ -16,7 +16,13 @@ the destination's end of the stream (one ssh that becomes the connection's maste
 while it runs the caller's inspection of the source (`before`); the caller decides,
 then `SourceSession.transfer` runs `producers | watch | ssh destination consumer` in that same
 session, or `close` ends it unused (`run_transfer` does the transfer alone, in a session of its
-own). The watch counts bytes, ends the whole pipeline when no byte moved for `stall_timeout_s`
+own). With a `DestinationEnd` (the orchestrator's own session to the destination: it runs the
+caller's inspection of the destination, listens on a socket in a private folder, starts the consumer
+when `SourceSession.transfer(…, end=…)` names it, and serves one connection), the source's `Peer`
+carries a `Forward` instead: its master forwards a local socket to that end (`-L`), the stream goes
+through it into a consumer already running, and the source's connection opens no session on the
+destination; where the destination's sshd refuses the forward, the consumer runs over the master as
+without one. The watch counts bytes, ends the whole pipeline when no byte moved for `stall_timeout_s`
 or `deadline_s` passed, and keeps `$HOME/.qwen35/progress/<operation>.json` on the source up to
 date (at most once a second; removed at the end). The orchestrator keeps a backstop for a source
 that stops answering (`run_watched`: the stall limit plus `BACKSTOP_MARGIN_S`).
