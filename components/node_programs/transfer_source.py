@@ -419,6 +419,17 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
 
     peer = spec.get("peer")
     reach = None
+    ended: list[bool] = []
+
+    def end_connection() -> None:
+        """Before the report goes out: once it is out, the caller may end this session at once."""
+        if not ended:
+            ended.append(True)
+            if link is not None:
+                link.discard_sink()
+            if peer:
+                close_detached(peer)
+
     try:
         sink = None
         if peer:
@@ -430,6 +441,7 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
             report["preflight"] = status
             if status:
                 report["preflight_stderr"] = err[-2000:]
+                end_connection()
                 return finish(report, progress, started, Exit.FAILED)
             sink, link.sink = link.sink, None
             if sink is None and peer.get("forward") and spec.get("use_forward"):
@@ -437,12 +449,10 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
         result = watched(spec, progress, started, say, sink, reach)
         report.update(result)
         failed = report["error"] or any(stage["status"] for stage in report["stages"])
+        end_connection()
         return finish(report, progress, started, Exit.FAILED if failed else Exit.OK)
     finally:
-        if link is not None:
-            link.discard_sink()
-        if peer:
-            close_detached(peer)
+        end_connection()
 
 
 def reach_forward(peer: dict, report: dict) -> Forwarded | None:

@@ -187,6 +187,7 @@ def watch(
     margin_s: float,
     from_line: int = 0,
     say: Callable[..., None] | None = None,
+    until_report: bool = False,
 ) -> str:
     """Wait for the process to end (or for a report line after `from_line`), killing it when its
     stderr goes silent for stall_s + margin_s or it passes deadline_s + margin_s; why it was killed.
@@ -202,6 +203,8 @@ def watch(
             say(streams.bytes_done, now - started, streams.bytes_total)
         if reported_at is None and streams.json_line(from_line, 0)[0] is not None:
             reported_at = now
+            if until_report:
+                break  # the program's last word: what remains of the session ends by itself
         if reported_at is not None and now - reported_at > 3:
             # The report is in, but something on the source still holds the session's pipes (a
             # channel on a dead link): nothing more will come, stop waiting.
@@ -215,8 +218,11 @@ def watch(
             proc.kill()
             proc.wait()
             return killed
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.1)  # returns as soon as the session ends
+        if until_report:
+            streams.json_line(from_line, 0.1)  # returns as soon as the report (or the end) is there
+        else:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.1)  # returns as soon as the session ends
     return ""
 
 
@@ -457,9 +463,12 @@ class SourceSession:
             margin_s,
             self.read_to,
             say=operator_progress(job, self.source, destination),
+            until_report=True,
         )
         report, _ = self.streams.json_line(self.read_to, 0 if killed else 5)
-        self._end()
+        # With the report in, the program has ended its connection to the destination; the session
+        # itself ends by itself, reaped meanwhile, not waited for.
+        self._end(wait=report is None)
         outcome = Watched(
             self.proc.returncode if self.proc.returncode is not None else SSH_TRANSPORT_FAILURE,
             json.dumps(report) if report else "",
@@ -483,8 +492,11 @@ class SourceSession:
             self.proc.stdin.write((json.dumps(request, separators=(",", ":")) + "\n").encode())
             self.proc.stdin.close()
 
-    def _end(self) -> None:
+    def _end(self, wait: bool = True) -> None:
         self.ended = True
+        if not wait:
+            threading.Thread(target=self._end, daemon=True).start()
+            return
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
