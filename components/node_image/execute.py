@@ -89,27 +89,27 @@ def _ensure_image(
     # sessions start at once. The destination's inspects it and then listens (the destination's end
     # of a copy); the source's inspects it and meanwhile connects to the destination, forwarding to
     # that end: no session on the destination from the source, no login shell on the copy's path.
-    end = peers = None
-    if not same_node:
-        end = transfer.DestinationEnd(
-            destination,
-            facts_argv(image, inventory=True, python=True),
-            dst.transport.control_path,
-            times=times,
-            deadline_s=tuning.deadline_s + transfer.BACKSTOP_MARGIN_S,  # never before the source's own
-        )
-        peers = Peers(peer_target(destination, tuning), end.forward)
-    if same_node:
-        src_facts = pool.submit(times.timed("source facts", src.facts), image, python=True)
-    else:
-        src_facts = pool.submit(times.timed("source facts", source_session), src, peers, image, times)
-    dst_facts = (
-        src_facts
-        if same_node
-        else pool.submit(times.timed("destination facts", destination_facts), dst, end, image)
-    )
+    end = peers = src_facts = None
     session: transfer.SourceSession | None = None
     try:
+        if not same_node:
+            end = transfer.DestinationEnd(
+                destination,
+                facts_argv(image, inventory=True, python=True),
+                dst.transport.control_path,
+                times=times,
+                deadline_s=tuning.deadline_s + transfer.BACKSTOP_MARGIN_S,  # not before the source's
+            )
+            peers = Peers(peer_target(destination, tuning), end.forward)
+        if same_node:
+            src_facts = pool.submit(times.timed("source facts", src.facts), image, python=True)
+        else:
+            src_facts = pool.submit(times.timed("source facts", source_session), src, peers, image, times)
+        dst_facts = (
+            src_facts
+            if same_node
+            else pool.submit(times.timed("destination facts", destination_facts), dst, end, image)
+        )
         with times.span("wait for facts"):
             if same_node:
                 at_source = at_destination = src_facts.result()
@@ -123,7 +123,7 @@ def _ensure_image(
         return carry_out(decided, props, job, session)
     finally:
         pool.shutdown(wait=True)
-        if session is None and not same_node and src_facts.exception() is None:
+        if session is None and src_facts is not None and not same_node and src_facts.exception() is None:
             session = src_facts.result()[0]
         if session is not None:
             with times.span("end source session"):

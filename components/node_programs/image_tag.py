@@ -84,12 +84,11 @@ class Cli:
 
 class UnixHTTP(http.client.HTTPConnection):
     def __init__(self, path: str):
-        super().__init__("localhost", timeout=60)
+        super().__init__("localhost")  # no time limit, as the CLI has none (removing an image can be slow)
         self.socket_path = path
 
     def connect(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(60)
         self.sock.connect(self.socket_path)
 
 
@@ -154,13 +153,16 @@ def engine_socket() -> str | None:
     return "/var/run/docker.sock"
 
 
+API_FAILED = (OSError, http.client.HTTPException, ValueError, KeyError, TypeError)
+
+
 def engine_for(tmp_ref: str, fmt: str) -> Cli | Api:
     """The API where it finds `tmp_ref` (just loaded, by the CLI), else the CLI."""
     path = engine_socket()
     if path is None or fmt != INSPECT_FORMAT:
         return Cli()
     api = Api(path)
-    with contextlib.suppress(OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+    with contextlib.suppress(*API_FAILED):
         if api.inspect(tmp_ref, fmt)[0] == 0:
             return api
     return Cli()
@@ -218,21 +220,33 @@ def load(spec: dict) -> tuple[Exit, dict]:
         report["stderr"] = tail(loaded.stderr or loaded.stdout)
         return Exit.LOAD_FAILED, report
     tmp_ref, fmt = spec["tmp_ref"], spec["inspect_format"]
-    engine = engine_for(tmp_ref, fmt)
-    try:
-        return promote(spec, engine, report)
-    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
-        if isinstance(engine, Cli):
-            raise
-        # The API failed midway: the CLI goes on from wherever it stopped (each step is idempotent).
-        report["api_error"] = f"{type(exc).__name__}: {exc}"
-        return promote(spec, Cli(), report)
+    return promote(spec, engine_for(tmp_ref, fmt), report)
+
+
+def each_step(engine: Cli | Api, report: dict):
+    """Run one step by `engine`; should the API fail at it (a dropped connection), that step, and
+    only it, by the CLI (every step is then the CLI's)."""
+    state = {"engine": engine}
+
+    def step(name: str, *args):
+        current = state["engine"]
+        if isinstance(current, Cli):
+            return getattr(current, name)(*args)
+        try:
+            return getattr(current, name)(*args)
+        except API_FAILED as exc:
+            report["api_error"] = f"{name}: {type(exc).__name__}: {exc}"
+            state["engine"] = Cli()
+            return getattr(state["engine"], name)(*args)
+
+    return step
 
 
 def promote(spec: dict, engine: Cli | Api, report: dict) -> tuple[Exit, dict]:
     """Inspect what landed on tmp_ref; when it is the wanted image tag ref, hold it, drop tmp_ref."""
     tmp_ref = spec["tmp_ref"]
-    status, line, err = engine.inspect(tmp_ref, spec["inspect_format"])
+    step = each_step(engine, report)
+    status, line, err = step("inspect", tmp_ref, spec["inspect_format"])
     if status:
         report["stderr"] = tail(err)
         return Exit.INSPECT_FAILED, report
@@ -240,16 +254,18 @@ def promote(spec: dict, engine: Cli | Api, report: dict) -> tuple[Exit, dict]:
     fields = line.split("\t")
     found = json.loads(fields[0]) if spec["compare"] == "id" else (json.loads(fields[1]) or [])
     if found != spec["want"]:
-        engine.untag(tmp_ref)
+        step("untag", tmp_ref)
         return Exit.MISMATCH, report
-    status, err = engine.tag(tmp_ref, spec["ref"])
+    status, err = step("tag", tmp_ref, spec["ref"])
     if status:
         report["stderr"] = tail(err)
         return Exit.TAG_FAILED, report
     report["promoted"] = True
     hold(spec["ref"], json.loads(fields[0]), spec.get("claim") or "")
-    status, err = engine.untag(tmp_ref)
-    if status:  # the real tag is verified and held: a leftover temporary tag only warns
+    status, err = step("untag", tmp_ref)
+    # (already gone: the API removed it, its answer lost, and the CLI found nothing left to remove)
+    if status and b"no such image" not in err.lower():
+        # the real tag is verified and held: a leftover temporary tag only warns
         report["warning"] = (
             f"the temporary tag {tmp_ref} could not be removed ({tail(err, 2)}); "
             f"remove it by hand: docker image rm {tmp_ref}"

@@ -261,6 +261,8 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
                 for message in stdin.read_available():
                     if isinstance(message.get("consumer"), list) and consumer is None:
                         consumer = Consumer([str(arg) for arg in message["consumer"]])
+                        if message.get("deadline_s"):  # the transfer's own, counted from now
+                            deadline = time.monotonic() + float(message["deadline_s"])
                     elif isinstance(message.get("run"), list) and consumer is None and conn is None:
                         # Nothing to serve after all (a skip, a retag): the one command the caller
                         # still has for this node runs here, in this session, instead of a new one.
@@ -279,12 +281,20 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
                         accepted.sendall(b"-")
                     accepted.close()
             if conn is not None and consumer is not None:
-                conn.sendall(b"+")
+                try:
+                    conn.sendall(b"+")
+                except OSError:  # the source gave up waiting: nothing to serve
+                    conn.close()
+                    conn = None
+                    break
                 with contextlib.suppress(OSError, AttributeError):  # fewer wake-ups; best effort
                     fcntl.fcntl(consumer.proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
-                # Should the orchestrator end this session (its stdin) or the deadline pass while
-                # the stream runs, the connection is ended: the consumer gets a cut stream, and fails.
-                watch = threading.Thread(target=end_on_eof_or, args=(conn, stdin, deadline), daemon=True)
+                # Should the orchestrator end this session (its stdin: it gave up on the copy) or the
+                # deadline pass while the consumer is at work, the connection is cut and the consumer
+                # ended: it never promotes what the orchestrator no longer waits for.
+                watch = threading.Thread(
+                    target=end_on_eof_or, args=(conn, stdin, deadline, consumer), daemon=True
+                )
                 watch.start()
                 moved, why = relay(conn, consumer.proc.stdin.fileno())
                 outcome = consumer.outcome()
@@ -318,7 +328,7 @@ def run_instead(argv: list[str]) -> dict:
     }
 
 
-def end_on_eof_or(conn: socket.socket, stdin: Stdin, deadline: float) -> None:
+def end_on_eof_or(conn: socket.socket, stdin: Stdin, deadline: float, consumer: Consumer) -> None:
     while not stdin.closed:
         ready, _, _ = select.select([0], [], [], max(0.0, min(5.0, deadline - time.monotonic())))
         if ready:
@@ -327,6 +337,9 @@ def end_on_eof_or(conn: socket.socket, stdin: Stdin, deadline: float) -> None:
             break
     with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_RDWR)
+    if consumer.proc.poll() is None:
+        with contextlib.suppress(OSError):
+            os.killpg(consumer.proc.pid, signal.SIGKILL)
 
 
 def say(doc: dict) -> None:

@@ -62,7 +62,15 @@ class Peer:
         """What `transfer_source` needs to make, check and end the master (every ssh argv ready-made)."""
         control = ["ssh", "-F", "/dev/null", "-o", f"ControlPath={self.control_path}"]
         forward = (
-            ["-o", "ExitOnForwardFailure=yes", "-L", f"{self.folder}/f:{self.forward.socket}"]
+            # (StreamLocalBindUnlink: a socket left in the folder by an earlier attempt's master)
+            [
+                "-o",
+                "ExitOnForwardFailure=yes",
+                "-o",
+                "StreamLocalBindUnlink=yes",
+                "-L",
+                f"{self.folder}/f:{self.forward.socket}",
+            ]
             if self.forward
             else []
         )

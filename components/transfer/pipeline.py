@@ -32,6 +32,7 @@ from components.transfer.peer import Forward, Peer, peer_unreachable
 from components.transfer.timing import PhaseTimes
 
 BACKSTOP_MARGIN_S = 30.0  # the orchestrator waits this long past the source's own stall limit
+INSPECTION_TIMED_OUT = 124  # `DestinationEnd.before`: the session is up, the inspection hung
 
 
 class Failure(str, Enum):
@@ -451,7 +452,7 @@ class SourceSession:
     ) -> TransferResult:
         """Run `job` in this session; as `run_transfer`. `end`: the destination's end, listening
         (this session's peer forwards to it): it starts the consumer now, before the source connects."""
-        use_forward = end is not None and end.start(list(job.consumer.argv))
+        use_forward = end is not None and end.start(list(job.consumer.argv), tuning.deadline_s + margin_s)
         spec = run_spec(job, self.source, destination, self.peer, tuning, use_forward)
         spec.pop("peer")
         self._send({"run": spec})
@@ -549,20 +550,24 @@ class DestinationEnd:
         """The inspection's exit status, stdout and stderr; exit 255 when the session itself failed."""
         line, self.read_to = self.streams.json_line(0, timeout)
         if line is None or "before" not in line:
+            hung = self.proc.poll() is None
             self.close()
+            if hung:  # the session is up, the inspection did not answer: not a failed connection
+                return INSPECTION_TIMED_OUT, "", f"the inspection did not answer within {timeout:g} s"
             return SSH_TRANSPORT_FAILURE, "", "\n".join(self.streams.err[-8:])
         self.listening = bool(line.get("listening"))
         outcome = line["before"] or {"status": 0, "stdout": "", "stderr": ""}
         return int(outcome["status"]), str(outcome["stdout"]), str(outcome["stderr"])
 
-    def start(self, consumer: list[str]) -> bool:
-        """Start the consumer now; False when the end is not there to serve (the source then runs the
-        consumer itself)."""
+    def start(self, consumer: list[str], deadline_s: float | None = None) -> bool:
+        """Start the consumer now (`deadline_s`, counted from now, bounds it there); False when the end
+        is not there to serve (the source then runs the consumer itself)."""
         if self.ended or not self.listening or self.started:
             return False  # one consumer, one connection: a second attempt runs its own
         self.started = True
         try:
-            self.proc.stdin.write((json.dumps({"consumer": consumer}) + "\n").encode())
+            message = {"consumer": consumer, "deadline_s": deadline_s}
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
             self.proc.stdin.flush()
         except (OSError, ValueError):
             return False

@@ -492,6 +492,8 @@ if args[:2] == ["image", "inspect"]:
     print(os.environ["FAKE_DOCKER_IMAGE"])
 if args[:2] == ["image", "rm"] and os.environ.get("FAKE_DOCKER_RM_FAILS"):
     sys.stderr.write("Error response from daemon: busy\\n"); sys.exit(1)
+if args[:2] == ["image", "rm"] and os.environ.get("FAKE_DOCKER_RM_MISSING"):
+    sys.stderr.write("Error: No such image: " + args[2] + "\\n"); sys.exit(1)
 sys.exit(0)
 """
 
@@ -508,6 +510,7 @@ class StandinEngine:
         self.path = str(folder / "engine.sock")
         self.requests: list[str] = []
         self.refs = {tmp_ref: loaded}
+        self.drop_delete_answer = False
         engine = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -539,8 +542,13 @@ class StandinEngine:
 
             def do_DELETE(self):
                 engine.requests.append(f"DELETE {self.path}")
-                engine.refs.pop(urllib.parse.unquote(self.path.removeprefix("/images/")), None)
-                self.answer(200, [])
+                gone = engine.refs.pop(urllib.parse.unquote(self.path.removeprefix("/images/")), None)
+                if engine.drop_delete_answer:  # removed, but the answer is lost
+                    self.close_connection = True
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
+                self.answer(200, []) if gone else self.answer(404, {"message": "No such image"})
 
         class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             daemon_threads = True
@@ -890,3 +898,68 @@ def test_the_engine_api_is_used_only_where_the_cli_would_pick_the_same_plain_soc
     (config / "config.json").unlink()
     monkeypatch.setenv("DOCKER_CONTEXT", "remote-box")
     assert image_tag.engine_socket() is None
+
+
+def run_load(tmp_path, monkeypatch, api: StandinEngine | None) -> tuple[dict, list]:
+    """`image_tag load` of the wanted image (the fake CLI loads; `api`, if given, is DOCKER_HOST's)."""
+    import subprocess
+    import sys
+
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "log"))
+    monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"sha256:ab"\t["{L1}"]\t7')
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{api.path if api else tmp_path / 'none.sock'}")
+    argv = ni.load_argv(
+        "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1,)), True, sys.executable, "c1"
+    )
+    try:
+        done = subprocess.run(argv, input=b"archive", capture_output=True, timeout=60)
+    finally:
+        if api is not None:
+            api.close()
+    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    return json.loads(done.stdout.decode().strip().splitlines()[-1]), calls
+
+
+def test_an_engine_that_does_not_know_the_temporary_tag_is_not_the_one_loaded_into(tmp_path, monkeypatch):
+    """Another daemon answers on the socket (a different DOCKER_HOST than the CLI's, say): the CLI
+    does every step."""
+    other = StandinEngine(
+        tmp_path, "something:else", {"Id": "sha256:zz", "RootFS": {"Layers": []}, "Size": 1}
+    )
+    report, calls = run_load(tmp_path, monkeypatch, other)
+    assert report["exit"] == 0 and report["promoted"] is True
+    assert other.requests == ["GET /images/app:qwen35-tmp-1/json"] and set(other.refs) == {"something:else"}
+    assert ["tag", "app:qwen35-tmp-1", "app:1"] in calls and calls[-1] == ["image", "rm", "app:qwen35-tmp-1"]
+
+
+def test_an_api_answer_lost_after_the_temporary_tag_went_is_still_a_promotion(tmp_path, monkeypatch):
+    """The API removed the temporary tag and the connection dropped before its answer: that step, and
+    only it, goes to the CLI, which finds nothing left to remove. The copy is promoted and held, no
+    warning."""
+    api = StandinEngine(
+        tmp_path, "app:qwen35-tmp-1", {"Id": "sha256:ab", "RootFS": {"Layers": [L1]}, "Size": 7}
+    )
+    api.drop_delete_answer = True
+    monkeypatch.setenv("FAKE_DOCKER_RM_MISSING", "1")
+    report, calls = run_load(tmp_path, monkeypatch, api)
+    assert report["exit"] == 0 and report["promoted"] is True and "warning" not in report, report
+    assert report["api_error"].startswith("untag: ") and set(api.refs) == {"app:1"}
+    assert calls == [["load"], ["image", "rm", "app:qwen35-tmp-1"]]
+    records = list((tmp_path / "home" / ".qwen35" / "tags").glob("*.json"))
+    assert [json.loads(r.read_text())["holders"] for r in records] == [["c1"]]
+
+
+def test_a_reference_splits_into_repository_and_tag_at_the_last_colon_after_the_last_slash():
+    from components.node_programs.image_tag import split_ref
+
+    assert split_ref("app:1") == ("app", "1")
+    assert split_ref("registry.lan:5000/team/vllm-node:qwen35-abc") == (
+        "registry.lan:5000/team/vllm-node",
+        "qwen35-abc",
+    )
+    assert split_ref("registry.lan:5000/team/vllm-node") == ("registry.lan:5000/team/vllm-node", "latest")

@@ -4,6 +4,7 @@ producers and consumers, the orchestrator's backstop, and the failure classifica
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import stat
 import subprocess
@@ -548,3 +549,80 @@ def test_a_consumer_that_fails_at_the_end_is_reported_as_the_stage_that_failed(t
     assert result.failure is Failure.STAGE and result.why == "docker load (destination) exited 3"
     assert "load failed: bad archive" in result.error("copy", "nothing was tagged", "run again")
     end.end()
+
+
+class FakeEnd:
+    """A stand-in for what the source meets at the forward's end: `mode` "close" (what ssh does when
+    the destination's sshd refuses the forward: the connection closes at once), "refuse" (the end
+    answers `-`), or "vanish" (it answers `+`, takes the stream, then closes without an outcome)."""
+
+    def __init__(self, tmp_path: Path, mode: str):
+        self.path = str(tmp_path / "fake-end.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(8)
+        self.mode = mode
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                if self.mode == "close":
+                    continue
+                token = conn.recv(len(TOKEN) + 1)
+                if not token:
+                    continue  # the source's throwaway first channel
+                if self.mode == "refuse":
+                    conn.sendall(b"-")
+                    continue
+                conn.sendall(b"+")
+                while conn.recv(65536):
+                    pass
+                return  # vanish: no outcome
+
+
+@pytest.mark.parametrize("mode", ["close", "refuse"])
+def test_a_forward_closed_at_once_or_refused_falls_back_to_the_consumer_in_a_session(tmp_path, mode):
+    end = FakeEnd(tmp_path, mode)
+    run = counted_run(f"op-{mode}", 90_000, early_sink=False)
+    run["use_forward"] = True
+    lines, done = serve({"before": None, "peer": forwarded_peer(tmp_path, end.path)}, {"run": run})
+    assert done.returncode == 0, done.stderr
+    assert lines[-1]["forward"].startswith("not used: ") and lines[-1]["consumer_report"] == {"got": 90_000}
+
+
+def test_an_end_that_closes_without_the_consumers_outcome_is_a_failed_link(tmp_path):
+    end = FakeEnd(tmp_path, "vanish")
+    job = Transfer(
+        "op-vanish",
+        (Stage("make", py("import sys; sys.stdout.buffer.write(b'q' * 200_000)")),),
+        Stage("docker load (destination)", py("import sys; sys.exit(7)")),
+    )
+    run = spec_for(job)
+    run.pop("peer")
+    run["use_forward"] = True
+    peer = forwarded_peer(tmp_path, end.path)
+    argv = program_argv("transfer_source", ["serve", json.dumps({"before": None, "peer": peer})], PY)
+    outcome = transfer.run_watched(argv, 60, 30, stdin=(json.dumps({"run": run}) + "\n").encode())
+    result = transfer.interpret(outcome, SOURCE, DESTINATION, None, job)
+    assert result.forward == "used" and result.failure is Failure.TRANSPORT
+    assert result.why == "the SSH connection from node-a to node-b failed"
+
+
+def test_ending_the_ends_session_mid_stream_ends_its_consumer(tmp_path):
+    """The orchestrator gave up (its session to the destination ends): the consumer, fed or not,
+    is ended there, so it can never promote what nobody waits for any more."""
+    ran = tmp_path / "consumer-finished"
+    end = Listening(tmp_path)
+    end.start(py(f"import sys, time; sys.stdin.buffer.read(10); time.sleep(30); open({str(ran)!r}, 'w')"))
+    conn = connect(end.socket)
+    assert conn.recv(1) == b"+"
+    conn.sendall(b"x" * 100)
+    time.sleep(0.3)
+    served = end.end()  # closes its stdin
+    assert served[-1]["served"]["status"] == -signal.SIGKILL  # ended, not left to finish
+    assert not ran.exists() and not end.folder.exists()
