@@ -11,7 +11,11 @@
 
 SPEC and RUN are JSON. The connection to the destination is an SSH control master whose socket lives in a
 private folder (0700, owned by us); every ssh argv arrives ready-made in SPEC (the orchestrator
-builds them from its one set of SSH options). `run` copies the last producer's output to the
+builds them from its one set of SSH options). With SPEC.peer.forward (and RUN.use_forward), the
+master forwards `<folder>/f` to the destination's end the orchestrator started there (`transfer_sink
+listen`): the stream goes into that end (token first, then `+` back), and the consumer's outcome
+comes back over the same connection; an end that does not answer `+` gets no byte, and the consumer
+runs over the master instead. `run` copies the last producer's output to the
 consumer itself, so it counts every byte, ends the whole pipeline when no byte moved for `stall_s`
 while streaming (not once every byte is sent and the consumer is finishing) or the deadline passed,
 writes a progress file for `status` at most once a second, and reports
