@@ -43,22 +43,26 @@ def no_end_left(before: list[str], wait_s: float = 3.0) -> bool:
     return not set(ends_left()) - set(before)
 
 
+def counted_create(image: str, src, dst, reached=None) -> tuple[dict, dict[str, int]]:
+    """NodeImage create of `image` from src to dst (reached as `reached`, if given): its outputs and the
+    SSH sessions each node saw meanwhile."""
+    with counted_logins(src, dst) as counts:
+        outs = PROVIDER.create(props(image, src, reached or dst)).outs
+        return outs, counts()
+
+
 def test_a_copy_opens_one_session_on_each_node_and_none_from_the_source(pair):
     src, dst = pair
     wanted = build(src, "fw-top:1", "fw-base:1", os.urandom(300_000))
     remove(dst, "fw-top:1")
     before = ends_left()
-    with counted_logins(src, dst) as counts:
-        outs = PROVIDER.create(props("fw-top:1", src, dst)).outs
-        seen = counts()
+    outs, seen = counted_create("fw-top:1", src, dst)
     assert outs["skipped"] is False and outs["image_id"] == wanted == image_id(dst, "fw-top:1")
     assert outs["layers_sent"] == 1 and outs["layers_left_out"] == 2
     # the source's session and the destination's (its inspection, then the end the stream went into)
     assert seen == {"node-a": 1, "node-b": 1}
     assert no_temporary_tags(dst) and no_end_left(before)
-    with counted_logins(src, dst) as counts:
-        again = PROVIDER.create(props("fw-top:1", src, dst)).outs
-        seen = counts()
+    again, seen = counted_create("fw-top:1", src, dst)
     assert again["skipped"] is True and seen == {"node-a": 1, "node-b": 1}
     assert no_end_left(before, wait_s=0)  # an end never reached is gone before create returns
 
@@ -112,9 +116,7 @@ def test_a_destination_that_refuses_the_forward_still_gets_the_copy(pair, refusi
     wanted = build(src, "fw-refused:1", "fw-base:1", os.urandom(200_000))
     remove(dst, "fw-refused:1")
     before = ends_left()
-    with counted_logins(src, dst) as counts:
-        outs = PROVIDER.create(props("fw-refused:1", src, refusing)).outs
-        seen = counts()
+    outs, seen = counted_create("fw-refused:1", src, dst, refusing)
     assert outs["skipped"] is False and outs["image_id"] == wanted == image_id(dst, "fw-refused:1")
     assert outs["layers_sent"] == 1
     assert "refused streamlocal port forward" in log.read_text()  # it was tried, and refused

@@ -498,6 +498,24 @@ sys.exit(0)
 """
 
 
+def fake_docker_cli(tmp_path, monkeypatch, image_line: str, engine_socket: str | None = None) -> Path:
+    """A stand-in `docker` first on PATH (loads "archive", inspects as `image_line`), a HOME for the tag
+    records, and DOCKER_HOST: `engine_socket`, or a socket that is not there (the CLI does it all); the
+    log of the CLI's calls."""
+    import sys
+
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
+    docker.chmod(0o755)
+    log = tmp_path / "log"
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
+    monkeypatch.setenv("FAKE_DOCKER_IMAGE", image_line)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{engine_socket or tmp_path / 'no-engine.sock'}")
+    return log
+
+
 class StandinEngine:
     """A stand-in Docker Engine API on a unix socket: one image under `tmp_ref`; records each request
     and what the tag and untag requests changed."""
@@ -580,21 +598,12 @@ def test_destination_loads_verifies_and_promotes_in_one_program(
     import subprocess
     import sys
 
-    docker = tmp_path / "docker"
-    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
-    docker.chmod(0o755)
-    log = tmp_path / "log"
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
-    monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"{loaded_id}"\t["{L1}","{L2}"]\t7')
     api = None
     if engine == "api":
         api = StandinEngine(
             tmp_path, "app:qwen35-tmp-1", {"Id": loaded_id, "RootFS": {"Layers": [L1, L2]}, "Size": 7}
         )
-        monkeypatch.setenv("DOCKER_HOST", f"unix://{api.path}")
-    else:  # a socket that is not there: the CLI does it all
-        monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")
+    log = fake_docker_cli(tmp_path, monkeypatch, f'"{loaded_id}"\t["{L1}","{L2}"]\t7', api and api.path)
     argv = ni.load_argv(
         "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1, L2)), same_store, sys.executable
     )
@@ -678,24 +687,9 @@ def test_the_report_marker_is_the_same_on_both_sides():
 def test_a_temporary_tag_left_behind_only_warns_and_the_claim_stays_valid(tmp_path, monkeypatch):
     """The real tag is verified and recorded before the temporary tag goes: failing to remove the
     temporary tag must not fail the load (that would leave a claim no resource state knows)."""
-    import subprocess
-    import sys
-
-    docker = tmp_path / "docker"
-    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
-    docker.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "log"))
     monkeypatch.setenv("FAKE_DOCKER_RM_FAILS", "1")
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")  # the CLI does it all
-    monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"sha256:ab"\t["{L1}"]\t7')
-    argv = ni.load_argv(
-        "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1,)), True, sys.executable, "c1"
-    )
-    done = subprocess.run(argv, input=b"archive", capture_output=True, timeout=60)
-    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
-    assert done.returncode == 0 and report["exit"] == 0 and report["promoted"] is True, report
+    report, _ = run_load(tmp_path, monkeypatch, None)
+    assert report["exit"] == 0 and report["promoted"] is True, report
     assert "app:qwen35-tmp-1" in report["warning"] and "docker image rm" in report["warning"]
     records = list((tmp_path / "home" / ".qwen35" / "tags").glob("*.json"))
     assert [json.loads(r.read_text())["holders"] for r in records] == [["c1"]]
@@ -905,14 +899,7 @@ def run_load(tmp_path, monkeypatch, api: StandinEngine | None) -> tuple[dict, li
     import subprocess
     import sys
 
-    docker = tmp_path / "docker"
-    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
-    docker.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "log"))
-    monkeypatch.setenv("FAKE_DOCKER_IMAGE", f'"sha256:ab"\t["{L1}"]\t7')
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{api.path if api else tmp_path / 'none.sock'}")
+    log = fake_docker_cli(tmp_path, monkeypatch, f'"sha256:ab"\t["{L1}"]\t7', api and api.path)
     argv = ni.load_argv(
         "app:qwen35-tmp-1", "app:1", ImageInfo("sha256:ab", (L1,)), True, sys.executable, "c1"
     )
@@ -921,7 +908,7 @@ def run_load(tmp_path, monkeypatch, api: StandinEngine | None) -> tuple[dict, li
     finally:
         if api is not None:
             api.close()
-    calls = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
     return json.loads(done.stdout.decode().strip().splitlines()[-1]), calls
 
 

@@ -527,24 +527,30 @@ def test_a_refused_forward_falls_back_to_the_consumer_in_a_session_before_anythi
     assert lines[-1]["forward"].startswith("not used: ") and lines[-1]["consumer_report"] == {"got": 70_000}
 
 
+def forwarded_load(tmp_path, end_socket: str, size: int) -> transfer.TransferResult:
+    """A transfer of `size` bytes in a source session whose forward leads to `end_socket`, the consumer
+    there named "docker load (destination)" (the one the source would run itself exits 7), interpreted."""
+    job = Transfer(
+        "op-forwarded",
+        (Stage("make", py(f"import sys; sys.stdout.buffer.write(b'q' * {size})")),),
+        Stage("docker load (destination)", py("import sys; sys.exit(7)")),
+    )
+    run = spec_for(job)
+    run.pop("peer")
+    run["use_forward"] = True
+    peer = forwarded_peer(tmp_path, end_socket)
+    argv = program_argv("transfer_source", ["serve", json.dumps({"before": None, "peer": peer})], PY)
+    outcome = transfer.run_watched(argv, 60, 30, stdin=(json.dumps({"run": run}) + "\n").encode())
+    return transfer.interpret(outcome, SOURCE, DESTINATION, None, job)
+
+
 def test_a_consumer_that_fails_at_the_end_is_reported_as_the_stage_that_failed(tmp_path):
     end = Listening(tmp_path)
     fails = (
         "import sys; sys.stdin.buffer.read(10); sys.stderr.write('load failed: bad archive\\n'); sys.exit(3)"
     )
     end.start(py(fails))
-    job = Transfer(
-        "op-forward-fails",
-        (Stage("make", py("import sys; sys.stdout.buffer.write(b'q' * 500_000)")),),
-        Stage("docker load (destination)", py("import sys; sys.exit(7)")),
-    )
-    run = spec_for(job)
-    run.pop("peer")
-    run["use_forward"] = True
-    peer = forwarded_peer(tmp_path, end.socket)
-    argv = program_argv("transfer_source", ["serve", json.dumps({"before": None, "peer": peer})], PY)
-    outcome = transfer.run_watched(argv, 60, 30, stdin=(json.dumps({"run": run}) + "\n").encode())
-    result = transfer.interpret(outcome, SOURCE, DESTINATION, None, job)
+    result = forwarded_load(tmp_path, end.socket, 500_000)
     assert result.forward == "used"
     assert result.failure is Failure.STAGE and result.why == "docker load (destination) exited 3"
     assert "load failed: bad archive" in result.error("copy", "nothing was tagged", "run again")
@@ -597,18 +603,7 @@ def test_a_forward_closed_at_once_or_refused_falls_back_to_the_consumer_in_a_ses
 
 def test_an_end_that_closes_without_the_consumers_outcome_is_a_failed_link(tmp_path):
     end = FakeEnd(tmp_path, "vanish")
-    job = Transfer(
-        "op-vanish",
-        (Stage("make", py("import sys; sys.stdout.buffer.write(b'q' * 200_000)")),),
-        Stage("docker load (destination)", py("import sys; sys.exit(7)")),
-    )
-    run = spec_for(job)
-    run.pop("peer")
-    run["use_forward"] = True
-    peer = forwarded_peer(tmp_path, end.path)
-    argv = program_argv("transfer_source", ["serve", json.dumps({"before": None, "peer": peer})], PY)
-    outcome = transfer.run_watched(argv, 60, 30, stdin=(json.dumps({"run": run}) + "\n").encode())
-    result = transfer.interpret(outcome, SOURCE, DESTINATION, None, job)
+    result = forwarded_load(tmp_path, end.path, 200_000)
     assert result.forward == "used" and result.failure is Failure.TRANSPORT
     assert result.why == "the SSH connection from node-a to node-b failed"
 
