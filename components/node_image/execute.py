@@ -400,6 +400,13 @@ def _stream(
             )
     except transfer.PeerUnreachable as exc:
         raise NodeImageError(str(exc)) from None
+    if result.forward.startswith("not used"):  # visible: the destination paid one more session
+        print(
+            f"NodeImage {image} on {destination.label}: the destination's end was not reached through "
+            f"the forward ({result.forward.removeprefix('not used: ')}); the load ran in a session of its "
+            f"own (the destination's sshd may refuse stream-local forwarding)",
+            file=sys.stderr,
+        )
     loaded_report = result.consumer_report or {}
     loaded = parse_images(loaded_report.get("loaded") or "")
     promoted = bool(loaded_report.get("promoted"))

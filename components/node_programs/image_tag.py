@@ -156,16 +156,17 @@ def engine_socket() -> str | None:
 API_FAILED = (OSError, http.client.HTTPException, ValueError, KeyError, TypeError)
 
 
-def engine_for(tmp_ref: str, fmt: str) -> Cli | Api:
-    """The API where it finds `tmp_ref` (just loaded, by the CLI), else the CLI."""
+def engine_for(tmp_ref: str, fmt: str) -> tuple[Cli | Api, tuple[int, str, bytes] | None]:
+    """The API where it finds `tmp_ref` (just loaded, by the CLI), with that inspection; else the CLI."""
     path = engine_socket()
     if path is None or fmt != INSPECT_FORMAT:
-        return Cli()
+        return Cli(), None
     api = Api(path)
     with contextlib.suppress(*API_FAILED):
-        if api.inspect(tmp_ref, fmt)[0] == 0:
-            return api
-    return Cli()
+        found = api.inspect(tmp_ref, fmt)
+        if found[0] == 0:
+            return api, found
+    return Cli(), None
 
 
 def tail(data: bytes, lines: int = 6) -> str:
@@ -219,8 +220,8 @@ def load(spec: dict) -> tuple[Exit, dict]:
     if loaded.returncode:
         report["stderr"] = tail(loaded.stderr or loaded.stdout)
         return Exit.LOAD_FAILED, report
-    tmp_ref, fmt = spec["tmp_ref"], spec["inspect_format"]
-    return promote(spec, engine_for(tmp_ref, fmt), report)
+    engine, inspected = engine_for(spec["tmp_ref"], spec["inspect_format"])
+    return promote(spec, engine, report, inspected)
 
 
 def each_step(engine: Cli | Api, report: dict):
@@ -242,11 +243,14 @@ def each_step(engine: Cli | Api, report: dict):
     return step
 
 
-def promote(spec: dict, engine: Cli | Api, report: dict) -> tuple[Exit, dict]:
-    """Inspect what landed on tmp_ref; when it is the wanted image tag ref, hold it, drop tmp_ref."""
+def promote(
+    spec: dict, engine: Cli | Api, report: dict, inspected: tuple[int, str, bytes] | None = None
+) -> tuple[Exit, dict]:
+    """Inspect what landed on tmp_ref (unless `inspected` already did); when it is the wanted image
+    tag ref, hold it, drop tmp_ref."""
     tmp_ref = spec["tmp_ref"]
     step = each_step(engine, report)
-    status, line, err = step("inspect", tmp_ref, spec["inspect_format"])
+    status, line, err = inspected or step("inspect", tmp_ref, spec["inspect_format"])
     if status:
         report["stderr"] = tail(err)
         return Exit.INSPECT_FAILED, report

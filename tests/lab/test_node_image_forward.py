@@ -110,7 +110,7 @@ def refusing_node_b(node_b, tmp_path):
         sshd.wait(timeout=10)
 
 
-def test_a_destination_that_refuses_the_forward_still_gets_the_copy(pair, refusing_node_b):
+def test_a_destination_that_refuses_the_forward_still_gets_the_copy(pair, refusing_node_b, capsys):
     src, dst = pair
     refusing, log = refusing_node_b
     wanted = build(src, "fw-refused:1", "fw-base:1", os.urandom(200_000))
@@ -120,6 +120,7 @@ def test_a_destination_that_refuses_the_forward_still_gets_the_copy(pair, refusi
     assert outs["skipped"] is False and outs["image_id"] == wanted == image_id(dst, "fw-refused:1")
     assert outs["layers_sent"] == 1
     assert "refused streamlocal port forward" in log.read_text()  # it was tried, and refused
+    assert "was not reached through the forward" in capsys.readouterr().err  # and the operator is told
     # the consumer ran in a session of its own; the end started for it was ended unfed
     assert seen == {"node-a": 1, "node-b": 2}
     assert no_temporary_tags(dst) and no_end_left(before)
