@@ -224,15 +224,8 @@ def listen(spec: dict) -> int:
     except OSError as exc:
         listener, error = None, f"cannot listen in {folder}: {exc}"
     try:
-        outcome = None
         before = spec.get("before")
-        if before:
-            done = subprocess.run(before, stdin=subprocess.DEVNULL, capture_output=True)
-            outcome = {
-                "status": done.returncode,
-                "stdout": done.stdout.decode(errors="replace"),
-                "stderr": done.stderr.decode(errors="replace")[-4000:],
-            }
+        outcome = run_captured([str(arg) for arg in before]) if before else None
         say({"before": outcome, "listening": listener is not None, "error": error})
         if listener is None:
             return Exit.CANNOT_LISTEN
@@ -266,7 +259,7 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
                     elif isinstance(message.get("run"), list) and consumer is None and conn is None:
                         # Nothing to serve after all (a skip, a retag): the one command the caller
                         # still has for this node runs here, in this session, instead of a new one.
-                        say({"ran": run_instead([str(arg) for arg in message["run"]])})
+                        say({"ran": run_captured([str(arg) for arg in message["run"]])})
                         return Exit.NOTHING_TO_DO
                     elif not message.get("consumer"):
                         stdin.closed = True  # {}: nothing to serve
@@ -316,7 +309,9 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
             conn.close()
 
 
-def run_instead(argv: list[str]) -> dict:
+def run_captured(argv: list[str]) -> dict:
+    """Run `argv` to its end: exit status, stdout, stderr's tail (the caller's inspection, or its
+    last command for the node)."""
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
     except OSError as exc:

@@ -208,12 +208,6 @@ class _SendSide:
     def fileno(self) -> int:
         return self.conn.fileno()
 
-    def write(self, data: bytes) -> None:
-        self.conn.sendall(data)
-
-    def flush(self) -> None:
-        pass
-
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.conn.shutdown(socket.SHUT_WR)  # end of stream: the consumer gets end of input
@@ -263,9 +257,6 @@ class Forwarded:
     @property
     def stderr(self):
         return self._lines("_err")
-
-    def poll(self) -> int | None:
-        return self.returncode if self._done.is_set() else None
 
     def wait(self) -> int:
         self._done.wait()

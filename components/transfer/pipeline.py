@@ -263,6 +263,16 @@ def run_watched(
     return Watched(proc.returncode, "\n".join(streams.out), "\n".join(streams.err), killed)
 
 
+def reap(proc: subprocess.Popen, streams: _Streams, timeout_s: float) -> None:
+    """Wait for a session's ssh to end (killed after `timeout_s`), then for its output readers."""
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    streams.finish()
+
+
 def operator_progress(transfer: Transfer, source: Endpoint, destination: Endpoint) -> Callable[..., None]:
     """What a running transfer tells the operator every SAY_EVERY_S: bytes, rate, ETA."""
 
@@ -498,12 +508,7 @@ class SourceSession:
         if not wait:
             threading.Thread(target=self._end, daemon=True).start()
             return
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.streams.finish()
+        reap(self.proc, self.streams, 10)
 
 
 class DestinationEnd:
@@ -591,18 +596,11 @@ class DestinationEnd:
         ran = line["ran"]
         return int(ran["status"]), str(ran["stdout"]), str(ran["stderr"])
 
-    def close(self) -> dict | None:
+    def close(self) -> None:
         """End the session: an end that served has already ended; one that did not (a skip, a retag,
-        a fallback) ends a consumer it started, unfed. What it served, if anything."""
+        a fallback) ends a consumer it started, unfed."""
         if not self.ended:
             self.ended = True
             with contextlib.suppress(OSError, ValueError):
                 self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.streams.finish()
-        served, _ = self.streams.json_line(self.read_to, 0)
-        return (served or {}).get("served")
+            reap(self.proc, self.streams, 15)
