@@ -9,10 +9,16 @@ containerd store's content store: dockerd's own containerd under its root, or th
 `blobs_listed` false and `blobs_unlisted` saying why when none could be read), and
 `python` (the system python3, not a version manager's shim). The docker commands that do not
 depend on each other run at once.
+
+The inventory (`images`) of a classic store is read from the store's own files where this user can
+read them: its image configs (`image/<driver>/imagedb`) and its layers' sizes (`layerdb`), the same
+lines `docker image inspect` prints, in a few milliseconds where the CLI asks the daemon once per
+image (0.2 s for 300 images). `inventory_from` says which: "store files" or "docker".
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -30,6 +36,8 @@ class Exit(IntEnum):
 
 CONTENT_BLOBS = os.path.join("io.containerd.content.v1.content", "blobs", "sha256")
 SYSTEM_CONTAINERD_ROOT = "/var/lib/containerd"
+# The inventory line read_classic_store builds: only when asked for this format are the files read.
+FILES_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
 
 
 def start(*args: str) -> subprocess.Popen:
@@ -62,6 +70,94 @@ def content_blobs(docker_root: str) -> tuple[list[str], list[str]]:
     )
 
 
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """The layer store's chain IDs of a layer list, bottom first (each names its layer with all below)."""
+    chains: list[str] = []
+    for diff_id in diff_ids:
+        if chains:
+            diff_id = "sha256:" + hashlib.sha256(f"{chains[-1]} {diff_id}".encode()).hexdigest()
+        chains.append(diff_id)
+    return chains
+
+
+def read_classic_store(root: str, driver: str) -> str | None:
+    """Every image's inventory line (FILES_FORMAT) from a classic store's files, sorted by ID: its
+    config's layer list, and its size (what the daemon reports: the sizes of its layers); None when
+    the store cannot be read (another user's, another layout), and the CLI asks the daemon instead.
+    An image or layer that goes while this reads (deleted meanwhile) is left out: its layers are
+    then sent rather than reused, never the reverse."""
+    store = os.path.join(root, "image", driver)
+    configs = os.path.join(store, "imagedb", "content", "sha256")
+    layers = os.path.join(store, "layerdb", "sha256")
+    try:
+        names = os.listdir(configs)
+        os.listdir(layers)
+    except OSError:
+        return None
+    lines = []
+    for name in sorted(names):
+        try:
+            with open(os.path.join(configs, name), "rb") as config:
+                rootfs = json.loads(config.read()).get("rootfs") or {}
+            diff_ids = rootfs.get("diff_ids") or []
+            size = 0
+            for chain in chain_ids(diff_ids):
+                with open(os.path.join(layers, chain.removeprefix("sha256:"), "size")) as found:
+                    size += int(found.read().strip())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, AttributeError):
+            return None  # a file this program does not understand: the daemon answers instead
+        layer_list = json.dumps(diff_ids or None, separators=(",", ":"))
+        lines.append(f"{json.dumps('sha256:' + name)}\t{layer_list}\t{size}\n")
+    return "".join(lines)
+
+
+def docker_inventory(image_format: str) -> tuple[str | None, str]:
+    """Every image's inspect line, from the daemon (one request per image); None and the error when
+    the listing or the inspection failed."""
+    status, ids, err = finish(start("image", "ls", "-a", "-q", "--no-trunc"))
+    if status:
+        return None, err
+    unique = sorted(set(ids.split()))
+    if not unique:
+        return "", ""
+    status, lines, err = finish(start("image", "inspect", "--format", image_format, *unique))
+    return (None, err) if status else (lines, "")
+
+
+def drain(*procs: subprocess.Popen | None) -> None:
+    for proc in procs:
+        if proc is not None:
+            finish(proc)
+
+
+def inventory(spec: dict, info_out: str, report: dict) -> bool:
+    """Fill in `images`, `free` and a containerd store's `blobs`; False when the images could not be
+    listed (the daemon's error in `stderr`)."""
+    fields = info_out.strip().split("\t")
+    root = fields[1] if len(fields) > 1 else "/var/lib/docker"
+    containerd = "io.containerd.snapshotter" in info_out
+    lines = None
+    if not containerd and len(fields) > 3 and fields[3] and spec["image_format"] == FILES_FORMAT:
+        lines = read_classic_store(root, fields[3])
+    report["inventory_from"] = "docker" if lines is None else "store files"
+    if lines is None:
+        lines, err = docker_inventory(spec["image_format"])
+        if lines is None:
+            report["stderr"] = err.strip()[-2000:]
+            return False
+    report["images"] = lines
+    stats = os.statvfs(root)
+    report["free"] = stats.f_bavail * stats.f_frsize
+    if containerd:
+        report["blobs"], unlisted = content_blobs(root)
+        report["blobs_listed"] = not unlisted
+        if unlisted:
+            report["blobs_unlisted"] = unlisted
+    return True
+
+
 def facts(spec: dict) -> tuple[Exit, dict]:
     ref = spec["ref"]
     info = start("info", "--format", spec["info_format"])
@@ -71,42 +167,22 @@ def facts(spec: dict) -> tuple[Exit, dict]:
         if spec.get("history")
         else None
     )
-    listing = start("image", "ls", "-a", "-q", "--no-trunc") if spec.get("inventory") else None
     status, info_out, info_err = finish(info)
     report: dict = {"info": info_out.strip(), "image": "", "python": "python3"}
     if status:
-        for proc in (image, history, listing):
-            if proc is not None:
-                finish(proc)
+        drain(image, history)
         report["stderr"] = info_err.strip()[-2000:]
         return Exit.DOCKER_UNAVAILABLE, report
+    # The inventory while the image and its history are inspected.
+    if spec.get("inventory") and not inventory(spec, info_out, report):
+        drain(image, history)
+        return Exit.INVENTORY_FAILED, report
     found, image_out, _ = finish(image)
     report["image"] = image_out.strip() if found == 0 else ""
     if history is not None:
         report["history"] = finish(history)[1]
     # The system interpreter on the default PATH, not a version manager's shim.
     report["python"] = shutil.which("python3", path=os.defpath) or "python3"
-    if listing is not None:
-        status, ids, err = finish(listing)
-        if status:
-            report["stderr"] = err.strip()[-2000:]
-            return Exit.INVENTORY_FAILED, report
-        unique = sorted(set(ids.split()))
-        lines = ""
-        if unique:
-            status, lines, err = finish(start("image", "inspect", "--format", spec["image_format"], *unique))
-            if status:
-                report["stderr"] = err.strip()[-2000:]
-                return Exit.INVENTORY_FAILED, report
-        report["images"] = lines
-        root = info_out.strip().split("\t")[1] if "\t" in info_out else "/var/lib/docker"
-        stats = os.statvfs(root)
-        report["free"] = stats.f_bavail * stats.f_frsize
-        if "io.containerd.snapshotter" in info_out:
-            report["blobs"], unlisted = content_blobs(root)
-            report["blobs_listed"] = not unlisted
-            if unlisted:
-                report["blobs_unlisted"] = unlisted
     return Exit.OK, report
 
 

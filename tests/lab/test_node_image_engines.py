@@ -155,3 +155,24 @@ def test_declared_store_must_match_the_daemon(node_c, node_d, images_on_c):
     assert image_id(node_d, "ni-eng:1") is None and no_temporary_tags(node_d)
     outs = PROVIDER.create(props("ni-eng:1", node_c, node_d, image_store="containerd")).outs
     assert outs["store"] == "containerd" and outs["destination"]["image_store"] == "containerd"
+
+
+@pytest.mark.parametrize(
+    ("name", "read_from"), [("node-a", "store files"), ("node-c", "store files"), ("node-d", "docker")]
+)
+def test_the_inventory_read_from_a_classic_stores_files_is_what_the_daemon_reports(
+    name, read_from, node_a, node_c, node_d, images_on_c
+):
+    """A classic store's inventory comes from its files (not one daemon request per image): the same
+    images, layer lists and sizes `docker image inspect` reports; a containerd store is asked."""
+    import json
+
+    from components.node_image.docker_on import facts_argv
+    from components.node_image.facts import IMAGE_FORMAT, parse_images
+
+    node = {"node-a": node_a, "node-c": node_c, "node-d": node_d}[name]
+    report = json.loads(lab.on_node(node, facts_argv("ni-eng:1", inventory=True)).out.splitlines()[-1])
+    assert report["inventory_from"] == read_from
+    ids = sorted(set(lab.docker(node, "image", "ls", "-a", "-q", "--no-trunc").out.split()))
+    daemon = parse_images(lab.docker(node, "image", "inspect", "--format", IMAGE_FORMAT, *ids).out)
+    assert len(ids) >= 3 and sorted(parse_images(report["images"]), key=lambda i: i.image_id) == daemon

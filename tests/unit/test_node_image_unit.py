@@ -677,6 +677,110 @@ def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch):
     assert facts.blobs == frozenset({L1}) and facts.free > 0 and facts.python.endswith("python3")
 
 
+CLASSIC_DOCKER = """#!{python}
+import os, sys
+args = sys.argv[1:]
+if args[0] == "info":
+    print('[["Backing Filesystem","extfs"]]\\t' + os.environ["FAKE_ROOT"] + '\\t26.1.5\\toverlay2')
+elif args[:2] == ["image", "inspect"] and args[-1] == "app:1":
+    print('"sha256:ab"\\t["{l1}"]\\t3')
+elif args[:2] == ["image", "ls"] and os.environ.get("FAKE_LS"):
+    print("sha256:" + "f" * 64)
+elif args[:2] == ["image", "inspect"] and os.environ.get("FAKE_LS"):
+    print('"sha256:' + "f" * 64 + '"\\t["{l1}"]\\t9')
+else:
+    sys.exit(1)  # asked of the daemon: the store's files were meant to answer
+"""
+
+
+def classic_store(root: Path, images: dict[str, list[str]], sizes: dict[str, int]) -> None:
+    """A classic overlay2 store's files: image configs by ID, layer sizes by chain ID."""
+    from components.image_transfer import chain_ids
+
+    configs = root / "image" / "overlay2" / "imagedb" / "content" / "sha256"
+    layers = root / "image" / "overlay2" / "layerdb" / "sha256"
+    configs.mkdir(parents=True)
+    layers.mkdir(parents=True)
+    for hex_id, diff_ids in images.items():
+        (configs / hex_id).write_text(json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}}))
+        for diff_id, chain in zip(diff_ids, chain_ids(diff_ids), strict=True):
+            (layers / chain.removeprefix("sha256:")).mkdir(exist_ok=True)
+            (layers / chain.removeprefix("sha256:") / "size").write_text(str(sizes[diff_id]))
+
+
+def classic_facts(tmp_path, monkeypatch, root: Path) -> dict:
+    import subprocess
+    import sys
+
+    from components.node_image.docker_on import facts_argv
+
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir(exist_ok=True)
+    docker.write_text(CLASSIC_DOCKER.format(python=sys.executable, l1=L1))
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{docker.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_ROOT", str(root))
+    argv = facts_argv("app:1", inventory=True)
+    argv[0] = sys.executable
+    done = subprocess.run(argv, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.decode().splitlines()[-1])
+
+
+def test_a_classic_stores_inventory_is_read_from_its_files(tmp_path, monkeypatch):
+    from components.node_image.facts import parse_images
+
+    root = tmp_path / "docker-root"
+    a, b, empty = "a" * 64, "b" * 64, "e" * 64
+    classic_store(root, {a: [L1], b: [L1, L2], empty: []}, {L1: 100, L2: 23})
+    report = classic_facts(tmp_path, monkeypatch, root)
+    assert report["inventory_from"] == "store files"
+    assert parse_images(report["images"]) == [  # sizes as the daemon reports them: its layers' sum
+        ImageInfo(f"sha256:{a}", (L1,), 100),
+        ImageInfo(f"sha256:{b}", (L1, L2), 123),
+        ImageInfo(f"sha256:{empty}", (), 0),
+    ]
+
+
+def test_an_image_whose_layer_went_meanwhile_is_left_out_and_its_layers_sent(tmp_path, monkeypatch):
+    from components.image_transfer import chain_ids
+    from components.node_image.facts import parse_images
+
+    root = tmp_path / "docker-root"
+    a, b = "a" * 64, "b" * 64
+    classic_store(root, {a: [L1], b: [L1, L2]}, {L1: 100, L2: 23})
+    top = chain_ids([L1, L2])[1].removeprefix("sha256:")
+    (root / "image" / "overlay2" / "layerdb" / "sha256" / top / "size").unlink()  # deleted while read
+    report = classic_facts(tmp_path, monkeypatch, root)
+    assert [i.image_id for i in parse_images(report["images"])] == [f"sha256:{a}"]
+
+
+@pytest.mark.parametrize("damage", ["no store", "unreadable config"])
+def test_a_store_whose_files_cannot_be_read_is_asked_of_the_daemon(tmp_path, monkeypatch, damage):
+    from components.node_image.facts import parse_images
+
+    root = tmp_path / "docker-root"
+    if damage == "unreadable config":
+        classic_store(root, {"a" * 64: [L1]}, {L1: 100})
+        (root / "image" / "overlay2" / "imagedb" / "content" / "sha256" / ("a" * 64)).write_text("{not json")
+    else:
+        root.mkdir()
+    monkeypatch.setenv("FAKE_LS", "1")
+    report = classic_facts(tmp_path, monkeypatch, root)
+    assert report["inventory_from"] == "docker"
+    assert parse_images(report["images"]) == [ImageInfo("sha256:" + "f" * 64, (L1,), 9)]
+
+
+def test_the_store_files_path_builds_the_inventory_line_the_orchestrator_asks_for():
+    from components import image_transfer
+    from components.node_image.facts import IMAGE_FORMAT
+    from components.node_programs import docker_facts
+
+    assert docker_facts.FILES_FORMAT == IMAGE_FORMAT  # else every classic inventory asks the daemon
+    layers = [L1, L2, "sha256:" + "3" * 64]
+    assert docker_facts.chain_ids(layers) == image_transfer.chain_ids(layers)
+
+
 def test_the_report_marker_is_the_same_on_both_sides():
     from components.node_programs import layer_filter, transfer_source
 
