@@ -50,6 +50,9 @@ class Exit(IntEnum):
 
 
 TOKEN_WAIT_S = 10.0  # a connection must say its token within this
+# The first line of the source's throwaway first channel (see transfer_source.say_token): held open,
+# unanswered, until this end ends. Declared in both programs (a unit test checks they agree).
+NUDGE = "nudge"
 TAIL_LINES = 12
 
 
@@ -200,14 +203,14 @@ class Stdin:
         return messages
 
 
-def read_token(conn: socket.socket, size: int) -> str:
-    """The connection's first `size` bytes (its token and a newline), not one byte more: what follows
-    is the stream."""
+def read_line(conn: socket.socket, size: int) -> str:
+    """The connection's first line (its token, or NUDGE), at most `size` bytes with its newline, not
+    one byte more: what follows is the stream."""
     conn.settimeout(TOKEN_WAIT_S)
     data = b""
     with contextlib.suppress(OSError):
-        while len(data) < size:
-            more = conn.recv(size - len(data))
+        while len(data) < size and not data.endswith(b"\n"):
+            more = conn.recv(1)
             if not more:
                 break
             data += more
@@ -242,6 +245,7 @@ def listen(spec: dict) -> int:
 def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
     """Wait for the consumer's argv (stdin) and the source's connection (either first); serve it."""
     stdin, consumer, conn = Stdin(), None, None
+    held: list[socket.socket] = []
     try:
         while time.monotonic() < deadline:
             waiting = [listener] if conn is None else []
@@ -256,9 +260,10 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
                         consumer = Consumer([str(arg) for arg in message["consumer"]])
                         if message.get("deadline_s"):  # the transfer's own, counted from now
                             deadline = time.monotonic() + float(message["deadline_s"])
-                    elif isinstance(message.get("run"), list) and consumer is None and conn is None:
+                    elif isinstance(message.get("run"), list) and consumer is None:
                         # Nothing to serve after all (a skip, a retag): the one command the caller
-                        # still has for this node runs here, in this session, instead of a new one.
+                        # still has for this node runs here, in this session, instead of a new one
+                        # (a connection the source opened early is refused on the way out).
                         say({"ran": run_captured([str(arg) for arg in message["run"]])})
                         return Exit.NOTHING_TO_DO
                     elif not message.get("consumer"):
@@ -267,8 +272,14 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
                     break
             if listener in ready:
                 accepted, _ = listener.accept()
-                if read_token(accepted, len(token) + 1) == token:
+                line = read_line(accepted, max(len(token), len(NUDGE)) + 1)
+                if line == token:
                     conn = accepted
+                elif line == NUDGE:
+                    # Held, unanswered: closing it would make this node's sshd send a small packet
+                    # just before the answer to the real connection, which then waits ~40 ms for the
+                    # source's delayed ACK (Nagle; measured on OpenSSH 9.2).
+                    held.append(accepted)
                 else:
                     with contextlib.suppress(OSError):
                         accepted.sendall(b"-")
@@ -307,6 +318,8 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
             with contextlib.suppress(OSError):
                 conn.sendall(b"-")  # refused: the source falls back to a session of its own
             conn.close()
+        for nudge in held:
+            nudge.close()
 
 
 def run_captured(argv: list[str]) -> dict:

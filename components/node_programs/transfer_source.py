@@ -61,6 +61,10 @@ class Marker(str, Enum):
 SSH_TRANSPORT_FAILURE = 255
 TAIL_LINES = 12
 OPERATION = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# The first line of the throwaway first channel to the destination's end (see say_token); the end
+# holds that channel open. Declared in both programs (a unit test checks they agree).
+NUDGE = "nudge"
+NUDGES: list[socket.socket] = []  # kept open until this program ends
 
 
 # ---- the connection to the destination --------------------------------------------------------------
@@ -149,6 +153,10 @@ class PeerLink(threading.Thread):
         self.status: int | None = None
         self.err = ""
         self.sink: subprocess.Popen | None = None
+        # Through a forward to the orchestrator's end: the connection to it, opened as soon as the
+        # master is up and its token said, so that opening the channel is paid while the caller
+        # decides; the end answers once it holds the consumer (None: not opened, tried again later).
+        self.early: socket.socket | None = None
 
     def run(self) -> None:
         if self.sink_argv and self.peer.get("control") and own_folder(self.peer["folder"]):
@@ -162,6 +170,8 @@ class PeerLink(threading.Thread):
                 self.sink = subprocess.Popen(
                     self.sink_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
                 )
+        elif self.status == 0 and self.peer.get("forward"):
+            self.early, _ = say_token(self.peer["forward"], float(self.peer["connect_timeout"]) + 10)
 
     def ready(self) -> tuple[int, str]:
         """The connection's status once the attempt ended (bounded); a failed attempt is tried once more."""
@@ -172,10 +182,18 @@ class PeerLink(threading.Thread):
             self.status, self.err = connect(self.peer)
         return int(self.status or 0), self.err
 
-    def discard_sink(self) -> None:
+    def take_early(self) -> socket.socket | None:
+        early, self.early = self.early, None
+        return early
+
+    def discard(self) -> None:
+        """What was opened early and not used: the sink, the connection to the end."""
         if self.sink is not None:
             with contextlib.suppress(OSError):
                 self.sink.stdin.close()  # end of input before a header: the sink exits at once
+        early = self.take_early()
+        if early is not None:
+            early.close()
 
 
 # `close` after a run: the attempt has ended (the run waited for it), so there is nothing to wait for.
@@ -229,15 +247,18 @@ class Forwarded:
         threading.Thread(target=self._read_outcome, daemon=True).start()
 
     def _read_outcome(self) -> None:
+        # The outcome is one line: taken as soon as it is complete, not at the connection's end (the
+        # destination's sshd sends its end of the channel only once this side acknowledged the line,
+        # ~40 ms later, a delayed ACK; measured on OpenSSH 9.2).
         data = b""
         with contextlib.suppress(OSError):
-            while True:
+            while b"\n" not in data:
                 more = self.conn.recv(65536)
                 if not more:
                     break
                 data += more
         try:
-            outcome = json.loads(data.decode(errors="replace").strip().splitlines()[-1])
+            outcome = json.loads(data.split(b"\n", 1)[0].decode(errors="replace"))
             self.returncode = int(outcome["status"])
             self._out = [line + b"\n" for line in str(outcome.get("stdout") or "").encode().splitlines()]
             self._err = [str(line).encode() + b"\n" for line in outcome.get("stderr") or []]
@@ -267,21 +288,37 @@ class Forwarded:
             self.conn.shutdown(socket.SHUT_RDWR)  # the destination's end sees the stream cut
 
 
-def open_forward(forward: dict, timeout: float) -> tuple[Forwarded | None, str]:
-    """Connect to the destination's end through the forward and say the token: (the end, "") once it
-    answered `+`, else (None, why): refused, or forwarding not allowed by the destination's sshd (the
-    connection closes at once)."""
-    # The first channel of a connection just made waits ~44 ms for its confirmation (measured on
-    # OpenSSH 9.2: 44 ms in 10 runs of 10; a delayed ACK); a throwaway channel to the same end,
-    # opened and closed just before, takes that wait (then 2 ms in 10 of 10). The end refuses it: no token.
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as nudge:
+def say_token(forward: dict, timeout: float) -> tuple[socket.socket | None, str]:
+    """Connect to the destination's end through the forward and say the token: the connection, its
+    answer still to come (`hear_answer`), or (None, why)."""
+    # The destination's sshd does not set TCP_NODELAY on a connection without a session: a small
+    # packet it sends waits for this side's ACK of the one before, which this side delays ~40 ms
+    # when it has nothing to send (measured on OpenSSH 9.2). The first channel of a connection just
+    # made would wait so for its confirmation (44 ms in 10 runs of 10); a throwaway channel to the
+    # same end, opened just before and saying NUDGE, takes that wait (then 2 ms in 10 of 10). It is
+    # left open: closing it would make sshd send one more small packet just before the end's answer.
+    with contextlib.suppress(OSError):
+        nudge = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        NUDGES.append(nudge)
         nudge.connect(forward["local"])
+        nudge.sendall(NUDGE.encode() + b"\n")
     time.sleep(0.001)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)
     try:
         conn.connect(forward["local"])
         conn.sendall((str(forward["token"]) + "\n").encode())
+    except OSError as exc:
+        conn.close()
+        return None, f"{type(exc).__name__}: {exc}"
+    return conn, ""
+
+
+def hear_answer(conn: socket.socket, timeout: float) -> tuple[Forwarded | None, str]:
+    """(the end, "") once it answered `+` (it holds the consumer and relays), else (None, why): refused,
+    or forwarding not allowed by the destination's sshd (the connection closes at once)."""
+    conn.settimeout(timeout)
+    try:
         answer = conn.recv(1)
     except OSError as exc:
         conn.close()
@@ -291,6 +328,12 @@ def open_forward(forward: dict, timeout: float) -> tuple[Forwarded | None, str]:
         return None, "refused by the destination's end" if answer else "the forward was closed at once"
     conn.settimeout(None)
     return Forwarded(conn), ""
+
+
+def open_forward(forward: dict, timeout: float) -> tuple[Forwarded | None, str]:
+    """Connect to the destination's end through the forward, say the token and hear its answer."""
+    conn, why = say_token(forward, timeout)
+    return hear_answer(conn, timeout) if conn is not None else (None, why)
 
 
 # ---- progress -----------------------------------------------------------------------------------------
@@ -421,7 +464,7 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
         if not ended:
             ended.append(True)
             if link is not None:
-                link.discard_sink()
+                link.discard()
             if peer:
                 close_detached(peer)
 
@@ -440,7 +483,7 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
                 return finish(report, progress, started, Exit.FAILED)
             sink, link.sink = link.sink, None
             if sink is None and peer.get("forward") and spec.get("use_forward"):
-                reach = functools.partial(reach_forward, peer, report)
+                reach = functools.partial(reach_forward, peer, report, link.take_early())
         result = watched(spec, progress, started, say, sink, reach)
         report.update(result)
         failed = report["error"] or any(stage["status"] for stage in report["stages"])
@@ -450,10 +493,16 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
         end_connection()
 
 
-def reach_forward(peer: dict, report: dict) -> Forwarded | None:
-    """The destination's end through the forward, or None (not served: the consumer then runs in a
-    session of its own over the master, as without one); the report says which."""
-    end, why = open_forward(peer["forward"], float(peer["connect_timeout"]) + 10)
+def reach_forward(peer: dict, report: dict, early: socket.socket | None) -> Forwarded | None:
+    """The destination's end through the forward (its answer on the connection opened `early`, else on
+    one opened now: the end may not have listened yet when the master came up), or None (not served:
+    the consumer then runs in a session of its own over the master, as without one); the report says
+    which."""
+    timeout = float(peer["connect_timeout"]) + 10
+    end = hear_answer(early, timeout)[0] if early is not None else None
+    why = ""
+    if end is None:
+        end, why = open_forward(peer["forward"], timeout)
     report["forward"] = "used" if end is not None else f"not used: {why}"
     return end
 
@@ -487,7 +536,7 @@ def serve(spec: dict) -> int:
     finally:
         if link is not None:
             link.join(2 * float(peer["connect_timeout"]) + 5)  # a sink opened meanwhile is discarded too
-            link.discard_sink()
+            link.discard()
             # Ended unused (the caller skips or retags): end the master before the session ends, so
             # nothing is left behind when the caller returns; nothing waits on a transfer here.
             close(peer)

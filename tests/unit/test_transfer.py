@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from components import transfer
-from components.node_programs import program_argv
+from components.node_programs import program_argv, transfer_sink
+from components.node_programs.transfer_sink import NUDGE
 from components.node_programs.transfer_sink import Exit as SinkExit
 from components.node_programs.transfer_source import Exit as SourceExit
 from components.remote import SshTarget
@@ -580,7 +581,7 @@ class FakeEnd:
                 if self.mode == "close":
                     continue
                 token = conn.recv(len(TOKEN) + 1)
-                if not token:
+                if token.strip() in (b"", NUDGE.encode()):
                     continue  # the source's throwaway first channel
                 if self.mode == "refuse":
                     conn.sendall(b"-")
@@ -621,3 +622,100 @@ def test_ending_the_ends_session_mid_stream_ends_its_consumer(tmp_path):
     served = end.end()  # closes its stdin
     assert served[-1]["served"]["status"] == -signal.SIGKILL  # ended, not left to finish
     assert not ran.exists() and not end.folder.exists()
+
+
+class RecordingEnd:
+    """An end that records the token of every connection and answers `+` on one only once `go` is
+    set (as the real end does once it holds the consumer), then counts the stream and sends the
+    consumer's outcome."""
+
+    def __init__(self, tmp_path: Path):
+        self.release = threading.Event()  # the connection stays open after the outcome until set
+        self.path = str(tmp_path / "recording-end.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(8)
+        self.tokens: list[str] = []
+        self.nudges: list[socket.socket] = []
+        self.go = threading.Event()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            token = conn.recv(len(TOKEN) + 1).decode().strip()
+            if token in ("", NUDGE):
+                self.nudges.append(conn)  # the source's throwaway first channel: held open
+                continue
+            self.tokens.append(token)
+            self.go.wait(30)
+            conn.sendall(b"+")
+            got = len(received(conn))
+            outcome = {"status": 0, "stdout": json.dumps({"got": got}) + "\n", "stderr": []}
+            conn.sendall(json.dumps(outcome).encode() + b"\n")
+            self.release.wait(60)
+            conn.close()
+            return
+
+
+def test_the_forward_is_opened_while_the_caller_decides_and_its_outcome_taken_on_its_line(tmp_path):
+    """The channel to the end is opened (and the token said) as soon as the master is up, before the
+    caller's request: that wait is not on the transfer's path; the transfer uses that one connection,
+    and its outcome is taken once its line is in."""
+    end = RecordingEnd(tmp_path)
+    spec = {"before": py("print('facts')"), "peer": forwarded_peer(tmp_path, end.path)}
+    argv = program_argv("transfer_source", ["serve", json.dumps(spec)], PY)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert json.loads(proc.stdout.readline())["before"]["stdout"] == "facts\n"
+        deadline = time.monotonic() + 20
+        while not end.tokens and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert end.tokens == [TOKEN], "the forward was not opened before the caller's request"
+        end.go.set()
+        run = counted_run("op-early", 400_000, early_sink=False)
+        run["consumer"]["argv"] = py("import sys; sys.exit(7)")  # must not be used: the end serves
+        run["use_forward"] = True
+        # The end keeps the connection open after its outcome line (as sshd may, ~40 ms, for a delayed
+        # ACK): the source reports on the line, not on the connection's end.
+        out, err = proc.communicate((json.dumps({"run": run}) + "\n").encode(), timeout=30)
+    finally:
+        end.release.set()
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads(out.decode().splitlines()[-1])
+    assert report["forward"] == "used" and report["consumer_report"] == {"got": 400_000}, err
+    assert end.tokens == [TOKEN]  # one connection: the early one
+
+
+def test_an_end_reached_early_still_runs_the_command_of_a_skip_and_refuses_the_connection(tmp_path):
+    end = Listening(tmp_path)
+    conn = connect(end.socket)  # the source's early connection: no consumer named yet
+    time.sleep(0.2)
+    end.proc.stdin.write((json.dumps({"run": py("print('retagged')")}) + "\n").encode())
+    end.proc.stdin.flush()
+    assert end.end() == [{"ran": {"status": 0, "stdout": "retagged\n", "stderr": ""}}]
+    assert conn.recv(1) == b"-" and not end.folder.exists()
+
+
+def test_the_nudge_is_the_same_on_both_sides_and_the_end_holds_it_open_unanswered(tmp_path):
+    from components.node_programs import transfer_source
+
+    assert transfer_source.NUDGE == transfer_sink.NUDGE
+    end = Listening(tmp_path)
+    nudge = connect(end.socket, NUDGE)
+    conn = connect(end.socket)  # the real one, accepted after the nudge
+    nudge.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        nudge.recv(1)  # neither answered nor closed while the end waits for its consumer
+    end.start(py(COUNT_INPUT))
+    assert conn.recv(1) == b"+"
+    conn.sendall(b"abc")
+    conn.shutdown(socket.SHUT_WR)
+    assert json.loads(received(conn))["stdout"].endswith('{"got": 3}\n')
+    assert end.end()[-1]["served"]["bytes"] == 3
+    nudge.settimeout(20)
+    assert nudge.recv(1) == b""  # closed, unanswered, once the end has served
