@@ -8,7 +8,8 @@ image's inspect line), `free` (bytes available under Docker's root), `blobs` (th
 containerd store's content store: dockerd's own containerd under its root, or the system's;
 `blobs_listed` false and `blobs_unlisted` saying why when none could be read), and
 `python` (the system python3, not a version manager's shim). The docker commands that do not
-depend on each other run at once.
+depend on each other run at once (the inventory waits for `docker info`: the store's kind and
+root decide where it is read).
 
 The inventory (`images`) of a classic store is read from the store's own files where this user can
 read them: its image configs (`image/<driver>/imagedb`) and its layers' sizes (`layerdb`), the same
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +39,7 @@ class Exit(IntEnum):
 CONTENT_BLOBS = os.path.join("io.containerd.content.v1.content", "blobs", "sha256")
 SYSTEM_CONTAINERD_ROOT = "/var/lib/containerd"
 # The inventory line read_classic_store builds: only when asked for this format are the files read.
+DIGEST_HEX = re.compile(r"[0-9a-f]{64}")
 FILES_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
 
 
@@ -96,6 +99,8 @@ def read_classic_store(root: str, driver: str) -> str | None:
         return None
     lines = []
     for name in sorted(names):
+        if not DIGEST_HEX.fullmatch(name):
+            continue  # not an image: a config being written (Docker writes a temporary file first)
         try:
             with open(os.path.join(configs, name), "rb") as config:
                 rootfs = json.loads(config.read()).get("rootfs") or {}

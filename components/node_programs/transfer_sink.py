@@ -248,11 +248,13 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
     held: list[socket.socket] = []
     try:
         while time.monotonic() < deadline:
-            waiting = [listener] if conn is None else []
+            # A connection held before its consumer is named is watched: should its source give up
+            # (a retried attempt), it is dropped and the end listens again.
+            if stdin.closed and (conn is None or consumer is None):
+                break  # the orchestrator's session ended (or said {}): nothing more to serve
+            waiting = [listener] if conn is None else ([conn] if consumer is None else [])
             if not stdin.closed:
                 waiting.append(0)
-            if not waiting:
-                break  # a connection, and stdin ended before the consumer was named
             ready, _, _ = select.select(waiting, [], [], 1.0)
             if 0 in ready:
                 for message in stdin.read_available():
@@ -270,6 +272,10 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
                         stdin.closed = True  # {}: nothing to serve
                 if stdin.closed and conn is None:
                     break
+            if conn is not None and conn in ready:  # before "+" the source sends nothing: it went
+                conn.close()
+                conn = None
+                continue
             if listener in ready:
                 accepted, _ = listener.accept()
                 line = read_line(accepted, max(len(token), len(NUDGE)) + 1)
@@ -287,10 +293,10 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
             if conn is not None and consumer is not None:
                 try:
                     conn.sendall(b"+")
-                except OSError:  # the source gave up waiting: nothing to serve
+                except OSError:  # the source gave up waiting: listen for another attempt
                     conn.close()
                     conn = None
-                    break
+                    continue
                 with contextlib.suppress(OSError, AttributeError):  # fewer wake-ups; best effort
                     fcntl.fcntl(consumer.proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
                 # Should the orchestrator end this session (its stdin: it gave up on the copy) or the

@@ -499,10 +499,11 @@ def reach_forward(peer: dict, report: dict, early: socket.socket | None) -> Forw
     the consumer then runs in a session of its own over the master, as without one); the report says
     which."""
     timeout = float(peer["connect_timeout"]) + 10
+    deadline = time.monotonic() + timeout
     end = hear_answer(early, timeout)[0] if early is not None else None
     why = ""
-    if end is None:
-        end, why = open_forward(peer["forward"], timeout)
+    if end is None:  # within what is left of the wait: an end that never answered is not waited for twice
+        end, why = open_forward(peer["forward"], max(1.0, deadline - time.monotonic()))
     report["forward"] = "used" if end is not None else f"not used: {why}"
     return end
 

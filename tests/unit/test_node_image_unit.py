@@ -742,13 +742,15 @@ def test_a_classic_stores_inventory_is_read_from_its_files(tmp_path, monkeypatch
     ]
 
 
-def test_an_image_whose_layer_went_meanwhile_is_left_out_and_its_layers_sent(tmp_path, monkeypatch):
+def test_an_image_whose_layer_went_meanwhile_and_a_config_being_written_are_left_out(tmp_path, monkeypatch):
     from components.image_transfer import chain_ids
     from components.node_image.facts import parse_images
 
     root = tmp_path / "docker-root"
     a, b = "a" * 64, "b" * 64
     classic_store(root, {a: [L1], b: [L1, L2]}, {L1: 100, L2: 23})
+    configs = root / "image" / "overlay2" / "imagedb" / "content" / "sha256"
+    (configs / ".tmp-config123").write_text('{"rootfs": {"diff_ids": []}}')  # being written by Docker
     top = chain_ids([L1, L2])[1].removeprefix("sha256:")
     (root / "image" / "overlay2" / "layerdb" / "sha256" / top / "size").unlink()  # deleted while read
     report = classic_facts(tmp_path, monkeypatch, root)

@@ -719,3 +719,20 @@ def test_the_nudge_is_the_same_on_both_sides_and_the_end_holds_it_open_unanswere
     assert end.end()[-1]["served"]["bytes"] == 3
     nudge.settimeout(20)
     assert nudge.recv(1) == b""  # closed, unanswered, once the end has served
+
+
+def test_an_early_connection_whose_source_gave_up_is_dropped_and_the_next_attempt_served(tmp_path):
+    """A retried attempt forwards to the same end with the same token: the first attempt's connection,
+    held before the consumer was named, must not take the end with it."""
+    end = Listening(tmp_path)
+    first = connect(end.socket)
+    time.sleep(0.2)
+    first.close()  # that attempt died
+    time.sleep(0.2)
+    second = connect(end.socket)
+    end.start(py(COUNT_INPUT))
+    assert second.recv(1) == b"+"
+    second.sendall(b"xy")
+    second.shutdown(socket.SHUT_WR)
+    assert json.loads(received(second))["stdout"].endswith('{"got": 2}\n')
+    assert end.end()[-1]["served"]["bytes"] == 2
