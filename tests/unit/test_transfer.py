@@ -558,6 +558,22 @@ def test_a_consumer_that_fails_at_the_end_is_reported_as_the_stage_that_failed(t
     end.end()
 
 
+def unix_listener(path: str) -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    return listener
+
+
+def accepted(listener: socket.socket):
+    """Each connection the listener takes, until it is closed."""
+    while True:
+        try:
+            yield listener.accept()[0]
+        except OSError:
+            return
+
+
 class FakeEnd:
     """A stand-in for what the source meets at the forward's end: `mode` "close" (what ssh does when
     the destination's sshd refuses the forward: the connection closes at once), "refuse" (the end
@@ -565,18 +581,12 @@ class FakeEnd:
 
     def __init__(self, tmp_path: Path, mode: str):
         self.path = str(tmp_path / "fake-end.sock")
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
-        self.listener.listen(8)
+        self.listener = unix_listener(self.path)
         self.mode = mode
         threading.Thread(target=self.serve, daemon=True).start()
 
     def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
+        for conn in accepted(self.listener):
             with conn:
                 if self.mode == "close":
                     continue
@@ -632,20 +642,14 @@ class RecordingEnd:
     def __init__(self, tmp_path: Path):
         self.release = threading.Event()  # the connection stays open after the outcome until set
         self.path = str(tmp_path / "recording-end.sock")
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
-        self.listener.listen(8)
+        self.listener = unix_listener(self.path)
         self.tokens: list[str] = []
         self.nudges: list[socket.socket] = []
         self.go = threading.Event()
         threading.Thread(target=self.serve, daemon=True).start()
 
     def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
+        for conn in accepted(self.listener):
             token = conn.recv(len(TOKEN) + 1).decode().strip()
             if token in ("", NUDGE):
                 self.nudges.append(conn)  # the source's throwaway first channel: held open
