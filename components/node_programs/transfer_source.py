@@ -469,28 +469,45 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
                 close_detached(peer)
 
     try:
-        sink = None
         if peer:
             progress.update("connecting", 0, 0.0, force=True)
             if link is None:
                 link = PeerLink(peer, None)
                 link.start()
-            status, err = link.ready()
-            report["preflight"] = status
-            if status:
-                report["preflight_stderr"] = err[-2000:]
-                end_connection()
-                return finish(report, progress, started, Exit.FAILED)
-            sink, link.sink = link.sink, None
-            if sink is None and peer.get("forward") and spec.get("use_forward"):
-                reach = functools.partial(reach_forward, peer, report, link.take_early())
-        result = watched(spec, progress, started, say, sink, reach)
+            # The producers start at once; their start-up overlaps the connection coming up (what
+            # they make waits in the pipe), which `reach` waits for.
+            reach = functools.partial(connected_end, link, peer, spec, report)
+        try:
+            result = watched(spec, progress, started, say, reach)
+        except NotConnected:
+            end_connection()
+            return finish(report, progress, started, Exit.FAILED)
         report.update(result)
         failed = report["error"] or any(stage["status"] for stage in report["stages"])
         end_connection()
         return finish(report, progress, started, Exit.FAILED if failed else Exit.OK)
     finally:
         end_connection()
+
+
+class NotConnected(Exception):
+    """The connection to the destination could not be made (the report's preflight says why)."""
+
+
+def connected_end(
+    link: PeerLink, peer: dict, spec: dict, report: dict
+) -> subprocess.Popen | Forwarded | None:
+    """Once the connection is up: the destination's end opened early (its sink, or through the
+    forward), or None (the consumer is then run over the connection). Raises NotConnected."""
+    status, err = link.ready()
+    report["preflight"] = status
+    if status:
+        report["preflight_stderr"] = err[-2000:]
+        raise NotConnected
+    sink, link.sink = link.sink, None
+    if sink is None and peer.get("forward") and spec.get("use_forward"):
+        return reach_forward(peer, report, link.take_early())
+    return sink
 
 
 def reach_forward(peer: dict, report: dict, early: socket.socket | None) -> Forwarded | None:
@@ -556,20 +573,20 @@ def watched(
     progress: Progress,
     started: float,
     say,
-    sink: subprocess.Popen | None = None,
-    reach: Callable[[], Forwarded | None] | None = None,
+    reach: Callable[[], subprocess.Popen | Forwarded | None] | None = None,
 ) -> dict:
     """Run the stages and the consumer, copy and watch the stream between them; their outcome.
-    `sink`: the destination's end opened earlier (`transfer_sink`): told the consumer's argv first.
-    `reach`: reaches the destination's end through the forward once the producers run (their start
-    overlaps the wait for its answer; should it not answer, what they made waits in the pipe for the
-    consumer run the other way)."""
+    `reach`: called once the producers run (their start overlaps its wait): the destination's end
+    opened earlier (`transfer_sink`, told the consumer's argv first, or reached through the forward),
+    or None: the consumer is run over the connection, and what the producers made waits in the pipe
+    for it. It raises NotConnected when the connection could not be made (the producers are ended)."""
     stages = list(spec["stages"])
     consumer = spec["consumer"]
     stall_s, deadline_s = float(spec["stall_s"]), float(spec["deadline_s"])
     interval_s = float(spec.get("interval_s") or 1.0)
     procs, readers = [], []
     previous = subprocess.DEVNULL
+    sink = None
     for stage in stages:
         proc = subprocess.Popen(stage["argv"], stdin=previous, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if previous is not subprocess.DEVNULL:
@@ -577,7 +594,14 @@ def watched(
         previous = proc.stdout
         procs.append(proc)
     if sink is None and reach is not None:
-        sink = reach()
+        try:
+            sink = reach()
+        except NotConnected:
+            for proc in procs:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                proc.wait()
+            raise
     if sink is not None and not isinstance(sink, Forwarded) and consumer.get("sink_argv"):
         header = json.dumps({"argv": consumer["sink_argv"]}).encode()
         try:

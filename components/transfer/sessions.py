@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 
@@ -17,7 +18,7 @@ from components.transfer.timing import PhaseTimes
 
 @contextlib.contextmanager
 def ssh_sessions(times: PhaseTimes | None = None) -> Iterator[Callable[[str], str]]:
-    """Control paths for one operation's SSH connections; every master is closed at the end.
+    """Control paths for one operation's SSH connections; every master is asked to exit at the end.
 
     Connection setup dominates a short operation (each new SSH session costs a key exchange and the
     node's login shell); one master per node makes the many short commands cheap. `path(role)`
@@ -33,14 +34,25 @@ def ssh_sessions(times: PhaseTimes | None = None) -> Iterator[Callable[[str], st
         yield path
     finally:
         with times.span("close SSH masters") if times else contextlib.nullcontext():
-            close_masters(used.values())
-        shutil.rmtree(folder, ignore_errors=True)
+            # Asked at once; their answers (and the folder's removal) are waited for off the
+            # operation's path: the exit requests run on as processes of their own either way.
+            closing = ask_masters_to_exit(used.values())
+            threading.Thread(target=_reap, args=(closing, folder), daemon=True).start()
+
+
+def _reap(closing: list[subprocess.Popen], folder: str) -> None:
+    wait_for_exits(closing)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def close_masters(socket_paths: Collection[str]) -> None:
-    """Ask every master to exit, all at once; a master wedged on a dead link must not hang the
-    operation's cleanup (it is left to end by itself)."""
-    closing = [
+    """Ask every master to exit, all at once, and wait for their answers; a master wedged on a dead
+    link must not hang the operation's cleanup (it is left to end by itself)."""
+    wait_for_exits(ask_masters_to_exit(socket_paths))
+
+
+def ask_masters_to_exit(socket_paths: Collection[str]) -> list[subprocess.Popen]:
+    return [
         subprocess.Popen(
             ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
             stdin=subprocess.DEVNULL,
@@ -50,6 +62,9 @@ def close_masters(socket_paths: Collection[str]) -> None:
         for socket_path in socket_paths
         if os.path.exists(socket_path)
     ]
+
+
+def wait_for_exits(closing: list[subprocess.Popen]) -> None:
     deadline = time.monotonic() + 10
     for process in closing:
         try:

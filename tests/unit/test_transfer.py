@@ -197,9 +197,11 @@ def test_a_failed_connection_to_the_destination_sends_nothing(tmp_path):
         "connect": py("import sys; sys.stderr.write('Connection refused\\n'); sys.exit(255)"),
         "exit": ["true"],
     }
-    marker = tmp_path / "ran"
+    marker = tmp_path / "ran"  # the consumer's: it never runs (the producers may have started)
     job = Transfer(
-        "op-peer", (Stage("make", py(f"open({str(marker)!r}, 'w')")),), Stage("count", py(COUNT_INPUT))
+        "op-peer",
+        (Stage("make", py("import sys; sys.stdout.write('x' * 1000)")),),
+        Stage("count", py(f"open({str(marker)!r}, 'w')")),
     )
     spec = spec_for(job, peer=fake)
     argv = program_argv("transfer_source", ["run", json.dumps(spec)], PY)
@@ -348,8 +350,8 @@ def test_a_one_step_connection_that_fails_reports_the_ssh_error(tmp_path):
 
 
 def test_a_failed_one_step_connection_is_tried_again_as_a_master_then_refused(tmp_path):
-    """The one-step attempt failed, then the second (two-step) one: nothing is sent, and the run's
-    report carries the second attempt's status and error for PeerUnreachable."""
+    """The one-step attempt failed, then the second (two-step) one: nothing is sent (no consumer
+    runs), and the run's report carries the second attempt's status and error for PeerUnreachable."""
     marker, retried = tmp_path / "sent", tmp_path / "retried"
     peer = fake_peer(tmp_path, None)
     peer["control"] = str(tmp_path / "peer" / "m")
@@ -357,15 +359,17 @@ def test_a_failed_one_step_connection_is_tried_again_as_a_master_then_refused(tm
         f"import sys; open({str(retried)!r}, 'w'); sys.stderr.write('No route to host\\n'); sys.exit(254)"
     )
     sink = py("import sys; sys.stderr.write('Permission denied (publickey).\\n'); sys.exit(255)")
-    job = Transfer(
-        "op-refused", (Stage("make", py(f"open({str(marker)!r}, 'w')")),), Stage("count", py(COUNT_INPUT))
+    job = Transfer(  # the consumer never runs (the producers may have started)
+        "op-refused",
+        (Stage("make", py("import sys; sys.stdout.write('x' * 1000)")),),
+        Stage("count", py(f"open({str(marker)!r}, 'w')")),
     )
     run = spec_for(job)
     run.pop("peer")
     lines, done = serve({"before": None, "peer": peer, "sink": sink}, {"run": run})
     assert retried.exists(), "the failed one-step connection was not tried again"
     assert lines[-1]["preflight"] == 254 and "No route to host" in lines[-1]["preflight_stderr"], lines
-    assert not marker.exists()
+    assert not marker.exists() and lines[-1]["bytes"] == 0
 
 
 def test_a_failed_one_step_connection_that_succeeds_the_second_time_still_transfers(tmp_path):
@@ -379,6 +383,31 @@ def test_a_failed_one_step_connection_that_succeeds_the_second_time_still_transf
     lines, done = serve({"before": None, "peer": peer, "sink": sink}, {"run": run})
     assert done.returncode == 0, done.stderr
     assert lines[-1]["preflight"] == 0 and lines[-1]["consumer_report"] == {"got": 30_000}, lines
+
+
+def test_the_producers_start_while_the_connection_comes_up(tmp_path):
+    """The producers do not wait for the connection to the destination: here the connection comes
+    up only once the producer has started (it fails if it waits 20 s for that), and every byte
+    arrives."""
+    started = tmp_path / "producer-started"
+    peer = fake_peer(tmp_path, None)
+    peer["connect"] = py(
+        "import os, sys, time\n"
+        "deadline = time.monotonic() + 20\n"
+        f"while not os.path.exists({str(started)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        f"sys.exit(0 if os.path.exists({str(started)!r}) else 1)"
+    )
+    job = Transfer(
+        "op-overlap",
+        (Stage("make", py(f"import sys; open({str(started)!r}, 'w'); sys.stdout.write('q' * 50_000)")),),
+        Stage("count", py(COUNT_INPUT)),
+    )
+    run = spec_for(job)
+    run.pop("peer")
+    lines, done = serve({"before": None, "peer": peer}, {"run": run})
+    assert done.returncode == 0, done.stderr
+    assert lines[-1]["preflight"] == 0 and lines[-1]["consumer_report"] == {"got": 50_000}, lines
 
 
 # ---- the destination's end started by the orchestrator (`transfer_sink listen`) -------------------------
