@@ -203,6 +203,14 @@ class Stdin:
         return messages
 
 
+def gone(conn: socket.socket) -> bool:
+    """The source ended its side (before "+" it sends nothing else)."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+
+
 def read_line(conn: socket.socket, size: int) -> str:
     """The connection's first line (its token, or NUDGE), at most `size` bytes with its newline, not
     one byte more: what follows is the stream."""
@@ -292,6 +300,8 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
                     accepted.close()
             if conn is not None and consumer is not None:
                 try:
+                    if gone(conn):  # the source ended its side meanwhile: not served
+                        raise BrokenPipeError
                     conn.sendall(b"+")
                 except OSError:  # the source gave up waiting: listen for another attempt
                     conn.close()

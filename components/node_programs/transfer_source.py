@@ -464,6 +464,9 @@ def run(spec: dict, link: PeerLink | None = None) -> int:
         if not ended:
             ended.append(True)
             if link is not None:
+                # An attempt still under way (an error before the connection was waited for) ends
+                # first: a master that comes up after the close would be left behind.
+                link.join(2 * float(peer["connect_timeout"]) + 5)
                 link.discard()
             if peer:
                 close_detached(peer)
@@ -596,7 +599,7 @@ def watched(
     if sink is None and reach is not None:
         try:
             sink = reach()
-        except NotConnected:
+        except BaseException:  # not connected (or worse): the producers end with it
             for proc in procs:
                 with contextlib.suppress(OSError):
                     proc.kill()

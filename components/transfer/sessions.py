@@ -35,9 +35,9 @@ def ssh_sessions(times: PhaseTimes | None = None) -> Iterator[Callable[[str], st
     finally:
         with times.span("close SSH masters") if times else contextlib.nullcontext():
             # Asked at once; their answers (and the folder's removal) are waited for off the
-            # operation's path: the exit requests run on as processes of their own either way.
+            # operation's path, by a thread the process waits for at exit (at most ~10 s).
             closing = ask_masters_to_exit(used.values())
-            threading.Thread(target=_reap, args=(closing, folder), daemon=True).start()
+            threading.Thread(target=_reap, args=(closing, folder), daemon=False).start()
 
 
 def _reap(closing: list[subprocess.Popen], folder: str) -> None:

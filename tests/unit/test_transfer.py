@@ -4,6 +4,7 @@ producers and consumers, the orchestrator's backstop, and the failure classifica
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import stat
@@ -410,6 +411,30 @@ def test_the_producers_start_while_the_connection_comes_up(tmp_path):
     assert lines[-1]["preflight"] == 0 and lines[-1]["consumer_report"] == {"got": 50_000}, lines
 
 
+def test_producers_blocked_on_a_full_pipe_are_ended_when_the_connection_fails(tmp_path):
+    pid_file = tmp_path / "producer.pid"
+    peer = fake_peer(tmp_path, None)
+    peer["connect"] = py(
+        "import os, sys, time\n"
+        f"while not os.path.exists({str(pid_file)!r}):\n"
+        "    time.sleep(0.01)\n"
+        "sys.stderr.write('Connection timed out\\n'); sys.exit(255)"
+    )
+    code = (  # blocks on the full pipe; would outlive a closed pipe (as a slow `docker save` may)
+        f"import os, sys, time; open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "try:\n    sys.stdout.buffer.write(b'q' * (10 << 20))\n"
+        "except BrokenPipeError:\n    time.sleep(30)"
+    )
+    producer = f"exec({code!r})"  # one line: stage arguments carry no newline
+    job = Transfer("op-blocked", (Stage("make", py(producer)),), Stage("count", py(COUNT_INPUT)))
+    run = spec_for(job)
+    run.pop("peer")
+    lines, done = serve({"before": None, "peer": peer}, {"run": run})
+    assert lines[-1]["preflight"] == 255 and lines[-1]["bytes"] == 0, lines
+    pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
 # ---- the destination's end started by the orchestrator (`transfer_sink listen`) -------------------------
 
 TOKEN = "t" * 32
@@ -769,3 +794,23 @@ def test_an_early_connection_whose_source_gave_up_is_dropped_and_the_next_attemp
     second.shutdown(socket.SHUT_WR)
     assert json.loads(received(second))["stdout"].endswith('{"got": 2}\n')
     assert end.end()[-1]["served"]["bytes"] == 2
+
+
+def test_the_masters_folder_is_removed_even_when_the_process_ends_right_after_the_operation(tmp_path):
+    """Masters are asked to exit at the end of an operation and their answers waited for off its
+    path; a process ending at once (the provider at the end of `pulumi up`) still removes the folder."""
+    fake_ssh = tmp_path / "bin" / "ssh"
+    fake_ssh.parent.mkdir()
+    fake_ssh.write_text(f"#!{PY}\nimport time; time.sleep(0.3)\n")  # a master slow to answer
+    fake_ssh.chmod(0o755)
+    script = (
+        "from components.transfer import ssh_sessions\n"
+        "with ssh_sessions() as path:\n"
+        "    open(path('s'), 'w').close()  # a master's socket\n"
+        "    print(path('s').rsplit('/', 1)[0], flush=True)\n"
+    )
+    env = {**os.environ, "PATH": f"{fake_ssh.parent}:{os.environ['PATH']}"}
+    done = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    folder = Path(done.stdout.strip())
+    assert folder.name.startswith("qni-") and not folder.exists()
