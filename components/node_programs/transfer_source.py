@@ -589,14 +589,14 @@ def watched(
     interval_s = float(spec.get("interval_s") or 1.0)
     procs, readers = [], []
     previous = subprocess.DEVNULL
-    sink = None
     for stage in stages:
         proc = subprocess.Popen(stage["argv"], stdin=previous, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if previous is not subprocess.DEVNULL:
             previous.close()  # the next stage holds it now
         previous = proc.stdout
         procs.append(proc)
-    if sink is None and reach is not None:
+    sink = None
+    if reach is not None:
         try:
             sink = reach()
         except BaseException:  # not connected (or worse): the producers end with it
