@@ -38,8 +38,8 @@ class Exit(IntEnum):
 
 CONTENT_BLOBS = os.path.join("io.containerd.content.v1.content", "blobs", "sha256")
 SYSTEM_CONTAINERD_ROOT = "/var/lib/containerd"
+DIGEST_HEX = re.compile(r"[0-9a-f]{64}")  # an image's name in imagedb (its config's digest)
 # The inventory line read_classic_store builds: only when asked for this format are the files read.
-DIGEST_HEX = re.compile(r"[0-9a-f]{64}")
 FILES_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
 
 

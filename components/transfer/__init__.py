@@ -51,7 +51,7 @@ from components.transfer.pipeline import (
     run_transfer,
     run_watched,
 )
-from components.transfer.sessions import close_masters, ssh_sessions
+from components.transfer.sessions import ssh_sessions
 from components.transfer.timing import TIMING_ENV, PhaseTimes
 from components.transfer.tuning import GIB, Tuning, TuningError, tuning_from
 
@@ -74,7 +74,6 @@ __all__ = [
     "TransferResult",
     "Tuning",
     "TuningError",
-    "close_masters",
     "interpret",
     "peer_target",
     "peer_unreachable",

@@ -40,18 +40,8 @@ def ssh_sessions(times: PhaseTimes | None = None) -> Iterator[Callable[[str], st
             threading.Thread(target=_reap, args=(closing, folder), daemon=False).start()
 
 
-def _reap(closing: list[subprocess.Popen], folder: str) -> None:
-    wait_for_exits(closing)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def close_masters(socket_paths: Collection[str]) -> None:
-    """Ask every master to exit, all at once, and wait for their answers; a master wedged on a dead
-    link must not hang the operation's cleanup (it is left to end by itself)."""
-    wait_for_exits(ask_masters_to_exit(socket_paths))
-
-
 def ask_masters_to_exit(socket_paths: Collection[str]) -> list[subprocess.Popen]:
+    """Ask every master to exit, all at once."""
     return [
         subprocess.Popen(
             ["ssh", "-F", "/dev/null", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"],
@@ -64,7 +54,9 @@ def ask_masters_to_exit(socket_paths: Collection[str]) -> list[subprocess.Popen]
     ]
 
 
-def wait_for_exits(closing: list[subprocess.Popen]) -> None:
+def _reap(closing: list[subprocess.Popen], folder: str) -> None:
+    """Wait for the masters' answers, then remove their folder; a master wedged on a dead link must
+    not hold the process (it is left to end by itself)."""
     deadline = time.monotonic() + 10
     for process in closing:
         try:
@@ -72,3 +64,4 @@ def wait_for_exits(closing: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    shutil.rmtree(folder, ignore_errors=True)
