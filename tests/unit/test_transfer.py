@@ -481,6 +481,16 @@ def received(conn: socket.socket) -> bytes:
     return data
 
 
+def stream_counted(end: Listening, conn: socket.socket, data: bytes) -> None:
+    """Through `conn`, answered `+`: `data` into the end's counting consumer (COUNT_INPUT), which
+    reports every byte, as does the end once its session ends."""
+    assert conn.recv(1) == b"+"
+    conn.sendall(data)
+    conn.shutdown(socket.SHUT_WR)
+    assert json.loads(received(conn))["stdout"].endswith(json.dumps({"got": len(data)}) + "\n")
+    assert end.end()[-1]["served"]["bytes"] == len(data)
+
+
 def test_the_listening_end_inspects_then_serves_the_stream_into_a_consumer_started_before_it(tmp_path):
     started = tmp_path / "started"
     end = Listening(tmp_path, py("print('facts of the destination')"))
@@ -513,11 +523,7 @@ def test_a_connection_first_waits_for_its_consumer_and_a_wrong_token_is_refused(
     conn = connect(end.socket)
     time.sleep(0.3)
     end.start(py(COUNT_INPUT))  # named after the source connected
-    assert conn.recv(1) == b"+"
-    conn.sendall(b"12345")
-    conn.shutdown(socket.SHUT_WR)
-    assert json.loads(received(conn))["stdout"].endswith('{"got": 5}\n')
-    assert end.end()[-1]["served"]["bytes"] == 5
+    stream_counted(end, conn, b"12345")
 
 
 def test_an_end_never_reached_ends_its_consumer_unfed(tmp_path):
@@ -770,11 +776,7 @@ def test_the_nudge_is_the_same_on_both_sides_and_the_end_holds_it_open_unanswere
     with pytest.raises(TimeoutError):
         nudge.recv(1)  # neither answered nor closed while the end waits for its consumer
     end.start(py(COUNT_INPUT))
-    assert conn.recv(1) == b"+"
-    conn.sendall(b"abc")
-    conn.shutdown(socket.SHUT_WR)
-    assert json.loads(received(conn))["stdout"].endswith('{"got": 3}\n')
-    assert end.end()[-1]["served"]["bytes"] == 3
+    stream_counted(end, conn, b"abc")
     nudge.settimeout(20)
     assert nudge.recv(1) == b""  # closed, unanswered, once the end has served
 
@@ -789,11 +791,7 @@ def test_an_early_connection_whose_source_gave_up_is_dropped_and_the_next_attemp
     time.sleep(0.2)
     second = connect(end.socket)
     end.start(py(COUNT_INPUT))
-    assert second.recv(1) == b"+"
-    second.sendall(b"xy")
-    second.shutdown(socket.SHUT_WR)
-    assert json.loads(received(second))["stdout"].endswith('{"got": 2}\n')
-    assert end.end()[-1]["served"]["bytes"] == 2
+    stream_counted(end, second, b"xy")
 
 
 def test_the_masters_folder_is_removed_even_when_the_process_ends_right_after_the_operation(tmp_path):
