@@ -8,10 +8,11 @@ import re
 from dataclasses import dataclass, field
 
 from components.node_image.nodes import Node
-from components.node_programs.image_tag import INSPECT_FORMAT
+from components.node_programs.engine_api import INFO_FORMAT as INFO_FORMAT  # (re-exported)
+from components.node_programs.engine_api import INSPECT_FORMAT
 
-INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}\t{{.Driver}}"
-# One image per line: its ID, its layer list, its size (what image_tag's Engine API path builds too).
+# `docker info`'s line (INFO_FORMAT): the store's kind, Docker's root, version and storage driver.
+# One image per line: its ID, its layer list, its size (the line the Engine API's answers build too).
 IMAGE_FORMAT = INSPECT_FORMAT
 
 

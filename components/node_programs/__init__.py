@@ -1,11 +1,15 @@
 """Code shipped to nodes and run THERE (a runtime of its own, apart from the Pulumi program and the
 provider process).
 
-Every program here is one standalone file, standard library only, that prints one JSON report on
-stdout (progress and human lines go to stderr). It travels inside the command itself
-(`program_argv`): nothing is copied to the node, and `python3 -I -S` keeps whatever is installed
-there (PYTHON* variables, user or site packages) from changing it. The orchestrator imports the same
-files as modules to read their declared exit codes and markers, so each is declared once.
+Every program here is one file, standard library only, that prints one JSON report on stdout
+(progress and human lines go to stderr). It travels inside the command itself (`program_argv`):
+nothing is copied to the node, and `python3 -I -S` keeps whatever is installed there (PYTHON*
+variables, user or site packages) from changing it. The orchestrator imports the same files as
+modules to read their declared exit codes and markers, so each is declared once.
+
+A program may import a library from this folder (`from components.node_programs import engine_api`,
+at the start of a line): `program_argv` ships the library's source with the program and installs it
+under that same name before the program runs, so the import reads the same on a node as here.
 """
 
 from __future__ import annotations
@@ -29,9 +33,44 @@ def program_text(name: str) -> str:
     return (FOLDER / f"{name}.py").read_text()
 
 
+_LIBRARY_IMPORT = re.compile(r"^from components\.node_programs import ([a-z][a-z0-9_]*)\s*(?:#.*)?$", re.M)
+# Run on the node before the program: its libraries as modules under their names here (a package
+# that exists only in sys.modules: `-I -S` leaves nothing on sys.path that could shadow it).
+_INSTALL = """import sys, types
+for _name in ("components", "components.node_programs"):
+    sys.modules[_name] = types.ModuleType(_name)
+    sys.modules[_name].__path__ = []
+sys.modules["components"].node_programs = sys.modules["components.node_programs"]
+for _name, _text in LIBRARIES:
+    _module = types.ModuleType("components.node_programs." + _name)
+    sys.modules[_module.__name__] = _module
+    exec(compile(_text, _name + ".py", "exec"), _module.__dict__)
+    setattr(sys.modules["components.node_programs"], _name, _module)
+del sys, types, _name, _text, _module
+exec(compile(PROGRAM, PROGRAM_NAME + ".py", "exec"))
+"""
+
+
+@functools.cache
+def libraries(name: str) -> tuple[str, ...]:
+    """The libraries program `name` imports from this folder, each after the ones it imports."""
+    found: list[str] = []
+    for library in _LIBRARY_IMPORT.findall(program_text(name)):
+        for needed in (*libraries(library), library):
+            if needed not in found:
+                found.append(needed)
+    return tuple(found)
+
+
 @functools.cache
 def _loader(name: str) -> str:
-    packed = base64.b64encode(zlib.compress(program_text(name).encode(), 9)).decode()
+    if libraries(name):
+        bundled = [(library, program_text(library)) for library in libraries(name)]
+        program = program_text(name)
+        text = f"LIBRARIES = {bundled!r}\nPROGRAM = {program!r}\nPROGRAM_NAME = {name!r}\n{_INSTALL}"
+    else:
+        text = program_text(name)
+    packed = base64.b64encode(zlib.compress(text.encode(), 9)).decode()
     return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
 
 

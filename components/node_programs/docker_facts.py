@@ -7,9 +7,13 @@ ref in image_format, "" when absent), and as asked: `history` (ref's layer sizes
 image's inspect line), `free` (bytes available under Docker's root), `blobs` (the layer blobs of a
 containerd store's content store: dockerd's own containerd under its root, or the system's;
 `blobs_listed` false and `blobs_unlisted` saying why when none could be read), and
-`python` (the system python3, not a version manager's shim). The docker commands that do not
-depend on each other run at once (the inventory waits for `docker info`: the store's kind and
-root decide where it is read).
+`python` (the system python3, not a version manager's shim).
+
+They come from the Engine API where the CLI would ask the same daemon over a plain unix socket
+(`engine_api`: a few ms, where each CLI command is a process start), else from the CLI, whose
+commands that do not depend on each other run at once (the inventory waits for `docker info`: the
+store's kind and root decide where it is read). `facts_from` says which: "engine api" or "docker";
+an API that failed midway leaves `api_error` and the CLI answers everything.
 
 The inventory (`images`) of a classic store is read from the store's own files where this user can
 read them: its image configs (`image/<driver>/imagedb`) and its layers' sizes (`layerdb`), the same
@@ -24,9 +28,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from enum import IntEnum
+
+from components.node_programs import engine_api
+from components.node_programs.engine_api import INFO_FORMAT, INSPECT_FORMAT
 
 
 class Exit(IntEnum):
@@ -40,16 +46,19 @@ CONTENT_BLOBS = os.path.join("io.containerd.content.v1.content", "blobs", "sha25
 SYSTEM_CONTAINERD_ROOT = "/var/lib/containerd"
 DIGEST_HEX = re.compile(r"[0-9a-f]{64}")  # an image's name in imagedb (its config's digest)
 # The inventory line read_classic_store builds: only when asked for this format are the files read.
-FILES_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"
+FILES_FORMAT = INSPECT_FORMAT
+API_TIMEOUT_S = 30.0  # a daemon that does not answer a few-kB request in this time: ask the CLI
 
 
-def start(*args: str) -> subprocess.Popen:
+def start(*args: str):
+    import subprocess  # (only the CLI's path pays for the import)
+
     return subprocess.Popen(
         ["docker", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+def finish(proc) -> tuple[int, str, str]:
     out, err = proc.communicate()
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
@@ -131,7 +140,7 @@ def docker_inventory(image_format: str) -> tuple[str | None, str]:
     return (None, err) if status else (lines, "")
 
 
-def drain(*procs: subprocess.Popen | None) -> None:
+def drain(*procs) -> None:
     for proc in procs:
         if proc is not None:
             finish(proc)
@@ -164,6 +173,43 @@ def inventory(spec: dict, info_out: str, report: dict) -> bool:
 
 
 def facts(spec: dict) -> tuple[Exit, dict]:
+    """The report: from the Engine API where the CLI would ask the same daemon (a few ms, where each
+    CLI command is a process start); should the API fail at any step, all of it from the CLI."""
+    engine = engine_api.engine_socket()
+    if engine and (spec["info_format"], spec["image_format"]) == (INFO_FORMAT, INSPECT_FORMAT):
+        try:
+            return api_facts(engine, spec)
+        except engine_api.FAILED as exc:
+            status, report = cli_facts(spec)
+            report["api_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            return status, report
+    return cli_facts(spec)
+
+
+def api_facts(engine: str, spec: dict) -> tuple[Exit, dict]:
+    ref = engine_api.quote(spec["ref"])
+    status, info = engine_api.get_json(engine, "/info", API_TIMEOUT_S)
+    if status != 200:
+        raise engine_api.EngineError(f"GET /info: status {status}")
+    info_out = engine_api.info_line(info)
+    report: dict = {"info": info_out, "image": "", "python": "python3", "facts_from": "engine api"}
+    if spec.get("inventory") and not inventory(spec, info_out, report):
+        return Exit.INVENTORY_FAILED, report
+    status, found = engine_api.get_json(engine, f"/images/{ref}/json", API_TIMEOUT_S)
+    if status not in (200, 404):
+        raise engine_api.EngineError(f"GET /images/…/json: status {status}")
+    report["image"] = engine_api.image_line(found) if status == 200 else ""
+    if spec.get("history"):
+        status, layers = engine_api.get_json(engine, f"/images/{ref}/history", API_TIMEOUT_S)
+        if status not in (200, 404):
+            raise engine_api.EngineError(f"GET /images/…/history: status {status}")
+        # one size per line, newest layer first, as `docker history` prints them; absent: nothing
+        report["history"] = "".join(f"{layer['Size']}\n" for layer in layers) if status == 200 else ""
+    report["python"] = system_python()
+    return Exit.OK, report
+
+
+def cli_facts(spec: dict) -> tuple[Exit, dict]:
     ref = spec["ref"]
     info = start("info", "--format", spec["info_format"])
     image = start("image", "inspect", "--format", spec["image_format"], ref)
@@ -173,7 +219,7 @@ def facts(spec: dict) -> tuple[Exit, dict]:
         else None
     )
     status, info_out, info_err = finish(info)
-    report: dict = {"info": info_out.strip(), "image": "", "python": "python3"}
+    report: dict = {"info": info_out.strip(), "image": "", "python": "python3", "facts_from": "docker"}
     if status:
         drain(image, history)
         report["stderr"] = info_err.strip()[-2000:]
@@ -186,9 +232,13 @@ def facts(spec: dict) -> tuple[Exit, dict]:
     report["image"] = image_out.strip() if found == 0 else ""
     if history is not None:
         report["history"] = finish(history)[1]
-    # The system interpreter on the default PATH, not a version manager's shim.
-    report["python"] = shutil.which("python3", path=os.defpath) or "python3"
+    report["python"] = system_python()
     return Exit.OK, report
+
+
+def system_python() -> str:
+    """The system interpreter on the default PATH, not a version manager's shim."""
+    return shutil.which("python3", path=os.defpath) or "python3"
 
 
 def main(argv: list[str]) -> int:

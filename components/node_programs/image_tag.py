@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
-import urllib.parse
 from enum import IntEnum
+
+from components.node_programs import engine_api
+from components.node_programs.engine_api import INSPECT_FORMAT, engine_socket, quote
 
 
 class Exit(IntEnum):
@@ -65,8 +65,6 @@ def docker(*args: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
 # API does the same in a few ms. It is used only once it has found the temporary tag just loaded (a
 # name no other image has: the same daemon); anything else, the CLI.
 
-INSPECT_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"  # the line the API path builds too
-
 
 class Cli:
     def inspect(self, ref: str, fmt: str) -> tuple[int, str, bytes]:
@@ -82,50 +80,25 @@ class Cli:
         return done.returncode, done.stderr
 
 
-class UnixHTTP(http.client.HTTPConnection):
-    def __init__(self, path: str):
-        super().__init__("localhost")  # no time limit, as the CLI has none (removing an image can be slow)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.socket_path)
-
-
 class Api:
     def __init__(self, path: str):
         self.path = path
 
-    def call(self, method: str, url: str) -> tuple[int, bytes]:
-        conn = UnixHTTP(self.path)
-        try:
-            conn.request(method, url)
-            answer = conn.getresponse()
-            return answer.status, answer.read()
-        finally:
-            conn.close()
-
     def inspect(self, ref: str, fmt: str) -> tuple[int, str, bytes]:
-        status, body = self.call("GET", f"/images/{quote(ref)}/json")
+        status, body = engine_api.call(self.path, "GET", f"/images/{quote(ref)}/json")
         if status != 200:
             return 1, "", body
-        found = json.loads(body)
-        layers = json.dumps((found.get("RootFS") or {}).get("Layers"), separators=(",", ":"))
-        return 0, f"{json.dumps(found['Id'])}\t{layers}\t{found.get('Size') or 0}", b""
+        return 0, engine_api.image_line(json.loads(body)), b""
 
     def tag(self, source: str, ref: str) -> tuple[int, bytes]:
         repo, tag = split_ref(ref)
-        query = urllib.parse.urlencode({"repo": repo, "tag": tag})
-        status, body = self.call("POST", f"/images/{quote(source)}/tag?{query}")
+        query = f"repo={quote(repo, '')}&tag={quote(tag, '')}"
+        status, body = engine_api.call(self.path, "POST", f"/images/{quote(source)}/tag?{query}")
         return (0, b"") if status in (200, 201) else (1, body)
 
     def untag(self, ref: str) -> tuple[int, bytes]:
-        status, body = self.call("DELETE", f"/images/{quote(ref)}")
+        status, body = engine_api.call(self.path, "DELETE", f"/images/{quote(ref)}")
         return (0, b"") if status == 200 else (1, body)
-
-
-def quote(ref: str) -> str:
-    return urllib.parse.quote(ref, safe="/:@")
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -133,27 +106,7 @@ def split_ref(ref: str) -> tuple[str, str]:
     return (name, tag) if name and "/" not in tag else (ref, "latest")
 
 
-def engine_socket() -> str | None:
-    """The daemon's unix socket as the docker CLI would pick it, when that is plain: DOCKER_HOST
-    unix://…, or no DOCKER_HOST, no context chosen and the default socket. None: ask the CLI."""
-    host = os.environ.get("DOCKER_HOST", "")
-    if host:
-        return host[len("unix://") :] if host.startswith("unix://") else None
-    if os.environ.get("DOCKER_CONTEXT"):
-        return None
-    config = os.path.join(os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker"), "config.json")
-    try:
-        with open(config) as handle:
-            if json.load(handle).get("currentContext") not in (None, "", "default"):
-                return None
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, AttributeError):
-        return None
-    return "/var/run/docker.sock"
-
-
-API_FAILED = (OSError, http.client.HTTPException, ValueError, KeyError, TypeError)
+API_FAILED = engine_api.FAILED
 
 
 def engine_for(tmp_ref: str, fmt: str) -> tuple[Cli | Api, tuple[int, str, bytes] | None]:
@@ -189,7 +142,7 @@ def records():
 
 
 def record_path(folder: str, ref: str) -> str:
-    return os.path.join(folder, urllib.parse.quote(ref, safe="") + ".json")
+    return os.path.join(folder, quote(ref, safe="") + ".json")
 
 
 def read_record(path: str) -> dict | None:

@@ -176,3 +176,31 @@ def test_the_inventory_read_from_a_classic_stores_files_is_what_the_daemon_repor
     ids = sorted(set(lab.docker(node, "image", "ls", "-a", "-q", "--no-trunc").out.split()))
     daemon = parse_images(lab.docker(node, "image", "inspect", "--format", IMAGE_FORMAT, *ids).out)
     assert len(ids) >= 3 and sorted(parse_images(report["images"]), key=lambda i: i.image_id) == daemon
+
+
+@pytest.mark.parametrize("name", ["node-a", "node-c", "node-d"])
+def test_the_facts_the_engine_api_gives_are_the_clis(name, node_a, node_c, node_d, images_on_c):
+    """The Engine API answers the facts where the CLI would reach the same socket: on Docker 20.10,
+    on 26 and on a containerd store, the same daemon, image line and layer sizes as the CLI's own
+    commands (asked for by a format the API path does not build, so the CLI answers)."""
+    import json
+
+    from components.node_image.docker_on import facts_argv
+    from components.node_image.facts import INFO_FORMAT, parse_daemon, parse_images
+
+    node = {"node-a": node_a, "node-c": node_c, "node-d": node_d}[name]
+
+    def facts(info_format: str) -> dict:
+        argv = facts_argv("ni-eng:1", history=True)
+        spec = json.loads(argv[-1])
+        argv[-1] = json.dumps({**spec, "info_format": info_format})
+        return json.loads(lab.on_node(node, argv).out.splitlines()[-1])
+
+    api, cli = facts(INFO_FORMAT), facts(INFO_FORMAT + '{{""}}')  # (the same line, another format)
+    assert (api["facts_from"], cli["facts_from"]) == ("engine api", "docker") and "api_error" not in api
+    assert parse_daemon(api["info"]) == parse_daemon(cli["info"])
+    assert json.loads(api["info"].split("\t")[0]) == json.loads(cli["info"].split("\t")[0])  # driver status
+    assert parse_images(api["image"]) == parse_images(cli["image"]) != []
+    assert api["history"].split() == cli["history"].split() and len(api["history"].split()) >= 3
+    absent = json.loads(lab.on_node(node, facts_argv("ni-eng:absent", history=True)).out.splitlines()[-1])
+    assert absent["facts_from"] == "engine api" and absent["image"] == absent["history"] == ""

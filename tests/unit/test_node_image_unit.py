@@ -529,6 +529,9 @@ class StandinEngine:
         self.requests: list[str] = []
         self.refs = {tmp_ref: loaded}
         self.drop_delete_answer = False
+        self.info: dict | None = None  # GET /info's answer (404 when None)
+        self.histories: dict[str, list] = {}  # GET /images/<ref>/history's answers
+        self.broken: set[str] = set()  # paths answered 500
         engine = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -547,6 +550,14 @@ class StandinEngine:
 
             def do_GET(self):
                 engine.requests.append(f"GET {self.path}")
+                if self.path in engine.broken:
+                    return self.answer(500, {"message": "broken"})
+                if self.path == "/info":
+                    return self.answer(200, engine.info) if engine.info else self.answer(404, {})
+                if self.path.endswith("/history"):
+                    ref = urllib.parse.unquote(self.path.removeprefix("/images/").removesuffix("/history"))
+                    found = engine.histories.get(ref)
+                    return self.answer(200, found) if found is not None else self.answer(404, {})
                 ref = urllib.parse.unquote(self.path.removeprefix("/images/").removesuffix("/json"))
                 self.answer(200, engine.refs[ref]) if ref in engine.refs else self.answer(404, {})
 
@@ -628,8 +639,11 @@ def test_destination_loads_verifies_and_promotes_in_one_program(
 
 
 FACTS_DOCKER = """#!{python}
-import os, sys
+import json, os, sys
 args = sys.argv[1:]
+if os.environ.get("FAKE_DOCKER_LOG"):
+    with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
+        log.write(json.dumps(args[:2]) + "\\n")
 if args[0] == "info":
     status = '[["driver-type","io.containerd.snapshotter.v1"]]'
     print(status + '\\t' + os.environ["FAKE_ROOT"] + '\\t29.0.0\\toverlayfs')
@@ -646,7 +660,10 @@ else:
 """
 
 
-def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["cli", "api", "api failing midway"])
+def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch, engine):
+    """The same facts whether the Engine API answers (where DOCKER_HOST is a plain unix socket) or
+    the CLI does; an API that fails midway leaves every answer to the CLI and says why."""
     import subprocess
     import sys
 
@@ -660,11 +677,33 @@ def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch):
     blobs = root / "containerd" / "daemon" / "io.containerd.content.v1.content" / "blobs" / "sha256"
     blobs.mkdir(parents=True)
     (blobs / L1.split(":")[1]).write_bytes(b"")
+    log = tmp_path / "calls"
     monkeypatch.setenv("PATH", f"{docker.parent}:/usr/bin:/bin")
     monkeypatch.setenv("FAKE_ROOT", str(root))
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
+    api = None
+    if engine != "cli":
+        api = StandinEngine(
+            tmp_path, "app:1", {"Id": "sha256:ab", "RootFS": {"Layers": [L1, L2]}, "Size": 123}
+        )
+        status = [["driver-type", "io.containerd.snapshotter.v1"]]
+        api.info = {
+            "DriverStatus": status,
+            "DockerRootDir": str(root),
+            "ServerVersion": "29.0.0",
+            "Driver": "overlayfs",
+        }
+        api.histories["app:1"] = [{"Size": 0}, {"Size": 100}, {"Size": 23}]
+        if engine == "api failing midway":
+            api.broken.add("/images/app:1/history")
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{api.path}")
     argv = facts_argv("app:1", history=True, inventory=True)
     argv[0] = sys.executable
-    done = subprocess.run(argv, capture_output=True, timeout=60)
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=60)
+    finally:
+        if api is not None:
+            api.close()
     assert done.returncode == 0, done.stderr
     facts = parse_facts(Node.from_dict("d", node("b", "h2")), "app:1", done.stdout.decode(), True, True, True)
     assert facts.daemon == Daemon("containerd", str(root), "29.0.0", "overlayfs")
@@ -675,6 +714,16 @@ def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch):
     ]
     assert [i.image_id for i in facts.images] == ["sha256:a", "sha256:b"]  # each image once
     assert facts.blobs == frozenset({L1}) and facts.free > 0 and facts.python.endswith("python3")
+    report = json.loads(done.stdout.decode().splitlines()[-1])
+    calls = {tuple(json.loads(line)) for line in log.read_text().splitlines()}
+    inventory = {("image", "ls"), ("image", "inspect")}  # a containerd store's: asked of the daemon
+    if engine == "api":
+        assert report["facts_from"] == "engine api" and calls == inventory, calls
+        assert api.requests == ["GET /info", "GET /images/app:1/json", "GET /images/app:1/history"]
+    else:
+        asked = inventory | {("info", "--format"), ("history", "--no-trunc")}
+        assert report["facts_from"] == "docker" and calls == asked, calls
+        assert ("status 500" in report["api_error"]) if api else ("api_error" in report)  # (no socket)
 
 
 CLASSIC_DOCKER = """#!{python}
@@ -976,28 +1025,28 @@ def test_a_transfer_without_a_report_is_an_error_not_a_crash():
 
 
 def test_the_engine_api_is_used_only_where_the_cli_would_pick_the_same_plain_socket(tmp_path, monkeypatch):
-    from components.node_programs import image_tag
+    from components.node_programs import engine_api
 
     config = tmp_path / "docker-config"
     config.mkdir()
     monkeypatch.setenv("DOCKER_CONFIG", str(config))
     monkeypatch.delenv("DOCKER_CONTEXT", raising=False)
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")  # rootless, say
-    assert image_tag.engine_socket() == "/run/user/1000/docker.sock"
+    assert engine_api.engine_socket() == "/run/user/1000/docker.sock"
     for elsewhere in ("tcp://10.0.0.9:2376", "ssh://ops@spark-1"):
         monkeypatch.setenv("DOCKER_HOST", elsewhere)
-        assert image_tag.engine_socket() is None
+        assert engine_api.engine_socket() is None
     monkeypatch.delenv("DOCKER_HOST")
-    assert image_tag.engine_socket() == "/var/run/docker.sock"  # no config: the default
+    assert engine_api.engine_socket() == "/var/run/docker.sock"  # no config: the default
     (config / "config.json").write_text(json.dumps({"currentContext": "default"}))
-    assert image_tag.engine_socket() == "/var/run/docker.sock"
+    assert engine_api.engine_socket() == "/var/run/docker.sock"
     (config / "config.json").write_text(json.dumps({"currentContext": "remote-box"}))
-    assert image_tag.engine_socket() is None  # a context chosen: the CLI knows where it leads
+    assert engine_api.engine_socket() is None  # a context chosen: the CLI knows where it leads
     (config / "config.json").write_text("{not json")
-    assert image_tag.engine_socket() is None
+    assert engine_api.engine_socket() is None
     (config / "config.json").unlink()
     monkeypatch.setenv("DOCKER_CONTEXT", "remote-box")
-    assert image_tag.engine_socket() is None
+    assert engine_api.engine_socket() is None
 
 
 def run_load(tmp_path, monkeypatch, api: StandinEngine | None) -> tuple[dict, list]:

@@ -1,0 +1,150 @@
+"""The node programs' packing (a program and the libraries it imports, as one command) and their
+Engine API library, tested without a node or a daemon."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import urllib.parse
+
+import pytest
+
+import components.node_programs as node_programs
+from components.node_programs import engine_api, libraries, program_argv
+
+
+@pytest.fixture
+def programs_in(tmp_path, monkeypatch):
+    """Point the packing at a folder of test programs (its caches cleared before and after)."""
+
+    def clear():
+        for cached in (node_programs.program_text, node_programs.libraries, node_programs._loader):
+            cached.cache_clear()
+
+    clear()
+    monkeypatch.setattr(node_programs, "FOLDER", tmp_path)
+    yield tmp_path
+    clear()
+
+
+def test_a_program_runs_with_the_libraries_it_imports_under_their_names_here(programs_in, tmp_path):
+    (programs_in / "lib_low.py").write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\n\n"
+        "@dataclass(frozen=True)\nclass Point:\n    x: int\n\nWHERE = __name__\n"
+    )
+    (programs_in / "lib_high.py").write_text(
+        "from components.node_programs import lib_low  # the one below\n\n"
+        "def point(x):\n    return lib_low.Point(x)\n\n"
+        "def fail():\n    raise RuntimeError('in the library')\n"
+    )
+    (programs_in / "prog.py").write_text(
+        "import json, sys\n"
+        "from components.node_programs import lib_high\n"
+        "from components.node_programs import lib_low\n"
+        "if __name__ == '__main__':\n"
+        "    if sys.argv[1:] == ['fail']:\n"
+        "        lib_high.fail()\n"
+        "    print(json.dumps({'x': lib_high.point(3).x, 'where': lib_low.WHERE, 'args': sys.argv[1:]}))\n"
+    )
+    (programs_in / "plain.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    assert libraries("prog") == ("lib_low", "lib_high")  # each after what it imports, once
+    assert libraries("plain") == ()
+    empty = tmp_path / "elsewhere"  # no `components` package anywhere near the program
+    empty.mkdir()
+    done = subprocess.run(
+        program_argv("prog", ["a b"], sys.executable), cwd=empty, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"x": 3, "where": "components.node_programs.lib_low", "args": ["a b"]}
+    failed = subprocess.run(
+        program_argv("prog", ["fail"], sys.executable), cwd=empty, capture_output=True, text=True, timeout=30
+    )
+    assert failed.returncode == 1 and 'File "lib_high.py"' in failed.stderr  # tracebacks name the file
+    plain = subprocess.run(program_argv("plain", ["x"], sys.executable), capture_output=True, text=True)
+    assert plain.stdout.strip() == "['x']"
+
+
+def test_the_docker_programs_carry_the_engine_api():
+    assert libraries("docker_facts") == ("engine_api",) and libraries("image_tag") == ("engine_api",)
+    assert libraries("transfer_sink") == () and libraries("engine_api") == ()
+
+
+@pytest.mark.parametrize("safe", ["/:@", ""])
+def test_quote_is_urllib_quote(safe):
+    for text in (
+        "app:1",
+        "registry.lan:5000/team/vllm-node:qwen35-abc",
+        "a b+c&d=e?f#g%h",
+        "ünï/cödé",
+        "~_.-",
+    ):
+        assert engine_api.quote(text, safe) == urllib.parse.quote(text, safe=safe)
+
+
+def test_an_answer_is_read_by_its_length_or_chunks_and_refused_when_incomplete():
+    assert engine_api.parse_answer(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}") == (200, b"{}")
+    assert engine_api.parse_answer(b"HTTP/1.1 404 Not Found\r\n\r\n{}\n") == (404, b"{}\n")  # to the close
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n[1,\r\n2;x=y\r\n2]\r\n0\r\n\r\n"
+    assert engine_api.parse_answer(chunked) == (200, b"[1,2]")
+    for broken in (
+        b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\n{}",  # cut short
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",  # cut short, chunked
+        b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n",  # no end of headers
+        b"SSH-2.0-OpenSSH_9.2\r\n\r\n",  # not HTTP
+        b"",
+    ):
+        with pytest.raises(engine_api.EngineError):
+            engine_api.parse_answer(broken)
+
+
+def serve_once(path: str, answer: bytes | None) -> tuple[threading.Thread, list[bytes]]:
+    """A unix socket at `path` that reads one request and sends `answer` (None: closes at once)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    asked: list[bytes] = []
+
+    def run():
+        conn, _ = listener.accept()
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request and answer is not None:
+                request += conn.recv(4096)
+            asked.append(request)
+            if answer is not None:
+                conn.sendall(answer)
+        listener.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, asked
+
+
+def test_a_request_is_one_http_1_0_exchange_and_a_dropped_one_is_a_failure(tmp_path):
+    path = str(tmp_path / "engine.sock")
+    thread, asked = serve_once(path, b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"ok": 1}')
+    assert engine_api.get_json(path, "/images/app:1/json", timeout=10) == (200, {"ok": 1})
+    thread.join(5)
+    assert asked[0].startswith(b"GET /images/app:1/json HTTP/1.0\r\n")
+    (tmp_path / "engine.sock").unlink()
+    thread, _ = serve_once(path, None)
+    with pytest.raises(engine_api.FAILED):
+        engine_api.call(path, "DELETE", "/images/app:1", timeout=10)
+    thread.join(5)
+    with pytest.raises(engine_api.FAILED):  # nobody there
+        engine_api.call(str(tmp_path / "none.sock"), "GET", "/info", timeout=10)
+
+
+def test_the_lines_built_from_the_apis_answers_are_the_formats_lines():
+    found = {"Id": "sha256:ab", "RootFS": {"Layers": ["sha256:1", "sha256:2"]}, "Size": 7}
+    assert engine_api.image_line(found) == '"sha256:ab"\t["sha256:1","sha256:2"]\t7'
+    assert engine_api.image_line({"Id": "sha256:ab", "RootFS": {}}) == '"sha256:ab"\tnull\t0'  # as Go's
+    info = {"DriverStatus": [["Backing Filesystem", "extfs"]], "DockerRootDir": "/d", "ServerVersion": "26"}
+    assert (
+        engine_api.info_line({**info, "Driver": "overlay2"})
+        == '[["Backing Filesystem","extfs"]]\t/d\t26\toverlay2'
+    )
+    assert engine_api.info_line({**info, "DriverStatus": None}).startswith("null\t")
