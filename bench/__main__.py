@@ -22,6 +22,7 @@ from bench import checkpoint as checkpoint_bench
 from bench import median_run, spread
 from components.node_image import Node, NodeImageProvider, Tuning, peer_target
 from components.remote import bash_argv, shell_join, ssh_argv
+from components.transfer.peer import NODE_PYTHON
 from lab.logins import counted_logins
 
 BASE = "bench-base:2"
@@ -88,8 +89,9 @@ def clear(node: lab.LabNode) -> None:
 
 
 def peer_ssh(dst: lab.LabNode, argv: list[str]) -> list[str]:
-    """The source's ssh to the destination, with the same options NodeImage uses."""
-    return ssh_argv(peer_target(Node.from_dict("destination", node_dict(dst)), Tuning()), argv)
+    """The source's ssh to the destination, with the same options NodeImage uses (its dialer too)."""
+    target = peer_target(Node.from_dict("destination", node_dict(dst)), Tuning())
+    return ssh_argv(target, argv, dial_with=NODE_PYTHON)
 
 
 def timed(node: lab.LabNode, script: str) -> float:

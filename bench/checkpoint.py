@@ -20,7 +20,8 @@ import lab
 from bench import median_run, spread
 from components.checkpoint import CheckpointProvider
 from components.checkpoint.programs import repo_dir_name
-from components.remote import bash_argv, shell_join, ssh_argv, ssh_options
+from components.remote import bash_argv, shell_join, ssh_argv, ssh_command, ssh_options
+from components.transfer.peer import NODE_PYTHON
 from lab.layout import data_dir
 from lab.remote import ssh_target
 from lab.standin_hub import StandinHub, generate_repo
@@ -112,13 +113,15 @@ def rows(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
 
     say("raw SSH, rsync -a, ours")
     blobs = " ".join(shell_join([str(p)]) for p in sorted((repo_src / "blobs").iterdir()))
-    sink = shell_join(ssh_argv(ssh_target(dst), ["dd", "of=/dev/null", "bs=1M", "status=none"]))
+    # (run on the source: the node's ssh dialer, as ours uses for its connection to the destination)
+    discard = ["dd", "of=/dev/null", "bs=1M", "status=none"]
+    sink = shell_join(ssh_argv(ssh_target(dst), discard, dial_with=NODE_PYTHON))
     timed(src, f"cat {blobs} > /dev/null")  # page cache warm for every case alike
     raw_s = timed(src, f"cat {blobs} | {sink}")
     out.append(("raw SSH link (same bytes)", raw_s, total / MIB, f"{total / MIB / raw_s:.0f} MiB/s ceiling"))
 
     rsync_dest = cache_dir(dst) / "rsync" / repo_dir_name(REPO)
-    rsh = shell_join(["ssh", *ssh_options(ssh_target(dst))])
+    rsh = shell_join([*ssh_command(NODE_PYTHON), *ssh_options(ssh_target(dst), dial_with=NODE_PYTHON)])
     rsync = shell_join(["rsync", "-a", "-e", rsh, f"{repo_src}/", f"{dst.user}@{dst.host}:{rsync_dest}/"])
     runs = []  # (rsync s, ours s, ours' outputs), alternately, into empty destinations
     for _ in range(REPEATS):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -131,7 +132,7 @@ def run_probe(props: dict[str, Any], deadline_s: float) -> dict[str, Any]:
     argv = probe_argv(props, deadline_s)
     result = run_relaying(
         target.label,
-        ssh_argv(target, argv),
+        ssh_argv(target, argv, dial_with=sys.executable),
         argv,
         probe_program(props.get("api_key")),
         deadline_s + TRANSPORT_SLACK_S,

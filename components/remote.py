@@ -9,11 +9,15 @@ from __future__ import annotations
 import random
 import re
 import shlex
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Protocol
+
+from components.node_programs import program_argv
 
 # ssh exits 255 when the connection itself failed; any other status is the remote command's.
 SSH_TRANSPORT_FAILURE = 255
@@ -47,11 +51,17 @@ class RemoteError(RuntimeError):
         return "\n".join(lines)
 
 
+# What ssh adds after its dialer (`tcp_dial`) failed to connect, below the dialer's own message (ssh's
+# usual "ssh: connect to host H port P: REASON"): noise that would push the reason out of a tail.
+_DIALER_NOISE = ("mm_receive_fd: ", "proxy dialer did not pass back a connection")
+
+
 def stderr_tail(text: bytes | str, lines: int = 8) -> str:
     """The last lines of a command's error output, for messages meant for people."""
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
-    return "\n".join(text.strip().splitlines()[-lines:])
+    kept = [line for line in text.strip().splitlines() if not line.startswith(_DIALER_NOISE)]
+    return "\n".join(kept[-lines:])
 
 
 def shell_join(argv: Sequence[str]) -> str:
@@ -149,8 +159,14 @@ CIPHERS = ",".join(
 )
 
 
-def ssh_options(target: SshTarget, control_path: str | None = None) -> list[str]:
+def ssh_options(
+    target: SshTarget, control_path: str | None = None, dial_with: str | None = None
+) -> list[str]:
     """The SSH options for a node, each with its reason. Pure, so it is tested without a node.
+
+    `dial_with`: a Python interpreter on the machine that will run this ssh (`sys.executable` here,
+    `python3` on a node); ssh then connects through `node_programs/tcp_dial.py`, with TCP_NODELAY from
+    the first packet (~40 ms less per connection). None: ssh connects by itself.
 
     Never add `-v` here (use `-E <file>` to debug): a command's ssh that becomes a ControlPersist
     master backgrounds itself with its stdio on /dev/null only without `-v`; with it, the master
@@ -179,6 +195,10 @@ def ssh_options(target: SshTarget, control_path: str | None = None) -> list[str]
     if target.proxy_jump:
         # The jump host is checked against the same pinned known_hosts.
         opts += ["-o", f"ProxyCommand={shell_join(_proxy_command(target))}"]
+    elif dial_with:
+        # No ~40 ms waits for delayed acknowledgements during the key exchange and login.
+        dial = dial_command(dial_with, target.connect_timeout)
+        opts += ["-o", f"ProxyCommand={dial}", "-o", "ProxyUseFdpass=yes"]
     if control_path:
         # Reuse one connection for the many short commands of an inspection.
         opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_path}", "-o", "ControlPersist=60"]
@@ -199,9 +219,27 @@ def _proxy_command(target: SshTarget) -> list[str]:
     return ["ssh", *ssh_options(jump), "-W", "%h:%p", jump.destination]
 
 
-def ssh_argv(target: SshTarget, argv: Sequence[str], control_path: str | None = None) -> list[str]:
-    """The local argv that runs `argv` on the node."""
-    return ["ssh", *ssh_options(target, control_path), target.destination, "--", shell_join(argv)]
+def ssh_command(dial_with: str | None = None) -> list[str]:
+    """The ssh to run with `ssh_options(…, dial_with)`. ssh starts its ProxyCommand (the dialer) with
+    `$SHELL -c`; a login shell that is bash reads ~/.bashrc there (its stdin is a socket, which bash
+    takes for a remote login), and a slow rc file (`conda init`) would cost every connection what the
+    dialer saves. /bin/sh reads no rc file for `-c`."""
+    return ["env", "SHELL=/bin/sh", "ssh"] if dial_with else ["ssh"]
+
+
+def dial_command(python: str, connect_timeout: int) -> str:
+    """ssh's ProxyCommand that connects through `tcp_dial` run by `python` (ssh fills in %h and %p;
+    a literal % in the interpreter's path is doubled for it)."""
+    argv = program_argv("tcp_dial", ["%h", "%p", str(connect_timeout)], python.replace("%", "%%"))
+    return shell_join(argv)
+
+
+def ssh_argv(
+    target: SshTarget, argv: Sequence[str], control_path: str | None = None, dial_with: str | None = None
+) -> list[str]:
+    """The argv that runs `argv` on the node (`dial_with`: see ssh_options)."""
+    options = ssh_options(target, control_path, dial_with)
+    return [*ssh_command(dial_with), *options, target.destination, "--", shell_join(argv)]
 
 
 class Transport(Protocol):
@@ -232,6 +270,10 @@ def _run_local(
         raise RemoteError(node, argv, -1, exc.stderr or b"", f"timed out after {timeout:g} s") from exc
     except FileNotFoundError as exc:
         raise RemoteError(node, argv, 127, str(exc), f"install {local_argv[0]!r} on this machine") from exc
+    if proc.returncode == 127 and local_argv[0] == "env":  # (ssh_command's env: the program after it)
+        program = next(arg for arg in local_argv[1:] if "=" not in arg)
+        if shutil.which(program) is None:
+            raise RemoteError(node, argv, 127, proc.stderr, f"install {program!r} on this machine")
     return Result(tuple(argv), proc.returncode, proc.stdout, proc.stderr, node)
 
 
@@ -262,7 +304,8 @@ class SshTransport:
             object.__setattr__(self, "name", self.target.label)
 
     def run(self, argv, stdin=None, timeout=None) -> Result:
-        return _run_local(self.name, ssh_argv(self.target, argv, self.control_path), argv, stdin, timeout)
+        local = ssh_argv(self.target, argv, self.control_path, dial_with=sys.executable)
+        return _run_local(self.name, local, argv, stdin, timeout)
 
 
 def with_retries(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -167,7 +168,7 @@ def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> st
         tell_operator(transfer_line(operation, "hub", target.label, done, total, elapsed))
 
     outcome = transfer.run_watched(
-        ssh_argv(target, fetch_argv(props, owner)),
+        ssh_argv(target, fetch_argv(props, owner), dial_with=sys.executable),
         deadline,
         FETCH_STALL_S,
         margin_s=0.0,

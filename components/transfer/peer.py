@@ -20,8 +20,11 @@ from dataclasses import dataclass
 
 from components.node_programs import program_argv
 from components.node_programs.transfer_source import Exit
-from components.remote import SshTarget, ssh_argv, ssh_options, stderr_tail
+from components.remote import SshTarget, ssh_argv, ssh_command, ssh_options, stderr_tail
 from components.transfer.endpoints import Endpoint
+
+# The interpreter that runs the source's ssh dialer (`tcp_dial`): the node's, as every node program's.
+NODE_PYTHON = "python3"
 
 
 class PeerUnreachable(RuntimeError):
@@ -55,8 +58,9 @@ class Peer:
         return f"{self.folder}/m"
 
     def argv(self, argv: list[str]) -> list[str]:
-        """`argv` run on the destination from the source, over the master."""
-        return ssh_argv(self.target, argv, self.control_path)
+        """`argv` run on the destination from the source, over the master (a new connection should it
+        be gone, through the dialer run by the node's python3)."""
+        return ssh_argv(self.target, argv, self.control_path, dial_with=NODE_PYTHON)
 
     def spec(self) -> dict:
         """What `transfer_source` needs to make, check and end the master (every ssh argv ready-made)."""
@@ -81,11 +85,11 @@ class Peer:
             "check": [*control, "-O", "check", "x"],
             "exit": [*control, "-O", "exit", "x"],
             "connect": [
-                "ssh",
+                *ssh_command(NODE_PYTHON),
                 # First value wins in ssh: this overrides the ControlMaster=auto of ssh_options.
                 "-o",
                 "ControlMaster=yes",
-                *ssh_options(self.target, self.control_path),
+                *ssh_options(self.target, self.control_path, dial_with=NODE_PYTHON),
                 *forward,
                 "-f",
                 "-N",

@@ -15,6 +15,7 @@ import contextlib
 import json
 import secrets
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -332,7 +333,7 @@ def run_transfer(
     on the source itself (same node)."""
     spec = run_spec(transfer, source, destination, peer, tuning)
     program = program_argv("transfer_source", ["run", json.dumps(spec, separators=(",", ":"))], python)
-    local = ssh_argv(source.target, program, source_control_path)
+    local = ssh_argv(source.target, program, source_control_path, dial_with=sys.executable)
     outcome = run_watched(
         local,
         tuning.deadline_s,
@@ -435,7 +436,7 @@ class SourceSession:
             "sink": peer.sink_argv(python) if peer and not peer.forward else None,
         }
         program = program_argv("transfer_source", ["serve", json.dumps(spec, separators=(",", ":"))], python)
-        argv = ssh_argv(source.target, program, control_path)
+        argv = ssh_argv(source.target, program, control_path, dial_with=sys.executable)
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
@@ -540,7 +541,7 @@ class DestinationEnd:
         }
         program = program_argv("transfer_sink", ["listen", json.dumps(spec, separators=(",", ":"))], python)
         self.proc = subprocess.Popen(
-            ssh_argv(destination.target, program, control_path),
+            ssh_argv(destination.target, program, control_path, dial_with=sys.executable),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -289,7 +289,7 @@ def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_
     from components.transfer import pipeline
 
     monkeypatch.setattr(pipeline, "SAY_EVERY_S", 0.3)
-    monkeypatch.setattr(provider, "ssh_argv", lambda target, argv, control_path=None: list(argv))
+    monkeypatch.setattr(provider, "ssh_argv", lambda target, argv, *_, **__: list(argv))
     props = {
         "node": {"name": "spark-1", "host": "127.0.0.9", "user": "u", "known_hosts": "/kh"},
         "repo": REPO,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import pickle
+import sys
 import urllib.parse
 from pathlib import Path
 
@@ -246,10 +247,15 @@ def test_peer_master_lives_in_a_private_folder_on_the_source():
     assert spec["check"][-3:] == ["-O", "check", "x"] and "ControlPath=/tmp/qni-x/m" in spec["check"]
     connect = spec["connect"]
     # a new master, no remote shell, pinned keys from ssh_options
-    assert connect[:3] == ["ssh", "-o", "ControlMaster=yes"] and connect[-3:] == ["-f", "-N", "ops@10.0.0.2"]
+    assert connect[:5] == ["env", "SHELL=/bin/sh", "ssh", "-o", "ControlMaster=yes"]  # (see ssh_command)
+    assert connect[-3:] == ["-f", "-N", "ops@10.0.0.2"]
     assert "StrictHostKeyChecking=yes" in connect and "ControlPath=/tmp/qni-x/m" in connect
+    # dialed by the node's python3 (never this machine's interpreter: the command runs on the source)
+    dial = next(o for o in connect if o.startswith("ProxyCommand="))
+    assert dial.startswith("ProxyCommand=python3 -I -S -c ") and sys.executable not in " ".join(connect)
     sink = peer.sink_argv()  # the destination's end, opened over the master
-    assert sink[0] == "ssh" and "ControlPath=/tmp/qni-x/m" in sink and "transfer_sink" not in sink[-1]
+    assert sink[:3] == ["env", "SHELL=/bin/sh", "ssh"] and "ControlPath=/tmp/qni-x/m" in sink
+    assert "transfer_sink" not in sink[-1]
     assert sink[-1].startswith("python3 -I -S -c ")
     assert peer.close_argv()[:4] == ["python3", "-I", "-S", "-c"] and peer.close_argv()[5] == "close"
 

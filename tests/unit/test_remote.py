@@ -82,6 +82,104 @@ def test_proxy_jump_uses_the_same_pinned_keys():
     assert _opt(proxy, "UserKnownHostsFile") == "/k/kh" and _opt(proxy, "StrictHostKeyChecking") == "yes"
 
 
+def test_a_dialer_connects_for_ssh_where_asked_and_never_before_a_jump():
+    """`dial_with`: ssh connects through node_programs/tcp_dial.py run by that interpreter; a target
+    behind a jump keeps the jump's ProxyCommand (the hop's own connection is not dialed)."""
+    assert _opt(ssh_options(TARGET), "ProxyCommand") is None  # not asked: ssh connects by itself
+    opts = ssh_options(TARGET, dial_with="/opt/py 100%/bin/python3")
+    dial = shlex.split(_opt(opts, "ProxyCommand"))
+    assert _opt(opts, "ProxyUseFdpass") == "yes"
+    assert dial[:4] == ["/opt/py 100%%/bin/python3", "-I", "-S", "-c"]  # ssh's % tokens: a literal % doubled
+    assert dial[5:] == ["%h", "%p", "10"]  # ssh fills in the host and port; ConnectTimeout for the dial
+    behind = SshTarget(host="192.168.200.13", user="a", known_hosts="/k/kh", proxy_jump="a@10.1.230.180:22")
+    jump = shlex.split(_opt(ssh_options(behind, dial_with="python3"), "ProxyCommand"))
+    assert jump[0] == "ssh" and "ProxyUseFdpass=yes" not in ssh_options(behind, dial_with="python3")
+
+
+def test_the_dialer_hands_ssh_a_connected_socket_without_nagle(tmp_path):
+    import array
+    import socket
+    import subprocess
+    import sys
+
+    from components.node_programs import program_argv
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    ours, theirs = socket.socketpair()  # what ssh gives its dialer as stdout
+    port = str(listener.getsockname()[1])
+    with ours, theirs, listener:
+        done = subprocess.run(
+            program_argv("tcp_dial", ["127.0.0.1", port, "5"], sys.executable), stdout=theirs, timeout=30
+        )
+        assert done.returncode == 0
+        fds = array.array("i")
+        data, ancillary, _, _ = ours.recvmsg(1, socket.CMSG_SPACE(fds.itemsize))
+        fds.frombytes(ancillary[0][2][: fds.itemsize])
+        with socket.socket(fileno=fds[0]) as conn:
+            accepted, _ = listener.accept()
+            with accepted:
+                assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+                assert conn.gettimeout() is None  # blocking, as ssh's own connect() leaves it
+                conn.sendall(b"SSH-2.0-x\r\n")
+                assert accepted.recv(64) == b"SSH-2.0-x\r\n"
+
+
+def test_a_failed_dial_says_what_ssh_would(tmp_path):
+    """The dialer's message is ssh's own, and the lines ssh adds after it are left out of a tail: an
+    operator reads the same reason with or without the dialer."""
+    import socket
+    import subprocess
+    import sys
+
+    from components.remote import stderr_tail
+
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    target = SshTarget(host="127.0.0.1", user="x", known_hosts=str(tmp_path / "kh"), port=port)
+    reasons = []
+    for dial_with in (None, sys.executable):
+        done = subprocess.run(ssh_argv(target, ["true"], dial_with=dial_with), capture_output=True, text=True)
+        assert done.returncode == 255
+        reasons.append(stderr_tail(done.stderr, 1))
+    assert reasons == [f"ssh: connect to host 127.0.0.1 port {port}: Connection refused"] * 2
+
+
+def test_the_dialer_is_started_by_a_shell_that_reads_no_rc_file(tmp_path, monkeypatch):
+    """ssh starts its ProxyCommand with `$SHELL -c`: bash there reads ~/.bashrc (stdin is a socket,
+    which it takes for a remote login; on a source node SSH_CLIENT says so too). Dialed ssh runs with
+    SHELL=/bin/sh, so a slow rc file costs nothing; without it, bash reads it (the control)."""
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / ".bashrc").write_text(f"echo read >> {tmp_path / 'read'}\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SHELL", "/bin/bash")
+    monkeypatch.setenv("SSH_CLIENT", "10.0.0.1 50000 22")  # as inside the source's session
+    monkeypatch.delenv("SHLVL", raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    target = SshTarget(host="127.0.0.1", user="x", known_hosts=str(tmp_path / "kh"), port=port)
+    argv = ssh_argv(target, ["true"], dial_with=sys.executable)
+    assert argv[:3] == ["env", "SHELL=/bin/sh", "ssh"]
+    assert subprocess.run(argv, capture_output=True).returncode == 255
+    assert not (tmp_path / "read").exists()
+    assert subprocess.run(argv[2:], capture_output=True).returncode == 255  # the user's bash instead
+    assert (tmp_path / "read").read_text() == "read\n"
+
+
+def test_no_ssh_on_this_machine_says_so(tmp_path, monkeypatch):
+    import shutil
+
+    from components.remote import SshTransport
+
+    (tmp_path / "env").symlink_to(shutil.which("env"))  # env, and no ssh, on the PATH
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RemoteError) as raised:
+        SshTransport(TARGET).run(["true"], timeout=30)
+    assert raised.value.hint == "install 'ssh' on this machine"
+
+
 def test_ssh_argv_quotes_the_remote_command_once():
     argv = ssh_argv(TARGET, ["docker", "tag", "a:b", "c d"])
     assert argv[0] == "ssh" and argv[-3:] == ["aurora@10.0.0.1", "--", "docker tag a:b 'c d'"]
