@@ -34,7 +34,14 @@ def program_text(name: str) -> str:
     return (FOLDER / f"{name}.py").read_text()
 
 
-_LIBRARY_IMPORT = re.compile(r"^from components\.node_programs import ([a-z][a-z0-9_]*)\s*(?:#.*)?$", re.M)
+# The two ways a program imports a library: `from components.node_programs import NAME` and
+# `from components.node_programs.NAME import …`, each at the start of a line.
+_LIBRARY_IMPORT = re.compile(
+    r"^from components\.node_programs"
+    r"(?: import ([a-z][a-z0-9_]*)\s*(?:#.*)?|\.([a-z][a-z0-9_]*) import .*)$",
+    re.M,
+)
+_ANY_IMPORT = re.compile(r"^\s*(?:from|import)\s+components\.node_programs\b", re.M)
 # Run on the node before the program: its libraries as modules under their names here (a package
 # that exists only in sys.modules: `-I -S` leaves nothing on sys.path that could shadow it).
 _INSTALL = """import sys, types
@@ -47,16 +54,25 @@ for _name, _text in LIBRARIES:
     sys.modules[_module.__name__] = _module
     exec(compile(_text, _name + ".py", "exec"), _module.__dict__)
     setattr(sys.modules["components.node_programs"], _name, _module)
-del sys, types, _name, _text, _module
-exec(compile(PROGRAM, PROGRAM_NAME + ".py", "exec"))
+del sys, types, _name, _text, _module, LIBRARIES
+exec(compile(globals().pop("PROGRAM"), globals().pop("PROGRAM_NAME") + ".py", "exec"))
 """
 
 
 @functools.cache
 def libraries(name: str) -> tuple[str, ...]:
-    """The libraries program `name` imports from this folder, each after the ones it imports."""
+    """The libraries program `name` imports from this folder, each after the ones it imports; a
+    ValueError for an import from this folder in any other form (it would work here, not on a node)."""
+    text = program_text(name)
+    imports = _LIBRARY_IMPORT.findall(text)
+    if len(_ANY_IMPORT.findall(text)) != len(imports):
+        raise ValueError(
+            f"node program {name}: import a library as `from components.node_programs import NAME` "
+            "or `from components.node_programs.NAME import …`, at the start of a line: other forms "
+            "are not shipped to the node"
+        )
     found: list[str] = []
-    for library in _LIBRARY_IMPORT.findall(program_text(name)):
+    for library in (first or second for first, second in imports):
         for needed in (*libraries(library), library):
             if needed not in found:
                 found.append(needed)

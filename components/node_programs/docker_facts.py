@@ -173,40 +173,46 @@ def inventory(spec: dict, info_out: str, report: dict) -> bool:
 
 
 def facts(spec: dict) -> tuple[Exit, dict]:
-    """The report: from the Engine API where the CLI would ask the same daemon (a few ms, where each
-    CLI command is a process start); should the API fail at any step, all of it from the CLI."""
+    """The report: the daemon, the image and its history from the Engine API where the CLI would ask
+    the same daemon (a few ms, where each CLI command is a process start); should the API fail at
+    any of them, all of them from the CLI."""
     engine = engine_api.engine_socket()
-    if engine and (spec["info_format"], spec["image_format"]) == (INFO_FORMAT, INSPECT_FORMAT):
-        try:
-            return api_facts(engine, spec)
-        except engine_api.FAILED as exc:
-            status, report = cli_facts(spec)
-            report["api_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            return status, report
-    return cli_facts(spec)
+    if not engine or (spec["info_format"], spec["image_format"]) != (INFO_FORMAT, INSPECT_FORMAT):
+        return cli_facts(spec)
+    try:
+        info_out, image_out, history_out = api_answers(engine, spec)
+    except engine_api.FAILED as exc:
+        status, report = cli_facts(spec)
+        report["api_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        return status, report
+    report: dict = {"info": info_out, "image": image_out, "python": "python3", "facts_from": "engine api"}
+    if spec.get("inventory") and not inventory(spec, info_out, report):
+        return Exit.INVENTORY_FAILED, report
+    if history_out is not None:
+        report["history"] = history_out
+    report["python"] = system_python()
+    return Exit.OK, report
 
 
-def api_facts(engine: str, spec: dict) -> tuple[Exit, dict]:
+def api_answers(engine: str, spec: dict) -> tuple[str, str, str | None]:
+    """The lines `docker info`, `docker image inspect` and `docker history` would print (the image's
+    and its history "" when absent; the history None when not asked for)."""
     ref = engine_api.quote(spec["ref"])
     status, info = engine_api.get_json(engine, "/info", API_TIMEOUT_S)
     if status != 200:
         raise engine_api.EngineError(f"GET /info: status {status}")
     info_out = engine_api.info_line(info)
-    report: dict = {"info": info_out, "image": "", "python": "python3", "facts_from": "engine api"}
-    if spec.get("inventory") and not inventory(spec, info_out, report):
-        return Exit.INVENTORY_FAILED, report
     status, found = engine_api.get_json(engine, f"/images/{ref}/json", API_TIMEOUT_S)
     if status not in (200, 404):
         raise engine_api.EngineError(f"GET /images/…/json: status {status}")
-    report["image"] = engine_api.image_line(found) if status == 200 else ""
-    if spec.get("history"):
-        status, layers = engine_api.get_json(engine, f"/images/{ref}/history", API_TIMEOUT_S)
-        if status not in (200, 404):
-            raise engine_api.EngineError(f"GET /images/…/history: status {status}")
-        # one size per line, newest layer first, as `docker history` prints them; absent: nothing
-        report["history"] = "".join(f"{layer['Size']}\n" for layer in layers) if status == 200 else ""
-    report["python"] = system_python()
-    return Exit.OK, report
+    image_out = engine_api.image_line(found) if status == 200 else ""
+    if not spec.get("history"):
+        return info_out, image_out, None
+    status, layers = engine_api.get_json(engine, f"/images/{ref}/history", API_TIMEOUT_S)
+    if status not in (200, 404):
+        raise engine_api.EngineError(f"GET /images/…/history: status {status}")
+    # one size per line, newest layer first, as `docker history` prints them; absent: nothing
+    return info_out, image_out, "".join(f"{layer['Size']}\n" for layer in layers) if status == 200 else ""
 
 
 def cli_facts(spec: dict) -> tuple[Exit, dict]:

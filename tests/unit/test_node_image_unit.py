@@ -659,6 +659,9 @@ elif args[:2] == ["image", "inspect"]:
     print("\\n".join('"' + ref + '"\\t["{l1}"]\\t5' for ref in args[4:]))
 elif args[0] == "history":
     print("0\\n100\\n23")
+elif args[:2] == ["image", "ls"] and os.environ.get("FAKE_LS_FAILS"):
+    sys.stderr.write("permission denied\\n")
+    sys.exit(1)
 elif args[:2] == ["image", "ls"]:
     print("sha256:b\\nsha256:a\\nsha256:b")
 else:
@@ -730,6 +733,38 @@ def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch, engine):
         asked = inventory | {("info", "--format"), ("history", "--no-trunc")}
         assert report["facts_from"] == "docker" and calls == asked, calls
         assert ("status 500" in report["api_error"]) if api else ("api_error" in report)  # (no socket)
+
+
+def test_an_inventory_that_fails_after_the_api_answered_is_not_asked_again(tmp_path, monkeypatch):
+    """Only the API's own requests fall back to the CLI: an inventory the daemon refuses is the
+    report's failure, said once (not every fact asked again of the CLI)."""
+    import subprocess
+    import sys
+
+    from components.node_image.docker_on import facts_argv
+
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir()
+    docker.write_text(FACTS_DOCKER.format(python=sys.executable, l1=L1, l2=L2))
+    docker.chmod(0o755)
+    log = tmp_path / "calls"
+    for name, value in (("PATH", f"{docker.parent}:/usr/bin:/bin"), ("FAKE_DOCKER_LOG", str(log))):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FAKE_LS_FAILS", "1")
+    api = StandinEngine(tmp_path, "app:1", {"Id": "sha256:ab", "RootFS": {"Layers": [L1]}, "Size": 1})
+    status = [["driver-type", "io.containerd.snapshotter.v1"]]
+    api.info = {"DriverStatus": status, "DockerRootDir": str(tmp_path), "ServerVersion": "29", "Driver": "x"}
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{api.path}")
+    argv = facts_argv("app:1", inventory=True)
+    argv[0] = sys.executable
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=60)
+    finally:
+        api.close()
+    report = json.loads(done.stdout.decode().splitlines()[-1])
+    assert done.returncode == 4 and report["facts_from"] == "engine api" and "api_error" not in report
+    assert "permission denied" in report["stderr"]
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [["image", "ls"]]
 
 
 CLASSIC_DOCKER = """#!{python}

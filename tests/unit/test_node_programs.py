@@ -47,7 +47,10 @@ def test_a_program_runs_with_the_libraries_it_imports_under_their_names_here(pro
         "if __name__ == '__main__':\n"
         "    if sys.argv[1:] == ['fail']:\n"
         "        lib_high.fail()\n"
-        "    print(json.dumps({'x': lib_high.point(3).x, 'where': lib_low.WHERE, 'args': sys.argv[1:]}))\n"
+        "    names = ('LIBRARIES', 'PROGRAM', 'PROGRAM_NAME', '_module')\n"
+        "    leaked = sorted(n for n in names if n in globals())\n"
+        "    found = {'x': lib_high.point(3).x, 'where': lib_low.WHERE, 'args': sys.argv[1:]}\n"
+        "    print(json.dumps({**found, 'leaked': leaked}))\n"
     )
     (programs_in / "plain.py").write_text("import sys\nprint(sys.argv[1:])\n")
     assert libraries("prog") == ("lib_low", "lib_high")  # each after what it imports, once
@@ -58,13 +61,36 @@ def test_a_program_runs_with_the_libraries_it_imports_under_their_names_here(pro
         program_argv("prog", ["a b"], sys.executable), cwd=empty, capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"x": 3, "where": "components.node_programs.lib_low", "args": ["a b"]}
+    assert json.loads(done.stdout) == {
+        "x": 3,
+        "where": "components.node_programs.lib_low",
+        "args": ["a b"],
+        "leaked": [],  # the packing's own names are gone before the program runs
+    }
     failed = subprocess.run(
         program_argv("prog", ["fail"], sys.executable), cwd=empty, capture_output=True, text=True, timeout=30
     )
     assert failed.returncode == 1 and 'File "lib_high.py"' in failed.stderr  # tracebacks name the file
     plain = subprocess.run(program_argv("plain", ["x"], sys.executable), capture_output=True, text=True)
     assert plain.stdout.strip() == "['x']"
+
+
+def test_an_import_the_packing_would_not_ship_is_refused(programs_in):
+    (programs_in / "lib_low.py").write_text("WHERE = __name__\n")
+    (programs_in / "named.py").write_text(
+        "from components.node_programs.lib_low import WHERE\nprint(WHERE)\n"
+    )
+    assert libraries("named") == ("lib_low",)
+    assert subprocess.run(program_argv("named", [], sys.executable), capture_output=True).returncode == 0
+    for refused in (
+        "import components.node_programs.lib_low\n",
+        "from components.node_programs import lib_low, lib_high\n",
+        "def f():\n    from components.node_programs import lib_low\n",
+    ):
+        (programs_in / "odd.py").write_text(refused)
+        node_programs.libraries.cache_clear()
+        with pytest.raises(ValueError, match="other forms are not shipped"):
+            libraries("odd")
 
 
 def test_the_docker_programs_carry_the_engine_api():
