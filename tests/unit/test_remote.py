@@ -119,6 +119,7 @@ def test_the_dialer_hands_ssh_a_connected_socket_without_nagle(tmp_path):
             accepted, _ = listener.accept()
             with accepted:
                 assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+                assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1  # as ssh's own
                 assert conn.gettimeout() is None  # blocking, as ssh's own connect() leaves it
                 conn.sendall(b"SSH-2.0-x\r\n")
                 assert accepted.recv(64) == b"SSH-2.0-x\r\n"
