@@ -83,6 +83,19 @@ def own_folder(folder: str) -> bool | None:
         return None
 
 
+def dialing_env(folder: str) -> dict[str, str]:
+    """The environment of an ssh to the destination, whose dialer (ProxyCommand `python3 … tcp_dial`)
+    must run under this program's own Python: a version manager's `python3` shim first on the login
+    PATH (pyenv's is a shell script) would cost each connection more than the dialer saves. `python3`
+    in the connection's private folder links to this interpreter, and that folder comes first on
+    PATH (nothing else in it is a program: ssh, docker and the rest are found as before)."""
+    if not sys.executable:
+        return dict(os.environ)
+    with contextlib.suppress(FileExistsError):
+        os.symlink(sys.executable, os.path.join(folder, "python3"))
+    return {**os.environ, "PATH": os.pathsep.join([folder, os.environ.get("PATH", os.defpath)])}
+
+
 def connect(peer: dict) -> tuple[int, str]:
     """Make sure the control master is up: (exit status, stderr of a failed attempt)."""
     folder = peer["folder"]
@@ -96,8 +109,9 @@ def connect(peer: dict) -> tuple[int, str]:
     errors = os.path.join(folder, "err")
     # The master's stderr goes to a file: a backgrounded master must not hold a session's pipes.
     with open(errors, "wb") as err:
+        dialing = dialing_env(folder)
         status = subprocess.run(
-            peer["connect"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+            peer["connect"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=dialing
         )
     if status.returncode == 0:
         return 0, ""
@@ -123,8 +137,9 @@ def connect_with_sink(peer: dict, sink_argv: list[str]) -> tuple[int, str, subpr
     """Start the destination's end over a connection of its own that becomes the master: (0, "", the
     sink) once the master's socket is there (authenticated), else the ssh's exit status and stderr."""
     try:
+        dialing = dialing_env(peer["folder"])
         sink = subprocess.Popen(
-            sink_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            sink_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dialing
         )
     except OSError as exc:
         return Exit.FAILED, f"cannot start ssh: {exc}", None

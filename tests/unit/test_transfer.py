@@ -812,3 +812,29 @@ def test_the_masters_folder_is_removed_even_when_the_process_ends_right_after_th
     assert done.returncode == 0, done.stderr
     folder = Path(done.stdout.strip())
     assert folder.name.startswith("qni-") and not folder.exists()
+
+
+def test_the_sources_ssh_dials_with_the_python_running_it_not_a_shim_first_on_path(tmp_path, monkeypatch):
+    """A version manager's `python3` shim first on the login PATH is passed over: the connection's
+    ssh finds `python3` in its private folder, linked to the interpreter running transfer_source;
+    every other program (ssh, docker) is found as before."""
+    from components.node_programs import transfer_source
+
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "python3").write_text("#!/bin/sh\nexit 99\n")
+    (shims / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}:/usr/bin:/bin")
+    found = tmp_path / "found.json"
+    program = (
+        "import json, shutil, sys; json.dump({n: shutil.which(n) for n in ('python3', 'sh')}, "
+        f"open({str(found)!r}, 'w'))"
+    )
+    peer = {"folder": str(tmp_path / "peer"), "check": ["false"], "connect": [sys.executable, "-c", program]}
+    assert transfer_source.connect(peer) == (0, "")
+    which = json.loads(found.read_text())
+    assert which["python3"] == str(tmp_path / "peer" / "python3")
+    assert os.path.realpath(which["python3"]) == os.path.realpath(sys.executable)
+    assert which["sh"] in ("/usr/bin/sh", "/bin/sh")  # found where it was
+    transfer_source.close({**peer, "exit": ["true"]})
+    assert not (tmp_path / "peer").exists()  # the link goes with the folder
