@@ -3,9 +3,9 @@ provider process).
 
 Every program here is one file, standard library only, that prints one JSON report on stdout
 (progress and human lines go to stderr; `tcp_dial`, ssh's dialer, prints none: its stdout is ssh's
-socket). It travels inside the command itself (`program_argv`):
-nothing is copied to the node, and `python3 -I -S` keeps whatever is installed there (PYTHON*
-variables, user or site packages) from changing it. The orchestrator imports the same files as
+socket). It travels inside the command itself (`program_argv`): nothing is copied to the node, and
+`python3 -I -S` keeps whatever is installed there (PYTHON* variables, user or site packages) from
+changing it. The orchestrator imports the same files as
 modules to read their declared exit codes and markers, so each is declared once.
 
 A program may import a library from this folder (`from components.node_programs import engine_api`,

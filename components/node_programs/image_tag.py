@@ -106,16 +106,13 @@ def split_ref(ref: str) -> tuple[str, str]:
     return (name, tag) if name and "/" not in tag else (ref, "latest")
 
 
-API_FAILED = engine_api.FAILED
-
-
 def engine_for(tmp_ref: str, fmt: str) -> tuple[Cli | Api, tuple[int, str, bytes] | None]:
     """The API where it finds `tmp_ref` (just loaded, by the CLI), with that inspection; else the CLI."""
     path = engine_socket()
     if path is None or fmt != INSPECT_FORMAT:
         return Cli(), None
     api = Api(path)
-    with contextlib.suppress(*API_FAILED):
+    with contextlib.suppress(*engine_api.FAILED):
         found = api.inspect(tmp_ref, fmt)
         if found[0] == 0:
             return api, found
@@ -188,7 +185,7 @@ def each_step(engine: Cli | Api, report: dict):
             return getattr(current, name)(*args)
         try:
             return getattr(current, name)(*args)
-        except API_FAILED as exc:
+        except engine_api.FAILED as exc:
             report["api_error"] = f"{name}: {type(exc).__name__}: {exc}"
             state["engine"] = Cli()
             return getattr(state["engine"], name)(*args)
