@@ -25,7 +25,7 @@ import pulumi.dynamic as dynamic
 from components.node_programs.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT, PROGRESS_PREFIX
 from components.nodes import target_from_dict
 from components.progress import tell_operator
-from components.remote import RemoteError, Result, ssh_argv, stderr_tail
+from components.remote import RemoteError, Result, require_ssh, ssh_argv, stderr_tail
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "node_programs" / "readiness.py"
 # Extra seconds beyond the probe's own deadline: SSH, plus the probe's last round of docker
@@ -129,6 +129,7 @@ def run_probe(props: dict[str, Any], deadline_s: float) -> dict[str, Any]:
     Its progress lines (the stage it waits on, at least every 30 s) reach the operator as they come.
     """
     target = target_from_dict(props["node"])
+    require_ssh(target.label)
     argv = probe_argv(props, deadline_s)
     result = run_relaying(
         target.label,

@@ -227,6 +227,13 @@ def ssh_command(dial_with: str | None = None) -> list[str]:
     return ["env", "SHELL=/bin/sh", "ssh"] if dial_with else ["ssh"]
 
 
+def require_ssh(node: str = "this machine") -> None:
+    """The transport's error when this machine has no ssh. A dialed ssh starts as `env … ssh`
+    (`ssh_command`), so a missing one would otherwise look like a remote command exiting 127."""
+    if shutil.which("ssh") is None:
+        raise RemoteError(node, ["ssh"], 127, "no ssh on PATH", "install 'ssh' on this machine")
+
+
 def dial_command(python: str, connect_timeout: int) -> str:
     """ssh's ProxyCommand that connects through `tcp_dial` run by `python` (ssh fills in %h and %p;
     a literal % in the interpreter's path is doubled for it)."""

@@ -44,6 +44,7 @@ from components.remote import (
     Result,
     SshTarget,
     SshTransport,
+    require_ssh,
     ssh_argv,
     stderr_tail,
 )
@@ -160,6 +161,7 @@ def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> st
     SAY_EVERY_S during `pulumi up`, and a fetch silent for FETCH_STALL_S (the head or the link to it
     gone) is ended instead of waited for until the deadline."""
     target = _target(props["node"], "node")
+    require_ssh(target.label)
     token = props.get("hf_token") or ""
     deadline = float((props.get("tuning") or {}).get("deadline_s") or FETCH_DEADLINE_S)
     operation = f"fetch {props['repo']}@{str(props['requested_revision'])[:12]}"

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 
+from components.remote import require_ssh
 from components.transfer.timing import PhaseTimes
 
 
@@ -24,6 +25,7 @@ def ssh_sessions(times: PhaseTimes | None = None) -> Iterator[Callable[[str], st
     node's login shell); one master per node makes the many short commands cheap. `path(role)`
     gives the socket for a role.
     """
+    require_ssh()
     folder = tempfile.mkdtemp(prefix="qni-", dir="/tmp")  # short: unix socket paths are limited
     used: dict[str, str] = {}
 

@@ -179,6 +179,11 @@ def test_no_ssh_on_this_machine_says_so(tmp_path, monkeypatch):
     with pytest.raises(RemoteError) as raised:
         SshTransport(TARGET).run(["true"], timeout=30)
     assert raised.value.hint == "install 'ssh' on this machine"
+    # an operation's sessions (NodeImage, Checkpoint) say it before any session starts
+    from components.transfer import ssh_sessions
+
+    with pytest.raises(RemoteError, match="install 'ssh' on this machine"), ssh_sessions():
+        pass
 
 
 def test_ssh_argv_quotes_the_remote_command_once():
