@@ -277,10 +277,8 @@ def _run_local(
         raise RemoteError(node, argv, -1, exc.stderr or b"", f"timed out after {timeout:g} s") from exc
     except FileNotFoundError as exc:
         raise RemoteError(node, argv, 127, str(exc), f"install {local_argv[0]!r} on this machine") from exc
-    if proc.returncode == 127 and local_argv[0] == "env":  # (ssh_command's env: the program after it)
-        program = next(arg for arg in local_argv[1:] if "=" not in arg)
-        if shutil.which(program) is None:
-            raise RemoteError(node, argv, 127, proc.stderr, f"install {program!r} on this machine")
+    if proc.returncode == 127 and local_argv[0] == "env":  # ssh_command's `env … ssh`: was it ssh?
+        require_ssh(node)
     return Result(tuple(argv), proc.returncode, proc.stdout, proc.stderr, node)
 
 
