@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pulumi
 import pytest
 
 from components import model_support
@@ -411,6 +412,13 @@ def test_check_names_bad_fields_without_io(no_io):
     assert (
         ModelSupportCheckProvider().check({}, props(image_id=unknown, snapshot_path=unknown)).failures == []
     )
+
+
+def test_check_passes_the_unknowns_the_engine_sends_during_preview(no_io):
+    # The real engine's preview hands `check` an Unknown for the head's image ID and snapshot path.
+    engine_unknown = pulumi.output.Unknown()
+    news = props(image_id=engine_unknown, snapshot_path=engine_unknown)
+    assert ModelSupportCheckProvider().check({}, news).failures == []
 
 
 def test_read_returns_the_recorded_proof_without_io(no_io):
