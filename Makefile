@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 # python3-venv: Debian's python3 cannot make a virtualenv without it.
 LAB_DEBS := python3-venv docker.io openssh-server busybox-static debootstrap iproute2 ca-certificates xz-utils shellcheck rsync
 
-.PHONY: setup venv lab-packages test lint unit labtest releasetest lab-up lab-down lab-status bench status clean
+.PHONY: setup venv lab-packages test lint unit labtest releasetest enginetest engine up down lab-up lab-down lab-status bench status clean
 
 # `make status STACK=dev` (add STATUS_ARGS=--json for scripts): the deployed cluster against its stack file.
 STACK ?= dev
@@ -45,7 +45,7 @@ lab-packages:
 	  echo "       (unit tests run without them: make unit)"; \
 	fi
 
-test: lint unit labtest releasetest
+test: lint unit labtest releasetest enginetest
 
 # Shell scripts shipped to nodes must pass shellcheck (the node programs are Python today: none yet).
 lint: venv
@@ -65,6 +65,22 @@ labtest: venv
 # live in $${QWEN35_CACHE:-~/.cache/qwen35-spark}/release: ~10 GB and minutes each, made by the first run.
 releasetest: venv
 	$(PY) -m pytest -q --durations=0 tests/release
+
+# The Pulumi CLI, our language host and the Docker provider, built from their Go modules (engine/*/go.mod)
+# into $${QWEN35_CACHE:-~/.cache/qwen35-spark}/engine once (a cold build takes minutes), or a pulumi on PATH.
+engine: venv
+	$(PY) -m engine build
+
+# The real CLI against the lab (tests/engine/): preview, up, refresh, destroy, day two.
+enginetest: venv engine
+	$(PY) -m pytest -q --durations=5 tests/engine
+
+# The program deployed onto lab nodes node-a and node-b by the real engine (stack `lab`), and undone.
+up: venv
+	$(PY) -m engine up
+
+down: venv
+	$(PY) -m engine down
 
 lab-up: venv
 	$(PY) -m lab up

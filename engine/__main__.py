@@ -1,0 +1,144 @@
+"""`python -m engine build|up|down`: the program deployed onto the lab by the real Pulumi engine.
+
+`up` (make up): builds the engine if needed, starts lab nodes node-a and node-b, places the lab Ray
+image on node-a, serves the stand-in Hub on 127.0.0.1:18090 (a background process that `down`
+stops), and runs `pulumi up` of stack `lab` (engine/lab_stack.py) with the engine's own display.
+Prints the `endpoint` output and a request that answers. `down` destroys the stack, removes it from
+the local backend and stops the Hub. The state lives in `.pulumi-state/` of this checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine import ROOT, EngineError, ensure_engine
+from engine.lab_stack import engine_lab_config, stack_file, write_config
+
+STACK = "lab-engine"
+HUB_HOST, HUB_PORT = "127.0.0.1", 18090
+
+
+def state_dir() -> Path:
+    return ROOT / ".pulumi-state"
+
+
+def config_file() -> Path:
+    return stack_file(STACK)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def start_hub() -> str:
+    """The stand-in Hub for `make up`, started once and left running until `make down`."""
+    pidfile = state_dir() / "hub.pid"
+    endpoint = f"http://{HUB_HOST}:{HUB_PORT}"
+    if pidfile.exists():
+        pid = int(pidfile.read_text())
+        try:
+            os.kill(pid, 0)
+            return endpoint
+        except ProcessLookupError:
+            pidfile.unlink()
+    if not _port_free(HUB_HOST, HUB_PORT):
+        raise EngineError(f"{HUB_HOST}:{HUB_PORT} is taken by another process: the stand-in Hub needs it")
+    log = open(state_dir() / "hub.log", "w")  # noqa: SIM115 (the Hub keeps it after we return)
+    hub = subprocess.Popen(
+        [sys.executable, "-m", "lab.standin_hub", str(HUB_PORT)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while _port_free(HUB_HOST, HUB_PORT):
+        if hub.poll() is not None or time.monotonic() > deadline:
+            raise EngineError(f"the stand-in Hub did not start: see {state_dir() / 'hub.log'}")
+        time.sleep(0.2)
+    pidfile.write_text(str(hub.pid))
+    return endpoint
+
+
+def stop_hub() -> None:
+    pidfile = state_dir() / "hub.pid"
+    if pidfile.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(pidfile.read_text()), signal.SIGTERM)
+        pidfile.unlink()
+
+
+def up() -> int:
+    import lab
+    from lab.ray_image import ray_image
+
+    engine = ensure_engine()
+    print(f"engine: {engine.pulumi} ({engine.origin}); state in {engine.backend}", flush=True)
+    nodes = lab.up(["node-a", "node-b"])
+    image, _ = ray_image(nodes["node-a"])
+    endpoint = start_hub()
+    stacks = engine.run("stack", "ls", "--json").json()
+    if not any(s["name"] == STACK for s in stacks):
+        config_file().unlink(missing_ok=True)
+        engine.run("stack", "init", STACK)  # writes the passphrase's salt into Pulumi.<stack>.yaml
+    write_config(config_file(), engine_lab_config(image, endpoint))
+    # The engine's own display, live: this is what an operator watches.
+    argv = [str(engine.pulumi), "up", "--yes", "--skip-preview", "--stack", STACK, "--non-interactive"]
+    code = subprocess.run(argv, cwd=ROOT, env=engine.env(), check=False).returncode
+    if code != 0:
+        print(f"make up: pulumi up failed (exit {code}); the display above says why", file=sys.stderr)
+        return code
+    out = engine.run("stack", "output", "--json", stack=STACK).json()
+    print(f"\nendpoint: {out['endpoint']}  (model {out['served_model']})")
+    print(
+        f"  curl -s {out['endpoint']}/chat/completions -H 'Content-Type: application/json' "
+        f"""-d '{{"model": "{out["served_model"]}", "messages": [{{"role": "user", "content": "hi"}}]}}'"""
+    )
+    return 0
+
+
+def down() -> int:
+    engine = ensure_engine()
+    stacks = engine.run("stack", "ls", "--json").json()
+    code = 0
+    if any(s["name"] == STACK for s in stacks):
+        argv = [str(engine.pulumi), "destroy", "--yes", "--stack", STACK, "--non-interactive"]
+        code = subprocess.run(argv, cwd=ROOT, env=engine.env(), check=False).returncode
+        if code == 0:
+            engine.run("stack", "rm", STACK, "--yes")
+            config_file().unlink(missing_ok=True)
+    stop_hub()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["build", "up", "down"])
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            engine = ensure_engine()
+            print(f"engine: {engine.pulumi} ({engine.origin})")
+            return 0
+        return up() if args.command == "up" else down()
+    except EngineError as exc:
+        print(f"make {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

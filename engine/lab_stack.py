@@ -1,0 +1,68 @@
+"""The lab stack as the engine deploys it: Pulumi.lab.yaml, with the image the lab can serve.
+
+Pulumi.lab.yaml builds the hybrid (its build args are what tests/lab/test_hybrid_build.py proves),
+but the hybrid's `docker.Image` is pulumi-docker's own native resource, and the Go module that holds
+it is refused by the module proxy (README, "The engine"). So the engine deploys the same stack with
+`image.strategy: prebuilt` and the lab Ray image already on node-a (Debian + Ray + the stand-in
+`vllm`, lab/ray_image.py), and the stand-in Hub's address, as a stack of another name whose
+Pulumi.<stack>.yaml is written here (ignored by git). Never a stack named `lab`: `pulumi stack init`
+rewrites Pulumi.<stack>.yaml to hold the passphrase's salt, and Pulumi.lab.yaml is committed.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine import ROOT
+
+NAMESPACE = "qwen35-spark"
+
+
+def lab_config() -> dict[str, Any]:
+    """The `config:` block of Pulumi.lab.yaml."""
+    return yaml.safe_load((ROOT / "Pulumi.lab.yaml").read_text())["config"]
+
+
+def engine_lab_config(image: str, hub_endpoint: str, **sections: Any) -> dict[str, Any]:
+    """Pulumi.lab.yaml's config with the prebuilt lab image and this Hub; `sections` replace whole
+    sections (e.g. `serve={...}` from a test), keyed without the namespace."""
+    config = copy.deepcopy(lab_config())
+    config[f"{NAMESPACE}:image"] = {
+        "strategy": "prebuilt",
+        "prebuilt": image,
+        # The lab image holds no torch or real vLLM: the proof records `environment` (README).
+        "model_check": "report",
+    }
+    model = dict(config.get(f"{NAMESPACE}:model", {}))
+    model["endpoint"] = hub_endpoint
+    # The Hub client runs with this checkout's virtualenv (lab nodes share this machine's filesystem).
+    model["fetch_python"] = str(ROOT / ".venv" / "bin" / "python")
+    config[f"{NAMESPACE}:model"] = model
+    for key, value in sections.items():
+        config[f"{NAMESPACE}:{key}"] = value
+    return config
+
+
+def stack_file(stack: str) -> Path:
+    if stack in ("dev", "lab"):
+        raise ValueError(
+            f"stack {stack!r}: Pulumi.{stack}.yaml is committed; the engine's stacks use other names"
+        )
+    return ROOT / f"Pulumi.{stack}.yaml"
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    """A stack's config file; the salt and the secrets `pulumi config set --secret` added stay."""
+    existing = yaml.safe_load(path.read_text()) if path.exists() else {}
+    kept = {
+        k: v for k, v in (existing or {}).get("config", {}).items() if isinstance(v, dict) and "secure" in v
+    }
+    doc = {k: v for k, v in (existing or {}).items() if k == "encryptionsalt"}
+    doc["config"] = {**config, **kept}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
