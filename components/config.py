@@ -467,6 +467,9 @@ class ContainerConfig(_Model):
     # GPUs requested from the NVIDIA runtime; false in the lab, which has none.
     gpu_runtime: bool = True
     shm_size_mb: int = Field(default=16384, ge=64)
+    # The memlock ulimit of every container (-1: unlimited, what RDMA's pinned unified memory needs).
+    # A node whose dockerd cannot grant it (the lab's 8 MiB hard limit) fails at container start.
+    memlock_bytes: int = Field(default=-1, ge=-1)
     # Prefix of container names on every node (`qwen35-ray-head`, …).
     name_prefix: str = "qwen35"
 

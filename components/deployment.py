@@ -85,7 +85,9 @@ def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, An
         ]
         or None,
         "ulimits": [docker.ContainerUlimitArgs(name=n, soft=s, hard=h) for n, s, h in spec.ulimits],
-        "capabilities": docker.ContainerCapabilitiesArgs(adds=list(spec.capabilities))
+        # `drops` stated empty: the provider reads it back as [] and a fresh stack's first refresh would
+        # otherwise report `~capabilities` on every container (seen under the real engine).
+        "capabilities": docker.ContainerCapabilitiesArgs(adds=list(spec.capabilities), drops=[])
         if spec.capabilities
         else None,
         "privileged": spec.privileged,

@@ -25,8 +25,19 @@ CONTAINER_HF_HOME = "/root/.cache/huggingface"
 RAY_TMP = "/tmp/ray"
 # Unified memory is pinned for RDMA: memlock must be unlimited; NCCL and vLLM want a large stack.
 ULIMITS = (("memlock", -1, -1), ("stack", 67108864, 67108864))
-# RDMA needs to pin memory; IPC_LOCK grants that without --privileged.
-CAPABILITIES = ("IPC_LOCK",)
+
+
+def ulimits(memlock_bytes: int) -> tuple[tuple[str, int, int], ...]:
+    """ULIMITS with the configured memlock (`containers.memlock_bytes`; -1 is unlimited)."""
+    return tuple(
+        (name, memlock_bytes, memlock_bytes) if name == "memlock" else (name, soft, hard)
+        for name, soft, hard in ULIMITS
+    )
+
+
+# RDMA needs to pin memory; IPC_LOCK grants that without --privileged. Spelled as the daemon reports
+# it back (CAP_…), or every refresh would see a change.
+CAPABILITIES = ("CAP_IPC_LOCK",)
 # With `on-failure`, a server that keeps crashing stops after this many tries instead of looping
 # (each crash of a 120 GB model can leak unified memory until the node is rebooted).
 ON_FAILURE_RETRIES = 5
@@ -206,6 +217,7 @@ def node_container_spec(
         env=env,
         secret_env=secret_env,
         devices=tuple(c.devices),
+        ulimits=ulimits(c.memlock_bytes),
         privileged=c.privileged,
         # Privileged already grants every capability; adding one would only add noise to diffs.
         capabilities=() if c.privileged else CAPABILITIES,

@@ -269,7 +269,7 @@ def test_ray_head_container_inputs(dev):
     ]
     assert {"name": "memlock", "soft": -1, "hard": -1} in head["ulimits"]
     assert {"name": "stack", "soft": 67108864, "hard": 67108864} in head["ulimits"]
-    assert head["capabilities"] == {"adds": ["IPC_LOCK"]}
+    assert head["capabilities"] == {"adds": ["CAP_IPC_LOCK"], "drops": []}
     assert head["privileged"] is False
     assert head["init"] is True
     assert head["restart"] == "unless-stopped"

@@ -120,7 +120,7 @@ def test_head_spec_defaults(dev):
     assert spec.devices == ("/dev/infiniband",)
     assert ("memlock", -1, -1) in spec.ulimits
     assert any(name == "stack" for name, _, _ in spec.ulimits)
-    assert spec.capabilities == ("IPC_LOCK",)
+    assert spec.capabilities == ("CAP_IPC_LOCK",)
     assert spec.privileged is False
     assert spec.init is True
     assert spec.restart is RestartPolicy.UNLESS_STOPPED and spec.max_retry_count is None
