@@ -1,0 +1,104 @@
+"""The engine tier: the real Pulumi CLI (built from Go modules by `make engine`) deploys the program
+onto the lab. An engine that cannot be built, or a lab that cannot start, fails these tests with the
+reason; they are never skipped."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets as pysecrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import lab
+from engine import Engine, EngineError, ensure_engine
+from engine.lab_stack import engine_lab_config, stack_file, write_config
+from lab.ray_image import ray_image
+from lab.sessions import lab_session
+from lab.standin_hub import StandinHub, generate_repo
+
+REPO_ID = "lab/standin-qwen35"
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory) -> Engine:
+    """The CLI with its plugins, and a backend folder of this test session's own."""
+    try:
+        return ensure_engine(backend=tmp_path_factory.mktemp("pulumi-state"))
+    except EngineError as exc:
+        pytest.fail(f"the engine could not be built: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def lab_nodes() -> Iterator[dict[str, lab.LabNode]]:
+    with contextlib.ExitStack() as stack:
+        try:
+            nodes = stack.enter_context(lab_session(["node-a", "node-b"]))
+        except lab.LabError as exc:
+            pytest.fail(f"the lab could not start: {exc}", pytrace=False)
+        yield nodes
+
+
+@pytest.fixture(scope="session")
+def lab_image(lab_nodes) -> str:
+    """The lab Ray image's tag, on node-a (the head) only: NodeImage copies it to node-b."""
+    tag, _ = ray_image(lab_nodes["node-a"])
+    return tag
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory) -> Iterator[StandinHub]:
+    repo = generate_repo(tmp_path_factory.mktemp("hub-repo"), shards=2, shard_bytes=2 << 20)
+    with StandinHub({REPO_ID: repo}) as served:
+        yield served
+
+
+@dataclass
+class Stack:
+    """One stack of the project in the test backend, and its Pulumi.<stack>.yaml."""
+
+    engine: Engine
+    name: str
+    config: Path
+
+    def run(self, *args: str, check: bool = True, timeout: float = 1800, stdin: str | None = None):
+        return self.engine.run(*args, stack=self.name, check=check, timeout=timeout, stdin=stdin)
+
+    def remove(self) -> None:
+        self.run("stack", "rm", "--yes", "--force", check=False)
+        self.config.unlink(missing_ok=True)
+
+    def set_secret(self, key: str, value: str) -> None:
+        # The value on stdin: never an argument (it would show in `ps`).
+        self.run("config", "set", "--secret", f"qwen35-spark:{key}", stdin=value)
+
+
+def new_stack(engine: Engine, name: str, config: dict) -> Stack:
+    """`pulumi stack init` (it writes the passphrase's salt into Pulumi.<name>.yaml), then the config."""
+    path = stack_file(name)
+    path.unlink(missing_ok=True)
+    engine.run("stack", "init", name)
+    write_config(path, config)
+    return Stack(engine, name, path)
+
+
+def clear_caches(lab_nodes) -> None:
+    """Each node's HF cache of the lab stack, emptied so a first `up` fetches and copies for real."""
+    for name in lab_nodes:
+        shutil.rmtree(f"/run/qwen35-lab/{name}/hf-cache", ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def secrets() -> dict[str, str]:
+    return {
+        "api_key": "sk-engine-" + pysecrets.token_hex(12),
+        "hf_token": "hf_engine" + pysecrets.token_hex(12),
+    }
+
+
+@pytest.fixture(scope="session")
+def lab_config(lab_image, hub):
+    return lambda **sections: engine_lab_config(lab_image, hub.endpoint, **sections)
