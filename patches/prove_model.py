@@ -3,7 +3,7 @@
 
 Three proofs, each stopping at the first failure:
   config     vLLM's own config loading of each config.json (text + vision sub-configs, FP8 quantization)
-  construct  each architecture built on CPU from a tiny config of the same shape (dims multiples of 128)
+  construct  each architecture built on CPU from a tiny config of the same shape (whole FP8 blocks)
   load       `load_weights` of tiny random tensors under the checkpoint's Hugging Face names: every
              name must land in a parameter and every parameter must be filled
 
@@ -48,21 +48,20 @@ MTP_ARCHITECTURES = {
 # Quantization methods whose checkpoint tensors this program can name: none, or FP8 with block scales.
 QUANTIZATIONS = (None, "fp8")
 
-# Tiny dimensions. 128 is the FP8 block edge of the real checkpoint: every quantized matrix divides.
-# Head sizes stay the checkpoint's own (rotary sections and kernels are defined over them).
+# Tiny dimensions, in units of the checkpoint's FP8 block edge (128 in the real checkpoint; 128 when it
+# is not block-quantized), so every quantized matrix divides into whole blocks. Head sizes stay the
+# checkpoint's own (rotary sections and kernels are defined over them); head counts are derived from
+# them (`tiny_heads`), so each fused sub-shard that is whole blocks in the checkpoint is in the tiny model.
 UNIT = 128
-TINY_TEXT = {
-    "hidden_size": 2 * UNIT,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "linear_num_key_heads": 1,
-    "linear_num_value_heads": 2,
-    "intermediate_size": 2 * UNIT,
-    "moe_intermediate_size": UNIT,
-    "shared_expert_intermediate_size": UNIT,
-    "vocab_size": 8 * UNIT,
-    "max_position_embeddings": 4096,
+TINY_TEXT_UNITS = {
+    "hidden_size": 2,
+    "intermediate_size": 2,
+    "moe_intermediate_size": 1,
+    "shared_expert_intermediate_size": 1,
+    "vocab_size": 8,
 }
+TINY_TEXT = {"max_position_embeddings": 4096}
+TINY_GROUP = 2  # query heads per key/value head (and value per key head in linear attention), at most
 TINY_EXPERTS, TINY_EXPERTS_PER_TOKEN, TINY_MTP_LAYERS = 4, 2, 1
 TINY_VISION = {
     "hidden_size": UNIT,
@@ -219,6 +218,53 @@ def _keep_module(name: str, layers: int, depth: int, mtp_layers: int, experts: i
     return True
 
 
+def block_size(config: dict) -> tuple[int, int]:
+    """The FP8 weight block (output rows, input columns) of a block-quantized config, else 128 x 128."""
+    quant = config.get("quantization_config") or text_config(config).get("quantization_config") or {}
+    if quant.get("quant_method") != "fp8":
+        return UNIT, UNIT
+    block_out, block_in = (quant.get("weight_block_size") or [UNIT, UNIT])[:2]
+    return int(block_out), int(block_in)
+
+
+def tiny_heads(original: int, least: int, *widths: tuple[int, int]) -> int:
+    """The fewest heads, a multiple of `least`, such that for each (head width, block edge) whose total
+    over the checkpoint's `original` heads is whole blocks, the tiny total is whole blocks too (a fused
+    sub-shard narrower than a block cannot be loaded). At most the checkpoint's own count."""
+    count = least
+    for width, edge in widths:
+        if original * width % edge == 0:
+            count = math.lcm(count, edge // math.gcd(edge, width))
+    return min(count, original)
+
+
+def _tiny_head_counts(text: dict, config: dict) -> dict[str, int]:
+    """Head counts of the tiny model: few, but every block-aligned width of the checkpoint kept aligned."""
+    block_out, block_in = block_size(config)
+    counts: dict[str, int] = {}
+    if "linear_num_key_heads" in text:
+        nk, nv = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
+        dk, dv = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
+        key = tiny_heads(nk, 1, (dk, block_out))  # q and k sub-shards of in_proj_qkv(z)
+        # v and z sub-shards (outputs), out_proj's input; in_proj_b/a (one row per head) if quantized.
+        value_widths = [(dv, block_out), (dv, block_in)]
+        first = next((i for i, k in enumerate(layer_types(text)) if k == "linear_attention"), 0)
+        if not _unquantized(f"{LM}layers.{first}.linear_attn.in_proj_b", config):
+            value_widths.append((1, block_out))
+        value = tiny_heads(nv, key * min(nv // nk, TINY_GROUP), *value_widths)
+        counts.update(linear_num_key_heads=key, linear_num_value_heads=value)
+    if "num_key_value_heads" in text:
+        heads, kv_heads = int(text["num_attention_heads"]), int(text["num_key_value_heads"])
+        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        gate = 2 if text.get("attn_output_gate", True) else 1
+        kv = tiny_heads(kv_heads, 1, (head_dim, block_out))  # k and v sub-shards of qkv_proj
+        # q sub-shard (with its output gate) and o_proj's input.
+        q = tiny_heads(heads, kv * min(heads // kv_heads, TINY_GROUP), (head_dim * gate, block_out),
+                       (head_dim, block_in))  # fmt: skip
+        counts.update(num_attention_heads=q, num_key_value_heads=kv)
+    return counts
+
+
 def tiny_config(config: dict) -> dict:
     """A config of the same architecture, model type and quantization with tiny dimensions.
 
@@ -229,7 +275,9 @@ def tiny_config(config: dict) -> dict:
     text = text_config(tiny)
     kinds = layer_types(text)
     layers = tiny_layer_count(kinds)
-    text.update(TINY_TEXT)
+    unit = math.lcm(*block_size(config))
+    text.update(_tiny_head_counts(text, config))
+    text.update({key: units * unit for key, units in TINY_TEXT_UNITS.items()}, **TINY_TEXT)
     text.update(num_hidden_layers=layers, layer_types=kinds[:layers])
     text.pop("full_attention_interval", None)
     if "num_experts" in text:

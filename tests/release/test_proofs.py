@@ -173,3 +173,13 @@ def test_a_usage_error_exits_2_with_a_report(prebuilt, tmp_path):
     assert proof.returncode == 2, proof.why()
     assert proof.report["verdict"] == "fail" and "config.json is missing" in proof.report["error"]
     assert json.loads(json.dumps(proof.report)) == proof.report
+
+
+def test_a_checkpoint_with_64_wide_linear_attention_key_heads_passes(prebuilt, tmp_path):
+    # 16 key heads of 64 are 1024 rows, whole 128-row FP8 blocks: vLLM loads the full checkpoint. The
+    # tiny model must keep its q/k sub-shards block-aligned too (one 64-wide head is half a block).
+    config = real_config()
+    config["text_config"]["linear_key_head_dim"] = 64
+    proof = run_proof(prebuilt, "--checkpoint", str(write_checkpoint(tmp_path / "snapshot", config)))
+    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
+    assert passed(proof.report) == every_check("snapshot", "Qwen3_5MoeMTP"), proof.why()

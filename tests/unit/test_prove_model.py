@@ -45,6 +45,58 @@ def test_the_tiny_config_keeps_every_layer_kind_and_divides_into_fp8_blocks(conf
     assert config["text_config"]["num_hidden_layers"] > 4  # the fixture itself is untouched
 
 
+def _with_text(config: dict, **text) -> dict:
+    changed = json.loads(json.dumps(config))
+    changed["text_config"].update(text)
+    return changed
+
+
+def _fused_widths(tiny: dict) -> dict[str, int]:
+    """The output widths of the sub-shards vLLM fuses (and the inputs it splits), in the tiny model."""
+    text = tiny["text_config"]
+    nk, dk = text["linear_num_key_heads"], text["linear_key_head_dim"]
+    nv, dv = text["linear_num_value_heads"], text["linear_value_head_dim"]
+    heads, kv, hd = text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]
+    return {"q/k of in_proj_qkv": nk * dk, "v of in_proj_qkv, in_proj_z": nv * dv,
+            "k/v_proj": kv * hd, "o_proj input": heads * hd}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text",
+    [{}, {"linear_key_head_dim": 64}, {"linear_value_head_dim": 64}, {"head_dim": 64}],
+    ids=["as-released", "64-wide-linear-key-heads", "64-wide-linear-value-heads", "64-wide-heads"],
+)
+def test_every_fused_sub_shard_of_the_tiny_model_is_whole_fp8_blocks(text):
+    # Issue 24: 64-wide key heads with one key head gave q/k sub-shards half a 128-row block wide.
+    config = _with_text(MOE, **text)
+    tiny = prove.tiny_config(config)
+    for what, width in _fused_widths(tiny).items():
+        assert width % 128 == 0, (what, width, tiny["text_config"])
+    t = tiny["text_config"]
+    assert t["linear_num_value_heads"] % t["linear_num_key_heads"] == 0
+    assert t["num_attention_heads"] % t["num_key_value_heads"] == 0
+    for key, value in text.items():  # head widths stay the checkpoint's own
+        assert t[key] == value
+
+
+def test_the_tiny_models_sizes_follow_the_checkpoints_block_size():
+    config = json.loads(json.dumps(MOE))
+    config["quantization_config"]["weight_block_size"] = [256, 128]
+    text = prove.tiny_config(config)["text_config"]
+    sizes = ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+    for key in sizes:
+        assert text[key] % 256 == 0, (key, text[key])
+    assert text["linear_num_key_heads"] * text["linear_key_head_dim"] % 256 == 0
+    assert text["num_key_value_heads"] * text["head_dim"] % 256 == 0
+
+
+def test_the_tiny_models_head_counts_stay_those_of_the_released_shape():
+    text = prove.tiny_config(MOE)["text_config"]
+    counts = ("linear_num_key_heads", "linear_num_value_heads", "num_attention_heads", "num_key_value_heads")
+    assert [text[k] for k in counts] == [1, 2, 2, 1]
+    assert (text["hidden_size"], text["moe_intermediate_size"]) == (256, 128)
+
+
 def test_the_tiny_config_keeps_only_its_own_modules_to_not_convert():
     skipped = prove.tiny_config(MOE)["quantization_config"]["modules_to_not_convert"]
     assert "model.language_model.layers.0.linear_attn.in_proj_a" in skipped
