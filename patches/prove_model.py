@@ -5,7 +5,8 @@ Three proofs, each stopping at the first failure:
   config     vLLM's own config loading of each config.json (text + vision sub-configs, FP8 quantization)
   construct  each architecture built on CPU from a tiny config of the same shape (whole FP8 blocks)
   load       `load_weights` of tiny random tensors under the checkpoint's Hugging Face names: every
-             name must land in a parameter and every parameter must be filled
+             tensor the model loads must be among them, every name must land in a parameter, and
+             every value of every parameter must be written (each shard of a fused one)
 
   python3 prove_model.py [--fixtures DIR] [--checkpoint SNAPSHOT_DIR] [--stages config,construct,load]
 
@@ -454,6 +455,25 @@ def index_names_for(tiny: dict, index: dict, head: str = "model") -> list[str]:
     return sorted(n for n in names if not n.startswith("mtp."))
 
 
+def compare_names(shapes: dict[str, tuple[int, ...]], names: list[str]) -> tuple[list[str], list[str]]:
+    """Both directions between the names a model of this config loads and a checkpoint's: the
+    checkpoint's names outside them (unknown), and theirs the checkpoint lacks (absent); each sorted."""
+    given = set(names)
+    return sorted(given - shapes.keys()), sorted(shapes.keys() - given)
+
+
+def index_runs(flags: list[bool]) -> str:
+    """The indices whose flag is set, as runs: `[F, T, F, T, T]` -> `1, 3-4`."""
+    runs, start = [], None
+    for i, flag in enumerate([*flags, False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append(f"{start}" if i - 1 == start else f"{start}-{i - 1}")
+            start = None
+    return ", ".join(runs)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The proofs (torch and vLLM imported from here on).
 # ---------------------------------------------------------------------------------------------------
@@ -621,13 +641,24 @@ def _tensor(torch, name: str, shape: tuple[int, ...], fp8: bool):
     return weight.to(torch.float8_e4m3fn) if fp8 else weight.bfloat16()
 
 
+def _unwritten(mask) -> str:
+    """Where a parameter's sentinel survived: the indices of its first dimension (and, for a 3-d
+    parameter such as the experts' fused w13, of its second) holding unwritten values, and how many."""
+    parts = []
+    for dim in range(1 if mask.dim() <= 2 else 2):
+        along = mask.movedim(dim, 0).reshape(mask.shape[dim], -1).any(dim=1).tolist()
+        parts.append(f"dim {dim}: {index_runs(along)} of {mask.shape[dim]}")
+    return f"{', '.join(parts)}; {int(mask.sum())} of {mask.numel()} values never written"
+
+
 def prove_load(
     env: Environment, report: Report, target: str, tiny: dict, head: str, names: list[str], model
 ) -> None:
-    """(c) every checkpoint name lands in a parameter, and every parameter is filled."""
+    """(c) every tensor the model loads is in the checkpoint and every checkpoint tensor lands in a
+    parameter; and every value of every parameter is written (each shard of a fused one)."""
     torch = env.torch
     shapes = checkpoint_tensors(tiny, head)
-    unknown = [n for n in names if n not in shapes]
+    unknown, absent = compare_names(shapes, names)
     if unknown:
         raise report.fail(
             "load",
@@ -635,7 +666,15 @@ def prove_load(
             f"UnknownTensorName: {len(unknown)} checkpoint tensor(s) outside the Qwen3.5 naming scheme, "
             f"e.g. {', '.join(unknown[:5])}",
         )
-    params = set(dict(model.named_parameters()))
+    params = dict(model.named_parameters())
+    defaulted = {n for n in params if DEFAULTED_PARAMETERS.search(n)}
+    # A fused parameter (qkv_proj, in_proj_qkvz, the experts' w13, gate_up_proj) is filled by several
+    # checkpoint tensors, and any one of them makes load_weights name it: so every value starts as NaN
+    # and must be overwritten. (vLLM skips its own unloaded-weights check for FP8 checkpoints.)
+    watched = {n for n, p in params.items() if n not in defaulted and p.is_floating_point()}
+    with torch.no_grad():
+        for name in watched:
+            params[name].fill_(float("nan"))
     filled, nowhere = set(), []
     quantized = {n.removesuffix("_scale_inv") for n in shapes if n.endswith("weight_scale_inv")}
     try:
@@ -649,23 +688,50 @@ def prove_load(
     except Exception as exc:
         text, where = describe(exc)
         raise report.fail("load", target, f"{text} (loading {name} {list(shapes[name])})", where) from exc
-    defaulted = {p for p in params - filled if DEFAULTED_PARAMETERS.search(p)}
-    missing = sorted(params - filled - defaulted)
-    if nowhere or missing:
+    # Parameters may be replaced while loading: look them up again.
+    params = dict(model.named_parameters())
+    unwritten = {}
+    for name in sorted(watched & set(params)):
+        mask = torch.isnan(params[name].detach().float())
+        if bool(mask.any()):
+            unwritten[name] = _unwritten(mask)
+    # What the sentinel cannot watch (non-float parameters): they must at least have been named.
+    missing = sorted(set(params) - watched - defaulted - filled)
+    if absent or nowhere or unwritten or missing:
         parts = []
+        if absent:
+            parts.append(
+                f"{len(absent)} tensor(s) the model loads are missing from the checkpoint index: "
+                f"{', '.join(absent[:8])}"
+            )
         if nowhere:
             parts.append(f"{len(nowhere)} name(s) landed in no parameter: {', '.join(nowhere[:8])}")
+        if unwritten:
+            parts.append(
+                f"{len(unwritten)} parameter(s) not filled: "
+                + ", ".join(f"{name} ({where})" for name, where in list(unwritten.items())[:8])
+            )
         if missing:
             parts.append(f"{len(missing)} parameter(s) not filled: {', '.join(missing[:8])}")
-        raise report.fail("load", target, "IncompleteLoad: " + "; ".join(parts))
+        hint = (
+            "; the checkpoint lacks tensors its config.json implies: fetch it again (`pulumi up --refresh`) "
+            "or use the revision this config belongs to"
+            if absent
+            else ""
+        )
+        raise report.fail("load", target, "IncompleteLoad: " + "; ".join(parts) + hint)
+    text = text_config(tiny)
     scales = sum(1 for n in names if n.endswith("weight_scale_inv"))
+    experts = f" and {text['num_experts']} experts" if "num_experts" in text else ""
+    layers = text.get("mtp_num_hidden_layers") if head == "mtp" else text["num_hidden_layers"]
     report.check(
         "load",
         target,
         True,
-        f"{len(names)} checkpoint tensors ({scales} FP8 weight_scale_inv) filled "
-        f"{len(params) - len(defaulted)} of {len(params)} parameters "
-        f"(the other {len(defaulted)}: KV-cache scales, default 1.0)",
+        f"{len(names)} checkpoint tensors ({scales} FP8 weight_scale_inv), all {len(shapes)} the model "
+        f"loads, filled every value of {len(params) - len(defaulted)} of {len(params)} parameters "
+        f"(the other {len(defaulted)}: KV-cache scales, default 1.0); proven for the tiny model's "
+        f"{layers} layers{experts}, not the checkpoint's further layers and experts",
     )
 
 

@@ -175,6 +175,46 @@ def test_a_usage_error_exits_2_with_a_report(prebuilt, tmp_path):
     assert json.loads(json.dumps(proof.report)) == proof.report
 
 
+# Issue 24: the load proof must refuse a checkpoint lacking any one shard of a fused parameter (vLLM
+# skips its unloaded-weights check for FP8 checkpoints: such memory would be served uninitialized).
+
+
+@pytest.mark.parametrize(
+    ("dropped", "fused"),
+    [
+        (
+            "model.language_model.layers.3.self_attn.k_proj.weight_scale_inv",
+            "language_model.model.layers.3.self_attn.qkv_proj.weight_scale_inv",
+        ),
+        (
+            "model.language_model.layers.0.linear_attn.in_proj_z.weight",
+            "language_model.model.layers.0.linear_attn.in_proj_qkvz.weight",
+        ),
+        (
+            "model.language_model.layers.1.mlp.experts.2.up_proj.weight",
+            "language_model.model.layers.1.mlp.experts.w13_weight",
+        ),
+        (
+            "model.language_model.layers.2.mlp.shared_expert.gate_proj.weight",
+            "language_model.model.layers.2.mlp.shared_expert.gate_up_proj.weight",
+        ),
+    ],
+    ids=["k_proj-scale", "in_proj_z", "expert-up_proj", "shared-expert-gate_proj"],
+)
+def test_a_checkpoint_missing_one_shard_of_a_fused_parameter_fails_the_load_naming_it(
+    prebuilt, tmp_path, dropped, fused
+):
+    config = real_config()
+    names = [n for n in index_names(config) if n != dropped]
+    proof = run_proof(prebuilt, "--checkpoint", str(write_checkpoint(tmp_path / "snapshot", config, names)))
+    report = proof.report
+    assert proof.returncode == 1 and report["failed_stage"] == "load", proof.why()
+    assert report["error"].startswith("IncompleteLoad:"), proof.why()
+    assert f"missing from the checkpoint index: {dropped}" in report["error"], proof.why()
+    # The fused parameter's own memory is checked too: the rows that shard fills stay unwritten.
+    assert f"{fused} (" in report["error"] and "never written" in report["error"], proof.why()
+
+
 def test_a_checkpoint_with_64_wide_linear_attention_key_heads_passes(prebuilt, tmp_path):
     # 16 key heads of 64 are 1024 rows, whole 128-row FP8 blocks: vLLM loads the full checkpoint. The
     # tiny model must keep its q/k sub-shards block-aligned too (one 64-wide head is half a block).

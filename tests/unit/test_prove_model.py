@@ -97,6 +97,28 @@ def test_the_tiny_models_head_counts_stay_those_of_the_released_shape():
     assert (text["hidden_size"], text["moe_intermediate_size"]) == (256, 128)
 
 
+def test_the_names_the_model_loads_are_compared_both_ways():
+    shapes = prove.checkpoint_tensors(prove.tiny_config(MOE))
+    dropped = "model.language_model.layers.3.self_attn.k_proj.weight_scale_inv"
+    names = [n for n in shapes if n != dropped] + ["model.language_model.layers.0.mlp.experts.0.extra"]
+    unknown, missing = prove.compare_names(shapes, names)
+    assert (unknown, missing) == (["model.language_model.layers.0.mlp.experts.0.extra"], [dropped])
+    assert prove.compare_names(shapes, list(shapes)) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("rows", "text"),
+    [
+        ([False, False, False], ""),
+        ([True, True, False, False], "0-1"),
+        ([False, True, False, True, True, False], "1, 3-4"),
+        ([True], "0"),
+    ],
+)
+def test_unwritten_ranges_are_named_as_index_runs(rows, text):
+    assert prove.index_runs(rows) == text
+
+
 def test_the_tiny_config_keeps_only_its_own_modules_to_not_convert():
     skipped = prove.tiny_config(MOE)["quantization_config"]["modules_to_not_convert"]
     assert "model.language_model.layers.0.linear_attn.in_proj_a" in skipped
