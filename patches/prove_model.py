@@ -321,8 +321,11 @@ def _unquantized(module: str, config: dict) -> bool:
     quant = config.get("quantization_config") or {}
     if quant.get("quant_method") != "fp8":
         return True
-    skipped = quant.get("modules_to_not_convert") or quant.get("ignored_layers") or []
-    return any(module == s or module.startswith(f"{s}.") for s in skipped)
+    skipped = set(quant.get("modules_to_not_convert") or quant.get("ignored_layers") or [])
+    # The module or any of its parents (`a.b.c` is skipped by `a.b`): a set lookup per prefix, since
+    # a full-size config lists hundreds of modules and names tens of thousands.
+    parts = module.split(".")
+    return any(".".join(parts[:i]) in skipped for i in range(1, len(parts) + 1))
 
 
 def _linear(shapes: dict, module: str, out: int, inp: int, config: dict, bias: bool = False) -> None:
@@ -455,11 +458,33 @@ def index_names_for(tiny: dict, index: dict, head: str = "model") -> list[str]:
     return sorted(n for n in names if not n.startswith("mtp."))
 
 
+REFETCH = (
+    "the checkpoint does not hold the tensors its config.json implies: fetch it again "
+    "(`pulumi up --refresh`) or use the revision this config belongs to"
+)
+
+
+def absent_tensors(absent: list[str]) -> str:
+    """The error part naming the tensors a model loads that the checkpoint's index lacks."""
+    named = ", ".join(absent[:8])
+    return f"{len(absent)} tensor(s) the model loads are missing from the checkpoint index: {named}"
+
+
 def compare_names(shapes: dict[str, tuple[int, ...]], names: list[str]) -> tuple[list[str], list[str]]:
     """Both directions between the names a model of this config loads and a checkpoint's: the
     checkpoint's names outside them (unknown), and theirs the checkpoint lacks (absent); each sorted."""
     given = set(names)
     return sorted(given - shapes.keys()), sorted(shapes.keys() - given)
+
+
+def full_size_names(config: dict, index: dict) -> tuple[dict[str, tuple[int, ...]], list[str], list[str]]:
+    """The names a checkpoint of this (full-size) config holds, and both directions against its index:
+    (expected, unknown, absent). The MTP head's names count only when the index has `mtp.*` tensors."""
+    names = list(index.get("weight_map") or {})
+    expected = checkpoint_tensors(config, "model")
+    if any(n.startswith("mtp.") for n in names):
+        expected.update(checkpoint_tensors(config, "mtp"))
+    return (expected, *compare_names(expected, names))
 
 
 def index_runs(flags: list[bool]) -> str:
@@ -700,10 +725,7 @@ def prove_load(
     if absent or nowhere or unwritten or missing:
         parts = []
         if absent:
-            parts.append(
-                f"{len(absent)} tensor(s) the model loads are missing from the checkpoint index: "
-                f"{', '.join(absent[:8])}"
-            )
+            parts.append(absent_tensors(absent))
         if nowhere:
             parts.append(f"{len(nowhere)} name(s) landed in no parameter: {', '.join(nowhere[:8])}")
         if unwritten:
@@ -713,12 +735,7 @@ def prove_load(
             )
         if missing:
             parts.append(f"{len(missing)} parameter(s) not filled: {', '.join(missing[:8])}")
-        hint = (
-            "; the checkpoint lacks tensors its config.json implies: fetch it again (`pulumi up --refresh`) "
-            "or use the revision this config belongs to"
-            if absent
-            else ""
-        )
+        hint = f"; {REFETCH}" if absent else ""
         raise report.fail("load", target, "IncompleteLoad: " + "; ".join(parts) + hint)
     text = text_config(tiny)
     scales = sum(1 for n in names if n.endswith("weight_scale_inv"))
@@ -730,8 +747,8 @@ def prove_load(
         True,
         f"{len(names)} checkpoint tensors ({scales} FP8 weight_scale_inv), all {len(shapes)} the model "
         f"loads, filled every value of {len(params) - len(defaulted)} of {len(params)} parameters "
-        f"(the other {len(defaulted)}: KV-cache scales, default 1.0); proven for the tiny model's "
-        f"{layers} layers{experts}, not the checkpoint's further layers and experts",
+        f"(the other {len(defaulted)}: KV-cache scales, default 1.0); loaded for the tiny model's "
+        f"{layers} layers{experts} only",
     )
 
 
@@ -848,6 +865,30 @@ def prove_target(env: Environment, report: Report, target: Target, stages: list[
         if "load" in stages:
             prove_load(env, report, name, tiny, head, names, model)
         del model
+    if "load" in stages and target.from_index:
+        prove_index_names(report, target, raw)
+
+
+def prove_index_names(report: Report, target: Target, raw: dict) -> None:
+    """(c) by name, at full size: the index holds exactly the tensors of every layer and expert the
+    config implies (the tiny model loads only its own layers and experts)."""
+    text = text_config(raw)
+    expected, unknown, absent = full_size_names(raw, json.loads((target.config_dir / INDEX_FILE).read_text()))
+    if unknown or absent:
+        parts = [absent_tensors(absent)] if absent else []
+        if unknown:
+            parts.append(
+                f"{len(unknown)} tensor(s) outside the Qwen3.5 naming scheme: {', '.join(unknown[:8])}"
+            )
+        raise report.fail("load", target.name, "IncompleteCheckpoint: " + "; ".join(parts) + f"; {REFETCH}")
+    experts = f", {text['num_experts']} experts each" if "num_experts" in text else ""
+    report.check(
+        "load",
+        target.name,
+        True,
+        f"by name: the index holds exactly the {len(expected)} tensors the config implies "
+        f"({len(layer_types(text))} layers{experts}); those beyond the tiny model are not loaded",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

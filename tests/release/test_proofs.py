@@ -215,6 +215,22 @@ def test_a_checkpoint_missing_one_shard_of_a_fused_parameter_fails_the_load_nami
     assert f"{fused} (" in report["error"] and "never written" in report["error"], proof.why()
 
 
+def test_a_checkpoint_missing_a_tensor_beyond_the_tiny_model_fails_naming_it(prebuilt, tmp_path):
+    # The known limit of the load: experts and layers beyond the tiny model's are proven by name only.
+    config = real_config()
+    dropped = "model.language_model.layers.40.mlp.experts.200.up_proj.weight"
+    names = [n for n in index_names(config) if n != dropped]
+    proof = run_proof(prebuilt, "--checkpoint", str(write_checkpoint(tmp_path / "snapshot", config, names)))
+    report = proof.report
+    assert proof.returncode == 1 and report["failed_stage"] == "load", proof.why()
+    assert report["error"].startswith("IncompleteCheckpoint:"), proof.why()
+    assert f"missing from the checkpoint index: {dropped};" in report["error"], proof.why()
+    # Both tiny models loaded in full before that.
+    loaded = [c for c in report["checks"] if c["stage"] == "load" and c["ok"]]
+    assert [c["target"] for c in loaded] == ["snapshot", "snapshot:Qwen3_5MoeMTP"], proof.why()
+    assert all("loaded for the tiny model's" in c["detail"] for c in loaded), proof.why()
+
+
 def test_a_checkpoint_with_64_wide_linear_attention_key_heads_passes(prebuilt, tmp_path):
     # 16 key heads of 64 are 1024 rows, whole 128-row FP8 blocks: vLLM loads the full checkpoint. The
     # tiny model must keep its q/k sub-shards block-aligned too (one 64-wide head is half a block).

@@ -106,6 +106,19 @@ def test_the_names_the_model_loads_are_compared_both_ways():
     assert prove.compare_names(shapes, list(shapes)) == ([], [])
 
 
+def test_the_full_size_index_is_compared_by_name_for_every_layer_and_expert():
+    # The tiny model loads 4 experts per layer; expert 200 of layer 40 is proven by its name only.
+    names = {**prove.checkpoint_tensors(MOE), **prove.checkpoint_tensors(MOE, "mtp")}
+    dropped = "model.language_model.layers.40.mlp.experts.200.up_proj.weight"
+    index = {"weight_map": {n: "model-00001.safetensors" for n in names if n != dropped}}
+    expected, unknown, absent = prove.full_size_names(MOE, index)
+    assert (len(expected), unknown, absent) == (len(names), [], [dropped])
+    assert len(expected) == 76656  # what tests/release/checkpoint.py names for the 122B release
+    # An index without an MTP head is not asked for one (the head is then reported as not proven).
+    no_mtp = {"weight_map": {n: "x" for n in names if not n.startswith("mtp.")}}
+    assert prove.full_size_names(MOE, no_mtp)[1:] == ([], [])
+
+
 @pytest.mark.parametrize(
     ("rows", "text"),
     [
