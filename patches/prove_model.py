@@ -748,7 +748,7 @@ def prove_load(
         f"{len(names)} checkpoint tensors ({scales} FP8 weight_scale_inv), all {len(shapes)} the model "
         f"loads, filled every value of {len(params) - len(defaulted)} of {len(params)} parameters "
         f"(the other {len(defaulted)}: KV-cache scales, default 1.0); loaded for the tiny model's "
-        f"{layers} layers{experts} only",
+        f"{layers} layer{'s' if layers != 1 else ''}{experts} only",
     )
 
 
