@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.release.checkpoint import index_names, real_config, write_checkpoint, write_hf_cache
-from tests.release.releases import run_proof
+from tests.release.releases import Proof, run_proof
 
 pytestmark = pytest.mark.release
 
@@ -140,12 +140,17 @@ def test_a_checkpoint_naming_something_unknown_fails_at_the_config_naming_it(
     ]
 
 
+def prove_without(prebuilt: Path, tmp_path: Path, dropped: str) -> Proof:
+    """The proof against the 122B checkpoint's config and index with one tensor left out of the index."""
+    config = real_config()
+    names = [n for n in index_names(config) if n != dropped]
+    return run_proof(prebuilt, "--checkpoint", str(write_checkpoint(tmp_path / "snapshot", config, names)))
+
+
 def test_a_checkpoint_missing_a_scale_fails_the_load_naming_the_parameter_left_empty(prebuilt, tmp_path):
     # The load proof must be able to fail: drop one FP8 scale of the tiny model's full-attention layer.
-    config = real_config()
     dropped = "model.language_model.layers.3.self_attn.o_proj.weight_scale_inv"
-    names = [n for n in index_names(config) if n != dropped]
-    proof = run_proof(prebuilt, "--checkpoint", str(write_checkpoint(tmp_path / "snapshot", config, names)))
+    proof = prove_without(prebuilt, tmp_path, dropped)
     report = proof.report
     assert proof.returncode == 1 and report["failed_stage"] == "load", proof.why()
     assert "language_model.model.layers.3.self_attn.o_proj.weight_scale_inv" in report["error"], proof.why()
@@ -204,9 +209,7 @@ def test_a_usage_error_exits_2_with_a_report(prebuilt, tmp_path):
 def test_a_checkpoint_missing_one_shard_of_a_fused_parameter_fails_the_load_naming_it(
     prebuilt, tmp_path, dropped, fused
 ):
-    config = real_config()
-    names = [n for n in index_names(config) if n != dropped]
-    proof = run_proof(prebuilt, "--checkpoint", str(write_checkpoint(tmp_path / "snapshot", config, names)))
+    proof = prove_without(prebuilt, tmp_path, dropped)
     report = proof.report
     assert proof.returncode == 1 and report["failed_stage"] == "load", proof.why()
     assert report["error"].startswith("IncompleteLoad:"), proof.why()
@@ -217,10 +220,8 @@ def test_a_checkpoint_missing_one_shard_of_a_fused_parameter_fails_the_load_nami
 
 def test_a_checkpoint_missing_a_tensor_beyond_the_tiny_model_fails_naming_it(prebuilt, tmp_path):
     # The known limit of the load: experts and layers beyond the tiny model's are proven by name only.
-    config = real_config()
     dropped = "model.language_model.layers.40.mlp.experts.200.up_proj.weight"
-    names = [n for n in index_names(config) if n != dropped]
-    proof = run_proof(prebuilt, "--checkpoint", str(write_checkpoint(tmp_path / "snapshot", config, names)))
+    proof = prove_without(prebuilt, tmp_path, dropped)
     report = proof.report
     assert proof.returncode == 1 and report["failed_stage"] == "load", proof.why()
     assert report["error"].startswith("IncompleteCheckpoint:"), proof.why()
