@@ -64,12 +64,8 @@ TINY_TEXT_UNITS = {
 TINY_TEXT = {"max_position_embeddings": 4096}
 TINY_GROUP = 2  # query heads per key/value head (and value per key head in linear attention), at most
 TINY_EXPERTS, TINY_EXPERTS_PER_TOKEN, TINY_MTP_LAYERS = 4, 2, 1
-TINY_VISION = {
-    "hidden_size": UNIT,
-    "intermediate_size": 2 * UNIT,
-    "num_heads": 1,
-    "num_position_embeddings": 64,
-}
+TINY_VISION_UNITS = {"hidden_size": 1, "intermediate_size": 2}
+TINY_VISION = {"num_heads": 1, "num_position_embeddings": 64}
 TINY_VISION_DEPTH = 2
 
 # Parameters vLLM creates with a default that a checkpoint may leave out: the KV-cache quantization
@@ -293,6 +289,7 @@ def tiny_config(config: dict) -> dict:
     if vision is not None:
         depth = min(int(vision.get("depth", TINY_VISION_DEPTH)), TINY_VISION_DEPTH)
         vision.update(TINY_VISION, depth=depth, out_hidden_size=text["hidden_size"])
+        vision.update({key: units * unit for key, units in TINY_VISION_UNITS.items()})
         if "deepstack_visual_indexes" in vision:
             vision["deepstack_visual_indexes"] = [i for i in vision["deepstack_visual_indexes"] if i < depth]
     quant = tiny.get("quantization_config")

@@ -88,6 +88,8 @@ def test_the_tiny_models_sizes_follow_the_checkpoints_block_size():
         assert text[key] % 256 == 0, (key, text[key])
     assert text["linear_num_key_heads"] * text["linear_key_head_dim"] % 256 == 0
     assert text["num_key_value_heads"] * text["head_dim"] % 256 == 0
+    vision = prove.tiny_config(config)["vision_config"]
+    assert (vision["hidden_size"], vision["intermediate_size"]) == (256, 512)
 
 
 def test_the_tiny_models_head_counts_stay_those_of_the_released_shape():
