@@ -248,7 +248,7 @@ def _tiny_head_counts(text: dict, config: dict) -> dict[str, int]:
         first = next((i for i, k in enumerate(layer_types(text)) if k == "linear_attention"), 0)
         if not _unquantized(f"{LM}layers.{first}.linear_attn.in_proj_b", config):
             value_widths.append((1, block_out))
-        value = tiny_heads(nv, key * min(nv // nk, TINY_GROUP), *value_widths)
+        value = tiny_heads(nv, key * max(1, min(nv // nk, TINY_GROUP)), *value_widths)
         counts.update(linear_num_key_heads=key, linear_num_value_heads=value)
     if "num_key_value_heads" in text:
         heads, kv_heads = int(text["num_attention_heads"]), int(text["num_key_value_heads"])
@@ -256,7 +256,7 @@ def _tiny_head_counts(text: dict, config: dict) -> dict[str, int]:
         gate = 2 if text.get("attn_output_gate", True) else 1
         kv = tiny_heads(kv_heads, 1, (head_dim, block_out))  # k and v sub-shards of qkv_proj
         # q sub-shard (with its output gate) and o_proj's input.
-        q = tiny_heads(heads, kv * min(heads // kv_heads, TINY_GROUP), (head_dim * gate, block_out),
+        q = tiny_heads(heads, kv * max(1, min(heads // kv_heads, TINY_GROUP)), (head_dim * gate, block_out),
                        (head_dim, block_in))  # fmt: skip
         counts.update(num_attention_heads=q, num_key_value_heads=kv)
     return counts

@@ -79,6 +79,22 @@ def test_every_fused_sub_shard_of_the_tiny_model_is_whole_fp8_blocks(text):
         assert t[key] == value
 
 
+@pytest.mark.parametrize(
+    ("original", "least", "widths", "heads"),
+    [
+        (16, 1, [(64, 128)], 2),  # 16 x 64 is whole blocks: so must the tiny model's be
+        (16, 1, [(128, 128)], 1),
+        (3, 1, [(64, 128)], 1),  # 3 x 64 is not whole blocks in the checkpoint either
+        (1, 1, [(64, 128)], 1),  # never more heads than the checkpoint has
+        (256, 2, [(128, 128), (1, 128)], 128),  # one row per head (quantized in_proj_b): 128 heads
+        (64, 2, [(1, 128)], 2),  # 64 rows are not whole blocks in the checkpoint: no constraint
+        (32, 4, [(512, 128), (64, 256)], 4),
+    ],
+)
+def test_tiny_heads_keeps_block_aligned_totals_aligned(original, least, widths, heads):
+    assert prove.tiny_heads(original, least, *widths) == heads
+
+
 def test_the_tiny_models_sizes_follow_the_checkpoints_block_size():
     config = json.loads(json.dumps(MOE))
     config["quantization_config"]["weight_block_size"] = [256, 128]
