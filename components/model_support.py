@@ -99,8 +99,11 @@ STAGE_HINTS = {
         "_mark_tower_model): use a prebuilt image with vLLM >= 0.17 (image.strategy: prebuilt)"
     ),
     "load": (
-        "the checkpoint's tensor names do not land in the model's parameters: the image's vLLM and "
-        "this checkpoint (or revision) do not match; use a vLLM that supports this checkpoint"
+        "an error naming tensors missing from the checkpoint index (IncompleteLoad, "
+        "IncompleteCheckpoint) means the checkpoint on the head is incomplete or not the revision its "
+        "config.json belongs to: `pulumi up --refresh` re-sends it; otherwise its tensor names do not "
+        "land in the model's parameters: the image's vLLM and this checkpoint (or revision) do not "
+        "match; use a vLLM that supports this checkpoint"
     ),
 }
 

@@ -3,9 +3,10 @@
 
 Three proofs, each stopping at the first failure:
   config     vLLM's own config loading of each config.json (text + vision sub-configs, FP8 quantization)
-  construct  each architecture built on CPU from a tiny config of the same shape (dims multiples of 128)
+  construct  each architecture built on CPU from a tiny config of the same shape (whole FP8 blocks)
   load       `load_weights` of tiny random tensors under the checkpoint's Hugging Face names: every
-             name must land in a parameter and every parameter must be filled
+             tensor the model loads must be among them, every name must land in a parameter, and
+             every value of every parameter must be written (each shard of a fused one)
 
   python3 prove_model.py [--fixtures DIR] [--checkpoint SNAPSHOT_DIR] [--stages config,construct,load]
 
@@ -48,28 +49,23 @@ MTP_ARCHITECTURES = {
 # Quantization methods whose checkpoint tensors this program can name: none, or FP8 with block scales.
 QUANTIZATIONS = (None, "fp8")
 
-# Tiny dimensions. 128 is the FP8 block edge of the real checkpoint: every quantized matrix divides.
-# Head sizes stay the checkpoint's own (rotary sections and kernels are defined over them).
+# Tiny dimensions, in units of the checkpoint's FP8 block edge (128 in the real checkpoint; 128 when it
+# is not block-quantized), so every quantized matrix divides into whole blocks. Head sizes stay the
+# checkpoint's own (rotary sections and kernels are defined over them); head counts are derived from
+# them (`tiny_heads`), so each fused sub-shard that is whole blocks in the checkpoint is in the tiny model.
 UNIT = 128
-TINY_TEXT = {
-    "hidden_size": 2 * UNIT,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "linear_num_key_heads": 1,
-    "linear_num_value_heads": 2,
-    "intermediate_size": 2 * UNIT,
-    "moe_intermediate_size": UNIT,
-    "shared_expert_intermediate_size": UNIT,
-    "vocab_size": 8 * UNIT,
-    "max_position_embeddings": 4096,
+TINY_TEXT_UNITS = {
+    "hidden_size": 2,
+    "intermediate_size": 2,
+    "moe_intermediate_size": 1,
+    "shared_expert_intermediate_size": 1,
+    "vocab_size": 8,
 }
+TINY_TEXT = {"max_position_embeddings": 4096}
+TINY_GROUP = 2  # query heads per key/value head (and value per key head in linear attention), at most
 TINY_EXPERTS, TINY_EXPERTS_PER_TOKEN, TINY_MTP_LAYERS = 4, 2, 1
-TINY_VISION = {
-    "hidden_size": UNIT,
-    "intermediate_size": 2 * UNIT,
-    "num_heads": 1,
-    "num_position_embeddings": 64,
-}
+TINY_VISION_UNITS = {"hidden_size": 1, "intermediate_size": 2}
+TINY_VISION = {"num_heads": 1, "num_position_embeddings": 64}
 TINY_VISION_DEPTH = 2
 
 # Parameters vLLM creates with a default that a checkpoint may leave out: the KV-cache quantization
@@ -219,6 +215,53 @@ def _keep_module(name: str, layers: int, depth: int, mtp_layers: int, experts: i
     return True
 
 
+def block_size(config: dict) -> tuple[int, int]:
+    """The FP8 weight block (output rows, input columns) of a block-quantized config, else 128 x 128."""
+    quant = config.get("quantization_config") or text_config(config).get("quantization_config") or {}
+    if quant.get("quant_method") != "fp8":
+        return UNIT, UNIT
+    block_out, block_in = (quant.get("weight_block_size") or [UNIT, UNIT])[:2]
+    return int(block_out), int(block_in)
+
+
+def tiny_heads(original: int, least: int, *widths: tuple[int, int]) -> int:
+    """The fewest heads, a multiple of `least`, such that for each (head width, block edge) whose total
+    over the checkpoint's `original` heads is whole blocks, the tiny total is whole blocks too (a fused
+    sub-shard narrower than a block cannot be loaded). At most the checkpoint's own count."""
+    count = least
+    for width, edge in widths:
+        if original * width % edge == 0:
+            count = math.lcm(count, edge // math.gcd(edge, width))
+    return min(count, original)
+
+
+def _tiny_head_counts(text: dict, config: dict) -> dict[str, int]:
+    """Head counts of the tiny model: few, but every block-aligned width of the checkpoint kept aligned."""
+    block_out, block_in = block_size(config)
+    counts: dict[str, int] = {}
+    if "linear_num_key_heads" in text:
+        nk, nv = int(text["linear_num_key_heads"]), int(text["linear_num_value_heads"])
+        dk, dv = int(text["linear_key_head_dim"]), int(text["linear_value_head_dim"])
+        key = tiny_heads(nk, 1, (dk, block_out))  # q and k sub-shards of in_proj_qkv(z)
+        # v and z sub-shards (outputs), out_proj's input; in_proj_b/a (one row per head) if quantized.
+        value_widths = [(dv, block_out), (dv, block_in)]
+        first = next((i for i, k in enumerate(layer_types(text)) if k == "linear_attention"), 0)
+        if not _unquantized(f"{LM}layers.{first}.linear_attn.in_proj_b", config):
+            value_widths.append((1, block_out))
+        value = tiny_heads(nv, key * max(1, min(nv // nk, TINY_GROUP)), *value_widths)
+        counts.update(linear_num_key_heads=key, linear_num_value_heads=value)
+    if "num_key_value_heads" in text:
+        heads, kv_heads = int(text["num_attention_heads"]), int(text["num_key_value_heads"])
+        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        gate = 2 if text.get("attn_output_gate", True) else 1
+        kv = tiny_heads(kv_heads, 1, (head_dim, block_out))  # k and v sub-shards of qkv_proj
+        # q sub-shard (with its output gate) and o_proj's input.
+        q = tiny_heads(heads, kv * max(1, min(heads // kv_heads, TINY_GROUP)), (head_dim * gate, block_out),
+                       (head_dim, block_in))  # fmt: skip
+        counts.update(num_attention_heads=q, num_key_value_heads=kv)
+    return counts
+
+
 def tiny_config(config: dict) -> dict:
     """A config of the same architecture, model type and quantization with tiny dimensions.
 
@@ -229,7 +272,9 @@ def tiny_config(config: dict) -> dict:
     text = text_config(tiny)
     kinds = layer_types(text)
     layers = tiny_layer_count(kinds)
-    text.update(TINY_TEXT)
+    unit = math.lcm(*block_size(config))
+    text.update(_tiny_head_counts(text, config))
+    text.update({key: units * unit for key, units in TINY_TEXT_UNITS.items()}, **TINY_TEXT)
     text.update(num_hidden_layers=layers, layer_types=kinds[:layers])
     text.pop("full_attention_interval", None)
     if "num_experts" in text:
@@ -244,6 +289,7 @@ def tiny_config(config: dict) -> dict:
     if vision is not None:
         depth = min(int(vision.get("depth", TINY_VISION_DEPTH)), TINY_VISION_DEPTH)
         vision.update(TINY_VISION, depth=depth, out_hidden_size=text["hidden_size"])
+        vision.update({key: units * unit for key, units in TINY_VISION_UNITS.items()})
         if "deepstack_visual_indexes" in vision:
             vision["deepstack_visual_indexes"] = [i for i in vision["deepstack_visual_indexes"] if i < depth]
     quant = tiny.get("quantization_config")
@@ -272,8 +318,11 @@ def _unquantized(module: str, config: dict) -> bool:
     quant = config.get("quantization_config") or {}
     if quant.get("quant_method") != "fp8":
         return True
-    skipped = quant.get("modules_to_not_convert") or quant.get("ignored_layers") or []
-    return any(module == s or module.startswith(f"{s}.") for s in skipped)
+    skipped = set(quant.get("modules_to_not_convert") or quant.get("ignored_layers") or [])
+    # The module or any of its parents (`a.b.c` is skipped by `a.b`): a set lookup per prefix, since
+    # a full-size config lists hundreds of modules and names tens of thousands.
+    parts = module.split(".")
+    return any(".".join(parts[:i]) in skipped for i in range(1, len(parts) + 1))
 
 
 def _linear(shapes: dict, module: str, out: int, inp: int, config: dict, bias: bool = False) -> None:
@@ -404,6 +453,47 @@ def index_names_for(tiny: dict, index: dict, head: str = "model") -> list[str]:
     if head == "mtp":
         return sorted(n for n in names if n.startswith(("mtp.", *shared)))
     return sorted(n for n in names if not n.startswith("mtp."))
+
+
+REFETCH = (
+    "the checkpoint does not hold the tensors its config.json implies: fetch it again "
+    "(`pulumi up --refresh`) or use the revision this config belongs to"
+)
+
+
+def absent_tensors(absent: list[str]) -> str:
+    """The error part naming the tensors a model loads that the checkpoint's index lacks."""
+    named = ", ".join(absent[:8])
+    return f"{len(absent)} tensor(s) the model loads are missing from the checkpoint index: {named}"
+
+
+def compare_names(shapes: dict[str, tuple[int, ...]], names: list[str]) -> tuple[list[str], list[str]]:
+    """Both directions between the names a model of this config loads and a checkpoint's: the
+    checkpoint's names outside them (unknown), and theirs the checkpoint lacks (absent); each sorted."""
+    given = set(names)
+    return sorted(given - shapes.keys()), sorted(shapes.keys() - given)
+
+
+def full_size_names(config: dict, index: dict) -> tuple[dict[str, tuple[int, ...]], list[str], list[str]]:
+    """The names a checkpoint of this (full-size) config holds, and both directions against its index:
+    (expected, unknown, absent). The MTP head's names count only when the index has `mtp.*` tensors."""
+    names = list(index.get("weight_map") or {})
+    expected = checkpoint_tensors(config, "model")
+    if any(n.startswith("mtp.") for n in names):
+        expected.update(checkpoint_tensors(config, "mtp"))
+    return (expected, *compare_names(expected, names))
+
+
+def index_runs(flags: list[bool]) -> str:
+    """The indices whose flag is set, as runs: `[F, T, F, T, T]` -> `1, 3-4`."""
+    runs, start = [], None
+    for i, flag in enumerate([*flags, False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append(f"{start}" if i - 1 == start else f"{start}-{i - 1}")
+            start = None
+    return ", ".join(runs)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -573,13 +663,24 @@ def _tensor(torch, name: str, shape: tuple[int, ...], fp8: bool):
     return weight.to(torch.float8_e4m3fn) if fp8 else weight.bfloat16()
 
 
+def _unwritten(mask) -> str:
+    """Where a parameter's sentinel survived: the indices of its first dimension (and, for a 3-d
+    parameter such as the experts' fused w13, of its second) holding unwritten values, and how many."""
+    parts = []
+    for dim in range(1 if mask.dim() <= 2 else 2):
+        along = mask.movedim(dim, 0).reshape(mask.shape[dim], -1).any(dim=1).tolist()
+        parts.append(f"dim {dim}: {index_runs(along)} of {mask.shape[dim]}")
+    return f"{', '.join(parts)}; {int(mask.sum())} of {mask.numel()} values never written"
+
+
 def prove_load(
     env: Environment, report: Report, target: str, tiny: dict, head: str, names: list[str], model
 ) -> None:
-    """(c) every checkpoint name lands in a parameter, and every parameter is filled."""
+    """(c) every tensor the model loads is in the checkpoint and every checkpoint tensor lands in a
+    parameter; and every value of every parameter is written (each shard of a fused one)."""
     torch = env.torch
     shapes = checkpoint_tensors(tiny, head)
-    unknown = [n for n in names if n not in shapes]
+    unknown, absent = compare_names(shapes, names)
     if unknown:
         raise report.fail(
             "load",
@@ -587,7 +688,15 @@ def prove_load(
             f"UnknownTensorName: {len(unknown)} checkpoint tensor(s) outside the Qwen3.5 naming scheme, "
             f"e.g. {', '.join(unknown[:5])}",
         )
-    params = set(dict(model.named_parameters()))
+    params = dict(model.named_parameters())
+    defaulted = {n for n in params if DEFAULTED_PARAMETERS.search(n)}
+    # A fused parameter (qkv_proj, in_proj_qkvz, the experts' w13, gate_up_proj) is filled by several
+    # checkpoint tensors, and any one of them makes load_weights name it: so every value starts as NaN
+    # and must be overwritten. (vLLM skips its own unloaded-weights check for FP8 checkpoints.)
+    watched = {n for n, p in params.items() if n not in defaulted and p.is_floating_point()}
+    with torch.no_grad():
+        for name in watched:
+            params[name].fill_(float("nan"))
     filled, nowhere = set(), []
     quantized = {n.removesuffix("_scale_inv") for n in shapes if n.endswith("weight_scale_inv")}
     try:
@@ -601,23 +710,42 @@ def prove_load(
     except Exception as exc:
         text, where = describe(exc)
         raise report.fail("load", target, f"{text} (loading {name} {list(shapes[name])})", where) from exc
-    defaulted = {p for p in params - filled if DEFAULTED_PARAMETERS.search(p)}
-    missing = sorted(params - filled - defaulted)
-    if nowhere or missing:
+    # Parameters may be replaced while loading: look them up again.
+    params = dict(model.named_parameters())
+    unwritten = {}
+    for name in sorted(watched & set(params)):
+        mask = torch.isnan(params[name].detach().float())
+        if bool(mask.any()):
+            unwritten[name] = _unwritten(mask)
+    # What the sentinel cannot watch (non-float parameters): they must at least have been named.
+    missing = sorted(set(params) - watched - defaulted - filled)
+    if absent or nowhere or unwritten or missing:
         parts = []
+        if absent:
+            parts.append(absent_tensors(absent))
         if nowhere:
             parts.append(f"{len(nowhere)} name(s) landed in no parameter: {', '.join(nowhere[:8])}")
+        if unwritten:
+            parts.append(
+                f"{len(unwritten)} parameter(s) not filled: "
+                + ", ".join(f"{name} ({where})" for name, where in list(unwritten.items())[:8])
+            )
         if missing:
             parts.append(f"{len(missing)} parameter(s) not filled: {', '.join(missing[:8])}")
-        raise report.fail("load", target, "IncompleteLoad: " + "; ".join(parts))
+        hint = f"; {REFETCH}" if absent else ""
+        raise report.fail("load", target, "IncompleteLoad: " + "; ".join(parts) + hint)
+    text = text_config(tiny)
     scales = sum(1 for n in names if n.endswith("weight_scale_inv"))
+    experts = f" and {text['num_experts']} experts" if "num_experts" in text else ""
+    layers = text.get("mtp_num_hidden_layers") if head == "mtp" else text["num_hidden_layers"]
     report.check(
         "load",
         target,
         True,
-        f"{len(names)} checkpoint tensors ({scales} FP8 weight_scale_inv) filled "
-        f"{len(params) - len(defaulted)} of {len(params)} parameters "
-        f"(the other {len(defaulted)}: KV-cache scales, default 1.0)",
+        f"{len(names)} checkpoint tensors ({scales} FP8 weight_scale_inv), all {len(shapes)} the model "
+        f"loads, filled every value of {len(params) - len(defaulted)} of {len(params)} parameters "
+        f"(the other {len(defaulted)}: KV-cache scales, default 1.0); loaded for the tiny model's "
+        f"{layers} layer{'s' if layers != 1 else ''}{experts} only",
     )
 
 
@@ -734,6 +862,30 @@ def prove_target(env: Environment, report: Report, target: Target, stages: list[
         if "load" in stages:
             prove_load(env, report, name, tiny, head, names, model)
         del model
+    if "load" in stages and target.from_index:
+        prove_index_names(report, target, raw)
+
+
+def prove_index_names(report: Report, target: Target, raw: dict) -> None:
+    """(c) by name, at full size: the index holds exactly the tensors of every layer and expert the
+    config implies (the tiny model loads only its own layers and experts)."""
+    text = text_config(raw)
+    expected, unknown, absent = full_size_names(raw, json.loads((target.config_dir / INDEX_FILE).read_text()))
+    if unknown or absent:
+        parts = [absent_tensors(absent)] if absent else []
+        if unknown:
+            parts.append(
+                f"{len(unknown)} tensor(s) outside the Qwen3.5 naming scheme: {', '.join(unknown[:8])}"
+            )
+        raise report.fail("load", target.name, "IncompleteCheckpoint: " + "; ".join(parts) + f"; {REFETCH}")
+    experts = f", {text['num_experts']} experts each" if "num_experts" in text else ""
+    report.check(
+        "load",
+        target.name,
+        True,
+        f"by name: the index holds exactly the {len(expected)} tensors the config implies "
+        f"({len(layer_types(text))} layers{experts}); those beyond the tiny model are not loaded",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

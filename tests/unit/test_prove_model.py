@@ -45,6 +45,111 @@ def test_the_tiny_config_keeps_every_layer_kind_and_divides_into_fp8_blocks(conf
     assert config["text_config"]["num_hidden_layers"] > 4  # the fixture itself is untouched
 
 
+def _with_text(config: dict, **text) -> dict:
+    changed = json.loads(json.dumps(config))
+    changed["text_config"].update(text)
+    return changed
+
+
+def _fused_widths(tiny: dict) -> dict[str, int]:
+    """The output widths of the sub-shards vLLM fuses (and the inputs it splits), in the tiny model."""
+    text = tiny["text_config"]
+    nk, dk = text["linear_num_key_heads"], text["linear_key_head_dim"]
+    nv, dv = text["linear_num_value_heads"], text["linear_value_head_dim"]
+    heads, kv, hd = text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]
+    return {"q/k of in_proj_qkv": nk * dk, "v of in_proj_qkv, in_proj_z": nv * dv,
+            "k/v_proj": kv * hd, "o_proj input": heads * hd}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text",
+    [{}, {"linear_key_head_dim": 64}, {"linear_value_head_dim": 64}, {"head_dim": 64}],
+    ids=["as-released", "64-wide-linear-key-heads", "64-wide-linear-value-heads", "64-wide-heads"],
+)
+def test_every_fused_sub_shard_of_the_tiny_model_is_whole_fp8_blocks(text):
+    # Issue 24: 64-wide key heads with one key head gave q/k sub-shards half a 128-row block wide.
+    config = _with_text(MOE, **text)
+    tiny = prove.tiny_config(config)
+    for what, width in _fused_widths(tiny).items():
+        assert width % 128 == 0, (what, width, tiny["text_config"])
+    t = tiny["text_config"]
+    assert t["linear_num_value_heads"] % t["linear_num_key_heads"] == 0
+    assert t["num_attention_heads"] % t["num_key_value_heads"] == 0
+    for key, value in text.items():  # head widths stay the checkpoint's own
+        assert t[key] == value
+
+
+@pytest.mark.parametrize(
+    ("original", "least", "widths", "heads"),
+    [
+        (16, 1, [(64, 128)], 2),  # 16 x 64 is whole blocks: so must the tiny model's be
+        (16, 1, [(128, 128)], 1),
+        (3, 1, [(64, 128)], 1),  # 3 x 64 is not whole blocks in the checkpoint either
+        (1, 1, [(64, 128)], 1),  # never more heads than the checkpoint has
+        (256, 2, [(128, 128), (1, 128)], 128),  # one row per head (quantized in_proj_b): 128 heads
+        (64, 2, [(1, 128)], 2),  # 64 rows are not whole blocks in the checkpoint: no constraint
+        (32, 4, [(512, 128), (64, 256)], 4),
+    ],
+)
+def test_tiny_heads_keeps_block_aligned_totals_aligned(original, least, widths, heads):
+    assert prove.tiny_heads(original, least, *widths) == heads
+
+
+def test_the_tiny_models_sizes_follow_the_checkpoints_block_size():
+    config = json.loads(json.dumps(MOE))
+    config["quantization_config"]["weight_block_size"] = [256, 128]
+    text = prove.tiny_config(config)["text_config"]
+    sizes = ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+    for key in sizes:
+        assert text[key] % 256 == 0, (key, text[key])
+    assert text["linear_num_key_heads"] * text["linear_key_head_dim"] % 256 == 0
+    assert text["num_key_value_heads"] * text["head_dim"] % 256 == 0
+    vision = prove.tiny_config(config)["vision_config"]
+    assert (vision["hidden_size"], vision["intermediate_size"]) == (256, 512)
+
+
+def test_the_tiny_models_head_counts_stay_those_of_the_released_shape():
+    text = prove.tiny_config(MOE)["text_config"]
+    counts = ("linear_num_key_heads", "linear_num_value_heads", "num_attention_heads", "num_key_value_heads")
+    assert [text[k] for k in counts] == [1, 2, 2, 1]
+    assert (text["hidden_size"], text["moe_intermediate_size"]) == (256, 128)
+
+
+def test_the_names_the_model_loads_are_compared_both_ways():
+    shapes = prove.checkpoint_tensors(prove.tiny_config(MOE))
+    dropped = "model.language_model.layers.3.self_attn.k_proj.weight_scale_inv"
+    names = [n for n in shapes if n != dropped] + ["model.language_model.layers.0.mlp.experts.0.extra"]
+    unknown, missing = prove.compare_names(shapes, names)
+    assert (unknown, missing) == (["model.language_model.layers.0.mlp.experts.0.extra"], [dropped])
+    assert prove.compare_names(shapes, list(shapes)) == ([], [])
+
+
+def test_the_full_size_index_is_compared_by_name_for_every_layer_and_expert():
+    # The tiny model loads 4 experts per layer; expert 200 of layer 40 is proven by its name only.
+    names = {**prove.checkpoint_tensors(MOE), **prove.checkpoint_tensors(MOE, "mtp")}
+    dropped = "model.language_model.layers.40.mlp.experts.200.up_proj.weight"
+    index = {"weight_map": {n: "model-00001.safetensors" for n in names if n != dropped}}
+    expected, unknown, absent = prove.full_size_names(MOE, index)
+    assert (len(expected), unknown, absent) == (len(names), [], [dropped])
+    assert len(expected) == 76656  # what tests/release/checkpoint.py names for the 122B release
+    # An index without an MTP head is not asked for one (the head is then reported as not proven).
+    no_mtp = {"weight_map": {n: "x" for n in names if not n.startswith("mtp.")}}
+    assert prove.full_size_names(MOE, no_mtp)[1:] == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("rows", "text"),
+    [
+        ([False, False, False], ""),
+        ([True, True, False, False], "0-1"),
+        ([False, True, False, True, True, False], "1, 3-4"),
+        ([True], "0"),
+    ],
+)
+def test_unwritten_ranges_are_named_as_index_runs(rows, text):
+    assert prove.index_runs(rows) == text
+
+
 def test_the_tiny_config_keeps_only_its_own_modules_to_not_convert():
     skipped = prove.tiny_config(MOE)["quantization_config"]["modules_to_not_convert"]
     assert "model.language_model.layers.0.linear_attn.in_proj_a" in skipped
