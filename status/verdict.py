@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.config import StackConfig
+from components.config import ImageStrategy, StackConfig
 from components.deployment import node_container_names
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
@@ -105,7 +105,14 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
                         "set nodes[].image_store to what the node runs (`docker info`)",
                     )
                 )
-            problems += _image(node.name, cells, report.get("image") or {}, head_image, node.name == head)
+            problems += _image(
+                node.name,
+                cells,
+                report.get("image") or {},
+                head_image,
+                node.name == head,
+                config.image.strategy,
+            )
             problems += _containers(
                 node.name, cells, report, containers[node.name], worker_ray=worker_container_name(config)
             )
@@ -129,19 +136,33 @@ def _short(image_id: str) -> str:
     return image_id.removeprefix("sha256:")[:12]
 
 
-def _image(node: str, cells: dict, image: dict, head_image: dict, is_head: bool) -> list[Problem]:
+def _missing_image_step(ref: str, strategy: ImageStrategy, is_head: bool, head_has_it: bool) -> str:
+    """Where a missing image comes from: the head's is the operator's (prebuilt) or the build's
+    (hybrid); a worker's is copied from the head, once the head has it."""
+    if is_head and strategy == ImageStrategy.PREBUILT:
+        return (
+            f"strategy prebuilt uses the head's image as is: put it there (`docker pull {ref}` on the "
+            "head, `docker load`, or the community build script), then `pulumi up` copies it to the workers"
+        )
+    if is_head:
+        return (
+            "`pulumi up` builds it on the head (strategy hybrid) and copies it to the workers; a stack "
+            "that built it before does not see it gone: `pulumi up --replace` the URN of its `-build` "
+            "resource (`pulumi stack --show-urns`)"
+        )
+    copy = "`pulumi up --refresh` copies it back (only missing layers) and replaces the node's containers"
+    return copy if head_has_it else f"once the head has it (its step above), {copy}"
+
+
+def _image(
+    node: str, cells: dict, image: dict, head_image: dict, is_head: bool, strategy: ImageStrategy
+) -> list[Problem]:
     ref = image.get("ref", "?")
     if not image.get("present"):
         cells["image"] = "missing"
         why = f" ({_first_line(image['error'])})" if image.get("error") else ""
-        return [
-            Problem(
-                node,
-                f"the deployment image {ref} is missing{why}",
-                "`pulumi up --refresh` copies it back (only missing layers) and replaces the node's "
-                "containers",
-            )
-        ]
+        step = _missing_image_step(ref, strategy, is_head, bool(head_image.get("present")))
+        return [Problem(node, f"the deployment image {ref} is missing{why}", step)]
     cells["image"] = _short(image.get("id", ""))
     if is_head or not head_image.get("present"):
         return []

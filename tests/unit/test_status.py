@@ -215,6 +215,49 @@ def test_verdict(config, case, change, expected):
         assert next_step in problem.next, problem.next
 
 
+def with_strategy(config, strategy: str):
+    from components.config import ImageStrategy
+
+    image = config.image.model_copy(update={"strategy": ImageStrategy(strategy)})
+    return config.model_copy(update={"image": image})
+
+
+def image_gone(*nodes):
+    def change(gathered):
+        for node in nodes:
+            gathered["nodes"][node]["image"] = {"ref": "vllm-node:latest", "present": False, "error": ""}
+
+    return change
+
+
+# The image missing: the next step fits where it comes from. A prebuilt image is the operator's to
+# put on the head (`pulumi up` stops with "source … is not there"); a hybrid one `pulumi up` builds.
+# A worker's copy comes from the head: while the head has none, the head's step comes first.
+IMAGE_MISSING = [
+    ("prebuilt, head", "prebuilt", ["node-a"],
+     [("node-a", "docker pull vllm-node:latest", "copies it back")]),
+    ("hybrid, head", "hybrid", ["node-a"], [("node-a", "`pulumi up` builds it", "docker pull")]),
+    ("prebuilt, worker", "prebuilt", ["node-b"], [("node-b", "copies it back", "docker pull")]),
+    ("prebuilt, nothing deployed", "prebuilt", ["node-a", "node-b"],
+     [("node-a", "docker pull vllm-node:latest", "copies it back"),
+      ("node-b", "once the head has it", "docker pull")]),
+    ("hybrid, nothing deployed", "hybrid", ["node-a", "node-b"],
+     [("node-a", "`pulumi up` builds it", "copies it back"),
+      ("node-b", "once the head has it", "docker pull")]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "strategy", "gone", "expected"), IMAGE_MISSING, ids=[c[0] for c in IMAGE_MISSING]
+)
+def test_a_missing_image_gets_the_step_of_its_strategy(config, case, strategy, gone, expected):
+    verdict = judge(with_strategy(config, strategy), broken(image_gone(*gone)))
+    image_problems = [p for p in verdict.problems if "deployment image" in p.what]
+    assert len(image_problems) == len(expected), [p.line() for p in verdict.problems]
+    for problem, (node, says, never) in zip(image_problems, expected, strict=True):
+        assert problem.node == node and says in problem.next and never not in problem.next, problem.line()
+
+
 def test_healthy_cells(config):
     verdict = judge(config, healthy())
     assert verdict.nodes["node-b"] == {
