@@ -6,6 +6,7 @@ README's troubleshooting and drift rows.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -332,15 +333,22 @@ def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]
                 "see the head's container above; `docker logs` of the Ray head on the head node",
             )
         ]
-    status = parse_ray_status(ray["status"])
+    snapshot = parse_ray_status(ray["status"])
+    live = _live_ray(ray.get("nodes_json") or "")
+    alive = live[0] if live else None
+    # `ray status` prints the autoscaler monitor's snapshot, rewritten every 5 s; `ray list nodes` is
+    # the GCS node table. Just after a node joins they disagree: the table is the fact.
+    nodes = live[1] if live else snapshot.nodes
+    gpus = live[2] if live and live[2] is not None else snapshot.gpus
     want_nodes, want_gpus = len(config.nodes), sum(n.gpus for n in config.nodes)
-    cluster["ray"] = f"{status.nodes}/{want_nodes} nodes, {status.gpus:g}/{want_gpus} GPUs"
-    if status.nodes >= want_nodes and status.gpus >= want_gpus:
+    cluster["ray"] = f"{nodes}/{want_nodes} nodes, {gpus:g}/{want_gpus} GPUs"
+    if (snapshot.nodes, snapshot.gpus) != (nodes, gpus):
+        cluster["ray"] += (
+            f" (ray status settling: its last snapshot shows {snapshot.nodes}/{want_nodes} nodes, "
+            f"{snapshot.gpus:g}/{want_gpus} GPUs)"
+        )
+    if nodes >= want_nodes and gpus >= want_gpus:
         return []
-    try:
-        alive = parse_alive_ips(ray.get("nodes_json") or "")
-    except ValueError:
-        alive = None
     problems = []
     missing = [n for n in config.nodes if alive is not None and n.fabric_ip not in alive]
     for node in missing:
@@ -356,11 +364,25 @@ def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]
         problems.append(
             Problem(
                 "cluster",
-                f"Ray reports {status.nodes}/{want_nodes} nodes and {status.gpus:g}/{want_gpus} GPUs",
+                f"Ray reports {nodes}/{want_nodes} nodes and {gpus:g}/{want_gpus} GPUs",
                 "check each node's `gpus` against `ray status` in the Ray head, and the Ray containers' logs",
             )
         )
     return problems
+
+
+def _live_ray(nodes_json: str) -> tuple[set[str], int, float | None] | None:
+    """From `ray list nodes --format json`: the ALIVE nodes' addresses, how many there are, and their
+    GPUs (None when a row carries no resources); None when there is no list."""
+    try:
+        alive = parse_alive_ips(nodes_json)
+        rows = [r for r in json.loads(nodes_json) if isinstance(r, dict) and r.get("state") == "ALIVE"]
+    except (ValueError, TypeError):
+        return None
+    totals = [r.get("resources_total") for r in rows]
+    if not rows or not all(isinstance(t, dict) for t in totals):
+        return alive, len(rows), None
+    return alive, len(rows), float(sum(float(t.get("GPU") or 0) for t in totals))
 
 
 def _server(cluster: dict, server: dict, server_name: str) -> list[Problem]:

@@ -26,6 +26,11 @@ NODES_JSON = json.dumps(
     [{"node_ip": "127.0.0.2", "state": "ALIVE"}, {"node_ip": "127.0.0.3", "state": "ALIVE"}]
 )
 NODES_JSON_ONE = json.dumps([{"node_ip": "127.0.0.2", "state": "ALIVE"}])
+# `ray list nodes` as Ray 2.x prints it: the GCS node table, with each node's resources.
+NODES_JSON_GPUS = json.dumps(
+    [{"node_ip": ip, "state": "ALIVE", "resources_total": {"CPU": 2.0, "GPU": gpus, f"node:{ip}": 1.0}}
+     for ip, gpus in (("127.0.0.2", 1.0), ("127.0.0.3", 1.0))]
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +175,18 @@ CASES = [
         [("cluster", "Ray reports 2/2 nodes and 1/2 GPUs", "gpus")],
     ),
     (
+        # `ray status` prints the autoscaler's snapshot, rewritten every 5 s; the node table is live.
+        "Ray's status snapshot behind its node table: settling, not a problem",
+        _set((*A, "ray"), {"status": RAY_ONE, "nodes_json": NODES_JSON_GPUS, "error": ""}),
+        [],
+    ),
+    (
+        "one GPU short in Ray's node table",
+        _set((*A, "ray"), {"status": RAY_OK, "error": "",
+                           "nodes_json": NODES_JSON_GPUS.replace('"GPU": 1.0', '"GPU": 0.0', 1)}),
+        [("cluster", "Ray reports 2/2 nodes and 1/2 GPUs", "gpus")],
+    ),
+    (
         "server container removed",
         _set((*A, "containers", "qwen35-vllm"), {"present": False}),
         [("node-a", "container qwen35-vllm does not exist", "creates it again")],
@@ -256,6 +273,12 @@ def test_a_missing_image_gets_the_step_of_its_strategy(config, case, strategy, g
     assert len(image_problems) == len(expected), [p.line() for p in verdict.problems]
     for problem, (node, says, never) in zip(image_problems, expected, strict=True):
         assert problem.node == node and says in problem.next and never not in problem.next, problem.line()
+
+
+def test_ray_settling_is_shown_in_the_cell(config):
+    gathered = broken(_set((*A, "ray"), {"status": RAY_ONE, "nodes_json": NODES_JSON_GPUS, "error": ""}))
+    cell = judge(config, gathered).cluster["ray"]
+    assert cell.startswith("2/2 nodes, 2/2 GPUs") and "settling" in cell and "1/2 nodes" in cell, cell
 
 
 def test_healthy_cells(config):
