@@ -42,7 +42,8 @@ class Exit(IntEnum):
     USAGE = 5
 
 
-CONTENT_BLOBS = os.path.join("io.containerd.content.v1.content", "blobs", "sha256")
+CONTENT_STORE = "io.containerd.content.v1.content"
+CONTENT_BLOBS = os.path.join(CONTENT_STORE, "blobs", "sha256")
 SYSTEM_CONTAINERD_ROOT = "/var/lib/containerd"
 DIGEST_HEX = re.compile(r"[0-9a-f]{64}")  # an image's name in imagedb (its config's digest)
 # The inventory line read_classic_store builds: only when asked for this format are the files read.
@@ -65,7 +66,8 @@ def finish(proc) -> tuple[int, str, str]:
 
 def content_blobs(docker_root: str) -> tuple[list[str], list[str]]:
     """The blobs of dockerd's own containerd content store (under its root) and the system's, and why
-    a store could not be listed (none listed: every layer is sent)."""
+    a store could not be listed (none listed: every layer is sent). A content store without a blob
+    folder yet (a fresh node: containerd makes it with the first blob) is listed, and empty."""
     found: set[str] = set()
     listed, why = False, []
     for root in (os.path.join(docker_root, "containerd", "daemon"), SYSTEM_CONTAINERD_ROOT):
@@ -74,7 +76,13 @@ def content_blobs(docker_root: str) -> tuple[list[str], list[str]]:
             found.update(os.listdir(folder))
             listed = True
         except FileNotFoundError:
-            continue
+            try:
+                os.listdir(os.path.join(root, CONTENT_STORE))
+                listed = True  # readable, and it holds no blob yet
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                why.append(f"{folder}: {exc.strerror or exc}")
         except OSError as exc:  # not readable by this user (a non-root SSH user): those layers are sent
             why.append(f"{folder}: {exc.strerror or exc}")
     return sorted(found), [] if listed else (

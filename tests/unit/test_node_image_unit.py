@@ -1146,3 +1146,49 @@ def test_a_reference_splits_into_repository_and_tag_at_the_last_colon_after_the_
         "qwen35-abc",
     )
     assert split_ref("registry.lan:5000/team/vllm-node") == ("registry.lan:5000/team/vllm-node", "latest")
+
+
+def _content_store(root, layout: str) -> None:
+    content = root / "containerd" / "daemon" / "io.containerd.content.v1.content"
+    if layout in ("fresh", "held"):
+        (content / "ingest").mkdir(parents=True)  # what a fresh dockerd's containerd makes first
+    if layout == "held":
+        (content / "blobs" / "sha256").mkdir(parents=True)
+        (content / "blobs" / "sha256" / ("a" * 64)).write_bytes(b"layer")
+
+
+# (layout under the docker root, blobs listed, listed at all): an empty store is listed, and empty.
+CONTENT_STORES = [
+    ("held", ["a" * 64], True),
+    ("fresh", [], True),  # a fresh node: the content store is there, no blob yet
+    ("absent", [], False),  # no content store where dockerd's containerd keeps it: cannot be read
+]
+
+
+@pytest.mark.parametrize(("layout", "blobs", "listed"), CONTENT_STORES, ids=[c[0] for c in CONTENT_STORES])
+def test_content_blobs_tells_an_empty_store_from_an_unreadable_one(
+    tmp_path, monkeypatch, layout, blobs, listed
+):
+    from components.node_programs import docker_facts
+
+    monkeypatch.setattr(docker_facts, "SYSTEM_CONTAINERD_ROOT", str(tmp_path / "no-system-containerd"))
+    _content_store(tmp_path, layout)
+    found, why = docker_facts.content_blobs(str(tmp_path))
+    assert found == blobs and (not why) == listed, why
+
+
+def test_content_blobs_names_a_store_it_may_not_read(tmp_path, monkeypatch):
+    from components.node_programs import docker_facts
+
+    monkeypatch.setattr(docker_facts, "SYSTEM_CONTAINERD_ROOT", str(tmp_path / "no-system-containerd"))
+    _content_store(tmp_path, "held")
+    real = docker_facts.os.listdir
+
+    def refused(path):
+        if "io.containerd.content.v1.content" in str(path):
+            raise PermissionError(13, "Permission denied")
+        return real(path)
+
+    monkeypatch.setattr(docker_facts.os, "listdir", refused)
+    found, why = docker_facts.content_blobs(str(tmp_path))
+    assert found == [] and why and "Permission denied" in why[0], why
