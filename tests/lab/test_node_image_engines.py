@@ -158,13 +158,14 @@ def test_declared_store_must_match_the_daemon(node_c, node_d, images_on_c):
 
 
 @pytest.mark.parametrize(
-    ("name", "read_from"), [("node-a", "store files"), ("node-c", "store files"), ("node-d", "docker")]
+    ("name", "read_from"), [("node-a", "store files"), ("node-c", "store files"), ("node-d", "engine api")]
 )
 def test_the_inventory_read_from_a_classic_stores_files_is_what_the_daemon_reports(
     name, read_from, node_a, node_c, node_d, images_on_c
 ):
     """A classic store's inventory comes from its files (not one daemon request per image): the same
-    images, layer lists and sizes `docker image inspect` reports; a containerd store is asked."""
+    images, layer lists and sizes `docker image inspect` reports; a containerd store's daemon is asked
+    over the Engine API (no `docker` CLI process on the destination)."""
     import json
 
     from components.node_image.docker_on import facts_argv
