@@ -2,8 +2,9 @@
 
 For each node pair: an image of 4 x 100 MB incompressible layers on busybox plus a 10 MB top layer.
 Cases: fresh full copy, unchanged image, changed top layer (three runs, each with a new top layer;
-the figure is the median run's, with the spread of the three ratios); and the raw SSH throughput as
-a ceiling.
+the figure is the median run's, with the spread of the three ratios, and the seconds a thin copy
+takes: the fixed cost the operator waits for on every `up` that changes a layer), the same on a
+300 MB image (the first three of those layers); and the raw SSH throughput as a ceiling.
 "ours" is the default (layers read from a classic overlay2 source's layer store); "ours, docker
 save" forces the `docker save | filter` path (what an OCI/containerd source or a non-root user gets).
 A containerd-store destination leaves out the layers whose blobs its content store holds.
@@ -30,6 +31,9 @@ IMAGE = "bench-image:1"
 # The previous build keeps its own tag on the node, as the deployment's content-hash tags do.
 PREVIOUS = "bench-image:previous"
 BASE_MB = (100, 100, 100, 100)
+# The changed-top-layer case on two image sizes: the ratio grows with the image, the thin copy's
+# seconds should not. The smaller base is the larger one's first layers (the build cache's).
+SIZES = ((len(BASE_MB), "400 MB image"), (3, "300 MB image"))
 TOP_MB = 10
 REPEATS = 3  # runs of each changed-top-layer case (the figure is their median)
 PAIRS = (
@@ -43,24 +47,29 @@ def node_dict(node: lab.LabNode) -> dict:
     return {**lab.node_config(node), "name": node.name}
 
 
-def build_base(node: lab.LabNode) -> None:
+def base_ref(layers: int = len(BASE_MB)) -> str:
+    return BASE if layers == len(BASE_MB) else f"{BASE}-{layers}"
+
+
+def build_base(node: lab.LabNode, layers: int = len(BASE_MB)) -> None:
     steps = "".join(
-        f"RUN dd if=/dev/urandom of=/base{i} bs=1M count={mb} status=none\n" for i, mb in enumerate(BASE_MB)
+        f"RUN dd if=/dev/urandom of=/base{i} bs=1M count={mb} status=none\n"
+        for i, mb in enumerate(BASE_MB[:layers])
     )
     dockerfile = f"FROM lab-busybox:1\n{steps}"
-    if lab.docker(node, "image", "inspect", BASE, check=False).returncode != 0:
+    if lab.docker(node, "image", "inspect", base_ref(layers), check=False).returncode != 0:
         lab.on_node(
             node,
-            ["docker", "build", "--network", "host", "-q", "-t", BASE, "-"],
+            ["docker", "build", "--network", "host", "-q", "-t", base_ref(layers), "-"],
             input=_context(dockerfile),
             timeout=900,
         )
 
 
-def build_top(node: lab.LabNode) -> None:
+def build_top(node: lab.LabNode, base: str = BASE) -> None:
     nonce = secrets.token_hex(4)
     dd = f"dd if=/dev/urandom of=/top bs=1M count={TOP_MB} status=none"
-    dockerfile = f"FROM {BASE}\nRUN echo {nonce} > /nonce && {dd}\n"
+    dockerfile = f"FROM {base}\nRUN echo {nonce} > /nonce && {dd}\n"
     lab.on_node(
         node,
         ["docker", "build", "--network", "host", "-q", "-t", IMAGE, "-"],
@@ -83,7 +92,7 @@ def _context(dockerfile: str) -> bytes:
 
 
 def clear(node: lab.LabNode) -> None:
-    for ref in (IMAGE, PREVIOUS, BASE):
+    for ref in (IMAGE, PREVIOUS, *(base_ref(layers) for layers, _ in SIZES)):
         lab.docker(node, "image", "rm", "-f", ref, check=False)
     lab.docker(node, "image", "prune", "-f", check=False)
 
@@ -159,10 +168,25 @@ def bench_pair(src: lab.LabNode, dst: lab.LabNode, label: str) -> list[tuple]:
     note = f"{'ok' if ok else 'MISS'}: 0 layer bytes, < 2 s"
     rows.append((label, "unchanged image", None, ours_s, None, total, outs["bytes_sent"], note))
 
+    for layers, size in SIZES:
+        rows.append(changed_top(provider, src, dst, label, layers, size))
+    clear(dst)
+    return rows
+
+
+def changed_top(
+    provider: NodeImageProvider, src: lab.LabNode, dst: lab.LabNode, label: str, layers: int, size: str
+) -> tuple:
+    """The changed-top-layer row on an image of `layers` base layers: the destination holds the
+    previous image (its own tag), each run brings a new top layer."""
+    base = base_ref(layers)
+    build_base(src, layers)
+    build_top(src, base)
+    ours(provider, src, dst)  # the destination holds this base (nothing to send when it already did)
     lab.docker(dst, "tag", IMAGE, PREVIOUS)
     runs = []
     for _ in range(REPEATS):  # sub-second timings: the median of a few runs, with their spread
-        build_top(src)
+        build_top(src, base)
         plain_s = plain_copy(src, dst)  # the destination keeps the base layers (the previous image)
         lab.docker(dst, "image", "rm", "-f", IMAGE, check=False)
         save_s, _ = ours(provider, src, dst, "save")
@@ -173,18 +197,29 @@ def bench_pair(src: lab.LabNode, dst: lab.LabNode, label: str) -> list[tuple]:
     top = TOP_MB * 2**20
     note = (
         f"sent {outs['bytes_sent'] / top:.2f} x layer (<= 1.2), {plain_s / ours_s:.1f}x faster (>= 5; "
-        f"{spread(runs, faster, 1, 'x')})"
+        f"{spread(runs, faster, 1, 'x')}), thin copy {median_run(runs, thin_s)[1]:.2f} s "
+        f"({spread(runs, thin_s, 2, ' s')})"
     )
-    rows.append(
-        (label, "changed top layer", plain_s, ours_s, save_s, save_bytes(src), outs["bytes_sent"], note)
+    return (
+        label,
+        f"changed top layer, {size}",
+        plain_s,
+        ours_s,
+        save_s,
+        save_bytes(src),
+        outs["bytes_sent"],
+        note,
     )
-    clear(dst)
-    return rows
 
 
 def faster(run: tuple) -> float:
     """plain s / ours s of a run `(plain s, ours s, …)`."""
     return run[0] / run[1]
+
+
+def thin_s(run: tuple) -> float:
+    """ours s of a run `(plain s, ours s, …)`: what a thin copy costs whatever the image's size."""
+    return run[1]
 
 
 def mb(value) -> str:
@@ -221,9 +256,9 @@ def bench_slow_shell(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
     plain_s, ours_s, plain_sessions, ours_sessions, outs = median_run(runs, faster)
     top = TOP_MB * 2**20
     note = (
-        f"{plain_s / ours_s:.1f}x faster (>= 5; {spread(runs, faster, 1, 'x')}), sent "
-        f"{outs['bytes_sent'] / top:.2f} x layer; SSH sessions per create: ours {ours_sessions}, "
-        f"plain {plain_sessions}"
+        f"{plain_s / ours_s:.1f}x faster (>= 5; {spread(runs, faster, 1, 'x')}), thin copy "
+        f"{median_run(runs, thin_s)[1]:.2f} s, sent {outs['bytes_sent'] / top:.2f} x layer; SSH sessions "
+        f"per create: ours {ours_sessions}, plain {plain_sessions}"
     )
     rows = [(label, "changed top layer", plain_s, ours_s, None, save_bytes(src), outs["bytes_sent"], note)]
     clear(dst)

@@ -108,6 +108,68 @@ STAGE_HINTS = {
 }
 
 
+# The first vLLM with Qwen3.5 built in, and the architectures the proof knows as Qwen3.5.
+NATIVE_VLLM = (0, 17)
+QWEN35_ARCHITECTURES = ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration")
+PREBUILT = "use an image with vLLM >= 0.17 and Ray (image.strategy: prebuilt, image.prebuilt)"
+CHECKPOINT_AT_FAULT = (
+    "check qwen35-spark:model.repo and model.revision (a complete, unmodified Qwen3.5 snapshot), "
+    "then `pulumi up --refresh` so the Checkpoint re-verifies its files"
+)
+
+
+def _release(version: Any) -> tuple[int, int] | None:
+    """(major, minor) of a version such as '0.17.1rc1' or '0.17.1+cu130'; None when not reported."""
+    match = re.match(r"(\d+)\.(\d+)", str(version or ""))
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def next_step(report: Mapping[str, Any]) -> str:
+    """What to do about a failed proof, from what failed: the image's vLLM or transformers, the
+    checkpoint, the stack config, or the check's own call of the proof (a usage error)."""
+    stage, error = report.get("failed_stage"), str(report.get("error") or "")
+    vllm, transformers = report.get("vllm"), report.get("transformers")
+    release = _release(vllm)
+    if not stage and error.startswith("UsageError"):
+        if "--checkpoint" in error:
+            return (
+                f"the checkpoint on the head is not a complete Hugging Face snapshot: {CHECKPOINT_AT_FAULT}"
+            )
+        return (
+            "the check called the proof with arguments it refuses: a bug in components/model_support.py "
+            "(proof_argv); report it with the error above"
+        )
+    if stage == "environment" and not vllm:
+        return f"the image has no vLLM: {PREBUILT}"
+    if release is not None and release < NATIVE_VLLM:
+        return f"the image's vLLM {vllm} predates native Qwen3.5 support (0.17): {PREBUILT}"
+    if stage == "environment":
+        return (
+            f"the image's vLLM {vllm} is recent enough, but its Python environment does not import "
+            f"(transformers {transformers}, torch {report.get('torch')}; the error above names the "
+            "package): rebuild the image or fix its packages"
+        )
+    if stage == "config" and report.get("architecture") not in (None, *QWEN35_ARCHITECTURES):
+        return (
+            f"the checkpoint is a {report.get('architecture')} ({report.get('model_type')}), not the "
+            "Qwen3.5 this stack serves: set qwen35-spark:model.repo (and model.revision) to a Qwen3.5 "
+            "checkpoint"
+        )
+    if stage == "config" and (_release(transformers) or (0, 0)) >= (5, 0):
+        return (
+            f"the image's transformers {transformers} is newer than what vLLM {vllm} loads Qwen3.5's "
+            "config with (4.57.6 for 0.17): pin transformers to what that vLLM expects "
+            "(image.transformers for a hybrid build), or use an image whose packages match"
+        )
+    verb = {"config": "read", "construct": "build", "load": "load"}.get(stage)
+    if verb and release is not None:
+        return (
+            f"the image's vLLM {vllm} supports Qwen3.5, so the checkpoint is what it cannot {verb}: "
+            f"{CHECKPOINT_AT_FAULT}"
+        )
+    return STAGE_HINTS.get(stage, "read the error above")
+
+
 class ModelSupportError(RuntimeError):
     """The check could not prove support (or could not run); the message says what to do."""
 
@@ -244,9 +306,15 @@ def _image_label(props: Mapping[str, Any], report: Mapping[str, Any] | None = No
 def failure_message(props: Mapping[str, Any], report: Mapping[str, Any]) -> str:
     """The proof said no: stage, error, where, the image and its versions, what to do."""
     node = props["node"]["name"]
-    stage = report.get("failed_stage") or "unknown"
+    stage = report.get("failed_stage")
+    if stage:
+        what = f"the model-support check failed at stage '{stage}'"
+    elif str(report.get("error") or "").startswith("UsageError"):
+        what = "the model-support check's proof refused its inputs (a usage error)"
+    else:
+        what = "the model-support check failed (the proof named no stage)"
     lines = [
-        f"{node}: the model-support check failed at stage '{stage}' in image {_image_label(props, report)}",
+        f"{node}: {what} in image {_image_label(props, report)}",
         f"  error: {report.get('error') or '(none reported)'}",
     ]
     if report.get("where"):
@@ -256,7 +324,7 @@ def failure_message(props: Mapping[str, Any], report: Mapping[str, Any]) -> str:
             f"  checkpoint: {report.get('architecture')} / {report.get('model_type')} / "
             f"quantization {json.dumps(report.get('quantization'))}"
         )
-    lines.append(f"  next: {STAGE_HINTS.get(stage, 'read the error above')}")
+    lines.append(f"  next: {next_step(report)}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ import dataclasses
 
 from lab.images import busybox_image, debian_image
 from lab.layout import NODE_NAMES, NODE_SPECS, LabError, LabNode, NodeSpec, door_port
-from lab.nodes import down, running_nodes, status, up
+from lab.nodes import down, running_nodes, spare_address, status, up
 from lab.remote import Result, docker, on_node, pipeline, remote_command, ssh_argv, ssh_options
 
 
@@ -52,6 +52,7 @@ __all__ = [
     "pipeline",
     "remote_command",
     "running_nodes",
+    "spare_address",
     "ssh_argv",
     "ssh_options",
     "status",

@@ -55,6 +55,9 @@ NODE_SPECS: tuple[NodeSpec, ...] = (
     NodeSpec("node-e", "127.0.0.6", Engine.BOOKWORM, Store.CLASSIC, jump="node-a"),
 )
 NODE_NAMES = tuple(spec.name for spec in NODE_SPECS)
+# Loopback addresses no node uses, for what tests put beside the nodes: a relay that stands for
+# another name of a node, an address where nothing answers. Taken one at a time, each checked free.
+SPARE_HOSTS: tuple[str, ...] = tuple(f"127.0.0.{last}" for last in range(10, 40))
 
 
 @dataclass(frozen=True)

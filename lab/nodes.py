@@ -21,6 +21,7 @@ from lab.engines import SYSTEM_PATH, dockerd_binary, engine_bin_dirs, find_binar
 from lab.layout import (
     LAB_USER,
     NODE_SPECS,
+    SPARE_HOSTS,
     LabError,
     LabNode,
     NodePaths,
@@ -338,6 +339,27 @@ def check_port_free(spec: NodeSpec, port: int | None = None, host: str | None = 
                     f"(see: ss -ltnp 'sport = :{port}')"
                 ) from None
             raise LabError(f"lab: {spec.name}: cannot bind {host}:{port}: {exc}") from None
+
+
+def spare_address(port: int, avoid: tuple[str, ...] = ()) -> str:
+    """A loopback address of the lab's own (`SPARE_HOSTS`) where `port` is free, so a test can listen
+    there, or find nothing listening; the first such address not in `avoid`."""
+    taken = []
+    for host in SPARE_HOSTS:
+        if host in avoid:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                taken.append(host)
+                continue
+        return host
+    raise LabError(
+        f"lab: no spare loopback address has port {port} free (taken: {', '.join(taken)}); "
+        f"see: ss -ltnp 'sport = :{port}'"
+    )
 
 
 @contextlib.contextmanager

@@ -9,7 +9,8 @@ against it and nothing touches the real Hub. Endpoints (huggingface_hub 2.4):
 - `HEAD|GET /{repo}/resolve/{rev}/{path}`: `X-Repo-Commit`, `ETag` (git blob sha1), and for LFS
   files `X-Linked-Etag` (sha256) and `X-Linked-Size`; `Range: bytes=N-` answers 206.
 
-Faults for tests: `require_token` (401 without `Authorization: Bearer <token>`), `fail_status`
+Faults for tests: `require_token` (401 without `Authorization: Bearer <token>`: as a private repo
+`RepoNotFound` when no token came, as a token the Hub does not know when another came), `fail_status`
 (every request answers that status), `cut_after` (the first GET of each LFS file closes the
 connection after that many body bytes). Errors carry `X-Error-Code` as the Hub's do.
 """
@@ -29,6 +30,8 @@ from pathlib import Path
 CHUNK = 1 << 20
 # The Hub stores files above this size (and every *.safetensors) in LFS, named by their sha256.
 LFS_THRESHOLD = 10 * 1024 * 1024
+# The Hub's reason for a token it does not know (huggingface_hub tells it from a missing repo by it).
+INVALID_TOKEN = "Invalid credentials in Authorization header"
 
 
 @dataclass(frozen=True)
@@ -156,12 +159,13 @@ class StandinHub:
 
     # --- request handling -------------------------------------------------------------------------
 
-    def _error(self, handler, status: int, code: str, message: str) -> None:
+    def _error(self, handler, status: int, code: str | None, message: str) -> None:
         body = json.dumps({"error": message}).encode()
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(body)))
-        handler.send_header("X-Error-Code", code)
+        if code:
+            handler.send_header("X-Error-Code", code)
         handler.send_header("X-Error-Message", message)
         handler.end_headers()
         if handler.command != "HEAD":
@@ -195,8 +199,11 @@ class StandinHub:
             code = "RepoNotFound" if self.fail_status in (401, 404) else "ServerError"
             return self._error(handler, self.fail_status, code, f"stand-in hub answers {self.fail_status}")
         authorization = handler.headers.get("Authorization")
-        if self.require_token is not None and authorization != f"Bearer {self.require_token}":
+        if self.require_token is not None and authorization is None:
             return self._error(handler, 401, "RepoNotFound", "Invalid username or password.")
+        if self.require_token is not None and authorization != f"Bearer {self.require_token}":
+            # What the Hub answers a token it does not know: no error code, its reason in the header.
+            return self._error(handler, 401, None, INVALID_TOKEN)
         parts = [p for p in path.split("/") if p]
         if parts[:2] == ["api", "models"]:
             repo, rest = self._repo_and_rest(parts[2:])

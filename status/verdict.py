@@ -6,10 +6,11 @@ README's troubleshooting and drift rows.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.config import StackConfig
+from components.config import ImageStrategy, StackConfig
 from components.deployment import node_container_names
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
@@ -105,7 +106,14 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
                         "set nodes[].image_store to what the node runs (`docker info`)",
                     )
                 )
-            problems += _image(node.name, cells, report.get("image") or {}, head_image, node.name == head)
+            problems += _image(
+                node.name,
+                cells,
+                report.get("image") or {},
+                head_image,
+                node.name == head,
+                config.image.strategy,
+            )
             problems += _containers(
                 node.name, cells, report, containers[node.name], worker_ray=worker_container_name(config)
             )
@@ -129,19 +137,33 @@ def _short(image_id: str) -> str:
     return image_id.removeprefix("sha256:")[:12]
 
 
-def _image(node: str, cells: dict, image: dict, head_image: dict, is_head: bool) -> list[Problem]:
+def _missing_image_step(ref: str, strategy: ImageStrategy, is_head: bool, head_has_it: bool) -> str:
+    """Where a missing image comes from: the head's is the operator's (prebuilt) or the build's
+    (hybrid); a worker's is copied from the head, once the head has it."""
+    if is_head and strategy == ImageStrategy.PREBUILT:
+        return (
+            f"strategy prebuilt uses the head's image as is: put it there (`docker pull {ref}` on the "
+            "head, `docker load`, or the community build script), then `pulumi up` copies it to the workers"
+        )
+    if is_head:
+        return (
+            "`pulumi up` builds it on the head (strategy hybrid) and copies it to the workers; a stack "
+            "that built it before does not see it gone: `pulumi up --replace` the URN of its `-build` "
+            "resource (`pulumi stack --show-urns`)"
+        )
+    copy = "`pulumi up --refresh` copies it back (only missing layers) and replaces the node's containers"
+    return copy if head_has_it else f"once the head has it (its step above), {copy}"
+
+
+def _image(
+    node: str, cells: dict, image: dict, head_image: dict, is_head: bool, strategy: ImageStrategy
+) -> list[Problem]:
     ref = image.get("ref", "?")
     if not image.get("present"):
         cells["image"] = "missing"
         why = f" ({_first_line(image['error'])})" if image.get("error") else ""
-        return [
-            Problem(
-                node,
-                f"the deployment image {ref} is missing{why}",
-                "`pulumi up --refresh` copies it back (only missing layers) and replaces the node's "
-                "containers",
-            )
-        ]
+        step = _missing_image_step(ref, strategy, is_head, bool(head_image.get("present")))
+        return [Problem(node, f"the deployment image {ref} is missing{why}", step)]
     cells["image"] = _short(image.get("id", ""))
     if is_head or not head_image.get("present"):
         return []
@@ -311,15 +333,22 @@ def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]
                 "see the head's container above; `docker logs` of the Ray head on the head node",
             )
         ]
-    status = parse_ray_status(ray["status"])
+    snapshot = parse_ray_status(ray["status"])
+    live = _live_ray(ray.get("nodes_json") or "")
+    alive = live[0] if live else None
+    # `ray status` prints the autoscaler monitor's snapshot, rewritten every 5 s; `ray list nodes` is
+    # the GCS node table. Just after a node joins they disagree: the table is the fact.
+    nodes = live[1] if live else snapshot.nodes
+    gpus = live[2] if live and live[2] is not None else snapshot.gpus
     want_nodes, want_gpus = len(config.nodes), sum(n.gpus for n in config.nodes)
-    cluster["ray"] = f"{status.nodes}/{want_nodes} nodes, {status.gpus:g}/{want_gpus} GPUs"
-    if status.nodes >= want_nodes and status.gpus >= want_gpus:
+    cluster["ray"] = f"{nodes}/{want_nodes} nodes, {gpus:g}/{want_gpus} GPUs"
+    if (snapshot.nodes, snapshot.gpus) != (nodes, gpus):
+        cluster["ray"] += (
+            f" (ray status settling: its last snapshot shows {snapshot.nodes}/{want_nodes} nodes, "
+            f"{snapshot.gpus:g}/{want_gpus} GPUs)"
+        )
+    if nodes >= want_nodes and gpus >= want_gpus:
         return []
-    try:
-        alive = parse_alive_ips(ray.get("nodes_json") or "")
-    except ValueError:
-        alive = None
     problems = []
     missing = [n for n in config.nodes if alive is not None and n.fabric_ip not in alive]
     for node in missing:
@@ -335,11 +364,25 @@ def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]
         problems.append(
             Problem(
                 "cluster",
-                f"Ray reports {status.nodes}/{want_nodes} nodes and {status.gpus:g}/{want_gpus} GPUs",
+                f"Ray reports {nodes}/{want_nodes} nodes and {gpus:g}/{want_gpus} GPUs",
                 "check each node's `gpus` against `ray status` in the Ray head, and the Ray containers' logs",
             )
         )
     return problems
+
+
+def _live_ray(nodes_json: str) -> tuple[set[str], int, float | None] | None:
+    """From `ray list nodes --format json`: the ALIVE nodes' addresses, how many there are, and their
+    GPUs (None when a row carries no resources); None when there is no list."""
+    try:
+        alive = parse_alive_ips(nodes_json)
+        rows = [r for r in json.loads(nodes_json) if isinstance(r, dict) and r.get("state") == "ALIVE"]
+    except (ValueError, TypeError):
+        return None
+    totals = [r.get("resources_total") for r in rows]
+    if not rows or not all(isinstance(t, dict) for t in totals):
+        return alive, len(rows), None
+    return alive, len(rows), float(sum(float(t.get("GPU") or 0) for t in totals))
 
 
 def _server(cluster: dict, server: dict, server_name: str) -> list[Problem]:

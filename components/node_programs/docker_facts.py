@@ -18,7 +18,9 @@ an API that failed midway leaves `api_error` and the CLI answers everything.
 The inventory (`images`) of a classic store is read from the store's own files where this user can
 read them: its image configs (`image/<driver>/imagedb`) and its layers' sizes (`layerdb`), the same
 lines `docker image inspect` prints, in a few milliseconds where the CLI asks the daemon once per
-image (0.2 s for 300 images). `inventory_from` says which: "store files" or "docker".
+image (0.2 s for 300 images). Elsewhere (a containerd store, files this user cannot read) the
+Engine API answers it where it answered the rest, else the CLI. `inventory_from` says which:
+"store files", "engine api" or "docker".
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class Exit(IntEnum):
     USAGE = 5
 
 
-CONTENT_BLOBS = os.path.join("io.containerd.content.v1.content", "blobs", "sha256")
+CONTENT_STORE = "io.containerd.content.v1.content"
+CONTENT_BLOBS = os.path.join(CONTENT_STORE, "blobs", "sha256")
 SYSTEM_CONTAINERD_ROOT = "/var/lib/containerd"
 DIGEST_HEX = re.compile(r"[0-9a-f]{64}")  # an image's name in imagedb (its config's digest)
 # The inventory line read_classic_store builds: only when asked for this format are the files read.
@@ -65,7 +68,8 @@ def finish(proc) -> tuple[int, str, str]:
 
 def content_blobs(docker_root: str) -> tuple[list[str], list[str]]:
     """The blobs of dockerd's own containerd content store (under its root) and the system's, and why
-    a store could not be listed (none listed: every layer is sent)."""
+    a store could not be listed (none listed: every layer is sent). A content store without a blob
+    folder yet (a fresh node: containerd makes it with the first blob) is listed, and empty."""
     found: set[str] = set()
     listed, why = False, []
     for root in (os.path.join(docker_root, "containerd", "daemon"), SYSTEM_CONTAINERD_ROOT):
@@ -74,7 +78,13 @@ def content_blobs(docker_root: str) -> tuple[list[str], list[str]]:
             found.update(os.listdir(folder))
             listed = True
         except FileNotFoundError:
-            continue
+            try:
+                os.listdir(os.path.join(root, CONTENT_STORE))
+                listed = True  # readable, and it holds no blob yet
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                why.append(f"{folder}: {exc.strerror or exc}")
         except OSError as exc:  # not readable by this user (a non-root SSH user): those layers are sent
             why.append(f"{folder}: {exc.strerror or exc}")
     return sorted(found), [] if listed else (
@@ -146,9 +156,30 @@ def drain(*procs) -> None:
             finish(proc)
 
 
-def inventory(spec: dict, info_out: str, report: dict) -> bool:
+def api_inventory(engine: str) -> str:
+    """Every image's inspect line (INSPECT_FORMAT) from the Engine API: the list, then one request per
+    image (a few ms each), where the CLI would start two processes. An image removed meanwhile is
+    left out: its layers are then sent rather than reused."""
+    status, listed = engine_api.get_json(engine, "/images/json?all=1", API_TIMEOUT_S)
+    if status != 200:
+        raise engine_api.EngineError(f"GET /images/json: status {status}")
+    lines = []
+    for image_id in sorted({str(image["Id"]) for image in listed}):
+        status, found = engine_api.get_json(
+            engine, f"/images/{engine_api.quote(image_id)}/json", API_TIMEOUT_S
+        )
+        if status == 404:
+            continue
+        if status != 200:
+            raise engine_api.EngineError(f"GET /images/…/json: status {status}")
+        lines.append(engine_api.image_line(found) + "\n")
+    return "".join(lines)
+
+
+def inventory(spec: dict, info_out: str, report: dict, engine: str | None = None) -> bool:
     """Fill in `images`, `free` and a containerd store's `blobs`; False when the images could not be
-    listed (the daemon's error in `stderr`)."""
+    listed (the daemon's error in `stderr`). From a classic store's files where they can be read,
+    else from the Engine API on `engine` (when the other facts came from it), else from the CLI."""
     fields = info_out.strip().split("\t")
     root = fields[1] if len(fields) > 1 else "/var/lib/docker"
     containerd = "io.containerd.snapshotter" in info_out
@@ -156,6 +187,12 @@ def inventory(spec: dict, info_out: str, report: dict) -> bool:
     if not containerd and len(fields) > 3 and fields[3] and spec["image_format"] == FILES_FORMAT:
         lines = read_classic_store(root, fields[3])
     report["inventory_from"] = "docker" if lines is None else "store files"
+    if lines is None and engine and spec["image_format"] == INSPECT_FORMAT:
+        try:
+            lines = api_inventory(engine)
+            report["inventory_from"] = "engine api"
+        except engine_api.FAILED as exc:
+            report["api_error"] = f"inventory: {type(exc).__name__}: {exc}"[:300]
     if lines is None:
         lines, err = docker_inventory(spec["image_format"])
         if lines is None:
@@ -186,7 +223,7 @@ def facts(spec: dict) -> tuple[Exit, dict]:
         report["api_error"] = f"{type(exc).__name__}: {exc}"[:300]
         return status, report
     report: dict = {"info": info_out, "image": image_out, "python": "python3", "facts_from": "engine api"}
-    if spec.get("inventory") and not inventory(spec, info_out, report):
+    if spec.get("inventory") and not inventory(spec, info_out, report, engine):
         return Exit.INVENTORY_FAILED, report
     if history_out is not None:
         report["history"] = history_out

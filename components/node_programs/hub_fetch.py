@@ -11,8 +11,8 @@ Args: `hub` (the cache's hub dir), `repo`, `revision`, `allow`, `ignore` (patter
 completed stay, so a cut download continues where it stopped).
 
 Report: `{"revision": <commit sha>, "snapshot_path": …}` or `{"error": …, "kind": …}`, kinds:
-`not_found` (repo missing, private or the token refused: 401/404), `revision` (no such revision),
-`network`, `other`.
+`not_found` (repo missing, or private and the token does not open it: 401/404), `token` (the Hub
+refused the token itself: 401/403 with its reason), `revision` (no such revision), `network`, `other`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FETCH = 6
+TOKEN_SETTING = "qwen35-spark:hf_token"  # named in messages; the token itself never is
 # A stderr line every second while downloading: `qwen35-progress <bytes done> <bytes total>`, the
 # transfer layer's marker (`transfer_source.Marker.PROGRESS`; a unit test keeps them equal). The
 # orchestrator relays it to the operator during `pulumi up`, and its silence is a stall.
@@ -138,6 +139,16 @@ def _total_bytes(api, repo: str, sha: str, args: dict) -> int:
     return sum(int(f.size or 0) for f in kept)
 
 
+def _status(exc: Exception) -> object:
+    return getattr(getattr(exc, "response", None), "status_code", "?")
+
+
+def _hub_reason(exc: Exception) -> str:
+    """The Hub's own explanation of an error (its X-Error-Message or error body): first line, short."""
+    lines = str(getattr(exc, "server_message", None) or "").strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
 def fetch(args: dict, token: str | None) -> dict:
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.utils import (
@@ -187,15 +198,26 @@ def fetch(args: dict, token: str | None) -> dict:
     except RevisionNotFoundError:
         return {"error": f"{where}: the Hub has no such revision (branch, tag or commit)", "kind": "revision"}
     except (RepositoryNotFoundError, GatedRepoError) as exc:
-        status = getattr(getattr(exc, "response", None), "status_code", "?")
+        status = _status(exc)
+        access = "not accessible with the configured token" if token else "private and no token is configured"
         return {
-            "error": f"{where}: not found, or not accessible with the configured token (HTTP {status}); "
-            "check the repo id, and for a private or gated repo set qwen35-spark:hf_token",
+            "error": f"{where}: not found, or {access} (HTTP {status}); "
+            f"check the repo id, and for a private or gated repo set {TOKEN_SETTING}",
             "kind": "not_found",
         }
     except HfHubHTTPError as exc:
-        status = getattr(getattr(exc, "response", None), "status_code", "?")
-        return {"error": f"{where}: the Hub answered HTTP {status}", "kind": "other"}
+        status, reason = _status(exc), _hub_reason(exc)
+        if status in (401, 403):  # the Hub refused the token itself (unknown, expired, or too weak)
+            return {
+                "error": f"{where}: the Hub refused the configured token "
+                f"(HTTP {status}: {reason or 'no reason given'}); set a valid read token of an account "
+                f"that may read {repo}: pulumi config set --secret {TOKEN_SETTING} hf_…",
+                "kind": "token",
+            }
+        return {
+            "error": f"{where}: the Hub answered HTTP {status}" + (f": {reason}" if reason else ""),
+            "kind": "other",
+        }
     except OSError as exc:
         return {"error": f"{where}: {exc.__class__.__name__}: {exc}", "kind": "network"}
 

@@ -224,6 +224,7 @@ def test_hub_errors_name_repo_and_revision_never_the_token(hub, caches, node_a):
         hub.require_token = None
     message = str(refused.value)
     assert REPO in message and "revision main" in message and "401" in message
+    assert "Invalid credentials" in message and "qwen35-spark:hf_token" in message, message
     assert "hf_wrong_token_000" not in message
     assert accepted["revision"] == hub.repos[REPO].sha
     with pytest.raises(CheckpointError) as missing:

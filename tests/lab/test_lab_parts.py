@@ -217,6 +217,17 @@ def test_port_taken_names_address_and_port(monkeypatch):
             nodes.check_port_free(select_specs(["node-d"])[0])
 
 
+def test_spare_address_skips_one_taken_and_names_them_when_none_is_left(monkeypatch):
+    with socket.create_server((layout.SPARE_HOSTS[0], 0)) as holder:
+        port = holder.getsockname()[1]
+        assert nodes.spare_address(port) == layout.SPARE_HOSTS[1]
+        assert nodes.spare_address(port, avoid=(layout.SPARE_HOSTS[1],)) == layout.SPARE_HOSTS[2]
+        monkeypatch.setattr(nodes, "SPARE_HOSTS", layout.SPARE_HOSTS[:1])
+        with pytest.raises(LabError, match=rf"no spare loopback address has port {port} free \(taken: "):
+            nodes.spare_address(port)
+    assert not set(layout.SPARE_HOSTS) & {spec.host for spec in layout.NODE_SPECS}
+
+
 def _fake_dockerd(tmp_path: Path, body: str) -> str:
     script = tmp_path / "fake-dockerd"
     script.write_text(f"#!/bin/sh\n{body}\n")

@@ -5,6 +5,7 @@ Provider methods are called directly; images are busybox plus a few small random
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -167,15 +168,16 @@ def test_ssh_refused_from_source_names_both_nodes(pair):
     src, dst = pair
     build(src, "ni-refused:1", "lab-busybox:1", os.urandom(10_000))
     remove(dst, "ni-refused:1")
+    nobody = lab.spare_address(dst.port)  # nothing listens there: the connection is refused
     with pytest.raises(NodeImageError) as caught:
-        PROVIDER.create(props("ni-refused:1", src, dst, fabric_host="127.0.0.9"))
+        PROVIDER.create(props("ni-refused:1", src, dst, fabric_host=nobody))
     message = str(caught.value)
     assert "cannot SSH" in message and "node-a" in message and "node-b" in message
     assert image_id(dst, "ni-refused:1") is None
     # A skip needs no connection between the nodes: the one tried during the inspection failing
     # is not an error when nothing has to be sent.
     PROVIDER.create(props("ni-refused:1", src, dst))
-    again = PROVIDER.create(props("ni-refused:1", src, dst, fabric_host="127.0.0.9")).outs
+    again = PROVIDER.create(props("ni-refused:1", src, dst, fabric_host=nobody)).outs
     assert again["skipped"] is True and again["bytes_sent"] == 0
     remove(dst, "ni-refused:1")
 
@@ -237,6 +239,9 @@ class CutProxy:
                 pass
 
     def close(self):
+        # shutdown first: a close alone leaves the socket listening while _accept waits in accept()
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
         self.server.close()
         self.close_streams()
 
@@ -254,7 +259,7 @@ def relay_known_hosts(dst: lab.LabNode, address: str, tmp_path: Path) -> str:
 @pytest.mark.parametrize("freeze", [False, True], ids=["cut", "stall"])
 def test_stream_broken_midway_leaves_nothing_tagged(pair, tmp_path, freeze):
     src, dst = pair
-    address = "127.0.0.10" if freeze else "127.0.0.11"
+    address = lab.spare_address(dst.port)
     build(src, "ni-cut:1", "lab-busybox:1", os.urandom(8_000_000))
     remove(dst, "ni-cut:1")
     proxy = CutProxy(address, dst.port, (dst.host, dst.port), limit=2_000_000, freeze=freeze)
@@ -348,14 +353,30 @@ def test_replacement_for_a_new_trigger_keeps_the_image(pair):
     assert image_id(dst, "ni-own:1") is None
 
 
-def test_renamed_fabric_host_is_an_update_and_a_replacement_would_keep_the_image(pair, tmp_path):
+@contextlib.contextmanager
+def listening(addresses: list[str], port: int):
+    """Another service on the machine, listening at `address:port` for each of `addresses`."""
+    with contextlib.ExitStack() as stack:
+        for address in addresses:
+            stack.enter_context(socket.create_server((address, port)))
+        yield
+
+
+@pytest.mark.parametrize("taken", [False, True], ids=["free", "address-taken"])
+def test_renamed_fabric_host_is_an_update_and_a_replacement_would_keep_the_image(pair, tmp_path, taken):
     src, dst = pair
+    # The address this test once took for granted, and the first the lab would offer.
+    with listening(["127.0.0.12", lab.spare_address(dst.port)] if taken else [], dst.port):
+        renamed_fabric_host(src, dst, tmp_path)
+
+
+def renamed_fabric_host(src: lab.LabNode, dst: lab.LabNode, tmp_path: Path) -> None:
     wanted = build(src, "ni-fab:1", "lab-busybox:1", os.urandom(30_000))
     remove(dst, "ni-fab:1")
     first = props("ni-fab:1", src, dst)
     old = PROVIDER.create(first).outs
     # Another name for the same node: a relay on another address that forwards to its sshd.
-    alias = "127.0.0.12"
+    alias = lab.spare_address(dst.port)
     relay = CutProxy(alias, dst.port, (dst.host, dst.port), limit=1 << 40)
     try:
         tuning = {"peer_known_hosts": relay_known_hosts(dst, alias, tmp_path)}

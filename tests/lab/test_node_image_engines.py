@@ -158,13 +158,14 @@ def test_declared_store_must_match_the_daemon(node_c, node_d, images_on_c):
 
 
 @pytest.mark.parametrize(
-    ("name", "read_from"), [("node-a", "store files"), ("node-c", "store files"), ("node-d", "docker")]
+    ("name", "read_from"), [("node-a", "store files"), ("node-c", "store files"), ("node-d", "engine api")]
 )
 def test_the_inventory_read_from_a_classic_stores_files_is_what_the_daemon_reports(
     name, read_from, node_a, node_c, node_d, images_on_c
 ):
     """A classic store's inventory comes from its files (not one daemon request per image): the same
-    images, layer lists and sizes `docker image inspect` reports; a containerd store is asked."""
+    images, layer lists and sizes `docker image inspect` reports; a containerd store's daemon is asked
+    over the Engine API (no `docker` CLI process on the destination)."""
     import json
 
     from components.node_image.docker_on import facts_argv
@@ -204,3 +205,30 @@ def test_the_facts_the_engine_api_gives_are_the_clis(name, node_a, node_c, node_
     assert api["history"].split() == cli["history"].split() and len(api["history"].split()) >= 3
     absent = json.loads(lab.on_node(node, facts_argv("ni-eng:absent", history=True)).out.splitlines()[-1])
     assert absent["facts_from"] == "engine api" and absent["image"] == absent["history"] == ""
+
+
+def test_a_fresh_containerd_destination_is_listed_empty_not_unreadable(node_c, node_d, images_on_c, capsys):
+    """A node whose content store holds nothing yet (no image ever loaded): nothing to leave out, and
+    no warning that the store could not be read."""
+    from lab.layout import node_paths
+
+    images = lab.docker(node_d, "image", "ls", "-a", "-q", "--no-trunc").out.split()
+    if images:
+        lab.docker(node_d, "image", "rm", "-f", *set(images))
+    if content_blobs(node_d):
+        ctr(node_d, "content", "rm", *sorted(content_blobs(node_d)))
+    # What a fresh dockerd's containerd has: the content store with `ingest` only, no blob folder.
+    store = node_paths(node_d.name).data_root / "containerd" / "daemon" / "io.containerd.content.v1.content"
+    blobs = store / "blobs" / "sha256"
+    if blobs.is_dir() and not any(blobs.iterdir()):
+        blobs.rmdir()
+        blobs.parent.rmdir()
+    assert store.is_dir() and not blobs.exists(), sorted(p.name for p in store.iterdir())
+    try:
+        outs = PROVIDER.create(props("ni-eng-base:1", node_c, node_d)).outs
+    finally:
+        lab.busybox_image(node_d)  # as the other tests expect it
+    err = capsys.readouterr().err
+    assert outs["blobs_listed"] is True and outs["layers_left_out"] == 0, outs
+    assert "could not be read" not in err, err
+    assert "root" in runs(node_d, "ni-eng-base:1")

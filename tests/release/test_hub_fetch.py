@@ -110,7 +110,8 @@ def test_the_releases_hub_client_resolves_and_names_refusals_without_the_token(p
         refused = fetch(prebuilt, tmp_path, hub, token="hf_wrong_token_000")
     finally:
         hub.require_token = None
-    assert refused.get("kind") == "not_found" and "401" in refused["error"], refused
+    assert refused.get("kind") == "token" and "401" in refused["error"], refused
+    assert "qwen35-spark:hf_token" in refused["error"], refused
     assert "hf_wrong_token_000" not in json.dumps(refused)
     hub.fail_status = 404
     try:

@@ -106,9 +106,15 @@ def test_fetch_token_travels_as_a_header_never_in_output(hub, tmp_path):
     try:
         refused, report = fetch(tmp_path / "a", hub, token="hf_wrong_token_456")
         assert refused.returncode == hub_fetch.EXIT_FETCH
-        assert report["kind"] == "not_found"
-        assert REPO in report["error"] and "revision main" in report["error"] and "401" in report["error"]
+        # A wrong token: the Hub's own reason, and the setting to fix (never the token itself).
+        assert report["kind"] == "token", report
+        for part in (REPO, "revision main", "401", "Invalid credentials", "qwen35-spark:hf_token"):
+            assert part in report["error"], report["error"]
         assert b"hf_wrong_token_456" not in refused.stdout + refused.stderr
+        # No token, on a repo that needs one: the same setting named.
+        _, missing = fetch(tmp_path / "c", hub)
+        assert missing["kind"] == "not_found" and "qwen35-spark:hf_token" in missing["error"], missing
+        assert "401" in missing["error"] and "no token is configured" in missing["error"], missing
         accepted, report = fetch(tmp_path / "b", hub, token=TOKEN)
         assert accepted.returncode == 0, accepted.stdout
         assert TOKEN.encode() not in accepted.stdout + accepted.stderr

@@ -265,6 +265,118 @@ def test_a_failed_proof_stops_up_naming_stage_error_image_and_vllm(monkeypatch, 
     assert fake.docker_runs() == 1
 
 
+def failed(stage, error, vllm="0.17.1", transformers="4.57.6", **more) -> dict:
+    return {**PASS_REPORT, "verdict": "fail", "failed_stage": stage, "error": error, "vllm": vllm,
+            "transformers": transformers, **more}  # fmt: skip
+
+
+# The next step follows from what failed: the image's vLLM, its transformers, the checkpoint, the stack
+# config, or the check's own call. Each row: the report, what the hint says, what it must not say.
+NEXT_STEPS = [
+    pytest.param(
+        failed("environment", "ModuleNotFoundError: No module named 'vllm'", vllm=None),
+        ["has no vLLM", ">= 0.17", "image.prebuilt"],
+        [],
+        id="environment-no-vllm",
+    ),
+    pytest.param(
+        failed("environment", "ModuleNotFoundError: No module named 'torch'", vllm="0.14.0"),
+        ["vLLM 0.14.0", ">= 0.17"],
+        [],
+        id="environment-old-vllm",
+    ),
+    pytest.param(
+        failed("environment", "ImportError: libcudart.so.13: cannot open shared object file"),
+        ["vLLM 0.17.1", "does not import", "image"],
+        [">= 0.17"],
+        id="environment-new-vllm-broken-packages",
+    ),
+    pytest.param(
+        failed("config", "TypeError: unsupported operand type(s) for |: 'list' and 'set'", "0.14.0", "5.2.0"),
+        ["vLLM 0.14.0", ">= 0.17"],
+        [],
+        id="config-old-vllm",
+    ),
+    pytest.param(
+        failed("config", "TypeError: unsupported operand type(s) for |: 'list' and 'set'", "0.17.1", "5.2.0"),
+        ["transformers 5.2.0", "vLLM 0.17.1", "pin transformers"],
+        [">= 0.17"],
+        id="config-new-vllm-newer-transformers",
+    ),
+    pytest.param(
+        failed("config", "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"),
+        ["vLLM 0.17.1", "checkpoint", "model.revision", "pulumi up --refresh"],
+        [">= 0.17"],
+        id="config-new-vllm-bad-checkpoint",
+    ),
+    pytest.param(
+        failed(
+            "config",
+            "ValueError: unknown architecture 'LlamaForCausalLM': this proof derives tiny models for …",
+            architecture="LlamaForCausalLM",
+            model_type="llama",
+        ),
+        ["qwen35-spark:model.repo", "LlamaForCausalLM", "Qwen3.5"],
+        [">= 0.17"],
+        id="config-another-model-in-the-stack",
+    ),
+    pytest.param(
+        CONSTRUCT_FAIL,
+        ["vLLM 0.14.0", ">= 0.17", "image.strategy: prebuilt"],
+        [],
+        id="construct-old-vllm",
+    ),
+    pytest.param(
+        failed("construct", "RuntimeError: FP8 block size 64 is not supported"),
+        ["vLLM 0.17.1", "checkpoint", "qwen35-spark:model.repo"],
+        [">= 0.17"],
+        id="construct-new-vllm",
+    ),
+    pytest.param(
+        failed("load", "KeyError: 2 parameter(s) not filled: model.layers.0.mlp.gate.weight, …"),
+        ["vLLM 0.17.1", "checkpoint", "model.revision", "pulumi up --refresh"],
+        [">= 0.17"],
+        id="load-new-vllm-checkpoint-at-fault",
+    ),
+    pytest.param(
+        failed("load", "KeyError: 2 parameter(s) not filled", vllm="0.16.0"),
+        ["vLLM 0.16.0", ">= 0.17"],
+        [],
+        id="load-old-vllm",
+    ),
+    pytest.param(
+        failed(None, "UsageError: --checkpoint /model/snap: model.safetensors.index.json has no weight_map"),
+        ["checkpoint", "pulumi up --refresh", "model.revision"],
+        ["stage 'unknown'", ">= 0.17"],
+        id="usage-checkpoint",
+    ),
+    pytest.param(
+        failed(
+            None, "UsageError: --stages: load needs construct (the weights are loaded into the built model)"
+        ),
+        ["proof_argv", "report"],
+        ["stage 'unknown'", ">= 0.17"],
+        id="usage-call",
+    ),
+]
+
+
+@pytest.mark.parametrize(("report", "says", "never"), NEXT_STEPS)
+def test_the_next_step_names_what_failed(report, says, never):
+    message = model_support.failure_message(props(), report)
+    next_line = message.split("next: ", 1)[1]
+    for part in says:
+        assert part in next_line, f"{part!r} not in:\n{message}"
+    for part in never:
+        assert part not in message, f"{part!r} in:\n{message}"
+
+
+def test_a_usage_error_is_named_as_one():
+    report = failed(None, "UsageError: --fixtures /proof: no <name>/config.json under it")
+    first = model_support.failure_message(props(), report).splitlines()[0]
+    assert first.startswith("spark-1: the model-support check's proof refused its inputs (a usage error)")
+
+
 def test_report_mode_records_the_failure_and_goes_on(monkeypatch, proof_dir):
     head(monkeypatch, run_result=report_result({**CONSTRUCT_FAIL, "failed_stage": "environment"}, 1))
     outs = run_check(props(mode="report"), proof_dir)

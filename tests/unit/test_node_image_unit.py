@@ -538,6 +538,7 @@ class StandinEngine:
         self.info: dict | None = None  # GET /info's answer (404 when None)
         self.histories: dict[str, list] = {}  # GET /images/<ref>/history's answers
         self.broken: set[str] = set()  # paths answered 500
+        self.listed: dict[str, dict] = {}  # GET /images/json?all=1's images (and their inspections), by ID
         engine = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -560,6 +561,11 @@ class StandinEngine:
                     return self.answer(500, {"message": "broken"})
                 if self.path == "/info":
                     return self.answer(200, engine.info) if engine.info else self.answer(404, {})
+                if self.path == "/images/json?all=1":
+                    return self.answer(200, [{"Id": image_id} for image_id in engine.listed])
+                listed = engine.listed.get(urllib.parse.unquote(self.path)[len("/images/") : -len("/json")])
+                if listed is not None:
+                    return self.answer(200, listed)
                 if self.path.endswith("/history"):
                     ref = urllib.parse.unquote(self.path.removeprefix("/images/").removesuffix("/history"))
                     found = engine.histories.get(ref)
@@ -703,6 +709,10 @@ def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch, engine):
             "Driver": "overlayfs",
         }
         api.histories["app:1"] = [{"Size": 0}, {"Size": 100}, {"Size": 23}]
+        api.listed = {  # what the fake CLI lists and inspects too
+            "sha256:a": {"Id": "sha256:a", "RootFS": {"Layers": [L1]}, "Size": 100},
+            "sha256:b": {"Id": "sha256:b", "RootFS": {"Layers": [L1, L2]}, "Size": 123},
+        }
         if engine == "api failing midway":
             api.broken.add("/images/app:1/history")
         monkeypatch.setenv("DOCKER_HOST", f"unix://{api.path}")
@@ -724,11 +734,20 @@ def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch, engine):
     assert [i.image_id for i in facts.images] == ["sha256:a", "sha256:b"]  # each image once
     assert facts.blobs == frozenset({L1}) and facts.free > 0 and facts.python.endswith("python3")
     report = json.loads(done.stdout.decode().splitlines()[-1])
-    calls = {tuple(json.loads(line)) for line in log.read_text().splitlines()}
+    calls = {tuple(json.loads(line)) for line in log.read_text().splitlines()} if log.exists() else set()
     inventory = {("image", "ls"), ("image", "inspect")}  # a containerd store's: asked of the daemon
     if engine == "api":
-        assert report["facts_from"] == "engine api" and calls == inventory, calls
-        assert api.requests == ["GET /info", "GET /images/app:1/json", "GET /images/app:1/history"]
+        # No `docker` process at all: the inventory too is the API's (its list, then each image).
+        assert report["facts_from"] == "engine api" and report["inventory_from"] == "engine api"
+        assert calls == set(), calls
+        assert api.requests == [
+            "GET /info",
+            "GET /images/app:1/json",
+            "GET /images/app:1/history",
+            "GET /images/json?all=1",
+            "GET /images/sha256:a/json",
+            "GET /images/sha256:b/json",
+        ]
     else:
         asked = inventory | {("info", "--format"), ("history", "--no-trunc")}
         assert report["facts_from"] == "docker" and calls == asked, calls
@@ -754,6 +773,7 @@ def test_an_inventory_that_fails_after_the_api_answered_is_not_asked_again(tmp_p
     api = StandinEngine(tmp_path, "app:1", {"Id": "sha256:ab", "RootFS": {"Layers": [L1]}, "Size": 1})
     status = [["driver-type", "io.containerd.snapshotter.v1"]]
     api.info = {"DriverStatus": status, "DockerRootDir": str(tmp_path), "ServerVersion": "29", "Driver": "x"}
+    api.broken.add("/images/json?all=1")  # the API's inventory fails: the CLI's is tried, once
     monkeypatch.setenv("DOCKER_HOST", f"unix://{api.path}")
     argv = facts_argv("app:1", inventory=True)
     argv[0] = sys.executable
@@ -762,7 +782,8 @@ def test_an_inventory_that_fails_after_the_api_answered_is_not_asked_again(tmp_p
     finally:
         api.close()
     report = json.loads(done.stdout.decode().splitlines()[-1])
-    assert done.returncode == 4 and report["facts_from"] == "engine api" and "api_error" not in report
+    assert done.returncode == 4 and report["facts_from"] == "engine api"
+    assert report["api_error"].startswith("inventory: EngineError: GET /images/json: status 500")
     assert "permission denied" in report["stderr"]
     assert [json.loads(line) for line in log.read_text().splitlines()] == [["image", "ls"]]
 
@@ -1146,3 +1167,49 @@ def test_a_reference_splits_into_repository_and_tag_at_the_last_colon_after_the_
         "qwen35-abc",
     )
     assert split_ref("registry.lan:5000/team/vllm-node") == ("registry.lan:5000/team/vllm-node", "latest")
+
+
+def _content_store(root, layout: str) -> None:
+    content = root / "containerd" / "daemon" / "io.containerd.content.v1.content"
+    if layout in ("fresh", "held"):
+        (content / "ingest").mkdir(parents=True)  # what a fresh dockerd's containerd makes first
+    if layout == "held":
+        (content / "blobs" / "sha256").mkdir(parents=True)
+        (content / "blobs" / "sha256" / ("a" * 64)).write_bytes(b"layer")
+
+
+# (layout under the docker root, blobs listed, listed at all): an empty store is listed, and empty.
+CONTENT_STORES = [
+    ("held", ["a" * 64], True),
+    ("fresh", [], True),  # a fresh node: the content store is there, no blob yet
+    ("absent", [], False),  # no content store where dockerd's containerd keeps it: cannot be read
+]
+
+
+@pytest.mark.parametrize(("layout", "blobs", "listed"), CONTENT_STORES, ids=[c[0] for c in CONTENT_STORES])
+def test_content_blobs_tells_an_empty_store_from_an_unreadable_one(
+    tmp_path, monkeypatch, layout, blobs, listed
+):
+    from components.node_programs import docker_facts
+
+    monkeypatch.setattr(docker_facts, "SYSTEM_CONTAINERD_ROOT", str(tmp_path / "no-system-containerd"))
+    _content_store(tmp_path, layout)
+    found, why = docker_facts.content_blobs(str(tmp_path))
+    assert found == blobs and (not why) == listed, why
+
+
+def test_content_blobs_names_a_store_it_may_not_read(tmp_path, monkeypatch):
+    from components.node_programs import docker_facts
+
+    monkeypatch.setattr(docker_facts, "SYSTEM_CONTAINERD_ROOT", str(tmp_path / "no-system-containerd"))
+    _content_store(tmp_path, "held")
+    real = docker_facts.os.listdir
+
+    def refused(path):
+        if "io.containerd.content.v1.content" in str(path):
+            raise PermissionError(13, "Permission denied")
+        return real(path)
+
+    monkeypatch.setattr(docker_facts.os, "listdir", refused)
+    found, why = docker_facts.content_blobs(str(tmp_path))
+    assert found == [] and why and "Permission denied" in why[0], why

@@ -26,6 +26,11 @@ NODES_JSON = json.dumps(
     [{"node_ip": "127.0.0.2", "state": "ALIVE"}, {"node_ip": "127.0.0.3", "state": "ALIVE"}]
 )
 NODES_JSON_ONE = json.dumps([{"node_ip": "127.0.0.2", "state": "ALIVE"}])
+# `ray list nodes` as Ray 2.x prints it: the GCS node table, with each node's resources.
+NODES_JSON_GPUS = json.dumps(
+    [{"node_ip": ip, "state": "ALIVE", "resources_total": {"CPU": 2.0, "GPU": gpus, f"node:{ip}": 1.0}}
+     for ip, gpus in (("127.0.0.2", 1.0), ("127.0.0.3", 1.0))]
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +175,18 @@ CASES = [
         [("cluster", "Ray reports 2/2 nodes and 1/2 GPUs", "gpus")],
     ),
     (
+        # `ray status` prints the autoscaler's snapshot, rewritten every 5 s; the node table is live.
+        "Ray's status snapshot behind its node table: settling, not a problem",
+        _set((*A, "ray"), {"status": RAY_ONE, "nodes_json": NODES_JSON_GPUS, "error": ""}),
+        [],
+    ),
+    (
+        "one GPU short in Ray's node table",
+        _set((*A, "ray"), {"status": RAY_OK, "error": "",
+                           "nodes_json": NODES_JSON_GPUS.replace('"GPU": 1.0', '"GPU": 0.0', 1)}),
+        [("cluster", "Ray reports 2/2 nodes and 1/2 GPUs", "gpus")],
+    ),
+    (
         "server container removed",
         _set((*A, "containers", "qwen35-vllm"), {"present": False}),
         [("node-a", "container qwen35-vllm does not exist", "creates it again")],
@@ -213,6 +230,55 @@ def test_verdict(config, case, change, expected):
         assert problem.node == node
         assert what in problem.what, problem.what
         assert next_step in problem.next, problem.next
+
+
+def with_strategy(config, strategy: str):
+    from components.config import ImageStrategy
+
+    image = config.image.model_copy(update={"strategy": ImageStrategy(strategy)})
+    return config.model_copy(update={"image": image})
+
+
+def image_gone(*nodes):
+    def change(gathered):
+        for node in nodes:
+            gathered["nodes"][node]["image"] = {"ref": "vllm-node:latest", "present": False, "error": ""}
+
+    return change
+
+
+# The image missing: the next step fits where it comes from. A prebuilt image is the operator's to
+# put on the head (`pulumi up` stops with "source … is not there"); a hybrid one `pulumi up` builds.
+# A worker's copy comes from the head: while the head has none, the head's step comes first.
+IMAGE_MISSING = [
+    ("prebuilt, head", "prebuilt", ["node-a"],
+     [("node-a", "docker pull vllm-node:latest", "copies it back")]),
+    ("hybrid, head", "hybrid", ["node-a"], [("node-a", "`pulumi up` builds it", "docker pull")]),
+    ("prebuilt, worker", "prebuilt", ["node-b"], [("node-b", "copies it back", "docker pull")]),
+    ("prebuilt, nothing deployed", "prebuilt", ["node-a", "node-b"],
+     [("node-a", "docker pull vllm-node:latest", "copies it back"),
+      ("node-b", "once the head has it", "docker pull")]),
+    ("hybrid, nothing deployed", "hybrid", ["node-a", "node-b"],
+     [("node-a", "`pulumi up` builds it", "copies it back"),
+      ("node-b", "once the head has it", "docker pull")]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "strategy", "gone", "expected"), IMAGE_MISSING, ids=[c[0] for c in IMAGE_MISSING]
+)
+def test_a_missing_image_gets_the_step_of_its_strategy(config, case, strategy, gone, expected):
+    verdict = judge(with_strategy(config, strategy), broken(image_gone(*gone)))
+    image_problems = [p for p in verdict.problems if "deployment image" in p.what]
+    assert len(image_problems) == len(expected), [p.line() for p in verdict.problems]
+    for problem, (node, says, never) in zip(image_problems, expected, strict=True):
+        assert problem.node == node and says in problem.next and never not in problem.next, problem.line()
+
+
+def test_ray_settling_is_shown_in_the_cell(config):
+    gathered = broken(_set((*A, "ray"), {"status": RAY_ONE, "nodes_json": NODES_JSON_GPUS, "error": ""}))
+    cell = judge(config, gathered).cluster["ray"]
+    assert cell.startswith("2/2 nodes, 2/2 GPUs") and "settling" in cell and "1/2 nodes" in cell, cell
 
 
 def test_healthy_cells(config):
