@@ -285,12 +285,18 @@ class Qwen35Deployment(pulumi.ComponentResource):
 
 
 def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
-    """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism."""
+    """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism,
+    and the serving options that change what a rank holds (components/memory_fit.py)."""
+    serve = cfg.serve
     return {
         "nodes": [{"name": n.name, "memory_gb": n.memory_gb, "gpus": n.gpus} for n in cfg.nodes],
-        "tensor_parallel_size": cfg.serve.tensor_parallel_size,
-        "pipeline_parallel_size": cfg.serve.pipeline_parallel_size,
-        "gpu_memory_utilization": cfg.serve.gpu_memory_utilization,
+        "tensor_parallel_size": serve.tensor_parallel_size,
+        "pipeline_parallel_size": serve.pipeline_parallel_size,
+        "gpu_memory_utilization": serve.gpu_memory_utilization,
+        "max_model_len": serve.max_model_len,
+        "kv_cache_dtype": serve.kv_cache_dtype,
+        "speculative_tokens": serve.speculative.num_speculative_tokens if serve.speculative else 0,
+        "language_model_only": serve.language_model_only,
     }
 
 

@@ -38,7 +38,7 @@ from pulumi.runtime.rpc import UNKNOWN
 
 from components.config import ModelCheckMode as Mode
 from components.image_ref import ImageRefError, parse_image_ref
-from components.memory_fit import NodeMemory, check_memory_fit, memory_fit
+from components.memory_fit import NodeMemory, ServeMemory, check_memory_fit, memory_fit, model_shape
 from components.nodes import target_from_dict
 from components.remote import RemoteError, Result, SshTransport, stderr_tail
 
@@ -139,6 +139,7 @@ def validate(props: Mapping[str, Any]) -> list[str]:
             _memory_nodes(memory)
             int(memory["tensor_parallel_size"]), int(memory["pipeline_parallel_size"])
             float(memory["gpu_memory_utilization"])
+            serve_memory(memory)
         except (KeyError, TypeError, ValueError) as exc:
             problems.append(f"memory: {exc!r}: nodes, tensor/pipeline parallel sizes and utilization")
     return problems
@@ -303,10 +304,22 @@ def checkpoint_facts(transport: SshTransport, snapshot_path: str) -> dict[str, A
     return report
 
 
+def serve_memory(memory: Mapping[str, Any]) -> ServeMemory:
+    """The serving options of the `memory` input (absent in stacks recorded before they existed)."""
+    max_len = memory.get("max_model_len")
+    return ServeMemory(
+        max_model_len=int(max_len) if max_len else None,
+        kv_cache_dtype=str(memory.get("kv_cache_dtype") or "auto"),
+        speculative_tokens=int(memory.get("speculative_tokens") or 0),
+        language_model_only=bool(memory.get("language_model_only")),
+    )
+
+
 def check_fit(props: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
     """The memory-fit preflight for this checkpoint; MemoryFitError (with the numbers) if it does not fit."""
     memory = props["memory"]
     utilization = float(memory["gpu_memory_utilization"])
+    config = facts.get("config")
     fit = memory_fit(
         int(facts["weight_bytes"]),
         _memory_nodes(memory),
@@ -314,6 +327,10 @@ def check_fit(props: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, A
         int(memory["pipeline_parallel_size"]),
         utilization,
         facts.get("num_layers"),
+        shape=model_shape(config) if isinstance(config, Mapping) else None,
+        serve=serve_memory(memory),
+        mtp_bytes=int(facts.get("mtp_bytes") or 0),
+        vision_bytes=int(facts.get("vision_bytes") or 0),
     )
     check_memory_fit(fit, utilization)
     return {**fit.summary(), "weights_from": facts.get("weight_source"), "layers": facts.get("num_layers")}

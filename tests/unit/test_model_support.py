@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -439,3 +440,64 @@ def test_create_id_names_the_head_image_and_checkpoint(monkeypatch, proof_dir):
 def test_create_needs_the_heads_image_id(no_io, image_id):
     with pytest.raises(ModelSupportError, match="image_id"):
         run_check(props(image_id=image_id))
+
+
+def safetensors_header(tensors: dict[str, int]) -> bytes:
+    """A shard's header (its data is left out: the facts program reads headers only)."""
+    entries, offset = {}, 0
+    for name, size in tensors.items():
+        entries[name] = {"dtype": "F8_E4M3", "shape": [size], "data_offsets": [offset, offset + size]}
+        offset += size
+    body = json.dumps(entries).encode()
+    return struct.pack("<Q", len(body)) + body
+
+
+def recipe_snapshot(root: Path, config: dict, mtp_bytes: int, vision_bytes: int) -> Path:
+    """A 126 GB-index snapshot with the given config.json and one shard holding MTP and vision tensors."""
+    snapshot = hf_snapshot(root, total_size=126 * GB, shard_bytes=[10])
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").write_text(json.dumps(config))
+    shard = "model-00002-of-00002.safetensors"
+    tensors = {"mtp.fc.weight": mtp_bytes, "model.visual.blocks.0.attn.qkv.weight": vision_bytes, "x": 5}
+    (snapshot / shard).write_bytes(safetensors_header(tensors))
+    index_path = snapshot / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update(dict.fromkeys(tensors, shard))
+    index_path.unlink()
+    index_path.write_text(json.dumps(index))
+    return snapshot
+
+
+def test_the_fit_sizes_the_kv_cache_from_the_checkpoint_config(monkeypatch, proof_dir, tmp_path):
+    head(monkeypatch)
+    config = json.loads(
+        (model_support.PATCH_DIR / "proof_configs" / "qwen3_5_moe-fp8" / "config.json").read_text()
+    )
+    snapshot = recipe_snapshot(tmp_path, config, mtp_bytes=3 * GB, vision_bytes=GB)
+    memory = {**MEMORY, "max_model_len": 32768, "kv_cache_dtype": "fp8", "speculative_tokens": 1}
+    memory["language_model_only"] = True
+    outs = run_check(
+        props(snapshot_path=str(snapshot), memory=memory, checkpoint_digest="sha256:1"), proof_dir
+    )
+    fit = outs["memory_fit"]
+    # The MTP head is loaded (speculative decoding on), the vision encoder is not (language model only).
+    assert fit["loaded_weights_gb"] == 125.0 and fit["kv_sizing"] == "config.json"
+    assert fit["kv_bytes_per_token"] == 13 * 2 * 256 and fit["max_model_len"] == 32768
+    assert fit["max_concurrency"] > 100
+
+
+def test_one_max_model_len_request_that_does_not_fit_stops_before_any_container(
+    monkeypatch, proof_dir, tmp_path
+):
+    fake = head(monkeypatch)
+    dense = {"num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128}
+    snapshot = recipe_snapshot(tmp_path, {"text_config": dense}, mtp_bytes=0, vision_bytes=0)
+    # 63 GB per rank at 0.55: 70.4 - 63 - 4 = 3.4 GB left, over the old 2 GB floor; one 131072-token
+    # request of BF16 KV (64 layers × 2 × 4 heads per rank × 128 × 2 bytes = 128 KiB a token) is 17 GB.
+    memory = {**MEMORY, "gpu_memory_utilization": 0.55, "max_model_len": 131072}
+    with pytest.raises(MemoryFitError) as info:
+        run_check(props(snapshot_path=str(snapshot), memory=memory, checkpoint_digest="sha256:1"), proof_dir)
+    message = str(info.value)
+    assert "one request of max_model_len 131072 tokens: 17.18 GB" in message
+    assert "serve.kv_cache_dtype: fp8" in message and "smaller serve.max_model_len" in message
+    assert fake.docker_runs() == 0
