@@ -30,7 +30,13 @@ from components.ray_cluster import (
     ray_tmp_volume_name,
 )
 from components.readiness_gate import ReadinessGate
-from components.vllm_server import endpoint_url, local_url, vllm_container_name, vllm_container_spec
+from components.vllm_server import (
+    endpoint_url,
+    local_url,
+    serve_argv,
+    vllm_container_name,
+    vllm_container_spec,
+)
 
 # The model-support check's outputs that the stack exports (`model_support`).
 MODEL_SUPPORT_OUTPUTS = (
@@ -42,6 +48,7 @@ MODEL_SUPPORT_OUTPUTS = (
     "model_type",
     "quantization",
     "memory_fit",
+    "serve_args",
 )
 
 
@@ -164,6 +171,10 @@ class Qwen35Deployment(pulumi.ComponentResource):
             checkpoint_digest=head_checkpoint.digest if head_checkpoint else None,
             snapshot_path=head_checkpoint.snapshot_path if head_checkpoint else None,
             container_prefix=cfg.containers.name_prefix,
+            # The server's exact command line (with the pinned revision): the image's vLLM parses it.
+            serve_argv=server_argv(
+                cfg, head_checkpoint.revision if head_checkpoint and cfg.serve.model == cfg.hub_repo else None
+            ),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.node_images[head.name], *([head_checkpoint] if head_checkpoint else [])],
@@ -282,6 +293,14 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 delete_before_replace=True,
             ),
         )
+
+
+def server_argv(cfg: StackConfig, revision: pulumi.Output[str] | None) -> pulumi.Input[list[str]]:
+    """The server's final argument list, as its container runs it (`--revision` the pinned commit)."""
+    argv = serve_argv(cfg.serve)
+    if revision is None:
+        return argv
+    return revision.apply(lambda sha: [*argv, "--revision", sha])
 
 
 def memory_inputs(cfg: StackConfig) -> dict[str, Any]:

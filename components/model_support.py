@@ -41,6 +41,14 @@ from components.image_ref import ImageRefError, parse_image_ref
 from components.memory_fit import NodeMemory, ServeMemory, check_memory_fit, memory_fit, model_shape
 from components.nodes import target_from_dict
 from components.remote import RemoteError, Result, SshTransport, stderr_tail
+from components.serve_args import (
+    ServeArgsError,
+    args_argv,
+    args_payload,
+    args_source,
+)
+from components.serve_args import failure_message as args_failure_message
+from components.serve_args import parse_report as parse_args_report
 
 PATCH_DIR = Path(__file__).resolve().parent.parent / "patches"
 NODE_PROGRAMS = Path(__file__).resolve().parent / "node_programs"
@@ -69,7 +77,7 @@ REPORT_FIELDS = (
     "quantization",
 )
 # A change of any of these asks for a new proof; anything else is updated in place.
-RERUN_KEYS = ("image_id", "checkpoint_digest", "memory")
+RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv")
 SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix")
 
 
@@ -364,12 +372,15 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
         raise ModelSupportError("model-support check: " + "; ".join(problems))
     transport = SshTransport(target_from_dict(props["node"]))
     payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
-    outs: dict[str, Any] = {"memory_fit": None}
+    args = args_payload(proof_dir or PATCH_DIR) if props.get("serve_argv") else ""
+    outs: dict[str, Any] = {"memory_fit": None, "serve_args": None}
     snapshot = props.get("snapshot_path") or ""
     if snapshot and props.get("memory"):
         outs["memory_fit"] = check_fit(props, checkpoint_facts(transport, snapshot))
     verify_pin(transport, props)
     deadline = float(props.get("deadline_s") or DEFAULT_DEADLINE_S)
+    if props.get("serve_argv"):
+        outs["serve_args"] = prove_serve_args(transport, props, args, deadline)
     name = f"{props.get('container_prefix') or 'qwen35'}-model-support-{secrets.token_hex(4)}"
     result = transport.run(
         proof_argv(props, name), stdin=proof_source(payload, deadline), timeout=deadline + TRANSPORT_SLACK_S
@@ -386,7 +397,33 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
 
 
 def _outputs_of(props: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: props.get(key) for key in (*REPORT_FIELDS, "memory_fit")}
+    return {key: props.get(key) for key in (*REPORT_FIELDS, "memory_fit", "serve_args")}
+
+
+# ---- the argument proof (components/serve_args.py, patches/prove_args.py) -------------------------------
+
+
+def prove_serve_args(
+    transport: SshTransport, props: Mapping[str, Any], payload: str, deadline: float
+) -> dict[str, Any]:
+    """The image's vLLM parses the server's exact argv; a refusal stops `up` (mode enforce)."""
+    name = f"{props.get('container_prefix') or 'qwen35'}-model-args-{secrets.token_hex(4)}"
+    argv = args_argv(proof_argv(props, name), [str(arg) for arg in props["serve_argv"]])
+    bootstrap = (NODE_PROGRAMS / "proof_bootstrap.py").read_text()
+    result = transport.run(
+        argv, stdin=args_source(payload, deadline, bootstrap), timeout=deadline + TRANSPORT_SLACK_S
+    )
+    node = props["node"]["name"]
+    try:
+        report = parse_args_report(node, result)
+    except ServeArgsError as exc:
+        raise ModelSupportError(str(exc)) from None
+    if report["verdict"] != "pass":
+        message = args_failure_message(node, _image_label(props, report), report)
+        if props.get("mode", Mode.ENFORCE.value) == Mode.ENFORCE.value:
+            raise ModelSupportError(message)
+        pulumi.log.warn(f"{message}\n  (image.model_check: report: continuing)")
+    return report
 
 
 class ModelSupportCheckProvider(dynamic.ResourceProvider):
@@ -437,6 +474,7 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
     model_type: pulumi.Output[str]
     quantization: pulumi.Output[Any]
     memory_fit: pulumi.Output[dict | None]
+    serve_args: pulumi.Output[dict | None]
 
     def __init__(
         self,
@@ -451,6 +489,7 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
         snapshot_path: pulumi.Input[str] | None = None,
         container_prefix: str = "qwen35",
         deadline_s: float = DEFAULT_DEADLINE_S,
+        serve_argv: list[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -463,6 +502,8 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
             "snapshot_path": snapshot_path,
             "container_prefix": container_prefix,
             "deadline_s": deadline_s,
-            **{key: None for key in (*REPORT_FIELDS, "memory_fit")},
+            # The server's final argument list: the image's vLLM must parse it (prove_args.py).
+            "serve_argv": serve_argv,
+            **{key: None for key in (*REPORT_FIELDS, "memory_fit", "serve_args")},
         }
         super().__init__(ModelSupportCheckProvider(), name, props, opts)

@@ -53,6 +53,7 @@ PASS_REPORT = {
     "quantization": {"quant_method": "fp8", "weight_block_size": [128, 128]},
     "checks": [],
 }
+ARGS_PASS = {"verdict": "pass", "failed_stage": None, "flag": None, "error": "", "vllm": "0.17.1"}
 CONSTRUCT_FAIL = {
     **PASS_REPORT,
     "verdict": "fail",
@@ -100,6 +101,7 @@ sys.exit(0 if verdict == "pass" else 1)
 @pytest.fixture
 def proof_dir(tmp_path) -> Path:
     (tmp_path / "prove_model.py").write_text(STANDIN_PROGRAM)
+    (tmp_path / "prove_args.py").write_text("raise SystemExit('scripted by FakeHead in these tests')")
     (tmp_path / "proof_configs").mkdir()
     (tmp_path / "proof_configs" / "qwen3_5_moe.json").write_text("{}")
     (tmp_path / "proof_configs" / "qwen3_5.json").write_text("{}")
@@ -192,9 +194,15 @@ def test_checkpoint_mount(snapshot, host, inside):
 class FakeHead:
     """The head: `python3 -` programs really run here (LocalTransport); docker answers are scripted."""
 
-    def __init__(self, run_result: Result | None = None, repo_digests: list[str] | None = None):
+    def __init__(
+        self,
+        run_result: Result | None = None,
+        repo_digests: list[str] | None = None,
+        args_result: Result | None = None,
+    ):
         self.calls: list[list[str]] = []
         self.run_result = run_result or Result((), 0, (json.dumps(PASS_REPORT) + "\n").encode())
+        self.args_result = args_result or Result((), 0, (json.dumps(ARGS_PASS) + "\n").encode())
         self.repo_digests = repo_digests or []
         self.name = "spark-1"
 
@@ -209,13 +217,9 @@ class FakeHead:
         if argv[:3] == ["docker", "image", "inspect"]:
             return Result(tuple(argv), 0, json.dumps(self.repo_digests).encode(), b"", "spark-1")
         if argv[:2] == ["docker", "run"]:
-            return Result(
-                tuple(argv),
-                self.run_result.returncode,
-                self.run_result.stdout,
-                self.run_result.stderr,
-                "spark-1",
-            )
+            # The argument proof's run carries the server's argv after `--`.
+            scripted = self.args_result if "--" in argv else self.run_result
+            return Result(tuple(argv), scripted.returncode, scripted.stdout, scripted.stderr, "spark-1")
         raise AssertionError(f"unexpected command {argv}")
 
     def docker_runs(self) -> int:
@@ -501,3 +505,68 @@ def test_one_max_model_len_request_that_does_not_fit_stops_before_any_container(
     assert "one request of max_model_len 131072 tokens: 17.18 GB" in message
     assert "serve.kv_cache_dtype: fp8" in message and "smaller serve.max_model_len" in message
     assert fake.docker_runs() == 0
+
+
+# ---- the argument proof: the image's vLLM parses the server's exact command line ----------------------
+
+SERVE_ARGV = ["vllm", "serve", "Qwen/Qwen3.5-122B-A10B-FP8", "--speculative-config", '{"method":"mtp"}']
+MISSPELLED = {
+    "verdict": "fail",
+    "failed_stage": "parse",
+    "flag": "--kv-cahce-dtype",
+    "error": "unrecognized arguments: --kv-cahce-dtype fp8",
+    "vllm": "0.17.1",
+}
+
+
+def test_the_server_argv_is_proved_in_its_own_container_after_the_argument_list(monkeypatch, proof_dir):
+    fake = head(monkeypatch)
+    outs = run_check(
+        props(serve_argv=SERVE_ARGV, snapshot_path="/c/hub/models--a--b/snapshots/s1", memory=None), proof_dir
+    )
+    assert outs["serve_args"]["verdict"] == "pass" and outs["verdict"] == "pass"
+    assert fake.docker_runs() == 2
+    args_run = next(call for call in fake.calls if "--" in call)
+    # Offline, by image ID, the checkpoint mounted read-only; JSON passes as one argv element.
+    assert args_run[args_run.index("--") + 1 :] == SERVE_ARGV
+    assert args_run[args_run.index("--network") : args_run.index("--network") + 2] == ["--network", "none"]
+    assert IMAGE_ID in args_run and "--checkpoint" in args_run
+
+
+def test_a_refused_flag_stops_up_before_the_model_proof_quoting_vllm(monkeypatch, proof_dir):
+    fake = head(monkeypatch, args_result=report_result(MISSPELLED, 1))
+    with pytest.raises(ModelSupportError) as info:
+        run_check(props(serve_argv=SERVE_ARGV), proof_dir)
+    message = str(info.value)
+    assert "at 'parse' (--kv-cahce-dtype)" in message
+    assert "vLLM says: unrecognized arguments: --kv-cahce-dtype fp8" in message
+    assert "vLLM 0.17.1" in message and "next: " in message
+    assert fake.docker_runs() == 1  # the model proof never ran
+
+
+def test_report_mode_records_a_refused_flag(monkeypatch, proof_dir):
+    head(monkeypatch, args_result=report_result(MISSPELLED, 1))
+    outs = run_check(props(serve_argv=SERVE_ARGV, mode="report"), proof_dir)
+    assert outs["serve_args"]["flag"] == "--kv-cahce-dtype" and outs["verdict"] == "pass"
+
+
+def test_an_argument_proof_without_a_report_is_an_error(monkeypatch, proof_dir):
+    head(monkeypatch, args_result=Result((), 139, b"", b"Segmentation fault"))
+    with pytest.raises(ModelSupportError, match="argument proof ended without a report"):
+        run_check(props(serve_argv=SERVE_ARGV, mode="report"), proof_dir)
+
+
+def test_a_changed_command_line_asks_for_a_new_proof():
+    provider = model_support.ModelSupportCheckProvider()
+    old = props(serve_argv=SERVE_ARGV)
+    new = props(serve_argv=[*SERVE_ARGV, "--max-num-seqs", "8"])
+    assert "serve_argv" in provider.diff("x", old, new).replaces
+
+
+def test_the_bootstrap_runs_the_named_program(tmp_path):
+    from components.serve_args import args_payload, args_source
+
+    (tmp_path / "prove_args.py").write_text("import sys, json; print(json.dumps({'argv': sys.argv[1:]}))")
+    bootstrap = (model_support.NODE_PROGRAMS / "proof_bootstrap.py").read_text()
+    done = run_shipped(args_source(args_payload(tmp_path), 60, bootstrap), "--", "vllm", "serve", '{"a": 1}')
+    assert json.loads(done.stdout.decode().splitlines()[-1]) == {"argv": ["--", "vllm", "serve", '{"a": 1}']}
