@@ -480,8 +480,8 @@ class ServeConfig(_Model):
                 )
             if flag in TYPED_FLAGS:
                 raise ValueError(
-                    f"{flag} is a typed option: set serve.{TYPED_FLAGS[flag]} instead "
-                    "(it is validated and the memory fit counts it)"
+                    f"{flag} is a typed option: set {TYPED_FLAGS[flag]} instead "
+                    "(it is validated, and the model-support check counts it)"
                 )
         return v
 
@@ -520,31 +520,31 @@ class ServeConfig(_Model):
 
 # `vllm serve` flags that a typed field of ServeConfig owns: refused in `extra_args`, with the field.
 TYPED_FLAGS = {
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
-    "--pipeline-parallel-size": "pipeline_parallel_size",
-    "-pp": "pipeline_parallel_size",
-    "--distributed-executor-backend": "tensor_parallel_size (the backend is always ray)",
-    "--host": "host",
-    "--port": "port",
-    "--gpu-memory-utilization": "gpu_memory_utilization",
-    "--max-model-len": "max_model_len",
-    "--served-model-name": "served_model_name",
-    "--revision": "model (model.revision pins it)",
-    "--kv-cache-dtype": "kv_cache_dtype",
-    "--speculative-config": "speculative",
-    "--enable-expert-parallel": "expert_parallel",
-    "--no-enable-expert-parallel": "expert_parallel",
-    "-ep": "expert_parallel",
-    "--enable-prefix-caching": "prefix_caching",
-    "--no-enable-prefix-caching": "prefix_caching",
-    "--reasoning-parser": "reasoning_parser",
-    "--tool-call-parser": "tool_call_parser",
-    "--enable-auto-tool-choice": "enable_auto_tool_choice",
-    "--max-num-seqs": "max_num_seqs",
-    "--max-num-batched-tokens": "max_num_batched_tokens",
-    "--language-model-only": "language_model_only",
-    "--no-language-model-only": "language_model_only",
+    "--tensor-parallel-size": "serve.tensor_parallel_size",
+    "-tp": "serve.tensor_parallel_size",
+    "--pipeline-parallel-size": "serve.pipeline_parallel_size",
+    "-pp": "serve.pipeline_parallel_size",
+    "--distributed-executor-backend": "serve.tensor_parallel_size (the backend is always ray)",
+    "--host": "serve.host",
+    "--port": "serve.port",
+    "--gpu-memory-utilization": "serve.gpu_memory_utilization",
+    "--max-model-len": "serve.max_model_len",
+    "--served-model-name": "serve.served_model_name",
+    "--revision": "model.revision (the commit is pinned for you)",
+    "--kv-cache-dtype": "serve.kv_cache_dtype",
+    "--speculative-config": "serve.speculative",
+    "--enable-expert-parallel": "serve.expert_parallel",
+    "--no-enable-expert-parallel": "serve.expert_parallel",
+    "-ep": "serve.expert_parallel",
+    "--enable-prefix-caching": "serve.prefix_caching",
+    "--no-enable-prefix-caching": "serve.prefix_caching",
+    "--reasoning-parser": "serve.reasoning_parser",
+    "--tool-call-parser": "serve.tool_call_parser",
+    "--enable-auto-tool-choice": "serve.enable_auto_tool_choice",
+    "--max-num-seqs": "serve.max_num_seqs",
+    "--max-num-batched-tokens": "serve.max_num_batched_tokens",
+    "--language-model-only": "serve.language_model_only",
+    "--no-language-model-only": "serve.language_model_only",
 }
 
 

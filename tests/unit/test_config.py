@@ -139,6 +139,11 @@ BAD = [
         _set("serve.extra_args", ["--speculative-config", '{"method":"mtp"}']),
         ["serve.extra_args:", "serve.speculative"],
     ),
+    (
+        "revision as extra arg",
+        _set("serve.extra_args", ["--revision", "main"]),
+        ["serve.extra_args:", "model.revision"],
+    ),
     ("bad kv cache dtype", _set("serve.kv_cache_dtype", "fp4"), ["serve.kv_cache_dtype:", "'fp8'"]),
     (
         "auto tool choice without a parser",
