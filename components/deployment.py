@@ -315,6 +315,7 @@ def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
         "max_model_len": serve.max_model_len,
         "kv_cache_dtype": serve.kv_cache_dtype,
         "speculative_tokens": serve.speculative.num_speculative_tokens if serve.speculative else 0,
+        "speculative_method": serve.speculative.method if serve.speculative else None,
         "language_model_only": serve.language_model_only,
     }
 

@@ -106,6 +106,13 @@ class ServeMemory:
     # 0: speculative decoding off (the MTP head's weights are not loaded).
     speculative_tokens: int = 0
     language_model_only: bool = False
+    # vLLM's speculative method: only `mtp` (and its older `*_mtp` names) drafts with the MTP head.
+    speculative_method: str = "mtp"
+
+    @property
+    def uses_mtp_head(self) -> bool:
+        method = self.speculative_method
+        return bool(self.speculative_tokens) and (method == "mtp" or method.endswith("_mtp"))
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,7 @@ def kv_sizing(shape: ModelShape, serve: ServeMemory, tp: int, pp: int) -> KvSizi
     # KV heads are split over TP ranks; with fewer heads than ranks each rank keeps a copy of one.
     heads = max(shape.num_kv_heads // tp, 1)
     full = math.ceil(shape.full_attention_layers / pp)
-    if serve.speculative_tokens:
+    if serve.uses_mtp_head:
         full += shape.mtp_layers  # the MTP layer attends over the whole sequence too
     linear = math.ceil(shape.linear_layers / pp)
     per_layer_state = shape.linear_conv_dim * max(shape.linear_conv_kernel - 1, 0) + shape.linear_state_elems
@@ -270,7 +277,7 @@ def loaded_weight_bytes(
     """The checkpoint's bytes less the MTP head (speculative decoding off) and the vision encoder
     (`language_model_only`): vLLM does not load those."""
     loaded = weight_bytes
-    if not serve.speculative_tokens:
+    if not serve.uses_mtp_head:
         loaded -= mtp_bytes
     if serve.language_model_only:
         loaded -= vision_bytes

@@ -320,6 +320,7 @@ def serve_memory(memory: Mapping[str, Any]) -> ServeMemory:
         kv_cache_dtype=str(memory.get("kv_cache_dtype") or "auto"),
         speculative_tokens=int(memory.get("speculative_tokens") or 0),
         language_model_only=bool(memory.get("language_model_only")),
+        speculative_method=str(memory.get("speculative_method") or "mtp"),
     )
 
 

@@ -520,6 +520,7 @@ def test_model_support_check_inputs(four):
         "max_model_len": 32768,
         "kv_cache_dtype": "fp8",
         "speculative_tokens": 1,
+        "speculative_method": "mtp",
         "language_model_only": True,
     }
     assert inputs["container_prefix"] == "qwen35"

@@ -308,6 +308,17 @@ def test_the_recipe_on_two_sparks_reports_the_concurrency_vllm_prints():
     assert off.loaded_weight_bytes == QWEN35_122B_FP8 - mtp
 
 
+def test_only_the_mtp_method_loads_the_mtp_head_and_its_attention_layer():
+    ngram = ServeMemory(
+        max_model_len=32768, kv_cache_dtype="fp8", speculative_tokens=3, speculative_method="ngram"
+    )
+    fit = memory_fit(QWEN35_122B_FP8, [SPARK, SPARK2], 2, 1, 0.85, shape=MOE_122B, serve=ngram, mtp_bytes=GB)
+    assert fit.loaded_weight_bytes == QWEN35_122B_FP8 - GB
+    assert fit.kv.bytes_per_token == 12 * 2 * 256 and fit.kv.speculative_tokens == 3
+    old_name = replace(ngram, speculative_method="qwen3_5_mtp")
+    assert kv_sizing(MOE_122B, old_name, 2, 1).bytes_per_token == 13 * 2 * 256
+
+
 def test_a_config_without_attention_sizes_falls_back_to_the_floor_and_says_so():
     assert model_shape({"architectures": ["X"], "model_type": "qwen3_5_moe"}) is None
     fit = memory_fit(10 * GB, [SPARK], 1, 1, 0.85, shape=None, serve=RECIPE)
