@@ -42,9 +42,9 @@ from components.memory_fit import NodeMemory, ServeMemory, check_memory_fit, mem
 from components.nodes import target_from_dict
 from components.remote import RemoteError, Result, SshTransport, stderr_tail
 from components.serve_args import (
+    ARGS_PROGRAM,
     ServeArgsError,
     args_argv,
-    args_payload,
     args_source,
 )
 from components.serve_args import failure_message as args_failure_message
@@ -160,18 +160,18 @@ def _memory_nodes(memory: Mapping[str, Any]) -> list[NodeMemory]:
 # ---- what runs on the head ----------------------------------------------------------------------------
 
 
-def proof_payload(proof_dir: Path) -> str:
+def proof_payload(proof_dir: Path, program_name: str = PROOF_PROGRAM, configs: bool = True) -> str:
     """base64 of a gzip tar of the proof program and its fixture configs (stable bytes for same files)."""
-    program = proof_dir / PROOF_PROGRAM
+    program = proof_dir / program_name
     if not program.is_file():
         raise ModelSupportError(
             f"model-support check: {program} is missing: the proof program ships with this repository "
-            "(patches/prove_model.py); restore it"
+            f"(patches/{program_name}); restore it"
         )
     files = [program]
-    configs = proof_dir / PROOF_CONFIGS
-    if configs.is_dir():
-        files += sorted(p for p in configs.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    configs_dir = proof_dir / PROOF_CONFIGS
+    if configs and configs_dir.is_dir():
+        files += sorted(p for p in configs_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         for path in files:
@@ -373,7 +373,9 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
         raise ModelSupportError("model-support check: " + "; ".join(problems))
     transport = SshTransport(target_from_dict(props["node"]))
     payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
-    args = args_payload(proof_dir or PATCH_DIR) if props.get("serve_argv") else ""
+    args = (
+        proof_payload(proof_dir or PATCH_DIR, ARGS_PROGRAM, configs=False) if props.get("serve_argv") else ""
+    )
     outs: dict[str, Any] = {"memory_fit": None, "serve_args": None}
     snapshot = props.get("snapshot_path") or ""
     if snapshot and props.get("memory"):
@@ -416,7 +418,7 @@ def prove_serve_args(
     )
     node = props["node"]["name"]
     try:
-        report = parse_args_report(node, result)
+        report = parse_args_report(node, result, last_json_line(result.text))
     except ServeArgsError as exc:
         raise ModelSupportError(str(exc)) from None
     if report["verdict"] != "pass":

@@ -10,12 +10,7 @@ with this checkpoint is refused naming the flag and quoting vLLM's message.
 
 from __future__ import annotations
 
-import base64
-import io
-import json
-import tarfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from components.remote import Result, stderr_tail
@@ -39,24 +34,7 @@ HINTS = {
 
 
 class ServeArgsError(RuntimeError):
-    """The argument proof could not run, or said no (mode enforce); the message says what to do."""
-
-
-def args_payload(proof_dir: Path) -> str:
-    """base64 of a gzip tar holding the argument proof program (stable bytes for the same file)."""
-    program = proof_dir / ARGS_PROGRAM
-    if not program.is_file():
-        raise ServeArgsError(
-            f"model-support check: {program} is missing: it ships with this repository "
-            "(patches/prove_args.py); restore it"
-        )
-    data = program.read_bytes()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        info = tarfile.TarInfo(ARGS_PROGRAM)
-        info.size, info.mode, info.mtime = len(data), 0o644, 0
-        tar.addfile(info, io.BytesIO(data))
-    return base64.b64encode(buffer.getvalue()).decode()
+    """The argument proof gave no report; the message says what to do."""
 
 
 def args_source(payload: str, deadline_s: float, bootstrap: str) -> bytes:
@@ -72,20 +50,8 @@ def args_argv(proof_argv: list[str], serve_argv: list[str]) -> list[str]:
     return [*proof_argv, "--", *serve_argv]
 
 
-def last_json_line(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.strip().splitlines()):
-        if line.strip():
-            try:
-                value = json.loads(line)
-            except ValueError:
-                return None
-            return value if isinstance(value, dict) else None
-    return None
-
-
-def parse_report(node: str, result: Result) -> dict[str, Any]:
-    """The argument proof's report; ServeArgsError when it gave none."""
-    report = last_json_line(result.text)
+def parse_report(node: str, result: Result, report: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The argument proof's report (its last stdout line, parsed); ServeArgsError when it gave none."""
     if result.returncode in (0, 1) and report is not None and report.get("verdict") in ("pass", "fail"):
         return {key: report.get(key) for key in REPORT_FIELDS}
     raise ServeArgsError(
