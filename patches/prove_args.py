@@ -233,7 +233,13 @@ def main(argv: list[str]) -> int:
     elif options:
         print(f"prove_args.py: unknown options {options}", file=sys.stderr)
         return 2
-    serve_from_cache(serve, checkpoint)
+    if serve_from_cache(serve, checkpoint) is None:
+        model = model_of(serve) or ""
+        if not os.path.exists(model):
+            # Nothing here to resolve the model against (a path on the nodes, not mounted; no
+            # checkpoint): keep vLLM's offline mode from looking the model up in an empty cache. The
+            # container has no network, so nothing is fetched either way.
+            os.environ["HF_HUB_OFFLINE"] = "0"
     report = prove(serve, checkpoint)
     sys.stdout.flush()
     print(json.dumps(report, default=str))

@@ -102,3 +102,11 @@ def test_mtp_without_mtp_weights_in_the_index_is_refused(prebuilt, tmp_path):
     proof = run_args_proof(prebuilt, recipe_argv(bare.name), bare)
     assert proof.returncode == 1 and proof.report["failed_stage"] == "speculative", proof.why()
     assert "no mtp.* tensors" in proof.report["error"], proof.why()
+
+
+def test_a_model_path_that_is_not_mounted_still_parses(prebuilt):
+    # serve.model a path on the nodes and no checkpoint declared: nothing is mounted in the check.
+    argv = serve_argv(ServeConfig(model="/models/qwen35", speculative=None, max_model_len=8192))
+    proof = run_args_proof(prebuilt, argv)
+    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
+    assert proof.report["speculative"] is None
