@@ -365,8 +365,46 @@ class ImageConfig(_Model):
         return self._source_ref("donor")
 
 
+# One argv element of `serve.extra_args`: anything but what would end or split it. The server's
+# command is an argument list (Docker's exec form), never shell text, so JSON is fine here.
+ARGV_FORBIDDEN = ("\x00", "\n", "\r")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+# A vLLM plugin or parser name: what `--reasoning-parser` / `--tool-call-parser` take.
+PARSER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+SPEC_METHOD = re.compile(r"^[a-z0-9_]{1,32}$")
+
+
+class SpeculativeConfig(_Model):
+    """`--speculative-config`: speculative decoding with the checkpoint's own MTP heads by default."""
+
+    # vLLM's method name; `mtp` drafts with the checkpoint's `mtp.*` layers (no draft model). Which
+    # methods this vLLM can use with this checkpoint is proved on the head (patches/prove_args.py).
+    method: str = "mtp"
+    # Spark recipe and vLLM's Qwen3.5 recipe: MTP-1 (the second position is accepted less often).
+    num_speculative_tokens: int = Field(default=1, ge=1, le=16)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str) -> str:
+        if not SPEC_METHOD.match(v):
+            raise ValueError(f"{v!r}: a vLLM speculative method such as 'mtp' (lowercase, digits, '_')")
+        return v
+
+    def as_json(self) -> str:
+        """The flag's value, as vLLM's parser reads it (compact JSON, keys in a stable order)."""
+        import json
+
+        return json.dumps(self.model_dump(), separators=(",", ":"))
+
+
 class ServeConfig(_Model):
-    """`vllm serve` on the head: the model and its parallelism."""
+    """`vllm serve` on the head: the model, its parallelism and the serving recipe's options.
+
+    Defaults of the recipe options come from the two published recipes (README, Serving): the
+    DGX Spark community recipe for this checkpoint (eugr/spark-vllm-docker
+    recipes/qwen3.5-122b-fp8.yaml, "Spark recipe" below) and vLLM's Qwen3.5 recipe
+    (vllm-project/recipes Qwen/Qwen3.5.md, "vLLM recipe").
+    """
 
     model: str = "Qwen/Qwen3.5-122B-A10B-FP8"
     tensor_parallel_size: int = Field(default=2, ge=1, le=512)
@@ -376,6 +414,24 @@ class ServeConfig(_Model):
     gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=1.0)
     max_model_len: int | None = Field(default=None, ge=128)
     served_model_name: str | None = None
+    # Spark recipe: fp8 halves the full-attention layers' KV bytes per token. `auto`: the model's dtype.
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "fp8"  # type: ignore[valid-type]
+    # Spark recipe (and vLLM's latency recipe): MTP-1. null turns speculative decoding off.
+    speculative: SpeculativeConfig | None = SpeculativeConfig()
+    # Spark recipe and vLLM's text-only recipe: experts spread over the ranks instead of sliced.
+    expert_parallel: bool = True
+    # Both recipes: --enable-prefix-caching. false: --no-enable-prefix-caching; null: vLLM's default.
+    prefix_caching: bool | None = True
+    # Both recipes: Qwen3.5 thinks in <think> blocks; the `qwen3` parser splits them out.
+    reasoning_parser: str | None = "qwen3"
+    # Both recipes: tool calls in Qwen's XML form. Auto tool choice needs a parser.
+    tool_call_parser: str | None = "qwen3_coder"
+    enable_auto_tool_choice: bool = True
+    # Spark recipe: 4 sequences at once, 8192 tokens per scheduler step (two Sparks, long contexts).
+    max_num_seqs: int | None = Field(default=4, ge=1, le=4096)
+    max_num_batched_tokens: int | None = Field(default=8192, ge=1, le=1 << 22)
+    # Spark recipe and vLLM's text-only recipe: the vision encoder is not loaded (more KV cache).
+    language_model_only: bool = True
     extra_args: list[str] = []
     # A 120 GB model takes a while to load from disk over two nodes.
     ready_timeout: int = Field(default=3600, ge=10, le=6 * 3600)
@@ -399,6 +455,13 @@ class ServeConfig(_Model):
             raise ValueError(f"{v!r}: letters, digits and . _ : / - only")
         return v
 
+    @field_validator("reasoning_parser", "tool_call_parser")
+    @classmethod
+    def _parser(cls, v: str | None) -> str | None:
+        if v is not None and not PARSER_NAME.match(v):
+            raise ValueError(f"{v!r}: a vLLM parser name such as 'qwen3' or 'qwen3_coder'")
+        return v
+
     @field_validator("extra_args")
     @classmethod
     def _extra(cls, v: list[str]) -> list[str]:
@@ -410,13 +473,79 @@ class ServeConfig(_Model):
                     f"{flag} must not be an extra arg (argv and stack state are not secret): "
                     "use `pulumi config set --secret qwen35-spark:api_key` / `hf_token`"
                 )
-            if not EXTRA_ARG.match(arg):
-                raise ValueError(f"{arg!r}: extra args may use letters, digits and ./:=,@+%-_ only")
+            if any(c in arg for c in ARGV_FORBIDDEN):
+                raise ValueError(
+                    f"{arg[:60]!r}: an argument may not hold a NUL or a line break "
+                    "(give each flag and each value as its own list element)"
+                )
+            if flag in TYPED_FLAGS:
+                raise ValueError(
+                    f"{flag} is a typed option: set {TYPED_FLAGS[flag]} instead "
+                    "(it is validated, and the model-support check counts it)"
+                )
         return v
+
+    @model_validator(mode="after")
+    def _coupled(self) -> ServeConfig:
+        # A key the chosen mode would ignore is refused, never silently dropped.
+        problems = []
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            problems.append(
+                (
+                    "serve.enable_auto_tool_choice",
+                    "needs serve.tool_call_parser (vLLM refuses auto tool choice without a parser): "
+                    "set tool_call_parser (e.g. qwen3_coder) or set this false",
+                )
+            )
+        if (
+            self.max_num_batched_tokens is not None
+            and self.max_num_seqs is not None
+            and self.max_num_batched_tokens < self.max_num_seqs
+        ):
+            problems.append(
+                (
+                    "serve.max_num_batched_tokens",
+                    f"{self.max_num_batched_tokens} is below max_num_seqs {self.max_num_seqs}: each "
+                    "scheduled sequence needs at least one token per step",
+                )
+            )
+        if problems:
+            raise _CrossFieldErrors(problems)
+        return self
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+
+# `vllm serve` flags that a typed field of ServeConfig owns: refused in `extra_args`, with the field.
+TYPED_FLAGS = {
+    "--tensor-parallel-size": "serve.tensor_parallel_size",
+    "-tp": "serve.tensor_parallel_size",
+    "--pipeline-parallel-size": "serve.pipeline_parallel_size",
+    "-pp": "serve.pipeline_parallel_size",
+    "--distributed-executor-backend": "serve.tensor_parallel_size (the backend is always ray)",
+    "--host": "serve.host",
+    "--port": "serve.port",
+    "--gpu-memory-utilization": "serve.gpu_memory_utilization",
+    "--max-model-len": "serve.max_model_len",
+    "--served-model-name": "serve.served_model_name",
+    "--revision": "model.revision (the commit is pinned for you)",
+    "--kv-cache-dtype": "serve.kv_cache_dtype",
+    "--speculative-config": "serve.speculative",
+    "--enable-expert-parallel": "serve.expert_parallel",
+    "--no-enable-expert-parallel": "serve.expert_parallel",
+    "-ep": "serve.expert_parallel",
+    "--enable-prefix-caching": "serve.prefix_caching",
+    "--no-enable-prefix-caching": "serve.prefix_caching",
+    "--reasoning-parser": "serve.reasoning_parser",
+    "--tool-call-parser": "serve.tool_call_parser",
+    "--enable-auto-tool-choice": "serve.enable_auto_tool_choice",
+    "--max-num-seqs": "serve.max_num_seqs",
+    "--max-num-batched-tokens": "serve.max_num_batched_tokens",
+    "--language-model-only": "serve.language_model_only",
+    "--no-language-model-only": "serve.language_model_only",
+}
 
 
 class FabricConfig(_Model):

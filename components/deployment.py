@@ -30,7 +30,13 @@ from components.ray_cluster import (
     ray_tmp_volume_name,
 )
 from components.readiness_gate import ReadinessGate
-from components.vllm_server import endpoint_url, local_url, vllm_container_name, vllm_container_spec
+from components.vllm_server import (
+    endpoint_url,
+    local_url,
+    serve_argv,
+    vllm_container_name,
+    vllm_container_spec,
+)
 
 # The model-support check's outputs that the stack exports (`model_support`).
 MODEL_SUPPORT_OUTPUTS = (
@@ -42,6 +48,7 @@ MODEL_SUPPORT_OUTPUTS = (
     "model_type",
     "quantization",
     "memory_fit",
+    "serve_args",
 )
 
 
@@ -166,6 +173,10 @@ class Qwen35Deployment(pulumi.ComponentResource):
             checkpoint_digest=head_checkpoint.digest if head_checkpoint else None,
             snapshot_path=head_checkpoint.snapshot_path if head_checkpoint else None,
             container_prefix=cfg.containers.name_prefix,
+            # The server's exact command line (with the pinned revision): the image's vLLM parses it.
+            serve_argv=server_argv(
+                cfg, head_checkpoint.revision if head_checkpoint and cfg.serve.model == cfg.hub_repo else None
+            ),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.node_images[head.name], *([head_checkpoint] if head_checkpoint else [])],
@@ -286,13 +297,28 @@ class Qwen35Deployment(pulumi.ComponentResource):
         )
 
 
+def server_argv(cfg: StackConfig, revision: pulumi.Output[str] | None) -> pulumi.Input[list[str]]:
+    """The server's final argument list, as its container runs it (`--revision` the pinned commit)."""
+    argv = serve_argv(cfg.serve)
+    if revision is None:
+        return argv
+    return revision.apply(lambda sha: [*argv, "--revision", sha])
+
+
 def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
-    """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism."""
+    """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism,
+    and the serving options that change what a rank holds (components/memory_fit.py)."""
+    serve = cfg.serve
     return {
         "nodes": [{"name": n.name, "memory_gb": n.memory_gb, "gpus": n.gpus} for n in cfg.nodes],
-        "tensor_parallel_size": cfg.serve.tensor_parallel_size,
-        "pipeline_parallel_size": cfg.serve.pipeline_parallel_size,
-        "gpu_memory_utilization": cfg.serve.gpu_memory_utilization,
+        "tensor_parallel_size": serve.tensor_parallel_size,
+        "pipeline_parallel_size": serve.pipeline_parallel_size,
+        "gpu_memory_utilization": serve.gpu_memory_utilization,
+        "max_model_len": serve.max_model_len,
+        "kv_cache_dtype": serve.kv_cache_dtype,
+        "speculative_tokens": serve.speculative.num_speculative_tokens if serve.speculative else 0,
+        "speculative_method": serve.speculative.method if serve.speculative else None,
+        "language_model_only": serve.language_model_only,
     }
 
 

@@ -39,9 +39,17 @@ from pulumi.runtime.rpc import UNKNOWN
 
 from components.config import ModelCheckMode as Mode
 from components.image_ref import ImageRefError, parse_image_ref
-from components.memory_fit import NodeMemory, check_memory_fit, memory_fit
+from components.memory_fit import NodeMemory, ServeMemory, check_memory_fit, memory_fit, model_shape
 from components.nodes import target_from_dict
 from components.remote import RemoteError, Result, SshTransport, stderr_tail
+from components.serve_args import (
+    ARGS_PROGRAM,
+    ServeArgsError,
+    args_argv,
+    args_source,
+)
+from components.serve_args import failure_message as args_failure_message
+from components.serve_args import parse_report as parse_args_report
 
 PATCH_DIR = Path(__file__).resolve().parent.parent / "patches"
 NODE_PROGRAMS = Path(__file__).resolve().parent / "node_programs"
@@ -70,7 +78,7 @@ REPORT_FIELDS = (
     "quantization",
 )
 # A change of any of these asks for a new proof; anything else is updated in place.
-RERUN_KEYS = ("image_id", "checkpoint_digest", "memory")
+RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv")
 SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix")
 
 
@@ -207,6 +215,7 @@ def validate(props: Mapping[str, Any]) -> list[str]:
             _memory_nodes(memory)
             int(memory["tensor_parallel_size"]), int(memory["pipeline_parallel_size"])
             float(memory["gpu_memory_utilization"])
+            serve_memory(memory)
         except (KeyError, TypeError, ValueError) as exc:
             problems.append(f"memory: {exc!r}: nodes, tensor/pipeline parallel sizes and utilization")
     return problems
@@ -219,18 +228,18 @@ def _memory_nodes(memory: Mapping[str, Any]) -> list[NodeMemory]:
 # ---- what runs on the head ----------------------------------------------------------------------------
 
 
-def proof_payload(proof_dir: Path) -> str:
+def proof_payload(proof_dir: Path, program_name: str = PROOF_PROGRAM, configs: bool = True) -> str:
     """base64 of a gzip tar of the proof program and its fixture configs (stable bytes for same files)."""
-    program = proof_dir / PROOF_PROGRAM
+    program = proof_dir / program_name
     if not program.is_file():
         raise ModelSupportError(
             f"model-support check: {program} is missing: the proof program ships with this repository "
-            "(patches/prove_model.py); restore it"
+            f"(patches/{program_name}); restore it"
         )
     files = [program]
-    configs = proof_dir / PROOF_CONFIGS
-    if configs.is_dir():
-        files += sorted(p for p in configs.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    configs_dir = proof_dir / PROOF_CONFIGS
+    if configs and configs_dir.is_dir():
+        files += sorted(p for p in configs_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         for path in files:
@@ -377,10 +386,23 @@ def checkpoint_facts(transport: SshTransport, snapshot_path: str) -> dict[str, A
     return report
 
 
+def serve_memory(memory: Mapping[str, Any]) -> ServeMemory:
+    """The serving options of the `memory` input (absent in stacks recorded before they existed)."""
+    max_len = memory.get("max_model_len")
+    return ServeMemory(
+        max_model_len=int(max_len) if max_len else None,
+        kv_cache_dtype=str(memory.get("kv_cache_dtype") or "auto"),
+        speculative_tokens=int(memory.get("speculative_tokens") or 0),
+        language_model_only=bool(memory.get("language_model_only")),
+        speculative_method=str(memory.get("speculative_method") or "mtp"),
+    )
+
+
 def check_fit(props: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
     """The memory-fit preflight for this checkpoint; MemoryFitError (with the numbers) if it does not fit."""
     memory = props["memory"]
     utilization = float(memory["gpu_memory_utilization"])
+    config = facts.get("config")
     fit = memory_fit(
         int(facts["weight_bytes"]),
         _memory_nodes(memory),
@@ -388,6 +410,10 @@ def check_fit(props: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, A
         int(memory["pipeline_parallel_size"]),
         utilization,
         facts.get("num_layers"),
+        shape=model_shape(config) if isinstance(config, Mapping) else None,
+        serve=serve_memory(memory),
+        mtp_bytes=int(facts.get("mtp_bytes") or 0),
+        vision_bytes=int(facts.get("vision_bytes") or 0),
     )
     check_memory_fit(fit, utilization)
     return {**fit.summary(), "weights_from": facts.get("weight_source"), "layers": facts.get("num_layers")}
@@ -421,12 +447,17 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
         raise ModelSupportError("model-support check: " + "; ".join(problems))
     transport = SshTransport(target_from_dict(props["node"]))
     payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
-    outs: dict[str, Any] = {"memory_fit": None}
+    args = (
+        proof_payload(proof_dir or PATCH_DIR, ARGS_PROGRAM, configs=False) if props.get("serve_argv") else ""
+    )
+    outs: dict[str, Any] = {"memory_fit": None, "serve_args": None}
     snapshot = props.get("snapshot_path") or ""
     if snapshot and props.get("memory"):
         outs["memory_fit"] = check_fit(props, checkpoint_facts(transport, snapshot))
     verify_pin(transport, props)
     deadline = float(props.get("deadline_s") or DEFAULT_DEADLINE_S)
+    if props.get("serve_argv"):
+        outs["serve_args"] = prove_serve_args(transport, props, args, deadline)
     name = f"{props.get('container_prefix') or 'qwen35'}-model-support-{secrets.token_hex(4)}"
     result = transport.run(
         proof_argv(props, name), stdin=proof_source(payload, deadline), timeout=deadline + TRANSPORT_SLACK_S
@@ -443,7 +474,33 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
 
 
 def _outputs_of(props: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: props.get(key) for key in (*REPORT_FIELDS, "memory_fit")}
+    return {key: props.get(key) for key in (*REPORT_FIELDS, "memory_fit", "serve_args")}
+
+
+# ---- the argument proof (components/serve_args.py, patches/prove_args.py) -------------------------------
+
+
+def prove_serve_args(
+    transport: SshTransport, props: Mapping[str, Any], payload: str, deadline: float
+) -> dict[str, Any]:
+    """The image's vLLM parses the server's exact argv; a refusal stops `up` (mode enforce)."""
+    name = f"{props.get('container_prefix') or 'qwen35'}-model-args-{secrets.token_hex(4)}"
+    argv = args_argv(proof_argv(props, name), [str(arg) for arg in props["serve_argv"]])
+    bootstrap = (NODE_PROGRAMS / "proof_bootstrap.py").read_text()
+    result = transport.run(
+        argv, stdin=args_source(payload, deadline, bootstrap), timeout=deadline + TRANSPORT_SLACK_S
+    )
+    node = props["node"]["name"]
+    try:
+        report = parse_args_report(node, result, last_json_line(result.text))
+    except ServeArgsError as exc:
+        raise ModelSupportError(str(exc)) from None
+    if report["verdict"] != "pass":
+        message = args_failure_message(node, _image_label(props, report), report)
+        if props.get("mode", Mode.ENFORCE.value) == Mode.ENFORCE.value:
+            raise ModelSupportError(message)
+        pulumi.log.warn(f"{message}\n  (image.model_check: report: continuing)")
+    return report
 
 
 class ModelSupportCheckProvider(dynamic.ResourceProvider):
@@ -494,6 +551,7 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
     model_type: pulumi.Output[str]
     quantization: pulumi.Output[Any]
     memory_fit: pulumi.Output[dict | None]
+    serve_args: pulumi.Output[dict | None]
 
     def __init__(
         self,
@@ -508,6 +566,7 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
         snapshot_path: pulumi.Input[str] | None = None,
         container_prefix: str = "qwen35",
         deadline_s: float = DEFAULT_DEADLINE_S,
+        serve_argv: list[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -520,6 +579,8 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
             "snapshot_path": snapshot_path,
             "container_prefix": container_prefix,
             "deadline_s": deadline_s,
-            **{key: None for key in (*REPORT_FIELDS, "memory_fit")},
+            # The server's final argument list: the image's vLLM must parse it (prove_args.py).
+            "serve_argv": serve_argv,
+            **{key: None for key in (*REPORT_FIELDS, "memory_fit", "serve_args")},
         }
         super().__init__(ModelSupportCheckProvider(), name, props, opts)

@@ -40,7 +40,34 @@ def serve_argv(serve: ServeConfig) -> list[str]:
     ]  # fmt: skip
     if serve.max_model_len is not None:
         argv += ["--max-model-len", str(serve.max_model_len)]
-    return argv + list(serve.extra_args)
+    return argv + recipe_flags(serve) + list(serve.extra_args)
+
+
+def recipe_flags(serve: ServeConfig) -> list[str]:
+    """The serving recipe's typed options as flags; a value equal to vLLM's own default adds none."""
+    flags: list[str] = []
+    if serve.kv_cache_dtype != "auto":
+        flags += ["--kv-cache-dtype", serve.kv_cache_dtype]
+    if serve.speculative is not None:
+        # One argv element holding JSON: it never passes through a shell (Docker's exec form).
+        flags += ["--speculative-config", serve.speculative.as_json()]
+    if serve.expert_parallel:
+        flags.append("--enable-expert-parallel")
+    if serve.prefix_caching is not None:
+        flags.append("--enable-prefix-caching" if serve.prefix_caching else "--no-enable-prefix-caching")
+    if serve.reasoning_parser is not None:
+        flags += ["--reasoning-parser", serve.reasoning_parser]
+    if serve.tool_call_parser is not None:
+        flags += ["--tool-call-parser", serve.tool_call_parser]
+    if serve.enable_auto_tool_choice:
+        flags.append("--enable-auto-tool-choice")
+    if serve.max_num_seqs is not None:
+        flags += ["--max-num-seqs", str(serve.max_num_seqs)]
+    if serve.max_num_batched_tokens is not None:
+        flags += ["--max-num-batched-tokens", str(serve.max_num_batched_tokens)]
+    if serve.language_model_only:
+        flags.append("--language-model-only")
+    return flags
 
 
 def local_url(serve: ServeConfig) -> str:

@@ -26,6 +26,7 @@ from components.node_programs import program_argv, readiness
 from components.nodes import node_access
 from components.ray_cluster import head_container_name
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTransport, stderr_tail
+from components.vllm_server import vllm_container_name
 
 ROOT = Path(__file__).resolve().parent.parent
 # The node program travels in the command (`python3 -I -S -c …`); its request comes on stdin.
@@ -98,6 +99,9 @@ def node_requests(config: StackConfig) -> dict[str, dict[str, Any]]:
             "revision": config.model.revision,
             "ray_container": head_container_name(config) if node is config.head else None,
             "progress_dir": PROGRESS_DIR,
+            # The head: what the KV-cache sizing needs, and what the server itself logged about it.
+            "sizing": node is config.head,
+            "server_container": vllm_container_name(config) if node is config.head else None,
         }
         for node in config.nodes
     }

@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.config import ImageStrategy, StackConfig
-from components.deployment import node_container_names
+from components.deployment import memory_inputs, node_container_names
+from components.memory_fit import NodeMemory, memory_fit, model_shape
+from components.model_support import serve_memory
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
 from components.vllm_server import vllm_container_name
@@ -125,7 +127,40 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
             verdict.operations.append({"on": node.name, **operation})
     verdict.problems += _ray(config, verdict.cluster, head_report)
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
+    verdict.cluster["concurrency"] = _concurrency(config, head_report)
     return verdict
+
+
+def expected_concurrency(config: StackConfig, sizing: dict[str, Any]) -> tuple[int, float] | None:
+    """(max_model_len, requests of that length the KV cache holds), from the head's config.json and
+    the stack, as the model-support check computes it (components/memory_fit.py); None if unsized."""
+    shape = model_shape(sizing["config"]) if isinstance(sizing.get("config"), dict) else None
+    if shape is None or not isinstance(sizing.get("weight_bytes"), int):
+        return None
+    memory = memory_inputs(config)
+    nodes = [NodeMemory(n["name"], n["memory_gb"], n["gpus"]) for n in memory["nodes"]]
+    fit = memory_fit(
+        sizing["weight_bytes"],
+        nodes,
+        config.serve.tensor_parallel_size,
+        config.serve.pipeline_parallel_size,
+        config.serve.gpu_memory_utilization,
+        shape=shape,
+        serve=serve_memory(memory),
+    )
+    if fit.kv is None or fit.max_concurrency is None:
+        return None
+    return fit.kv.max_model_len, fit.max_concurrency
+
+
+def _concurrency(config: StackConfig, head_report: dict) -> str:
+    """Expected maximum concurrency at max_model_len, beside what the server logged at start-up."""
+    expected = expected_concurrency(config, head_report.get("sizing") or {})
+    logged = head_report.get("server_concurrency") or {}
+    parts = [f"expected {expected[1]:.2f}x at {expected[0]} tokens" if expected else "expected: unknown"]
+    if logged:
+        parts.append(f"vLLM logged {logged['max_concurrency']:.2f}x at {logged['max_model_len']} tokens")
+    return "; ".join(parts)
 
 
 def _first_line(text: Any) -> str:

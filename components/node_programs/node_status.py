@@ -15,6 +15,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -188,8 +189,36 @@ def checkpoint_facts(cache, model, revision="main"):
         missing=missing[:MISSING_SHOWN],
         missing_count=len(missing),
         digest=manifest_digest((rel, blob or "") for rel, blob, _size in pairs),
+        snapshot=snapshot,
     )
     return facts
+
+
+# vLLM's start-up line (vllm/v1/core/kv_cache_utils.py): what the KV cache it allocated holds.
+CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([0-9,]+) tokens per request: ([0-9.]+)x")
+
+
+def sizing_facts(snapshot):
+    """What the KV-cache sizing needs of the head's snapshot: config.json and the index's total size."""
+    facts = {}
+    try:
+        with open(os.path.join(snapshot, "config.json")) as handle:
+            facts["config"] = json.load(handle)
+        with open(os.path.join(snapshot, "model.safetensors.index.json")) as handle:
+            facts["weight_bytes"] = (json.load(handle).get("metadata") or {}).get("total_size")
+    except (OSError, ValueError) as exc:
+        facts["error"] = type(exc).__name__ + ": " + str(exc)
+    return facts
+
+
+def server_concurrency(container):
+    """The last 'Maximum concurrency' line the server logged: (max_model_len, concurrency), or {}."""
+    code, out, err = run(["docker", "logs", "--tail", "5000", container])
+    found = CONCURRENCY_LINE.findall((out or "") + "\n" + (err or "")) if code == 0 else []
+    if not found:
+        return {}
+    tokens, times = found[-1]
+    return {"max_model_len": int(tokens.replace(",", "")), "max_concurrency": float(times)}
 
 
 def ray_facts(container):
@@ -248,6 +277,11 @@ def gather(request):
         report["checkpoint"] = checkpoint_facts(
             request["hf_cache"], request["model"], request.get("revision") or "main"
         )
+        snapshot = report["checkpoint"].get("snapshot")
+        if request.get("sizing") and snapshot:
+            report["sizing"] = sizing_facts(snapshot)
+    if request.get("server_container") and report["docker"]["ok"]:
+        report["server_concurrency"] = server_concurrency(request["server_container"])
     report["progress"] = progress_facts(request.get("progress_dir") or "~/.qwen35/progress", now)
     return report
 

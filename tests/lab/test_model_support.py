@@ -258,7 +258,13 @@ def test_the_check_through_the_provider_host_runs_once_until_the_image_changes(
         outputs = state.public_outputs()
         assert outputs["verdict"] == "fail" and outputs["failed_stage"] == "environment", outputs
         assert outputs["memory_fit"]["fits"] is True
-        assert len(check_containers_created(node_a, since)) == 1
+        # The argument proof ran first, in its own container: the lab image has no vLLM to parse with.
+        assert outputs["serve_args"]["verdict"] == "fail", outputs["serve_args"]
+        assert outputs["serve_args"]["failed_stage"] == "environment", outputs["serve_args"]
+        assert sorted(name.rsplit("-", 1)[0] for name in check_containers_created(node_a, since)) == [
+            "qwen35-model-args",
+            "qwen35-model-support",
+        ]
 
         # Nothing changed: the next `up` does nothing and `refresh` returns the recorded proof.
         after = time.time()
@@ -270,6 +276,6 @@ def test_the_check_through_the_provider_host_runs_once_until_the_image_changes(
         before_new = time.time()
         replaced = engine.up(state, {**registered, "image_id": standin_image}, timeout=300)
         assert replaced.op == "replace" and replaced.diff.delete_before_replace
-        assert len(check_containers_created(node_a, before_new)) == 1
+        assert len(check_containers_created(node_a, before_new)) == 2  # the argument proof and the proof
         engine.delete(replaced.state)
     assert leftover_containers(node_a) == []

@@ -100,11 +100,11 @@ def write_checkpoint(folder: Path, config: dict | None = None, names: list[str] 
     return folder
 
 
-def write_hf_cache(root: Path, config: dict | None = None) -> Path:
+def write_hf_cache(root: Path, config: dict | None = None, names: list[str] | None = None) -> Path:
     """The same checkpoint as the Hugging Face cache keeps it (`models--Qwen--…/blobs/<hash>`, a snapshot
     of relative links, `refs/main`), read-only as the model-support check mounts it; the snapshot."""
     repo = root / "hub" / "models--Qwen--Qwen3.5-122B-A10B-FP8"
-    flat = write_checkpoint(root / "flat", config)
+    flat = write_checkpoint(root / "flat", config, names)
     commit = hashlib.sha1(b"qwen35-release-tier").hexdigest()
     snapshot = repo / "snapshots" / commit
     (repo / "blobs").mkdir(parents=True)

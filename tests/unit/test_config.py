@@ -127,7 +127,43 @@ BAD = [
     ("no nodes", _delete("nodes"), ["nodes: missing"]),
     ("empty nodes", _set("nodes", []), ["nodes:"]),
     ("bad gpu memory", _set("serve.gpu_memory_utilization", 1.5), ["serve.gpu_memory_utilization:"]),
-    ("extra arg injection", _set("serve.extra_args", ["--x", "$(reboot)"]), ["serve.extra_args:"]),
+    ("extra arg newline", _set("serve.extra_args", ["--x", "a\nreboot"]), ["serve.extra_args:", "line"]),
+    ("extra arg with a NUL", _set("serve.extra_args", ["--x\x00"]), ["serve.extra_args:", "NUL"]),
+    (
+        "typed flag as extra arg",
+        _set("serve.extra_args", ["--kv-cache-dtype=fp8"]),
+        ["serve.extra_args:", "serve.kv_cache_dtype"],
+    ),
+    (
+        "speculative as extra arg",
+        _set("serve.extra_args", ["--speculative-config", '{"method":"mtp"}']),
+        ["serve.extra_args:", "serve.speculative"],
+    ),
+    (
+        "revision as extra arg",
+        _set("serve.extra_args", ["--revision", "main"]),
+        ["serve.extra_args:", "model.revision"],
+    ),
+    ("bad kv cache dtype", _set("serve.kv_cache_dtype", "fp4"), ["serve.kv_cache_dtype:", "'fp8'"]),
+    (
+        "auto tool choice without a parser",
+        _set("serve.tool_call_parser", None),
+        ["serve.enable_auto_tool_choice:", "tool_call_parser"],
+    ),
+    (
+        "unknown speculative key",
+        _set("serve.speculative.num_spec_tokens", 2),
+        ["serve.speculative.num_spec_tokens: unknown key", "'num_speculative_tokens'"],
+    ),
+    ("speculative tokens zero", _set("serve.speculative.num_speculative_tokens", 0), ["serve.speculative."]),
+    ("bad speculative method", _set("serve.speculative.method", "MTP;x"), ["serve.speculative.method:"]),
+    ("bad reasoning parser", _set("serve.reasoning_parser", "qwen 3"), ["serve.reasoning_parser:"]),
+    ("unknown serve option", _set("serve.prefix_cache", True), ["serve.prefix_cache", "'prefix_caching'"]),
+    (
+        "seqs over tokens",
+        _set("serve.max_num_batched_tokens", 2),
+        ["serve.max_num_batched_tokens:", "max_num_seqs"],
+    ),
     (
         "api key as extra arg",
         _set("serve.extra_args", ["--api-key=sk-123"]),
@@ -226,6 +262,13 @@ def test_copy_tuning_is_typed_and_only_non_defaults_reach_node_image():
     message = str(info.value)
     assert "copy.compresion: unknown key (did you mean 'compression'?)" in message
     assert "copy.source_export:" in message
+
+
+def test_extra_args_take_any_argv_element_json_included():
+    raw = dev_raw()
+    args = ["--mm-processor-kwargs", '{"video_kwargs": {"size": {"longest_edge": 4096}}}', "$(not a shell)"]
+    raw["serve"]["extra_args"] = args
+    assert parse_stack_config(raw).serve.extra_args == args
 
 
 def test_secret_extra_args_are_refused_without_echoing_the_value():

@@ -516,6 +516,12 @@ def test_model_support_check_inputs(four):
         "tensor_parallel_size": 4,
         "pipeline_parallel_size": 1,
         "gpu_memory_utilization": 0.85,
+        # The recipe's options the memory fit counts (README, Serving).
+        "max_model_len": 32768,
+        "kv_cache_dtype": "fp8",
+        "speculative_tokens": 1,
+        "speculative_method": "mtp",
+        "language_model_only": True,
     }
     assert inputs["container_prefix"] == "qwen35"
     # The head's checkpoint: the proof loads it and the memory fit reads its index.

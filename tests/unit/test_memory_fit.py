@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from components.memory_fit import (
@@ -9,9 +13,13 @@ from components.memory_fit import (
     MIN_KV_CACHE_GB,
     RUNTIME_RESERVE_GB,
     MemoryFitError,
+    ModelShape,
     NodeMemory,
+    ServeMemory,
     check_memory_fit,
+    kv_sizing,
     memory_fit,
+    model_shape,
     rank_budget_bytes,
     rank_weight_bytes,
 )
@@ -144,3 +152,175 @@ def test_nodes_without_gpus_run_no_rank():
 def test_parallel_sizes_must_be_positive(tp, pp):
     with pytest.raises(ValueError, match="≥ 1"):
         rank_weight_bytes(GB, tp, pp)
+
+
+# ---- the KV cache one request needs (config.json) ------------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[2] / "patches" / "proof_configs"
+MOE_122B = model_shape(json.loads((FIXTURES / "qwen3_5_moe-fp8" / "config.json").read_text()))
+DENSE_27B = model_shape(json.loads((FIXTURES / "qwen3_5-fp8" / "config.json").read_text()))
+# A dense BF16 model with full attention in every layer (Qwen3-32B's sizes): 64 layers, 8 KV heads of 128.
+DENSE_BF16 = model_shape(
+    {
+        "num_hidden_layers": 64,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": 40960,
+    }
+)
+RECIPE = ServeMemory(
+    max_model_len=32768, kv_cache_dtype="fp8", speculative_tokens=1, language_model_only=True
+)
+
+
+def test_the_122b_shape_counts_only_its_full_attention_layers():
+    assert (
+        ModelShape(
+            full_attention_layers=12,
+            num_kv_heads=2,
+            head_dim=256,
+            dtype_bytes=2,
+            linear_layers=36,
+            linear_conv_dim=2 * 16 * 128 + 64 * 128,
+            linear_conv_kernel=4,
+            linear_state_elems=64 * 128 * 128,
+            max_position_embeddings=262144,
+            mtp_layers=1,
+        )
+        == MOE_122B
+    )
+    kv = kv_sizing(MOE_122B, RECIPE, tp=2, pp=1)
+    # 12 full-attention layers + the MTP layer, K and V, 1 KV head per rank (2 over TP 2), 256, fp8.
+    assert kv.bytes_per_token == 13 * 2 * 1 * 256 * 1
+    # 36 gated-delta layers: conv state (12288 channels × 3) + recurrent state (64 × 128 × 128), BF16, / TP.
+    assert kv.state_bytes == 36 * (12288 * 3 + 64 * 128 * 128) * 2 // 2
+    assert kv.request_bytes == (32768 + 1) * kv.bytes_per_token + kv.state_bytes
+    bf16 = kv_sizing(MOE_122B, ServeMemory(max_model_len=32768), tp=2, pp=1)
+    assert bf16.bytes_per_token == 12 * 2 * 1 * 256 * 2  # auto: the model's BF16; no MTP layer
+
+
+# (case, weights, nodes, tp, shape, serve, utilization, fits with the flat floor, fits by KV cache)
+KV_TABLE = [
+    ("122B recipe on two Sparks", QWEN35_122B_FP8, [SPARK, SPARK2], 2, MOE_122B, RECIPE, 0.85, True, True),
+    (
+        "122B at its full 262144 context, BF16 KV",
+        QWEN35_122B_FP8,
+        [SPARK, SPARK2],
+        2,
+        MOE_122B,
+        ServeMemory(max_model_len=None),
+        0.85,
+        True,
+        True,
+    ),
+    # The flat 2 GB floor says "fits"; one 40960-token request needs 10.7 GB of BF16 KV cache.
+    (
+        "dense BF16 32B on one node at 0.6",
+        int(65.5 * GB),
+        [SPARK],
+        1,
+        DENSE_BF16,
+        ServeMemory(max_model_len=None),
+        0.6,
+        True,
+        False,
+    ),
+    (
+        "dense BF16 32B on one node at 0.6, fp8 KV",
+        int(65.5 * GB),
+        [SPARK],
+        1,
+        DENSE_BF16,
+        ServeMemory(max_model_len=None, kv_cache_dtype="fp8"),
+        0.6,
+        True,
+        True,
+    ),
+    (
+        "dense BF16 32B on one node at 0.6, 16k context",
+        int(65.5 * GB),
+        [SPARK],
+        1,
+        DENSE_BF16,
+        ServeMemory(max_model_len=16384),
+        0.6,
+        True,
+        True,
+    ),
+    (
+        "27B FP8 dense hybrid on one node at 0.35",
+        29 * GB,
+        [SPARK],
+        1,
+        DENSE_27B,
+        ServeMemory(max_model_len=262144),
+        0.35,
+        True,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "weights", "nodes", "tp", "shape", "serve", "util", "floor_fits", "fits"),
+    KV_TABLE,
+    ids=[k[0] for k in KV_TABLE],
+)
+def test_kv_cache_table(case, weights, nodes, tp, shape, serve, util, floor_fits, fits):
+    assert memory_fit(weights, nodes, tp, 1, util).fits is floor_fits
+    fit = memory_fit(weights, nodes, tp, 1, util, shape=shape, serve=serve)
+    assert fit.fits is fits, fit.summary()
+    assert (fit.max_concurrency >= 1) is fits
+    if not fits:
+        with pytest.raises(MemoryFitError) as info:
+            check_memory_fit(fit, util)
+        message = str(info.value)
+        assert f"max_model_len {fit.kv.max_model_len} tokens" in message
+        assert "next: a smaller serve.max_model_len, a higher serve.gpu_memory_utilization" in message
+        assert ("serve.kv_cache_dtype: fp8" in message) is (serve.kv_cache_dtype == "auto")
+        longest = fit.kv.longest_fitting(fit.per_node[0].kv_cache_bytes)
+        assert f"holds max_model_len {longest} at most" in message
+        assert memory_fit(
+            weights, nodes, tp, 1, util, shape=shape, serve=replace(serve, max_model_len=longest)
+        ).fits
+        too_long = replace(serve, max_model_len=longest + 1)
+        assert not memory_fit(weights, nodes, tp, 1, util, shape=shape, serve=too_long).fits
+
+
+def test_the_recipe_on_two_sparks_reports_the_concurrency_vllm_prints():
+    mtp, vision = int(2.4 * GB), int(0.9 * GB)
+    fit = memory_fit(
+        QWEN35_122B_FP8, [SPARK, SPARK2], 2, 1, 0.85, LAYERS,
+        shape=MOE_122B, serve=RECIPE, mtp_bytes=mtp, vision_bytes=vision,
+    )  # fmt: skip
+    # Speculative decoding on: the MTP head is loaded; language_model_only: the vision encoder is not.
+    assert fit.loaded_weight_bytes == QWEN35_122B_FP8 - vision
+    rank = fit.per_node[0]
+    assert rank.max_concurrency == pytest.approx(rank.kv_cache_bytes / fit.kv.request_bytes)
+    summary = fit.summary()
+    assert summary["max_model_len"] == 32768 and summary["kv_cache_dtype"] == "fp8"
+    assert summary["max_concurrency"] == round(rank.max_concurrency, 2) > 100
+    assert summary["per_rank"]["spark-1"]["max_concurrency"] == summary["max_concurrency"]
+    off = memory_fit(QWEN35_122B_FP8, [SPARK, SPARK2], 2, 1, 0.85, LAYERS, shape=MOE_122B,
+                     serve=ServeMemory(max_model_len=32768), mtp_bytes=mtp, vision_bytes=vision)  # fmt: skip
+    assert off.loaded_weight_bytes == QWEN35_122B_FP8 - mtp
+
+
+def test_only_the_mtp_method_loads_the_mtp_head_and_its_attention_layer():
+    ngram = ServeMemory(
+        max_model_len=32768, kv_cache_dtype="fp8", speculative_tokens=3, speculative_method="ngram"
+    )
+    fit = memory_fit(QWEN35_122B_FP8, [SPARK, SPARK2], 2, 1, 0.85, shape=MOE_122B, serve=ngram, mtp_bytes=GB)
+    assert fit.loaded_weight_bytes == QWEN35_122B_FP8 - GB
+    assert fit.kv.bytes_per_token == 12 * 2 * 256 and fit.kv.speculative_tokens == 3
+    old_name = replace(ngram, speculative_method="qwen3_5_mtp")
+    assert kv_sizing(MOE_122B, old_name, 2, 1).bytes_per_token == 13 * 2 * 256
+
+
+def test_a_config_without_attention_sizes_falls_back_to_the_floor_and_says_so():
+    assert model_shape({"architectures": ["X"], "model_type": "qwen3_5_moe"}) is None
+    fit = memory_fit(10 * GB, [SPARK], 1, 1, 0.85, shape=None, serve=RECIPE)
+    assert fit.kv is None and fit.per_node[0].request_bytes == MIN_KV_CACHE_GB * GB
+    assert "flat floor" in fit.summary()["kv_sizing"] and fit.summary()["max_concurrency"] is None

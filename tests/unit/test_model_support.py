@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,7 @@ PASS_REPORT = {
     "quantization": {"quant_method": "fp8", "weight_block_size": [128, 128]},
     "checks": [],
 }
+ARGS_PASS = {"verdict": "pass", "failed_stage": None, "flag": None, "error": "", "vllm": "0.17.1"}
 CONSTRUCT_FAIL = {
     **PASS_REPORT,
     "verdict": "fail",
@@ -100,6 +102,7 @@ sys.exit(0 if verdict == "pass" else 1)
 @pytest.fixture
 def proof_dir(tmp_path) -> Path:
     (tmp_path / "prove_model.py").write_text(STANDIN_PROGRAM)
+    (tmp_path / "prove_args.py").write_text("raise SystemExit('scripted by FakeHead in these tests')")
     (tmp_path / "proof_configs").mkdir()
     (tmp_path / "proof_configs" / "qwen3_5_moe.json").write_text("{}")
     (tmp_path / "proof_configs" / "qwen3_5.json").write_text("{}")
@@ -192,9 +195,15 @@ def test_checkpoint_mount(snapshot, host, inside):
 class FakeHead:
     """The head: `python3 -` programs really run here (LocalTransport); docker answers are scripted."""
 
-    def __init__(self, run_result: Result | None = None, repo_digests: list[str] | None = None):
+    def __init__(
+        self,
+        run_result: Result | None = None,
+        repo_digests: list[str] | None = None,
+        args_result: Result | None = None,
+    ):
         self.calls: list[list[str]] = []
         self.run_result = run_result or Result((), 0, (json.dumps(PASS_REPORT) + "\n").encode())
+        self.args_result = args_result or Result((), 0, (json.dumps(ARGS_PASS) + "\n").encode())
         self.repo_digests = repo_digests or []
         self.name = "spark-1"
 
@@ -209,13 +218,9 @@ class FakeHead:
         if argv[:3] == ["docker", "image", "inspect"]:
             return Result(tuple(argv), 0, json.dumps(self.repo_digests).encode(), b"", "spark-1")
         if argv[:2] == ["docker", "run"]:
-            return Result(
-                tuple(argv),
-                self.run_result.returncode,
-                self.run_result.stdout,
-                self.run_result.stderr,
-                "spark-1",
-            )
+            # The argument proof's run carries the server's argv after `--`.
+            scripted = self.args_result if "--" in argv else self.run_result
+            return Result(tuple(argv), scripted.returncode, scripted.stdout, scripted.stderr, "spark-1")
         raise AssertionError(f"unexpected command {argv}")
 
     def docker_runs(self) -> int:
@@ -559,3 +564,131 @@ def test_create_id_names_the_head_image_and_checkpoint(monkeypatch, proof_dir):
 def test_create_needs_the_heads_image_id(no_io, image_id):
     with pytest.raises(ModelSupportError, match="image_id"):
         run_check(props(image_id=image_id))
+
+
+def safetensors_header(tensors: dict[str, int]) -> bytes:
+    """A shard's header (its data is left out: the facts program reads headers only)."""
+    entries, offset = {}, 0
+    for name, size in tensors.items():
+        entries[name] = {"dtype": "F8_E4M3", "shape": [size], "data_offsets": [offset, offset + size]}
+        offset += size
+    body = json.dumps(entries).encode()
+    return struct.pack("<Q", len(body)) + body
+
+
+def recipe_snapshot(root: Path, config: dict, mtp_bytes: int, vision_bytes: int) -> Path:
+    """A 126 GB-index snapshot with the given config.json and one shard holding MTP and vision tensors."""
+    snapshot = hf_snapshot(root, total_size=126 * GB, shard_bytes=[10])
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").write_text(json.dumps(config))
+    shard = "model-00002-of-00002.safetensors"
+    tensors = {"mtp.fc.weight": mtp_bytes, "model.visual.blocks.0.attn.qkv.weight": vision_bytes, "x": 5}
+    (snapshot / shard).write_bytes(safetensors_header(tensors))
+    index_path = snapshot / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update(dict.fromkeys(tensors, shard))
+    index_path.unlink()
+    index_path.write_text(json.dumps(index))
+    return snapshot
+
+
+def test_the_fit_sizes_the_kv_cache_from_the_checkpoint_config(monkeypatch, proof_dir, tmp_path):
+    head(monkeypatch)
+    config = json.loads(
+        (model_support.PATCH_DIR / "proof_configs" / "qwen3_5_moe-fp8" / "config.json").read_text()
+    )
+    snapshot = recipe_snapshot(tmp_path, config, mtp_bytes=3 * GB, vision_bytes=GB)
+    memory = {**MEMORY, "max_model_len": 32768, "kv_cache_dtype": "fp8", "speculative_tokens": 1}
+    memory["language_model_only"] = True
+    outs = run_check(
+        props(snapshot_path=str(snapshot), memory=memory, checkpoint_digest="sha256:1"), proof_dir
+    )
+    fit = outs["memory_fit"]
+    # The MTP head is loaded (speculative decoding on), the vision encoder is not (language model only).
+    assert fit["loaded_weights_gb"] == 125.0 and fit["kv_sizing"] == "config.json"
+    assert fit["kv_bytes_per_token"] == 13 * 2 * 256 and fit["max_model_len"] == 32768
+    assert fit["max_concurrency"] > 100
+
+
+def test_one_max_model_len_request_that_does_not_fit_stops_before_any_container(
+    monkeypatch, proof_dir, tmp_path
+):
+    fake = head(monkeypatch)
+    dense = {"num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128}
+    snapshot = recipe_snapshot(tmp_path, {"text_config": dense}, mtp_bytes=0, vision_bytes=0)
+    # 63 GB per rank at 0.55: 70.4 - 63 - 4 = 3.4 GB left, over the old 2 GB floor; one 131072-token
+    # request of BF16 KV (64 layers × 2 × 4 heads per rank × 128 × 2 bytes = 128 KiB a token) is 17 GB.
+    memory = {**MEMORY, "gpu_memory_utilization": 0.55, "max_model_len": 131072}
+    with pytest.raises(MemoryFitError) as info:
+        run_check(props(snapshot_path=str(snapshot), memory=memory, checkpoint_digest="sha256:1"), proof_dir)
+    message = str(info.value)
+    assert "one request of max_model_len 131072 tokens: 17.18 GB" in message
+    assert "serve.kv_cache_dtype: fp8" in message and "smaller serve.max_model_len" in message
+    assert fake.docker_runs() == 0
+
+
+# ---- the argument proof: the image's vLLM parses the server's exact command line ----------------------
+
+SERVE_ARGV = ["vllm", "serve", "Qwen/Qwen3.5-122B-A10B-FP8", "--speculative-config", '{"method":"mtp"}']
+MISSPELLED = {
+    "verdict": "fail",
+    "failed_stage": "parse",
+    "flag": "--kv-cahce-dtype",
+    "error": "unrecognized arguments: --kv-cahce-dtype fp8",
+    "vllm": "0.17.1",
+}
+
+
+def test_the_server_argv_is_proved_in_its_own_container_after_the_argument_list(monkeypatch, proof_dir):
+    fake = head(monkeypatch)
+    outs = run_check(
+        props(serve_argv=SERVE_ARGV, snapshot_path="/c/hub/models--a--b/snapshots/s1", memory=None), proof_dir
+    )
+    assert outs["serve_args"]["verdict"] == "pass" and outs["verdict"] == "pass"
+    assert fake.docker_runs() == 2
+    args_run = next(call for call in fake.calls if "--" in call)
+    # Offline, by image ID, the checkpoint mounted read-only; JSON passes as one argv element.
+    assert args_run[args_run.index("--") + 1 :] == SERVE_ARGV
+    assert args_run[args_run.index("--network") : args_run.index("--network") + 2] == ["--network", "none"]
+    assert IMAGE_ID in args_run and "--checkpoint" in args_run
+
+
+def test_a_refused_flag_stops_up_before_the_model_proof_quoting_vllm(monkeypatch, proof_dir):
+    fake = head(monkeypatch, args_result=report_result(MISSPELLED, 1))
+    with pytest.raises(ModelSupportError) as info:
+        run_check(props(serve_argv=SERVE_ARGV), proof_dir)
+    message = str(info.value)
+    assert "at 'parse' (--kv-cahce-dtype)" in message
+    assert "vLLM says: unrecognized arguments: --kv-cahce-dtype fp8" in message
+    assert "vLLM 0.17.1" in message and "next: " in message
+    assert fake.docker_runs() == 1  # the model proof never ran
+
+
+def test_report_mode_records_a_refused_flag(monkeypatch, proof_dir):
+    head(monkeypatch, args_result=report_result(MISSPELLED, 1))
+    outs = run_check(props(serve_argv=SERVE_ARGV, mode="report"), proof_dir)
+    assert outs["serve_args"]["flag"] == "--kv-cahce-dtype" and outs["verdict"] == "pass"
+
+
+def test_an_argument_proof_without_a_report_is_an_error(monkeypatch, proof_dir):
+    head(monkeypatch, args_result=Result((), 139, b"", b"Segmentation fault"))
+    with pytest.raises(ModelSupportError, match="argument proof ended without a report"):
+        run_check(props(serve_argv=SERVE_ARGV, mode="report"), proof_dir)
+
+
+def test_a_changed_command_line_asks_for_a_new_proof():
+    provider = model_support.ModelSupportCheckProvider()
+    old = props(serve_argv=SERVE_ARGV)
+    new = props(serve_argv=[*SERVE_ARGV, "--max-num-seqs", "8"])
+    assert "serve_argv" in provider.diff("x", old, new).replaces
+
+
+def test_the_bootstrap_runs_the_named_program(tmp_path):
+    from components.model_support import proof_payload
+    from components.serve_args import ARGS_PROGRAM, args_source
+
+    (tmp_path / "prove_args.py").write_text("import sys, json; print(json.dumps({'argv': sys.argv[1:]}))")
+    bootstrap = (model_support.NODE_PROGRAMS / "proof_bootstrap.py").read_text()
+    payload = proof_payload(tmp_path, ARGS_PROGRAM, configs=False)
+    done = run_shipped(args_source(payload, 60, bootstrap), "--", "vllm", "serve", '{"a": 1}')
+    assert json.loads(done.stdout.decode().splitlines()[-1]) == {"argv": ["--", "vllm", "serve", '{"a": 1}']}

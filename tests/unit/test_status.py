@@ -7,12 +7,14 @@ import copy
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from components.config import parse_stack_config
 from components.node_programs import node_status
 from status import facts, render
+from status import verdict as verdict_module
 from status.verdict import Problem, duration, judge
 from tests.support.program import stack_config
 
@@ -297,7 +299,29 @@ def test_healthy_cells(config):
         "health": "ok",
         "models": "ok",
         "completion": "0.25 s, 5 tokens, 20.0 tokens/s",
+        # The lab's stand-in checkpoint has no attention sizes in its config.json.
+        "concurrency": "expected: unknown",
     }
+
+
+def test_concurrency_expected_from_the_head_s_config_beside_what_vllm_logged():
+    from tests.support.program import config_from
+
+    dev = config_from()
+    fixture = Path(__file__).resolve().parents[2] / "patches" / "proof_configs" / "qwen3_5_moe-fp8"
+    sizing = {"config": json.loads((fixture / "config.json").read_text()), "weight_bytes": 126 * 10**9}
+    head = {
+        "reachable": True,
+        "sizing": sizing,
+        "server_concurrency": {"max_model_len": 32768, "max_concurrency": 150.2},
+    }
+    verdict = judge(dev, {"nodes": {"spark-1": head}, "server": {}})
+    # The model-support check's own figure for the recipe on two Sparks (components/memory_fit.py).
+    expected = verdict_module.expected_concurrency(dev, sizing)
+    assert expected[0] == 32768 and 150 < expected[1] < 200
+    assert verdict.cluster["concurrency"] == (
+        f"expected {expected[1]:.2f}x at 32768 tokens; vLLM logged 150.20x at 32768 tokens"
+    )
 
 
 def test_gpus_are_required_where_the_gpu_runtime_is(config):
@@ -337,7 +361,8 @@ def test_text_of_a_healthy_cluster(config):
     out = render.text(judge(config, healthy()), "lab")
     assert out.startswith("stack lab\n\nnode    role    ssh  docker")
     assert "node-b  worker  ok   20.10.24 classic  111111111111 = head" in out
-    assert "completion  0.25 s, 5 tokens, 20.0 tokens/s" in out
+    assert "completion   0.25 s, 5 tokens, 20.0 tokens/s" in out
+    assert "concurrency  expected: unknown" in out
     assert out.endswith("everything is as declared\n")
 
 
@@ -390,6 +415,8 @@ def test_node_requests_name_the_declared_things_and_no_secret(config):
         "revision": "main",
         "ray_container": None,
         "progress_dir": "~/.qwen35/progress",
+        "sizing": False,
+        "server_container": None,
     }
     assert facts.deployment_image(config).startswith("lab-vllm-qwen35:h-")
 
@@ -560,3 +587,24 @@ def test_a_node_that_never_answers_costs_its_connect_timeout(tmp_path):
     assert report["reachable"] is False
     # ssh's own reason (its ConnectTimeout), not the transport's 30 s deadline ("timed out after 30 s").
     assert "Connection timed out" in report["error"], report
+
+
+def test_the_head_reports_what_vllm_logged_about_its_kv_cache(monkeypatch):
+    logs = (
+        "INFO 12-01 [kv_cache_utils.py:1291] GPU KV cache size: 1,234,567 tokens\n"
+        "INFO 12-01 [kv_cache_utils.py:1296] Maximum concurrency for 32,768 tokens per request: 37.68x\n"
+    )
+    monkeypatch.setattr(node_status, "run", lambda argv, timeout=0: (0, "", logs))
+    assert node_status.server_concurrency("qwen35-vllm") == {"max_model_len": 32768, "max_concurrency": 37.68}
+    monkeypatch.setattr(node_status, "run", lambda argv, timeout=0: (0, "starting\n", ""))
+    assert node_status.server_concurrency("qwen35-vllm") == {}
+
+
+def test_the_head_sends_its_snapshot_s_config_and_weight_total(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 48}}))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 7}}))
+    assert node_status.sizing_facts(str(tmp_path)) == {
+        "config": {"text_config": {"num_hidden_layers": 48}},
+        "weight_bytes": 7,
+    }
+    assert "error" in node_status.sizing_facts(str(tmp_path / "missing"))

@@ -30,6 +30,17 @@ def test_dev_serve_argv():
         "--gpu-memory-utilization", "0.85",
         "--served-model-name", "qwen3.5-122b",
         "--max-model-len", "32768",
+        # The recipe's options (README, Serving), each from a typed field.
+        "--kv-cache-dtype", "fp8",
+        "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}',
+        "--enable-expert-parallel",
+        "--enable-prefix-caching",
+        "--reasoning-parser", "qwen3",
+        "--tool-call-parser", "qwen3_coder",
+        "--enable-auto-tool-choice",
+        "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "8192",
+        "--language-model-only",
     ]  # fmt: skip
 
 
@@ -37,14 +48,33 @@ def test_defaults_and_extra_args():
     serve = ServeConfig(
         tensor_parallel_size=4,
         pipeline_parallel_size=2,
-        extra_args=["--enable-expert-parallel", "--kv-cache-dtype=fp8"],
+        extra_args=["--mm-processor-kwargs", '{"video_kwargs": {"size": {"longest_edge": 4096}}}'],
     )
     argv = serve_argv(serve)
     assert "--max-model-len" not in argv
     assert argv[argv.index("--served-model-name") + 1] == serve.model
     assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
     assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
-    assert argv[-2:] == ["--enable-expert-parallel", "--kv-cache-dtype=fp8"]
+    # JSON stays one argv element, byte for byte: the command never passes through a shell.
+    assert argv[-2:] == ["--mm-processor-kwargs", '{"video_kwargs": {"size": {"longest_edge": 4096}}}']
+
+
+def test_options_at_vllm_s_defaults_add_no_flag():
+    serve = ServeConfig(
+        kv_cache_dtype="auto",
+        speculative=None,
+        expert_parallel=False,
+        prefix_caching=None,
+        reasoning_parser=None,
+        tool_call_parser=None,
+        enable_auto_tool_choice=False,
+        max_num_seqs=None,
+        max_num_batched_tokens=None,
+        language_model_only=False,
+    )
+    assert serve_argv(serve)[-2:] == ["--served-model-name", serve.model]
+    off = serve.model_copy(update={"prefix_caching": False})
+    assert serve_argv(off)[-1] == "--no-enable-prefix-caching"
 
 
 @pytest.mark.parametrize(
@@ -54,11 +84,21 @@ def test_defaults_and_extra_args():
         ({"gpu_memory_utilization": 0.9}, "--gpu-memory-utilization", "0.9"),
         ({"max_model_len": 8192}, "--max-model-len", "8192"),
         ({"served_model_name": "q"}, "--served-model-name", "q"),
+        ({"kv_cache_dtype": "fp8_e5m2"}, "--kv-cache-dtype", "fp8_e5m2"),
+        (
+            {"speculative": {"method": "mtp", "num_speculative_tokens": 2}},
+            "--speculative-config",
+            '{"method":"mtp","num_speculative_tokens":2}',
+        ),
+        ({"reasoning_parser": "deepseek_r1"}, "--reasoning-parser", "deepseek_r1"),
+        ({"tool_call_parser": "hermes"}, "--tool-call-parser", "hermes"),
+        ({"max_num_seqs": 16}, "--max-num-seqs", "16"),
+        ({"max_num_batched_tokens": 4096}, "--max-num-batched-tokens", "4096"),
     ],
 )
 def test_each_serve_setting_changes_the_command(change, flag, value):
     base = config_from().serve
-    changed = base.model_copy(update=change)
+    changed = ServeConfig.model_validate({**base.model_dump(), **change})
     argv = serve_argv(changed)
     assert argv != serve_argv(base)
     assert argv[argv.index(flag) + 1] == value

@@ -1,0 +1,73 @@
+"""The model-support check's argument proof: the image's vLLM accepts the server's exact command line.
+
+Runs `patches/prove_args.py` in a throwaway container of the image on the head (the same way and
+with the same bootstrap as the model proof: `docker run --rm`, no network, offline, the program
+packed on stdin, the checkpoint's repo folder mounted read-only), with the server's final argument
+list after `--`. vLLM's own parser and engine-argument class decide, before any Ray container: an
+unknown or misspelled flag, a value of the wrong type, or a speculative config this vLLM cannot use
+with this checkpoint is refused naming the flag and quoting vLLM's message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from components.remote import Result, stderr_tail
+
+ARGS_PROGRAM = "prove_args.py"
+# What the stack outputs carry of the argument proof's report.
+REPORT_FIELDS = ("verdict", "failed_stage", "flag", "error", "vllm", "speculative")
+HINTS = {
+    "environment": "the image's python3 cannot import vLLM: use an image with vLLM >= 0.17",
+    "parse": (
+        "this vLLM does not take that flag or value: fix the serve option it comes from (a typed "
+        "serve field, or serve.extra_args), or use an image whose vLLM has it"
+    ),
+    "validate": "vLLM's own start-up checks refuse this combination: see the error above",
+    "engine_args": "vLLM could not build its engine arguments from these flags: see the error above",
+    "speculative": (
+        "this vLLM cannot speculate with this checkpoint as configured: set serve.speculative to a "
+        "method it supports (mtp needs the checkpoint's mtp.* tensors), or serve.speculative: null"
+    ),
+}
+
+
+class ServeArgsError(RuntimeError):
+    """The argument proof gave no report; the message says what to do."""
+
+
+def args_source(payload: str, deadline_s: float, bootstrap: str) -> bytes:
+    """What `python3 -` reads: the payload, the deadline, which program to run, then the bootstrap."""
+    return (
+        f"PAYLOAD = {payload!r}\nDEADLINE_S = {float(deadline_s)!r}\nPROGRAM_NAME = {ARGS_PROGRAM!r}\n"
+        f"{bootstrap}"
+    ).encode()
+
+
+def args_argv(proof_argv: list[str], serve_argv: list[str]) -> list[str]:
+    """The model proof's `docker run … IMAGE - [--checkpoint X]`, with `-- <serve argv>` after it."""
+    return [*proof_argv, "--", *serve_argv]
+
+
+def parse_report(node: str, result: Result, report: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The argument proof's report (its last stdout line, parsed); ServeArgsError when it gave none."""
+    if result.returncode in (0, 1) and report is not None and report.get("verdict") in ("pass", "fail"):
+        return {key: report.get(key) for key in REPORT_FIELDS}
+    raise ServeArgsError(
+        f"{node}: the argument proof ended without a report (exit {result.returncode})\n"
+        f"  stderr: {stderr_tail(result.stderr, lines=20)}\n"
+        "  next: a crash of the image's python is an environment failure: use an image with vLLM >= 0.17"
+    )
+
+
+def failure_message(node: str, image: str, report: Mapping[str, Any]) -> str:
+    """vLLM refused the command line: the flag, its own message, what to do."""
+    stage = report.get("failed_stage") or "unknown"
+    flag = f" ({report['flag']})" if report.get("flag") else ""
+    return (
+        f"{node}: vLLM {report.get('vllm') or 'unknown'} in image {image} refuses the server's command "
+        f"line at '{stage}'{flag}\n"
+        f"  vLLM says: {report.get('error') or '(no message)'}\n"
+        f"  next: {HINTS.get(stage, 'read the error above')}"
+    )

@@ -1,0 +1,250 @@
+"""Prove that the image's vLLM accepts the server's exact command line, before any GPU is touched.
+
+    python3 prove_args.py [--checkpoint SNAPSHOT_DIR] -- vllm serve MODEL --flag value …
+
+Runs inside a throwaway container of the deployment image (the model-support check sends it on
+stdin through node_programs/proof_bootstrap.py), offline. It parses the argument list with the
+same code `vllm serve` runs first: vLLM's own `FlexibleArgumentParser` with the `serve`
+subcommand's parser (`ServeSubcommand.subparser_init`, i.e. `make_arg_parser`), the subcommand's
+`validate` (`validate_parsed_serve_args`), then `AsyncEngineArgs.from_cli_args`. With a checkpoint
+and `--speculative-config`, it builds vLLM's `SpeculativeConfig` for this checkpoint's config
+(as `create_engine_config` does) and, for the `mtp` method, requires `mtp.*` tensors in the
+checkpoint's safetensors index.
+
+Stages, in order: environment (vLLM imports), parse, validate, engine_args, speculative. The last
+stdout line is one JSON report: verdict, failed_stage, flag (the flag at fault, when known), error
+(vLLM's own message), vllm. Exit 0 when every stage passes, 1 when one fails, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import traceback
+
+STAGES = ("environment", "parse", "validate", "engine_args", "speculative")
+INDEX = "model.safetensors.index.json"
+# What argparse puts before the message: `vllm serve: error: …`.
+ARGPARSE_ERROR = re.compile(r"error: (.*)$", re.DOTALL)
+FLAG_IN_MESSAGE = re.compile(r"argument (--?[A-Za-z0-9][A-Za-z0-9_-]*)|(?<![\w-])(--?[A-Za-z][A-Za-z0-9_-]*)")
+
+
+class StageFailed(Exception):
+    """One stage said no: which stage, the flag at fault (when known) and vLLM's message."""
+
+    def __init__(self, stage: str, error: str, flag: str | None = None):
+        super().__init__(error)
+        self.stage, self.error, self.flag = stage, error, flag
+
+
+def flag_of(message: str) -> str | None:
+    """The flag an argparse message names (`argument --x: …`, `unrecognized arguments: --x …`)."""
+    match = FLAG_IN_MESSAGE.search(message)
+    return (match.group(1) or match.group(2)) if match else None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def parse_serve(argv: list[str]):
+    """`vllm serve …` through vLLM's own parser; (namespace, serve subcommand)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
+    subparsers = parser.add_subparsers(required=False, dest="subparser")
+    command = ServeSubcommand()
+    command.subparser_init(subparsers)
+    words = argv[1:] if argv and os.path.basename(argv[0]) == "vllm" else argv
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = parser.parse_args(words)
+    except SystemExit as exc:
+        said = stderr.getvalue().strip()
+        match = ARGPARSE_ERROR.search(said)
+        message = (match.group(1) if match else said).strip() or f"argparse exited {exc.code}"
+        raise StageFailed("parse", " ".join(message.split()), flag_of(message)) from None
+    if args.subparser != "serve":
+        raise StageFailed("parse", f"not a `vllm serve` command line: {words[:2]}")
+    if getattr(args, "model_tag", None) is not None:
+        args.model = args.model_tag  # what ServeSubcommand.cmd does before it builds the engine
+    return args, command
+
+
+def validate(args, command) -> None:
+    try:
+        command.validate(args)
+    except Exception as exc:  # vLLM raises TypeError/ValueError with its own message
+        raise StageFailed("validate", _one_line(exc), flag_of(str(exc))) from None
+
+
+def engine_args_of(args):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    try:
+        return AsyncEngineArgs.from_cli_args(args)
+    except Exception as exc:
+        raise StageFailed("engine_args", _one_line(exc)) from None
+
+
+def _cpu_platform() -> None:
+    # Without a GPU vLLM picks an "unspecified" platform with no device; its own CLI switches to the
+    # CPU one in that case (`vllm bench`). The platform is resolved lazily into `_current_platform`.
+    import vllm.platforms
+
+    if vllm.platforms.current_platform.is_unspecified():
+        from vllm.platforms.cpu import CpuPlatform
+
+        vllm.platforms._current_platform = CpuPlatform()
+
+
+def index_tensor_names(checkpoint: str) -> list[str] | None:
+    path = os.path.join(checkpoint, INDEX)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return list(json.load(handle).get("weight_map") or {})
+
+
+def prove_speculative(engine_args, checkpoint: str) -> dict:
+    """vLLM's SpeculativeConfig for this checkpoint, as create_engine_config builds it."""
+    from vllm.config import ParallelConfig
+
+    method = dict(engine_args.speculative_config).get("method")
+    # The checkpoint on disk instead of the Hub id (the container is offline and has no HF cache).
+    engine_args.model = checkpoint
+    engine_args.tokenizer = checkpoint
+    engine_args.revision = None
+    engine_args.tokenizer_revision = None
+    engine_args.skip_tokenizer_init = True
+    engine_args.enforce_eager = True
+    flag = "--speculative-config"
+    try:
+        model_config = engine_args.create_model_config()
+        parallel = ParallelConfig(
+            tensor_parallel_size=engine_args.tensor_parallel_size,
+            pipeline_parallel_size=engine_args.pipeline_parallel_size,
+        )
+        speculative = engine_args.create_speculative_config(model_config, parallel)
+    except Exception as exc:
+        raise StageFailed("speculative", _one_line(exc), flag) from None
+    resolved = getattr(speculative, "method", method)
+    if resolved == "mtp" or str(method).endswith("mtp"):
+        names = index_tensor_names(checkpoint)
+        if names is not None and not any(name.startswith("mtp.") for name in names):
+            raise StageFailed(
+                "speculative",
+                f"method {method!r} drafts with the checkpoint's MTP layers, but its {INDEX} holds "
+                "no mtp.* tensors (a quantization that dropped them?)",
+                flag,
+            )
+    return {
+        "method": resolved,
+        "num_speculative_tokens": getattr(speculative, "num_speculative_tokens", None),
+        "draft_model_type": getattr(getattr(speculative, "draft_model_config", None), "hf_config", None)
+        and speculative.draft_model_config.hf_config.model_type,
+    }
+
+
+def model_of(argv: list[str]) -> str | None:
+    """The model positional of `vllm serve MODEL …` (None when the command line gives none)."""
+    words = argv[1:] if argv and os.path.basename(argv[0]) == "vllm" else argv
+    if len(words) >= 2 and words[0] == "serve" and not words[1].startswith("-"):
+        return words[1]
+    return None
+
+
+def serve_from_cache(argv: list[str], checkpoint: str | None) -> str | None:
+    """Present the mounted checkpoint as the Hugging Face cache the server reads.
+
+    The server runs offline (`HF_HUB_OFFLINE=1`): vLLM resolves `MODEL --revision COMMIT` to that
+    snapshot in the cache. The check mounts the repo folder (`models--ORG--NAME`) under another
+    name, so a private cache links the model's entry to it; HF_HUB_CACHE must be set before vLLM
+    (and the Hub client) is imported. Returns the cache, or None for a model that is a path.
+    """
+    model = model_of(argv)
+    if not checkpoint or not model or model.startswith("/") or "/" not in model:
+        return None
+    snapshot = os.path.abspath(checkpoint)
+    if os.path.basename(os.path.dirname(snapshot)) != "snapshots":
+        return None
+    cache = tempfile.mkdtemp(prefix="qwen35-args-hub-")
+    atexit.register(shutil.rmtree, cache, True)
+    os.symlink(
+        os.path.dirname(os.path.dirname(snapshot)), os.path.join(cache, "models--" + model.replace("/", "--"))
+    )
+    os.environ["HF_HUB_CACHE"] = cache
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def prove(argv: list[str], checkpoint: str | None) -> dict:
+    report: dict = {"verdict": "fail", "failed_stage": None, "flag": None, "error": "", "vllm": None}
+    stage = "environment"
+    try:
+        try:
+            import vllm
+        except Exception as exc:
+            raise StageFailed("environment", _one_line(exc)) from None
+        report["vllm"] = getattr(vllm, "__version__", None)
+        # Building the parser computes DeviceConfig's default, which needs a platform: the container
+        # has no GPU, so make the CPU one current first. The flags accepted do not depend on it.
+        _cpu_platform()
+        stage = "parse"
+        args, command = parse_serve(argv)
+        stage = "validate"
+        validate(args, command)
+        stage = "engine_args"
+        engine_args = engine_args_of(args)
+        report["speculative"] = None
+        stage = "speculative"
+        if engine_args.speculative_config:
+            if checkpoint:
+                report["speculative"] = prove_speculative(engine_args, checkpoint)
+            else:
+                report["speculative"] = "not proved: no checkpoint mounted"
+        report.update(verdict="pass", stages=list(STAGES))
+    except StageFailed as failed:
+        report.update(failed_stage=failed.stage, error=failed.error, flag=failed.flag)
+    except Exception as exc:  # a crash of the proof itself is reported at the stage it was in
+        report.update(failed_stage=stage, error=_one_line(exc), where=traceback.format_exc(limit=-3))
+    return report
+
+
+def main(argv: list[str]) -> int:
+    checkpoint = None
+    if "--" not in argv:
+        print("usage: prove_args.py [--checkpoint DIR] -- vllm serve MODEL [flags…]", file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    options, serve = argv[:split], argv[split + 1 :]
+    if options[:1] == ["--checkpoint"] and len(options) == 2:
+        checkpoint = options[1]
+    elif options:
+        print(f"prove_args.py: unknown options {options}", file=sys.stderr)
+        return 2
+    if serve_from_cache(serve, checkpoint) is None:
+        model = model_of(serve) or ""
+        if not os.path.exists(model):
+            # Nothing here to resolve the model against (a path on the nodes, not mounted; no
+            # checkpoint): keep vLLM's offline mode from looking the model up in an empty cache. The
+            # container has no network, so nothing is fetched either way.
+            os.environ["HF_HUB_OFFLINE"] = "0"
+    report = prove(serve, checkpoint)
+    sys.stdout.flush()
+    print(json.dumps(report, default=str))
+    return 0 if report["verdict"] == "pass" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,112 @@
+"""Issue 28 against a real release: patches/prove_args.py parses the server's exact command line with
+vLLM 0.17.1's own parser (`vllm serve`'s subparser, its validate, `AsyncEngineArgs.from_cli_args`) and
+builds its SpeculativeConfig for a 122B-A10B-FP8 checkpoint's config and index, run as the model-support
+check runs it (a subprocess with the release's python, offline; its JSON report parsed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from components.config import ServeConfig
+from components.vllm_server import serve_argv
+from tests.release.checkpoint import index_names, real_config, write_hf_cache
+from tests.release.releases import PATCHES, PROOF_TIMEOUT_S, Proof, ReleaseError
+
+pytestmark = pytest.mark.release
+
+PROVE_ARGS = PATCHES / "prove_args.py"
+
+
+def run_args_proof(python: Path, argv: list[str], checkpoint: Path | None = None) -> Proof:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    options = ["--checkpoint", str(checkpoint)] if checkpoint else []
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(python), str(PROVE_ARGS), *options, "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=PROOF_TIMEOUT_S,
+        env=env,
+        cwd="/",
+    )
+    try:
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError) as exc:
+        raise ReleaseError(
+            f"prove_args.py printed no report (exit {done.returncode}):\n{done.stderr[-3000:]}"
+        ) from exc
+    return Proof(done.returncode, report, done.stderr, time.monotonic() - started)
+
+
+def recipe_argv(revision: str = "a" * 40, **changes) -> list[str]:
+    """The dev stack's server command line (the recipe's defaults), as its container runs it."""
+    serve = ServeConfig(max_model_len=32768, served_model_name="qwen3.5-122b", **changes)
+    return [*serve_argv(serve), "--revision", revision]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """The checkpoint as the head's HF cache holds it (the check mounts its repo folder)."""
+    return write_hf_cache(tmp_path_factory.mktemp("ckpt"))
+
+
+def test_the_recipe_s_command_line_passes_with_its_mtp_heads(prebuilt, checkpoint):
+    proof = run_args_proof(prebuilt, recipe_argv(checkpoint.name), checkpoint)
+    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
+    assert proof.report["vllm"] == "0.17.1"
+    assert proof.report["speculative"]["method"] == "mtp", proof.why()
+    assert proof.report["speculative"]["num_speculative_tokens"] == 1
+
+
+def test_a_misspelled_flag_is_refused_naming_it(prebuilt):
+    argv = recipe_argv()
+    argv[argv.index("--kv-cache-dtype")] = "--kv-cahce-dtype"
+    proof = run_args_proof(prebuilt, argv)
+    assert proof.returncode == 1 and proof.report["failed_stage"] == "parse", proof.why()
+    assert proof.report["flag"] == "--kv-cahce-dtype", proof.why()
+    assert "unrecognized arguments: --kv-cahce-dtype" in proof.report["error"], proof.why()
+
+
+def test_bad_json_for_the_speculative_config_is_refused_quoting_vllm(prebuilt):
+    argv = recipe_argv()
+    argv[argv.index("--speculative-config") + 1] = '{"method": "mtp", num_speculative_tokens: 1}'
+    proof = run_args_proof(prebuilt, argv)
+    assert proof.returncode == 1 and proof.report["failed_stage"] == "parse", proof.why()
+    assert proof.report["flag"] == "--speculative-config", proof.why()
+
+
+def test_a_value_of_the_wrong_type_is_refused(prebuilt):
+    proof = run_args_proof(prebuilt, [*recipe_argv(), "--max-num-seqs", "four"])
+    assert proof.report["failed_stage"] == "parse" and proof.report["flag"] == "--max-num-seqs", proof.why()
+    assert "invalid int value: 'four'" in proof.report["error"], proof.why()
+
+
+def test_an_unknown_speculative_method_is_refused(prebuilt, checkpoint):
+    argv = recipe_argv(checkpoint.name, speculative={"method": "mtpp", "num_speculative_tokens": 1})
+    proof = run_args_proof(prebuilt, argv, checkpoint)
+    assert proof.returncode == 1 and proof.report["failed_stage"] == "speculative", proof.why()
+    assert proof.report["flag"] == "--speculative-config" and "mtpp" in proof.report["error"], proof.why()
+
+
+def test_mtp_without_mtp_weights_in_the_index_is_refused(prebuilt, tmp_path):
+    config = real_config()
+    names = [name for name in index_names(config) if not name.startswith("mtp.")]
+    bare = write_hf_cache(tmp_path, config, names)
+    proof = run_args_proof(prebuilt, recipe_argv(bare.name), bare)
+    assert proof.returncode == 1 and proof.report["failed_stage"] == "speculative", proof.why()
+    assert "no mtp.* tensors" in proof.report["error"], proof.why()
+
+
+def test_a_model_path_that_is_not_mounted_still_parses(prebuilt):
+    # serve.model a path on the nodes and no checkpoint declared: nothing is mounted in the check.
+    argv = serve_argv(ServeConfig(model="/models/qwen35", speculative=None, max_model_len=8192))
+    proof = run_args_proof(prebuilt, argv)
+    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
+    assert proof.report["speculative"] is None
