@@ -81,7 +81,8 @@ def four(monkeypatch) -> Graph:
 def hybrid_config() -> dict:
     """The dev stack building the seed's hybrid instead of using the prebuilt image."""
     cfg = copy.deepcopy(stack_config("dev"))
-    cfg["qwen35-spark:image"] = {**cfg["qwen35-spark:image"], "strategy": "hybrid"}
+    # The seed's pair (the hybrid's defaults); `prebuilt` is not a hybrid key.
+    cfg["qwen35-spark:image"] = {"strategy": "hybrid", "platform": "linux/arm64"}
     return cfg
 
 

@@ -72,7 +72,7 @@ def test_build_args_from_config():
 
 
 def test_without_torch_the_build_skips_the_proofs_and_the_smoke():
-    args = build_args(ImageConfig(smoke=False))
+    args = build_args(ImageConfig(strategy="hybrid", smoke=False))
     assert (args["PROOFS"], args["SMOKE"]) == ("", "0")
 
 
@@ -112,6 +112,6 @@ def test_image_resource_inputs_under_mocks():
 
 
 def test_explicit_tag_wins():
-    cfg = ImageConfig(tag="v1")
+    cfg = ImageConfig(strategy="hybrid", tag="v1")
     _, component = _build_under_mocks(cfg)
     assert component.ref == "vllm-node-qwen35:v1"
