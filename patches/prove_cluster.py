@@ -161,12 +161,14 @@ def free_ports(count: int) -> list[int]:
 
 
 def ray_command() -> list[str]:
-    """The `ray` console script next to this interpreter, else this interpreter running Ray's CLI."""
-    script = os.path.join(os.path.dirname(sys.executable), "ray")
-    if os.access(script, os.X_OK):
-        return [script]
+    """The `ray` command on PATH: the program's Ray containers run `ray start` by that name."""
     found = shutil.which("ray")
-    return [found] if found else [sys.executable, "-m", "ray.scripts.scripts"]
+    if not found:
+        raise StageFailed(
+            "no `ray` command on PATH, though `import ray` works: the program's Ray containers run "
+            "`ray start`; the image must put Ray's console script on PATH"
+        )
+    return [found]
 
 
 def run_ray(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
