@@ -2,7 +2,7 @@
 
 Order, enforced by dependencies (and reversed by `pulumi destroy`):
 docker provider per node → the image on the head (strategy `prebuilt`: already there, nothing
-built; `hybrid`: HybridImage builds it) → NodeImage per node → model-support check on the head →
+built; `hybrid` or `graft`: HybridImage builds it) → NodeImage per node → model-support check on the head →
 Ray head → Ray workers → vLLM server on the head → readiness gate. Every container runs the
 `sha256:` image ID its node's NodeImage reports, so a rebuilt or replaced image replaces exactly the
 containers that run it.
@@ -140,7 +140,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
 
         # Strategy prebuilt registers no build: the configured reference is on the head already.
         self.image: HybridImage | None = None
-        if cfg.image.strategy is ImageStrategy.HYBRID:
+        if cfg.image.strategy is not ImageStrategy.PREBUILT:
             self.image = HybridImage(
                 f"{name}-image",
                 HybridImageArgs(image=cfg.image),

@@ -133,6 +133,18 @@ def test_hybrid_resource_set(hybrid):
     assert {(r.typ, r.name) for r in hybrid.run.resources} == DEV_RESOURCES | BUILD
 
 
+def test_graft_builds_on_the_head_from_its_own_dockerfile(monkeypatch):
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:image"] = {
+        "strategy": "graft", "base": "vllm-node:latest", "donor": "hellohal2064/vllm-qwen3.5-gb10:latest",
+    }  # fmt: skip
+    graph = run_graph(monkeypatch, cfg)
+    assert {(r.typ, r.name) for r in graph.run.resources} == DEV_RESOURCES | BUILD
+    (build,) = [r for r in graph.run.resources if r.typ == "docker:index/image:Image"]
+    assert build.inputs["build"]["dockerfile"].endswith("patches/Dockerfile.graft")
+    assert "head" in build.provider or "spark-1" in build.provider
+
+
 @pytest.mark.parametrize("graph_name", ["dev", "four", "hybrid"])
 def test_image_copies_form_a_tree_from_the_head(request, graph_name):
     graph: Graph = request.getfixturevalue(graph_name)
