@@ -42,6 +42,7 @@ MODEL_SUPPORT_OUTPUTS = (
     "model_type",
     "quantization",
     "memory_fit",
+    "cluster",
 )
 
 
@@ -164,6 +165,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
             checkpoint_digest=head_checkpoint.digest if head_checkpoint else None,
             snapshot_path=head_checkpoint.snapshot_path if head_checkpoint else None,
             container_prefix=cfg.containers.name_prefix,
+            # Every strategy: the Ray containers need Ray beside vLLM, at the version the stack needs.
+            cluster={"ray_version": cfg.image.ray_version, "stages": "ray,cluster,executor"},
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.node_images[head.name], *([head_checkpoint] if head_checkpoint else [])],
