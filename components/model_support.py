@@ -378,7 +378,8 @@ def cluster_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
     argv = [
         "docker", "run", "--rm", "-i",
         "--name", container_name,
-        "--label", "qwen35.role=model-support",
+        # Its own role: a count of the behaviour proof's containers stays one per run.
+        "--label", "qwen35.role=cluster-check",
         "--network", "none",
         # Ray's object store lives in /dev/shm; Docker's default 64 MB makes it fall back with warnings.
         "--shm-size", "256m",
