@@ -45,9 +45,10 @@ def graft_donor_dockerfile(vllm_dir: str, debian: str) -> str:
     """The graft's donor: the base stand-in's venv with the tree importable by it (a .pth), no Ray."""
     parent = check_vllm_dir(vllm_dir).rsplit("/", 1)[0]
     return base_dockerfile(vllm_dir, debian) + (
-        f'RUN python3 -c "import site; open(site.getsitepackages()[0] + \'/qwen35-vllm.pth\', \'w\')'
-        f'.write(\'{parent}\\n\')"\n'
-        "RUN python3 -c \"import importlib.util as u; assert u.find_spec('vllm') and not u.find_spec('ray')\"\n"
+        f"RUN python3 -c \"import site; open(site.getsitepackages()[0] + '/qwen35-vllm.pth', 'w')"
+        f".write('{parent}\\n')\"\n"
+        'RUN python3 -c "import importlib.util as u; '
+        "assert u.find_spec('vllm') and not u.find_spec('ray')\"\n"
     )
 
 
