@@ -42,7 +42,7 @@ MODEL_SUPPORT_OUTPUTS = (
     "model_type",
     "quantization",
     "memory_fit",
-    "cluster",
+    "cluster_layer",
 )
 
 

@@ -441,14 +441,14 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
         raise ModelSupportError("model-support check: " + "; ".join(problems))
     transport = SshTransport(target_from_dict(props["node"]))
     payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
-    outs: dict[str, Any] = {"memory_fit": None, "cluster": None}
+    outs: dict[str, Any] = {"memory_fit": None, "cluster_layer": None}
     snapshot = props.get("snapshot_path") or ""
     if snapshot and props.get("memory"):
         outs["memory_fit"] = check_fit(props, checkpoint_facts(transport, snapshot))
     verify_pin(transport, props)
     deadline = float(props.get("deadline_s") or DEFAULT_DEADLINE_S)
     if props.get("cluster"):
-        outs["cluster"] = check_cluster_layer(transport, props, deadline)
+        outs["cluster_layer"] = check_cluster_layer(transport, props, deadline)
     name = f"{props.get('container_prefix') or 'qwen35'}-model-support-{secrets.token_hex(4)}"
     result = transport.run(
         proof_argv(props, name), stdin=proof_source(payload, deadline), timeout=deadline + TRANSPORT_SLACK_S
@@ -465,7 +465,7 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
 
 
 def _outputs_of(props: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: props.get(key) for key in (*REPORT_FIELDS, "memory_fit", "cluster")}
+    return {key: props.get(key) for key in (*REPORT_FIELDS, "memory_fit", "cluster_layer")}
 
 
 class ModelSupportCheckProvider(dynamic.ResourceProvider):
@@ -494,7 +494,7 @@ class ModelSupportCheckProvider(dynamic.ResourceProvider):
         if news.get("mode") == Mode.ENFORCE.value and recorded.get("verdict") == "fail":
             # Switching to enforce over a recorded failure: no new run needed to say no.
             raise ModelSupportError(failure_message({**olds, **news}, recorded))
-        cluster = recorded.get("cluster") or {}
+        cluster = recorded.get("cluster_layer") or {}
         if news.get("mode") == Mode.ENFORCE.value and cluster.get("verdict") == "fail":
             raise ModelSupportError(cluster_failure({**olds, **news}, cluster))
         return dynamic.UpdateResult(outs={**news, **recorded})
@@ -519,8 +519,9 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
     model_type: pulumi.Output[str]
     quantization: pulumi.Output[Any]
     memory_fit: pulumi.Output[dict | None]
-    # The cluster-layer proof's verdict, Ray's version and what was wanted (None: not asked for).
-    cluster: pulumi.Output[dict | None]
+    # The cluster-layer proof's verdict, Ray's version and what was wanted (None: not asked for). Not
+    # `cluster`: that is the input (what to prove), and a dynamic provider's diff sees both in one map.
+    cluster_layer: pulumi.Output[dict | None]
 
     def __init__(
         self,
@@ -549,6 +550,6 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
             "container_prefix": container_prefix,
             "deadline_s": deadline_s,
             "cluster": cluster,
-            **{key: None for key in (*REPORT_FIELDS, "memory_fit")},
+            **{key: None for key in (*REPORT_FIELDS, "memory_fit", "cluster_layer")},
         }
         super().__init__(ModelSupportCheckProvider(), name, props, opts)

@@ -94,14 +94,15 @@ def test_an_image_without_the_ray_the_stack_needs_is_refused_before_the_behaviou
 def test_the_wanted_ray_passes_and_both_proofs_run(head):
     fake = head("2.49.1")
     outs = run_check(props(cluster=CLUSTER))
-    assert outs["cluster"]["verdict"] == "pass" and outs["cluster"]["ray"] == "2.49.1", outs["cluster"]
+    layer = outs["cluster_layer"]
+    assert layer["verdict"] == "pass" and layer["ray"] == "2.49.1", layer
     assert outs["verdict"] == "pass" and len(fake.runs) == 2
 
 
 def test_report_mode_records_a_missing_ray_and_goes_on(head):
     head(None)
     outs = run_check(props(cluster=CLUSTER, mode="report"))
-    assert outs["cluster"]["verdict"] == "fail" and outs["cluster"]["failed_stage"] == "ray"
+    assert outs["cluster_layer"]["verdict"] == "fail" and outs["cluster_layer"]["failed_stage"] == "ray"
     assert outs["verdict"] == "pass"
 
 
@@ -123,6 +124,15 @@ def test_a_changed_ray_version_runs_the_check_again():
 
 def test_enforcing_over_a_recorded_cluster_failure_refuses_without_a_run():
     recorded = {"verdict": "fail", "failed_stage": "ray", "error": "no Ray", "ray": None}
-    olds = {**props(cluster=CLUSTER, mode="report"), "verdict": "pass", "cluster": recorded}
+    olds = {**props(cluster=CLUSTER, mode="report"), "verdict": "pass", "cluster_layer": recorded}
     with pytest.raises(ModelSupportError, match="cluster layer failed at stage 'ray'"):
         ModelSupportCheckProvider().update("x", olds, {**olds, "mode": "enforce"})
+
+
+def test_unchanged_inputs_after_a_create_need_no_new_run(head):
+    # The engine diffs the recorded outputs against the new inputs: the proof's report must not
+    # overwrite the `cluster` input it was asked with.
+    head("2.49.1")
+    created = ModelSupportCheckProvider().create(props(cluster=CLUSTER))
+    diff = ModelSupportCheckProvider().diff(created.id, created.outs, props(cluster=CLUSTER))
+    assert created.outs["cluster"] == CLUSTER and not diff.replaces, diff.replaces
