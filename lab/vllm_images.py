@@ -154,11 +154,18 @@ def donor_standin(node: LabNode, tag: str, vllm_dir: str, tree: Path) -> str:
     return build_standin(node, tag, standin_context(donor_dockerfile(vllm_dir, BUSYBOX_TAG), tree), parent)
 
 
-def graft_donor_standin(node: LabNode, tag: str, vllm_dir: str, tree: Path) -> str:
-    """The graft's donor stand-in `tag`: Debian + venv python + `tree` importable at `vllm_dir`, no Ray
-    (as the seed's donor and NVIDIA's vLLM containers ship)."""
-    parent = debian_image(node)
-    context = standin_context(graft_donor_dockerfile(vllm_dir, DEBIAN_TAG), tree)
+# A Debian whose python differs from bookworm's 3.11 (trixie: 3.13), for a donor whose ABI is not the base's.
+OTHER_SUITE = "trixie"
+OTHER_PYTHON = (3, 13)
+OTHER_GLIBC = (2, 41)
+
+
+def graft_donor_standin(node: LabNode, tag: str, vllm_dir: str, tree: Path, suite: str | None = None) -> str:
+    """The graft's donor stand-in `tag`: Debian (bookworm, or `suite`) + venv python + `tree` importable
+    at `vllm_dir`, no Ray (as the seed's donor and NVIDIA's vLLM containers ship)."""
+    debian = f"lab-debian:{suite}" if suite else DEBIAN_TAG
+    parent = debian_image(node, debian, suite) if suite else debian_image(node)
+    context = standin_context(graft_donor_dockerfile(vllm_dir, debian), tree)
     return build_standin(node, tag, context, parent)
 
 
