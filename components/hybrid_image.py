@@ -47,6 +47,8 @@ def build_args(image: ImageConfig) -> dict[str, str]:
             "BASE_IMAGE": image.base_ref,
             "DONOR_IMAGE": image.donor_ref,
             "PIP_ARGS": " ".join(image.pip_args),
+            # The stack's own Ray spec, proven in the build beside the base's exact version.
+            "RAY_VERSION": image.ray_version or "",
             "CLUSTER_PROOFS": CLUSTER_PROOFS if image.smoke else CLUSTER_PROOFS_WITHOUT_TORCH,
             "PROOFS": BEHAVIOUR_PROOFS if image.smoke else "",
             "SMOKE": "1" if image.smoke else "0",

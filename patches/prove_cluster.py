@@ -64,10 +64,10 @@ def _specifier(spec: str):
 
 
 def satisfies(version: str, spec: str) -> bool:
-    """`version` is within the pip spec (`==X` needs no library; ranges need `packaging`)."""
-    spec = spec.strip()
-    if spec.startswith("==") and "," not in spec and "*" not in spec:
-        return version == spec[2:].strip()
+    """`version` is within the pip spec (`==X[,==Y]` needs no library; ranges need `packaging`)."""
+    parts = [part.strip() for part in spec.split(",") if part.strip()]
+    if parts and all(part.startswith("==") and "*" not in part for part in parts):
+        return all(version == part[2:].strip() for part in parts)
     specifier = _specifier(spec)
     if specifier is None:
         raise StageFailed(f"cannot compare Ray {version} with {spec!r}: no `packaging` in this interpreter")

@@ -135,11 +135,13 @@ def test_graft_build_args_carry_the_base_and_donor_and_prove_the_cluster_layer()
         "BASE_IMAGE": "vllm-node:0.14",
         "DONOR_IMAGE": "hellohal2064/vllm-qwen3.5-gb10:0.17.1",
         "PIP_ARGS": "",
+        "RAY_VERSION": "",
         "CLUSTER_PROOFS": "ray,cluster,executor",
         "PROOFS": "config,construct,load",
         "SMOKE": "1",
     }
     # Without torch (the lab's stand-ins): the cluster layer is still proven, short of vLLM's executor.
+    assert build_args(ImageConfig(**GRAFT, ray_version="2.49.1"))["RAY_VERSION"] == "==2.49.1"
     lab = build_args(ImageConfig(**GRAFT, smoke=False, pip_args=["--no-index"]))
     assert (lab["CLUSTER_PROOFS"], lab["PROOFS"], lab["SMOKE"], lab["PIP_ARGS"]) == (
         "ray,cluster",

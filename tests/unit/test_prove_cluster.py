@@ -41,8 +41,11 @@ def prove(path: Path, *args: str) -> tuple[int, dict]:
         ("2.60.0", None, "", 1, ["no `vllm` in this interpreter"]),
         ("2.49.1", "0.17.1", "==2.49.1", 0, []),
         ("2.49.1", "0.17.1", "", 0, []),
+        # A graft: the base's exact version and the stack's image.ray_version, both met or named.
+        ("2.60.0", "0.17.1", "==2.60.0,==2.49.1", 1, ["the stack needs Ray ==2.60.0,==2.49.1"]),
+        ("2.60.0", "0.17.1", "==2.60.0,==2.60.0", 0, []),
     ],
-    ids=["no-ray", "wrong-ray", "no-vllm", "wanted-ray", "any-ray"],
+    ids=["no-ray", "wrong-ray", "no-vllm", "wanted-ray", "any-ray", "graft-conflict", "graft-agrees"],
 )
 def test_the_ray_stage_names_the_missing_piece(tmp_path, ray, vllm, wanted, code, named):
     returncode, report = prove(packages(tmp_path, ray, vllm), "--stages", "ray", "--ray-version", wanted)
