@@ -205,6 +205,39 @@ class ImageStrategy(str, Enum):
     PREBUILT = "prebuilt"
     # The seed procedure's build: base (Ray/NCCL) + donor's Qwen3.5 code, patched, built on the head.
     HYBRID = "hybrid"
+    # The reverse: the donor's complete vLLM, plus the base's cluster layer (Ray, its NCCL), on the head.
+    GRAFT = "graft"
+
+
+# The image keys each strategy reads (besides COMMON_IMAGE_KEYS). A key the stack sets that its strategy
+# does not read is refused naming it: it would otherwise be silently ignored.
+COMMON_IMAGE_KEYS = frozenset({"strategy", "model_check", "ray_version"})
+_BUILD_KEYS = frozenset(
+    {
+        "base",
+        "base_tag",
+        "donor",
+        "donor_tag",
+        "name",
+        "tag",
+        "platform",
+        "pip_args",
+        "build_network",
+        "smoke",
+    }
+)
+STRATEGY_KEYS: dict[ImageStrategy, frozenset[str]] = {
+    ImageStrategy.PREBUILT: frozenset({"prebuilt"}),
+    ImageStrategy.HYBRID: _BUILD_KEYS | {"transformers", "base_vllm_dir", "donor_vllm_dir"},
+    # The donor's vLLM is used where it is installed: no vLLM directories, no transformers pin.
+    ImageStrategy.GRAFT: _BUILD_KEYS,
+}
+# Keys a strategy needs the stack to give (their defaults name the seed's images, not the operator's).
+STRATEGY_REQUIRED: dict[ImageStrategy, tuple[str, ...]] = {
+    ImageStrategy.PREBUILT: (),
+    ImageStrategy.HYBRID: (),
+    ImageStrategy.GRAFT: ("donor", "base"),
+}
 
 
 class ModelCheckMode(str, Enum):
@@ -265,6 +298,9 @@ class ImageConfig(_Model):
     smoke: bool = True
     # The model-support check on the head (components/model_support.py): enforce, or only report.
     model_check: ModelCheckMode = ModelCheckMode.ENFORCE
+    # The Ray the stack needs in the image (a pip spec such as ==2.49.1); the model-support check
+    # refuses an image whose Ray is missing or differs. Unset: any Ray that vLLM's own pin accepts.
+    ray_version: str | None = None
 
     @field_validator("prebuilt")
     @classmethod
@@ -302,11 +338,41 @@ class ImageConfig(_Model):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _strategy_keys(self) -> ImageConfig:
+        used = COMMON_IMAGE_KEYS | STRATEGY_KEYS[self.strategy]
+        strategy = self.strategy.value
+        problems = [
+            (
+                f"image.{key}",
+                f"not used by strategy {strategy!r}: remove it, or set image.strategy to "
+                + " or ".join(repr(s.value) for s, keys in STRATEGY_KEYS.items() if key in keys),
+            )
+            for key in sorted(self.model_fields_set - used)
+        ]
+        problems += [
+            (f"image.{key}", f"strategy {strategy!r} needs it: the full reference of the {key} image")
+            for key in STRATEGY_REQUIRED[self.strategy]
+            if key not in self.model_fields_set
+        ]
+        if problems:
+            raise _CrossFieldErrors(problems)
+        return self
+
     @field_validator("transformers")
     @classmethod
     def _transformers(cls, v: str) -> str:
         if not PIP_SPEC.match(v):
             raise ValueError(f"{v!r}: give a version such as '==5.2.0' (an exact pin is recommended)")
+        return v if v[0] in "=<>~!" else f"=={v}"
+
+    @field_validator("ray_version")
+    @classmethod
+    def _ray_version(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not PIP_SPEC.match(v):
+            raise ValueError(f"{v!r}: give a version such as '==2.49.1' (the Ray every node runs)")
         return v if v[0] in "=<>~!" else f"=={v}"
 
     @field_validator("platform")

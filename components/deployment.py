@@ -2,7 +2,7 @@
 
 Order, enforced by dependencies (and reversed by `pulumi destroy`):
 docker provider per node → the image on the head (strategy `prebuilt`: already there, nothing
-built; `hybrid`: HybridImage builds it) → NodeImage per node → model-support check on the head →
+built; `hybrid` or `graft`: HybridImage builds it) → NodeImage per node → model-support check on the head →
 Ray head → Ray workers → vLLM server on the head → readiness gate. Every container runs the
 `sha256:` image ID its node's NodeImage reports, so a rebuilt or replaced image replaces exactly the
 containers that run it.
@@ -49,6 +49,7 @@ MODEL_SUPPORT_OUTPUTS = (
     "quantization",
     "memory_fit",
     "serve_args",
+    "cluster_layer",
 )
 
 
@@ -149,7 +150,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
 
         # Strategy prebuilt registers no build: the configured reference is on the head already.
         self.image: HybridImage | None = None
-        if cfg.image.strategy is ImageStrategy.HYBRID:
+        if cfg.image.strategy is not ImageStrategy.PREBUILT:
             self.image = HybridImage(
                 f"{name}-image",
                 HybridImageArgs(image=cfg.image),
@@ -177,6 +178,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
             serve_argv=server_argv(
                 cfg, head_checkpoint.revision if head_checkpoint and cfg.serve.model == cfg.hub_repo else None
             ),
+            # Every strategy: the Ray containers need Ray beside vLLM, at the version the stack needs.
+            cluster={"ray_version": cfg.image.ray_version, "stages": "ray,cluster,executor"},
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.node_images[head.name], *([head_checkpoint] if head_checkpoint else [])],

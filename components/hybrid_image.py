@@ -1,5 +1,9 @@
-"""HybridImage: the base (Ray/NCCL) image plus the donor's Qwen3.5 code, built on the head's Docker.
+"""HybridImage: the deployment image built on the head's Docker from a base and a donor image.
 
+Two strategies share it (`image.strategy`): `hybrid` puts the donor's Qwen3.5 code into the base's
+older vLLM (patches/Dockerfile); `graft` keeps the donor's complete vLLM and carries the base's
+cluster layer onto it: Ray at the base's version and its system NCCL (patches/Dockerfile.graft).
+The class keeps its name and type token so existing stacks' hybrid builds are not replaced.
 The tag is a hash of everything that goes into the build, so changed inputs rebuild (and replace
 what depends on the image) while unchanged inputs never do.
 """
@@ -20,8 +24,35 @@ PATCH_DIR = Path(__file__).resolve().parent.parent / "patches"
 _IGNORED = {"__pycache__", ".pytest_cache"}
 
 
+# The Dockerfile of each built strategy, in the build context.
+DOCKERFILES = {ImageStrategy.HYBRID: "Dockerfile", ImageStrategy.GRAFT: "Dockerfile.graft"}
+# The behaviour proofs (prove_model.py) and the cluster-layer proofs (prove_cluster.py) a build runs;
+# without torch (image.smoke false: the lab's stand-ins) only those that need no torch.
+BEHAVIOUR_PROOFS = "config,construct,load"
+CLUSTER_PROOFS = "ray,cluster,executor"
+CLUSTER_PROOFS_WITHOUT_TORCH = "ray,cluster"
+
+
+def dockerfile(image: ImageConfig) -> str:
+    """The Dockerfile (in the context) that builds this strategy's image."""
+    if image.strategy not in DOCKERFILES:
+        raise ValueError(f"image.strategy {image.strategy.value!r} builds nothing (the image is used as is)")
+    return DOCKERFILES[image.strategy]
+
+
 def build_args(image: ImageConfig) -> dict[str, str]:
-    """The Dockerfile's build args, from config."""
+    """The Dockerfile's build args, from validated config (each strategy passes what its file reads)."""
+    if image.strategy is ImageStrategy.GRAFT:
+        return {
+            "BASE_IMAGE": image.base_ref,
+            "DONOR_IMAGE": image.donor_ref,
+            "PIP_ARGS": " ".join(image.pip_args),
+            # The stack's own Ray spec, proven in the build beside the base's exact version.
+            "RAY_VERSION": image.ray_version or "",
+            "CLUSTER_PROOFS": CLUSTER_PROOFS if image.smoke else CLUSTER_PROOFS_WITHOUT_TORCH,
+            "PROOFS": BEHAVIOUR_PROOFS if image.smoke else "",
+            "SMOKE": "1" if image.smoke else "0",
+        }
     return {
         "BASE_IMAGE": image.base_ref,
         "DONOR_IMAGE": image.donor_ref,
@@ -30,7 +61,7 @@ def build_args(image: ImageConfig) -> dict[str, str]:
         "TRANSFORMERS_SPEC": f"transformers{image.transformers}",
         "PIP_ARGS": " ".join(image.pip_args),
         # The steps that need torch: the behaviour proofs and the import smoke (both off only in the lab).
-        "PROOFS": "config,construct,load" if image.smoke else "",
+        "PROOFS": BEHAVIOUR_PROOFS if image.smoke else "",
         "SMOKE": "1" if image.smoke else "0",
     }
 
@@ -56,14 +87,14 @@ def content_tag(context: Path, args: dict[str, str], platform: str) -> str:
 
 def image_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
     """The deployment image's reference on every node: the prebuilt image's `name:tag` (strategy
-    prebuilt), or the hybrid's `name:tag` (the content hash unless pinned)."""
+    prebuilt), or the built image's `name:tag` (the content hash unless pinned)."""
     if image.strategy is ImageStrategy.PREBUILT:
         return image.prebuilt_ref.tagged
     return hybrid_ref(image, context)
 
 
 def hybrid_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
-    """The hybrid build's reference: `name:tag` (the content hash unless pinned)."""
+    """The build's reference (hybrid or graft): `name:tag` (the content hash unless pinned)."""
     return f"{image.name}:{image.tag or content_tag(context, build_args(image), image.platform)}"
 
 
@@ -74,7 +105,7 @@ class HybridImageArgs:
 
 
 class HybridImage(pulumi.ComponentResource):
-    """Builds the hybrid image on the head node's Docker (never pushed; no build during preview)."""
+    """Builds the hybrid or graft image on the head node's Docker (never pushed; no build in preview)."""
 
     def __init__(self, name: str, args: HybridImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen35:index:HybridImage", name, None, opts)
@@ -87,7 +118,7 @@ class HybridImage(pulumi.ComponentResource):
             image_name=self.ref,
             build=docker.DockerBuildArgs(
                 context=str(args.context),
-                dockerfile=str(args.context / "Dockerfile"),
+                dockerfile=str(args.context / dockerfile(cfg)),
                 platform=cfg.platform,
                 args=bargs,
                 network=cfg.build_network,
@@ -97,4 +128,6 @@ class HybridImage(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.image_name = pulumi.Output.from_input(cfg.name)
-        self.register_outputs({"image_name": cfg.name, "tag": self.tag, "ref": self.ref})
+        self.register_outputs(
+            {"image_name": cfg.name, "tag": self.tag, "ref": self.ref, "strategy": cfg.strategy.value}
+        )

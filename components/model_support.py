@@ -10,6 +10,11 @@ create(), over SSH on the head:
    checkpoint's Hugging Face repo folder mounted read-only (its snapshot's `../../blobs` links
    resolve inside it). The program arrives on stdin, packed into `node_programs/proof_bootstrap.py`,
    so the image needs nothing but python3. Its last stdout line is one JSON report.
+4. With `cluster` set (the deployment sets it for every strategy), before that proof: the cluster
+   layer (`patches/prove_cluster.py`) in another throwaway container of the image: Ray imports
+   beside vLLM at the stack's `image.ray_version` (and within vLLM's own Ray pin), a one-node Ray
+   cluster starts and stops, vLLM's Ray executor imports. An image without Ray is refused here,
+   naming Ray, instead of crash-looping its Ray containers under the readiness gate.
 A failed proof stops `pulumi up` naming the stage, the error, the image and its vLLM (mode
 `enforce`), or is recorded in the outputs (mode `report`: stand-in images, the lab).
 
@@ -78,7 +83,7 @@ REPORT_FIELDS = (
     "quantization",
 )
 # A change of any of these asks for a new proof; anything else is updated in place.
-RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv")
+RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv", "cluster")
 SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix")
 
 
@@ -250,10 +255,12 @@ def proof_payload(proof_dir: Path, program_name: str = PROOF_PROGRAM, configs: b
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def proof_source(payload: str, deadline_s: float) -> bytes:
-    """What `python3 -` reads in the container: the payload, the deadline, then the bootstrap."""
+def proof_source(payload: str, deadline_s: float, program: str | None = None) -> bytes:
+    """What `python3 -` reads in the container: the payload, the deadline, then the bootstrap
+    (`program`: which program of the payload it runs, prove_model.py when None)."""
     bootstrap = (NODE_PROGRAMS / "proof_bootstrap.py").read_text()
-    return f"PAYLOAD = {payload!r}\nDEADLINE_S = {float(deadline_s)!r}\n{bootstrap}".encode()
+    chosen = f"PROGRAM_NAME = {program!r}\n" if program else ""
+    return f"PAYLOAD = {payload!r}\nDEADLINE_S = {float(deadline_s)!r}\n{chosen}{bootstrap}".encode()
 
 
 def checkpoint_mount(snapshot_path: str) -> tuple[str, str]:
@@ -437,6 +444,93 @@ def verify_pin(transport: SshTransport, props: Mapping[str, Any]) -> None:
         )
 
 
+# ---- the cluster layer (issue 27) ---------------------------------------------------------------------
+
+CLUSTER_PROGRAM = "prove_cluster.py"
+# What the stack outputs carry of the cluster proof's report.
+CLUSTER_FIELDS = ("verdict", "failed_stage", "error", "ray", "wanted", "vllm", "vllm_ray_requirement")
+CLUSTER_HINT = (
+    "use an image whose Ray is what the stack needs in the interpreter that runs vLLM; an image "
+    "without Ray (the seed's donor, NVIDIA's vLLM container): image.strategy: graft carries the base "
+    "image's Ray onto it"
+)
+
+
+def cluster_payload(proof_dir: Path) -> str:
+    """base64 of a gzip tar of prove_cluster.py (stable bytes for the same file)."""
+    program = proof_dir / CLUSTER_PROGRAM
+    if not program.is_file():
+        raise ModelSupportError(
+            f"model-support check: {program} is missing: restore patches/{CLUSTER_PROGRAM}"
+        )
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        data = program.read_bytes()
+        info = tarfile.TarInfo(CLUSTER_PROGRAM)
+        info.size, info.mode, info.mtime = len(data), 0o644, 0
+        tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def cluster_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
+    """`docker run` of the cluster proof: no network but loopback (Ray binds 127.0.0.1), by image ID."""
+    cluster = props.get("cluster") or {}
+    argv = [
+        "docker", "run", "--rm", "-i",
+        "--name", container_name,
+        # Its own role: a count of the behaviour proof's containers stays one per run.
+        "--label", "qwen35.role=cluster-check",
+        "--network", "none",
+        # Ray's object store lives in /dev/shm; Docker's default 64 MB makes it fall back with warnings.
+        "--shm-size", "256m",
+        "--entrypoint", "python3",
+        str(props["image_id"]), "-",
+        "--stages", str(cluster.get("stages") or "ray,cluster,executor"),
+    ]  # fmt: skip
+    if cluster.get("ray_version"):
+        argv += ["--ray-version", str(cluster["ray_version"])]
+    return argv
+
+
+def cluster_failure(props: Mapping[str, Any], report: Mapping[str, Any]) -> str:
+    """The cluster layer said no: Ray, its version, the stage, what to do."""
+    node = props["node"]["name"]
+    wanted = (props.get("cluster") or {}).get("ray_version") or "any (vLLM's own pin)"
+    return (
+        f"{node}: the model-support check refused image {props.get('image')} "
+        f"({str(props.get('image_id'))[:19]}…): its cluster layer failed at stage "
+        f"'{report.get('failed_stage')}'\n"
+        f"  Ray: {report.get('ray') or 'none'} (the stack needs {wanted}); "
+        f"vLLM: {report.get('vllm') or 'unknown'}\n"
+        f"  error: {report.get('error') or '(none reported)'}\n"
+        f"  next: {CLUSTER_HINT}"
+    )
+
+
+def check_cluster_layer(transport: SshTransport, props: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+    """Run prove_cluster.py in a throwaway container of the image; refuse (enforce) or record it."""
+    name = f"{props.get('container_prefix') or 'qwen35'}-cluster-check-{secrets.token_hex(4)}"
+    source = proof_source(cluster_payload(PATCH_DIR), deadline, CLUSTER_PROGRAM)
+    result = transport.run(cluster_argv(props, name), stdin=source, timeout=deadline + TRANSPORT_SLACK_S)
+    report = last_json_line(result.text)
+    if report is None or report.get("verdict") not in ("pass", "fail"):
+        if result.returncode in (126, 127):
+            report = {"verdict": "fail", "failed_stage": "ray", "error": "the image has no runnable python3"}
+        else:
+            raise ModelSupportError(
+                f"{props['node']['name']}: the cluster-layer proof ended without a report in image "
+                f"{props.get('image')} (exit {result.returncode})\n"
+                f"  stderr: {stderr_tail(result.stderr, lines=20)}"
+            )
+    outs = {key: report.get(key) for key in CLUSTER_FIELDS}
+    if report["verdict"] != "pass":
+        message = cluster_failure(props, report)
+        if props.get("mode", Mode.ENFORCE.value) == Mode.ENFORCE.value:
+            raise ModelSupportError(message)
+        pulumi.log.warn(f"{message}\n  (image.model_check: report: continuing)")
+    return outs
+
+
 def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[str, Any]:
     """The whole check on the head; the outputs. Raises when it fails (mode enforce) or cannot run."""
     problems = validate(props)
@@ -450,12 +544,14 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
     args = (
         proof_payload(proof_dir or PATCH_DIR, ARGS_PROGRAM, configs=False) if props.get("serve_argv") else ""
     )
-    outs: dict[str, Any] = {"memory_fit": None, "serve_args": None}
+    outs: dict[str, Any] = {"memory_fit": None, "serve_args": None, "cluster_layer": None}
     snapshot = props.get("snapshot_path") or ""
     if snapshot and props.get("memory"):
         outs["memory_fit"] = check_fit(props, checkpoint_facts(transport, snapshot))
     verify_pin(transport, props)
     deadline = float(props.get("deadline_s") or DEFAULT_DEADLINE_S)
+    if props.get("cluster"):
+        outs["cluster_layer"] = check_cluster_layer(transport, props, deadline)
     if props.get("serve_argv"):
         outs["serve_args"] = prove_serve_args(transport, props, args, deadline)
     name = f"{props.get('container_prefix') or 'qwen35'}-model-support-{secrets.token_hex(4)}"
@@ -474,7 +570,7 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
 
 
 def _outputs_of(props: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: props.get(key) for key in (*REPORT_FIELDS, "memory_fit", "serve_args")}
+    return {key: props.get(key) for key in (*REPORT_FIELDS, "memory_fit", "serve_args", "cluster_layer")}
 
 
 # ---- the argument proof (components/serve_args.py, patches/prove_args.py) -------------------------------
@@ -529,6 +625,9 @@ class ModelSupportCheckProvider(dynamic.ResourceProvider):
         if news.get("mode") == Mode.ENFORCE.value and recorded.get("verdict") == "fail":
             # Switching to enforce over a recorded failure: no new run needed to say no.
             raise ModelSupportError(failure_message({**olds, **news}, recorded))
+        cluster = recorded.get("cluster_layer") or {}
+        if news.get("mode") == Mode.ENFORCE.value and cluster.get("verdict") == "fail":
+            raise ModelSupportError(cluster_failure({**olds, **news}, cluster))
         return dynamic.UpdateResult(outs={**news, **recorded})
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
@@ -552,6 +651,9 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
     quantization: pulumi.Output[Any]
     memory_fit: pulumi.Output[dict | None]
     serve_args: pulumi.Output[dict | None]
+    # The cluster-layer proof's verdict, Ray's version and what was wanted (None: not asked for). Not
+    # `cluster`: that is the input (what to prove), and a dynamic provider's diff sees both in one map.
+    cluster_layer: pulumi.Output[dict | None]
 
     def __init__(
         self,
@@ -567,6 +669,7 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
         container_prefix: str = "qwen35",
         deadline_s: float = DEFAULT_DEADLINE_S,
         serve_argv: list[str] | None = None,
+        cluster: dict[str, Any] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -581,6 +684,7 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
             "deadline_s": deadline_s,
             # The server's final argument list: the image's vLLM must parse it (prove_args.py).
             "serve_argv": serve_argv,
-            **{key: None for key in (*REPORT_FIELDS, "memory_fit", "serve_args")},
+            "cluster": cluster,
+            **{key: None for key in (*REPORT_FIELDS, "memory_fit", "serve_args", "cluster_layer")},
         }
         super().__init__(ModelSupportCheckProvider(), name, props, opts)

@@ -113,10 +113,10 @@ def busybox_image(node: LabNode, tag: str = BUSYBOX_TAG) -> str:
     return built
 
 
-def debian_rootfs_tarball() -> Path:
+def debian_rootfs_tarball(suite: str = DEBIAN_SUITE) -> Path:
     """A cached minbase Debian root filesystem with python3 (made with debootstrap once, ~50 s)."""
     cache = cache_dir()
-    tarball = cache / f"debian-{DEBIAN_SUITE}-minbase.tar"
+    tarball = cache / f"debian-{suite}-minbase.tar"
     if tarball.exists():
         return tarball
     debootstrap = find_binary("debootstrap")
@@ -130,7 +130,7 @@ def debian_rootfs_tarball() -> Path:
         debootstrap,
         "--variant=minbase",
         f"--include={','.join(DEBIAN_INCLUDE)}",
-        DEBIAN_SUITE,
+        suite,
         str(work),
         mirror,
     ]
@@ -140,7 +140,7 @@ def debian_rootfs_tarball() -> Path:
         if done.returncode != 0:
             log = work / "debootstrap" / "debootstrap.log"
             detail = log.read_text(errors="replace")[-2000:] if log.exists() else done.stderr[-2000:]
-            raise LabError(f"lab: debootstrap {DEBIAN_SUITE} from {mirror} failed:\n{detail}")
+            raise LabError(f"lab: debootstrap {suite} from {mirror} failed:\n{detail}")
         partial = tarball.with_suffix(".tar.partial")
         subprocess.run(
             ["tar", "-C", str(work), "--numeric-owner", "-cf", str(partial), "."], check=True, timeout=600
@@ -148,16 +148,17 @@ def debian_rootfs_tarball() -> Path:
         partial.replace(tarball)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"lab: debootstrap {DEBIAN_SUITE} made {tarball} in {time.monotonic() - started:.0f}s")
+    print(f"lab: debootstrap {suite} made {tarball} in {time.monotonic() - started:.0f}s")
     return tarball
 
 
-def debian_image(node: LabNode, tag: str = DEBIAN_TAG) -> str:
-    """`docker import` the cached Debian rootfs on the node over SSH (skipped when present); its ID."""
+def debian_image(node: LabNode, tag: str = DEBIAN_TAG, suite: str = DEBIAN_SUITE) -> str:
+    """`docker import` the cached Debian rootfs (of `suite`) on the node over SSH (skipped when
+    present); its ID."""
     existing = image_id(node, tag)
     if existing:
         return existing
-    tarball = debian_rootfs_tarball()
+    tarball = debian_rootfs_tarball(suite)
     with open(tarball, "rb") as stream:
         change = 'CMD ["/bin/bash"]'
         docker(node, "import", "--change", change, "-", check_tag(tag), stdin=stream, timeout=600)

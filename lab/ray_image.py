@@ -130,6 +130,29 @@ def ensure_wheels() -> Path:
     return target
 
 
+def wheels_for(python: tuple[int, int], glibc: tuple[int, int]) -> Path:
+    """Ray's wheels for another CPython (the lab's trixie donor: 3.13), cached: `pip download` with that
+    interpreter's tags, every manylinux its glibc accepts (~10 s, ~110 MB)."""
+    machine = platform.machine()
+    tag = f"cp{python[0]}{python[1]}"
+    target = cache_dir() / "wheels" / f"ray-{RAY_VERSION}-{tag}-{machine}"
+    if (target / ".complete").exists():
+        return target
+    platforms = [f"manylinux_2_{minor}_{machine}" for minor in range(17, glibc[1] + 1)]
+    argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--implementation", "cp",
+            "--python-version", f"{python[0]}.{python[1]}", "--abi", tag, "--abi", "abi3", "--abi", "none",
+            *(f"--platform={p}" for p in [*platforms, f"manylinux2014_{machine}", "any"]),
+            RAY_REQUIREMENT, "-d", str(target)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+        raise LabError(
+            f"lab: pip download {RAY_REQUIREMENT} for {tag} failed (exit {done.returncode}):\n{tail}"
+        )
+    (target / ".complete").write_text("\n".join(sorted(p.name for p in target.glob("*.whl"))) + "\n")
+    return target
+
+
 def build_context(wheels: Path, standin_source: bytes) -> bytes:
     """The build context tar (Dockerfile, wheels, stand-in), byte-identical for identical inputs."""
     buffer = io.BytesIO()

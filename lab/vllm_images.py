@@ -41,6 +41,17 @@ def base_dockerfile(vllm_dir: str | None, debian: str) -> str:
     )
 
 
+def graft_donor_dockerfile(vllm_dir: str, debian: str) -> str:
+    """The graft's donor: the base stand-in's venv with the tree importable by it (a .pth), no Ray."""
+    parent = check_vllm_dir(vllm_dir).rsplit("/", 1)[0]
+    return base_dockerfile(vllm_dir, debian) + (
+        f"RUN python3 -c \"import site; open(site.getsitepackages()[0] + '/qwen35-vllm.pth', 'w')"
+        f".write('{parent}\\n')\"\n"
+        'RUN python3 -c "import importlib.util as u; '
+        "assert u.find_spec('vllm') and not u.find_spec('ray')\"\n"
+    )
+
+
 def donor_dockerfile(vllm_dir: str, busybox: str) -> str:
     """busybox (a shell to look inside) + the donor tree; the hybrid build only copies from it."""
     return f'FROM {busybox}\nCOPY vllm/ {check_vllm_dir(vllm_dir)}/\nCMD ["/bin/sh"]\n'
@@ -141,6 +152,21 @@ def donor_standin(node: LabNode, tag: str, vllm_dir: str, tree: Path) -> str:
     """The donor stand-in `tag` on the node: busybox + `tree` at `vllm_dir`."""
     parent = busybox_image(node)
     return build_standin(node, tag, standin_context(donor_dockerfile(vllm_dir, BUSYBOX_TAG), tree), parent)
+
+
+# A Debian whose python differs from bookworm's 3.11 (trixie: 3.13), for a donor whose ABI is not the base's.
+OTHER_SUITE = "trixie"
+OTHER_PYTHON = (3, 13)
+OTHER_GLIBC = (2, 41)
+
+
+def graft_donor_standin(node: LabNode, tag: str, vllm_dir: str, tree: Path, suite: str | None = None) -> str:
+    """The graft's donor stand-in `tag`: Debian (bookworm, or `suite`) + venv python + `tree` importable
+    at `vllm_dir`, no Ray (as the seed's donor and NVIDIA's vLLM containers ship)."""
+    debian = f"lab-debian:{suite}" if suite else DEBIAN_TAG
+    parent = debian_image(node, debian, suite) if suite else debian_image(node)
+    context = standin_context(graft_donor_dockerfile(vllm_dir, debian), tree)
+    return build_standin(node, tag, context, parent)
 
 
 def transformers_wheels(requirement: str) -> Path:

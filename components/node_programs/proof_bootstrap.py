@@ -1,8 +1,9 @@
 """Runs INSIDE the model-support container (stdlib only): unpacks the proof program and runs it.
 
 The provider sends this file on stdin to `python3 -` in a short-lived container of the deployment's
-image, after two lines that set `PAYLOAD` (base64 of a gzip tar holding `prove_model.py` and its
-`proof_configs/`) and `DEADLINE_S`. Arguments after `-` go to the proof program unchanged; its
+image, after lines that set `PAYLOAD` (base64 of a gzip tar holding `prove_model.py` and its
+`proof_configs/`, or `prove_cluster.py`), `DEADLINE_S` and optionally `PROGRAM_NAME` (the program in
+the payload to run; `prove_model.py` when unset). Arguments after `-` go to the proof program unchanged; its
 stdout, stderr and exit status are the container's. Only python3 is needed in the image.
 """
 

@@ -188,6 +188,41 @@ def transformers_overlay(version: str, python: Path) -> Path:
     return _made_once(release_root() / f"{venv.name}+transformers-{version}", make)
 
 
+def ray_overlay(version: str, python: Path) -> Path:
+    """A folder for PYTHONPATH (and its bin/ for PATH) holding Ray `version` itself, installed with
+    `--target` for that venv's python: the Ray a graft carries, ahead of whatever the venv has."""
+    venv = python.parent.parent
+
+    def make(overlay: Path) -> dict:
+        _run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(overlay),
+                f"ray=={version}",
+            ],
+            f"installing ray=={version} into {overlay}",
+            900,
+        )
+        return {"ray": version}
+
+    return _made_once(release_root() / f"{venv.name}+ray-{version}", make)
+
+
+def pinned(version: str, package: str) -> str:
+    """The version of `package` that the release's committed constraints pin (its environment)."""
+    for line in constraints(version).read_text().splitlines():
+        name, _, pin = line.partition("==")
+        if name.strip().lower() == package.lower() and pin:
+            return pin.strip()
+    raise ReleaseError(f"{constraints(version).name} pins no {package}")
+
+
 def _site_packages(python: Path) -> Path:
     found = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

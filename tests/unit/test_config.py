@@ -41,7 +41,7 @@ def test_config_is_frozen():
 
 def test_bare_transformers_version_becomes_an_exact_pin():
     raw = dev_raw()
-    raw["image"]["transformers"] = "5.3.0"
+    raw["image"] = {"strategy": "hybrid", "transformers": "5.3.0"}
     assert parse_stack_config(raw).image.transformers == "==5.3.0"
 
 
@@ -300,6 +300,9 @@ ACCEPTED_IMAGES = [
 def test_image_references_as_operators_type_them(field, typed, used):
     raw = dev_raw()
     raw["image"][field] = typed
+    if field != "prebuilt":
+        raw["image"].update(strategy="hybrid")
+        del raw["image"]["prebuilt"]
     image = parse_stack_config(raw).image
     got = {"base": image.base_ref, "donor": image.donor_ref, "prebuilt": image.prebuilt}[field]
     assert got == used
@@ -307,12 +310,119 @@ def test_image_references_as_operators_type_them(field, typed, used):
 
 def test_a_separate_tag_still_applies_to_an_untagged_base():
     raw = dev_raw()
-    raw["image"].update(base="lab-vllm-base", base_tag="0.14.0")
+    raw["image"] = {"strategy": "hybrid", "base": "lab-vllm-base", "base_tag": "0.14.0"}
     assert parse_stack_config(raw).image.base_ref == "lab-vllm-base:0.14.0"
 
 
 def test_hybrid_strategy_and_report_mode_are_accepted():
     raw = dev_raw()
-    raw["image"].update(strategy="hybrid", model_check="report")
+    raw["image"] = {"strategy": "hybrid", "model_check": "report"}
     image = parse_stack_config(raw).image
     assert image.strategy is ImageStrategy.HYBRID and image.model_check is ModelCheckMode.REPORT
+
+
+# Issue 27: each strategy reads its own keys; a key it does not read is refused naming it.
+STRATEGY_CASES = [
+    # (case, image section, substrings the message must contain, substrings it must not)
+    (
+        "seed keys without a strategy",
+        {"base": "vllm-node:0.14", "donor": "donor:1", "name": "mine", "transformers": "==5.2.0"},
+        [
+            "image.base: not used by strategy 'prebuilt'",
+            "image.donor: not used by strategy 'prebuilt'",
+            "image.name: not used by strategy 'prebuilt'",
+            "image.transformers: not used by strategy 'prebuilt'",
+        ],
+        [],
+    ),
+    (
+        "graft without donor and base",
+        {"strategy": "graft"},
+        ["image.donor: strategy 'graft' needs it", "image.base: strategy 'graft' needs it"],
+        [],
+    ),
+    (
+        "graft with the hybrid's keys",
+        {
+            "strategy": "graft",
+            "base": "b:1",
+            "donor": "d:1",
+            "transformers": "==4.57.6",
+            "base_vllm_dir": "/x/vllm",
+        },
+        [
+            "image.transformers: not used by strategy 'graft'",
+            "set image.strategy to 'hybrid'",
+            "image.base_vllm_dir: not used by strategy 'graft'",
+        ],
+        ["image.donor", "image.base:"],
+    ),
+    (
+        "prebuilt with a build key",
+        {"prebuilt": "x:1", "smoke": False},
+        ["image.smoke: not used"],
+        ["prebuilt:"],
+    ),
+    (
+        "hybrid with prebuilt",
+        {"strategy": "hybrid", "prebuilt": "x:1"},
+        ["image.prebuilt: not used by strategy 'hybrid'", "'prebuilt'"],
+        [],
+    ),
+    ("bad ray version", {"ray_version": "newest"}, ["image.ray_version:"], []),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "image", "expected", "absent"), STRATEGY_CASES, ids=[c[0] for c in STRATEGY_CASES]
+)
+def test_a_key_the_strategy_does_not_read_is_refused_naming_it(case, image, expected, absent):
+    raw = dev_raw()
+    raw["image"] = image
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config(raw)
+    message = str(info.value)
+    for part in expected:
+        assert part in message, f"{case}: {part!r} not in:\n{message}"
+    for part in absent:
+        assert part not in message, f"{case}: {part!r} in:\n{message}"
+
+
+@pytest.mark.parametrize(
+    ("image", "strategy"),
+    [
+        (
+            {
+                "strategy": "graft",
+                "base": "vllm-node:0.14",
+                "donor": "donor:0.17.1",
+                "name": "g",
+                "pip_args": ["--no-index"],
+                "smoke": False,
+                "platform": "linux/amd64",
+                "ray_version": "2.49.1",
+            },
+            ImageStrategy.GRAFT,
+        ),
+        (
+            {"prebuilt": "nvcr.io/nvidia/vllm:26.03-py3", "model_check": "report", "ray_version": "==2.60.0"},
+            ImageStrategy.PREBUILT,
+        ),
+        (
+            {
+                "strategy": "hybrid",
+                "base": "b:1",
+                "donor": "d:1",
+                "transformers": "4.57.6",
+                "base_vllm_dir": "/x/vllm",
+            },
+            ImageStrategy.HYBRID,
+        ),
+    ],
+)
+def test_each_strategy_accepts_the_keys_it_reads(image, strategy):
+    raw = dev_raw()
+    raw["image"] = image
+    parsed = parse_stack_config(raw).image
+    assert parsed.strategy is strategy
+    assert parsed.ray_version in (None, "==2.49.1", "==2.60.0")

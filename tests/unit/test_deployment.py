@@ -81,7 +81,8 @@ def four(monkeypatch) -> Graph:
 def hybrid_config() -> dict:
     """The dev stack building the seed's hybrid instead of using the prebuilt image."""
     cfg = copy.deepcopy(stack_config("dev"))
-    cfg["qwen35-spark:image"] = {**cfg["qwen35-spark:image"], "strategy": "hybrid"}
+    # The seed's pair (the hybrid's defaults); `prebuilt` is not a hybrid key.
+    cfg["qwen35-spark:image"] = {"strategy": "hybrid", "platform": "linux/arm64"}
     return cfg
 
 
@@ -130,6 +131,18 @@ def test_dev_resource_set(dev):
 
 def test_hybrid_resource_set(hybrid):
     assert {(r.typ, r.name) for r in hybrid.run.resources} == DEV_RESOURCES | BUILD
+
+
+def test_graft_builds_on_the_head_from_its_own_dockerfile(monkeypatch):
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:image"] = {
+        "strategy": "graft", "base": "vllm-node:latest", "donor": "hellohal2064/vllm-qwen3.5-gb10:latest",
+    }  # fmt: skip
+    graph = run_graph(monkeypatch, cfg)
+    assert {(r.typ, r.name) for r in graph.run.resources} == DEV_RESOURCES | BUILD
+    (build,) = [r for r in graph.run.resources if r.typ == "docker:index/image:Image"]
+    assert build.inputs["build"]["dockerfile"].endswith("patches/Dockerfile.graft")
+    assert "head" in build.provider or "spark-1" in build.provider
 
 
 @pytest.mark.parametrize("graph_name", ["dev", "four", "hybrid"])

@@ -8,7 +8,14 @@ import pulumi
 import pytest
 
 from components.config import ImageConfig, parse_stack_config
-from components.hybrid_image import PATCH_DIR, HybridImage, HybridImageArgs, build_args, content_tag
+from components.hybrid_image import (
+    PATCH_DIR,
+    HybridImage,
+    HybridImageArgs,
+    build_args,
+    content_tag,
+    dockerfile,
+)
 from tests.support.program import RecordingMocks, dev_raw
 
 
@@ -61,7 +68,9 @@ def test_tag_ignores_where_the_checkout_lives(context, tmp_path_factory):
 
 
 def test_build_args_from_config():
-    cfg = parse_stack_config(dev_raw()).image
+    raw = dev_raw()
+    raw["image"] = {"strategy": "hybrid"}
+    cfg = parse_stack_config(raw).image
     args = build_args(cfg)
     assert args["BASE_IMAGE"] == "vllm-node:latest"
     assert args["DONOR_IMAGE"] == "hellohal2064/vllm-qwen3.5-gb10:latest"
@@ -72,7 +81,7 @@ def test_build_args_from_config():
 
 
 def test_without_torch_the_build_skips_the_proofs_and_the_smoke():
-    args = build_args(ImageConfig(smoke=False))
+    args = build_args(ImageConfig(strategy="hybrid", smoke=False))
     assert (args["PROOFS"], args["SMOKE"]) == ("", "0")
 
 
@@ -93,7 +102,7 @@ def _build_under_mocks(image: ImageConfig):
 
 
 def test_image_resource_inputs_under_mocks():
-    cfg = parse_stack_config(dev_raw()).image
+    cfg = ImageConfig(strategy="hybrid")
     mocks, component = _build_under_mocks(cfg)
     images = [r for r in mocks.resources if r.typ == "docker:index/image:Image"]
     assert len(images) == 1
@@ -112,6 +121,53 @@ def test_image_resource_inputs_under_mocks():
 
 
 def test_explicit_tag_wins():
-    cfg = ImageConfig(tag="v1")
+    cfg = ImageConfig(strategy="hybrid", tag="v1")
     _, component = _build_under_mocks(cfg)
     assert component.ref == "vllm-node-qwen35:v1"
+
+
+GRAFT = {"strategy": "graft", "base": "vllm-node:0.14", "donor": "hellohal2064/vllm-qwen3.5-gb10:0.17.1"}
+
+
+def test_graft_build_args_carry_the_base_and_donor_and_prove_the_cluster_layer():
+    args = build_args(ImageConfig(**GRAFT))
+    assert args == {
+        "BASE_IMAGE": "vllm-node:0.14",
+        "DONOR_IMAGE": "hellohal2064/vllm-qwen3.5-gb10:0.17.1",
+        "PIP_ARGS": "",
+        "RAY_VERSION": "",
+        "CLUSTER_PROOFS": "ray,cluster,executor",
+        "PROOFS": "config,construct,load",
+        "SMOKE": "1",
+    }
+    # Without torch (the lab's stand-ins): the cluster layer is still proven, short of vLLM's executor.
+    assert build_args(ImageConfig(**GRAFT, ray_version="2.49.1"))["RAY_VERSION"] == "==2.49.1"
+    lab = build_args(ImageConfig(**GRAFT, smoke=False, pip_args=["--no-index"]))
+    assert (lab["CLUSTER_PROOFS"], lab["PROOFS"], lab["SMOKE"], lab["PIP_ARGS"]) == (
+        "ray,cluster",
+        "",
+        "0",
+        "--no-index",
+    )
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [({"strategy": "hybrid"}, "Dockerfile"), (GRAFT, "Dockerfile.graft")],
+)
+def test_each_built_strategy_has_its_dockerfile_in_the_context(image, expected):
+    assert dockerfile(ImageConfig(**image)) == expected and (PATCH_DIR / expected).is_file()
+
+
+def test_prebuilt_builds_nothing():
+    with pytest.raises(ValueError, match="builds nothing"):
+        dockerfile(ImageConfig())
+
+
+def test_the_graft_build_under_mocks_uses_its_dockerfile():
+    cfg = ImageConfig(**GRAFT, name="vllm-qwen35-graft")
+    mocks, component = _build_under_mocks(cfg)
+    (image,) = [r for r in mocks.resources if r.typ == "docker:index/image:Image"]
+    assert image.inputs["build"]["dockerfile"] == str(PATCH_DIR / "Dockerfile.graft")
+    assert image.inputs["build"]["args"] == build_args(cfg)
+    assert component.ref == f"vllm-qwen35-graft:{content_tag(PATCH_DIR, build_args(cfg), 'linux/arm64')}"
