@@ -44,6 +44,8 @@ lab-packages:
 	  echo "       apt-get install $(LAB_DEBS)"; \
 	  echo "       (unit tests run without them: make unit)"; \
 	fi
+	@command -v go >/dev/null 2>&1 || command -v pulumi >/dev/null 2>&1 \
+	  || echo "setup: the engine tier (make engine, make up) needs Go 1.26+ to build the Pulumi CLI, or a pulumi v3.274.1+ on PATH"
 
 test: lint unit labtest releasetest enginetest
 
