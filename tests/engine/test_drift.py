@@ -66,12 +66,11 @@ def changes(events: list[dict]) -> dict[str, str]:
 
 
 def outputs_of(events: list[dict], name: str) -> dict:
-    (meta,) = [m for m in steps(events) if urn_name(m["urn"]) == name]
-    return (meta.get("new") or {}).get("outputs") or {}
-
-
-def diagnostics(events: list[dict]) -> str:
-    return "\n".join(e["diagnosticEvent"].get("message", "") for e in events if "diagnosticEvent" in e)
+    """The outputs the last step on `name` left (a replacement has several steps)."""
+    made = [(m.get("new") or {}).get("outputs") for m in steps(events) if urn_name(m["urn"]) == name]
+    made = [outputs for outputs in made if outputs]
+    assert made, f"no step on {name} left outputs"
+    return made[-1]
 
 
 def image_tags(node: lab.LabNode) -> set[str]:
@@ -228,6 +227,13 @@ def test_stopped_worker_is_seen_and_started_again(first_up, stack, lab_nodes, se
     assert done.get(R_WORKER) in ("update", "create", "replace"), done
     # The gate probes the cluster again: it had not answered since the worker came back.
     assert done.get(R_GATE) in ("create", "replace", "create-replacement"), done
+    # `--json` keeps the provider's stderr: the gate's stage as a diagnostic of the stack's row.
+    relayed = [
+        e["diagnosticEvent"]
+        for e in events
+        if "qwen35: readiness on node-a: waiting" in e.get("diagnosticEvent", {}).get("message", "")
+    ]
+    assert relayed and all(d["severity"] == "info#err" and not d.get("urn") for d in relayed), relayed
     now = lab.docker(node_b, "inspect", "--format", "{{.Id}} {{.State.Running}}", WORKER).out.split()
     assert now[1] == "true", now
     if done[R_WORKER] == "update":
