@@ -709,6 +709,9 @@ class CopyConfig(_Model):
     peer_known_hosts: str | None = None
     # auto: a classic overlay2 source reads only the missing layers from its layer store.
     source_export: Literal["auto", "save"] = "auto"
+    # How often a running copy (and the head's Hub fetch) tells the operator bytes, rate and ETA
+    # during `pulumi up`; unset: every 30 s (components/progress.py). Lower it for short copies.
+    progress_interval_s: float | None = Field(default=None, ge=0.2, le=3600)
 
     @field_validator("peer_identity_file", "peer_known_hosts")
     @classmethod

@@ -235,11 +235,19 @@ class Qwen35Deployment(pulumi.ComponentResource):
             expect_gpus=sum(n.gpus for n in cfg.nodes),
             # Ray node address -> name, so a gate that times out names the node that never joined.
             expect_node_ips={n.name: n.fabric_ip for n in cfg.nodes},
+            # A recreated Ray container (a worker started again by `up`) makes the gate probe again.
+            container_ids={
+                **{
+                    f"{n.name}/{ray_container_name(cfg, n)}": self.ray_containers[n.name].id
+                    for n in cfg.nodes
+                },
+                f"{head.name}/{vllm_spec.name}": self.server.id,
+            },
             deadline_s=cfg.serve.ready_timeout,
             ray_container=head_spec.name,
             log_container=vllm_spec.name,
             api_key=args.api_key,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server, *self.ray_containers.values()]),
         )
 
         self.outputs: dict[str, Any] = {

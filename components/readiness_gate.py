@@ -36,6 +36,9 @@ REFRESH_DEADLINE_S = 60
 # Inputs whose change means "probe again" (everything but the secret and the node's access details).
 _PROBE_KEYS = (
     "server_id",
+    # Every container of the cluster: a Ray worker recreated behind a running server is a cluster
+    # that has not answered since, so the gate probes again instead of still saying "ready".
+    "container_ids",
     "url",
     "model",
     "expect_nodes",
@@ -216,6 +219,7 @@ class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
         expect_gpus: float,
         deadline_s: int,
         expect_node_ips: dict[str, str] | None = None,
+        container_ids: dict[str, pulumi.Input[str]] | None = None,
         ray_container: str | None,
         log_container: str,
         api_key: pulumi.Input[str] | None,
@@ -229,6 +233,7 @@ class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
             "expect_nodes": expect_nodes,
             "expect_gpus": expect_gpus,
             "expect_node_ips": expect_node_ips,
+            "container_ids": container_ids,
             "deadline_s": deadline_s,
             "ray_container": ray_container,
             "log_container": log_container,

@@ -176,6 +176,7 @@ def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> st
         margin_s=0.0,
         say=say,
         stdin=(token + "\n").encode(),
+        say_every_s=(props.get("tuning") or {}).get("progress_interval_s"),
     )
     report = programs.parse_report(outcome.stdout)
     if report is None or outcome.killed:

@@ -190,17 +190,19 @@ def watch(
     from_line: int = 0,
     say: Callable[..., None] | None = None,
     until_report: bool = False,
+    say_every_s: float | None = None,
 ) -> str:
     """Wait for the process to end (or for a report line after `from_line`), killing it when its
     stderr goes silent for stall_s + margin_s or it passes deadline_s + margin_s; why it was killed.
-    `say(bytes_done, elapsed_s, bytes_total)` is called every SAY_EVERY_S while it runs (progress for
-    the operator; the total is the progress lines' own, 0 when they carry none)."""
+    `say(bytes_done, elapsed_s, bytes_total)` is called every `say_every_s` (unset: SAY_EVERY_S) while
+    it runs (progress for the operator; the total is the progress lines' own, 0 when they carry none)."""
+    every = SAY_EVERY_S if say_every_s is None else say_every_s
     started = time.monotonic()
     said_at = started
     reported_at = None
     while proc.poll() is None:
         now = time.monotonic()
-        if say is not None and now - said_at >= SAY_EVERY_S:
+        if say is not None and now - said_at >= every:
             said_at = now
             say(streams.bytes_done, now - started, streams.bytes_total)
         if reported_at is None and streams.json_line(from_line, 0)[0] is not None:
@@ -236,6 +238,7 @@ def run_watched(
     margin_s: float = BACKSTOP_MARGIN_S,
     say: Callable[..., None] | None = None,
     stdin: bytes | None = None,
+    say_every_s: float | None = None,
 ) -> Watched:
     """Run argv locally; kill it when its stderr goes silent for stall_s + margin_s or it passes
     deadline_s + margin_s. `stdin`: bytes written to its standard input first (a secret, never an
@@ -256,7 +259,7 @@ def run_watched(
         with contextlib.suppress(OSError):
             proc.stdin.close()
     streams = _Streams(proc, times)
-    killed = watch(proc, streams, deadline_s, stall_s, margin_s, say=say)
+    killed = watch(proc, streams, deadline_s, stall_s, margin_s, say=say, say_every_s=say_every_s)
     if proc.poll() is None:
         proc.kill()
     proc.wait()
@@ -303,7 +306,8 @@ def run_spec(
         "bytes_total": transfer.bytes_total,
         "stall_s": tuning.stall_timeout_s,
         "deadline_s": tuning.deadline_s,
-        "interval_s": 1.0,
+        # the source's byte counts come at least as often as the operator's progress lines
+        "interval_s": min(1.0, tuning.progress_interval_s or 1.0),
         "stages": [{"name": s.name, "argv": list(s.argv)} for s in transfer.producers],
         "consumer": {
             "name": transfer.consumer.name,
@@ -341,6 +345,7 @@ def run_transfer(
         times,
         margin_s,
         say=operator_progress(transfer, source, destination),
+        say_every_s=tuning.progress_interval_s,
     )
     if peer is not None:
         peer.closed = True  # the program closes the master whenever it got to run
@@ -476,6 +481,7 @@ class SourceSession:
             self.read_to,
             say=operator_progress(job, self.source, destination),
             until_report=True,
+            say_every_s=tuning.progress_interval_s,
         )
         report, _ = self.streams.json_line(self.read_to, 0 if killed else 5)
         # With the report in, the program has ended its connection to the destination; the session

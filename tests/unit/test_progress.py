@@ -90,3 +90,22 @@ def test_operator_progress_names_the_operation_and_both_nodes(capsys):
     assert (
         capsys.readouterr().err == "qwen35: image-copy node-a -> node-b: 1 of 4 MB (25%), 1 MB/s, ETA 3 s\n"
     )
+
+
+def test_the_interval_can_be_set_per_call():
+    """`copy.progress_interval_s` reaches `watch` as `say_every_s` (the module default is 30 s)."""
+    source = (
+        "import sys, time\n"
+        "for n in range(1, 9):\n"
+        "    sys.stderr.write('qwen35-progress %d\\n' % (n * 1000)); sys.stderr.flush(); time.sleep(0.15)\n"
+    )
+    said = []
+    outcome = pipeline.run_watched(
+        [sys.executable, "-c", source],
+        60,
+        30,
+        margin_s=5,
+        say=lambda done, elapsed, total: said.append(done),
+        say_every_s=0.3,
+    )
+    assert outcome.returncode == 0 and 2 <= len(said) <= 5, said

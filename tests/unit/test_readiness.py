@@ -308,6 +308,8 @@ GATE_INPUTS = {**PROPS, "server_id": "c0ffee", "expect_node_ips": EXPECTED_IPS, 
         ("model", "other"),
         ("ray_container", "other-ray-head"),
         ("log_container", "other-vllm"),
+        # A Ray worker created again behind a running server: probe again.
+        ("container_ids", {"spark-2/qwen35-ray-worker": "new"}),
     ],
 )
 def test_gate_diff_replaces_when_what_it_probes_changes(key, value):
