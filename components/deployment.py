@@ -341,6 +341,7 @@ def place_images(
         tuning=deployment.config.copy_.tuning() or None,
         # Only classic-store nodes serve others (a containerd store may lack layer blobs).
         can_reexport={n.name for n in deployment.config.nodes if n.image_store == "classic"},
+        keep_previous=deployment.config.image.keep_previous,
     )
 
 
