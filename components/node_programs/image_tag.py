@@ -13,9 +13,11 @@ record of which NodeImage resources hold a tag.
                            points at the image that was placed. SPEC.legacy_placed_id: a resource from
                            before the records (no claim) removes a tag it placed when no record exists, and
                            hands it over to the claims waiting on it when newer ones joined.
-                           SPEC.keep > 0: the last holder leaving keeps the tag as a previous image
+                           SPEC.keep > 0: the last holder leaving while another image of the
+                           repository is held here (a replacement) keeps the tag as a previous image
                            (rollback is then a retag, not a copy); of the repository's previous
-                           images only the SPEC.keep newest stay tagged, older ones are removed
+                           images only the SPEC.keep newest stay tagged, older ones are removed; with
+                           none held any more (a destroy) the tag and every previous image go
 
 Why a record on the node: Pulumi replaces a resource by creating the new one, then deleting the old
 one. Both stand for the same tag; the record lets the old one's delete see that the tag is still held.
@@ -305,26 +307,41 @@ def leave(spec: dict) -> tuple[Exit, dict]:
                 os.unlink(path)
                 return Exit.OK, {"removed": False, "holders": 0}
             keep = int(spec.get("keep") or 0)
-            if keep > 0:
+            if keep > 0 and newer_held(folder, ref):
                 write_record(path, {**record, "holders": [], "waiting": waiting, "retained_at": time.time()})
                 return Exit.OK, {"removed": False, "holders": 0, "retained": True, **prune(folder, ref, keep)}
             os.unlink(path)
+            if keep > 0:  # no image of the repository is held here any more (a destroy): none is kept
+                prune(folder, ref, 0)
         removed = docker("image", "rm", ref)
         if removed.returncode and b"conflict" not in removed.stderr.lower():
             return Exit.TAG_FAILED, {"removed": False, "holders": 0, "stderr": tail(removed.stderr)}
         return Exit.OK, {"removed": removed.returncode == 0, "holders": 0}
 
 
+def repo_records(folder: str, ref: str) -> list[tuple[str, dict]]:
+    """(path, record) of every tag record of `ref`'s repository on this node."""
+    repo, found = split_ref(ref)[0], []
+    for name in os.listdir(folder):
+        record = read_record(os.path.join(folder, name)) if name.endswith(".json") else None
+        if record and split_ref(str(record.get("ref") or ""))[0] == repo:
+            found.append((os.path.join(folder, name), record))
+    return found
+
+
+def newer_held(folder: str, ref: str) -> bool:
+    """Another image of `ref`'s repository is held here: `ref` is being replaced (not destroyed)."""
+    return any(r.get("holders") and r.get("ref") != ref for _, r in repo_records(folder, ref))
+
+
 def prune(folder: str, ref: str, keep: int) -> dict:
     """Of `ref`'s repository's previous images (records kept by `leave`), untag all but the `keep`
     newest; a tag re-pointed since is only forgotten. The report: what is still kept, what went."""
-    repo = split_ref(ref)[0]
-    kept = []
-    for name in os.listdir(folder):
-        record = read_record(os.path.join(folder, name)) if name.endswith(".json") else None
-        previous = record and record.get("retained_at") and not record.get("holders")
-        if previous and split_ref(str(record.get("ref") or ""))[0] == repo:
-            kept.append((float(record["retained_at"]), os.path.join(folder, name), record))
+    kept = [
+        (float(record["retained_at"]), path, record)
+        for path, record in repo_records(folder, ref)
+        if record.get("retained_at") and not record.get("holders")
+    ]
     kept.sort(reverse=True)
     pruned = []
     for _, path, record in kept[keep:]:

@@ -402,8 +402,9 @@ def test_a_replacement_keeps_the_tag_and_the_survivor_removes_it(node_docker):
 
 
 def test_the_last_holder_keeps_a_bounded_number_of_previous_images(node_docker):
-    """keep_previous: the replaced image stays tagged (a rollback joins it, copying nothing); of one
-    repository's previous images only the `keep` newest stay."""
+    """keep_previous: the replaced image stays tagged while a newer one is held (a rollback joins it,
+    copying nothing); of one repository's previous images only the `keep` newest stay; when the last
+    image of the repository is let go (a destroy), nothing is kept."""
     tags, image_tag = node_docker
     for n in (1, 2, 3):
         image_tag("retag", ref=f"app:{n}", image_id=f"sha256:{n}", claim=f"c{n}")
@@ -421,8 +422,8 @@ def test_the_last_holder_keeps_a_bounded_number_of_previous_images(node_docker):
     assert image_tag("join", ref="app:2", claim="back")["joined"] is True
     left = image_tag("leave", ref="app:3", claim="c3", legacy_placed_id="", keep=1)
     assert (left["previous"], left["pruned"]) == (["app:3"], [])
-    assert image_tag("leave", ref="app:2", claim="back", legacy_placed_id="", keep=0)["removed"] is True
-    assert tags() == {"app:3": "sha256:3"}
+    assert image_tag("leave", ref="app:2", claim="back", legacy_placed_id="", keep=1)["removed"] is True
+    assert tags() == {}
 
 
 def test_a_tag_no_nodeimage_placed_is_never_removed(node_docker):
