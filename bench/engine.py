@@ -31,6 +31,7 @@ STACK = "bench-engine"
 REPO_ID = "lab/standin-qwen35"
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
 CONTAINER = "docker:index/container:Container"
+MODEL_SUPPORT = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 TOP_MB = 48
 
 
@@ -194,11 +195,15 @@ def measure(engine: Engine, nodes: dict[str, lab.LabNode], config: dict, image: 
         restarted = [s.ended for s in back.of(CONTAINER) if s.op == "create-replacement" and s.ended]
         sent = sum(o.get("bytes_sent") or 0 for o in node_images(engine, STACK).values())
         until = max(restarted) - back.started if restarted else float("nan")
+        proofs = [s for s in back.of(MODEL_SUPPORT) if s.op == "create-replacement" and s.ended]
+        proof = f"model-support check {proofs[0].ended - proofs[0].began:.1f} s; " if proofs else ""
+        touched = [s.began for s in back.of(CONTAINER) if s.began]
+        first = f"first container step at {min(touched) - back.started:.1f} s; " if touched else ""
         rows.append(
             (
                 "rollback: up -> containers restarted",
                 f"{until:.1f}",
-                f"{sent} image bytes sent; whole up {back.seconds:.1f} s (exit {back.returncode})",
+                f"{sent} image bytes sent; {proof}{first}up {back.seconds:.1f} s, exit {back.returncode}",
             )
         )
     finally:
