@@ -20,6 +20,7 @@ import time
 
 import lab
 from bench import checkpoint as checkpoint_bench
+from bench import engine as engine_bench
 from bench import median_run, spread
 from components.node_image import Node, NodeImageProvider, Tuning, peer_target
 from components.remote import bash_argv, shell_join, ssh_argv
@@ -268,6 +269,8 @@ def bench_slow_shell(src: lab.LabNode, dst: lab.LabNode) -> list[tuple]:
 def main() -> int:
     if sys.argv[1:] == ["checkpoint"]:
         return checkpoint_bench.main()
+    if sys.argv[1:] == ["engine"]:
+        return engine_bench.main()
     nodes = lab.up([name for pair in PAIRS for name in pair[:2]])
     rows = []
     cases = [
@@ -301,6 +304,8 @@ def main() -> int:
             print("-+-".join("-" * width for width in widths))
     print()
     checkpoint_bench.main(nodes)
+    print()
+    engine_bench.main()
     return 0
 
 

@@ -211,7 +211,7 @@ class ImageStrategy(str, Enum):
 
 # The image keys each strategy reads (besides COMMON_IMAGE_KEYS). A key the stack sets that its strategy
 # does not read is refused naming it: it would otherwise be silently ignored.
-COMMON_IMAGE_KEYS = frozenset({"strategy", "model_check", "ray_version"})
+COMMON_IMAGE_KEYS = frozenset({"strategy", "model_check", "ray_version", "keep_previous"})
 _BUILD_KEYS = frozenset(
     {
         "base",
@@ -301,6 +301,9 @@ class ImageConfig(_Model):
     # The Ray the stack needs in the image (a pip spec such as ==2.49.1); the model-support check
     # refuses an image whose Ray is missing or differs. Unset: any Ray that vLLM's own pin accepts.
     ray_version: str | None = None
+    # Images a node keeps tagged after an upgrade replaced them (newest first), so a rollback to the
+    # previous config is a retag, not a copy of tens of GB. 0: the old tag goes with its NodeImage.
+    keep_previous: int = Field(default=1, ge=0, le=8)
 
     @field_validator("prebuilt")
     @classmethod

@@ -247,6 +247,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             ray_container=head_spec.name,
             log_container=vllm_spec.name,
             api_key=args.api_key,
+            deployed=deployed(cfg, self.image_ref, head_checkpoint.revision if head_checkpoint else None),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server, *self.ray_containers.values()]),
         )
 
@@ -271,6 +272,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
             },
             "containers": node_container_names(cfg),
             "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
+            # How many replaced images each node keeps for a rollback (image.keep_previous).
+            "keep_previous": cfg.image.keep_previous,
             "head": head.name,
             "nodes": [n.name for n in cfg.nodes],
         }
@@ -306,6 +309,24 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 delete_before_replace=True,
             ),
         )
+
+
+def deployed(cfg: StackConfig, ref: str, revision: pulumi.Output[str] | None) -> pulumi.Input[dict]:
+    """What the gate records as served once it passes: the image reference and the checkpoint's
+    commit, each with the config line that selects it again (the rollback hint of a later failure)."""
+    if cfg.image.strategy is ImageStrategy.PREBUILT:
+        image_line = f"image.prebuilt: {ref}"
+    else:  # a build's tag is a hash of its inputs: going back is the image section that built it
+        image_line = f"image (the {cfg.image.strategy.value} inputs that built {ref})"
+    if revision is None:
+        return {"image": ref, "revision": None, "lines": {"image": image_line}}
+    return revision.apply(
+        lambda sha: {
+            "image": ref,
+            "revision": sha,
+            "lines": {"image": image_line, "revision": f"model.revision: {sha}"},
+        }
+    )
 
 
 def server_argv(cfg: StackConfig, revision: pulumi.Output[str] | None) -> pulumi.Input[list[str]]:
@@ -349,6 +370,7 @@ def place_images(
         tuning=deployment.config.copy_.tuning() or None,
         # Only classic-store nodes serve others (a containerd store may lack layer blobs).
         can_reexport={n.name for n in deployment.config.nodes if n.image_store == "classic"},
+        keep_previous=deployment.config.image.keep_previous,
     )
 
 

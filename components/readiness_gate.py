@@ -126,10 +126,33 @@ def run_relaying(
     return Result(tuple(argv), proc.returncode, b"".join(out), b"".join(err), node)
 
 
-def run_probe(props: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+def rollback_hint(previous: dict[str, Any] | None, current: dict[str, Any] | None) -> str:
+    """How to go back to what the gate last passed with: each setting that changed since, as the
+    exact config line (empty when nothing it knows changed, or it never passed before)."""
+    previous, current = previous or {}, current or {}
+    lines = [
+        f"{previous['lines'][key]} (now {current.get(key)})"
+        for key in ("image", "revision")
+        if previous.get(key)
+        and previous.get(key) != current.get(key)
+        and (previous.get("lines") or {}).get(key)
+    ]
+    if not lines:
+        return ""
+    return (
+        "to go back to what served before, set "
+        + "; ".join(lines)
+        + " in the stack config and run `pulumi up` (the previous image is still on every node)"
+    )
+
+
+def run_probe(
+    props: dict[str, Any], deadline_s: float, previous: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Run the probe on the head; its report on success, RemoteError (with the log tail) if not.
 
     Its progress lines (the stage it waits on, at least every 30 s) reach the operator as they come.
+    `previous`: what the gate last passed with (`deployed`), for the rollback hint of a failure.
     """
     target = target_from_dict(props["node"])
     require_ssh(target.label)
@@ -149,9 +172,10 @@ def run_probe(props: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         EXIT_REJECTED: "set qwen35-spark:api_key to the server's key",
     }
     # The probe's own message (stage, last error, 30 log lines) is the useful part: keep all of it.
-    raise GateFailed(
-        props["node"]["name"], argv, result.returncode, result.stderr, hints.get(result.returncode, "")
+    hint = "; ".join(
+        h for h in (hints.get(result.returncode, ""), rollback_hint(previous, props.get("deployed"))) if h
     )
+    raise GateFailed(props["node"]["name"], argv, result.returncode, result.stderr, hint)
 
 
 class GateFailed(RemoteError):
@@ -176,17 +200,18 @@ class ReadinessGateProvider(dynamic.ResourceProvider):
         return dynamic.CreateResult(id_=f"{props['node']['name']}-{props['server_id']}"[:120], outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
-        changed = [k for k in _PROBE_KEYS if olds.get(k) != news.get(k)]
-        # A new API key or deadline alone does not need a new probe: update in place.
-        soft = [k for k in ("api_key", "deadline_s", "node") if olds.get(k) != news.get(k)]
-        return dynamic.DiffResult(
-            changes=bool(changed or soft),
-            replaces=changed,
-            delete_before_replace=True,
-        )
+        # What it probes changed: probe again, in place (update), so the probe still knows what the
+        # gate last passed with (olds) and a failure can say how to go back. A new API key, deadline
+        # or access details alone need no new probe.
+        keys = (*_PROBE_KEYS, "api_key", "deadline_s", "node", "deployed")
+        return dynamic.DiffResult(changes=any(olds.get(k) != news.get(k) for k in keys), replaces=[])
 
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        return dynamic.UpdateResult(outs={**_olds, **news})
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        if not any(olds.get(k) != news.get(k) for k in _PROBE_KEYS):
+            return dynamic.UpdateResult(outs={**olds, **news})
+        # A failed probe leaves the state as it was: `deployed` stays what last served.
+        report = run_probe(news, float(news["deadline_s"]), previous=olds.get("deployed"))
+        return dynamic.UpdateResult(outs={**news, "ready": True, "report": report})
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         try:
@@ -223,6 +248,7 @@ class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
         ray_container: str | None,
         log_container: str,
         api_key: pulumi.Input[str] | None,
+        deployed: pulumi.Input[dict] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -238,6 +264,8 @@ class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
             "ray_container": ray_container,
             "log_container": log_container,
             "api_key": pulumi.Output.secret(api_key) if api_key is not None else None,
+            # What this probe deploys (image, revision) and the config line that sets each.
+            "deployed": deployed,
             "ready": None,
             "report": None,
         }

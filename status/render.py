@@ -55,6 +55,12 @@ def text(verdict: Verdict, stack: str) -> str:
         )
     )
     parts.append(table(("cluster", "state"), [(k, verdict.cluster.get(k, "-")) for k in CLUSTER_ROWS]))
+    if verdict.retention:
+        kept = verdict.retention.get("previous") or {}
+        parts.append(
+            f"previous images kept (image.keep_previous {verdict.retention.get('keep_previous')}): "
+            + "; ".join(f"{node} {', '.join(refs) or '-'}" for node, refs in kept.items())
+        )
     if verdict.operations:
         header = ("operation", "node", "stage", "progress", "state")
         parts.append(table(header, [_operation(op) for op in verdict.operations]))

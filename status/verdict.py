@@ -41,6 +41,8 @@ class Verdict:
     cluster: dict[str, str] = field(default_factory=dict)
     operations: list[dict[str, Any]] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    # image.keep_previous, and the replaced images each node keeps for a rollback.
+    retention: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -53,6 +55,7 @@ class Verdict:
             "cluster": self.cluster,
             "operations": self.operations,
             "problems": [asdict(p) for p in self.problems],
+            "retention": self.retention,
         }
 
 
@@ -64,6 +67,13 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     head_image = head_report.get("image") or {}
     head_checkpoint = head_report.get("checkpoint") or {}
     containers = node_container_names(config)
+    verdict.retention = {
+        "keep_previous": config.image.keep_previous,
+        "previous": {
+            n.name: list(((facts["nodes"].get(n.name) or {}).get("image") or {}).get("previous") or [])
+            for n in config.nodes
+        },
+    }
     for node in config.nodes:
         report = facts["nodes"].get(node.name) or {"reachable": False, "error": "not asked"}
         cells: dict[str, str] = {"role": "head" if node.name == head else "worker"}

@@ -21,7 +21,7 @@ from components import image_transfer, transfer
 from components.node_image.docker_on import DockerOn, facts_argv, facts_stderr, parse_facts
 from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
 from components.node_image.facts import IMAGE_FORMAT, Daemon, Facts, ImageInfo, parse_images
-from components.node_image.nodes import inputs, parse
+from components.node_image.nodes import inputs, keep_previous, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_programs import program_argv
 from components.node_programs.image_tag import Exit as TagExit
@@ -484,6 +484,8 @@ def release_tag(props: Mapping[str, Any]) -> None:
         "ref": image,
         "claim": claim,
         "legacy_placed_id": (props.get("placed_image_id") or props.get("image_id") or "") if legacy else "",
+        # The tag stays as a previous image (bounded): a rollback to it copies nothing.
+        "keep": keep_previous(props),
     }
     with ssh_sessions() as control:
         DockerOn(destination, "destination", control("d")).tags("leave", spec)

@@ -21,6 +21,7 @@ def copy_tree(
     can_reexport: Callable[[str], bool] | Collection[str] | None = None,
     tuning: Mapping[str, Any] | None = None,
     trigger: pulumi.Input[str] | None = None,
+    keep_previous: int | None = None,
 ) -> dict[str, resource.NodeImage]:
     """One NodeImage per node, sources arranged as a tree (`copy_plan`); node name -> NodeImage.
 
@@ -37,7 +38,16 @@ def copy_tree(
         raise NodeImageError(f"copy_tree: head {head!r} is not among the nodes {sorted(nodes)}")
     opts = opts or pulumi.ResourceOptions()
     made: dict[str, resource.NodeImage] = {
-        head: resource.NodeImage(f"{name}-{head}", image, nodes[head], nodes[head], tuning, trigger, opts)
+        head: resource.NodeImage(
+            f"{name}-{head}",
+            image,
+            nodes[head],
+            nodes[head],
+            tuning,
+            trigger,
+            opts,
+            keep_previous=keep_previous,
+        )
     }
     workers = [node for node in nodes if node != head]
     for round_ in copy_plan(head, workers, can_reexport):
@@ -52,5 +62,6 @@ def copy_tree(
                 trigger,
                 child,
                 source_image_id=made[src].image_id,
+                keep_previous=keep_previous,
             )
     return made

@@ -26,6 +26,8 @@ STORES = IMAGE_STORES
 # What identifies the node itself: a change of these is another node (a new copy); any other key is
 # only how the node is reached (an in-place update).
 IDENTITY_KEYS = ("host", "port")
+# image.keep_previous's default (components/config.py).
+DEFAULT_KEEP_PREVIOUS = 1
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,15 @@ def inputs(props: Mapping[str, Any]) -> dict[str, Any]:
         "tuning": dict(props.get("tuning") or {}),
         "trigger": props.get("trigger") or "",
         "source_image_id": props.get("source_image_id") or "",
+        "keep_previous": keep_previous(props),
     }
+
+
+def keep_previous(props: Mapping[str, Any]) -> int:
+    """How many previous images the destination keeps tagged once this one is replaced (state from
+    before the setting: the default, 1)."""
+    value = props.get("keep_previous")
+    return DEFAULT_KEEP_PREVIOUS if value is None else int(value)
 
 
 def parse(props: Mapping[str, Any]) -> tuple[str, Node, Node, Tuning]:

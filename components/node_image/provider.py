@@ -9,7 +9,7 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.node_image.execute import ensure_image, observe, release_tag
-from components.node_image.nodes import IDENTITY_KEYS, clean_node, inputs
+from components.node_image.nodes import IDENTITY_KEYS, clean_node, inputs, keep_previous
 
 
 def replace_reasons(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
@@ -64,6 +64,8 @@ class NodeImageProvider(dynamic.ResourceProvider):
         replaces = replace_reasons(olds, news)
         keys = ("tuning", "source", "destination", "trigger")
         changed = bool(replaces) or any(olds.get(key) != news.get(key) for key in keys)
+        # Retention only matters at delete: a new value is recorded in place.
+        changed = changed or keep_previous(olds) != keep_previous(news)
         return dynamic.DiffResult(changes=changed, replaces=replaces, delete_before_replace=False)
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:

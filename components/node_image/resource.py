@@ -41,7 +41,8 @@ class NodeImage(dynamic.Resource, module="qwen35", name="NodeImage"):
     """`image` present and verified on `destination`, copied from `source` (node dicts).
 
     `source_image_id`: the image the source holds, as the source's NodeImage observed it (its
-    `image_id` output); empty for the head, whose source is itself."""
+    `image_id` output); empty for the head, whose source is itself. `keep_previous`: how many
+    replaced images the destination keeps tagged for a rollback (None: the default, 1)."""
 
     image_id: pulumi.Output[str]
     layers: pulumi.Output[list]
@@ -59,6 +60,7 @@ class NodeImage(dynamic.Resource, module="qwen35", name="NodeImage"):
         trigger: pulumi.Input[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
         source_image_id: pulumi.Input[str] | None = None,
+        keep_previous: int | None = None,
     ):
         props = {
             "image": image,
@@ -67,6 +69,7 @@ class NodeImage(dynamic.Resource, module="qwen35", name="NodeImage"):
             "tuning": dict(tuning or {}),
             "trigger": trigger or "",
             "source_image_id": source_image_id or "",
+            "keep_previous": keep_previous,
             **{key: None for key in OUTPUT_KEYS},
         }
         aliased = pulumi.ResourceOptions(aliases=[pulumi.Alias(type_=GENERIC_TYPE)])

@@ -12,7 +12,12 @@ record of which NodeImage resources hold a tag.
     image_tag leave SPEC   drop SPEC.claim; the last holder leaving removes the tag, and only while it
                            points at the image that was placed. SPEC.legacy_placed_id: a resource from
                            before the records (no claim) removes a tag it placed when no record exists, and
-                           hands it over to the claims waiting on it when newer ones joined
+                           hands it over to the claims waiting on it when newer ones joined.
+                           SPEC.keep > 0: the last holder leaving while another image of the
+                           repository is held here (a replacement) keeps the tag as a previous image
+                           (rollback is then a retag, not a copy); of the repository's previous
+                           images only the SPEC.keep newest stay tagged, older ones are removed; with
+                           none held any more (a destroy) the tag and every previous image go
 
 Why a record on the node: Pulumi replaces a resource by creating the new one, then deleting the old
 one. Both stand for the same tag; the record lets the old one's delete see that the tag is still held.
@@ -28,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from enum import IntEnum
 
 from components.node_programs import engine_api
@@ -246,6 +252,11 @@ def join(spec: dict) -> tuple[Exit, dict]:
                 "waiting": False,
                 "holders": len((record or {}).get("holders") or []),
             }
+        if record is not None and record.get("retained_at") and not record.get("holders"):
+            # A previous image this node kept (leave with keep): a rollback holds it again.
+            kept = {k: v for k, v in record.items() if k != "retained_at"}
+            write_record(path, {**kept, "holders": [spec["claim"]]})
+            return Exit.OK, {"joined": True, "waiting": False, "holders": 1, "was_retained": True}
         if record is None or not record.get("holders"):
             # No NodeImage is known to have placed it: by hand, or by a resource from before the records.
             # Wait for the latter's delete to hand the tag over (`leave`); never hold it otherwise.
@@ -291,14 +302,54 @@ def leave(spec: dict) -> tuple[Exit, dict]:
             if holders:
                 write_record(path, {**record, "holders": holders})
                 return Exit.OK, {"removed": False, "holders": len(holders)}
-            os.unlink(path)
             placed = record.get("image_id")
             if image_id(ref) != placed:  # re-pointed by someone else since: not ours to remove
+                os.unlink(path)
                 return Exit.OK, {"removed": False, "holders": 0}
+            keep = int(spec.get("keep") or 0)
+            if keep > 0 and newer_held(folder, ref):
+                write_record(path, {**record, "holders": [], "waiting": waiting, "retained_at": time.time()})
+                return Exit.OK, {"removed": False, "holders": 0, "retained": True, **prune(folder, ref, keep)}
+            os.unlink(path)
+            if keep > 0:  # no image of the repository is held here any more (a destroy): none is kept
+                prune(folder, ref, 0)
         removed = docker("image", "rm", ref)
         if removed.returncode and b"conflict" not in removed.stderr.lower():
             return Exit.TAG_FAILED, {"removed": False, "holders": 0, "stderr": tail(removed.stderr)}
         return Exit.OK, {"removed": removed.returncode == 0, "holders": 0}
+
+
+def repo_records(folder: str, ref: str) -> list[tuple[str, dict]]:
+    """(path, record) of every tag record of `ref`'s repository on this node."""
+    repo, found = split_ref(ref)[0], []
+    for name in os.listdir(folder):
+        record = read_record(os.path.join(folder, name)) if name.endswith(".json") else None
+        if record and split_ref(str(record.get("ref") or ""))[0] == repo:
+            found.append((os.path.join(folder, name), record))
+    return found
+
+
+def newer_held(folder: str, ref: str) -> bool:
+    """Another image of `ref`'s repository is held here: `ref` is being replaced (not destroyed)."""
+    return any(r.get("holders") and r.get("ref") != ref for _, r in repo_records(folder, ref))
+
+
+def prune(folder: str, ref: str, keep: int) -> dict:
+    """Of `ref`'s repository's previous images (records kept by `leave`), untag all but the `keep`
+    newest; a tag re-pointed since is only forgotten. The report: what is still kept, what went."""
+    kept = [
+        (float(record["retained_at"]), path, record)
+        for path, record in repo_records(folder, ref)
+        if record.get("retained_at") and not record.get("holders")
+    ]
+    kept.sort(reverse=True)
+    pruned = []
+    for _, path, record in kept[keep:]:
+        os.unlink(path)
+        if image_id(record["ref"]) == record.get("image_id"):
+            docker("image", "rm", record["ref"])  # a container still using it: the tag stays (conflict)
+            pruned.append(record["ref"])
+    return {"previous": [record["ref"] for _, _, record in kept[:keep]], "pruned": pruned}
 
 
 MODES = {"load": load, "retag": retag, "join": join, "leave": leave}

@@ -77,7 +77,27 @@ def image_facts(ref):
         "present": True,
         "id": item.get("Id") or "",
         "layers": list((item.get("RootFS") or {}).get("Layers") or []),
+        "previous": previous_images(ref),
     }
+
+
+def previous_images(ref, folder="~/.qwen35/tags"):
+    """The replaced images of `ref`'s repository this node keeps for a rollback (image.keep_previous):
+    NodeImage's tag records that no resource holds, marked kept; newest first."""
+    repo = ref.rpartition(":")[0] or ref
+    kept = []
+    path = os.path.expanduser(folder)
+    for name in sorted(os.listdir(path)) if os.path.isdir(path) else []:
+        try:
+            with open(os.path.join(path, name)) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or not record.get("retained_at") or record.get("holders"):
+            continue
+        if str(record.get("ref") or "").rpartition(":")[0] == repo and record.get("ref") != ref:
+            kept.append((record["retained_at"], record["ref"]))
+    return [found for _, found in sorted(kept, reverse=True)]
 
 
 def _seconds_since(stamp, now):

@@ -182,7 +182,16 @@ def test_copy_tree_wires_one_resource_per_node_following_the_plan(monkeypatch):
 
     class Recorder(pulumi.CustomResource):  # a Resource for depends_on, never registered
         def __init__(  # noqa: PLW0231
-            self, name, image, source, destination, tuning=None, trigger=None, opts=None, source_image_id=None
+            self,
+            name,
+            image,
+            source,
+            destination,
+            tuning=None,
+            trigger=None,
+            opts=None,
+            source_image_id=None,
+            keep_previous=None,
         ):
             self.name, self.source, self.destination = name, source["name"], destination["name"]
             self.image_id, self.source_image_id = f"id-of-{destination['name']}", source_image_id
@@ -304,18 +313,25 @@ class _RecordingDestination:
 @pytest.mark.parametrize(
     ("state", "spec"),
     [
-        ({"claim": "c1", "placed_tag": True}, {"ref": "app:1", "claim": "c1", "legacy_placed_id": ""}),
+        (
+            {"claim": "c1", "placed_tag": True},
+            {"ref": "app:1", "claim": "c1", "legacy_placed_id": "", "keep": 1},
+        ),
         (
             {"claim": "c2", "holds_tag": True},
-            {"ref": "app:1", "claim": "c2", "legacy_placed_id": ""},
+            {"ref": "app:1", "claim": "c2", "legacy_placed_id": "", "keep": 1},
         ),  # joined
         # from before tag records: what it placed, never what a refresh saw later
         (
             {"placed_tag": True, "placed_image_id": "sha256:x", "image_id": "sha256:drifted"},
-            {"ref": "app:1", "claim": "", "legacy_placed_id": "sha256:x"},
+            {"ref": "app:1", "claim": "", "legacy_placed_id": "sha256:x", "keep": 1},
+        ),
+        (
+            {"claim": "c3", "placed_tag": True, "keep_previous": 0},
+            {"ref": "app:1", "claim": "c3", "legacy_placed_id": "", "keep": 0},
         ),
     ],
-    ids=["placed", "joined", "legacy"],
+    ids=["placed", "joined", "legacy", "keep-none"],
 )
 def test_delete_gives_up_its_hold_on_the_node(monkeypatch, state, spec):
     fake = _RecordingDestination()
@@ -382,6 +398,31 @@ def test_a_replacement_keeps_the_tag_and_the_survivor_removes_it(node_docker):
     assert image_tag("leave", ref="app:1", claim="old", legacy_placed_id="")["removed"] is False
     assert tags() == {"app:1": "sha256:x"}
     assert image_tag("leave", ref="app:1", claim="new", legacy_placed_id="")["removed"] is True
+    assert tags() == {}
+
+
+def test_the_last_holder_keeps_a_bounded_number_of_previous_images(node_docker):
+    """keep_previous: the replaced image stays tagged while a newer one is held (a rollback joins it,
+    copying nothing); of one repository's previous images only the `keep` newest stay; when the last
+    image of the repository is let go (a destroy), nothing is kept."""
+    tags, image_tag = node_docker
+    for n in (1, 2, 3):
+        image_tag("retag", ref=f"app:{n}", image_id=f"sha256:{n}", claim=f"c{n}")
+    left = image_tag("leave", ref="app:1", claim="c1", legacy_placed_id="", keep=1)
+    assert (left["removed"], left["retained"], left["previous"], left["pruned"]) == (
+        False,
+        True,
+        ["app:1"],
+        [],
+    )
+    left = image_tag("leave", ref="app:2", claim="c2", legacy_placed_id="", keep=1)
+    assert (left["previous"], left["pruned"]) == (["app:2"], ["app:1"])
+    assert tags() == {"app:2": "sha256:2", "app:3": "sha256:3"}
+    # The rollback: a new resource finds app:2 kept and holds it again; app:3 is now the kept one.
+    assert image_tag("join", ref="app:2", claim="back")["joined"] is True
+    left = image_tag("leave", ref="app:3", claim="c3", legacy_placed_id="", keep=1)
+    assert (left["previous"], left["pruned"]) == (["app:3"], [])
+    assert image_tag("leave", ref="app:2", claim="back", legacy_placed_id="", keep=1)["removed"] is True
     assert tags() == {}
 
 

@@ -312,11 +312,29 @@ GATE_INPUTS = {**PROPS, "server_id": "c0ffee", "expect_node_ips": EXPECTED_IPS, 
         ("container_ids", {"spark-2/qwen35-ray-worker": "new"}),
     ],
 )
-def test_gate_diff_replaces_when_what_it_probes_changes(key, value):
+def test_gate_diff_probes_again_in_place_when_what_it_probes_changes(key, value):
+    """In place (update), not a replacement: the update still sees what the gate last passed with."""
     from components.readiness_gate import ReadinessGateProvider
 
     diff = ReadinessGateProvider().diff("gate", GATE_INPUTS, {**GATE_INPUTS, key: value})
-    assert diff.changes and diff.replaces == [key]
+    assert diff.changes and not diff.replaces
+
+
+def test_a_failed_probe_after_an_upgrade_says_how_to_go_back():
+    from components.readiness_gate import rollback_hint
+
+    before = {
+        "image": "app:1",
+        "revision": "a" * 40,
+        "lines": {"image": "image.prebuilt: app:1", "revision": "model.revision: " + "a" * 40},
+    }
+    now = {**before, "image": "app:2", "lines": {}}
+    assert rollback_hint(before, now) == (
+        "to go back to what served before, set image.prebuilt: app:1 (now app:2) in the stack config "
+        "and run `pulumi up` (the previous image is still on every node)"
+    )
+    assert rollback_hint(before, before) == ""
+    assert rollback_hint(None, now) == ""
 
 
 @pytest.mark.parametrize(

@@ -608,3 +608,28 @@ def test_the_head_sends_its_snapshot_s_config_and_weight_total(tmp_path):
         "weight_bytes": 7,
     }
     assert "error" in node_status.sizing_facts(str(tmp_path / "missing"))
+
+
+def test_previous_images_are_the_kept_records_of_the_image_s_repository(tmp_path):
+    """image.keep_previous: a node's kept images are NodeImage's tag records marked retained, of the
+    deployment image's repository, newest first; held tags and other repositories are not."""
+    records = {
+        "app:1": {"ref": "app:1", "holders": [], "retained_at": 10.0},
+        "app:2": {"ref": "app:2", "holders": [], "retained_at": 20.0},
+        "app:3": {"ref": "app:3", "holders": ["c3"]},
+        "other:1": {"ref": "other:1", "holders": [], "retained_at": 30.0},
+    }
+    for ref, record in records.items():
+        (tmp_path / f"{ref.replace(':', '%3A')}.json").write_text(json.dumps(record))
+    assert node_status.previous_images("app:3", str(tmp_path)) == ["app:2", "app:1"]
+    assert node_status.previous_images("app:3", str(tmp_path / "none")) == []
+
+
+def test_status_shows_keep_previous_and_what_each_node_keeps(config):
+    facts_ = healthy()
+    facts_["nodes"]["node-b"]["image"]["previous"] = ["app:0"]
+    verdict = judge(config, facts_)
+    assert verdict.retention == {"keep_previous": 1, "previous": {"node-a": [], "node-b": ["app:0"]}}
+    assert verdict.as_dict()["retention"] == verdict.retention
+    text = render.text(verdict, "lab")
+    assert "previous images kept (image.keep_previous 1): node-a -; node-b app:0" in text
