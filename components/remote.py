@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from typing import IO, Protocol
 
 from components.node_programs import program_argv
-
-# ssh exits 255 when the connection itself failed; any other status is the remote command's.
-SSH_TRANSPORT_FAILURE = 255
+from components.node_programs.wire import SSH_TRANSPORT_FAILURE  # noqa: F401  (re-exported)
 
 _SAFE_ARG = re.compile(r"^[^\x00\n\r]*$")
 

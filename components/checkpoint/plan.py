@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from components.node_programs.hf_checkpoint import manifest_digest
+from components.node_programs.hf_checkpoint import files_digest
 
 GIB = 1 << 30
 
@@ -30,7 +30,7 @@ class Manifest:
 
     @property
     def digest(self) -> str:
-        return manifest_digest([list(f) for f in self.files])
+        return files_digest([list(f) for f in self.files])
 
     @property
     def bytes(self) -> int:

@@ -8,7 +8,8 @@ It reads a `docker save` stream of either layout (OCI since Docker 25: `blobs/sh
 before: `<v1 id>/layer.tar`), leaves out the layers the destination already has (SPEC.keep_from
 bottom layers), renames the image to the temporary tag SPEC.new_tag and optionally gzips the output.
 Its one-line JSON report (layers sent and left out, bytes, layout) goes to stderr as
-`qwen35-report {...}`: stdout is the stream. Stall and deadline are the transfer's watch's job.
+`qwen35-report {...}` (`wire.REPORT_MARKER`): stdout is the stream. Stall and deadline are the
+transfer's watch's job.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import zlib
 from collections.abc import Sequence
 from enum import IntEnum
 
+from components.node_programs import wire
+
 
 class Exit(IntEnum):
     """Exit status (the report line on stderr says more)."""
@@ -32,28 +35,6 @@ class Exit(IntEnum):
     STREAM_ERROR = 1  # the save stream ended early or could not be parsed
     EXPORT_UNAVAILABLE = 3  # the layer store cannot be read: `docker save` has to do
     USAGE = 4
-
-
-REPORT = "qwen35-report"  # the marker of this program's report line (see transfer_source.Marker)
-
-
-def chain_ids(layers: Sequence[str]) -> list[str]:
-    """Chain IDs of a layer list (diff IDs, bottom first): what a classic store keys layers by."""
-    chains: list[str] = []
-    for diff_id in layers:
-        if not chains:
-            chains.append(diff_id)
-        else:
-            chains.append("sha256:" + hashlib.sha256(f"{chains[-1]} {diff_id}".encode()).hexdigest())
-    return chains
-
-
-def full_reference(reference: str) -> str:
-    """'x:1' -> 'docker.io/library/x:1' (how containerd annotates names in index.json)."""
-    first, slash, _ = reference.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        return reference
-    return ("docker.io/" if slash else "docker.io/library/") + reference
 
 
 def split_json_object(text: str) -> dict[str, str]:
@@ -132,7 +113,7 @@ def retag_metadata(name: str, data: bytes, new_tag: str) -> bytes:
         for entry in doc.get("manifests", []):
             notes = entry.get("annotations") or {}
             if "io.containerd.image.name" in notes:
-                notes["io.containerd.image.name"] = full_reference(new_tag)
+                notes["io.containerd.image.name"] = wire.full_reference(new_tag)
             if "org.opencontainers.image.ref.name" in notes:
                 notes["org.opencontainers.image.ref.name"] = tag
     elif name == "repositories":
@@ -219,7 +200,7 @@ def filter_stream(spec: dict, source, sink, counter: StreamCounter) -> None:
     # `keep_from` layers (a classic store holding them as a chain).
     skip = set(spec.get("leave_out") or layers[:keep_from])
     all_layers = set(layers)
-    chains = chain_ids(layers)
+    chains = wire.chain_ids(layers)
     v1_depth: dict[str, int | None] = {}
     left_out_paths: set[str] = set()
     compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if spec.get("compress") == "gzip" else None
@@ -417,7 +398,7 @@ def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]], lis
         if hashlib.sha256(config).hexdigest() != image_hex:
             raise ExportUnavailable("the image config does not match its ID")
         plan = []
-        for index, chain in enumerate(chain_ids(layers)):
+        for index, chain in enumerate(wire.chain_ids(layers)):
             folder = os.path.join(base, "layerdb", "sha256", chain.split(":", 1)[1])
             if layers[index] in skip:
                 if oci:
@@ -534,7 +515,7 @@ def export_oci(spec: dict, config: bytes, plan: list, sizes: list[int], write: A
                 "digest": manifest_digest,
                 "size": len(manifest),
                 "annotations": {
-                    "io.containerd.image.name": full_reference(new_tag),
+                    "io.containerd.image.name": wire.full_reference(new_tag),
                     "org.opencontainers.image.ref.name": new_tag.rsplit(":", 1)[1],
                 },
             }
@@ -575,16 +556,20 @@ def main(argv: list[str]) -> int:
     except ExportUnavailable as exc:
         sys.stderr.write(f"export-unavailable: {exc}\n")
         sys.stderr.write(
-            f"{REPORT} " + json.dumps({**vars(counter), "error": f"export-unavailable: {exc}"}) + "\n"
+            f"{wire.REPORT_MARKER} "
+            + json.dumps({**vars(counter), "error": f"export-unavailable: {exc}"})
+            + "\n"
         )
         return Exit.EXPORT_UNAVAILABLE
     except (EOFError, ValueError, OSError) as exc:
         sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
         sys.stderr.write(
-            f"{REPORT} " + json.dumps({**vars(counter), "error": f"{type(exc).__name__}: {exc}"}) + "\n"
+            f"{wire.REPORT_MARKER} "
+            + json.dumps({**vars(counter), "error": f"{type(exc).__name__}: {exc}"})
+            + "\n"
         )
         return Exit.STREAM_ERROR
-    sys.stderr.write(f"{REPORT} " + json.dumps(vars(counter)) + "\n")
+    sys.stderr.write(f"{wire.REPORT_MARKER} " + json.dumps(vars(counter)) + "\n")
     sys.stderr.flush()
     return Exit.OK
 

@@ -20,7 +20,8 @@ consumer itself, so it counts every byte, ends the whole pipeline when no byte m
 while streaming (not once every byte is sent and the consumer is finishing) or the deadline passed,
 writes a progress file for `status` at most once a second, and reports
 every stage's exit status, the tail of its stderr, a stage's own one-line JSON report (a stderr line
-`qwen35-report {...}`) and the consumer's one-line JSON report (its last stdout line).
+`qwen35-report {...}`) and the consumer's one-line JSON report (its last stdout line). The whole
+conversation (source, sink and pipeline) is told in `wire.py`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from enum import Enum, IntEnum
+from enum import IntEnum
+
+from components.node_programs import wire
+from components.node_programs.wire import NUDGE, SSH_TRANSPORT_FAILURE, TAIL_LINES
 
 
 class Exit(IntEnum):
@@ -51,19 +55,7 @@ class Exit(IntEnum):
     USAGE = 97
 
 
-class Marker(str, Enum):
-    """Prefixes of the stderr lines this program (and the stages it runs) write."""
-
-    PROGRESS = "qwen35-progress"  # bytes moved so far (the orchestrator's stall backstop reads these)
-    REPORT = "qwen35-report"  # a stage's own one-line JSON report
-
-
-SSH_TRANSPORT_FAILURE = 255
-TAIL_LINES = 12
 OPERATION = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-# The first line of the throwaway first channel to the destination's end (see say_token); the end
-# holds that channel open. Declared in both programs (a unit test checks they agree).
-NUDGE = "nudge"
 NUDGES: list[socket.socket] = []  # kept open until this program ends
 
 
@@ -422,9 +414,9 @@ class StageErr(threading.Thread):
     def run(self) -> None:
         for raw in self.stream:
             line = raw.decode(errors="replace").rstrip("\n")
-            if line.startswith(Marker.REPORT.value + " "):
+            if line.startswith(wire.REPORT_MARKER + " "):
                 with contextlib.suppress(ValueError):
-                    self.report = json.loads(line[len(Marker.REPORT.value) + 1 :])
+                    self.report = json.loads(line[len(wire.REPORT_MARKER) + 1 :])
                 continue
             self.tail = (self.tail + [line])[-TAIL_LINES:]
             self.on_line(line)
@@ -659,7 +651,7 @@ def watched(
                 seen, last_change = moved[0], now
             if now - said >= interval_s:
                 said = now
-                say(f"{Marker.PROGRESS.value} {seen}")
+                say(f"{wire.PROGRESS_MARKER} {seen}")
             progress.update(phase[0], seen, now - started)
             # The stall limit is for the stream only: once every byte is sent, the consumer (a
             # `docker load` unpacking a large first copy) may rightly be silent for long; the

@@ -281,12 +281,6 @@ def test_received_files_belong_to_the_cache_owner(fetched, tmp_path):
         assert (stat.st_uid, stat.st_gid) == owner, path
 
 
-def test_the_progress_marker_is_the_transfer_layers():
-    from components.node_programs.transfer_source import Marker
-
-    assert Marker.PROGRESS.value == hub_fetch.PROGRESS_MARKER
-
-
 def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_path, monkeypatch, capsys):
     """`pulumi up` shows a long Hub fetch live (a dynamic provider's stderr lines reach the operator):
     the provider relays the fetch's progress lines as `fetch REPO@REV hub -> NODE: … MB, MB/s, ETA`.
