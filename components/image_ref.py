@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from components.errors import Qwen35Error
 from components.node_programs.wire import DEFAULT_TAG, full_reference, split_tag
 from components.node_programs.wire import is_registry as _is_registry
 
@@ -27,7 +28,7 @@ MAX_NAME = 255
 _HUB_PREFIXES = ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/")
 
 
-class ImageRefError(ValueError):
+class ImageRefError(Qwen35Error, ValueError):
     """A string that is not a reference this program accepts; the message says what is wrong."""
 
 

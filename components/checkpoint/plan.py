@@ -10,12 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from components.errors import Qwen35Error
 from components.node_programs.hf_checkpoint import files_digest
 
 GIB = 1 << 30
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(Qwen35Error, RuntimeError):
     """The checkpoint could not be placed or checked; the message names the node and what to do next."""
 
 
