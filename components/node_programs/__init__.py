@@ -6,7 +6,8 @@ Every program here is one file, standard library only, that prints one JSON repo
 socket). It travels inside the command itself (`program_argv`): nothing is copied to the node, and
 `python3 -I -S` keeps whatever is installed there (PYTHON* variables, user or site packages) from
 changing it. The orchestrator imports the same files as
-modules to read their declared exit codes and markers, so each is declared once.
+modules to read their declared exit codes, so each is declared once; what both sides must agree on
+(markers, ssh's 255, the transfer's conversation, Docker's facts) is the library `wire`.
 
 A program may import a library from this folder (`from components.node_programs import engine_api`,
 at the start of a line): `program_argv` ships the library's source with the program and installs it
