@@ -58,7 +58,7 @@ _DOMAIN_PART = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _REGISTRY = rf"^{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]{{1,5}})?$"
 
 
-def chain_ids(diff_ids) -> list[str]:
+def chain_ids(diff_ids: list[str] | tuple[str, ...]) -> list[str]:
     """Chain IDs of a layer list (diff IDs, bottom first): what a classic store keys layers by (each
     names its layer with all below)."""
     import hashlib
@@ -71,7 +71,7 @@ def chain_ids(diff_ids) -> list[str]:
     return chains
 
 
-def image_store(driver_status) -> str:
+def image_store(driver_status: list | str | None) -> str:
     """'containerd' or 'classic': the image store `docker info`'s DriverStatus (its pairs, or their
     JSON text) names."""
     import json
