@@ -92,6 +92,8 @@ def _loader(name: str) -> str:
     return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
 
 
-def program_argv(name: str, args: Sequence[str], python: str = "python3") -> list[str]:
-    """`python3 -I -S -c <packed program> ARGS…`: run program `name` on a node (argv[1:] = args)."""
-    return [python, "-I", "-S", "-c", _loader(name), *args]
+def program_argv(name: str, args: Sequence[str], python: str = "python3", isolated: bool = True) -> list[str]:
+    """`python3 -I -S -c <packed program> ARGS…`: run program `name` on a node (argv[1:] = args).
+    `isolated=False` drops `-I -S`, for the one program that needs the node's site packages (the
+    Hub client's `hub_fetch`); its libraries are shipped all the same."""
+    return [python, *(("-I", "-S") if isolated else ()), "-c", _loader(name), *args]
