@@ -309,3 +309,13 @@ def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_
     where = "lab/tiny-qwen35@main hub -> spark-1: "
     assert any(where in line and f"of {total_mb:.0f} MB (" in line for line in said), said
     assert any("MB/s" in line for line in said) and not any(TOKEN in line for line in said)
+
+
+def test_the_fetch_is_packed_with_its_libraries_and_keeps_site_packages(tmp_path):
+    """hub_fetch imports `wire` and needs the Hub client from site packages: shipped, not isolated."""
+    argv = programs.fetch_argv(sys.executable, str(tmp_path), REPO, "main", [], [], None)
+    assert argv[1] == "-c" and "-I" not in argv[:3] and "-S" not in argv[:3]
+    # Bad arguments on purpose: the program itself answers (no import error), without a download.
+    done = subprocess.run([*argv[:3], "{}"], input=b"\n", capture_output=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == hub_fetch.EXIT_BAD_INPUT, done.stderr
+    assert json.loads(done.stdout)["error"].startswith("bad arguments")
