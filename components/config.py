@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from components.errors import Qwen35Error
 from components.image_ref import ImageRef, ImageRefError, parse_image_ref
 from components.memory_fit import GB10_MEMORY_GB
 
@@ -54,7 +55,7 @@ ImageStore = Literal["classic", "containerd"]
 IMAGE_STORES: tuple[str, ...] = get_args(ImageStore)
 
 
-class ConfigError(ValueError):
+class ConfigError(Qwen35Error, ValueError):
     """A stack config that cannot be deployed; `problems` are `path: message` lines."""
 
     def __init__(self, problems: list[str]):

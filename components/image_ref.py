@@ -4,7 +4,9 @@ Accepted (the grammar of distribution/reference, kept strict so nothing a shell 
 misread gets through): `name`, `name:tag`, `org/name:tag`, `host[:port]/path/name:tag`,
 `name@sha256:<64 hex>`, `name:tag@sha256:<64 hex>`. Refused: anything else, with the reason.
 
-Pure and stdlib-only: the Pulumi program, the dynamic providers and the tests all import it.
+Pure and stdlib-only: the Pulumi program, the dynamic providers and the tests all import it. Its
+splitting (`split_tag`, the registry rule) and containerd's full form live in the shipped library
+`node_programs/wire.py`, so the node programs read a reference exactly as the orchestrator does.
 """
 
 from __future__ import annotations
@@ -12,22 +14,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from components.errors import Qwen35Error
+from components.node_programs.wire import DEFAULT_TAG, full_reference, split_tag
+from components.node_programs.wire import is_registry as _is_registry
+
 # A path component: lowercase alphanumerics joined by '.', '_', '__' or runs of '-'.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _PATH = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-# A registry: a DNS name (letters may be upper case, as Docker allows) or IPv4 address, optional port.
-_DOMAIN_PART = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_REGISTRY = re.compile(rf"^{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]{{1,5}})?$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # Docker's own limit on the name (registry and path) part.
 MAX_NAME = 255
-DEFAULT_TAG = "latest"
-_HUB = "docker.io"
 _HUB_PREFIXES = ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/")
 
 
-class ImageRefError(ValueError):
+class ImageRefError(Qwen35Error, ValueError):
     """A string that is not a reference this program accepts; the message says what is wrong."""
 
 
@@ -69,13 +70,6 @@ class ImageRef:
         return full_reference(str(self))
 
 
-def _is_registry(component: str) -> bool:
-    # Docker's rule: the first component names a registry when it has a '.' or ':' or is localhost.
-    return ("." in component or ":" in component or component == "localhost") and bool(
-        _REGISTRY.match(component)
-    )
-
-
 def parse_image_ref(text: object) -> ImageRef:
     """Parse one reference or raise ImageRefError saying what is wrong (the caller names the field)."""
     if not isinstance(text, str):
@@ -89,16 +83,12 @@ def parse_image_ref(text: object) -> ImageRef:
     remainder, at, digest = text.partition("@")
     if at and not _DIGEST.match(digest):
         raise ImageRefError(f"{text!r}: the digest must be sha256: followed by 64 lowercase hex digits")
-    name, tag = remainder, None
-    # A ':' after the last '/' starts the tag; one before it is a registry port.
-    colon = remainder.rfind(":")
-    if colon > remainder.rfind("/"):
-        name, tag = remainder[:colon], remainder[colon + 1 :]
-        if not _TAG.match(tag):
-            raise ImageRefError(
-                f"{text!r}: tag {tag!r} is not valid (letters, digits, '_', '.', '-'; "
-                "not starting with '.' or '-'; at most 128)"
-            )
+    name, tag = split_tag(remainder, None)  # a registry port is never taken for a tag
+    if tag is not None and not _TAG.match(tag):
+        raise ImageRefError(
+            f"{text!r}: tag {tag!r} is not valid (letters, digits, '_', '.', '-'; "
+            "not starting with '.' or '-'; at most 128)"
+        )
     if not name:
         raise ImageRefError(f"{text!r} has no image name")
     if len(name) > MAX_NAME:
@@ -121,14 +111,6 @@ def familiar_reference(reference: str) -> str:
         if reference.startswith(prefix):
             return reference[len(prefix) :]
     return reference
-
-
-def full_reference(reference: str) -> str:
-    """`x:1` -> `docker.io/library/x:1` (how containerd annotates names in index.json)."""
-    first, slash, _ = reference.partition("/")
-    if slash and _is_registry(first):
-        return reference
-    return f"{_HUB}/{reference}" if slash else f"{_HUB}/library/{reference}"
 
 
 def split_tagged(reference: str) -> tuple[str, str]:

@@ -9,18 +9,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
-from components.image_ref import familiar_reference  # noqa: F401  (re-exported)
+from components.image_ref import familiar_reference, full_reference  # noqa: F401  (re-exported)
 from components.image_ref import split_tagged as split_reference  # noqa: F401  (re-exported)
 from components.node_programs import program_argv
+from components.node_programs.layer_filter import Exit as FilterExit  # noqa: F401
 from components.node_programs.layer_filter import (  # noqa: F401  (re-exported)
-    REPORT,
     ExportUnavailable,
     StreamCounter,
-    chain_ids,
     export_plan,
     export_stream,
     filter_stream,
-    full_reference,
     layer_tar_size,
     legacy_layer_depth,
     pax_records,
@@ -31,7 +29,8 @@ from components.node_programs.layer_filter import (  # noqa: F401  (re-exported)
     tar_split_entries,
     write_layer_tar,
 )
-from components.node_programs.layer_filter import Exit as FilterExit  # noqa: F401
+from components.node_programs.wire import REPORT_MARKER as REPORT  # noqa: F401  (re-exported)
+from components.node_programs.wire import chain_ids
 
 
 def present_chains(images_layers: Iterable[Sequence[str]]) -> set[str]:

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from components.errors import Qwen35Error
+
 GB = 10**9
 # The GB10's unified memory; what a node has when config says nothing else.
 GB10_MEMORY_GB = 128.0
@@ -39,7 +41,7 @@ MIN_KV_CACHE_GB = 2.0
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
-class MemoryFitError(ValueError):
+class MemoryFitError(Qwen35Error, ValueError):
     """The model does not fit the declared nodes; the message carries the numbers."""
 
 

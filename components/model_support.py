@@ -43,6 +43,7 @@ from pulumi.output import Unknown
 from pulumi.runtime.rpc import UNKNOWN
 
 from components.config import ModelCheckMode as Mode
+from components.errors import Qwen35Error
 from components.image_ref import ImageRefError, parse_image_ref
 from components.memory_fit import NodeMemory, ServeMemory, check_memory_fit, memory_fit, model_shape
 from components.nodes import target_from_dict
@@ -183,7 +184,7 @@ def next_step(report: Mapping[str, Any]) -> str:
     return STAGE_HINTS.get(stage, "read the error above")
 
 
-class ModelSupportError(RuntimeError):
+class ModelSupportError(Qwen35Error, RuntimeError):
     """The check could not prove support (or could not run); the message says what to do."""
 
 

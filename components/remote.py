@@ -17,15 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
+from components.errors import Qwen35Error
 from components.node_programs import program_argv
-
-# ssh exits 255 when the connection itself failed; any other status is the remote command's.
-SSH_TRANSPORT_FAILURE = 255
+from components.node_programs.wire import SSH_TRANSPORT_FAILURE  # noqa: F401  (re-exported)
 
 _SAFE_ARG = re.compile(r"^[^\x00\n\r]*$")
 
 
-class RemoteError(RuntimeError):
+class RemoteError(Qwen35Error, RuntimeError):
     """A command on a node failed: what ran, where, how, and what to do next."""
 
     def __init__(self, node: str, argv: Sequence[str], returncode: int, stderr: bytes | str, hint: str = ""):

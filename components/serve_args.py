@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from components.errors import Qwen35Error
 from components.remote import Result, stderr_tail
 
 ARGS_PROGRAM = "prove_args.py"
@@ -33,7 +34,7 @@ HINTS = {
 }
 
 
-class ServeArgsError(RuntimeError):
+class ServeArgsError(Qwen35Error, RuntimeError):
     """The argument proof gave no report; the message says what to do."""
 
 

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from components.errors import Qwen35Error
+
 SSH_PORT = 2222  # default; LAB_SSH_PORT moves a second, private lab out of the way
 LAB_USER = "root"
 
 
-class LabError(RuntimeError):
+class LabError(Qwen35Error, RuntimeError):
     """A lab step failed; the message says what, where, and what to do next."""
 
 

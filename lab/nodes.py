@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.node_programs.wire import image_store
 from lab.engines import SYSTEM_PATH, dockerd_binary, engine_bin_dirs, find_binary
 from lab.layout import (
     LAB_USER,
@@ -138,10 +139,7 @@ def lab_node(spec: NodeSpec, engine_version: str) -> LabNode:
 
 def store_of(info: dict) -> str:
     """'containerd' when the daemon stores images in containerd's snapshotter, else 'classic'."""
-    for pair in info.get("DriverStatus") or []:
-        if len(pair) == 2 and pair[0] == "driver-type" and pair[1].startswith("io.containerd.snapshotter"):
-            return Store.CONTAINERD.value
-    return Store.CLASSIC.value
+    return Store(image_store(info.get("DriverStatus"))).value
 
 
 # ---- facts: what is running ----------------------------------------------------------------------

@@ -10,12 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from components.node_programs.hf_checkpoint import manifest_digest
+from components.errors import Qwen35Error
+from components.node_programs.hf_checkpoint import files_digest
 
 GIB = 1 << 30
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(Qwen35Error, RuntimeError):
     """The checkpoint could not be placed or checked; the message names the node and what to do next."""
 
 
@@ -30,7 +31,7 @@ class Manifest:
 
     @property
     def digest(self) -> str:
-        return manifest_digest([list(f) for f in self.files])
+        return files_digest([list(f) for f in self.files])
 
     @property
     def bytes(self) -> int:

@@ -6,17 +6,12 @@ or a secret; its one-line JSON report comes back on stdout.
 
 from __future__ import annotations
 
-import base64
-import functools
 import json
-import zlib
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from components.node_programs import hf_checkpoint, program_argv
 
-PROGRAMS = Path(__file__).resolve().parent.parent / "node_programs"
 # What a receive's exit status means (declared once, in the node program).
 RECEIVE_EXITS = {
     hf_checkpoint.EXIT_BAD_INPUT: "bad input to the receiving program",
@@ -24,19 +19,6 @@ RECEIVE_EXITS = {
     hf_checkpoint.EXIT_VERIFY: "a received file did not match its hash or size",
     hf_checkpoint.EXIT_IO: "the destination's disk refused a write",
 }
-
-
-@functools.cache
-def source(name: str) -> str:
-    return (PROGRAMS / f"{name}.py").read_text()
-
-
-@functools.cache
-def loader(name: str) -> str:
-    """A one-line program that runs `name` (a command line carries no newlines: `shell_join`), for
-    `hub_fetch`, which unlike `node_programs.program_argv`'s programs needs site packages."""
-    packed = base64.b64encode(zlib.compress(source(name).encode(), 9)).decode()
-    return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
 
 
 def repo_dir_name(repo: str) -> str:
@@ -50,10 +32,8 @@ def hub_dir(cache_dir: str) -> str:
 
 
 def _argv(python: str, program: str, *args: str) -> list[str]:
-    if program != "hub_fetch":
-        return program_argv(program, list(args), python)  # stdlib programs run isolated (-I -S)
-    # The Hub client is the one program that needs the Python's site packages: no -I -S.
-    return [python, "-c", loader(program), *args]
+    # Stdlib programs run isolated (-I -S); the Hub client is the one that needs site packages.
+    return program_argv(program, list(args), python, isolated=program != "hub_fetch")
 
 
 def inventory_argv(

@@ -35,7 +35,7 @@ from components.checkpoint.plan import (
     plan_copy,
     problems,
 )
-from components.node_programs.hub_fetch import PROGRESS_MARKER
+from components.node_programs.wire import PROGRESS_MARKER
 from components.nodes import target_from_dict
 from components.progress import tell_operator, transfer_line
 from components.remote import (
@@ -85,7 +85,7 @@ def _run(target: SshTarget, argv: list[str], what: str, stdin: bytes | None = No
     except RemoteError as exc:
         raise CheckpointError(f"{target.label}: {what}: {exc}") from None
     report = programs.parse_report(done.text)
-    if done.returncode == 255 and report is None:
+    if done.returncode == SSH_TRANSPORT_FAILURE and report is None:
         raise CheckpointError(
             f"{target.label}: could not be reached over SSH for {what} (exit 255):\n"
             f"  stderr: {stderr_tail(done.stderr, 4)}\n  next: check the node is up and its pinned host key"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from components.errors import Qwen35Error
 
-class NodeImageError(RuntimeError):
+
+class NodeImageError(Qwen35Error, RuntimeError):
     """A copy could not be made or verified; the message names the node and what to do next."""
 
 

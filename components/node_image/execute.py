@@ -9,7 +9,6 @@ import json
 import random
 import secrets
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +24,7 @@ from components.node_image.nodes import inputs, keep_previous, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_programs import program_argv
 from components.node_programs.image_tag import Exit as TagExit
+from components.progress import tell_operator
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTarget
 from components.transfer import PhaseTimes, Tuning, peer_target, ssh_sessions
 
@@ -198,11 +198,10 @@ def carry_out(
         "blobs_listed": not at_destination.blobs_unlisted,
     }
     if at_destination.blobs_unlisted:
-        print(
+        tell_operator(
             f"NodeImage {image}: {dst.node.label}'s containerd content store could not be read "
             f"({'; '.join(at_destination.blobs_unlisted)}): no layer is left out; thin copies need the "
-            f"SSH user to read the content store",
-            file=sys.stderr,
+            f"SSH user to read the content store"
         )
 
     def done(info: ImageInfo, daemon: Daemon, **extra) -> dict[str, Any]:
@@ -401,11 +400,10 @@ def _stream(
     except transfer.PeerUnreachable as exc:
         raise NodeImageError(str(exc)) from None
     if result.forward.startswith("not used"):  # visible: the destination paid one more session
-        print(
+        tell_operator(
             f"NodeImage {image} on {destination.label}: the destination's end was not reached through "
             f"the forward ({result.forward.removeprefix('not used: ')}); the load ran in a session of its "
-            f"own (the destination's sshd may refuse stream-local forwarding)",
-            file=sys.stderr,
+            f"own (the destination's sshd may refuse stream-local forwarding)"
         )
     loaded_report = result.consumer_report or {}
     loaded = parse_images(loaded_report.get("loaded") or "")
@@ -413,7 +411,7 @@ def _stream(
     summary = result.stages[-2].report if len(result.stages) >= 2 else None
     if result.ok and promoted and loaded:
         if loaded_report.get("warning"):
-            print(f"NodeImage {image} on {destination.label}: {loaded_report['warning']}", file=sys.stderr)
+            tell_operator(f"NodeImage {image} on {destination.label}: {loaded_report['warning']}")
         return {"summary": summary or {}, "bytes": result.bytes_sent, "image": loaded[0]}
     if loaded_report.get("exit") == TagExit.MISMATCH and loaded:
         raise Mismatch(loaded[0])

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from components.node_image.nodes import Node
 from components.node_programs.engine_api import INFO_FORMAT as INFO_FORMAT  # (re-exported)
 from components.node_programs.engine_api import INSPECT_FORMAT
+from components.node_programs.wire import image_store
 
 # `docker info`'s line (INFO_FORMAT): the store's kind, Docker's root, version and storage driver.
 # One image per line: its ID, its layer list, its size (the line the Engine API's answers build too).
@@ -60,8 +61,9 @@ def same_image(a: ImageInfo, a_store: str, b: ImageInfo, b_store: str) -> bool:
 
 def parse_daemon(text: str) -> Daemon:
     status, root, version, *driver = text.strip().split("\t")
-    store = "containerd" if "io.containerd.snapshotter" in status else "classic"
-    return Daemon(store=store, root_dir=root, version=version, driver=driver[0] if driver else "")
+    return Daemon(
+        store=image_store(status), root_dir=root, version=version, driver=driver[0] if driver else ""
+    )
 
 
 def parse_images(text: str) -> list[ImageInfo]:

@@ -6,7 +6,8 @@ Every program here is one file, standard library only, that prints one JSON repo
 socket). It travels inside the command itself (`program_argv`): nothing is copied to the node, and
 `python3 -I -S` keeps whatever is installed there (PYTHON* variables, user or site packages) from
 changing it. The orchestrator imports the same files as
-modules to read their declared exit codes and markers, so each is declared once.
+modules to read their declared exit codes, so each is declared once; what both sides must agree on
+(markers, ssh's 255, the transfer's conversation, Docker's facts) is the library `wire`.
 
 A program may import a library from this folder (`from components.node_programs import engine_api`,
 at the start of a line): `program_argv` ships the library's source with the program and installs it
@@ -91,6 +92,8 @@ def _loader(name: str) -> str:
     return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
 
 
-def program_argv(name: str, args: Sequence[str], python: str = "python3") -> list[str]:
-    """`python3 -I -S -c <packed program> ARGS…`: run program `name` on a node (argv[1:] = args)."""
-    return [python, "-I", "-S", "-c", _loader(name), *args]
+def program_argv(name: str, args: Sequence[str], python: str = "python3", isolated: bool = True) -> list[str]:
+    """`python3 -I -S -c <packed program> ARGS…`: run program `name` on a node (argv[1:] = args).
+    `isolated=False` drops `-I -S`, for the one program that needs the node's site packages (the
+    Hub client's `hub_fetch`); its libraries are shipped all the same."""
+    return [python, *(("-I", "-S") if isolated else ()), "-c", _loader(name), *args]

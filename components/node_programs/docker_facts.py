@@ -25,7 +25,6 @@ Engine API answers it where it answered the rest, else the CLI. `inventory_from`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -35,6 +34,7 @@ from enum import IntEnum
 
 from components.node_programs import engine_api
 from components.node_programs.engine_api import INFO_FORMAT, INSPECT_FORMAT
+from components.node_programs.wire import chain_ids, image_store
 
 
 class Exit(IntEnum):
@@ -90,16 +90,6 @@ def content_blobs(docker_root: str) -> tuple[list[str], list[str]]:
     return sorted(found), [] if listed else (
         why or [f"no content store under {docker_root} or {SYSTEM_CONTAINERD_ROOT}"]
     )
-
-
-def chain_ids(diff_ids: list[str]) -> list[str]:
-    """The layer store's chain IDs of a layer list, bottom first (each names its layer with all below)."""
-    chains: list[str] = []
-    for diff_id in diff_ids:
-        if chains:
-            diff_id = "sha256:" + hashlib.sha256(f"{chains[-1]} {diff_id}".encode()).hexdigest()
-        chains.append(diff_id)
-    return chains
 
 
 def read_classic_store(root: str, driver: str) -> str | None:
@@ -182,7 +172,7 @@ def inventory(spec: dict, info_out: str, report: dict, engine: str | None = None
     else from the Engine API on `engine` (when the other facts came from it), else from the CLI."""
     fields = info_out.strip().split("\t")
     root = fields[1] if len(fields) > 1 else "/var/lib/docker"
-    containerd = "io.containerd.snapshotter" in info_out
+    containerd = image_store(fields[0]) == "containerd"
     lines = None
     if not containerd and len(fields) > 3 and fields[3] and spec["image_format"] == FILES_FORMAT:
         lines = read_classic_store(root, fields[3])

@@ -33,6 +33,8 @@ import re
 import sys
 import threading
 
+from components.node_programs import wire
+
 MAGIC = b"QWEN35CKPT1"
 PARTIAL_SUFFIX = ".qwen35-partial"
 CHUNK = 1 << 20
@@ -61,12 +63,9 @@ class Failure(Exception):
         self.status = status
 
 
-def manifest_digest(files: list) -> str:
-    """sha256 over the sorted `path<TAB>blob<LF>` lines of a file list `[[path, blob, size], …]`."""
-    digest = hashlib.sha256()
-    for path, blob in sorted((f[0], f[1]) for f in files):
-        digest.update(f"{path}\t{blob}\n".encode())
-    return digest.hexdigest()
+def files_digest(files: list) -> str:
+    """The manifest digest (`wire.manifest_digest`) of a file list `[[path, blob, size], …]`."""
+    return wire.manifest_digest((f[0], f[1]) for f in files)
 
 
 def blob_hasher(name: str, size: int):
@@ -181,7 +180,7 @@ def inventory(args: dict) -> dict:
         files = walk_snapshot(os.path.join(root, "snapshots", sha))
         report["files"] = files
         report["bytes"] = sum(max(f[2], 0) for f in files)
-        report["digest"] = manifest_digest(files)
+        report["digest"] = files_digest(files)
         return report
     sha = sha or revision
     snapshot = os.path.join(root, "snapshots", sha)
@@ -212,7 +211,7 @@ def inventory(args: dict) -> dict:
     report["status"] = status
     report["blobs"] = checked
     present = [f for f in expect if status[f[0]] == "ok"]
-    report["digest"] = manifest_digest(present) if len(present) == len(expect) else None
+    report["digest"] = files_digest(present) if len(present) == len(expect) else None
     return report
 
 
@@ -483,7 +482,7 @@ def receive(args: dict, stream) -> dict:
         "files": len(files),
         "bytes": sum(size for _p, _b, size in files),
         "snapshot_path": os.path.join(root, "snapshots", sha),
-        "digest": manifest_digest(walk_snapshot(os.path.join(root, "snapshots", sha))),
+        "digest": files_digest(walk_snapshot(os.path.join(root, "snapshots", sha))),
     }
 
 

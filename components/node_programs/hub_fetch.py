@@ -24,14 +24,14 @@ import sys
 import threading
 import time
 
+from components.node_programs.wire import PROGRESS_MARKER
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_FETCH = 6
 TOKEN_SETTING = "qwen35-spark:hf_token"  # named in messages; the token itself never is
-# A stderr line every second while downloading: `qwen35-progress <bytes done> <bytes total>`, the
-# transfer layer's marker (`transfer_source.Marker.PROGRESS`; a unit test keeps them equal). The
+# A stderr line every second while downloading: `PROGRESS_MARKER <bytes done> <bytes total>`. The
 # orchestrator relays it to the operator during `pulumi up`, and its silence is a stall.
-PROGRESS_MARKER = "qwen35-progress"
 
 
 def scrub(text: str, secret: str | None) -> str:

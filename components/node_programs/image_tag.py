@@ -38,6 +38,7 @@ from enum import IntEnum
 
 from components.node_programs import engine_api
 from components.node_programs.engine_api import INSPECT_FORMAT, engine_socket, quote
+from components.node_programs.wire import split_tag
 
 
 class Exit(IntEnum):
@@ -97,7 +98,7 @@ class Api:
         return 0, engine_api.image_line(json.loads(body)), b""
 
     def tag(self, source: str, ref: str) -> tuple[int, bytes]:
-        repo, tag = split_ref(ref)
+        repo, tag = split_tag(ref)
         query = f"repo={quote(repo, '')}&tag={quote(tag, '')}"
         status, body = engine_api.call(self.path, "POST", f"/images/{quote(source)}/tag?{query}")
         return (0, b"") if status in (200, 201) else (1, body)
@@ -105,11 +106,6 @@ class Api:
     def untag(self, ref: str) -> tuple[int, bytes]:
         status, body = engine_api.call(self.path, "DELETE", f"/images/{quote(ref)}")
         return (0, b"") if status == 200 else (1, body)
-
-
-def split_ref(ref: str) -> tuple[str, str]:
-    name, _, tag = ref.rpartition(":")
-    return (name, tag) if name and "/" not in tag else (ref, "latest")
 
 
 def engine_for(tmp_ref: str, fmt: str) -> tuple[Cli | Api, tuple[int, str, bytes] | None]:

@@ -8,7 +8,8 @@ It reads a `docker save` stream of either layout (OCI since Docker 25: `blobs/sh
 before: `<v1 id>/layer.tar`), leaves out the layers the destination already has (SPEC.keep_from
 bottom layers), renames the image to the temporary tag SPEC.new_tag and optionally gzips the output.
 Its one-line JSON report (layers sent and left out, bytes, layout) goes to stderr as
-`qwen35-report {...}`: stdout is the stream. Stall and deadline are the transfer's watch's job.
+`qwen35-report {...}` (`wire.REPORT_MARKER`): stdout is the stream. Stall and deadline are the
+transfer's watch's job.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import zlib
 from collections.abc import Sequence
 from enum import IntEnum
 
+from components.node_programs import wire
+
 
 class Exit(IntEnum):
     """Exit status (the report line on stderr says more)."""
@@ -32,28 +35,6 @@ class Exit(IntEnum):
     STREAM_ERROR = 1  # the save stream ended early or could not be parsed
     EXPORT_UNAVAILABLE = 3  # the layer store cannot be read: `docker save` has to do
     USAGE = 4
-
-
-REPORT = "qwen35-report"  # the marker of this program's report line (see transfer_source.Marker)
-
-
-def chain_ids(layers: Sequence[str]) -> list[str]:
-    """Chain IDs of a layer list (diff IDs, bottom first): what a classic store keys layers by."""
-    chains: list[str] = []
-    for diff_id in layers:
-        if not chains:
-            chains.append(diff_id)
-        else:
-            chains.append("sha256:" + hashlib.sha256(f"{chains[-1]} {diff_id}".encode()).hexdigest())
-    return chains
-
-
-def full_reference(reference: str) -> str:
-    """'x:1' -> 'docker.io/library/x:1' (how containerd annotates names in index.json)."""
-    first, slash, _ = reference.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        return reference
-    return ("docker.io/" if slash else "docker.io/library/") + reference
 
 
 def split_json_object(text: str) -> dict[str, str]:
@@ -132,7 +113,7 @@ def retag_metadata(name: str, data: bytes, new_tag: str) -> bytes:
         for entry in doc.get("manifests", []):
             notes = entry.get("annotations") or {}
             if "io.containerd.image.name" in notes:
-                notes["io.containerd.image.name"] = full_reference(new_tag)
+                notes["io.containerd.image.name"] = wire.full_reference(new_tag)
             if "org.opencontainers.image.ref.name" in notes:
                 notes["org.opencontainers.image.ref.name"] = tag
     elif name == "repositories":
@@ -207,143 +188,194 @@ class StreamCounter:
         self.unmatched = 0
 
 
+REGULAR = (b"0", b"\0")  # tar type flags of a regular file
+_BLOB = re.compile(r"blobs/sha256/([0-9a-f]{64})")  # an OCI layout's blob (a layer's: its diff ID)
+_LEGACY = re.compile(r"([0-9a-f]{64})/(json|layer\.tar)")  # the legacy layout's per-layer files
+_METADATA = ("manifest.json", "index.json", "repositories")  # what names the image: retagged
+CHUNK = 1 << 20
+
+
+class TarEntry:
+    """One member of a tar stream: its header block, the extended headers before it (pax, GNU long
+    names: `meta`), and its path, type, size and link target with those applied."""
+
+    def __init__(self, header: bytes, meta: list[bytes], name: str, typ: bytes, size: int, link: str):
+        self.header, self.meta, self.typ, self.size, self.link = header, meta, typ, size, link
+        self.path = name[2:] if name.startswith("./") else name
+        self.padded = (size + 511) // 512 * 512  # its data as stored: whole 512-byte blocks
+
+    @property
+    def mtime(self) -> int:
+        return int(self.header[136:148].split(b"\0", 1)[0].strip() or b"0", 8)
+
+
+class TarReader:
+    """Reads a tar stream entry by entry (`next_entry`, then that entry's data), counting bytes in
+    `counter.read`. A global pax header goes to `passthrough` as it is met: it belongs to the
+    archive, whatever becomes of the entries after it."""
+
+    def __init__(self, source, counter: StreamCounter, passthrough):
+        self.source, self.counter, self.passthrough = source, counter, passthrough
+
+    def read_exact(self, count: int) -> bytes:
+        data = self.source.read(count)
+        while len(data) < count:
+            more = self.source.read(count - len(data))
+            if not more:
+                raise EOFError(f"the save stream ended early ({self.counter.read + len(data)} bytes read)")
+            data += more
+        self.counter.read += len(data)
+        return data
+
+    def discard(self, count: int) -> None:
+        while count:
+            count -= len(self.read_exact(min(count, CHUNK)))
+
+    def chunks(self, count: int):
+        """The next `count` bytes, a chunk at a time."""
+        while count:
+            data = self.read_exact(min(count, CHUNK))
+            yield data
+            count -= len(data)
+
+    def rest(self):
+        """Whatever follows the end marker (Docker pads archives to a record boundary)."""
+        while True:
+            data = self.source.read(CHUNK)
+            if not data:
+                return
+            self.counter.read += len(data)
+            yield data
+
+    def next_entry(self) -> TarEntry | None:
+        """The next entry, its data still to read; None at the end marker."""
+        meta: list[bytes] = []
+        overrides: dict[str, str] = {}
+        while True:
+            header = self.source.read(512)
+            if len(header) < 512:
+                raise EOFError("the save stream ended without a tar end marker")
+            self.counter.read += 512
+            if header == bytes(512):
+                return None
+            name, typ, size, link = tar_header_fields(header)
+            if typ not in (b"x", b"L", b"K", b"g"):
+                size = int(overrides.get("size", size))
+                name, link = overrides.get("path", name), overrides.get("linkpath", link)
+                return TarEntry(header, meta, name, typ, size, link)
+            size = int(overrides.get("size", size)) if typ == b"x" else size
+            data = self.read_exact((size + 511) // 512 * 512)
+            if typ == b"g":
+                self.passthrough(header + data)
+                continue
+            meta.append(header + data)
+            if typ == b"x":
+                overrides.update(pax_records(data[:size]))
+            else:
+                text = data[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                overrides["path" if typ == b"L" else "linkpath"] = text
+
+
+LEAVE_OUT, RETAG, V1_JSON, SEND = "leave out", "retag", "v1 json", "send"
+
+
+class LayerChoice:
+    """Which entries of a save stream to leave out, from the spec and what the stream showed so far
+    (each legacy layer's depth, from its v1 json; the paths already left out)."""
+
+    def __init__(self, spec: dict, counter: StreamCounter):
+        self.layers = list(spec["layers"])
+        keep_from = int(spec.get("keep_from", 0))
+        # Left out: the given diff IDs (a containerd store holding their blobs), else the bottom
+        # `keep_from` layers (a classic store holding them as a chain).
+        self.skip = set(spec.get("leave_out") or self.layers[:keep_from])
+        self.all_layers = set(self.layers)
+        self.chains = wire.chain_ids(self.layers)
+        self.v1_depth: dict[str, int | None] = {}
+        self.left_out_paths: set[str] = set()
+        self.counter = counter
+
+    def decide(self, entry: TarEntry) -> tuple[str, bool]:
+        """What to do with `entry` (LEAVE_OUT, RETAG, V1_JSON or SEND) and whether it is a layer;
+        notes the stream's layout on the way."""
+        path, regular = entry.path, entry.typ in REGULAR
+        blob, legacy = _BLOB.fullmatch(path), _LEGACY.fullmatch(path)
+        if blob:
+            self.counter.layout = "oci"
+        elif legacy and not self.counter.layout:
+            self.counter.layout = "legacy"
+        is_layer = leave_out = False
+        if blob and regular and "sha256:" + blob.group(1) in self.all_layers:
+            is_layer, leave_out = True, "sha256:" + blob.group(1) in self.skip
+        elif legacy and legacy.group(2) == "layer.tar":
+            if regular:
+                depth = self.v1_depth.get(legacy.group(1))
+                is_layer = True
+                leave_out = depth is not None and self.layers[depth] in self.skip
+                if depth is None and self.skip:
+                    self.counter.unmatched += 1
+            elif entry.typ in (b"1", b"2"):
+                # Newer saves may link the old path to the blob: drop the link with its target.
+                target = os.path.normpath(os.path.join(os.path.dirname(path), entry.link))
+                leave_out = target in self.left_out_paths
+        if leave_out:
+            self.left_out_paths.add(path)
+            return LEAVE_OUT, is_layer
+        if path in _METADATA and regular:
+            return RETAG, False
+        if legacy and legacy.group(2) == "json" and regular:
+            return V1_JSON, False
+        return SEND, is_layer
+
+    def note_v1_json(self, entry: TarEntry, data: bytes) -> None:
+        """A legacy layer's v1 json names its depth (by chain ID): its layer.tar comes later."""
+        layer_id = _LEGACY.fullmatch(entry.path).group(1)
+        try:
+            self.v1_depth[layer_id] = legacy_layer_depth(data[: entry.size].decode(), self.chains)
+        except (ValueError, IndexError, UnicodeDecodeError):
+            self.v1_depth[layer_id] = None
+
+
 def filter_stream(spec: dict, source, sink, counter: StreamCounter) -> None:
     """Copy a `docker save` tar from `source` to `sink` (file objects), leaving out present layers.
 
     `spec`: layers (diff IDs, bottom first), keep_from (how many bottom layers to leave out),
     new_tag (temporary name:tag for the load), compress ("none" | "gzip").
     """
-    layers = list(spec["layers"])
-    keep_from = int(spec.get("keep_from", 0))
-    # Left out: the given diff IDs (a containerd store holding their blobs), else the bottom
-    # `keep_from` layers (a classic store holding them as a chain).
-    skip = set(spec.get("leave_out") or layers[:keep_from])
-    all_layers = set(layers)
-    chains = chain_ids(layers)
-    v1_depth: dict[str, int | None] = {}
-    left_out_paths: set[str] = set()
-    compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if spec.get("compress") == "gzip" else None
-    chunk_size = 1 << 20
-
-    def read_exact(count: int) -> bytes:
-        data = source.read(count)
-        while len(data) < count:
-            more = source.read(count - len(data))
-            if not more:
-                raise EOFError(f"the save stream ended early ({counter.read + len(data)} bytes read)")
-            data += more
-        counter.read += len(data)
-        return data
-
-    def write(data: bytes) -> None:
-        if compressor is not None:
-            data = compressor.compress(data)
-        if data:
-            sink.write(data)
-            counter.written += len(data)
-
-    def discard(count: int) -> None:
-        while count:
-            count -= len(read_exact(min(count, chunk_size)))
-
-    def copy(count: int) -> None:
-        while count:
-            data = read_exact(min(count, chunk_size))
-            write(data)
-            count -= len(data)
-
-    pending: list[bytes] = []
-    overrides: dict[str, str] = {}
+    out = ArchiveOut(sink, counter, spec.get("compress"), counts_archive=False)
+    tar = TarReader(source, counter, out)
+    choice = LayerChoice(spec, counter)
     while True:
-        header = source.read(512)
-        if len(header) < 512:
-            raise EOFError("the save stream ended without a tar end marker")
-        counter.read += 512
-        if header == bytes(512):
-            write(header + bytes(512))
+        entry = tar.next_entry()
+        if entry is None:
             break
-        name, typ, size, link = tar_header_fields(header)
-        if typ in (b"x", b"L", b"K", b"g"):
-            size = int(overrides.get("size", size)) if typ == b"x" else size
-            data = read_exact((size + 511) // 512 * 512)
-            if typ == b"g":
-                write(header + data)
-                continue
-            pending.append(header + data)
-            if typ == b"x":
-                overrides.update(pax_records(data[:size]))
-            elif typ == b"L":
-                overrides["path"] = data[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            else:
-                overrides["linkpath"] = data[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            continue
-        name = overrides.get("path", name)
-        link = overrides.get("linkpath", link)
-        size = int(overrides.get("size", size))
-        padded = (size + 511) // 512 * 512
-        meta, pending, overrides = pending, [], {}
-        path = name[2:] if name.startswith("./") else name
-        blob = re.fullmatch(r"blobs/sha256/([0-9a-f]{64})", path)
-        legacy = re.fullmatch(r"([0-9a-f]{64})/(json|layer\.tar)", path)
-        if blob:
-            counter.layout = "oci"
-        elif legacy and not counter.layout:
-            counter.layout = "legacy"
-        digest = "sha256:" + blob.group(1) if blob else ""
-        leave_out = False
-        is_layer = False
-        if blob and typ in (b"0", b"\0") and digest in all_layers:
-            is_layer, leave_out = True, digest in skip
-        elif legacy and legacy.group(2) == "layer.tar":
-            if typ in (b"0", b"\0"):
-                depth = v1_depth.get(legacy.group(1))
-                is_layer = True
-                leave_out = depth is not None and layers[depth] in skip
-                if depth is None and skip:
-                    counter.unmatched += 1
-            elif typ in (b"1", b"2"):
-                # Newer saves may link the old path to the blob: drop the link with its target.
-                target = os.path.normpath(os.path.join(os.path.dirname(path), link))
-                leave_out = target in left_out_paths
-        if leave_out:
-            discard(padded)
-            left_out_paths.add(path)
+        action, is_layer = choice.decide(entry)
+        if action == LEAVE_OUT:
+            tar.discard(entry.padded)
             if is_layer:
                 counter.layers_left_out += 1
-                counter.bytes_left_out += size
+                counter.bytes_left_out += entry.size
             continue
-        if path in ("manifest.json", "index.json", "repositories") and typ in (b"0", b"\0"):
-            data = retag_metadata(path, read_exact(padded)[:size], spec["new_tag"])
-            mtime = int(header[136:148].split(b"\0", 1)[0].strip() or b"0", 8)
-            write(regular_file_header(path, len(data), mtime) + data + bytes(-len(data) % 512))
+        if action == RETAG:
+            data = retag_metadata(entry.path, tar.read_exact(entry.padded)[: entry.size], spec["new_tag"])
+            out(regular_file_header(entry.path, len(data), entry.mtime) + data + bytes(-len(data) % 512))
             continue
-        for block in meta:
-            write(block)
-        write(header)
-        if legacy and legacy.group(2) == "json" and typ in (b"0", b"\0"):
-            data = read_exact(padded)
-            write(data)
-            try:
-                v1_depth[legacy.group(1)] = legacy_layer_depth(data[:size].decode(), chains)
-            except (ValueError, IndexError, UnicodeDecodeError):
-                v1_depth[legacy.group(1)] = None
+        for block in (*entry.meta, entry.header):
+            out(block)
+        if action == V1_JSON:
+            data = tar.read_exact(entry.padded)
+            out(data)
+            choice.note_v1_json(entry, data)
             continue
         if is_layer:
             counter.layers_sent += 1
-            counter.layer_bytes += size
-        copy(padded)
-    # Docker pads archives to a record boundary; pass whatever follows the end marker.
-    while True:
-        rest = source.read(chunk_size)
-        if not rest:
-            break
-        counter.read += len(rest)
-        write(rest)
-    if compressor is not None:
-        tail = compressor.flush()
-        sink.write(tail)
-        counter.written += len(tail)
-    sink.flush()
+            counter.layer_bytes += entry.size
+        for data in tar.chunks(entry.padded):
+            out(data)
+    out(bytes(1024))  # the end marker
+    for data in tar.rest():
+        out(data)
+    out.close()
 
 
 class ExportUnavailable(Exception):
@@ -417,7 +449,7 @@ def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]], lis
         if hashlib.sha256(config).hexdigest() != image_hex:
             raise ExportUnavailable("the image config does not match its ID")
         plan = []
-        for index, chain in enumerate(chain_ids(layers)):
+        for index, chain in enumerate(wire.chain_ids(layers)):
             folder = os.path.join(base, "layerdb", "sha256", chain.split(":", 1)[1])
             if layers[index] in skip:
                 if oci:
@@ -440,15 +472,17 @@ def export_plan(spec: dict) -> tuple[bytes, list[tuple[int, str, str, int]], lis
 
 
 class ArchiveOut:
-    """An export's output: counts the archive's bytes (`read`) and what reaches the sink (`written`),
-    gzip-compressed when asked; `close()` writes the compressor's tail and flushes."""
+    """An archive's output: counts what reaches the sink (`written`) and, for an export that makes the
+    archive itself, the archive's bytes (`read`; a filter's reader counts those), gzip-compressed when
+    asked; `close()` writes the compressor's tail and flushes."""
 
-    def __init__(self, sink, counter: StreamCounter, compress: str | None):
-        self.sink, self.counter = sink, counter
+    def __init__(self, sink, counter: StreamCounter, compress: str | None, counts_archive: bool = True):
+        self.sink, self.counter, self.counts_archive = sink, counter, counts_archive
         self.compressor = zlib.compressobj(1, zlib.DEFLATED, 31) if compress == "gzip" else None
 
     def __call__(self, data: bytes) -> None:
-        self.counter.read += len(data)
+        if self.counts_archive:
+            self.counter.read += len(data)
         if self.compressor is not None:
             data = self.compressor.compress(data)
         if data:
@@ -534,7 +568,7 @@ def export_oci(spec: dict, config: bytes, plan: list, sizes: list[int], write: A
                 "digest": manifest_digest,
                 "size": len(manifest),
                 "annotations": {
-                    "io.containerd.image.name": full_reference(new_tag),
+                    "io.containerd.image.name": wire.full_reference(new_tag),
                     "org.opencontainers.image.ref.name": new_tag.rsplit(":", 1)[1],
                 },
             }
@@ -575,16 +609,20 @@ def main(argv: list[str]) -> int:
     except ExportUnavailable as exc:
         sys.stderr.write(f"export-unavailable: {exc}\n")
         sys.stderr.write(
-            f"{REPORT} " + json.dumps({**vars(counter), "error": f"export-unavailable: {exc}"}) + "\n"
+            f"{wire.REPORT_MARKER} "
+            + json.dumps({**vars(counter), "error": f"export-unavailable: {exc}"})
+            + "\n"
         )
         return Exit.EXPORT_UNAVAILABLE
     except (EOFError, ValueError, OSError) as exc:
         sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
         sys.stderr.write(
-            f"{REPORT} " + json.dumps({**vars(counter), "error": f"{type(exc).__name__}: {exc}"}) + "\n"
+            f"{wire.REPORT_MARKER} "
+            + json.dumps({**vars(counter), "error": f"{type(exc).__name__}: {exc}"})
+            + "\n"
         )
         return Exit.STREAM_ERROR
-    sys.stderr.write(f"{REPORT} " + json.dumps(vars(counter)) + "\n")
+    sys.stderr.write(f"{wire.REPORT_MARKER} " + json.dumps(vars(counter)) + "\n")
     sys.stderr.flush()
     return Exit.OK
 

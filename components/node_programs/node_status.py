@@ -12,7 +12,6 @@ Ray's node list; operations in flight from `$HOME/.qwen35/progress/*.json`.
 """
 
 import datetime
-import hashlib
 import json
 import os
 import re
@@ -20,6 +19,8 @@ import shutil
 import subprocess
 import sys
 import time
+
+from components.node_programs.wire import image_store, manifest_digest
 
 # Seconds any one command may take: a hung daemon must not hang the whole status.
 COMMAND_TIMEOUT_S = 20.0
@@ -54,14 +55,10 @@ def docker_facts():
         return {"ok": False, "error": f"docker info answered no JSON: {out[:120]!r}"}
     if info.get("ServerErrors"):
         return {"ok": False, "error": "; ".join(info["ServerErrors"])[:300]}
-    containerd = any(
-        len(pair) == 2 and pair[0] == "driver-type" and str(pair[1]).startswith("io.containerd.snapshotter")
-        for pair in info.get("DriverStatus") or []
-    )
     return {
         "ok": True,
         "version": info.get("ServerVersion") or "",
-        "store": "containerd" if containerd else "classic",
+        "store": image_store(info.get("DriverStatus")),
         "driver": info.get("Driver") or "",
     }
 
@@ -151,14 +148,6 @@ def gpu_facts():
         return {"tool": True, "count": 0, "names": [], "error": _tail(err or out)}
     names = [line.strip() for line in out.splitlines() if line.strip()]
     return {"tool": True, "count": len(names), "names": names}
-
-
-def manifest_digest(pairs):
-    """sha256 over the sorted (path, blob hash) pairs, one `path<TAB>hash<LF>` line each."""
-    digest = hashlib.sha256()
-    for path, blob in sorted(pairs):
-        digest.update(f"{path}\t{blob}\n".encode())
-    return digest.hexdigest()
 
 
 def _snapshot_pairs(snapshot):

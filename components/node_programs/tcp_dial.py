@@ -20,7 +20,7 @@ import array
 import socket
 import sys
 
-FAILED = 255  # ssh's own status for a connection that could not be made
+from components.node_programs.wire import SSH_TRANSPORT_FAILURE as FAILED  # as ssh's own connect
 
 
 def dial(host: str, port: int, timeout: float) -> socket.socket:

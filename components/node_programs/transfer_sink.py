@@ -22,7 +22,7 @@ running when the first byte arrives. The connection starts with SPEC.token and a
 `+` (served: the stream follows, half-closed at its end) or `-` (refused). When the consumer has ended,
 its outcome goes back over the connection as one JSON line {"status", "stdout", "stderr"} and this
 program exits. End of stdin (or {}) before a connection: nothing to serve, a started consumer gets end
-of input and is ended.
+of input and is ended. The whole conversation (source, sink and pipeline) is told in `wire.py`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ import threading
 import time
 from enum import IntEnum
 
+from components.node_programs.wire import NUDGE, TAIL_LINES
+
 
 class Exit(IntEnum):
     NOTHING_TO_DO = 0
@@ -50,10 +52,6 @@ class Exit(IntEnum):
 
 
 TOKEN_WAIT_S = 10.0  # a connection must say its token within this
-# The first line of the source's throwaway first channel (see transfer_source.say_token): held open,
-# unanswered, until this end ends. Declared in both programs (a unit test checks they agree).
-NUDGE = "nudge"
-TAIL_LINES = 12
 
 
 def read_exact(count: int) -> bytes:

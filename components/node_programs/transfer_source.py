@@ -20,7 +20,8 @@ consumer itself, so it counts every byte, ends the whole pipeline when no byte m
 while streaming (not once every byte is sent and the consumer is finishing) or the deadline passed,
 writes a progress file for `status` at most once a second, and reports
 every stage's exit status, the tail of its stderr, a stage's own one-line JSON report (a stderr line
-`qwen35-report {...}`) and the consumer's one-line JSON report (its last stdout line).
+`qwen35-report {...}`) and the consumer's one-line JSON report (its last stdout line). The whole
+conversation (source, sink and pipeline) is told in `wire.py`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from enum import Enum, IntEnum
+from enum import IntEnum
+
+from components.node_programs import wire
+from components.node_programs.wire import NUDGE, SSH_TRANSPORT_FAILURE, TAIL_LINES
 
 
 class Exit(IntEnum):
@@ -51,19 +55,7 @@ class Exit(IntEnum):
     USAGE = 97
 
 
-class Marker(str, Enum):
-    """Prefixes of the stderr lines this program (and the stages it runs) write."""
-
-    PROGRESS = "qwen35-progress"  # bytes moved so far (the orchestrator's stall backstop reads these)
-    REPORT = "qwen35-report"  # a stage's own one-line JSON report
-
-
-SSH_TRANSPORT_FAILURE = 255
-TAIL_LINES = 12
 OPERATION = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-# The first line of the throwaway first channel to the destination's end (see say_token); the end
-# holds that channel open. Declared in both programs (a unit test checks they agree).
-NUDGE = "nudge"
 NUDGES: list[socket.socket] = []  # kept open until this program ends
 
 
@@ -422,9 +414,9 @@ class StageErr(threading.Thread):
     def run(self) -> None:
         for raw in self.stream:
             line = raw.decode(errors="replace").rstrip("\n")
-            if line.startswith(Marker.REPORT.value + " "):
+            if line.startswith(wire.REPORT_MARKER + " "):
                 with contextlib.suppress(ValueError):
-                    self.report = json.loads(line[len(Marker.REPORT.value) + 1 :])
+                    self.report = json.loads(line[len(wire.REPORT_MARKER) + 1 :])
                 continue
             self.tail = (self.tail + [line])[-TAIL_LINES:]
             self.on_line(line)
@@ -433,8 +425,9 @@ class StageErr(threading.Thread):
 PIPE_BYTES = 1 << 20  # pipes the stream passes through: 1 MiB instead of the default 64 KiB
 
 
-def pump(source_fd: int, sink_fd: int, moved: list[int]) -> str:
-    """Copy until end of input; "" or why it stopped. In-kernel (splice) where the platform has it."""
+def pump(source_fd: int, sink_fd: int, watch: Watch) -> str:
+    """Copy until end of input, counting in `watch.moved`; "" or why it stopped. In-kernel (splice)
+    where the platform has it."""
     for fd in (source_fd, sink_fd):  # fewer wake-ups of both ends per byte; best effort
         with contextlib.suppress(OSError, AttributeError):
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
@@ -451,7 +444,7 @@ def pump(source_fd: int, sink_fd: int, moved: list[int]) -> str:
                     view = view[os.write(sink_fd, view) :]
             if not count:
                 return ""
-            moved[0] += count
+            watch.moved += count
     except BrokenPipeError:
         return "the consumer stopped reading"
     except OSError as exc:
@@ -586,6 +579,95 @@ def finish(report: dict, progress: Progress, started: float, status: int) -> int
     return int(status)
 
 
+class Watch:
+    """What the copy and its watchdog share while the stream runs: the bytes moved so far, the phase
+    ("streaming", then "finishing": every byte sent, the consumer still at work), and why the pipeline
+    was ended ("" while nothing ended it). The watchdog thread says progress, writes the progress
+    file, and kills every process on a stall (streaming only) or at the deadline."""
+
+    def __init__(self, spec: dict, procs: list, progress: Progress, started: float, say):
+        self.stall_s, self.deadline_s = float(spec["stall_s"]), float(spec["deadline_s"])
+        self.interval_s = float(spec.get("interval_s") or 1.0)
+        self.procs, self.progress, self.started, self.say = procs, progress, started, say
+        self.moved = 0
+        self.phase = "streaming"
+        self.why = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        last_change, seen, said = time.monotonic(), -1, 0.0
+        while not self._stop.wait(0.1):
+            now = time.monotonic()
+            if self.moved != seen:
+                seen, last_change = self.moved, now
+            if now - said >= self.interval_s:
+                said = now
+                self.say(f"{wire.PROGRESS_MARKER} {seen}")
+            self.progress.update(self.phase, seen, now - self.started)
+            # The stall limit is for the stream only: once every byte is sent, the consumer (a
+            # `docker load` unpacking a large first copy) may rightly be silent for long; the
+            # deadline still holds, and the progress lines above keep the orchestrator's backstop quiet.
+            if self.phase == "streaming" and now - last_change > self.stall_s:
+                self.why = f"stalled: no data moved for {self.stall_s:g} s ({seen} bytes sent)"
+            elif now - self.started > self.deadline_s:
+                self.why = f"deadline of {self.deadline_s:g} s passed ({seen} bytes sent)"
+            if self.why:
+                kill_all(self.procs)
+                return
+
+
+def kill_all(procs: list) -> None:
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            proc.kill()
+
+
+def start_producers(stages: list[dict]) -> list[subprocess.Popen]:
+    """The producer stages, each reading the one before (the first reads nothing)."""
+    procs: list[subprocess.Popen] = []
+    previous = subprocess.DEVNULL
+    for stage in stages:
+        proc = subprocess.Popen(stage["argv"], stdin=previous, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if previous is not subprocess.DEVNULL:
+            previous.close()  # the next stage holds it now
+        previous = proc.stdout
+        procs.append(proc)
+    return procs
+
+
+def open_consumer(consumer: dict, sink: subprocess.Popen | Forwarded | None):
+    """The consumer: the end reached early (told its argv when it was started without one), else
+    one run over the connection now."""
+    if sink is not None and not isinstance(sink, Forwarded) and consumer.get("sink_argv"):
+        header = json.dumps({"argv": consumer["sink_argv"]}).encode()
+        try:
+            sink.stdin.write(b"%d\n" % len(header) + header)
+            sink.stdin.flush()
+        except OSError:
+            sink = None  # the early session is gone: open the consumer now
+    if sink is None:
+        sink = subprocess.Popen(
+            consumer["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    return sink
+
+
+def last_json_line(lines: list[str]) -> dict | None:
+    """The consumer's report: its last non-empty stdout line, when that is JSON."""
+    for line in reversed(lines):
+        if line.strip():
+            with contextlib.suppress(ValueError):
+                return json.loads(line)
+            return None
+    return None
+
+
 def watched(
     spec: dict,
     progress: Progress,
@@ -598,110 +680,48 @@ def watched(
     opened earlier (`transfer_sink`, told the consumer's argv first, or reached through the forward),
     or None: the consumer is run over the connection, and what the producers made waits in the pipe
     for it. It raises NotConnected when the connection could not be made (the producers are ended)."""
-    stages = list(spec["stages"])
-    consumer = spec["consumer"]
-    stall_s, deadline_s = float(spec["stall_s"]), float(spec["deadline_s"])
-    interval_s = float(spec.get("interval_s") or 1.0)
-    procs, readers = [], []
-    previous = subprocess.DEVNULL
-    for stage in stages:
-        proc = subprocess.Popen(stage["argv"], stdin=previous, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if previous is not subprocess.DEVNULL:
-            previous.close()  # the next stage holds it now
-        previous = proc.stdout
-        procs.append(proc)
-    sink = None
-    if reach is not None:
-        try:
-            sink = reach()
-        except BaseException:  # not connected (or worse): the producers end with it
-            for proc in procs:
-                with contextlib.suppress(OSError):
-                    proc.kill()
-                proc.wait()
-            raise
-    if sink is not None and not isinstance(sink, Forwarded) and consumer.get("sink_argv"):
-        header = json.dumps({"argv": consumer["sink_argv"]}).encode()
-        try:
-            sink.stdin.write(b"%d\n" % len(header) + header)
-            sink.stdin.flush()
-        except OSError:
-            sink = None  # the early session is gone: open the consumer now
-    if sink is None:
-        sink = subprocess.Popen(
-            consumer["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+    stages, consumer = list(spec["stages"]), spec["consumer"]
+    procs = start_producers(stages)
+    previous = procs[-1].stdout if procs else subprocess.DEVNULL
+    try:
+        reached = reach() if reach is not None else None
+    except BaseException:  # not connected (or worse): the producers end with it
+        kill_all(procs)
+        for proc in procs:
+            proc.wait()
+        raise
+    sink = open_consumer(consumer, reached)
     procs.append(sink)
-    for proc in procs:
-        reader = StageErr(proc.stderr, say)
+    readers = [StageErr(proc.stderr, say) for proc in procs]
+    for reader in readers:
         reader.start()
-        readers.append(reader)
     out_lines: list[str] = []
     out_reader = threading.Thread(
         target=lambda: out_lines.extend(raw.decode(errors="replace") for raw in sink.stdout), daemon=True
     )
     out_reader.start()
-    moved = [0]
-    phase = ["streaming"]  # then "finishing": every byte sent, the consumer still at work
-    stop = threading.Event()
-    why: list[str] = []
-
-    def kill_all() -> None:
-        for proc in procs:
-            with contextlib.suppress(OSError):
-                proc.kill()
-
-    def watchdog() -> None:
-        last_change, seen, said = time.monotonic(), -1, 0.0
-        while not stop.wait(0.1):
-            now = time.monotonic()
-            if moved[0] != seen:
-                seen, last_change = moved[0], now
-            if now - said >= interval_s:
-                said = now
-                say(f"{Marker.PROGRESS.value} {seen}")
-            progress.update(phase[0], seen, now - started)
-            # The stall limit is for the stream only: once every byte is sent, the consumer (a
-            # `docker load` unpacking a large first copy) may rightly be silent for long; the
-            # deadline still holds, and the progress lines above keep the orchestrator's backstop quiet.
-            if phase[0] == "streaming" and now - last_change > stall_s:
-                why.append(f"stalled: no data moved for {stall_s:g} s ({seen} bytes sent)")
-            elif now - started > deadline_s:
-                why.append(f"deadline of {deadline_s:g} s passed ({seen} bytes sent)")
-            if why:
-                kill_all()
-                return
-
-    guard = threading.Thread(target=watchdog, daemon=True)
-    guard.start()
-    stopped = pump(previous.fileno(), sink.stdin.fileno(), moved) if stages else ""
-    phase[0] = "finishing"
+    watch = Watch(spec, procs, progress, started, say)
+    stopped = pump(previous.fileno(), sink.stdin.fileno(), watch) if stages else ""
+    watch.phase = "finishing"
     with contextlib.suppress(OSError):
         previous.close()  # producers still writing get a broken pipe instead of blocking
     with contextlib.suppress(OSError):
         sink.stdin.close()
     for proc in procs:
         proc.wait()
-    stop.set()
-    guard.join()
+    watch.stop()
     out_reader.join(timeout=5)
     for reader in readers:
         reader.join(timeout=5)
     names = [stage["name"] for stage in stages] + [consumer["name"]]
-    consumer_report = None
-    for line in reversed(out_lines):
-        if line.strip():
-            with contextlib.suppress(ValueError):
-                consumer_report = json.loads(line)
-            break
     return {
         "stages": [
             {"name": name, "status": proc.returncode, "stderr": reader.tail, "report": reader.report}
             for name, proc, reader in zip(names, procs, readers, strict=True)
         ],
-        "bytes": moved[0],
-        "error": why[0] if why else ("" if not stopped or sink.returncode else stopped),
-        "consumer_report": consumer_report,
+        "bytes": watch.moved,
+        "error": watch.why or ("" if not stopped or sink.returncode else stopped),
+        "consumer_report": last_json_line(out_lines),
     }
 
 

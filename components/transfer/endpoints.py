@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.config import CopyConfig
+from components.errors import Qwen35Error
 from components.nodes import target_from_dict
 from components.remote import SshTarget, SshTransport
 
 
-class EndpointError(ValueError):
+class EndpointError(Qwen35Error, ValueError):
     """A node dict that cannot be used; the message names the role and what is missing."""
 
 

@@ -18,6 +18,7 @@ import json
 import secrets
 from dataclasses import dataclass
 
+from components.errors import Qwen35Error
 from components.node_programs import program_argv
 from components.node_programs.transfer_source import Exit
 from components.remote import SshTarget, ssh_argv, ssh_command, ssh_options, stderr_tail
@@ -27,7 +28,7 @@ from components.transfer.endpoints import Endpoint
 NODE_PYTHON = "python3"
 
 
-class PeerUnreachable(RuntimeError):
+class PeerUnreachable(Qwen35Error, RuntimeError):
     """The source could not connect to the destination: nothing was sent."""
 
 

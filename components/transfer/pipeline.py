@@ -25,7 +25,7 @@ from typing import Any
 
 from components.config import CopyConfig
 from components.node_programs import program_argv
-from components.node_programs.transfer_source import Marker
+from components.node_programs.wire import PROGRESS_MARKER
 from components.progress import SAY_EVERY_S, tell_operator, transfer_line
 from components.remote import SSH_TRANSPORT_FAILURE, shell_join, ssh_argv
 from components.transfer.endpoints import Endpoint
@@ -147,14 +147,14 @@ class _Streams:
             with self.changed:
                 lines.append(line)
                 self.last = time.monotonic()
-                if is_err and line.startswith(Marker.PROGRESS.value):
+                if is_err and line.startswith(PROGRESS_MARKER):
                     with contextlib.suppress(ValueError, IndexError):
                         fields = line.split()
                         self.bytes_done = int(fields[1])
                         if len(fields) > 2:
                             self.bytes_total = int(fields[2])
                 self.changed.notify_all()
-            if is_err and self.times is not None and not line.startswith(Marker.PROGRESS.value):
+            if is_err and self.times is not None and not line.startswith(PROGRESS_MARKER):
                 self.times.mark(f"  pipeline: {line[:26]}", self.last)
         with self.changed:
             self.changed.notify_all()
@@ -363,9 +363,7 @@ def interpret(
                 report = json.loads(line)
             break
     other = [
-        line
-        for line in outcome.stderr.splitlines()
-        if line.strip() and not line.startswith(Marker.PROGRESS.value)
+        line for line in outcome.stderr.splitlines() if line.strip() and not line.startswith(PROGRESS_MARKER)
     ]
     if report is None:
         if peer is not None:

@@ -10,12 +10,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from components.config import CopyConfig
+from components.errors import Qwen35Error
 
 Tuning = CopyConfig
 GIB = 1 << 30
 
 
-class TuningError(ValueError):
+class TuningError(Qwen35Error, ValueError):
     """A `tuning` input that cannot be used; the message names every bad key."""
 
 

@@ -281,12 +281,6 @@ def test_received_files_belong_to_the_cache_owner(fetched, tmp_path):
         assert (stat.st_uid, stat.st_gid) == owner, path
 
 
-def test_the_progress_marker_is_the_transfer_layers():
-    from components.node_programs.transfer_source import Marker
-
-    assert Marker.PROGRESS.value == hub_fetch.PROGRESS_MARKER
-
-
 def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_path, monkeypatch, capsys):
     """`pulumi up` shows a long Hub fetch live (a dynamic provider's stderr lines reach the operator):
     the provider relays the fetch's progress lines as `fetch REPO@REV hub -> NODE: … MB, MB/s, ETA`.
@@ -315,3 +309,13 @@ def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_
     where = "lab/tiny-qwen35@main hub -> spark-1: "
     assert any(where in line and f"of {total_mb:.0f} MB (" in line for line in said), said
     assert any("MB/s" in line for line in said) and not any(TOKEN in line for line in said)
+
+
+def test_the_fetch_is_packed_with_its_libraries_and_keeps_site_packages(tmp_path):
+    """hub_fetch imports `wire` and needs the Hub client from site packages: shipped, not isolated."""
+    argv = programs.fetch_argv(sys.executable, str(tmp_path), REPO, "main", [], [], None)
+    assert argv[1] == "-c" and "-I" not in argv[:3] and "-S" not in argv[:3]
+    # Bad arguments on purpose: the program itself answers (no import error), without a download.
+    done = subprocess.run([*argv[:3], "{}"], input=b"\n", capture_output=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == hub_fetch.EXIT_BAD_INPUT, done.stderr
+    assert json.loads(done.stdout)["error"].startswith("bad arguments")

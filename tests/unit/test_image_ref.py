@@ -129,13 +129,3 @@ def test_split_tagged_needs_a_tag_and_never_takes_a_port_for_one():
 
 def test_image_ref_is_a_value():
     assert parse_image_ref("x:1") == ImageRef("x", "1")
-
-
-@pytest.mark.parametrize(
-    "short", ["x:1", "org/x:1", "nvcr.io/nvidia/vllm:1", "localhost:5000/x:1", "localhost/x:1"]
-)
-def test_the_shipped_layer_filter_agrees_on_full_references(short):
-    # The filter runs alone on a node (stdlib only), so it keeps its own copy: it must not drift.
-    from components.node_programs.layer_filter import full_reference as shipped
-
-    assert shipped(short) == full_reference(short)

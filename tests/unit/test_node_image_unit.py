@@ -926,20 +926,10 @@ def test_a_store_whose_files_cannot_be_read_is_asked_of_the_daemon(tmp_path, mon
 
 
 def test_the_store_files_path_builds_the_inventory_line_the_orchestrator_asks_for():
-    from components import image_transfer
     from components.node_image.facts import IMAGE_FORMAT
     from components.node_programs import docker_facts
 
     assert docker_facts.FILES_FORMAT == IMAGE_FORMAT  # else every classic inventory asks the daemon
-    layers = [L1, L2, "sha256:" + "3" * 64]
-    assert docker_facts.chain_ids(layers) == image_transfer.chain_ids(layers)
-
-
-def test_the_report_marker_is_the_same_on_both_sides():
-    from components.node_programs import layer_filter, transfer_source
-
-    # Two programs shipped separately (each one standalone file): the filter writes what the watch reads.
-    assert transfer_source.Marker.REPORT.value == layer_filter.REPORT
 
 
 def test_a_temporary_tag_left_behind_only_warns_and_the_claim_stays_valid(tmp_path, monkeypatch):
@@ -1200,7 +1190,7 @@ def test_an_api_answer_lost_after_the_temporary_tag_went_is_still_a_promotion(tm
 
 
 def test_a_reference_splits_into_repository_and_tag_at_the_last_colon_after_the_last_slash():
-    from components.node_programs.image_tag import split_ref
+    from components.node_programs.wire import split_tag as split_ref
 
     assert split_ref("app:1") == ("app", "1")
     assert split_ref("registry.lan:5000/team/vllm-node:qwen35-abc") == (

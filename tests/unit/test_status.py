@@ -487,14 +487,6 @@ def test_checkpoint_facts_without_the_model(tmp_path):
     assert not found["present"] and "no snapshot for 'main'" in found["error"]
 
 
-def test_manifest_digest_is_the_checkpoint_resources_own():
-    """Two node programs (each one standalone file) compute the digest: they must agree."""
-    from components.node_programs import hf_checkpoint
-
-    files = [["b/x.json", "2" * 40, 1], ["a.safetensors", "1" * 64, 2]]
-    assert node_status.manifest_digest([(p, b) for p, b, _ in files]) == hf_checkpoint.manifest_digest(files)
-
-
 def test_manifest_digest_is_order_free():
     pairs = [("b", "2"), ("a", "1")]
     assert node_status.manifest_digest(pairs) == node_status.manifest_digest(reversed(pairs))

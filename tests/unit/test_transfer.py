@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from components import transfer
-from components.node_programs import program_argv, transfer_sink
-from components.node_programs.transfer_sink import NUDGE
+from components.node_programs import program_argv
 from components.node_programs.transfer_sink import Exit as SinkExit
 from components.node_programs.transfer_source import Exit as SourceExit
+from components.node_programs.wire import NUDGE
 from components.remote import SshTarget
 from components.transfer import Endpoint, Failure, Stage, Transfer
 
@@ -765,10 +765,7 @@ def test_an_end_reached_early_still_runs_the_command_of_a_skip_and_refuses_the_c
     assert conn.recv(1) == b"-" and not end.folder.exists()
 
 
-def test_the_nudge_is_the_same_on_both_sides_and_the_end_holds_it_open_unanswered(tmp_path):
-    from components.node_programs import transfer_source
-
-    assert transfer_source.NUDGE == transfer_sink.NUDGE
+def test_the_end_holds_the_nudge_open_unanswered(tmp_path):
     end = Listening(tmp_path)
     nudge = connect(end.socket, NUDGE)
     conn = connect(end.socket)  # the real one, accepted after the nudge

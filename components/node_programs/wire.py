@@ -1,0 +1,132 @@
+"""What the orchestrator and the node programs must agree on, declared once (a library, standard library
+only: `program_argv` ships it with every program that imports it; the orchestrator imports it too).
+
+A transfer is one conversation between three parties:
+
+    pipeline (orchestrator)        transfer_source (source node)        transfer_sink (destination)
+    ---------------------------    ------------------------------       ----------------------------
+    starts `transfer_sink listen`  ------------------------------->     listens on a private socket,
+      with SPEC.token                                                    inspects, prints one JSON line
+    starts `transfer_source serve` connects (SSH master, `-L` to
+                                   the sink's socket)
+    {"consumer": ARGV} to sink ----------------------------------->     starts the consumer
+    {"run": RUN} to source         connection 1: `NUDGE\\n`  ------>     held open, never answered
+                                   connection 2: `<token>\\n` ----->     `+` once the consumer runs
+                                                                         (`-`: not served)
+                                   stream, half-closed at its end -->   copied to the consumer
+                                                          <-------      outcome line: {"status",
+                                                                         "stdout", "stderr": last
+                                                                         TAIL_LINES lines}
+                                   one JSON report on stdout
+    reads the report; stderr lines
+      `PROGRESS_MARKER <bytes> [<total>]` feed its stall watch
+      and the operator's progress
+
+The nudge is a throwaway first channel: the destination's sshd delays the first channel of a fresh
+connection ~40 ms (Nagle against a delayed ACK); the nudge takes that wait. A stage that has its own
+one-line JSON report writes it to stderr as `REPORT_MARKER {...}` (stdout is the stream); the source
+keeps it, and every stage's stderr tail (TAIL_LINES), in its report. Where the source's connection to
+the destination fails, or the sink's end closes without an outcome line, the status is ssh's own
+SSH_TRANSPORT_FAILURE: a transport failure, never the remote command's.
+
+Also here: the facts both sides read from Docker (its image store, image references as containerd
+records them) and the digest of a checkpoint's file list (the Checkpoint resource and `status` compare
+it).
+"""
+
+from __future__ import annotations
+
+# No module-level imports: `tcp_dial` carries this library into every ssh connection it dials, and
+# hashlib, json and re would add ~5 ms to each; the functions import what they use (cached after once).
+
+# ---- the transfer's conversation ---------------------------------------------------------------------
+
+PROGRESS_MARKER = "qwen35-progress"  # stderr: `qwen35-progress <bytes done> [<bytes total>]`
+REPORT_MARKER = "qwen35-report"  # stderr: a stage's own one-line JSON report
+# ssh exits 255 when the connection itself failed; any other status is the remote command's.
+SSH_TRANSPORT_FAILURE = 255
+NUDGE = "nudge"  # the first line of the source's throwaway first channel to the sink's end
+TAIL_LINES = 12  # stderr lines of a stage (or of the consumer) kept in a report
+
+# ---- Docker facts ------------------------------------------------------------------------------------
+
+CONTAINERD_SNAPSHOTTER = "io.containerd.snapshotter"  # `docker info`'s driver-type on a containerd store
+DEFAULT_TAG = "latest"
+_HUB = "docker.io"
+_DOMAIN_PART = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+# A registry: a DNS name (letters may be upper case, as Docker allows) or IPv4 address, optional port.
+_REGISTRY = rf"^{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]{{1,5}})?$"
+
+
+def chain_ids(diff_ids: list[str] | tuple[str, ...]) -> list[str]:
+    """Chain IDs of a layer list (diff IDs, bottom first): what a classic store keys layers by (each
+    names its layer with all below)."""
+    import hashlib
+
+    chains: list[str] = []
+    for diff_id in diff_ids:
+        if chains:
+            diff_id = "sha256:" + hashlib.sha256(f"{chains[-1]} {diff_id}".encode()).hexdigest()
+        chains.append(diff_id)
+    return chains
+
+
+def image_store(driver_status: list | str | None) -> str:
+    """'containerd' or 'classic': the image store `docker info`'s DriverStatus (its pairs, or their
+    JSON text) names."""
+    import json
+
+    if isinstance(driver_status, str):
+        try:
+            driver_status = json.loads(driver_status)
+        except ValueError:
+            driver_status = None
+    pairs = driver_status if isinstance(driver_status, list) else []
+    containerd = any(
+        isinstance(pair, list)
+        and len(pair) == 2
+        and pair[0] == "driver-type"
+        and str(pair[1]).startswith(CONTAINERD_SNAPSHOTTER)
+        for pair in pairs
+    )
+    return "containerd" if containerd else "classic"
+
+
+def is_registry(component: str) -> bool:
+    """Docker's rule: a reference's first component names a registry when it has a '.' or ':' or is
+    localhost (and is a host[:port])."""
+    import re
+
+    return ("." in component or ":" in component or component == "localhost") and bool(
+        re.match(_REGISTRY, component)
+    )
+
+
+def split_tag(reference: str, default: str | None = DEFAULT_TAG) -> tuple[str, str | None]:
+    """`host:5000/x:1` -> (`host:5000/x`, `1`): a ':' after the last '/' starts the tag, one before it
+    is a registry port; (reference, default) when there is no tag. No digest expected."""
+    colon = reference.rfind(":")
+    if colon > reference.rfind("/"):
+        return reference[:colon], reference[colon + 1 :]
+    return reference, default
+
+
+def full_reference(reference: str) -> str:
+    """`x:1` -> `docker.io/library/x:1` (how containerd annotates names in index.json)."""
+    first, slash, _ = reference.partition("/")
+    if slash and is_registry(first):
+        return reference
+    return f"{_HUB}/{reference}" if slash else f"{_HUB}/library/{reference}"
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------
+
+
+def manifest_digest(pairs) -> str:
+    """sha256 over the sorted (path, blob hash) pairs of a checkpoint, one `path<TAB>blob<LF>` each."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path, blob in sorted(pairs):
+        digest.update(f"{path}\t{blob}\n".encode())
+    return digest.hexdigest()
