@@ -4,10 +4,49 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from components.config import NodeConfig, StackConfig
 from components.remote import SshTarget, ssh_options
+
+
+class NodeDict(TypedDict, total=False):
+    """A node as node resources take it and state keeps it (plain values, so it pickles and diffs)."""
+
+    name: str
+    host: str
+    port: int
+    user: str
+    identity_file: str | None
+    known_hosts: str
+    proxy_jump: str | None
+    fabric_host: str | None
+    image_store: str | None
+
+
+NODE_KEYS = tuple(NodeDict.__annotations__)
+# Which node of the stack a node dict is: its name. Every other key is how the node is reached (an
+# address, a jump host, keys), which may change without it becoming another node. Resource names carry
+# the node name too, so a renamed node is a new resource whatever its diff says.
+NODE_IDENTITY = ("name",)
+# Where its services answer: two node dicts with the same address reach the same sshd and Docker daemon.
+ADDRESS_KEYS = ("host", "port")
+
+
+class NodeDictError(ValueError):
+    """A node dict that cannot be used; the message names the role and what is missing."""
+
+
+def same_node(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether two node dicts are the same node of the stack (NODE_IDENTITY)."""
+    old, new = old or {}, new or {}
+    return all(old.get(key) == new.get(key) for key in NODE_IDENTITY)
+
+
+def same_address(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether two node dicts reach the same sshd and daemon (ADDRESS_KEYS)."""
+    old, new = old or {}, new or {}
+    return all(old.get(key) == new.get(key) for key in ADDRESS_KEYS)
 
 
 @dataclass(frozen=True)
@@ -29,19 +68,19 @@ class NodeAccess:
         """Options the docker provider hands to its ssh: the same pinned-key options we use."""
         return ssh_options(self.target)
 
-    def node_image_dict(self) -> dict:
-        """The node dict the NodeImage provider takes (plain values, so it pickles and diffs)."""
-        return {
-            "name": self.node.name,
-            "host": self.target.host,
-            "port": self.target.port,
-            "user": self.target.user,
-            "identity_file": self.target.identity_file,
-            "known_hosts": self.target.known_hosts,
-            "proxy_jump": self.target.proxy_jump,
-            "fabric_host": self.node.fabric_ip,
-            "image_store": self.node.image_store,
-        }
+    def node_image_dict(self) -> NodeDict:
+        """The node dict node resources take (NodeDict)."""
+        return NodeDict(
+            name=self.node.name,
+            host=self.target.host,
+            port=self.target.port,
+            user=self.target.user,
+            identity_file=self.target.identity_file,
+            known_hosts=self.target.known_hosts,
+            proxy_jump=self.target.proxy_jump,
+            fabric_host=self.node.fabric_ip,
+            image_store=self.node.image_store,
+        )
 
 
 def node_access(config: StackConfig) -> dict[str, NodeAccess]:
@@ -61,8 +100,15 @@ def node_access(config: StackConfig) -> dict[str, NodeAccess]:
     return result
 
 
+def checked_target(role: str, raw: Any, connect_timeout: int = 10) -> SshTarget:
+    """The SshTarget of a node dict, or NodeDictError naming `role` when it lacks what SSH needs."""
+    if not isinstance(raw, Mapping) or not raw.get("host") or not raw.get("known_hosts"):
+        raise NodeDictError(f"{role}: give a node dict with host, user, known_hosts (got {raw!r})")
+    return target_from_dict(raw, connect_timeout)
+
+
 def target_from_dict(raw: Mapping[str, Any], connect_timeout: int = 10) -> SshTarget:
-    """The SshTarget of a node dict as `NodeAccess.node_image_dict` writes it (and state keeps it)."""
+    """The SshTarget of a NodeDict (as `NodeAccess.node_image_dict` writes it and state keeps it)."""
     return SshTarget(
         host=str(raw["host"]),
         user=str(raw.get("user") or "root"),

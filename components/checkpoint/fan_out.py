@@ -6,7 +6,7 @@ from typing import Any
 
 import pulumi
 
-from components.checkpoint.provider import Checkpoint
+from components.checkpoint.resource import Checkpoint
 from components.config import StackConfig
 from components.copy_plan import copy_plan
 from components.nodes import NodeAccess

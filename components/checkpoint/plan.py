@@ -12,8 +12,29 @@ from typing import Any
 
 from components.errors import Qwen35Error
 from components.node_programs.hf_checkpoint import files_digest
+from components.nodes import same_node
 
 GIB = 1 << 30
+# Inputs whose change means another checkpoint on that node (a new resource).
+REPLACE_KEYS = ("repo", "requested_revision", "source_mode", "cache_dir", "manifest_digest")
+# Inputs whose change is an update in place. How a node is reached may change (a new address, a jump
+# host); only another node (`nodes.same_node`) is another checkpoint, a replacement whose old copy,
+# when not kept, is removed from the old node.
+UPDATE_KEYS = ("node", "source", "refresh", "reserve", "tuning", "keep", "fetch", "allow", "ignore")
+OUTPUT_KEYS = (
+    "upstream_revision",
+    "revision",
+    "files",
+    "bytes",
+    "bytes_sent",
+    "files_sent",
+    "digest",
+    "snapshot_path",
+    "manifest",
+    "refs",
+    "problems",
+    "seconds",
+)
 
 
 class CheckpointError(Qwen35Error, RuntimeError):
@@ -111,3 +132,27 @@ def problems(manifest: Manifest, report: Mapping[str, Any]) -> dict[str, str]:
     """`path -> state` for every file of the manifest a node does not hold intact."""
     states: Mapping[str, str] = report.get("status") or {}
     return {path: states.get(path, "missing") for path, _b, _s in manifest.files if states.get(path) != "ok"}
+
+
+@dataclass(frozen=True)
+class Change:
+    """What `pulumi up` does to one Checkpoint: the inputs that replace it, those updated in place."""
+
+    replaces: tuple[str, ...]
+    updates: tuple[str, ...]
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.replaces or self.updates)
+
+
+def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
+    """From recorded state and new inputs, no I/O: replace, update in place, or leave alone. A refresh
+    that found missing or damaged files (`problems`) is an update: `up` sends them again."""
+    replaces = [key for key in REPLACE_KEYS if olds.get(key) != news.get(key)]
+    if not same_node(olds.get("node"), news.get("node")):
+        replaces.append("node")
+    updates = [key for key in UPDATE_KEYS if olds.get(key) != news.get(key) and key not in replaces]
+    if olds.get("problems"):
+        updates.append("problems")
+    return Change(tuple(replaces), tuple(updates))

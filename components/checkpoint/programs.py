@@ -7,9 +7,10 @@ or a secret; its one-line JSON report comes back on stdout.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from components.checkpoint.plan import CheckpointError
 from components.node_programs import hf_checkpoint, program_argv
 
 # What a receive's exit status means (declared once, in the node program).
@@ -117,3 +118,39 @@ def parse_report(text: str) -> dict[str, Any] | None:
         if isinstance(report, dict):
             return report
     return None
+
+
+def head_fetch_argv(
+    props: Mapping[str, Any], owner: tuple[int, int] | None, resolve_only: bool = False
+) -> list[str]:
+    """The fetch on the head: a Python that has the Hub client, or a short-lived container of the image."""
+    fetch = props.get("fetch") or {}
+    cache_dir = props["cache_dir"]
+    endpoint = fetch.get("endpoint")
+    progress = fetch.get("progress")
+    if fetch.get("python"):
+        program = fetch_argv(
+            fetch["python"], cache_dir, props["repo"], props["requested_revision"], props.get("allow") or [],
+            props.get("ignore") or [], None if resolve_only else progress, resolve_only,
+        )  # fmt: skip
+        return (["env", f"HF_ENDPOINT={endpoint}"] if endpoint else []) + program
+    image = fetch.get("image")
+    if not image:
+        raise CheckpointError(
+            "Checkpoint fetch: neither a Python (model.fetch_python) nor an image to run the Hub client"
+        )
+    hub = hub_dir(cache_dir)
+    argv = ["docker", "run", "--rm", "-i", "--network", "host", "--entrypoint", "python3"]
+    argv += ["-v", f"{hub}:{hub}", "-e", "HF_HOME=/tmp/qwen35-hf-home", "-e", "HF_HUB_DISABLE_TELEMETRY=1"]
+    if owner:
+        argv += ["--user", f"{owner[0]}:{owner[1]}"]
+    if progress:
+        folder = progress.rsplit("/", 1)[0]
+        argv += ["-v", f"{folder}:{folder}"]
+    if endpoint:
+        argv += ["-e", f"HF_ENDPOINT={endpoint}"]
+    program = fetch_argv(
+        "python3", cache_dir, props["repo"], props["requested_revision"], props.get("allow") or [],
+        props.get("ignore") or [], None if resolve_only else progress, resolve_only,
+    )  # fmt: skip
+    return [*argv, image, *program[1:]]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import random
 import secrets
 import signal
 import threading
@@ -25,7 +24,7 @@ from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_programs import program_argv
 from components.node_programs.image_tag import Exit as TagExit
 from components.progress import tell_operator
-from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTarget
+from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, Result, SshTarget, with_retries
 from components.transfer import PhaseTimes, Tuning, peer_target, ssh_sessions
 
 TMP_TAG_PREFIX = "qwen35-tmp-"
@@ -154,20 +153,36 @@ def source_session(
 ) -> tuple[transfer.SourceSession, Facts]:
     """The source's session and its facts; a session that could not reach the node is retried with
     backoff for up to 20 s (transport failures only), each attempt with a connection of its own."""
-    deadline, delay = time.monotonic() + 20.0, 1.0
     argv = facts_argv(image, history=True, python=True)
-    while True:
+    attempt = _SessionAttempt(src, peers, argv, times)
+    result = with_retries(attempt.open, deadline_s=20.0, first_delay_s=1.0, max_delay_s=10.0)
+    if result.returncode != 0:
+        raise src.facts_failed(result.returncode, facts_stderr(result.text, result.stderr.decode()))
+    facts = parse_facts(src.node, image, result.text, history=True, inventory=False, python=True)
+    return attempt.session, facts
+
+
+@dataclass
+class _SessionAttempt:
+    """One try at the source's session for `with_retries`: the session that answered, once one has."""
+
+    src: DockerOn
+    peers: Peers
+    argv: list[str]
+    times: PhaseTimes
+    session: transfer.SourceSession | None = None
+
+    def open(self) -> Result:
         session = transfer.SourceSession(
-            src.node, peers.new(forwarded=True), argv, src.transport.control_path, times=times
-        )
+            self.src.node, self.peers.new(forwarded=True), self.argv, self.src.transport.control_path,
+            times=self.times,
+        )  # fmt: skip
         status, out, err = session.before()
         if status == 0:
-            return session, parse_facts(src.node, image, out, history=True, inventory=False, python=True)
-        session.close()
-        if status != SSH_TRANSPORT_FAILURE or time.monotonic() + delay > deadline:
-            raise src.facts_failed(status, facts_stderr(out, err))
-        time.sleep(delay * random.uniform(0.5, 1.0))
-        delay = min(delay * 2, 10.0)
+            self.session = session
+        else:
+            session.close()
+        return Result(tuple(self.argv), status, out.encode(), err.encode(), self.src.node.label)
 
 
 def carry_out(

@@ -9,23 +9,10 @@ from typing import Any
 from components.config import IMAGE_STORES
 from components.image_ref import ImageRefError, parse_image_ref
 from components.node_image.errors import NodeImageError
+from components.nodes import NODE_KEYS
 from components.transfer import Endpoint, EndpointError, Tuning, TuningError, tuning_from
 
-NODE_KEYS = (
-    "name",
-    "host",
-    "port",
-    "user",
-    "identity_file",
-    "known_hosts",
-    "proxy_jump",
-    "fabric_host",
-    "image_store",
-)
 STORES = IMAGE_STORES
-# What identifies the node itself: a change of these is another node (a new copy); any other key is
-# only how the node is reached (an in-place update).
-IDENTITY_KEYS = ("host", "port")
 # image.keep_previous's default (components/config.py).
 DEFAULT_KEEP_PREVIOUS = 1
 
@@ -52,7 +39,7 @@ class Node(Endpoint):
 
 
 def clean_node(raw: Mapping[str, Any] | None) -> dict:
-    """The node dict as stored in outputs: known keys only, plain values."""
+    """The node dict as stored in outputs: NodeDict's keys only, plain values."""
     raw = raw or {}
     return {key: raw.get(key) for key in NODE_KEYS if raw.get(key) is not None}
 

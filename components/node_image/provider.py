@@ -9,7 +9,8 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.node_image.execute import ensure_image, observe, release_tag
-from components.node_image.nodes import IDENTITY_KEYS, clean_node, inputs, keep_previous
+from components.node_image.nodes import clean_node, inputs, keep_previous
+from components.nodes import same_address, same_node
 
 
 def replace_reasons(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
@@ -19,7 +20,9 @@ def replace_reasons(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[st
     if olds.get("image") != news.get("image"):
         reasons.append("image")
     old_dst, new_dst = clean_node(olds.get("destination")), clean_node(news.get("destination"))
-    if any(old_dst.get(key) != new_dst.get(key) for key in IDENTITY_KEYS):
+    # Another node, or the same one's daemon at another address: the image lives in a daemon, and one
+    # reached elsewhere holds nothing this copy verified.
+    if not same_node(old_dst, new_dst) or not same_address(old_dst, new_dst):
         reasons.append("destination")
     if (olds.get("trigger") or "") != (news.get("trigger") or ""):
         reasons.append("trigger")

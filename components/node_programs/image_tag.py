@@ -317,10 +317,10 @@ def leave(spec: dict) -> tuple[Exit, dict]:
 
 def repo_records(folder: str, ref: str) -> list[tuple[str, dict]]:
     """(path, record) of every tag record of `ref`'s repository on this node."""
-    repo, found = split_ref(ref)[0], []
+    repo, found = split_tag(ref)[0], []
     for name in os.listdir(folder):
         record = read_record(os.path.join(folder, name)) if name.endswith(".json") else None
-        if record and split_ref(str(record.get("ref") or ""))[0] == repo:
+        if record and split_tag(str(record.get("ref") or ""))[0] == repo:
             found.append((os.path.join(folder, name), record))
     return found
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from components.config import CopyConfig
 from components.errors import Qwen35Error
-from components.nodes import target_from_dict
+from components.nodes import ADDRESS_KEYS, NodeDictError, checked_target
 from components.remote import SshTarget, SshTransport
 
 
@@ -28,9 +28,10 @@ class Endpoint:
     @classmethod
     def fields_from(cls, role: str, raw: Mapping[str, Any], connect_timeout: int = 10) -> dict[str, Any]:
         """The constructor's arguments from a node dict (host, user, known_hosts, …, fabric_host)."""
-        if not isinstance(raw, Mapping) or not raw.get("host") or not raw.get("known_hosts"):
-            raise EndpointError(f"{role}: give a node dict with host, user, known_hosts (got {raw!r})")
-        target = target_from_dict(raw, connect_timeout)
+        try:
+            target = checked_target(role, raw, connect_timeout)
+        except NodeDictError as exc:
+            raise EndpointError(str(exc)) from None
         return {
             "label": target.name or f"{target.host}:{target.port}",
             "target": target,
@@ -43,8 +44,8 @@ class Endpoint:
 
     @property
     def key(self) -> tuple[str, int]:
-        """Two endpoints with the same key are the same node."""
-        return (self.target.host, self.target.port)
+        """Two endpoints with the same key reach the same sshd and daemon (`nodes.ADDRESS_KEYS`)."""
+        return tuple(getattr(self.target, key) for key in ADDRESS_KEYS)
 
     def transport(self, control_path: str | None = None) -> SshTransport:
         return SshTransport(self.target, control_path=control_path, name=self.label)

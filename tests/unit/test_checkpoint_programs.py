@@ -285,7 +285,7 @@ def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_
     """`pulumi up` shows a long Hub fetch live (a dynamic provider's stderr lines reach the operator):
     the provider relays the fetch's progress lines as `fetch REPO@REV hub -> NODE: … MB, MB/s, ETA`.
     The fetch runs here on this machine (ssh_argv replaced by the command itself), from a slow Hub."""
-    from components.checkpoint import provider
+    from components.checkpoint import execute as provider
     from components.transfer import pipeline
 
     monkeypatch.setattr(pipeline, "SAY_EVERY_S", 0.3)

@@ -9,7 +9,8 @@ import pytest
 from components import remote
 from components.checkpoint import programs
 from components.checkpoint.plan import CheckpointError, CopyPlan, Manifest, check_space, plan_copy, problems
-from components.checkpoint.provider import CheckpointProvider, fetch_argv
+from components.checkpoint.programs import head_fetch_argv as fetch_argv
+from components.checkpoint.provider import CheckpointProvider
 from components.config import ConfigError, parse_stack_config
 from lab.standin_vllm import local_config
 

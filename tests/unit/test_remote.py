@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from components.config import parse_stack_config
-from components.nodes import node_access
+from components.nodes import node_access, same_address, same_node
 from components.remote import (
     LocalTransport,
     RemoteError,
@@ -262,3 +262,19 @@ def test_retries_only_transport_failures_until_deadline():
         lambda: calls.append(1) or Result(("x",), 255), deadline_s=5, sleep=lambda s: None, clock=clock
     )
     assert dead.returncode == 255 and 1 <= len(calls) <= 6
+
+
+@pytest.mark.parametrize(
+    ("change", "node", "address"),
+    [
+        ({}, True, True),
+        ({"host": "spark-2.lan"}, True, False),
+        ({"port": 2222}, True, False),
+        ({"name": "spark-3"}, False, True),
+        ({"proxy_jump": "ops@bastion", "user": "other"}, True, True),
+    ],
+)
+def test_one_rule_for_the_same_node_and_one_for_the_same_address(change, node, address):
+    old = {"name": "spark-2", "host": "10.0.0.2", "port": 22, "user": "ops", "known_hosts": "/k"}
+    new = {**old, **change}
+    assert (same_node(old, new), same_address(old, new)) == (node, address)
