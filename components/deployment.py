@@ -30,6 +30,7 @@ from components.ray_cluster import (
     ray_tmp_volume_name,
 )
 from components.readiness_gate import ReadinessGate
+from components.stack_claim import StackClaim, claimed_ports
 from components.vllm_server import (
     endpoint_url,
     local_url,
@@ -147,6 +148,19 @@ class Qwen35Deployment(pulumi.ComponentResource):
         }
         head = cfg.head
         secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
+        # Before any container or volume on a node: no other stack holds its names or host ports there.
+        owner = f"{pulumi.get_project()}/{pulumi.get_stack()}"
+        self.claims: dict[str, StackClaim] = {
+            node.name: StackClaim(
+                f"{name}-claim-{node.name}",
+                node=self.access[node.name].node_image_dict(),
+                owner=owner,
+                prefix=cfg.containers.name_prefix,
+                ports=claimed_ports(cfg, node),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for node in cfg.nodes
+        }
 
         # Strategy prebuilt registers no build: the configured reference is on the head already.
         self.image: HybridImage | None = None
@@ -269,7 +283,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
         self.register_outputs(self.outputs)
 
     def _on(self, node: str, depends_on: list[pulumi.Resource] | None = None) -> pulumi.ResourceOptions:
-        return pulumi.ResourceOptions(parent=self, provider=self.providers[node], depends_on=depends_on or [])
+        return pulumi.ResourceOptions(
+            parent=self, provider=self.providers[node], depends_on=[self.claims[node], *(depends_on or [])]
+        )
 
     def _container(
         self,
@@ -292,7 +308,13 @@ class Qwen35Deployment(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.providers[node],
-                depends_on=[self.node_images[node], *checkpoint, self.model_support, *depends_on],
+                depends_on=[
+                    self.claims[node],
+                    self.node_images[node],
+                    *checkpoint,
+                    self.model_support,
+                    *depends_on,
+                ],
                 additional_secret_outputs=["envs"],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,
