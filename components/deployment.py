@@ -356,7 +356,10 @@ def place_images(
         ref,
         deployment.access,
         deployment.config.head.name,
-        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[build] if build else []),
+        # Every node's claim first: a stack refused on any node copies nothing to any node.
+        opts=pulumi.ResourceOptions(
+            parent=deployment, depends_on=[*deployment.claims.values(), *([build] if build else [])]
+        ),
         # A rebuild under the same tag (a pinned `image.tag`) still re-places the image everywhere.
         # A prebuilt image re-tagged on the head shows at refresh (NodeImage reads the head's ID).
         trigger=build.image.id if build else None,
@@ -383,7 +386,10 @@ def place_checkpoints(
         f"{name}-checkpoint",
         cfg,
         deployment.access,
-        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[head_image] if needs_image else []),
+        opts=pulumi.ResourceOptions(
+            parent=deployment,
+            depends_on=[*deployment.claims.values(), *([head_image] if needs_image else [])],
+        ),
         hf_token=hf_token,
         fetch_image=head_image.image_id if needs_image else None,
     )

@@ -86,3 +86,10 @@ def test_every_volume_and_container_waits_for_its_nodes_claim(monkeypatch):
     assert "qwen35-claim-spark-2" in graph.deps["qwen35-ray-worker-spark-2"]
     (claim,) = [r for r in graph.run.resources if r.name == "qwen35-claim-spark-1"]
     assert claim.inputs["prefix"] == "qwen35" and "/" in claim.inputs["owner"]
+
+
+def test_nothing_is_copied_before_every_nodes_claim(monkeypatch):
+    graph = run_graph(monkeypatch, copy.deepcopy(stack_config("dev")))
+    claims = {"qwen35-claim-spark-1", "qwen35-claim-spark-2"}
+    for name in ("qwen35-image-spark-1", "qwen35-image-spark-2", "qwen35-checkpoint-spark-1"):
+        assert claims <= graph.deps[name], (name, graph.deps[name])
