@@ -74,6 +74,15 @@ def container_env(node: lab.LabNode, name: str) -> tuple[dict[str, str], str]:
     return stored, json.dumps([inspected["Path"], *inspected["Args"]])
 
 
+def container_ids(lab_nodes) -> dict[str, str]:
+    """The lab stack's containers on node-a and node-b, by name: their Docker IDs."""
+    where = (("node-a", "qwen35-ray-head"), ("node-b", "qwen35-ray-worker"), ("node-a", "qwen35-vllm"))
+    return {
+        name: lab.docker(lab_nodes[node], "inspect", "--format", "{{.Id}}", name).out.strip()
+        for node, name in where
+    }
+
+
 def leaks(texts: dict[str, str], values: dict[str, str]) -> dict[str, list[str]]:
     """Which secret (by key) appears in plaintext in which text."""
     found = {key: [where for where, text in texts.items() if value in text] for key, value in values.items()}
@@ -151,14 +160,7 @@ class TestSecrets:
     def test_a_new_api_key_replaces_only_what_carries_it(self, up, stack, lab_nodes, secrets, engine):
         old = secrets["api_key"]
         new = "sk-rotated-" + pysecrets.token_hex(12)
-        ids_before = {
-            name: lab.docker(node, "inspect", "--format", "{{.Id}}", name).out.strip()
-            for node, name in (
-                (lab_nodes["node-a"], "qwen35-ray-head"),
-                (lab_nodes["node-b"], "qwen35-ray-worker"),
-                (lab_nodes["node-a"], "qwen35-vllm"),
-            )
-        }
+        ids_before = container_ids(lab_nodes)
         stack.set_secret("api_key", new)
         # The plain display of the diff the rotation makes, then the change itself with its events.
         diff = stack.run("preview", "--diff")
@@ -169,19 +171,10 @@ class TestSecrets:
         # The server's environment carries the key (a container's env is fixed at create: replaced);
         # the readiness gate probes with it (updated in place, or replaced with the server it follows).
         assert set(touched) == {"qwen35-vllm", "qwen35-ready"}, touched
-        assert steps["qwen35-vllm"][0] == CONTAINER and touched["qwen35-vllm"] & {
-            "replace",
-            "create-replacement",
-        }
+        assert steps["qwen35-vllm"][0] == CONTAINER
+        assert touched["qwen35-vllm"] & {"replace", "create-replacement"}, touched
         assert steps["qwen35-ready"][0] == GATE
-        ids_after = {
-            name: lab.docker(node, "inspect", "--format", "{{.Id}}", name).out.strip()
-            for node, name in (
-                (lab_nodes["node-a"], "qwen35-ray-head"),
-                (lab_nodes["node-b"], "qwen35-ray-worker"),
-                (lab_nodes["node-a"], "qwen35-vllm"),
-            )
-        }
+        ids_after = container_ids(lab_nodes)
         assert ids_after["qwen35-ray-head"] == ids_before["qwen35-ray-head"]
         assert ids_after["qwen35-ray-worker"] == ids_before["qwen35-ray-worker"]
         assert ids_after["qwen35-vllm"] != ids_before["qwen35-vllm"]
