@@ -20,7 +20,7 @@ import pulumi.dynamic as dynamic
 
 from components.config import NodeConfig, StackConfig
 from components.node_programs import program_argv
-from components.node_programs.stack_claim import EXIT_CLAIMED
+from components.node_programs.stack_claim import EXIT_CLAIMED, RECORDS
 from components.nodes import target_from_dict
 from components.remote import RemoteError, SshTransport, with_retries
 
@@ -55,17 +55,21 @@ def refusal(node: str, owner: str, clashes: list[dict]) -> str:
     lines = [f"{node}: stack {owner} cannot deploy here: this node already holds"]
     for clash in clashes:
         lines.append(f"  stack {clash['owner']}: {'; '.join(clash['clash'])}")
+    records = ", ".join(f"{RECORDS}/{str(c['owner']).replace('/', '--')}.json" for c in clashes)
     lines.append(
         "  next: give this stack its own containers.name_prefix and its own ray.port, "
         "ray.dashboard_port, serve.port and nodes[].ray_ports (host ports are per machine), "
-        "or deploy it to other nodes; `pulumi destroy` of the other stack releases its claim"
+        "or deploy it to other nodes. `pulumi destroy` of the other stack releases its claim; "
+        f"if that stack no longer exists, remove {records} on {node}"
     )
     return "\n".join(lines)
 
 
 def run_claim(props: dict[str, Any], mode: str) -> tuple[int, dict[str, Any]]:
     target = target_from_dict(props["node"])
-    spec = {"owner": props["owner"], "prefix": props["prefix"], "ports": props.get("ports") or []}
+    # Numbers come back from the engine as floats: the records hold ports as integers.
+    ports = [[int(low), int(high)] for low, high in props.get("ports") or []]
+    spec = {"owner": props["owner"], "prefix": props["prefix"], "ports": ports}
     argv = program_argv("stack_claim", [mode, json.dumps(spec, separators=(",", ":"))])
     transport = SshTransport(target)
     result = with_retries(lambda: transport.run(argv, timeout=SSH_TIMEOUT_S), deadline_s=20.0)

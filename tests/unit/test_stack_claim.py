@@ -53,6 +53,7 @@ def test_the_refusal_names_the_other_stack_and_the_way_out():
     assert "node-a: stack qwen35-spark/two cannot deploy here" in text
     assert "stack qwen35-spark/one: containers qwen35-*" in text
     assert "containers.name_prefix" in text
+    assert "remove ~/.qwen35/stacks/qwen35-spark--one.json on node-a" in text
 
 
 def run_program(home, mode: str, spec: dict) -> tuple[int, dict]:
