@@ -89,6 +89,15 @@ def leaks(texts: dict[str, str], values: dict[str, str]) -> dict[str, list[str]]
     return {key: where for key, where in found.items() if where}
 
 
+def require_clean(nodes: dict[str, lab.LabNode]) -> None:
+    """No qwen35-* container on the nodes before a stack starts: one left by another session would
+    make this one fail on a name, for a reason that is not this test's."""
+    left = {name: sorted(node_state(node)["containers"]) for name, node in nodes.items()}
+    left = {name: found for name, found in left.items() if found}
+    if left:
+        pytest.fail(f"the lab holds qwen35-* containers no stack of this session made: {left}", pytrace=False)
+
+
 def backend_texts(engine) -> dict[str, str]:
     return {
         f"backend {path.relative_to(engine.backend)}": path.read_text(errors="replace")
@@ -107,6 +116,7 @@ class TestSecrets:
     @pytest.fixture(scope="class")
     @classmethod
     def stack(cls, engine, lab_nodes, lab_config, secrets) -> Iterator[Stack]:
+        require_clean(lab_nodes)
         clear_caches(lab_nodes)
         made = new_stack(engine, "stacks-secrets", lab_config())
         for key, value in secrets.items():
@@ -289,6 +299,7 @@ class TestTwoEnvironments:
     @pytest.fixture(scope="class")
     @classmethod
     def stacks(cls, engine, all_nodes, lab_config, lab_image, secrets) -> Iterator[dict[str, Stack]]:
+        require_clean(all_nodes)
         for name in all_nodes:
             shutil.rmtree(f"/run/qwen35-lab/{name}/hf-cache", ignore_errors=True)
         cd_image, _ = ray_image(all_nodes["node-c"])
