@@ -30,6 +30,7 @@ from components.ray_cluster import (
     ray_tmp_volume_name,
 )
 from components.readiness_gate import ReadinessGate
+from components.stack_claim import StackClaim, claimed_ports
 from components.vllm_server import (
     endpoint_url,
     local_url,
@@ -147,6 +148,19 @@ class Qwen35Deployment(pulumi.ComponentResource):
         }
         head = cfg.head
         secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
+        # Before any container or volume on a node: no other stack holds its names or host ports there.
+        owner = f"{pulumi.get_project()}/{pulumi.get_stack()}"
+        self.claims: dict[str, StackClaim] = {
+            node.name: StackClaim(
+                f"{name}-claim-{node.name}",
+                node=self.access[node.name].node_image_dict(),
+                owner=owner,
+                prefix=cfg.containers.name_prefix,
+                ports=claimed_ports(cfg, node),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for node in cfg.nodes
+        }
 
         # Strategy prebuilt registers no build: the configured reference is on the head already.
         self.image: HybridImage | None = None
@@ -280,7 +294,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
         self.register_outputs(self.outputs)
 
     def _on(self, node: str, depends_on: list[pulumi.Resource] | None = None) -> pulumi.ResourceOptions:
-        return pulumi.ResourceOptions(parent=self, provider=self.providers[node], depends_on=depends_on or [])
+        return pulumi.ResourceOptions(
+            parent=self, provider=self.providers[node], depends_on=[self.claims[node], *(depends_on or [])]
+        )
 
     def _container(
         self,
@@ -303,7 +319,13 @@ class Qwen35Deployment(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=self.providers[node],
-                depends_on=[self.node_images[node], *checkpoint, self.model_support, *depends_on],
+                depends_on=[
+                    self.claims[node],
+                    self.node_images[node],
+                    *checkpoint,
+                    self.model_support,
+                    *depends_on,
+                ],
                 additional_secret_outputs=["envs"],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,
@@ -363,7 +385,10 @@ def place_images(
         ref,
         deployment.access,
         deployment.config.head.name,
-        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[build] if build else []),
+        # Every node's claim first: a stack refused on any node copies nothing to any node.
+        opts=pulumi.ResourceOptions(
+            parent=deployment, depends_on=[*deployment.claims.values(), *([build] if build else [])]
+        ),
         # A rebuild under the same tag (a pinned `image.tag`) still re-places the image everywhere.
         # A prebuilt image re-tagged on the head shows at refresh (NodeImage reads the head's ID).
         trigger=build.image.id if build else None,
@@ -391,7 +416,10 @@ def place_checkpoints(
         f"{name}-checkpoint",
         cfg,
         deployment.access,
-        opts=pulumi.ResourceOptions(parent=deployment, depends_on=[head_image] if needs_image else []),
+        opts=pulumi.ResourceOptions(
+            parent=deployment,
+            depends_on=[*deployment.claims.values(), *([head_image] if needs_image else [])],
+        ),
         hf_token=hf_token,
         fetch_image=head_image.image_id if needs_image else None,
     )

@@ -16,6 +16,7 @@ import pytest
 import lab
 from engine import Engine, EngineError, ensure_engine
 from engine.lab_stack import engine_lab_config, stack_file, write_config
+from lab.layout import lab_dir
 from lab.ray_image import ray_image
 from lab.sessions import lab_session
 from lab.standin_hub import StandinHub, generate_repo
@@ -70,6 +71,10 @@ class Stack:
     def remove(self) -> None:
         self.run("stack", "rm", "--yes", "--force", check=False)
         self.config.unlink(missing_ok=True)
+        # A stack forgotten after a failed destroy must not keep its StackClaims on the shared lab.
+        for node in lab.NODE_NAMES:
+            claim = lab_dir() / node / "home" / ".qwen35" / "stacks" / f"qwen35-spark--{self.name}.json"
+            claim.unlink(missing_ok=True)
 
     def set_secret(self, key: str, value: str) -> None:
         # The value on stdin: never an argument (it would show in `ps`).

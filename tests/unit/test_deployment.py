@@ -106,6 +106,7 @@ def envs(graph: Graph, name: str) -> dict[str, str]:
     return dict(e.split("=", 1) for e in value)
 
 
+CLAIM = "pulumi-python:dynamic/qwen35:StackClaim"
 DEV_RESOURCES = {
     ("qwen35:index:Deployment", "qwen35"),
     ("pulumi:providers:docker", "qwen35-docker-spark-1"),
@@ -120,6 +121,8 @@ DEV_RESOURCES = {
     (CONTAINER, "qwen35-ray-worker-spark-2"),
     (CONTAINER, "qwen35-vllm"),
     (GATE, "qwen35-ready"),
+    (CLAIM, "qwen35-claim-spark-1"),
+    (CLAIM, "qwen35-claim-spark-2"),
 }
 BUILD = {("qwen35:index:HybridImage", "qwen35-image"), ("docker:index/image:Image", "qwen35-image-build")}
 
