@@ -22,12 +22,14 @@ NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
 CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
 MODEL_SUPPORT = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
+CLAIM = "pulumi-python:dynamic/qwen35:StackClaim"
 CONTAINER = "docker:index/container:Container"
 VOLUME = "docker:index/volume:Volume"
 PROVIDER = "pulumi:providers:docker"
 # What the program registers for two lab nodes (README, "The resource graph").
 EXPECTED = {
     PROVIDER: 2,
+    CLAIM: 2,
     NODE_IMAGE: 2,
     CHECKPOINT: 2,
     MODEL_SUPPORT: 1,
