@@ -277,19 +277,26 @@ def checkpoint_mount(snapshot_path: str) -> tuple[str, str]:
     return str(snapshot), CONTAINER_REPO
 
 
-def proof_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
-    """`docker run` of the proof in a throwaway container of the image (by ID), offline, no network."""
-    argv = [
+def throwaway_run(container_name: str, role: str, *options: str) -> list[str]:
+    """`docker run` of a program read on stdin by the image's python3, in a throwaway container with
+    no network; `role` labels it (counted per kind), `options` go before the entrypoint."""
+    return [
         "docker", "run", "--rm", "-i",
         "--name", container_name,
-        "--label", "qwen35.role=model-support",
-        # Nothing to fetch: the proof uses the checkpoint on disk or its own fixture configs.
+        "--label", f"qwen35.role={role}",
         "--network", "none",
-        "--env", "HF_HUB_OFFLINE=1",
-        "--env", "TRANSFORMERS_OFFLINE=1",
+        *options,
         # The image's own entrypoint (the Ray wrapper script) must not run.
         "--entrypoint", "python3",
     ]  # fmt: skip
+
+
+def proof_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
+    """`docker run` of the proof in a throwaway container of the image (by ID), offline, no network."""
+    # Nothing to fetch: the proof uses the checkpoint on disk or its own fixture configs.
+    argv = throwaway_run(
+        container_name, "model-support", "--env", "HF_HUB_OFFLINE=1", "--env", "TRANSFORMERS_OFFLINE=1"
+    )
     snapshot = props.get("snapshot_path") or ""
     program_args = ["-"]
     if snapshot:
@@ -457,37 +464,13 @@ CLUSTER_HINT = (
 )
 
 
-def cluster_payload(proof_dir: Path) -> str:
-    """base64 of a gzip tar of prove_cluster.py (stable bytes for the same file)."""
-    program = proof_dir / CLUSTER_PROGRAM
-    if not program.is_file():
-        raise ModelSupportError(
-            f"model-support check: {program} is missing: restore patches/{CLUSTER_PROGRAM}"
-        )
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        data = program.read_bytes()
-        info = tarfile.TarInfo(CLUSTER_PROGRAM)
-        info.size, info.mode, info.mtime = len(data), 0o644, 0
-        tar.addfile(info, io.BytesIO(data))
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
 def cluster_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
     """`docker run` of the cluster proof: no network but loopback (Ray binds 127.0.0.1), by image ID."""
     cluster = props.get("cluster") or {}
-    argv = [
-        "docker", "run", "--rm", "-i",
-        "--name", container_name,
-        # Its own role: a count of the behaviour proof's containers stays one per run.
-        "--label", "qwen35.role=cluster-check",
-        "--network", "none",
-        # Ray's object store lives in /dev/shm; Docker's default 64 MB makes it fall back with warnings.
-        "--shm-size", "256m",
-        "--entrypoint", "python3",
-        str(props["image_id"]), "-",
-        "--stages", str(cluster.get("stages") or "ray,cluster,executor"),
-    ]  # fmt: skip
+    # Its own role: a count of the behaviour proof's containers stays one per run. Ray's object store
+    # lives in /dev/shm; Docker's default 64 MB makes it fall back with warnings.
+    argv = throwaway_run(container_name, "cluster-check", "--shm-size", "256m")
+    argv += [str(props["image_id"]), "-", "--stages", str(cluster.get("stages") or "ray,cluster,executor")]
     if cluster.get("ray_version"):
         argv += ["--ray-version", str(cluster["ray_version"])]
     return argv
@@ -511,7 +494,7 @@ def cluster_failure(props: Mapping[str, Any], report: Mapping[str, Any]) -> str:
 def check_cluster_layer(transport: SshTransport, props: Mapping[str, Any], deadline: float) -> dict[str, Any]:
     """Run prove_cluster.py in a throwaway container of the image; refuse (enforce) or record it."""
     name = f"{props.get('container_prefix') or 'qwen35'}-cluster-check-{secrets.token_hex(4)}"
-    source = proof_source(cluster_payload(PATCH_DIR), deadline, CLUSTER_PROGRAM)
+    source = proof_source(proof_payload(PATCH_DIR, CLUSTER_PROGRAM, configs=False), deadline, CLUSTER_PROGRAM)
     result = transport.run(cluster_argv(props, name), stdin=source, timeout=deadline + TRANSPORT_SLACK_S)
     report = last_json_line(result.text)
     if report is None or report.get("verdict") not in ("pass", "fail"):
