@@ -22,6 +22,19 @@ from lab.sessions import lab_session
 from lab.standin_hub import StandinHub, generate_repo
 
 REPO_ID = "lab/standin-qwen35"
+# The program's resource types, as the engine names them in URNs and events.
+NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
+CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
+MODEL_SUPPORT = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
+GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
+CLAIM = "pulumi-python:dynamic/qwen35:StackClaim"
+CONTAINER = "docker:index/container:Container"
+VOLUME = "docker:index/volume:Volume"
+PROVIDER = "pulumi:providers:docker"
+
+
+def urn_name(urn: str) -> str:
+    return urn.rsplit("::", 1)[-1]
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +101,19 @@ def new_stack(engine: Engine, name: str, config: dict) -> Stack:
     engine.run("stack", "init", name)
     write_config(path, config)
     return Stack(engine, name, path)
+
+
+@contextlib.contextmanager
+def secret_stack(engine: Engine, name: str, config: dict, secrets: dict[str, str]) -> Iterator[Stack]:
+    """A new stack with both secrets set (`pulumi config set --secret`); destroyed and removed after."""
+    made = new_stack(engine, name, config)
+    try:
+        for key, value in secrets.items():
+            made.set_secret(key, value)
+        yield made
+    finally:
+        made.run("destroy", "--yes", check=False, timeout=900)
+        made.remove()
 
 
 def clear_caches(lab_nodes) -> None:

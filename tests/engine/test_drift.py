@@ -23,7 +23,7 @@ import pytest
 import lab
 from engine.lab_stack import engine_lab_config, write_config
 from lab.standin_hub import StandinHub, generate_repo
-from tests.engine.conftest import REPO_ID, Stack, clear_caches, new_stack
+from tests.engine.conftest import REPO_ID, Stack, clear_caches, secret_stack, urn_name
 
 pytestmark = pytest.mark.engine
 
@@ -44,10 +44,6 @@ R_SERVER = "qwen35-vllm"
 CLUSTER_WIDE = {R_GATE, R_SERVER}
 # Steps that change nothing.
 UNCHANGED = ("same", "read", "refresh")
-
-
-def urn_name(urn: str) -> str:
-    return urn.rsplit("::", 1)[-1]
 
 
 def steps(events: list[dict]) -> list[dict]:
@@ -138,12 +134,8 @@ def before(lab_nodes, lab_image) -> dict[str, dict[str, set[str]]]:
 
 @pytest.fixture(scope="module")
 def stack(engine, before, config_for, secrets) -> Iterator[Stack]:
-    made = new_stack(engine, "engine-drift", config_for(refresh="full"))
-    for key, value in secrets.items():
-        made.set_secret(key, value)
-    yield made
-    made.run("destroy", "--yes", check=False, timeout=900)
-    made.remove()
+    with secret_stack(engine, "engine-drift", config_for(refresh="full"), secrets) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")

@@ -14,18 +14,24 @@ import pytest
 
 import lab
 from lab.logins import counted_logins
-from tests.engine.conftest import Stack, clear_caches, new_stack
+from tests.engine.conftest import (
+    CHECKPOINT,
+    CLAIM,
+    CONTAINER,
+    GATE,
+    MODEL_SUPPORT,
+    NODE_IMAGE,
+    PROVIDER,
+    VOLUME,
+    Stack,
+    clear_caches,
+    new_stack,
+    secret_stack,
+    urn_name,
+)
 
 pytestmark = pytest.mark.engine
 
-NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
-CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
-MODEL_SUPPORT = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
-GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
-CLAIM = "pulumi-python:dynamic/qwen35:StackClaim"
-CONTAINER = "docker:index/container:Container"
-VOLUME = "docker:index/volume:Volume"
-PROVIDER = "pulumi:providers:docker"
 # What the program registers for two lab nodes (README, "The resource graph").
 EXPECTED = {
     PROVIDER: 2,
@@ -39,10 +45,6 @@ EXPECTED = {
     "qwen35:index:Deployment": 1,
 }
 OUTPUTS = {"endpoint", "served_model", "dashboard", "images", "checkpoints", "containers", "model_support"}
-
-
-def urn_name(urn: str) -> str:
-    return urn.rsplit("::", 1)[-1]
 
 
 def urn_type(urn: str) -> str:
@@ -68,12 +70,8 @@ def changed_steps(events: list[dict]) -> list[tuple[str, str, str]]:
 def stack(engine, lab_nodes, lab_config, secrets) -> Iterator[Stack]:
     """A new stack `engine-lab` with both secrets set; destroyed and removed at the end."""
     clear_caches(lab_nodes)
-    made = new_stack(engine, "engine-lab", lab_config())
-    for key, value in secrets.items():
-        made.set_secret(key, value)
-    yield made
-    made.run("destroy", "--yes", check=False, timeout=900)
-    made.remove()
+    with secret_stack(engine, "engine-lab", lab_config(), secrets) as made:
+        yield made
 
 
 def test_preview_lists_every_resource_and_opens_no_ssh_session(stack, lab_nodes):

@@ -24,8 +24,17 @@ import lab
 from engine import ROOT, CliResult
 from lab.ray_image import ray_image
 from lab.sessions import lab_session
-from tests.engine.conftest import Stack, clear_caches, new_stack
-from tests.engine.test_engine import CONTAINER, GATE, PROVIDER, finished, urn_name
+from tests.engine.conftest import (
+    CONTAINER,
+    GATE,
+    PROVIDER,
+    Stack,
+    clear_caches,
+    new_stack,
+    secret_stack,
+    urn_name,
+)
+from tests.engine.test_engine import finished
 
 pytestmark = pytest.mark.engine
 
@@ -118,12 +127,8 @@ class TestSecrets:
     def stack(cls, engine, lab_nodes, lab_config, secrets) -> Iterator[Stack]:
         require_clean(lab_nodes)
         clear_caches(lab_nodes)
-        made = new_stack(engine, "stacks-secrets", lab_config())
-        for key, value in secrets.items():
-            made.set_secret(key, value)
-        yield made
-        made.run("destroy", "--yes", check=False, timeout=900)
-        made.remove()
+        with secret_stack(engine, "stacks-secrets", lab_config(), secrets) as made:
+            yield made
 
     @pytest.fixture(scope="class")
     @classmethod

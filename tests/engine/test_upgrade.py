@@ -23,15 +23,20 @@ from bench.engine import up as engine_up
 from engine import ROOT
 from engine.lab_stack import write_config
 from lab.standin_hub import load_repo
-from tests.engine.conftest import REPO_ID, Stack, clear_caches, new_stack
+from tests.engine.conftest import (
+    CHECKPOINT,
+    CONTAINER,
+    GATE,
+    MODEL_SUPPORT,
+    NODE_IMAGE,
+    REPO_ID,
+    Stack,
+    clear_caches,
+    secret_stack,
+)
 
 pytestmark = pytest.mark.engine
 
-NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
-CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
-MODEL_SUPPORT = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
-GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
-CONTAINER = "docker:index/container:Container"
 TOP_MB = 48  # the new top layer: big enough that its copy takes a measurable while
 
 
@@ -125,13 +130,9 @@ def with_sections(lab_config, **sections) -> dict:
 @pytest.fixture(scope="module")
 def stack(engine, lab_nodes, lab_config, secrets) -> Iterator[Stack]:
     clear_caches(lab_nodes)
-    made = new_stack(engine, "engine-upgrade", lab_config())
-    for key, value in secrets.items():
-        made.set_secret(key, value)
-    made.run("up", "--yes", "--skip-preview", timeout=1800)
-    yield made
-    made.run("destroy", "--yes", check=False, timeout=900)
-    made.remove()
+    with secret_stack(engine, "engine-upgrade", lab_config(), secrets) as made:
+        made.run("up", "--yes", "--skip-preview", timeout=1800)
+        yield made
 
 
 @pytest.fixture(scope="module")
