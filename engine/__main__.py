@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from engine import ROOT, EngineError, ensure_engine
 from engine.lab_stack import engine_lab_config, stack_file, write_config
+from lab.nodes import bind_error
 
 STACK = "lab-engine"
 HUB_HOST, HUB_PORT = "127.0.0.1", 18090
@@ -34,16 +34,6 @@ def config_file() -> Path:
     return stack_file(STACK)
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def start_hub() -> str:
     """The stand-in Hub for `make up`, started once and left running until `make down`."""
     pidfile = state_dir() / "hub.pid"
@@ -55,7 +45,7 @@ def start_hub() -> str:
             return endpoint
         except ProcessLookupError:
             pidfile.unlink()
-    if not _port_free(HUB_HOST, HUB_PORT):
+    if bind_error(HUB_HOST, HUB_PORT) is not None:
         raise EngineError(f"{HUB_HOST}:{HUB_PORT} is taken by another process: the stand-in Hub needs it")
     log = open(state_dir() / "hub.log", "w")  # noqa: SIM115 (the Hub keeps it after we return)
     hub = subprocess.Popen(
@@ -66,7 +56,7 @@ def start_hub() -> str:
         start_new_session=True,
     )
     deadline = time.monotonic() + 30
-    while _port_free(HUB_HOST, HUB_PORT):
+    while bind_error(HUB_HOST, HUB_PORT) is None:
         if hub.poll() is not None or time.monotonic() > deadline:
             raise EngineError(f"the stand-in Hub did not start: see {state_dir() / 'hub.log'}")
         time.sleep(0.2)

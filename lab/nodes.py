@@ -323,20 +323,28 @@ def _write_if_changed(path: Path, text: str, mode: int) -> None:
         tmp.replace(path)
 
 
-def check_port_free(spec: NodeSpec, port: int | None = None, host: str | None = None) -> None:
-    host = host or spec.host
-    port = port or ssh_port()
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why a TCP listener could not bind host:port now (None: it could), checked by binding."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise LabError(
-                    f"lab: {spec.name}: {host}:{port} is taken by another process "
-                    f"(see: ss -ltnp 'sport = :{port}')"
-                ) from None
-            raise LabError(f"lab: {spec.name}: cannot bind {host}:{port}: {exc}") from None
+            return exc
+    return None
+
+
+def check_port_free(spec: NodeSpec, port: int | None = None, host: str | None = None) -> None:
+    host = host or spec.host
+    port = port or ssh_port()
+    exc = bind_error(host, port)
+    if exc is None:
+        return
+    if exc.errno == errno.EADDRINUSE:
+        raise LabError(
+            f"lab: {spec.name}: {host}:{port} is taken by another process (see: ss -ltnp 'sport = :{port}')"
+        )
+    raise LabError(f"lab: {spec.name}: cannot bind {host}:{port}: {exc}")
 
 
 def spare_address(port: int, avoid: tuple[str, ...] = ()) -> str:
@@ -346,13 +354,9 @@ def spare_address(port: int, avoid: tuple[str, ...] = ()) -> str:
     for host in SPARE_HOSTS:
         if host in avoid:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((host, port))
-            except OSError:
-                taken.append(host)
-                continue
+        if bind_error(host, port) is not None:
+            taken.append(host)
+            continue
         return host
     raise LabError(
         f"lab: no spare loopback address has port {port} free (taken: {', '.join(taken)}); "
