@@ -180,14 +180,74 @@ def test_busybox_context_has_the_binary_and_applet_links():
     assert images.busybox_context(busybox, ["sh"]) == images.busybox_context(busybox, ["sh"])
 
 
+def lease(pid: int, *nodes: str) -> dict:
+    return {"id": f"{pid}-x", "pid": pid, "nodes": list(nodes)}
+
+
 def test_sessions_count_only_nodes_not_running_before():
-    state = {"started": [], "leases": [111]}
-    after = sessions.next_state(
-        state, running={"node-a"}, wanted=["node-a", "node-b"], me=222, alive=lambda pid: pid == 111
+    state = {"started": [], "leases": [lease(111, "node-a")]}
+    after = sessions.joined(
+        state, running={"node-a"}, lease=lease(222, "node-a", "node-b"), alive=lambda pid: pid == 111
     )
-    assert after == {"started": ["node-b"], "leases": [111, 222]}
-    dead = sessions.next_state(after, running=set(), wanted=["node-a"], me=333, alive=lambda pid: False)
-    assert dead == {"started": ["node-a", "node-b"], "leases": [333]}
+    assert after == {"started": ["node-b"], "leases": [lease(111, "node-a"), lease(222, "node-a", "node-b")]}
+    dead = sessions.joined(after, running=set(), lease=lease(333, "node-a"), alive=lambda pid: False)
+    assert dead == {"started": ["node-a", "node-b"], "leases": [lease(333, "node-a")]}
+
+
+def test_a_session_leaving_stops_only_what_no_live_session_wants():
+    state = {
+        "started": ["node-a", "node-b", "node-c"],
+        "leases": [lease(1, "node-a"), lease(1, "node-b", "node-c")],
+    }
+    state["leases"][1]["id"] = "1-y"
+    after, stop = sessions.left(state, lease_id="1-y", alive=lambda pid: True)
+    assert stop == ["node-b", "node-c"] and after == {"started": ["node-a"], "leases": [lease(1, "node-a")]}
+    # A dead session's lease wants nothing: its nodes go with the last live one.
+    after, stop = sessions.left(state, lease_id="1-x", alive=lambda pid: False)
+    assert stop == ["node-a", "node-b", "node-c"] and after == {"started": [], "leases": []}
+
+
+def test_a_nested_session_in_one_process_leaves_the_outer_ones_nodes_running(private_lab, monkeypatch):
+    """The engine tier's shape: the run's session holds node-a/node-b, a module adds node-c/node-d.
+    The module's end stops node-c/node-d only; the run's end stops node-a/node-b."""
+    (private_lab / "run").mkdir(parents=True)
+    running: set[str] = set()
+    stopped: list[list[str]] = []
+
+    def up(wanted):
+        running.update(wanted)
+        return {name: name for name in wanted}
+
+    def down(names):
+        stopped.append(sorted(names))
+        running.difference_update(names)
+
+    monkeypatch.setattr(sessions, "up_locked", up)
+    monkeypatch.setattr(sessions, "down_locked", down)
+    monkeypatch.setattr(sessions, "running_nodes", lambda: sorted(running))
+    with sessions.lab_session(["node-a", "node-b"]):
+        with sessions.lab_session(["node-c", "node-d"]):
+            assert running == {"node-a", "node-b", "node-c", "node-d"}
+        assert stopped == [["node-c", "node-d"]] and running == {"node-a", "node-b"}
+    assert stopped == [["node-c", "node-d"], ["node-a", "node-b"]] and not running
+
+
+def test_a_session_never_stops_a_lab_brought_up_by_hand(private_lab, monkeypatch):
+    (private_lab / "run").mkdir(parents=True)
+    monkeypatch.setattr(sessions, "up_locked", lambda wanted: {})
+    monkeypatch.setattr(sessions, "down_locked", lambda names: pytest.fail(f"stopped {names}"))
+    monkeypatch.setattr(sessions, "running_nodes", lambda: ["node-a", "node-b"])
+    with sessions.lab_session(["node-a"]), sessions.lab_session(["node-b"]):
+        pass
+
+
+def test_sessions_read_the_older_format_of_bare_pids(private_lab):
+    (private_lab / "run").mkdir(parents=True)
+    (private_lab / "run" / "sessions.json").write_text('{"started": ["node-a"], "leases": [42]}')
+    assert sessions._load() == {
+        "started": ["node-a"],
+        "leases": [{"id": "42", "pid": 42, "nodes": ["node-a"]}],
+    }
 
 
 # ---- errors for people ---------------------------------------------------------------------------
