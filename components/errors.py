@@ -2,7 +2,59 @@
 
 from __future__ import annotations
 
+import functools
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+# The engine runs dynamic providers as `python -m pulumi.dynamic`.
+PROVIDER_PROCESS = "pulumi.dynamic.__main__"
+# The provider methods that touch nodes, and so raise the errors an operator reads.
+NODE_METHODS = ("create", "update", "delete", "read")
+
 
 class Qwen35Error(Exception):
     """A failure this program explains: its message says what failed, on which node (when a node is
     involved), the last lines of stderr, and what to do next. Anything else is a bug."""
+
+
+class ProviderBug(Exception):
+    """An error this program did not expect, its traceback carried in the message."""
+
+
+def in_provider_process() -> bool:
+    return getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) == PROVIDER_PROCESS
+
+
+def explained(method: Callable[..., Any]) -> Callable[..., Any]:
+    """In the engine's provider process, an error reaches `pulumi up` as its message alone.
+
+    The SDK reports a failed call with `traceback.format_exc()`, so the reason and next step of a
+    Qwen35Error sat under a dozen lines of frames. There, tracebacks are turned off for the process
+    (`sys.tracebacklimit = 0`), and any other error keeps its full traceback in its message."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not in_provider_process():
+            return method(*args, **kwargs)
+        sys.tracebacklimit = 0
+        try:
+            return method(*args, **kwargs)
+        except Qwen35Error as exc:
+            raise exc from None
+        except Exception as exc:
+            frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=1000))
+            raise ProviderBug(f"{method.__qualname__} failed unexpectedly (a bug):\n{frames}") from None
+
+    return call
+
+
+class ExplainedErrors:
+    """Mixin for the dynamic providers: their node methods report errors as `explained` says."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in NODE_METHODS:
+            if name in cls.__dict__:
+                setattr(cls, name, explained(cls.__dict__[name]))

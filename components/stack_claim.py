@@ -19,6 +19,7 @@ import pulumi
 import pulumi.dynamic as dynamic
 
 from components.config import NodeConfig, StackConfig
+from components.errors import ExplainedErrors
 from components.node_programs import program_argv
 from components.node_programs.stack_claim import EXIT_CLAIMED, RECORDS
 from components.nodes import target_from_dict
@@ -86,7 +87,7 @@ class ClaimRefused(RemoteError):
         return self.hint
 
 
-class StackClaimProvider(dynamic.ResourceProvider):
+class StackClaimProvider(ExplainedErrors, dynamic.ResourceProvider):
     """create/update: take the claim (refused on a collision); read: still held?; delete: drop it."""
 
     def _take(self, props: dict[str, Any]) -> None:

@@ -14,9 +14,10 @@ import pulumi.dynamic as dynamic
 from components.checkpoint.execute import ensure, remove
 from components.checkpoint.facts import inventory, upstream_revision
 from components.checkpoint.plan import Manifest, plan_change, problems
+from components.errors import ExplainedErrors
 
 
-class CheckpointProvider(dynamic.ResourceProvider):
+class CheckpointProvider(ExplainedErrors, dynamic.ResourceProvider):
     """CRUD for Checkpoint; every method but diff/check talks to nodes over SSH."""
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:

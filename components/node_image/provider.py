@@ -8,6 +8,7 @@ from typing import Any
 
 import pulumi.dynamic as dynamic
 
+from components.errors import ExplainedErrors
 from components.node_image.execute import ensure_image, observe, release_tag
 from components.node_image.nodes import clean_node, inputs, keep_previous
 from components.nodes import same_address, same_node
@@ -46,7 +47,7 @@ def drifted(olds: Mapping[str, Any]) -> bool:
     return bool(verified) and bool(olds.get("image_id")) and olds.get("image_id") != verified
 
 
-class NodeImageProvider(dynamic.ResourceProvider):
+class NodeImageProvider(ExplainedErrors, dynamic.ResourceProvider):
     """Ensures an image is on a node, copying only what is missing from a source node."""
 
     # Existing stacks pickled this class as `components.node_image.NodeImageProvider` (by reference):

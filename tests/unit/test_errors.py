@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import sys
+import traceback
+import types
+
 import pytest
 
 from components.checkpoint.plan import CheckpointError
 from components.config import ConfigError
-from components.errors import Qwen35Error
+from components.errors import PROVIDER_PROCESS, ExplainedErrors, Qwen35Error
 from components.image_ref import ImageRefError
 from components.memory_fit import MemoryFitError
 from components.model_support import ModelSupportError
@@ -46,3 +51,50 @@ def test_each_error_has_the_one_root_and_its_old_base(error, base):
 def test_a_caught_root_keeps_the_message():
     with pytest.raises(Qwen35Error, match="could not be reached over SSH"):
         raise RemoteError("spark-2", ["true"], 255, b"")
+
+
+class _Refuses(ExplainedErrors):
+    def create(self, props):
+        raise RemoteError("node-b", ["true"], 255, "ssh: connect refused\n", "check node-b (`make status`)")
+
+    def delete(self, _id, _props):
+        return {}["missing"]
+
+
+@pytest.fixture
+def provider_process(monkeypatch):
+    """This process seen as the engine's `python -m pulumi.dynamic` (tracebacklimit restored after)."""
+    main = types.ModuleType("__main__")
+    main.__spec__ = importlib.machinery.ModuleSpec(PROVIDER_PROCESS, None)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(sys, "tracebacklimit", 1000, raising=False)
+
+
+def _as_the_sdk_reports(call) -> str:
+    """What `pulumi.dynamic.__main__._abort_with_traceback` sends the engine for a failed call."""
+    try:
+        call()
+    except Exception:
+        return traceback.format_exc()
+    raise AssertionError("the call did not fail")
+
+
+def test_in_the_provider_process_an_explained_error_is_its_message_alone(provider_process):
+    text = _as_the_sdk_reports(lambda: _Refuses().create({}))
+    assert text.startswith("components.remote.RemoteError: node-b: ")
+    assert "Traceback" not in text and 'File "' not in text
+    assert "next: check node-b (`make status`)" in text
+
+
+def test_in_the_provider_process_a_bug_keeps_its_traceback_in_the_message(provider_process):
+    text = _as_the_sdk_reports(lambda: _Refuses().delete("id", {}))
+    assert text.startswith("components.errors.ProviderBug: _Refuses.delete failed unexpectedly (a bug):")
+    assert "Traceback (most recent call last)" in text and "KeyError: 'missing'" in text
+
+
+def test_outside_the_provider_process_errors_propagate_untouched():
+    with pytest.raises(KeyError):
+        _Refuses().delete("id", {})
+    with pytest.raises(RemoteError) as raised:
+        _Refuses().create({})
+    assert raised.traceback[-1].name == "create"
