@@ -297,7 +297,7 @@ class ImageConfig(_Model):
     build_network: str | None = None
     # false skips the build steps that need torch (behaviour proofs, import smoke): the lab only.
     smoke: bool = True
-    # The model-support check on the head (components/model_support.py): enforce, or only report.
+    # The model-support check on the head (components/model_support/): enforce, or only report.
     model_check: ModelCheckMode = ModelCheckMode.ENFORCE
     # The Ray the stack needs in the image (a pip spec such as ==2.49.1); the model-support check
     # refuses an image whose Ray is missing or differs. Unset: any Ray that vLLM's own pin accepts.

@@ -24,7 +24,7 @@ import pytest
 import lab
 from components import model_support
 from components.memory_fit import GB, MemoryFitError
-from components.model_support import ModelSupportCheckProvider, ModelSupportError
+from components.model_support import ModelSupportCheckProvider, ModelSupportError, execute
 from lab.images import DEBIAN_TAG
 from lab.ray_image import ray_image
 from tests.support.declared import plain
@@ -88,7 +88,7 @@ def double_dir(tmp_path, monkeypatch) -> Path:
     (folder / "proof_configs" / "tiny").mkdir(parents=True)
     (folder / "proof_configs" / "tiny" / "config.json").write_text("{}")
     (folder / "prove_model.py").write_text(DOUBLE_PROGRAM)
-    monkeypatch.setattr(model_support, "PATCH_DIR", folder)
+    monkeypatch.setattr(execute, "PATCH_DIR", folder)
     return folder
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pulumi
 import pytest
+from pulumi.runtime.rpc import UNKNOWN
 
 from components import model_support
 from components.memory_fit import GB, MemoryFitError
@@ -22,6 +23,7 @@ from components.model_support import (
     ModelSupportCheckProvider,
     ModelSupportError,
     checkpoint_mount,
+    execute,
     proof_argv,
     proof_payload,
     proof_source,
@@ -229,7 +231,7 @@ class FakeHead:
 
 def head(monkeypatch, **kwargs) -> FakeHead:
     fake = FakeHead(**kwargs)
-    monkeypatch.setattr(model_support, "SshTransport", fake)
+    monkeypatch.setattr(execute, "SshTransport", fake)
     return fake
 
 
@@ -490,8 +492,8 @@ def no_io(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("the provider touched a node")
 
-    monkeypatch.setattr(model_support, "SshTransport", refuse)
-    monkeypatch.setattr(model_support, "proof_payload", refuse)
+    monkeypatch.setattr(execute, "SshTransport", refuse)
+    monkeypatch.setattr(execute, "proof_payload", refuse)
 
 
 RECORDED = {
@@ -525,7 +527,7 @@ def test_check_names_bad_fields_without_io(no_io):
         {}, props(image="Bad Ref", image_id="latest", snapshot_path="/a b", mode="maybe")
     )
     assert {f.property for f in result.failures} == {"image", "image_id", "snapshot_path", "mode"}
-    unknown = model_support.UNKNOWN
+    unknown = UNKNOWN
     assert (
         ModelSupportCheckProvider().check({}, props(image_id=unknown, snapshot_path=unknown)).failures == []
     )
@@ -554,7 +556,7 @@ def test_update_keeps_the_proof_and_enforcing_a_recorded_failure_refuses(no_io):
 
 def test_create_id_names_the_head_image_and_checkpoint(monkeypatch, proof_dir):
     head(monkeypatch)
-    monkeypatch.setattr(model_support, "PATCH_DIR", proof_dir)
+    monkeypatch.setattr(execute, "PATCH_DIR", proof_dir)
     created = ModelSupportCheckProvider().create(props(checkpoint_digest="sha256:0123456789abcdef"))
     assert created.id == "spark-1-abababababab-0123456789ab"
     assert created.outs["verdict"] == "pass" and created.outs["image_id"] == IMAGE_ID

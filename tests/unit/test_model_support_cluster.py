@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from components import model_support
-from components.model_support import ModelSupportCheckProvider, ModelSupportError, cluster_argv, run_check
+from components.model_support import (
+    ModelSupportCheckProvider,
+    ModelSupportError,
+    cluster_argv,
+    execute,
+    run_check,
+)
 from components.remote import Result
 from tests.unit.test_model_support import IMAGE_ID, PASS_REPORT, props
 
@@ -60,7 +66,7 @@ def standin_packages(root: Path, ray: str | None) -> Path:
 def head(monkeypatch, tmp_path):
     def make(ray: str | None) -> Head:
         fake = Head(standin_packages(tmp_path / "site", ray))
-        monkeypatch.setattr(model_support, "SshTransport", fake)
+        monkeypatch.setattr(execute, "SshTransport", fake)
         return fake
 
     return make

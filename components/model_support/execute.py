@@ -1,0 +1,140 @@
+"""create() carried out on the head over SSH: the facts (`facts.py`), then the proofs (`programs.py`)
+in the order `plan.plan_steps` gives, each report judged by `plan.py`. A failed step stops `up`
+(mode enforce) or is recorded in the outputs with a warning (mode report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pulumi
+
+from components.model_support.facts import checkpoint_facts, image_repo_digests
+from components.model_support.plan import (
+    CLUSTER_FIELDS,
+    REPORT_FIELDS,
+    ModelSupportError,
+    check_fit,
+    cluster_failure,
+    create_problems,
+    enforced,
+    failure_message,
+    image_label,
+    last_json_line,
+    parse_cluster,
+    parse_proof,
+    pin_mismatch,
+    plan_steps,
+)
+from components.model_support.programs import (
+    CLUSTER_PROGRAM,
+    PATCH_DIR,
+    cluster_argv,
+    container_name,
+    proof_argv,
+    proof_payload,
+    proof_source,
+    serve_args_argv,
+    serve_args_source,
+)
+from components.nodes import NodeDictError, checked_target
+from components.remote import SshTransport
+from components.serve_args import ARGS_PROGRAM, ServeArgsError
+from components.serve_args import failure_message as args_failure_message
+from components.serve_args import parse_report as parse_args_report
+
+# Beyond the proof's own deadline: SSH, `docker run` start-up and removal.
+TRANSPORT_SLACK_S = 60
+
+
+def head_transport(node: Mapping[str, Any]) -> SshTransport:
+    """The SSH transport to the head of the `node` input."""
+    try:
+        return SshTransport(checked_target("model-support check node", node))
+    except NodeDictError as exc:
+        raise ModelSupportError(str(exc)) from None
+
+
+def refuse_or_record(props: Mapping[str, Any], message: str) -> None:
+    """A step said no: stop `up` (mode enforce), or warn and go on (mode report)."""
+    if enforced(props):
+        raise ModelSupportError(message)
+    # The provider process's log goes to stderr (pulumi/pulumi#6065): the outputs carry it too.
+    pulumi.log.warn(f"{message}\n  (image.model_check: report: continuing)")
+
+
+def verify_pin(transport: SshTransport, props: Mapping[str, Any]) -> None:
+    """A `…@sha256:` reference: the head's image must carry that repo digest."""
+    problem = pin_mismatch(transport.name, props, image_repo_digests(transport, str(props["image_id"])))
+    if problem:
+        raise ModelSupportError(problem)
+
+
+def check_cluster_layer(transport: SshTransport, props: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+    """Run prove_cluster.py in a throwaway container of the image; refuse (enforce) or record it."""
+    source = proof_source(proof_payload(PATCH_DIR, CLUSTER_PROGRAM, configs=False), deadline, CLUSTER_PROGRAM)
+    result = transport.run(
+        cluster_argv(props, container_name(props, "cluster-check")),
+        stdin=source,
+        timeout=deadline + TRANSPORT_SLACK_S,
+    )
+    report = parse_cluster(props, result)
+    if report["verdict"] != "pass":
+        refuse_or_record(props, cluster_failure(props, report))
+    return {key: report.get(key) for key in CLUSTER_FIELDS}
+
+
+def prove_serve_args(
+    transport: SshTransport, props: Mapping[str, Any], payload: str, deadline: float
+) -> dict[str, Any]:
+    """The image's vLLM parses the server's exact argv; a refusal stops `up` (mode enforce)."""
+    result = transport.run(
+        serve_args_argv(props, container_name(props, "model-args")),
+        stdin=serve_args_source(payload, deadline),
+        timeout=deadline + TRANSPORT_SLACK_S,
+    )
+    node = props["node"]["name"]
+    try:
+        report = parse_args_report(node, result, last_json_line(result.text))
+    except ServeArgsError as exc:
+        raise ModelSupportError(str(exc)) from None
+    if report["verdict"] != "pass":
+        refuse_or_record(props, args_failure_message(node, image_label(props, report), report))
+    return report
+
+
+def prove_model(transport: SshTransport, props: Mapping[str, Any], payload: str, deadline: float) -> dict:
+    """The behaviour proof (prove_model.py) in a throwaway container; the report fields it records."""
+    result = transport.run(
+        proof_argv(props, container_name(props, "model-support")),
+        stdin=proof_source(payload, deadline),
+        timeout=deadline + TRANSPORT_SLACK_S,
+    )
+    report = parse_proof(props, result)
+    if report["verdict"] != "pass":
+        refuse_or_record(props, failure_message(props, report))
+    return {key: report.get(key) for key in REPORT_FIELDS}
+
+
+def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[str, Any]:
+    """The whole check on the head; the outputs. Raises when it fails (mode enforce) or cannot run."""
+    problems = create_problems(props)
+    if problems:
+        raise ModelSupportError("model-support check: " + "; ".join(problems))
+    transport = head_transport(props["node"])
+    steps = plan_steps(props)
+    payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
+    args = proof_payload(proof_dir or PATCH_DIR, ARGS_PROGRAM, configs=False) if steps.serve_args else ""
+    outs: dict[str, Any] = {"memory_fit": None, "serve_args": None, "cluster_layer": None}
+    if steps.fit:
+        outs["memory_fit"] = check_fit(props, checkpoint_facts(transport, props["snapshot_path"]))
+    if steps.pin:
+        verify_pin(transport, props)
+    if steps.cluster:
+        outs["cluster_layer"] = check_cluster_layer(transport, props, steps.deadline_s)
+    if steps.serve_args:
+        outs["serve_args"] = prove_serve_args(transport, props, args, steps.deadline_s)
+    outs.update(prove_model(transport, props, payload, steps.deadline_s))
+    return outs
