@@ -11,6 +11,7 @@ from typing import Any
 
 import pulumi.dynamic as dynamic
 
+from components.errors import ExplainedErrors
 from components.model_support.execute import run_check
 from components.model_support.plan import (
     ModelSupportError,
@@ -22,7 +23,7 @@ from components.model_support.plan import (
 )
 
 
-class ModelSupportCheckProvider(dynamic.ResourceProvider):
+class ModelSupportCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
     """create: run the check; diff: compare inputs only; read: the recorded proof; delete: nothing."""
 
     # Existing stacks pickled this class as `components.model_support.ModelSupportCheckProvider` (by
