@@ -18,7 +18,7 @@ from typing import Any
 from components import image_transfer, transfer
 from components.node_image.docker_on import DockerOn, facts_argv, facts_stderr, parse_facts
 from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
-from components.node_image.facts import IMAGE_FORMAT, Daemon, Facts, ImageInfo, parse_images
+from components.node_image.facts import INSPECT_FORMAT, Daemon, Facts, ImageInfo, parse_images
 from components.node_image.nodes import inputs, keep_previous, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_programs import program_argv
@@ -361,7 +361,7 @@ def load_argv(
         "ref": ref,
         "compare": "id" if same_store else "layers",
         "want": wanted.image_id if same_store else list(wanted.layers),
-        "inspect_format": IMAGE_FORMAT,
+        "inspect_format": INSPECT_FORMAT,
         "claim": claim,
     }
     return program_argv("image_tag", ["load", json.dumps(spec, separators=(",", ":"))], python)
