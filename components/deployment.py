@@ -130,14 +130,31 @@ def node_container_names(config: StackConfig) -> dict[str, list[str]]:
 
 
 class Qwen35Deployment(pulumi.ComponentResource):
-    """Everything one stack deploys, in dependency order."""
+    """Everything one stack deploys, in dependency order: each step below registers one stage."""
 
     def __init__(self, name: str, args: DeploymentArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen35:index:Deployment", name, None, opts)
-        cfg = args.config
-        self.config = cfg
-        self.access: dict[str, NodeAccess] = node_access(cfg)
-        self.providers: dict[str, docker.Provider] = {
+        self.config = args.config
+        self.access: dict[str, NodeAccess] = node_access(self.config)
+        secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
+        self.providers = self._docker_providers(name)
+        self.claims = self._stack_claims(name)
+        self.image = self._image_build(name)
+        self.image_ref = image_ref(self.config.image)
+        self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
+        self.checkpoints: dict[str, Checkpoint] = place_checkpoints(name, self, args.hf_token)
+        self.model_support = self._model_support_check(name)
+        self.ray_tmp, self.ray_containers = self._ray_cluster(name, secrets)
+        self.server = self._vllm_server(name, secrets)
+        self.ready = self._readiness_gate(name, args.api_key)
+        self.outputs = self._stack_outputs()
+        self.register_outputs(self.outputs)
+
+    # ---- the steps, in the order they register -----------------------------------------------------
+
+    def _docker_providers(self, name: str) -> dict[str, docker.Provider]:
+        """One docker provider per node, over SSH."""
+        return {
             node_name: docker.Provider(
                 f"{name}-docker-{node_name}",
                 host=acc.docker_host,
@@ -146,11 +163,12 @@ class Qwen35Deployment(pulumi.ComponentResource):
             )
             for node_name, acc in self.access.items()
         }
-        head = cfg.head
-        secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
-        # Before any container or volume on a node: no other stack holds its names or host ports there.
+
+    def _stack_claims(self, name: str) -> dict[str, StackClaim]:
+        """Before any container or volume on a node: no other stack holds its names or host ports there."""
+        cfg = self.config
         owner = f"{pulumi.get_project()}/{pulumi.get_stack()}"
-        self.claims: dict[str, StackClaim] = {
+        return {
             node.name: StackClaim(
                 f"{name}-claim-{node.name}",
                 node=self.access[node.name].node_image_dict(),
@@ -162,25 +180,28 @@ class Qwen35Deployment(pulumi.ComponentResource):
             for node in cfg.nodes
         }
 
-        # Strategy prebuilt registers no build: the configured reference is on the head already.
-        self.image: HybridImage | None = None
-        if cfg.image.strategy is not ImageStrategy.PREBUILT:
-            self.image = HybridImage(
-                f"{name}-image",
-                HybridImageArgs(image=cfg.image),
-                opts=pulumi.ResourceOptions(parent=self, providers={"docker": self.providers[head.name]}),
-            )
-        self.image_ref = image_ref(cfg.image)
-        self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
-        self.checkpoints: dict[str, Checkpoint] = place_checkpoints(name, self, args.hf_token)
-        head_checkpoint = self.checkpoints.get(head.name)
+    def _image_build(self, name: str) -> HybridImage | None:
+        """The image built on the head; None for strategy prebuilt (the reference is there already)."""
+        image = self.config.image
+        if image.strategy is ImageStrategy.PREBUILT:
+            return None
+        return HybridImage(
+            f"{name}-image",
+            HybridImageArgs(image=image),
+            opts=pulumi.ResourceOptions(
+                parent=self, providers={"docker": self.providers[self.config.head.name]}
+            ),
+        )
 
-        # Before any Ray container: the head's image loads the checkpoint, and the model fits.
-        self.model_support = ModelSupportCheck(
+    def _model_support_check(self, name: str) -> ModelSupportCheck:
+        """Before any Ray container: the head's image loads the checkpoint, and the model fits."""
+        cfg, head = self.config, self.config.head.name
+        head_checkpoint = self.checkpoints.get(head)
+        return ModelSupportCheck(
             f"{name}-model-support",
-            node=self.access[head.name].node_image_dict(),
+            node=self.access[head].node_image_dict(),
             image=self.image_ref if self.image else cfg.image.prebuilt,
-            image_id=self.node_images[head.name].image_id,
+            image_id=self.node_images[head].image_id,
             memory=memory_inputs(cfg),
             mode=cfg.image.model_check.value,
             # The head's checkpoint (none when serve.model is a path and model.repo is unset: then the
@@ -189,57 +210,60 @@ class Qwen35Deployment(pulumi.ComponentResource):
             snapshot_path=head_checkpoint.snapshot_path if head_checkpoint else None,
             container_prefix=cfg.containers.name_prefix,
             # The server's exact command line (with the pinned revision): the image's vLLM parses it.
-            serve_argv=server_argv(
-                cfg, head_checkpoint.revision if head_checkpoint and cfg.serve.model == cfg.hub_repo else None
-            ),
+            serve_argv=server_argv(cfg, self._served_revision()),
             # Every strategy: the Ray containers need Ray beside vLLM, at the version the stack needs.
             cluster={"ray_version": cfg.image.ray_version, "stages": "ray,cluster,executor"},
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[self.node_images[head.name], *([head_checkpoint] if head_checkpoint else [])],
+                depends_on=[self.node_images[head], *([head_checkpoint] if head_checkpoint else [])],
             ),
         )
 
+    def _ray_cluster(
+        self, name: str, secrets: dict[str, Any]
+    ) -> tuple[docker.Volume, dict[str, docker.Container]]:
+        """The Ray head with its temp volume, then every worker (a worker joins the head's GCS)."""
+        cfg, head = self.config, self.config.head
         # Shared by the Ray head and the vLLM server (the driver needs the raylet's socket).
-        self.ray_tmp = docker.Volume(
-            f"{name}-ray-tmp",
-            name=ray_tmp_volume_name(cfg),
-            opts=self._on(head.name),
-        )
-
-        self.ray_containers: dict[str, docker.Container] = {}
-        # Every container runs the image ID of its own node's copy (IDs differ across image stores).
-        image_on = {node: placed.image_id for node, placed in self.node_images.items()}
-        head_spec = ray_container_spec(cfg, head, image_on[head.name])
-        self.ray_containers[head.name] = self._container(
-            f"{name}-ray-head",
-            head_spec,
-            head.name,
-            secrets,
-            depends_on=[self.ray_tmp],
-        )
+        ray_tmp = docker.Volume(f"{name}-ray-tmp", name=ray_tmp_volume_name(cfg), opts=self._on(head.name))
+        containers = {
+            head.name: self._container(
+                f"{name}-ray-head",
+                ray_container_spec(cfg, head, self._image_id(head.name)),
+                head.name,
+                secrets,
+                depends_on=[ray_tmp],
+            )
+        }
         for worker in cfg.workers:
-            self.ray_containers[worker.name] = self._container(
+            containers[worker.name] = self._container(
                 f"{name}-ray-worker-{worker.name}",
-                ray_container_spec(cfg, worker, image_on[worker.name]),
+                ray_container_spec(cfg, worker, self._image_id(worker.name)),
                 worker.name,
                 secrets,
                 # A worker joins the head's GCS: never start one before the head.
-                depends_on=[self.ray_containers[head.name]],
+                depends_on=[containers[head.name]],
             )
+        return ray_tmp, containers
 
-        vllm_spec = vllm_container_spec(cfg, image_on[head.name])
-        self.server = self._container(
+    def _vllm_server(self, name: str, secrets: dict[str, Any]) -> docker.Container:
+        """The vLLM server on the head, serving the pinned revision of a Hub checkpoint."""
+        head = self.config.head.name
+        return self._container(
             f"{name}-vllm",
-            vllm_spec,
-            head.name,
+            vllm_container_spec(self.config, self._image_id(head)),
+            head,
             secrets,
             # The server claims every GPU of the cluster: only once every Ray container runs.
             depends_on=[*self.ray_containers.values(), self.ray_tmp],
-            revision=self.checkpoints[head.name].revision if cfg.serve.model == cfg.hub_repo else None,
+            revision=self._served_revision(),
         )
 
-        self.ready = ReadinessGate(
+    def _readiness_gate(self, name: str, api_key: pulumi.Output[str] | None) -> ReadinessGate:
+        """Passes once the server answers a request, with every node and GPU in the Ray cluster."""
+        cfg, head = self.config, self.config.head
+        head_checkpoint = self.checkpoints.get(head.name)
+        return ReadinessGate(
             f"{name}-ready",
             node=self.access[head.name].node_image_dict(),
             server_id=self.server.id,
@@ -255,17 +279,20 @@ class Qwen35Deployment(pulumi.ComponentResource):
                     f"{n.name}/{ray_container_name(cfg, n)}": self.ray_containers[n.name].id
                     for n in cfg.nodes
                 },
-                f"{head.name}/{vllm_spec.name}": self.server.id,
+                f"{head.name}/{vllm_container_name(cfg)}": self.server.id,
             },
             deadline_s=cfg.serve.ready_timeout,
-            ray_container=head_spec.name,
-            log_container=vllm_spec.name,
-            api_key=args.api_key,
+            ray_container=ray_container_name(cfg, head),
+            log_container=vllm_container_name(cfg),
+            api_key=api_key,
             deployed=deployed(cfg, self.image_ref, head_checkpoint.revision if head_checkpoint else None),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server, *self.ray_containers.values()]),
         )
 
-        self.outputs: dict[str, Any] = {
+    def _stack_outputs(self) -> dict[str, Any]:
+        """The stack's outputs (`__main__` exports them)."""
+        cfg = self.config
+        return {
             # Only known once the gate passed: an endpoint output means "has answered a request".
             "endpoint": self.ready.id.apply(lambda _: endpoint_url(cfg)),
             "served_model": cfg.serve.model_name,
@@ -288,10 +315,22 @@ class Qwen35Deployment(pulumi.ComponentResource):
             "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
             # How many replaced images each node keeps for a rollback (image.keep_previous).
             "keep_previous": cfg.image.keep_previous,
-            "head": head.name,
+            "head": cfg.head.name,
             "nodes": [n.name for n in cfg.nodes],
         }
-        self.register_outputs(self.outputs)
+
+    # ---- shared by the steps --------------------------------------------------------------------------
+
+    def _image_id(self, node: str) -> pulumi.Output[str]:
+        """The image ID of `node`'s own copy (IDs differ across image stores): what its containers run."""
+        return self.node_images[node].image_id
+
+    def _served_revision(self) -> pulumi.Output[str] | None:
+        """The commit the server serves: the head checkpoint's, when `serve.model` is the Hub repo."""
+        head_checkpoint = self.checkpoints.get(self.config.head.name)
+        if head_checkpoint is None or self.config.serve.model != self.config.hub_repo:
+            return None
+        return head_checkpoint.revision
 
     def _on(self, node: str, depends_on: list[pulumi.Resource] | None = None) -> pulumi.ResourceOptions:
         return pulumi.ResourceOptions(

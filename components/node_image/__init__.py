@@ -33,7 +33,7 @@ from components.node_image.execute import (
     release_tag,
 )
 from components.node_image.facts import (
-    IMAGE_FORMAT,
+    INSPECT_FORMAT,
     Daemon,
     Facts,
     ImageInfo,
@@ -51,7 +51,7 @@ from components.node_image.resource import OUTPUT_KEYS, NodeImage
 from components.transfer import TIMING_ENV, PhaseTimes, Tuning, peer_target
 
 __all__ = [
-    "IMAGE_FORMAT",
+    "INSPECT_FORMAT",
     "NODE_KEYS",
     "OUTPUT_KEYS",
     "STORES",

@@ -6,8 +6,8 @@ import json
 
 from components.node_image.errors import NodeImageError
 from components.node_image.facts import (
-    IMAGE_FORMAT,
     INFO_FORMAT,
+    INSPECT_FORMAT,
     Facts,
     ImageInfo,
     parse_blobs,
@@ -37,7 +37,7 @@ def facts_argv(ref: str, history: bool = False, inventory: bool = False, python:
         "history": history,
         "inventory": inventory,
         "info_format": INFO_FORMAT,
-        "image_format": IMAGE_FORMAT,
+        "image_format": INSPECT_FORMAT,
     }
     return program_argv("docker_facts", [json.dumps(spec, separators=(",", ":"))])
 
@@ -132,7 +132,7 @@ class DockerOn:
         return report
 
     def image(self, ref: str) -> ImageInfo | None:
-        result = self.run(["docker", "image", "inspect", "--format", IMAGE_FORMAT, ref], check=False)
+        result = self.run(["docker", "image", "inspect", "--format", INSPECT_FORMAT, ref], check=False)
         if result.ok:
             return parse_images(result.text)[0]
         if b"No such image" in result.stderr or b"no such image" in result.stderr.lower():

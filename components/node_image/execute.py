@@ -18,7 +18,7 @@ from typing import Any
 from components import image_transfer, transfer
 from components.node_image.docker_on import DockerOn, facts_argv, facts_stderr, parse_facts
 from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
-from components.node_image.facts import IMAGE_FORMAT, Daemon, Facts, ImageInfo, parse_images
+from components.node_image.facts import INSPECT_FORMAT, Daemon, Facts, ImageInfo, parse_images
 from components.node_image.nodes import inputs, keep_previous, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_programs import program_argv
@@ -192,13 +192,24 @@ def carry_out(
     session: transfer.SourceSession | None,
 ) -> dict[str, Any]:
     """The outputs after doing what the plan says."""
-    image, dst, claim, times = job.image, job.dst, job.claim, job.times
-    at_source, at_destination = job.at_source, job.at_destination
-    base = {
+    base = _base_outputs(props, job)
+    _warn_blobs_unlisted(job)
+    if isinstance(decided, Skip):
+        shared = _share_tag(job, session) if decided.tag_was_there else {}
+        return _outputs(base, decided.image, decided.daemon, job.times, **shared)
+    if isinstance(decided, Retag):
+        return _outputs(base, decided.image, decided.daemon, job.times, **_retag(decided, job, session))
+    report = copy_image(decided, job, session)
+    return _outputs(base, report["image"], job.at_destination.daemon, job.times, **_copied(report, job.claim))
+
+
+def _base_outputs(props: Mapping[str, Any], job: CopyJob) -> dict[str, Any]:
+    """The outputs of a NodeImage that sent nothing, before the image it verified is known."""
+    return {
         **inputs(props),
-        "destination_label": dst.node.label,
-        "source_image_id": at_source.image.image_id,
-        "source_store": at_source.daemon.store,
+        "destination_label": job.dst.node.label,
+        "source_image_id": job.at_source.image.image_id,
+        "source_store": job.at_source.daemon.store,
         "bytes_sent": 0,
         "layer_bytes_sent": 0,
         "layers_sent": 0,
@@ -210,73 +221,85 @@ def carry_out(
         "claim": "",
         "layout": "",
         # False: the destination's containerd content store could not be read, every layer is sent
-        "blobs_listed": not at_destination.blobs_unlisted,
+        "blobs_listed": not job.at_destination.blobs_unlisted,
     }
-    if at_destination.blobs_unlisted:
+
+
+def _warn_blobs_unlisted(job: CopyJob) -> None:
+    """Tell the operator why no layer is left out when the content store could not be read."""
+    unlisted = job.at_destination.blobs_unlisted
+    if unlisted:
         tell_operator(
-            f"NodeImage {image}: {dst.node.label}'s containerd content store could not be read "
-            f"({'; '.join(at_destination.blobs_unlisted)}): no layer is left out; thin copies need the "
+            f"NodeImage {job.image}: {job.dst.node.label}'s containerd content store could not be read "
+            f"({'; '.join(unlisted)}): no layer is left out; thin copies need the "
             f"SSH user to read the content store"
         )
 
-    def done(info: ImageInfo, daemon: Daemon, **extra) -> dict[str, Any]:
-        return {
-            **base,
-            "image_id": info.image_id,
-            "layers": list(info.layers),
-            "store": daemon.store,
-            "engine": daemon.version,
-            **extra,
-            # What delete() may untag: the image this resource tagged, never one refresh saw later.
-            "placed_image_id": info.image_id if extra.get("placed_tag") else "",
-            # What refresh compares against: the image verified on the destination.
-            "verified_image_id": info.image_id,
-            "seconds": round(time.monotonic() - times.started, 3),
-        }
 
-    if isinstance(decided, Skip):
-        if not decided.tag_was_there:
-            return done(decided.image, decided.daemon)
-        # The tag was there: when a NodeImage placed it (this resource's predecessor in a
-        # replacement), share it, so the predecessor's delete leaves it in place. The source's
-        # session, unused, ends meanwhile.
-        ending = _end_meanwhile(session, times)
-        with times.span("join tag holders"):
-            joined = dst.tags("join", {"ref": image, "claim": claim}, at_destination.python, job.end)
-        ending.join()
-        held = bool(joined.get("joined"))
-        # Waiting: no holder recorded (by hand, or a resource from before the records placed it): the
-        # claim is kept so that such a predecessor's delete can hand the tag over (image_tag leave).
-        waits = bool(joined.get("waiting"))
-        return done(decided.image, decided.daemon, holds_tag=held, claim=claim if held or waits else "")
-    if isinstance(decided, Retag):
-        ending = _end_meanwhile(session, times)
-        with times.span("retag"):
-            dst.tags(
-                "retag",
-                {"ref": image, "image_id": decided.image.image_id, "claim": claim},
-                at_destination.python,
-                job.end,
-            )
-        ending.join()
-        return done(
-            decided.image, decided.daemon, retagged=True, placed_tag=True, holds_tag=True, claim=claim
+def _outputs(
+    base: dict[str, Any], info: ImageInfo, daemon: Daemon, times: PhaseTimes, **extra: Any
+) -> dict[str, Any]:
+    """The outputs once `info` is verified on the destination; `extra` what the step changed."""
+    return {
+        **base,
+        "image_id": info.image_id,
+        "layers": list(info.layers),
+        "store": daemon.store,
+        "engine": daemon.version,
+        **extra,
+        # What delete() may untag: the image this resource tagged, never one refresh saw later.
+        "placed_image_id": info.image_id if extra.get("placed_tag") else "",
+        # What refresh compares against: the image verified on the destination.
+        "verified_image_id": info.image_id,
+        "seconds": round(time.monotonic() - times.started, 3),
+    }
+
+
+def _share_tag(job: CopyJob, session: transfer.SourceSession | None) -> dict[str, Any]:
+    """The tag was there: when a NodeImage placed it (this resource's predecessor in a replacement),
+    share it, so the predecessor's delete leaves it in place. The source's session, unused, ends
+    meanwhile."""
+    ending = _end_meanwhile(session, job.times)
+    with job.times.span("join tag holders"):
+        joined = job.dst.tags(
+            "join", {"ref": job.image, "claim": job.claim}, job.at_destination.python, job.end
         )
-    report = copy_image(decided, job, session)
+    ending.join()
+    held = bool(joined.get("joined"))
+    # Waiting: no holder recorded (by hand, or a resource from before the records placed it): the
+    # claim is kept so that such a predecessor's delete can hand the tag over (image_tag leave).
+    waits = bool(joined.get("waiting"))
+    return {"holds_tag": held, "claim": job.claim if held or waits else ""}
+
+
+def _retag(decided: Retag, job: CopyJob, session: transfer.SourceSession | None) -> dict[str, Any]:
+    """Point the tag at the image the destination already holds; the source's session ends meanwhile."""
+    ending = _end_meanwhile(session, job.times)
+    with job.times.span("retag"):
+        job.dst.tags(
+            "retag",
+            {"ref": job.image, "image_id": decided.image.image_id, "claim": job.claim},
+            job.at_destination.python,
+            job.end,
+        )
+    ending.join()
+    return {"retagged": True, "placed_tag": True, "holds_tag": True, "claim": job.claim}
+
+
+def _copied(report: dict, claim: str) -> dict[str, Any]:
+    """What a copy changed in the outputs, from the transfer's report."""
     summary = report["summary"] or {}
-    return done(
-        report["image"],
-        at_destination.daemon,
-        skipped=False,
-        placed_tag=True,
-        holds_tag=True,
-        claim=claim,
-        bytes_sent=int(report["bytes"]),
-        layer_bytes_sent=int(summary.get("layer_bytes", 0)),
-        layers_sent=int(summary.get("layers_sent", 0)),
-        layers_left_out=int(summary.get("layers_left_out", 0)),
-        layout=str(summary.get("layout", "")),
-    )
+    return {
+        "skipped": False,
+        "placed_tag": True,
+        "holds_tag": True,
+        "claim": claim,
+        "bytes_sent": int(report["bytes"]),
+        "layer_bytes_sent": int(summary.get("layer_bytes", 0)),
+        "layers_sent": int(summary.get("layers_sent", 0)),
+        "layers_left_out": int(summary.get("layers_left_out", 0)),
+        "layout": str(summary.get("layout", "")),
+    }
 
 
 def _end_meanwhile(session: transfer.SourceSession | None, times: PhaseTimes) -> threading.Thread:
@@ -361,7 +384,7 @@ def load_argv(
         "ref": ref,
         "compare": "id" if same_store else "layers",
         "want": wanted.image_id if same_store else list(wanted.layers),
-        "inspect_format": IMAGE_FORMAT,
+        "inspect_format": INSPECT_FORMAT,
         "claim": claim,
     }
     return program_argv("image_tag", ["load", json.dumps(spec, separators=(",", ":"))], python)

@@ -8,13 +8,12 @@ import re
 from dataclasses import dataclass, field
 
 from components.node_image.nodes import Node
-from components.node_programs.engine_api import INFO_FORMAT as INFO_FORMAT  # (re-exported)
-from components.node_programs.engine_api import INSPECT_FORMAT
+from components.node_programs.wire import INFO_FORMAT as INFO_FORMAT  # (re-exported)
+from components.node_programs.wire import INSPECT_FORMAT as INSPECT_FORMAT  # (re-exported)
 from components.node_programs.wire import image_store
 
 # `docker info`'s line (INFO_FORMAT): the store's kind, Docker's root, version and storage driver.
-# One image per line: its ID, its layer list, its size (the line the Engine API's answers build too).
-IMAGE_FORMAT = INSPECT_FORMAT
+# One image per line (INSPECT_FORMAT): its ID, its layer list, its size.
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,7 @@ import sys
 from enum import IntEnum
 
 from components.node_programs import engine_api
-from components.node_programs.engine_api import INFO_FORMAT, INSPECT_FORMAT
-from components.node_programs.wire import chain_ids, image_store
+from components.node_programs.wire import INFO_FORMAT, INSPECT_FORMAT, chain_ids, image_store
 
 
 class Exit(IntEnum):
@@ -48,8 +47,6 @@ CONTENT_STORE = "io.containerd.content.v1.content"
 CONTENT_BLOBS = os.path.join(CONTENT_STORE, "blobs", "sha256")
 SYSTEM_CONTAINERD_ROOT = "/var/lib/containerd"
 DIGEST_HEX = re.compile(r"[0-9a-f]{64}")  # an image's name in imagedb (its config's digest)
-# The inventory line read_classic_store builds: only when asked for this format are the files read.
-FILES_FORMAT = INSPECT_FORMAT
 API_TIMEOUT_S = 30.0  # a daemon that does not answer a few-kB request in this time: ask the CLI
 
 
@@ -93,7 +90,7 @@ def content_blobs(docker_root: str) -> tuple[list[str], list[str]]:
 
 
 def read_classic_store(root: str, driver: str) -> str | None:
-    """Every image's inventory line (FILES_FORMAT) from a classic store's files, sorted by ID: its
+    """Every image's inventory line (INSPECT_FORMAT) from a classic store's files, sorted by ID: its
     config's layer list, and its size (what the daemon reports: the sizes of its layers); None when
     the store cannot be read (another user's, another layout), and the CLI asks the daemon instead.
     An image or layer that goes while this reads (deleted meanwhile) is left out: its layers are
@@ -174,7 +171,7 @@ def inventory(spec: dict, info_out: str, report: dict, engine: str | None = None
     root = fields[1] if len(fields) > 1 else "/var/lib/docker"
     containerd = image_store(fields[0]) == "containerd"
     lines = None
-    if not containerd and len(fields) > 3 and fields[3] and spec["image_format"] == FILES_FORMAT:
+    if not containerd and len(fields) > 3 and fields[3] and spec["image_format"] == INSPECT_FORMAT:
         lines = read_classic_store(root, fields[3])
     report["inventory_from"] = "docker" if lines is None else "store files"
     if lines is None and engine and spec["image_format"] == INSPECT_FORMAT:

@@ -18,11 +18,6 @@ import json
 import os
 import socket
 
-# The lines `docker … --format` prints for these formats are the lines built here from the API's
-# answers (callers use the API only when asked for exactly these formats).
-INSPECT_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"  # `docker image inspect`
-INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}\t{{.Driver}}"  # `docker info`
-
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
 _ANSWER_LIMIT = 64 << 20  # an answer this long is not one of the few-kilobyte answers asked for
 
@@ -130,12 +125,12 @@ def get_json(path: str, url: str, timeout: float | None = None) -> tuple[int, ob
 
 
 def image_line(found: dict) -> str:
-    """`docker image inspect --format INSPECT_FORMAT`'s line for an image's inspect answer."""
+    """`docker image inspect --format INSPECT_FORMAT`'s line (`wire`) for an image's inspect answer."""
     layers = json.dumps((found.get("RootFS") or {}).get("Layers"), separators=(",", ":"))
     return f"{json.dumps(found['Id'])}\t{layers}\t{found.get('Size') or 0}"
 
 
 def info_line(info: dict) -> str:
-    """`docker info --format INFO_FORMAT`'s line for the daemon's info answer."""
+    """`docker info --format INFO_FORMAT`'s line (`wire`) for the daemon's info answer."""
     status = json.dumps(info.get("DriverStatus"), separators=(",", ":"))
     return f"{status}\t{info['DockerRootDir']}\t{info['ServerVersion']}\t{info.get('Driver') or ''}"

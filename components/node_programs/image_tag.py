@@ -37,8 +37,8 @@ import time
 from enum import IntEnum
 
 from components.node_programs import engine_api
-from components.node_programs.engine_api import INSPECT_FORMAT, engine_socket, quote
-from components.node_programs.wire import split_tag
+from components.node_programs.engine_api import engine_socket, quote
+from components.node_programs.wire import INSPECT_FORMAT, split_tag
 
 
 class Exit(IntEnum):

@@ -29,9 +29,9 @@ keeps it, and every stage's stderr tail (TAIL_LINES), in its report. Where the s
 the destination fails, or the sink's end closes without an outcome line, the status is ssh's own
 SSH_TRANSPORT_FAILURE: a transport failure, never the remote command's.
 
-Also here: the facts both sides read from Docker (its image store, image references as containerd
-records them) and the digest of a checkpoint's file list (the Checkpoint resource and `status` compare
-it).
+Also here: the facts both sides read from Docker (the `--format` lines asked for, its image store,
+image references as containerd records them) and the digest of a checkpoint's file list (the
+Checkpoint resource and `status` compare it).
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ TAIL_LINES = 12  # stderr lines of a stage (or of the consumer) kept in a report
 
 # ---- Docker facts ------------------------------------------------------------------------------------
 
+# The lines `docker … --format` prints for these formats are the lines `engine_api` builds from the API's
+# answers; a node program uses the API, or a classic store's files, only when asked for exactly these.
+INSPECT_FORMAT = "{{json .Id}}\t{{json .RootFS.Layers}}\t{{.Size}}"  # `docker image inspect`
+INFO_FORMAT = "{{json .DriverStatus}}\t{{.DockerRootDir}}\t{{.ServerVersion}}\t{{.Driver}}"  # `docker info`
 CONTAINERD_SNAPSHOTTER = "io.containerd.snapshotter"  # `docker info`'s driver-type on a containerd store
 DEFAULT_TAG = "latest"
 _HUB = "docker.io"

@@ -33,8 +33,61 @@ VOLUME = "docker:index/volume:Volume"
 PROVIDER = "pulumi:providers:docker"
 
 
+# Steps that change nothing on a node.
+UNCHANGED = ("same", "read", "refresh")
+
+
 def urn_name(urn: str) -> str:
     return urn.rsplit("::", 1)[-1]
+
+
+def urn_type(urn: str) -> str:
+    return urn.split("::")[-2].rsplit("$", 1)[-1]
+
+
+# ---- reading `pulumi … --json` events ----------------------------------------------------------------
+
+
+def steps(events: list[dict]) -> list[dict]:
+    """The metadata of every resource step the engine finished, in the order it finished them."""
+    return [e["resOutputsEvent"]["metadata"] for e in events if "resOutputsEvent" in e]
+
+
+def finished(events: list[dict]) -> list[tuple[str, str, str]]:
+    """(type, name, op) of every resource step the engine finished, in the order it finished them."""
+    return [(meta["type"], urn_name(meta["urn"]), meta["op"]) for meta in steps(events)]
+
+
+def changed_steps(events: list[dict]) -> list[tuple[str, str, str]]:
+    """The finished steps that are not `same`, `read` or `refresh`."""
+    return [step for step in finished(events) if step[2] not in UNCHANGED]
+
+
+def changes(events: list[dict]) -> dict[str, str]:
+    """name -> op of every step that changed something (a refresh that found a difference shows as
+    an update or delete step, or a refresh step with diffs)."""
+    found = {}
+    for meta in steps(events):
+        if meta["op"] not in UNCHANGED or meta.get("diffs"):
+            found[urn_name(meta["urn"])] = meta["op"]
+    return found
+
+
+def outputs_of(events: list[dict], name: str) -> dict:
+    """The outputs the last step on `name` left (a replacement has several steps)."""
+    made = [(m.get("new") or {}).get("outputs") for m in steps(events) if urn_name(m["urn"]) == name]
+    made = [outputs for outputs in made if outputs]
+    assert made, f"no step on {name} left outputs"
+    return made[-1]
+
+
+def errors(events) -> list[str]:
+    """The messages of the error diagnostics among `events`."""
+    return [
+        e["diagnosticEvent"].get("message", "")
+        for e in events
+        if e.get("diagnosticEvent", {}).get("severity") == "error"
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,16 @@ import pytest
 import lab
 from engine.lab_stack import engine_lab_config, write_config
 from lab.standin_hub import StandinHub, generate_repo
-from tests.engine.conftest import REPO_ID, Stack, clear_caches, secret_stack, urn_name
+from tests.engine.conftest import (
+    REPO_ID,
+    Stack,
+    changes,
+    clear_caches,
+    errors,
+    outputs_of,
+    secret_stack,
+    urn_name,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -42,31 +51,6 @@ R_GATE = "qwen35-ready"
 # probe (refresh re-runs it) finds the cluster not ready. Nothing else may show.
 R_SERVER = "qwen35-vllm"
 CLUSTER_WIDE = {R_GATE, R_SERVER}
-# Steps that change nothing.
-UNCHANGED = ("same", "read", "refresh")
-
-
-def steps(events: list[dict]) -> list[dict]:
-    """The metadata of every resource step the engine finished."""
-    return [e["resOutputsEvent"]["metadata"] for e in events if "resOutputsEvent" in e]
-
-
-def changes(events: list[dict]) -> dict[str, str]:
-    """name -> op of every step that changed something (a refresh that found a difference shows as
-    an update or delete step, or a refresh step with diffs)."""
-    found = {}
-    for meta in steps(events):
-        if meta["op"] not in UNCHANGED or meta.get("diffs"):
-            found[urn_name(meta["urn"])] = meta["op"]
-    return found
-
-
-def outputs_of(events: list[dict], name: str) -> dict:
-    """The outputs the last step on `name` left (a replacement has several steps)."""
-    made = [(m.get("new") or {}).get("outputs") for m in steps(events) if urn_name(m["urn"]) == name]
-    made = [outputs for outputs in made if outputs]
-    assert made, f"no step on {name} left outputs"
-    return made[-1]
 
 
 def image_tags(node: lab.LabNode) -> set[str]:
@@ -168,20 +152,32 @@ def assert_clean(stack: Stack) -> None:
     assert changes(done.events()) == {}
 
 
-def errors(events: list[dict]) -> list[str]:
-    return [
-        e["diagnosticEvent"].get("message", "")
-        for e in events
-        if e.get("diagnosticEvent", {}).get("severity") == "error"
-    ]
-
-
 def repair(stack: Stack) -> list[dict]:
     done = stack.run("up", "--yes", "--skip-preview", "--json", check=False, timeout=1800)
     events = done.events()
     if done.returncode != 0:
         pytest.fail("pulumi up failed:\n" + ("\n".join(errors(events)) or done.err[-3000:]), pytrace=False)
     return events
+
+
+def seen_and_repaired(
+    stack: Stack, drifted: str, also: set[str] | frozenset[str] = frozenset()
+) -> tuple[dict[str, str], list[dict]]:
+    """A drift made by hand shows in `pulumi refresh` on `drifted` (and at most on `also` besides);
+    the next `up` repairs it. What that `up` changed (name -> op), and its events."""
+    found = refresh(stack)
+    if also:
+        assert drifted in found and set(found) <= also | {drifted}, found
+    else:
+        assert set(found) == {drifted}, found
+    events = repair(stack)
+    return changes(events), events
+
+
+def serves_and_is_clean(stack: Stack, api_key: str) -> None:
+    """After a repair: the endpoint answers, and a refresh finds nothing left to change."""
+    answers(stack, api_key)
+    assert_clean(stack)
 
 
 # --- 7. progress the operator can see ------------------------------------------------------------
@@ -211,10 +207,7 @@ def test_stopped_worker_is_seen_and_started_again(first_up, stack, lab_nodes, se
     node_b = lab_nodes["node-b"]
     old_id = lab.docker(node_b, "inspect", "--format", "{{.Id}}", WORKER).out.strip()
     lab.docker(node_b, "stop", WORKER)
-    found = refresh(stack)
-    assert R_WORKER in found and set(found) <= CLUSTER_WIDE | {R_WORKER}, found
-    events = repair(stack)
-    done = changes(events)
+    done, events = seen_and_repaired(stack, R_WORKER, also=CLUSTER_WIDE)
     # The provider records a stopped container as `must_run: false`: `up` starts it again, in place.
     assert done.get(R_WORKER) in ("update", "create", "replace"), done
     # The gate probes the cluster again: it had not answered since the worker came back.
@@ -230,20 +223,16 @@ def test_stopped_worker_is_seen_and_started_again(first_up, stack, lab_nodes, se
     assert now[1] == "true", now
     if done[R_WORKER] == "update":
         assert now[0] == old_id
-    answers(stack, secrets["api_key"])
-    assert_clean(stack)
+    serves_and_is_clean(stack, secrets["api_key"])
 
 
 def test_removed_worker_is_seen_and_created_again(first_up, stack, lab_nodes, secrets):
     node_b = lab_nodes["node-b"]
     lab.docker(node_b, "rm", "-f", WORKER)
-    found = refresh(stack)
-    assert R_WORKER in found and set(found) <= CLUSTER_WIDE | {R_WORKER}, found
-    done = changes(repair(stack))
+    done, _ = seen_and_repaired(stack, R_WORKER, also=CLUSTER_WIDE)
     assert done.get(R_WORKER) == "create", done
     assert done.get(R_GATE) in ("create", "replace", "create-replacement"), done
-    answers(stack, secrets["api_key"])
-    assert_clean(stack)
+    serves_and_is_clean(stack, secrets["api_key"])
 
 
 def test_removed_image_tag_is_seen_and_tagged_again(first_up, stack, lab_nodes, lab_image, secrets):
@@ -251,17 +240,13 @@ def test_removed_image_tag_is_seen_and_tagged_again(first_up, stack, lab_nodes, 
     # The worker still runs the image: the tag goes, the image stays (what `docker rmi -f` does).
     lab.docker(node_b, "rmi", "-f", lab_image)
     assert lab_image not in image_tags(node_b)
-    found = refresh(stack)
-    assert set(found) == {R_IMAGE_B}, found
-    events = repair(stack)
-    done = changes(events)
+    done, events = seen_and_repaired(stack, R_IMAGE_B)
     assert set(done) == {R_IMAGE_B}, done
     # Every layer was still there: nothing re-sent, only tagged again; no container replaced.
     outs = outputs_of(events, R_IMAGE_B)
     assert outs["layer_bytes_sent"] == 0, outs
     assert lab_image in image_tags(node_b)
-    answers(stack, secrets["api_key"])
-    assert_clean(stack)
+    serves_and_is_clean(stack, secrets["api_key"])
 
 
 def test_image_tag_pointed_elsewhere_is_seen_and_put_back(first_up, stack, lab_nodes, lab_image, secrets):
@@ -269,17 +254,13 @@ def test_image_tag_pointed_elsewhere_is_seen_and_put_back(first_up, stack, lab_n
     placed = lab.docker(node_b, "image", "inspect", "--format", "{{.Id}}", lab_image).out.strip()
     other = lab.busybox_image(node_b)
     lab.docker(node_b, "tag", other, lab_image)
-    found = refresh(stack)
-    assert set(found) == {R_IMAGE_B}, found
-    events = repair(stack)
-    done = changes(events)
+    done, events = seen_and_repaired(stack, R_IMAGE_B)
     assert set(done) == {R_IMAGE_B}, done
     outs = outputs_of(events, R_IMAGE_B)
     assert outs["layer_bytes_sent"] == 0, outs
     assert outs["image_id"] == placed
     assert lab.docker(node_b, "image", "inspect", "--format", "{{.Id}}", lab_image).out.strip() == placed
-    answers(stack, secrets["api_key"])
-    assert_clean(stack)
+    serves_and_is_clean(stack, secrets["api_key"])
 
 
 def shard_blobs(node: str) -> list[Path]:
@@ -297,17 +278,13 @@ def test_damaged_checkpoint_file_is_seen_with_full_refresh_and_sent_again(
         byte = handle.read(1)
         handle.seek(SHARD_BYTES // 2)
         handle.write(bytes([byte[0] ^ 0xFF]))
-    found = refresh(stack)
-    assert set(found) == {R_CHECKPOINT_B}, found
-    events = repair(stack)
-    done = changes(events)
+    done, events = seen_and_repaired(stack, R_CHECKPOINT_B)
     assert set(done) == {R_CHECKPOINT_B}, done
     outs = outputs_of(events, R_CHECKPOINT_B)
     # That one file again, not the whole checkpoint.
     assert outs["files_sent"] == 1, outs
     assert SHARD_BYTES <= outs["bytes_sent"] < 2 * SHARD_BYTES, outs
-    answers(stack, secrets["api_key"])
-    assert_clean(stack)
+    serves_and_is_clean(stack, secrets["api_key"])
 
 
 def test_deleted_checkpoint_file_is_seen_with_sizes_and_sent_again(
@@ -318,16 +295,12 @@ def test_deleted_checkpoint_file_is_seen_with_sizes_and_sent_again(
     assert set(switched) <= {"qwen35-checkpoint-node-a", R_CHECKPOINT_B}, switched
     assert_clean(stack)
     shard_blobs("node-b")[1].unlink()
-    found = refresh(stack)
-    assert set(found) == {R_CHECKPOINT_B}, found
-    events = repair(stack)
-    done = changes(events)
+    done, events = seen_and_repaired(stack, R_CHECKPOINT_B)
     assert set(done) == {R_CHECKPOINT_B}, done
     outs = outputs_of(events, R_CHECKPOINT_B)
     assert outs["files_sent"] == 1, outs
     assert SHARD_BYTES <= outs["bytes_sent"] < 2 * SHARD_BYTES, outs
-    answers(stack, secrets["api_key"])
-    assert_clean(stack)
+    serves_and_is_clean(stack, secrets["api_key"])
 
 
 # --- 6. `destroy` leaves the nodes as they were ---------------------------------------------------

@@ -24,10 +24,12 @@ from tests.engine.conftest import (
     PROVIDER,
     VOLUME,
     Stack,
+    changed_steps,
     clear_caches,
+    finished,
     new_stack,
     secret_stack,
-    urn_name,
+    urn_type,
 )
 
 pytestmark = pytest.mark.engine
@@ -45,25 +47,6 @@ EXPECTED = {
     "qwen35:index:Deployment": 1,
 }
 OUTPUTS = {"endpoint", "served_model", "dashboard", "images", "checkpoints", "containers", "model_support"}
-
-
-def urn_type(urn: str) -> str:
-    return urn.split("::")[-2].rsplit("$", 1)[-1]
-
-
-def finished(events: list[dict]) -> list[tuple[str, str, str]]:
-    """(type, name, op) of every resource step the engine finished, in the order it finished them."""
-    done = []
-    for event in events:
-        outputs = event.get("resOutputsEvent")
-        if outputs:
-            meta = outputs["metadata"]
-            done.append((meta["type"], urn_name(meta["urn"]), meta["op"]))
-    return done
-
-
-def changed_steps(events: list[dict]) -> list[tuple[str, str, str]]:
-    return [step for step in finished(events) if step[2] not in ("same", "read", "refresh")]
 
 
 @pytest.fixture(scope="module")

@@ -28,19 +28,18 @@ from tests.engine.conftest import (
     CONTAINER,
     GATE,
     PROVIDER,
+    UNCHANGED,
     Stack,
     clear_caches,
+    finished,
     new_stack,
     secret_stack,
     urn_name,
 )
-from tests.engine.test_engine import finished
 
 pytestmark = pytest.mark.engine
 
 NAMESPACE = "qwen35-spark"
-# Steps that change nothing on a node.
-UNCHANGED = ("same", "read", "refresh")
 
 
 def steps_by_resource(events: list[dict]) -> dict[str, tuple[str, set[str]]]:

@@ -169,13 +169,13 @@ def test_the_inventory_read_from_a_classic_stores_files_is_what_the_daemon_repor
     import json
 
     from components.node_image.docker_on import facts_argv
-    from components.node_image.facts import IMAGE_FORMAT, parse_images
+    from components.node_image.facts import INSPECT_FORMAT, parse_images
 
     node = {"node-a": node_a, "node-c": node_c, "node-d": node_d}[name]
     report = json.loads(lab.on_node(node, facts_argv("ni-eng:1", inventory=True)).out.splitlines()[-1])
     assert report["inventory_from"] == read_from
     ids = sorted(set(lab.docker(node, "image", "ls", "-a", "-q", "--no-trunc").out.split()))
-    daemon = parse_images(lab.docker(node, "image", "inspect", "--format", IMAGE_FORMAT, *ids).out)
+    daemon = parse_images(lab.docker(node, "image", "inspect", "--format", INSPECT_FORMAT, *ids).out)
     assert len(ids) >= 3 and sorted(parse_images(report["images"]), key=lambda i: i.image_id) == daemon
 
 

@@ -925,13 +925,6 @@ def test_a_store_whose_files_cannot_be_read_is_asked_of_the_daemon(tmp_path, mon
     assert parse_images(report["images"]) == [ImageInfo("sha256:" + "f" * 64, (L1,), 9)]
 
 
-def test_the_store_files_path_builds_the_inventory_line_the_orchestrator_asks_for():
-    from components.node_image.facts import IMAGE_FORMAT
-    from components.node_programs import docker_facts
-
-    assert docker_facts.FILES_FORMAT == IMAGE_FORMAT  # else every classic inventory asks the daemon
-
-
 def test_a_temporary_tag_left_behind_only_warns_and_the_claim_stays_valid(tmp_path, monkeypatch):
     """The real tag is verified and recorded before the temporary tag goes: failing to remove the
     temporary tag must not fail the load (that would leave a claim no resource state knows)."""
