@@ -41,7 +41,7 @@ import threading
 import time
 from enum import IntEnum
 
-from components.node_programs.wire import NUDGE, TAIL_LINES
+from components.node_programs.wire import NUDGE, REFUSED, SERVED, TAIL_LINES
 
 
 class Exit(IntEnum):
@@ -278,7 +278,7 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
                         stdin.closed = True  # {}: nothing to serve
                 if stdin.closed and conn is None:
                     break
-            if conn is not None and conn in ready:  # before "+" the source sends nothing: it went
+            if conn is not None and conn in ready:  # before SERVED the source sends nothing: it went
                 conn.close()
                 conn = None
                 continue
@@ -294,13 +294,13 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
                     held.append(accepted)
                 else:
                     with contextlib.suppress(OSError):
-                        accepted.sendall(b"-")
+                        accepted.sendall(REFUSED)
                     accepted.close()
             if conn is not None and consumer is not None:
                 try:
                     if gone(conn):  # the source ended its side meanwhile: not served
                         raise BrokenPipeError
-                    conn.sendall(b"+")
+                    conn.sendall(SERVED)
                 except OSError:  # the source gave up waiting: listen for another attempt
                     conn.close()
                     conn = None
@@ -330,7 +330,7 @@ def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
             consumer.cancel()
         if conn is not None:  # accepted, never served
             with contextlib.suppress(OSError):
-                conn.sendall(b"-")  # refused: the source falls back to a session of its own
+                conn.sendall(REFUSED)  # refused: the source falls back to a session of its own
             conn.close()
         for nudge in held:
             nudge.close()
