@@ -228,6 +228,62 @@ def check_completion(base: str, model: str, api_key: str | None, timeout: float)
     return tokens, text
 
 
+def ready_report(ray: RayStatus | None, model: str, tokens: int, reply: str, elapsed_s: float) -> ReadyReport:
+    """What the probe saw once every stage passed (Ray's counts are 0 when its check was skipped)."""
+    return ReadyReport(
+        ray_nodes=ray.nodes if ray else 0,
+        ray_gpus=ray.gpus if ray else 0.0,
+        model=model,
+        completion_tokens=tokens,
+        reply=reply[:200],
+        elapsed_s=round(elapsed_s, 1),
+    )
+
+
+def check_endpoints(base: str, model: str, api_key: str | None, remaining: float) -> None:
+    """The server's stages before a completion: `/health` answers 200, `/v1/models` lists `model`."""
+    check_health(base, min(remaining, 30.0))
+    check_models(base, model, api_key, min(remaining, 30.0))
+
+
+class StageReports:
+    """Says which stage the wait is at: when the stage changes, and every `every_s` while it does not."""
+
+    def __init__(self, progress: Callable[[str], None] | None, start: float, every_s: float):
+        self.progress = progress
+        self.start = start
+        self.every_s = every_s
+        self.stage = ""
+        self.said_at = start
+
+    def note(self, waiting: NotReady, now: float) -> None:
+        if self.progress and (waiting.stage != self.stage or now - self.said_at >= self.every_s):
+            at = f"{now - self.start:.0f} s at stage '{waiting.stage}'"
+            self.progress(f"{PROGRESS_PREFIX}{at}: {waiting.detail}")
+            self.stage, self.said_at = waiting.stage, now
+
+
+def stop_if_exited(
+    server_state: Callable[[], str] | None, waiting: NotReady, log_tail: Callable[[], str] | None
+) -> None:
+    """Give up at once when the server container has exited, saying which stage the wait was at."""
+    try:
+        check_server_alive(server_state)
+    except ReadinessError as exited:
+        message = f"{exited.args[0]}\n  it was waiting at stage '{waiting.stage}': {waiting.detail}"
+        raise ReadinessError(message, exited.stage, _tail(log_tail)) from None
+
+
+def timed_out(deadline_s: float, base: str, last: NotReady, tail: str) -> ReadinessError:
+    """The error of a wait whose deadline passed: the stage that never passed and the server's log."""
+    message = (
+        f"readiness: not ready after {deadline_s:g} s at {base}\n"
+        f"  stuck at stage '{last.stage}': {last.detail}\n"
+        "  next: look at the server log below; `pulumi up` again resumes waiting"
+    )
+    return ReadinessError(message, last.stage, tail)
+
+
 def wait_ready(
     probe_target: str,
     expect_nodes: int,
@@ -260,8 +316,7 @@ def wait_ready(
     start = clock()
     end = start + deadline_s
     last = NotReady("start", "not probed yet")
-    seen_stage = ""
-    reported_at = start
+    reports = StageReports(progress, start, report_every_s)
     while True:
         remaining = max(end - clock(), 1.0)
         try:
@@ -270,40 +325,19 @@ def wait_ready(
                 if ray_check
                 else None
             )
-            check_health(base, min(remaining, 30.0))
-            check_models(base, model, api_key, min(remaining, 30.0))
+            check_endpoints(base, model, api_key, remaining)
             tokens, reply = check_completion(base, model, api_key, min(remaining, 300.0))
-            return ReadyReport(
-                ray_nodes=ray.nodes if ray else 0,
-                ray_gpus=ray.gpus if ray else 0.0,
-                model=model,
-                completion_tokens=tokens,
-                reply=reply[:200],
-                elapsed_s=round(clock() - start, 1),
-            )
+            return ready_report(ray, model, tokens, reply, clock() - start)
         except NotReady as exc:
             last = exc
-            now = clock()
-            if progress and (exc.stage != seen_stage or now - reported_at >= report_every_s):
-                progress(f"{PROGRESS_PREFIX}{now - start:.0f} s at stage '{exc.stage}': {exc.detail}")
-                seen_stage, reported_at = exc.stage, now
-            try:
-                check_server_alive(server_state)
-            except ReadinessError as exited:
-                message = f"{exited.args[0]}\n  it was waiting at stage '{exc.stage}': {exc.detail}"
-                raise ReadinessError(message, exited.stage, _tail(log_tail)) from None
+            reports.note(exc, clock())
+            stop_if_exited(server_state, exc, log_tail)
         except ReadinessError as exc:
             raise ReadinessError(exc.args[0], exc.stage, _tail(log_tail), exc.rejected) from None
         if clock() + interval_s > end:
             break
         sleep(interval_s)
-    tail = _tail(log_tail)
-    message = (
-        f"readiness: not ready after {deadline_s:g} s at {base}\n"
-        f"  stuck at stage '{last.stage}': {last.detail}\n"
-        "  next: look at the server log below; `pulumi up` again resumes waiting"
-    )
-    raise ReadinessError(message, last.stage, tail)
+    raise timed_out(deadline_s, base, last, _tail(log_tail))
 
 
 def _tail(log_tail: Callable[[], str] | None) -> str:

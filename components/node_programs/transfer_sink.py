@@ -41,7 +41,7 @@ import threading
 import time
 from enum import IntEnum
 
-from components.node_programs.wire import NUDGE, TAIL_LINES
+from components.node_programs.wire import NUDGE, REFUSED, SERVED, TAIL_LINES
 
 
 class Exit(IntEnum):
@@ -248,92 +248,142 @@ def listen(spec: dict) -> int:
             os.rmdir(folder)
 
 
+class Serving:
+    """One `listen` while it waits to serve: the orchestrator's messages (stdin), the consumer they
+    name, the source's connection once it said the token, and the nudges held open meanwhile."""
+
+    def __init__(self, listener: socket.socket, token: str, deadline: float):
+        self.listener = listener
+        self.token = token
+        self.deadline = deadline
+        self.stdin = Stdin()
+        self.consumer: Consumer | None = None
+        self.conn: socket.socket | None = None
+        self.held: list[socket.socket] = []
+
+    def can_serve(self) -> bool:
+        return self.conn is not None and self.consumer is not None
+
+    def waiting_on(self) -> list:
+        """What to wait on: the listener until the source's connection is in, that connection until
+        its consumer is named (should its source give up, a retried attempt, it is dropped and the
+        end listens again), and stdin while it is open."""
+        waiting = [self.listener] if self.conn is None else ([self.conn] if self.consumer is None else [])
+        if not self.stdin.closed:
+            waiting.append(0)
+        return waiting
+
+    def take_messages(self) -> bool:
+        """Act on the orchestrator's messages: start the consumer it names, or run its last command
+        for this node here; True once that command ran (nothing to serve after all)."""
+        for message in self.stdin.read_available():
+            if isinstance(message.get("consumer"), list) and self.consumer is None:
+                self.consumer = Consumer([str(arg) for arg in message["consumer"]])
+                if message.get("deadline_s"):  # the transfer's own, counted from now
+                    self.deadline = time.monotonic() + float(message["deadline_s"])
+            elif isinstance(message.get("run"), list) and self.consumer is None:
+                # Nothing to serve after all (a skip, a retag): the one command the caller still has
+                # for this node runs here, in this session, instead of a new one (a connection the
+                # source opened early is refused on the way out).
+                say({"ran": run_captured([str(arg) for arg in message["run"]])})
+                return True
+            elif not message.get("consumer"):
+                self.stdin.closed = True  # {}: nothing to serve
+        return False
+
+    def drop_connection(self) -> None:
+        self.conn.close()
+        self.conn = None
+
+    def accept(self) -> None:
+        """Take the next connection and check what it says first: the token (the source's, kept),
+        NUDGE (held, unanswered) or anything else (refused)."""
+        accepted, _ = self.listener.accept()
+        line = read_line(accepted, max(len(self.token), len(NUDGE)) + 1)
+        if line == self.token:
+            self.conn = accepted
+        elif line == NUDGE:
+            # Held, unanswered: closing it would make this node's sshd send a small packet just
+            # before the answer to the real connection, which then waits ~40 ms for the source's
+            # delayed ACK (Nagle; measured on OpenSSH 9.2).
+            self.held.append(accepted)
+        else:
+            with contextlib.suppress(OSError):
+                accepted.sendall(REFUSED)
+            accepted.close()
+
+    def answer(self) -> bool:
+        """Tell the source its stream is served; False (the connection dropped, to listen for another
+        attempt) when the source has given up meanwhile."""
+        try:
+            if gone(self.conn):  # the source ended its side meanwhile: not served
+                raise BrokenPipeError
+            self.conn.sendall(SERVED)
+        except OSError:
+            self.drop_connection()
+            return False
+        return True
+
+    def serve(self) -> None:
+        """Relay the stream into the consumer, send its outcome line back, and report what was served."""
+        conn, consumer = self.conn, self.consumer
+        with contextlib.suppress(OSError, AttributeError):  # fewer wake-ups; best effort
+            fcntl.fcntl(consumer.proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
+        # Should the orchestrator end this session (its stdin: it gave up on the copy) or the
+        # deadline pass while the consumer is at work, the connection is cut and the consumer
+        # ended: it never promotes what the orchestrator no longer waits for.
+        watch = threading.Thread(
+            target=end_on_eof_or, args=(conn, self.stdin, self.deadline, consumer), daemon=True
+        )
+        watch.start()
+        moved, why = relay(conn, consumer.proc.stdin.fileno())
+        outcome = consumer.outcome()
+        with contextlib.suppress(OSError):
+            conn.sendall((json.dumps(outcome) + "\n").encode())
+            conn.shutdown(socket.SHUT_WR)
+        conn.close()
+        self.consumer = self.conn = None
+        say({"served": {"bytes": moved, "stopped": why, "status": outcome["status"]}})
+
+    def close(self) -> None:
+        """End what was never served: the consumer, a connection accepted but not answered, the nudges."""
+        if self.consumer is not None:
+            self.consumer.cancel()
+        if self.conn is not None:
+            with contextlib.suppress(OSError):
+                self.conn.sendall(REFUSED)  # the source falls back to a session of its own
+            self.conn.close()
+        for nudge in self.held:
+            nudge.close()
+
+
 def serve_one(listener: socket.socket, token: str, deadline: float) -> int:
     """Wait for the consumer's argv (stdin) and the source's connection (either first); serve it."""
-    stdin, consumer, conn = Stdin(), None, None
-    held: list[socket.socket] = []
+    serving = Serving(listener, token, deadline)
     try:
-        while time.monotonic() < deadline:
-            # A connection held before its consumer is named is watched: should its source give up
-            # (a retried attempt), it is dropped and the end listens again.
-            if stdin.closed and (conn is None or consumer is None):
+        while time.monotonic() < serving.deadline:
+            if serving.stdin.closed and not serving.can_serve():
                 break  # the orchestrator's session ended (or said {}): nothing more to serve
-            waiting = [listener] if conn is None else ([conn] if consumer is None else [])
-            if not stdin.closed:
-                waiting.append(0)
-            ready, _, _ = select.select(waiting, [], [], 1.0)
+            ready, _, _ = select.select(serving.waiting_on(), [], [], 1.0)
             if 0 in ready:
-                for message in stdin.read_available():
-                    if isinstance(message.get("consumer"), list) and consumer is None:
-                        consumer = Consumer([str(arg) for arg in message["consumer"]])
-                        if message.get("deadline_s"):  # the transfer's own, counted from now
-                            deadline = time.monotonic() + float(message["deadline_s"])
-                    elif isinstance(message.get("run"), list) and consumer is None:
-                        # Nothing to serve after all (a skip, a retag): the one command the caller
-                        # still has for this node runs here, in this session, instead of a new one
-                        # (a connection the source opened early is refused on the way out).
-                        say({"ran": run_captured([str(arg) for arg in message["run"]])})
-                        return Exit.NOTHING_TO_DO
-                    elif not message.get("consumer"):
-                        stdin.closed = True  # {}: nothing to serve
-                if stdin.closed and conn is None:
+                if serving.take_messages():
+                    return Exit.NOTHING_TO_DO
+                if serving.stdin.closed and serving.conn is None:
                     break
-            if conn is not None and conn in ready:  # before "+" the source sends nothing: it went
-                conn.close()
-                conn = None
+            if serving.conn is not None and serving.conn in ready:  # before SERVED it sends nothing: it went
+                serving.drop_connection()
                 continue
             if listener in ready:
-                accepted, _ = listener.accept()
-                line = read_line(accepted, max(len(token), len(NUDGE)) + 1)
-                if line == token:
-                    conn = accepted
-                elif line == NUDGE:
-                    # Held, unanswered: closing it would make this node's sshd send a small packet
-                    # just before the answer to the real connection, which then waits ~40 ms for the
-                    # source's delayed ACK (Nagle; measured on OpenSSH 9.2).
-                    held.append(accepted)
-                else:
-                    with contextlib.suppress(OSError):
-                        accepted.sendall(b"-")
-                    accepted.close()
-            if conn is not None and consumer is not None:
-                try:
-                    if gone(conn):  # the source ended its side meanwhile: not served
-                        raise BrokenPipeError
-                    conn.sendall(b"+")
-                except OSError:  # the source gave up waiting: listen for another attempt
-                    conn.close()
-                    conn = None
+                serving.accept()
+            if serving.can_serve():
+                if not serving.answer():
                     continue
-                with contextlib.suppress(OSError, AttributeError):  # fewer wake-ups; best effort
-                    fcntl.fcntl(consumer.proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
-                # Should the orchestrator end this session (its stdin: it gave up on the copy) or the
-                # deadline pass while the consumer is at work, the connection is cut and the consumer
-                # ended: it never promotes what the orchestrator no longer waits for.
-                watch = threading.Thread(
-                    target=end_on_eof_or, args=(conn, stdin, deadline, consumer), daemon=True
-                )
-                watch.start()
-                moved, why = relay(conn, consumer.proc.stdin.fileno())
-                outcome = consumer.outcome()
-                with contextlib.suppress(OSError):
-                    conn.sendall((json.dumps(outcome) + "\n").encode())
-                    conn.shutdown(socket.SHUT_WR)
-                conn.close()
-                consumer = conn = None
-                say({"served": {"bytes": moved, "stopped": why, "status": outcome["status"]}})
+                serving.serve()
                 return Exit.NOTHING_TO_DO
         say({"served": None})
         return Exit.NOTHING_TO_DO
     finally:
-        if consumer is not None:
-            consumer.cancel()
-        if conn is not None:  # accepted, never served
-            with contextlib.suppress(OSError):
-                conn.sendall(b"-")  # refused: the source falls back to a session of its own
-            conn.close()
-        for nudge in held:
-            nudge.close()
+        serving.close()
 
 
 def run_captured(argv: list[str]) -> dict:

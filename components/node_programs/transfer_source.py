@@ -42,7 +42,7 @@ from collections.abc import Callable
 from enum import IntEnum
 
 from components.node_programs import wire
-from components.node_programs.wire import NUDGE, SSH_TRANSPORT_FAILURE, TAIL_LINES
+from components.node_programs.wire import NUDGE, SERVED, SSH_TRANSPORT_FAILURE, TAIL_LINES
 
 
 class Exit(IntEnum):
@@ -330,7 +330,7 @@ def hear_answer(conn: socket.socket, timeout: float) -> tuple[Forwarded | None, 
     except OSError as exc:
         conn.close()
         return None, f"{type(exc).__name__}: {exc}"
-    if answer != b"+":
+    if answer != SERVED:
         conn.close()
         return None, "refused by the destination's end" if answer else "the forward was closed at once"
     conn.settimeout(None)

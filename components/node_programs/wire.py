@@ -46,6 +46,8 @@ REPORT_MARKER = "qwen35-report"  # stderr: a stage's own one-line JSON report
 # ssh exits 255 when the connection itself failed; any other status is the remote command's.
 SSH_TRANSPORT_FAILURE = 255
 NUDGE = "nudge"  # the first line of the source's throwaway first channel to the sink's end
+SERVED = b"+"  # the sink's answer to the token: the consumer runs, the stream follows
+REFUSED = b"-"  # the sink's answer to a wrong token or a connection it will not serve
 TAIL_LINES = 12  # stderr lines of a stage (or of the consumer) kept in a report
 
 # ---- Docker facts ------------------------------------------------------------------------------------

@@ -354,6 +354,56 @@ def test_gate_diff_of_unchanged_inputs_is_no_change():
     assert not diff.changes and not diff.replaces
 
 
+@pytest.mark.parametrize(
+    ("change", "probes"),
+    [
+        ({"server_id": "deadbeef"}, True),
+        ({"container_ids": {"spark-2/qwen35-ray-worker": "new"}}, True),
+        ({"api_key": "sk-new"}, False),
+        ({"deadline_s": 60}, False),
+        ({"node": {**PROPS["node"], "port": 2222}}, False),
+        ({"deployed": {"image": "app:2"}}, False),
+    ],
+)
+def test_an_update_probes_again_only_when_what_it_probes_changed(change, probes):
+    from components.readiness_gate.plan import has_changes, probes_again
+
+    news = {**GATE_INPUTS, **change}
+    assert has_changes(GATE_INPUTS, news) and probes_again(GATE_INPUTS, news) is probes
+
+
+@pytest.mark.parametrize(("deadline", "expected"), [(3600, 60), (20, 20), (None, 60), (0, 60)])
+def test_refresh_waits_at_most_a_minute(deadline, expected):
+    from components.readiness_gate.plan import refresh_deadline
+
+    assert refresh_deadline({"deadline_s": deadline}) == expected
+
+
+@pytest.mark.parametrize(
+    ("exit_hint", "previous", "expected"),
+    [
+        ("fix it", None, "fix it"),
+        ("", None, ""),
+        ("fix it", {"image": "app:1", "lines": {"image": "image.prebuilt: app:1"}},
+         "fix it; to go back to what served before, set image.prebuilt: app:1 (now app:2)"),
+    ],
+)  # fmt: skip
+def test_a_failure_hint_says_what_the_exit_means_then_how_to_go_back(exit_hint, previous, expected):
+    from components.readiness_gate.plan import failure_hint
+
+    assert failure_hint(exit_hint, previous, {"image": "app:2"}).startswith(expected)
+    assert bool(failure_hint(exit_hint, previous, {"image": "app:2"})) == bool(expected)
+
+
+def test_gate_provider_pickles_by_reference_to_its_old_path():
+    import pickle
+
+    from components.readiness_gate import ReadinessGateProvider
+
+    provider = pickle.loads(pickle.dumps(ReadinessGateProvider()))
+    assert type(provider).__module__ == "components.readiness_gate" and vars(provider) == {}
+
+
 class FakeClock:
     """A clock that moves only when the probe sleeps."""
 

@@ -1,0 +1,95 @@
+"""The probe carried out: shipped to the head over SSH, its progress relayed, its report returned."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from components.node_programs.readiness import PROGRESS_PREFIX
+from components.nodes import checked_target
+from components.progress import tell_operator
+from components.readiness_gate.errors import GateFailed
+from components.readiness_gate.plan import failure_hint
+from components.readiness_gate.programs import EXIT_HINTS, parse_report, probe_argv, probe_program
+from components.remote import RemoteError, Result, require_ssh, ssh_argv
+
+# Extra seconds beyond the probe's own deadline: SSH, plus the probe's last round of docker
+# calls (ray status, node list, inspect, logs: up to 60 s each) and its log tail.
+TRANSPORT_SLACK_S = 300
+
+
+def run_relaying(
+    node: str,
+    local_argv: Sequence[str],
+    argv: Sequence[str],
+    stdin: bytes,
+    timeout: float,
+    relay: Callable[[str], None],
+) -> Result:
+    """Run `local_argv` (ssh … argv) like the transport does, relaying progress lines as they come."""
+    proc = subprocess.Popen(
+        list(local_argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    def feed() -> None:
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        except OSError:  # the remote side ended early: its exit status says why
+            pass
+
+    def pump() -> None:
+        for raw in proc.stderr:
+            err.append(raw)
+            line = raw.decode(errors="replace").rstrip()
+            if line.startswith(PROGRESS_PREFIX):
+                relay(line)
+
+    threads = [
+        threading.Thread(target=feed, daemon=True),
+        threading.Thread(target=pump, daemon=True),
+        threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise RemoteError(node, argv, -1, b"".join(err), f"timed out after {timeout:g} s") from None
+    finally:
+        for thread in threads:
+            thread.join(timeout=5)
+    return Result(tuple(argv), proc.returncode, b"".join(out), b"".join(err), node)
+
+
+def run_probe(
+    props: Mapping[str, Any], deadline_s: float, previous: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run the probe on the head; its report on success, RemoteError (with the log tail) if not.
+
+    Its progress lines (the stage it waits on, at least every 30 s) reach the operator as they come.
+    `previous`: what the gate last passed with (`deployed`), for the rollback hint of a failure.
+    """
+    target = checked_target("ReadinessGate node", props["node"])
+    require_ssh(target.label)
+    argv = probe_argv(props, deadline_s)
+    result = run_relaying(
+        target.label,
+        ssh_argv(target, argv, dial_with=sys.executable),
+        argv,
+        probe_program(props.get("api_key")),
+        deadline_s + TRANSPORT_SLACK_S,
+        lambda line: tell_operator(f"readiness on {target.label}: {line}"),
+    )
+    if result.ok:
+        return parse_report(result.text)
+    # The probe's own message (stage, last error, 30 log lines) is the useful part: keep all of it.
+    hint = failure_hint(EXIT_HINTS.get(result.returncode, ""), previous, props.get("deployed"))
+    raise GateFailed(props["node"]["name"], argv, result.returncode, result.stderr, hint)

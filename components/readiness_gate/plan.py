@@ -1,0 +1,75 @@
+"""The gate's pure decisions: whether a change probes again, and how to go back after a failure.
+
+No I/O here: diff() uses these, and the tests are tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# How long `pulumi refresh` waits for a server that answered before.
+REFRESH_DEADLINE_S = 60
+# Inputs whose change means "probe again" (everything but the secret and the node's access details).
+PROBE_KEYS = (
+    "server_id",
+    # Every container of the cluster: a Ray worker recreated behind a running server is a cluster
+    # that has not answered since, so the gate probes again instead of still saying "ready".
+    "container_ids",
+    "url",
+    "model",
+    "expect_nodes",
+    "expect_gpus",
+    "expect_node_ips",
+    "ray_container",
+    "log_container",
+)
+# Inputs whose change is an update: what it probes, plus what only the next probe would use (a new
+# API key, deadline or access details) and what it deploys (for the rollback hint).
+UPDATE_KEYS = (*PROBE_KEYS, "api_key", "deadline_s", "node", "deployed")
+
+
+def _changed(olds: Mapping[str, Any], news: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
+    return any(olds.get(key) != news.get(key) for key in keys)
+
+
+def has_changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+    """Whether diff reports a change (always in place: the update still sees what last passed)."""
+    return _changed(olds, news, UPDATE_KEYS)
+
+
+def probes_again(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+    """Whether an update runs the probe again (what it probes changed), or only records the inputs."""
+    return _changed(olds, news, PROBE_KEYS)
+
+
+def refresh_deadline(props: Mapping[str, Any]) -> float:
+    """The deadline of refresh's one probe: the gate's own, at most REFRESH_DEADLINE_S."""
+    return min(REFRESH_DEADLINE_S, float(props.get("deadline_s") or REFRESH_DEADLINE_S))
+
+
+def rollback_hint(previous: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> str:
+    """How to go back to what the gate last passed with: each setting that changed since, as the
+    exact config line (empty when nothing it knows changed, or it never passed before)."""
+    previous, current = previous or {}, current or {}
+    lines = [
+        f"{previous['lines'][key]} (now {current.get(key)})"
+        for key in ("image", "revision")
+        if previous.get(key)
+        and previous.get(key) != current.get(key)
+        and (previous.get("lines") or {}).get(key)
+    ]
+    if not lines:
+        return ""
+    return (
+        "to go back to what served before, set "
+        + "; ".join(lines)
+        + " in the stack config and run `pulumi up` (the previous image is still on every node)"
+    )
+
+
+def failure_hint(
+    exit_hint: str, previous: Mapping[str, Any] | None, current: Mapping[str, Any] | None
+) -> str:
+    """What a failed probe tells the operator: what its exit status means, then how to go back."""
+    return "; ".join(hint for hint in (exit_hint, rollback_hint(previous, current)) if hint)

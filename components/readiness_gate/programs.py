@@ -1,0 +1,54 @@
+"""The probe program (`components/node_programs/readiness.py`) as the head runs it, and its report.
+
+It arrives on stdin (`python3 -`), with the API key set by a line prepended to it: the key never
+appears in a command line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from components.node_programs import program_text
+from components.node_programs.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT
+
+# What the probe's exit status tells the operator to do (declared once, in the node program).
+EXIT_HINTS = {
+    EXIT_TIMEOUT: "the server log tail is above; fix the cause, then `pulumi up` waits again",
+    EXIT_REJECTED: "set qwen35-spark:api_key to the server's key",
+}
+
+
+def probe_argv(props: Mapping[str, Any], deadline_s: float) -> list[str]:
+    """The command run on the head: the probe program arrives on stdin."""
+    argv = [
+        "python3", "-",
+        "--url", str(props["url"]),
+        "--model", str(props["model"]),
+        "--nodes", str(int(props["expect_nodes"])),
+        "--gpus", f"{float(props['expect_gpus']):g}",
+        "--deadline", f"{float(deadline_s):g}",
+    ]  # fmt: skip
+    ray = props.get("ray_container")
+    argv += ["--ray-container", ray] if ray else ["--no-ray-check"]
+    if (props.get("node") or {}).get("name"):
+        argv += ["--node", str(props["node"]["name"])]
+    if props.get("log_container"):
+        argv += ["--log-container", props["log_container"]]
+    for name, ip in sorted((props.get("expect_node_ips") or {}).items()):
+        argv += ["--expect-node", f"{name}={ip}"]
+    return argv
+
+
+def probe_program(api_key: str | None) -> bytes:
+    """The probe's source, with the API key set in its environment (stdin, never argv)."""
+    prelude = ""
+    if api_key:
+        prelude = f"import os\nos.environ[{API_KEY_ENV!r}] = {api_key!r}\n"
+    return (prelude + program_text("readiness")).encode()
+
+
+def parse_report(stdout: str) -> dict[str, Any]:
+    """The probe's report on success: the last line of its stdout (a JSON object)."""
+    return json.loads(stdout.strip().splitlines()[-1])

@@ -1,0 +1,64 @@
+"""The ReadinessGate resource as the Pulumi program declares it (type `qwen35:ReadinessGate`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi.dynamic as dynamic
+
+from components.readiness_gate.provider import ReadinessGateProvider
+
+
+class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
+    """Completes only once the server on the head has answered a real chat completion."""
+
+    ready: pulumi.Output[bool]
+    report: pulumi.Output[dict]
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        node: dict[str, Any],
+        server_id: pulumi.Input[str],
+        url: str,
+        model: str,
+        expect_nodes: int,
+        expect_gpus: float,
+        deadline_s: int,
+        expect_node_ips: dict[str, str] | None = None,
+        container_ids: dict[str, pulumi.Input[str]] | None = None,
+        ray_container: str | None,
+        log_container: str,
+        api_key: pulumi.Input[str] | None,
+        deployed: pulumi.Input[dict] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        props = {
+            "node": node,
+            "server_id": server_id,
+            "url": url,
+            "model": model,
+            "expect_nodes": expect_nodes,
+            "expect_gpus": expect_gpus,
+            "expect_node_ips": expect_node_ips,
+            "container_ids": container_ids,
+            "deadline_s": deadline_s,
+            "ray_container": ray_container,
+            "log_container": log_container,
+            "api_key": pulumi.Output.secret(api_key) if api_key is not None else None,
+            # What this probe deploys (image, revision) and the config line that sets each.
+            "deployed": deployed,
+            "ready": None,
+            "report": None,
+        }
+        opts = pulumi.ResourceOptions.merge(
+            opts,
+            pulumi.ResourceOptions(
+                additional_secret_outputs=["api_key"],
+                # Registered as the generic dynamic type before it had its own: not a replacement.
+                aliases=[pulumi.Alias(type_="pulumi-python:dynamic:Resource")],
+            ),
+        )
+        super().__init__(ReadinessGateProvider(), name, props, opts)
