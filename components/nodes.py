@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from components.config import NodeConfig, StackConfig
+from components.errors import Qwen35Error
 from components.remote import SshTarget, ssh_options
 
 
@@ -33,7 +34,7 @@ NODE_IDENTITY = ("name",)
 ADDRESS_KEYS = ("host", "port")
 
 
-class NodeDictError(ValueError):
+class NodeDictError(Qwen35Error, ValueError):
     """A node dict that cannot be used; the message names the role and what is missing."""
 
 
@@ -101,14 +102,10 @@ def node_access(config: StackConfig) -> dict[str, NodeAccess]:
 
 
 def checked_target(role: str, raw: Any, connect_timeout: int = 10) -> SshTarget:
-    """The SshTarget of a node dict, or NodeDictError naming `role` when it lacks what SSH needs."""
+    """The SshTarget of a node dict (as `NodeAccess.node_image_dict` writes it and state keeps it), or
+    NodeDictError naming `role` when it lacks what SSH needs."""
     if not isinstance(raw, Mapping) or not raw.get("host") or not raw.get("known_hosts"):
         raise NodeDictError(f"{role}: give a node dict with host, user, known_hosts (got {raw!r})")
-    return target_from_dict(raw, connect_timeout)
-
-
-def target_from_dict(raw: Mapping[str, Any], connect_timeout: int = 10) -> SshTarget:
-    """The SshTarget of a NodeDict (as `NodeAccess.node_image_dict` writes it and state keeps it)."""
     return SshTarget(
         host=str(raw["host"]),
         user=str(raw.get("user") or "root"),

@@ -22,7 +22,7 @@ from components.config import NodeConfig, StackConfig
 from components.errors import ExplainedErrors
 from components.node_programs import program_argv
 from components.node_programs.stack_claim import EXIT_CLAIMED, RECORDS
-from components.nodes import target_from_dict
+from components.nodes import checked_target
 from components.remote import RemoteError, SshTransport, with_retries
 
 # Ports Ray binds on a node when config leaves them to Ray: the head's client server and every
@@ -67,7 +67,7 @@ def refusal(node: str, owner: str, clashes: list[dict]) -> str:
 
 
 def run_claim(props: dict[str, Any], mode: str) -> tuple[int, dict[str, Any]]:
-    target = target_from_dict(props["node"])
+    target = checked_target("StackClaim", props["node"])
     # Numbers come back from the engine as floats: the records hold ports as integers.
     ports = [[int(low), int(high)] for low, high in props.get("ports") or []]
     spec = {"owner": props["owner"], "prefix": props["prefix"], "ports": ports}

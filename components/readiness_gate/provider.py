@@ -7,12 +7,13 @@ from typing import Any
 
 import pulumi.dynamic as dynamic
 
+from components.errors import ExplainedErrors
 from components.readiness_gate.execute import run_probe
 from components.readiness_gate.plan import has_changes, probes_again, refresh_deadline
 from components.remote import RemoteError
 
 
-class ReadinessGateProvider(dynamic.ResourceProvider):
+class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
     """create: wait until ready (deadline from config); read: probe once more; delete: nothing."""
 
     # Existing stacks pickled this class as `components.readiness_gate.ReadinessGateProvider` (by

@@ -16,6 +16,7 @@ from components.image_ref import ImageRefError
 from components.memory_fit import MemoryFitError
 from components.model_support import ModelSupportError
 from components.node_image.errors import ExportFailed, NodeImageError
+from components.nodes import NodeDictError
 from components.readiness_gate import GateFailed
 from components.remote import RemoteError
 from components.serve_args import ServeArgsError
@@ -37,6 +38,7 @@ from lab.layout import LabError
         (LabError, RuntimeError),
         (MemoryFitError, ValueError),
         (ModelSupportError, RuntimeError),
+        (NodeDictError, ValueError),
         (NodeImageError, RuntimeError),
         (PeerUnreachable, RuntimeError),
         (RemoteError, RuntimeError),
@@ -98,3 +100,29 @@ def test_outside_the_provider_process_errors_propagate_untouched():
     with pytest.raises(RemoteError) as raised:
         _Refuses().create({})
     assert raised.traceback[-1].name == "create"
+
+
+def test_every_dynamic_provider_explains_its_errors():
+    import pulumi.dynamic as dynamic
+
+    import components.checkpoint
+    import components.model_support
+    import components.node_image
+    import components.readiness_gate
+    import components.stack_claim  # noqa: F401  (each registers its provider class)
+
+    def providers(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from providers(sub)
+
+    found = providers(dynamic.ResourceProvider)
+    ours = {p.__name__: p for p in found if p.__module__.startswith("components")}
+    assert set(ours) == {
+        "CheckpointProvider",
+        "ModelSupportCheckProvider",
+        "NodeImageProvider",
+        "ReadinessGateProvider",
+        "StackClaimProvider",
+    }
+    assert [name for name, cls in ours.items() if not issubclass(cls, ExplainedErrors)] == []
