@@ -1,7 +1,8 @@
 """A stand-in Hugging Face Hub on loopback: the HTTP endpoints the real `huggingface_hub` client uses.
 
 A test double, not a Hub: it serves generated repos (directories of files on disk) under one branch
-and one commit each, so the real client (`snapshot_download` with `HF_ENDPOINT` pointed here) runs
+and one commit each (`push` moves the branch to a new commit; earlier ones stay resolvable by their
+sha, as on the Hub), so the real client (`snapshot_download` with `HF_ENDPOINT` pointed here) runs
 against it and nothing touches the real Hub. Endpoints (huggingface_hub 2.4):
 
 - `GET /api/models/{repo}/revision/{rev}`: `{"id", "sha", "siblings"}`;
@@ -119,6 +120,8 @@ class StandinHub:
 
     def __init__(self, repos: dict[str, Path], host: str = "127.0.0.1", port: int = 0):
         self.repos: dict[str, HubRepo] = {rid: load_repo(rid, Path(d)) for rid, d in repos.items()}
+        # repo id -> sha -> an earlier commit: the Hub keeps every commit, a rollback pins one of them
+        self.earlier: dict[str, dict[str, HubRepo]] = {}
         self.require_token: str | None = None
         self.fail_status: int | None = None
         self.cut_after: int | None = None
@@ -157,6 +160,14 @@ class StandinHub:
         self.server.shutdown()
         self.server.server_close()
 
+    def push(self, repo: HubRepo) -> HubRepo:
+        """A new commit of `repo.repo_id` on its branch; the one it replaces stays served by its sha.
+        Returns the replaced commit."""
+        old = self.repos[repo.repo_id]
+        self.earlier.setdefault(repo.repo_id, {})[old.sha] = old
+        self.repos[repo.repo_id] = repo
+        return old
+
     # --- request handling -------------------------------------------------------------------------
 
     def _error(self, handler, status: int, code: str | None, message: str) -> None:
@@ -185,10 +196,14 @@ class StandinHub:
             return None, []
         return self.repos.get(f"{parts[0]}/{parts[1]}"), parts[2:]
 
-    def _commit(self, repo: HubRepo, rev: str) -> str | None:
+    def _commit(self, repo: HubRepo, rev: str) -> tuple[HubRepo, str] | None:
+        """The commit `rev` names (a branch, the current sha, or an earlier sha) and its files."""
         if rev == repo.sha or rev in repo.branches.values():
-            return rev
-        return repo.branches.get(rev)
+            return repo, rev
+        if rev in repo.branches:
+            return repo, repo.branches[rev]
+        earlier = self.earlier.get(repo.repo_id, {}).get(rev)
+        return (earlier, rev) if earlier is not None else None
 
     def _handle(self, handler, head: bool) -> None:
         url = urllib.parse.urlsplit(handler.path)
@@ -210,9 +225,10 @@ class StandinHub:
             if repo is None:
                 return self._error(handler, 404, "RepoNotFound", "Repository not found")
             if len(rest) >= 2 and rest[0] in ("revision", "tree"):
-                sha = self._commit(repo, rest[1])
-                if sha is None:
+                found = self._commit(repo, rest[1])
+                if found is None:
                     return self._error(handler, 404, "RevisionNotFound", f"Invalid rev id: {rest[1]}")
+                repo, sha = found
                 if rest[0] == "revision":
                     siblings = [{"rfilename": p} for p in sorted(repo.files)]
                     return self._json(handler, {"id": repo.repo_id, "sha": sha, "siblings": siblings}, head)
@@ -223,9 +239,10 @@ class StandinHub:
             return self._error(handler, 404, "RepoNotFound", "Repository not found")
         if len(rest) < 3 or rest[0] != "resolve":
             return self._error(handler, 404, "EntryNotFound", "unknown path")
-        sha = self._commit(repo, rest[1])
-        if sha is None:
+        found = self._commit(repo, rest[1])
+        if found is None:
             return self._error(handler, 404, "RevisionNotFound", f"Invalid rev id: {rest[1]}")
+        repo, sha = found
         hub_file = repo.files.get("/".join(rest[2:]))
         if hub_file is None:
             return self._error(handler, 404, "EntryNotFound", "Entry not found")

@@ -1,9 +1,10 @@
 """Upgrades and rollback under the real engine (issue 25, items 2 and 3): a new image (one new top
 layer) and a new checkpoint revision reach the nodes while the old server answers, the model-support
 check runs before any container is touched, containers are replaced old-first, and a rollback to the
-previous image is one `pulumi up` that sends no image byte. An image the check refuses leaves the
-old containers serving. Evidence: the engine's events (stamped as they arrive), its state
-(`stack export`), the nodes' Docker, and completions sent all along."""
+previous image, or to the previous revision, is one `pulumi up` that sends no image or checkpoint
+byte. An image the check refuses leaves the old containers serving. Evidence: the engine's events
+(stamped as they arrive), its state (`stack export`), the nodes' Docker, the stand-in Hub's request
+log, and completions sent all along."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -301,10 +303,9 @@ def revision_upgrade(refused, stack, lab_nodes, lab_config, hub, endpoint, secre
     """A second commit of the Hub repo (new weights), pinned by `model.revision`."""
     from lab.standin_hub import generate_repo
 
-    old = hub.repos[REPO_ID]
     repo = generate_repo(tmp_path_factory.mktemp("hub-repo-2"), shards=2, shard_bytes=2 << 20, seed=2)
     second = load_repo(REPO_ID, repo)
-    hub.repos[REPO_ID] = second
+    old = hub.push(second)  # the old commit stays on the Hub, as real commits do: a rollback may pin it
     model = dict(lab_config()["qwen35-spark:model"], revision=second.sha)
     write_config(stack.config, with_sections(lab_config, model=model))
     try:
@@ -314,6 +315,7 @@ def revision_upgrade(refused, stack, lab_nodes, lab_config, hub, endpoint, secre
         yield run, prober, old.sha, second.sha
     finally:
         hub.repos[REPO_ID] = old
+        hub.earlier.pop(REPO_ID, None)
 
 
 def test_a_new_revision_arrives_while_the_old_one_serves(revision_upgrade, stack):
@@ -330,3 +332,44 @@ def test_a_new_revision_arrives_while_the_old_one_serves(revision_upgrade, stack
     last_old, first_new = prober.outage(after=first_touch) or (0.0, float("inf"))
     assert first_new != float("inf")
     print(f"revision: outage {first_new - last_old:.2f} s, {answered} answers while the files arrived")
+
+
+@pytest.fixture(scope="module")
+def revision_rollback(revision_upgrade, stack, lab_config, hub, endpoint, secrets):
+    """Back to the previous commit (still on the Hub, still on every node): its sha pinned again."""
+    _, _, old_sha, new_sha = revision_upgrade
+    model = dict(lab_config()["qwen35-spark:model"], revision=old_sha)
+    write_config(stack.config, with_sections(lab_config, model=model))
+    asked = len(hub.requests)
+    with Prober(*endpoint, secrets["api_key"]) as prober:
+        run = up(stack)
+        time.sleep(1.0)
+    return run, prober, old_sha, new_sha, hub.requests[asked:]
+
+
+def test_revision_rollback_is_one_up_that_resends_nothing(revision_rollback, stack):
+    run, prober, old_sha, new_sha, hub_requests = revision_rollback
+    assert run.returncode == 0, run.err[-4000:]
+    outs = exported(stack, CHECKPOINT)
+    assert {o.get("revision") for o in outs.values()} == {old_sha}, outs
+    assert all(o["bytes_sent"] == 0 and o["files_sent"] == 0 for o in outs.values()), outs
+    # The head resolves the pinned commit on the Hub, but no file is downloaded again.
+    downloads = [(method, path) for method, path, _ in hub_requests if "/resolve/" in path]
+    assert not downloads, downloads
+    # The replaced revision's files stay on every node (delete() keeps them): a second rollback is free too.
+    for name, o in outs.items():  # lab nodes share this machine's filesystem
+        held = {p.name for p in Path(o["snapshot_path"]).parent.iterdir()}
+        assert {old_sha, new_sha} <= held, (name, held)
+    (gate,) = [s for s in run.of(GATE) if s.op in ("update", "create", "create-replacement")]
+    assert gate.ended is not None
+    assert prober.answers and all(ok for _, ok in prober.answers[-5:]), "the rolled-back server is silent"
+    restarted = max(s.ended for s in run.of(CONTAINER) if s.op == "create-replacement")
+    placed = max(s.ended for s in run.of(CHECKPOINT) if s.op == "create-replacement")
+    last_old, first_new = prober.outage(after=run.started) or (0.0, 0.0)
+    print(
+        f"revision rollback: checkpoints placed {placed - run.started:.1f} s, containers restarted "
+        f"{restarted - run.started:.1f} s after `pulumi up` began, gate passed at "
+        f"{gate.ended - run.started:.1f} s, whole up {run.seconds:.1f} s, outage "
+        f"{first_new - last_old:.2f} s; 0 checkpoint bytes sent, {len(hub_requests)} Hub requests "
+        "(0 downloads)"
+    )

@@ -14,7 +14,7 @@ import pytest
 from components.checkpoint import programs
 from components.checkpoint.plan import Manifest, manifest_from_inventory, plan_copy
 from components.node_programs import hf_checkpoint, hub_fetch
-from lab.standin_hub import StandinHub, generate_repo
+from lab.standin_hub import StandinHub, generate_repo, load_repo
 
 REPO = "lab/tiny-qwen35"
 TOKEN = "hf_secret_token_value_123"
@@ -151,6 +151,27 @@ def test_fetch_continues_a_cut_download(hub, tmp_path):
     assert len(shard_gets) >= 2  # cut once, then fetched again
     manifest = manifest_from_inventory(REPO, "main", inventory(tmp_path, "main"), "head")
     assert inventory(tmp_path, "main", manifest.as_state(), full=True)["digest"] == manifest.digest
+
+
+def test_going_back_to_an_earlier_commit_downloads_nothing(tmp_path):
+    """A rollback on the head: the earlier commit is still on the Hub and still in the cache, so the
+    fetch only resolves it (no file is requested) and both snapshots stay."""
+    first = generate_repo(tmp_path / "first", shards=2, shard_bytes=1 << 20)
+    with StandinHub({REPO: first}) as hub:
+        cache = tmp_path / "cache"
+        old = fetch(cache, hub)[1]["revision"]
+        second = load_repo(REPO, generate_repo(tmp_path / "second", shards=2, shard_bytes=1 << 20, seed=2))
+        assert hub.push(second).sha == old
+        assert fetch(cache, hub, revision=second.sha)[1]["revision"] == second.sha
+        before = len(hub.requests)
+        done, report = fetch(cache, hub, revision=old)
+        assert done.returncode == 0 and report["revision"] == old, done.stdout + done.stderr
+        assert not [p for _m, p, _h in hub.requests[before:] if "/resolve/" in p], hub.requests[before:]
+        snapshots = cache / "hub" / "models--lab--tiny-qwen35" / "snapshots"
+        assert {p.name for p in snapshots.iterdir()} == {old, second.sha}
+        hub.earlier.clear()  # a Hub without that commit: the rollback is refused, naming it
+        _, refused = fetch(cache, hub, revision=old)
+        assert refused["kind"] == "revision" and old in refused["error"]
 
 
 def test_copy_to_an_empty_node_is_verified_and_relative(fetched, tmp_path):
