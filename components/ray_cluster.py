@@ -139,6 +139,9 @@ def fabric_env(config: StackConfig, node: NodeConfig) -> dict[str, str]:
         "NCCL_IB_DISABLE": "0" if fabric.ib_hca else "1",
         # Ray's memory monitor kills workers when unified memory looks "full" (the model fills it).
         "RAY_memory_monitor_refresh_ms": "0",
+        # Ray >= 2.60 drains a node on SIGTERM (for Ray Serve) until its leases return; vLLM's workers
+        # hold theirs until the server is gone, so every replacement waited out the whole 30 s.
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "HF_HOME": CONTAINER_HF_HOME,
     }
     if config.hub_repo is not None:
