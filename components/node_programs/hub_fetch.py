@@ -18,6 +18,7 @@ refused the token itself: 401/403 with its reason), `revision` (no such revision
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -149,6 +150,32 @@ def _hub_reason(exc: Exception) -> str:
     return lines[0][:200] if lines else ""
 
 
+def network_errors() -> tuple[type[BaseException], ...]:
+    """No answer from the Hub, whichever HTTP client this huggingface_hub uses: its connect and read
+    errors are not OSError under httpx, and without them a refused connection was a traceback."""
+    found: list[type[BaseException]] = [OSError]
+    for module in ("httpx2", "httpx", "requests"):
+        try:
+            client = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in ("TransportError", "ConnectionError", "Timeout"):
+            error = getattr(client, name, None)
+            if isinstance(error, type) and issubclass(error, BaseException):
+                found.append(error)
+    return tuple(found)
+
+
+def unreachable(where: str, exc: BaseException) -> dict:
+    from huggingface_hub import constants
+
+    return {
+        "error": f"{where}: the Hub at {constants.ENDPOINT} did not answer ({exc.__class__.__name__}: "
+        f"{exc}); check the head's network (or HF_ENDPOINT), then run pulumi up again",
+        "kind": "network",
+    }
+
+
 def fetch(args: dict, token: str | None) -> dict:
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.utils import (
@@ -162,6 +189,7 @@ def fetch(args: dict, token: str | None) -> dict:
     where = f"repo {repo} revision {revision}"
     attempts = int(args.get("attempts") or 3)
     repo_dir = os.path.join(hub, "models--" + repo.replace("/", "--"))
+    network = network_errors()
     try:
         # Resolved once: the commit every node will hold and serve, whatever the branch does later.
         info = HfApi(token=token or None).model_info(repo, revision=revision, files_metadata=False)
@@ -186,7 +214,7 @@ def fetch(args: dict, token: str | None) -> dict:
                     break
                 except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError):
                     raise
-                except (HfHubHTTPError, OSError) as exc:
+                except (HfHubHTTPError, *network) as exc:
                     last = exc  # a cut connection: completed files stay; the next call continues
                     time.sleep(min(2**attempt, 10))
             else:
@@ -218,8 +246,8 @@ def fetch(args: dict, token: str | None) -> dict:
             "error": f"{where}: the Hub answered HTTP {status}" + (f": {reason}" if reason else ""),
             "kind": "other",
         }
-    except OSError as exc:
-        return {"error": f"{where}: {exc.__class__.__name__}: {exc}", "kind": "network"}
+    except network as exc:
+        return unreachable(where, exc)
 
 
 def main(argv: list[str]) -> int:

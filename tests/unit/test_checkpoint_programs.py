@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,19 @@ def test_fetch_errors_name_repo_and_revision(hub, tmp_path):
     finally:
         hub.fail_status = None
     assert gone["kind"] == "not_found" and "404" in gone["error"]
+
+
+def test_a_hub_that_does_not_answer_is_a_network_error_not_a_traceback(tmp_path):
+    with socket.socket() as probe:  # a loopback port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = programs.fetch_argv(sys.executable, str(tmp_path), REPO, "main", [], [], None)
+    done = run(argv, stdin=b"\n", env={"HF_ENDPOINT": f"http://127.0.0.1:{port}"})
+    report = programs.parse_report(done.stdout.decode())
+    assert done.returncode == hub_fetch.EXIT_FETCH and report["kind"] == "network", done.stderr[-2000:]
+    assert f"the Hub at http://127.0.0.1:{port} did not answer" in report["error"]
+    assert REPO in report["error"] and "run pulumi up again" in report["error"]
+    assert b"Traceback" not in done.stderr
 
 
 def test_fetch_continues_a_cut_download(hub, tmp_path):
