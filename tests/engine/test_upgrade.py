@@ -296,6 +296,9 @@ def test_a_refused_image_leaves_the_old_containers_serving(refused, lab_nodes):
     ]
     print("refused:", " | ".join(m.strip()[:300] for m in diagnostics)[:1200])
     assert any(tag in m or "model-support" in m or "Ray" in m for m in diagnostics), diagnostics
+    # The reason reaches the operator as the message alone, with no Python traceback around it.
+    framed = [m for m in diagnostics if "Traceback (most recent call last)" in m or 'File "' in m]
+    assert not framed, framed
 
 
 @pytest.fixture(scope="module")
