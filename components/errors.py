@@ -10,8 +10,8 @@ from typing import Any
 
 # The engine runs dynamic providers as `python -m pulumi.dynamic`.
 PROVIDER_PROCESS = "pulumi.dynamic.__main__"
-# The provider methods that touch nodes, and so raise the errors an operator reads.
-NODE_METHODS = ("create", "update", "delete", "read")
+# Every method the engine calls on a dynamic provider.
+PROVIDER_METHODS = ("check", "diff", "create", "update", "delete", "read")
 
 
 class Qwen35Error(Exception):
@@ -27,18 +27,22 @@ def in_provider_process() -> bool:
     return getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) == PROVIDER_PROCESS
 
 
-def explained(method: Callable[..., Any]) -> Callable[..., Any]:
-    """In the engine's provider process, an error reaches `pulumi up` as its message alone.
+def quiet_tracebacks() -> None:
+    """In the engine's provider process, the SDK reports a failed call with `traceback.format_exc()`:
+    with no frames, a Qwen35Error reads as its reason and next step alone. Set once, when this module
+    is first imported there (unpickling a provider imports it), so it holds for every call alike."""
+    if in_provider_process():
+        sys.tracebacklimit = 0
 
-    The SDK reports a failed call with `traceback.format_exc()`, so the reason and next step of a
-    Qwen35Error sat under a dozen lines of frames. There, tracebacks are turned off for the process
-    (`sys.tracebacklimit = 0`), and any other error keeps its full traceback in its message."""
+
+def explained(method: Callable[..., Any]) -> Callable[..., Any]:
+    """In the engine's provider process, an error reaches `pulumi up` as its message alone, and any
+    other exception as ProviderBug with its full traceback in the message (frames are off there)."""
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
         if not in_provider_process():
             return method(*args, **kwargs)
-        sys.tracebacklimit = 0
         try:
             return method(*args, **kwargs)
         except Qwen35Error as exc:
@@ -51,10 +55,13 @@ def explained(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class ExplainedErrors:
-    """Mixin for the dynamic providers: their node methods report errors as `explained` says."""
+    """Mixin for the dynamic providers: every method reports errors as `explained` says."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in NODE_METHODS:
+        for name in PROVIDER_METHODS:
             if name in cls.__dict__:
                 setattr(cls, name, explained(cls.__dict__[name]))
+
+
+quiet_tracebacks()

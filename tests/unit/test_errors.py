@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from components import errors
 from components.checkpoint.plan import CheckpointError
 from components.config import ConfigError
 from components.errors import PROVIDER_PROCESS, ExplainedErrors, Qwen35Error
@@ -56,6 +57,9 @@ def test_a_caught_root_keeps_the_message():
 
 
 class _Refuses(ExplainedErrors):
+    def diff(self, _id, _olds, news):
+        return news["missing"]
+
     def create(self, props):
         raise RemoteError("node-b", ["true"], 255, "ssh: connect refused\n", "check node-b (`make status`)")
 
@@ -70,6 +74,7 @@ def provider_process(monkeypatch):
     main.__spec__ = importlib.machinery.ModuleSpec(PROVIDER_PROCESS, None)
     monkeypatch.setitem(sys.modules, "__main__", main)
     monkeypatch.setattr(sys, "tracebacklimit", 1000, raising=False)
+    errors.quiet_tracebacks()  # what importing components.errors does in that process
 
 
 def _as_the_sdk_reports(call) -> str:
@@ -92,6 +97,20 @@ def test_in_the_provider_process_a_bug_keeps_its_traceback_in_the_message(provid
     text = _as_the_sdk_reports(lambda: _Refuses().delete("id", {}))
     assert text.startswith("components.errors.ProviderBug: _Refuses.delete failed unexpectedly (a bug):")
     assert "Traceback (most recent call last)" in text and "KeyError: 'missing'" in text
+
+
+def test_in_the_provider_process_every_bug_keeps_its_traceback_whatever_ran_before(provider_process):
+    """A diff bug after a failed create (the SDK's threads share the process) reads the same."""
+    _as_the_sdk_reports(lambda: _Refuses().create({}))
+    text = _as_the_sdk_reports(lambda: _Refuses().diff("id", {}, {}))
+    assert text.startswith("components.errors.ProviderBug: _Refuses.diff failed unexpectedly (a bug):")
+    assert "Traceback (most recent call last)" in text and "KeyError: 'missing'" in text
+
+
+def test_outside_the_provider_process_tracebacks_stay_on(monkeypatch):
+    monkeypatch.setattr(sys, "tracebacklimit", 7, raising=False)
+    errors.quiet_tracebacks()
+    assert sys.tracebacklimit == 7
 
 
 def test_outside_the_provider_process_errors_propagate_untouched():
