@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -151,10 +152,10 @@ def _hub_reason(exc: Exception) -> str:
 
 
 def network_errors() -> tuple[type[BaseException], ...]:
-    """No answer from the Hub, whichever HTTP client this huggingface_hub uses: its connect and read
-    errors are not OSError under httpx, and without them a refused connection was a traceback."""
-    found: list[type[BaseException]] = [OSError]
-    for module in ("httpx2", "httpx", "requests"):
+    """No answer from the Hub: refused, reset, timed out, no such host, and the same from whichever
+    HTTP client this huggingface_hub uses (httpx's are not OSError: they were a traceback)."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError, socket.gaierror]
+    for module in ("httpx2", "httpx", "requests"):  # huggingface_hub 2.x, 1.x, 0.x
         try:
             client = importlib.import_module(module)
         except ImportError:
@@ -214,7 +215,7 @@ def fetch(args: dict, token: str | None) -> dict:
                     break
                 except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError):
                     raise
-                except (HfHubHTTPError, *network) as exc:
+                except (HfHubHTTPError, OSError, *network) as exc:
                     last = exc  # a cut connection: completed files stay; the next call continues
                     time.sleep(min(2**attempt, 10))
             else:
@@ -248,6 +249,8 @@ def fetch(args: dict, token: str | None) -> dict:
         }
     except network as exc:
         return unreachable(where, exc)
+    except OSError as exc:
+        return {"error": f"{where}: {exc.__class__.__name__}: {exc}", "kind": "network"}
 
 
 def main(argv: list[str]) -> int:
