@@ -139,9 +139,6 @@ def fabric_env(config: StackConfig, node: NodeConfig) -> dict[str, str]:
         "NCCL_IB_DISABLE": "0" if fabric.ib_hca else "1",
         # Ray's memory monitor kills workers when unified memory looks "full" (the model fills it).
         "RAY_memory_monitor_refresh_ms": "0",
-        # Ray >= 2.60 drains a node on SIGTERM (for Ray Serve) until its leases return; vLLM's workers
-        # hold theirs until the server is gone, so every replacement waited out the whole 30 s.
-        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "HF_HOME": CONTAINER_HF_HOME,
     }
     if config.hub_repo is not None:
@@ -154,6 +151,11 @@ def fabric_env(config: StackConfig, node: NodeConfig) -> dict[str, str]:
     if fabric.ib_gid_index is not None:
         env["NCCL_IB_GID_INDEX"] = str(fabric.ib_gid_index)
     return env
+
+
+# Ray >= 2.60 drains a node on SIGTERM (for Ray Serve) until its leases return; vLLM's workers hold
+# theirs until the server is gone, so every replaced Ray container waited out its whole 30 s grace.
+RAY_NODE_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
 def ray_port_flags(ports: RayPorts) -> list[str]:
@@ -249,7 +251,7 @@ def ray_container_spec(config: StackConfig, node: NodeConfig, image_id: ImageId)
         role="ray-head" if is_head else "ray-worker",
         image_id=image_id,
         command=ray_start_argv(config, node),
-        env=fabric_env(config, node),
+        env={**fabric_env(config, node), **RAY_NODE_ENV},
         secret_env={"HF_TOKEN": "hf_token"},
         extra_mounts=extra,
     )

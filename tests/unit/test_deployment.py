@@ -322,6 +322,9 @@ def test_fabric_env_on_every_ray_container(request, graph_name):
         assert env["HF_HOME"] == "/root/.cache/huggingface"
         assert env["HF_TOKEN"] == SECRETS["hf_token"]
         assert ("NCCL_IB_GID_INDEX" in env) == (graph_name == "four")
+        # Only Ray nodes drain on SIGTERM: the server (a Ray driver) is started without the setting.
+        is_ray = container.name.startswith("qwen35-ray-")
+        assert env.get("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S") == ("0" if is_ray else None)
         if container.name.startswith("qwen35-ray-"):
             assert f"--node-ip-address={fabric_ips[node]}" in container.inputs["command"]
             assert "--num-gpus=1" in container.inputs["command"]

@@ -92,7 +92,6 @@ def test_fabric_env_uses_the_nodes_own_address(dev, node, ip):
         "NCCL_IB_HCA": "rocep1s0f0,roceP2p1s0f0",
         "NCCL_IB_DISABLE": "0",
         "RAY_memory_monitor_refresh_ms": "0",
-        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "HF_HOME": CONTAINER_HF_HOME,
     }
 
