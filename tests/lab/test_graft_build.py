@@ -72,6 +72,8 @@ def build_graft(node: lab.LabNode, cfg: ImageConfig, context: Path, **extra_args
     args = {**build_args(cfg), **extra_args}
     ref = f"{cfg.name}:{content_tag(context, args, cfg.platform)}"
     argv = ["docker", "build", "--file", dockerfile(cfg), "--tag", ref, "--platform", cfg.platform]
+    # The lab's legacy builder keeps a failed step's container: the refused builds leave none behind.
+    argv += ["--force-rm"]
     argv += ["--network", cfg.build_network or "host"]
     for key, value in args.items():
         argv += ["--build-arg", f"{key}={value}"]

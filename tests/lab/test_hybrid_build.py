@@ -95,7 +95,8 @@ def build_hybrid(
         except lab.LabError as exc:
             pytest.fail(f"BuildKit's client (docker-buildx) is not available: {exc}", pytrace=False)
     else:
-        command = ["docker", *argv]
+        # The legacy builder keeps a failed step's container: the refused builds leave none behind.
+        command = ["docker", *argv, "--force-rm"]
     started = time.monotonic()
     tar = folder_context(context)
     result = lab.on_node(node, [*command, "-"], input=tar, timeout=BUILD_TIMEOUT_S, check=False)
