@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from components.change import Change
 from components.errors import Qwen35Error
 from components.node_programs.hf_checkpoint import files_digest
 from components.nodes import same_node
@@ -132,18 +133,6 @@ def problems(manifest: Manifest, report: Mapping[str, Any]) -> dict[str, str]:
     """`path -> state` for every file of the manifest a node does not hold intact."""
     states: Mapping[str, str] = report.get("status") or {}
     return {path: states.get(path, "missing") for path, _b, _s in manifest.files if states.get(path) != "ok"}
-
-
-@dataclass(frozen=True)
-class Change:
-    """What `pulumi up` does to one Checkpoint: the inputs that replace it, those updated in place."""
-
-    replaces: tuple[str, ...]
-    updates: tuple[str, ...]
-
-    @property
-    def changes(self) -> bool:
-        return bool(self.replaces or self.updates)
 
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:

@@ -18,6 +18,7 @@ from typing import Any
 from pulumi.output import Unknown
 from pulumi.runtime.rpc import UNKNOWN
 
+from components.change import Change
 from components.config import ModelCheckMode as Mode
 from components.errors import Qwen35Error
 from components.image_ref import ImageRefError, parse_image_ref
@@ -182,19 +183,6 @@ def plan_steps(props: Mapping[str, Any]) -> Steps:
         serve_args=bool(props.get("serve_argv")),
         deadline_s=float(props.get("deadline_s") or DEFAULT_DEADLINE_S),
     )
-
-
-@dataclass(frozen=True)
-class Change:
-    """What `pulumi up` does to the check: the inputs that ask for a new proof (a replacement), and
-    those recorded in place."""
-
-    replaces: tuple[str, ...]
-    updates: tuple[str, ...]
-
-    @property
-    def changes(self) -> bool:
-        return bool(self.replaces or self.updates)
 
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:

@@ -1,0 +1,17 @@
+"""What `pulumi up` does to one of the program's resources, as diff decides it from inputs alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Change:
+    """The inputs that replace the resource, and those recorded in place (an update)."""
+
+    replaces: tuple[str, ...]
+    updates: tuple[str, ...]
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.replaces or self.updates)
