@@ -269,6 +269,17 @@ def shard_blobs(node: str) -> list[Path]:
     return [p.resolve() for p in sorted(snapshot.glob("*.safetensors"))]
 
 
+def one_shard_sent_again(stack: Stack, api_key: str) -> None:
+    """After one shard on node-b was damaged or deleted: refresh flags node-b's Checkpoint alone, and
+    `up` sends that one file again, not the whole checkpoint."""
+    done, events = seen_and_repaired(stack, R_CHECKPOINT_B)
+    assert set(done) == {R_CHECKPOINT_B}, done
+    outs = outputs_of(events, R_CHECKPOINT_B)
+    assert outs["files_sent"] == 1, outs
+    assert SHARD_BYTES <= outs["bytes_sent"] < 2 * SHARD_BYTES, outs
+    serves_and_is_clean(stack, api_key)
+
+
 def test_damaged_checkpoint_file_is_seen_with_full_refresh_and_sent_again(
     first_up, stack, lab_nodes, secrets
 ):
@@ -278,13 +289,7 @@ def test_damaged_checkpoint_file_is_seen_with_full_refresh_and_sent_again(
         byte = handle.read(1)
         handle.seek(SHARD_BYTES // 2)
         handle.write(bytes([byte[0] ^ 0xFF]))
-    done, events = seen_and_repaired(stack, R_CHECKPOINT_B)
-    assert set(done) == {R_CHECKPOINT_B}, done
-    outs = outputs_of(events, R_CHECKPOINT_B)
-    # That one file again, not the whole checkpoint.
-    assert outs["files_sent"] == 1, outs
-    assert SHARD_BYTES <= outs["bytes_sent"] < 2 * SHARD_BYTES, outs
-    serves_and_is_clean(stack, secrets["api_key"])
+    one_shard_sent_again(stack, secrets["api_key"])
 
 
 def test_deleted_checkpoint_file_is_seen_with_sizes_and_sent_again(
@@ -295,12 +300,7 @@ def test_deleted_checkpoint_file_is_seen_with_sizes_and_sent_again(
     assert set(switched) <= {"qwen35-checkpoint-node-a", R_CHECKPOINT_B}, switched
     assert_clean(stack)
     shard_blobs("node-b")[1].unlink()
-    done, events = seen_and_repaired(stack, R_CHECKPOINT_B)
-    assert set(done) == {R_CHECKPOINT_B}, done
-    outs = outputs_of(events, R_CHECKPOINT_B)
-    assert outs["files_sent"] == 1, outs
-    assert SHARD_BYTES <= outs["bytes_sent"] < 2 * SHARD_BYTES, outs
-    serves_and_is_clean(stack, secrets["api_key"])
+    one_shard_sent_again(stack, secrets["api_key"])
 
 
 # --- 6. `destroy` leaves the nodes as they were ---------------------------------------------------
