@@ -47,11 +47,17 @@ class NodeSpec:
     engine: Engine
     store: Store
     jump: str | None = None
+    # Default log options in the daemon's daemon.json, as a node that rotates its logs sets them: every
+    # container the daemon creates then carries them, and the Docker provider must not see that as drift.
+    log_opts: tuple[tuple[str, str], ...] = ()
 
+
+# What log rotation on a Spark commonly looks like in /etc/docker/daemon.json.
+ROTATED_LOGS = (("max-size", "10m"), ("max-file", "3"))
 
 NODE_SPECS: tuple[NodeSpec, ...] = (
-    NodeSpec("node-a", "127.0.0.2", Engine.BOOKWORM, Store.CLASSIC),
-    NodeSpec("node-b", "127.0.0.3", Engine.BOOKWORM, Store.CLASSIC),
+    NodeSpec("node-a", "127.0.0.2", Engine.BOOKWORM, Store.CLASSIC, log_opts=ROTATED_LOGS),
+    NodeSpec("node-b", "127.0.0.3", Engine.BOOKWORM, Store.CLASSIC, log_opts=ROTATED_LOGS),
     NodeSpec("node-c", "127.0.0.4", Engine.TRIXIE, Store.CLASSIC),
     NodeSpec("node-d", "127.0.0.5", Engine.TRIXIE, Store.CONTAINERD),
     NodeSpec("node-e", "127.0.0.6", Engine.BOOKWORM, Store.CLASSIC, jump="node-a"),

@@ -68,9 +68,13 @@ def dockerd_argv(binary: str, paths: NodePaths) -> list[str]:
 
 
 def daemon_config(spec: NodeSpec) -> dict:
+    """The node's daemon.json: its image store, and the default log options it rotates logs with."""
+    config: dict = {}
     if spec.store is Store.CONTAINERD:
-        return {"features": {"containerd-snapshotter": True}}
-    return {}
+        config["features"] = {"containerd-snapshotter": True}
+    if spec.log_opts:
+        config["log-opts"] = dict(spec.log_opts)
+    return config
 
 
 def _sshd_lines(host_key: Path, keys: SshPaths, name: str, paths: NodePaths) -> list[str]:
@@ -378,6 +382,13 @@ def start_dockerd(spec: NodeSpec) -> str:
     """Start (or reuse) the node's dockerd; returns the engine version it reports."""
     paths = node_paths(spec.name)
     if running_dockerd(spec.name):
+        # A daemon.json changes nothing in a running dockerd (log-opts are not reloadable).
+        wanted = json.dumps(daemon_config(spec)) + "\n"
+        if not paths.daemon_json.exists() or paths.daemon_json.read_text() != wanted:
+            raise LabError(
+                f"lab: {spec.name}'s dockerd runs with an older daemon.json than the lab wants "
+                f"({wanted.strip()}): run `make lab-down`, then try again"
+            )
         version = engine_get(paths.socket, "/version")
         if version:
             return version["Version"]

@@ -55,7 +55,10 @@ def test_dockerd_argv_keeps_each_daemon_to_itself(private_lab):
 @pytest.mark.parametrize(
     ("name", "config"),
     [
-        ("node-a", {}),
+        # The head and worker rotate their logs, as Sparks commonly do (the Docker provider must not
+        # see the daemon's defaults as drift); node-c stays at Docker's defaults.
+        ("node-a", {"log-opts": {"max-size": "10m", "max-file": "3"}}),
+        ("node-b", {"log-opts": {"max-size": "10m", "max-file": "3"}}),
         ("node-c", {}),
         ("node-d", {"features": {"containerd-snapshotter": True}}),
     ],
