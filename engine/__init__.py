@@ -20,8 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "engine" / "build.sh"
-# The version pulumi-docker==4.11.2 (requirements.txt) registers its resources with.
-DOCKER_PLUGIN = ("docker", "4.11.2")
+# The version pulumi-docker==5.2.0 (requirements.txt) registers its resources with.
+DOCKER_PLUGIN = ("docker", "5.2.0")
 # The lab's stacks are throwaway: their passphrase only has to be the same on every run.
 LAB_PASSPHRASE = "qwen35-lab"
 

@@ -18,8 +18,10 @@ cache=${QWEN35_CACHE:-$HOME/.cache/qwen35-spark}/engine
 version=$(awk '$1 == "github.com/pulumi/pulumi/pkg/v3" { print $2; exit }' "$here/cli/go.mod")
 [ -n "$version" ] || { echo "engine: no pkg/v3 requirement in engine/cli/go.mod" >&2; exit 1; }
 
-# The Terraform Docker provider's module, at the version the module proxy serves (Pulumi's
-# pulumi-docker 4.11.2 pins v3.9.0's commit d7d7ff7f, which it refuses), checked against this sum.
+# The Terraform Docker provider's module, at the commit the module proxy serves nearest to what
+# pulumi-docker 5.2.0 wraps (v4.6.0, 2026-09-01; the proxy refuses every commit from v4.4.0 on that
+# it was asked for, and serves this one of 2026-09-16, whose CHANGELOG ends at v4.6.0), checked
+# against this sum. docs/engine.md lists what changed for the properties the program sets.
 upstream_module=github.com/kreuzwerker/terraform-provider-docker
 upstream_version=v0.0.0-20260916201441-96d331c98ff4
 upstream_sum=h1:T3HvvZCRd4h2qkMl+SXA2zza26Rdz8xqV81skikQWy4=

@@ -1,10 +1,11 @@
 // pulumi-resource-docker for this project's engine tier: kreuzwerker's Terraform Docker provider served
-// to the Pulumi engine by the Terraform bridge, under the name and version pulumi-docker==4.11.2's
-// Python SDK registers its resources with (docker, 4.11.2).
+// to the Pulumi engine by the Terraform bridge, under the name and version pulumi-docker==5.2.0's
+// Python SDK registers its resources with (docker, 5.2.0). pulumi-docker 5.2.0 wraps the Terraform
+// provider's v4.6.0; the module proxy serves the nearest later commit (engine/build.sh pins it).
 //
-// Pulumi's own provider module (github.com/pulumi/pulumi-docker/provider/v4, every version) is refused
-// by the Go module proxy (403 "This module version is not available"); the Terraform provider it wraps
-// and the bridge are served. This file maps the resources the program uses to the SDK's type tokens and
+// Pulumi's own provider modules (github.com/pulumi/pulumi-docker/provider/v4 and /v5, every version)
+// are refused by the Go module proxy (403 "This module version is not available"); the Terraform
+// provider they wrap and the bridge are served. This file maps the resources the program uses to the SDK's type tokens and
 // property names; pulumi-docker's native `Image` (BuildKit builds) is not among them: it is Pulumi's own
 // Go code, in the refused module (README, "The engine").
 package main
@@ -19,7 +20,7 @@ import (
 // The Python SDK's package name and version: the engine looks the plugin up by these.
 const (
 	pkg     = "docker"
-	version = "4.11.2"
+	version = "5.2.0"
 )
 
 func token(kind, name string) tokens.Type { return tokens.Type(pkg + ":index/" + kind + ":" + name) }
