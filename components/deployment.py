@@ -112,7 +112,8 @@ def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, An
             for m in spec.mounts
         ],
         "labels": [docker.ContainerLabelArgs(label=k, value=v) for k, v in sorted(spec.labels.items())],
-        # Refresh sees a stopped container as gone (so `up --refresh` starts it again).
+        # Refresh records a stopped container as `must_run: false` (it stays on the node, with its
+        # logs), so `up --refresh` starts it again in place.
         "must_run": True,
         "destroy_grace_seconds": spec.stop_grace_s,
         "logs": False,
