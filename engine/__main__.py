@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine import ROOT, EngineError, ensure_engine
+from engine import ROOT, Engine, EngineError, ensure_engine
 from engine.lab_stack import engine_lab_config, stack_file, write_config
 from lab.nodes import bind_error
 
@@ -101,16 +101,23 @@ def up() -> int:
     return 0
 
 
-def down() -> int:
-    engine = ensure_engine()
+def destroy_stack(engine: Engine, stack: str, config: Path) -> int:
+    """`pulumi destroy` of `stack`, then its removal from the backend and its config file; the exit
+    status (0 when the stack was never made). Works after a failed `up` and after containers were
+    removed by hand: the Docker provider deletes a container that is already gone as done."""
     stacks = engine.run("stack", "ls", "--json").json()
-    code = 0
-    if any(s["name"] == STACK for s in stacks):
-        argv = [str(engine.pulumi), "destroy", "--yes", "--stack", STACK, "--non-interactive"]
-        code = subprocess.run(argv, cwd=ROOT, env=engine.env(), check=False).returncode
-        if code == 0:
-            engine.run("stack", "rm", STACK, "--yes")
-            config_file().unlink(missing_ok=True)
+    if not any(s["name"] == stack for s in stacks):
+        return 0
+    argv = [str(engine.pulumi), "destroy", "--yes", "--stack", stack, "--non-interactive"]
+    code = subprocess.run(argv, cwd=ROOT, env=engine.env(), check=False).returncode
+    if code == 0:
+        engine.run("stack", "rm", stack, "--yes")
+        config.unlink(missing_ok=True)
+    return code
+
+
+def down() -> int:
+    code = destroy_stack(ensure_engine(), STACK, config_file())
     stop_hub()
     return code
 

@@ -207,7 +207,17 @@ def test_stopped_worker_is_seen_and_started_again(first_up, stack, lab_nodes, se
     node_b = lab_nodes["node-b"]
     old_id = lab.docker(node_b, "inspect", "--format", "{{.Id}}", WORKER).out.strip()
     lab.docker(node_b, "stop", WORKER)
-    done, events = seen_and_repaired(stack, R_WORKER, also=CLUSTER_WIDE)
+    logs = lab.docker(node_b, "logs", WORKER)
+    found = refresh(stack)
+    assert found.get(R_WORKER) == "update" and set(found) <= CLUSTER_WIDE | {R_WORKER}, found
+    # The refresh removed nothing on the node (v3.9.0's read force-removed a stopped container): the
+    # same worker, stopped, with every log line it wrote.
+    kept = lab.docker(node_b, "inspect", "--format", "{{.Id}} {{.State.Running}}", WORKER).out.split()
+    assert kept == [old_id, "false"], kept
+    again = lab.docker(node_b, "logs", WORKER)
+    assert (logs.out + logs.err).strip() and (again.out, again.err) == (logs.out, logs.err)
+    events = repair(stack)
+    done = changes(events)
     # The provider records a stopped container as `must_run: false`: `up` starts it again, in place.
     assert done.get(R_WORKER) in ("update", "create", "replace"), done
     # The gate probes the cluster again: it had not answered since the worker came back.

@@ -1,6 +1,12 @@
 """The program under the real Pulumi engine on the lab: preview, first up, no-op up and refresh, a bad
 config, destroy. The evidence is the engine's own output (`--json`, `--event-log`, `stack export`) and
-the nodes, never the program's logs."""
+the nodes, never the program's logs.
+
+The Docker provider's container behaviours the program relies on, each of which the Terraform
+provider's v3.9.0 (what pulumi-docker 4.11.2 wraps) gets wrong, are proven here too: node-a and node-b
+rotate their logs in daemon.json, and a second `up` and a refresh still change nothing; a refresh keeps
+a stopped server (and its logs) and `up` starts it; a replacement and `destroy` succeed when a container
+was removed by hand; a stack last deployed under the old pin ups with no container replaced."""
 
 from __future__ import annotations
 
@@ -13,6 +19,10 @@ import openai
 import pytest
 
 import lab
+from engine import install_plugin
+from engine.__main__ import destroy_stack
+from engine.lab_stack import write_config
+from lab.layout import ROTATED_LOGS
 from lab.logins import counted_logins
 from tests.engine.conftest import (
     CHECKPOINT,
@@ -25,10 +35,13 @@ from tests.engine.conftest import (
     VOLUME,
     Stack,
     changed_steps,
+    changes,
     clear_caches,
+    errors,
     finished,
     new_stack,
     secret_stack,
+    urn_name,
     urn_type,
 )
 
@@ -46,6 +59,7 @@ EXPECTED = {
     GATE: 1,
     "qwen35:index:Deployment": 1,
 }
+SERVER = "qwen35-vllm"
 OUTPUTS = {"endpoint", "served_model", "dashboard", "images", "checkpoints", "containers", "model_support"}
 
 
@@ -136,12 +150,130 @@ def test_secrets_are_in_no_output_state_or_display(first_up, stack, secrets, eng
         assert not leaked, f"{key} in plaintext in: {leaked}"
 
 
-def test_second_up_and_refresh_find_nothing_to_change(first_up, stack):
+def containers_on(node: lab.LabNode) -> list[str]:
+    return [
+        n
+        for n in lab.docker(node, "ps", "-a", "--format", "{{.Names}}").out.split()
+        if n.startswith("qwen35-")
+    ]
+
+
+def container_state(node: lab.LabNode, name: str) -> tuple[str, bool]:
+    """(ID, running) of a container on a node."""
+    found = lab.docker(node, "inspect", "--format", "{{.Id}} {{.State.Running}}", name).out.split()
+    return found[0], found[1] == "true"
+
+
+def test_second_up_and_refresh_find_nothing_to_change(first_up, stack, lab_nodes):
+    # The condition under test: each container carries the daemon's default log options, which the
+    # v3.9.0 provider stored and then wanted to remove (a replacement of every container on every up).
+    for node in lab_nodes.values():
+        for name in containers_on(node):
+            opts = json.loads(
+                lab.docker(node, "inspect", "--format", "{{json .HostConfig.LogConfig.Config}}", name).out
+            )
+            assert opts == dict(ROTATED_LOGS), (node.name, name, opts)
     noop = stack.run("up", "--yes", "--skip-preview", "--expect-no-changes", "--json")
     assert changed_steps(noop.events()) == []
     refreshed = stack.run("refresh", "--yes", "--skip-preview", "--expect-no-changes", "--json", check=False)
     assert refreshed.returncode == 0, changed_steps(refreshed.events()) or refreshed.err[-4000:]
     assert changed_steps(refreshed.events()) == []
+
+
+# The plugin version pulumi-docker 4.11.2 registered this program's providers with.
+OLD_PIN = "4.11.2"
+
+
+def test_a_stack_last_deployed_under_the_old_pin_ups_without_replacing_a_container(
+    first_up, stack, engine, lab_nodes
+):
+    """The state an `up` under pulumi-docker==4.11.2 left differs in the providers' `version`; the
+    same containers must stay (the first `up` after the version change updates the providers only)."""
+    install_plugin(engine, engine.pulumi.parent / "pulumi-resource-docker", "resource", "docker", OLD_PIN)
+    exported = json.loads(stack.run("stack", "export").out)
+    providers = [r for r in exported["deployment"]["resources"] if r["type"] == PROVIDER]
+    assert len(providers) == 2, providers
+    for resource in providers:
+        assert resource["inputs"]["version"] == "5.2.0", resource["inputs"]
+        resource["inputs"]["version"] = resource["outputs"]["version"] = OLD_PIN
+    stack.run("stack", "import", "--file", "/dev/stdin", stdin=json.dumps(exported))
+    before = {
+        node.name: {n: container_state(node, n)[0] for n in containers_on(node)}
+        for node in lab_nodes.values()
+    }
+    done = stack.run("up", "--yes", "--skip-preview", "--json", check=False)
+    assert done.returncode == 0, errors(done.events()) or done.err[-3000:]
+    changed = changed_steps(done.events())
+    assert changed and {t for t, _, _ in changed} == {PROVIDER}, changed
+    assert {op for _, _, op in changed} == {"update"}, changed
+    after = {
+        node.name: {n: container_state(node, n)[0] for n in containers_on(node)}
+        for node in lab_nodes.values()
+    }
+    assert after == before
+    versions = {
+        r["inputs"]["version"]
+        for r in json.loads(stack.run("stack", "export").out)["deployment"]["resources"]
+        if r["type"] == PROVIDER
+    }
+    assert versions == {"5.2.0"}, versions
+
+
+def answers(stack: Stack, api_key: str) -> None:
+    outputs = stack.run("stack", "output", "--json").json()
+    client = openai.OpenAI(base_url=outputs["endpoint"], api_key=api_key, timeout=30)
+    reply = client.chat.completions.create(
+        model=outputs["served_model"], messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert reply.choices[0].message.content
+
+
+def test_a_stopped_server_is_drift_its_container_and_logs_stay_and_up_starts_it(
+    first_up, stack, lab_nodes, secrets
+):
+    head = lab_nodes["node-a"]
+    old_id, running = container_state(head, SERVER)
+    assert running
+    lab.docker(head, "stop", SERVER)
+    logs = lab.docker(head, "logs", SERVER)
+    assert (logs.out + logs.err).strip(), "the stopped server left no log lines to keep"
+    refreshed = stack.run("refresh", "--yes", "--skip-preview", "--json", check=False, timeout=900)
+    assert refreshed.returncode == 0, refreshed.err[-3000:]
+    found = changes(refreshed.events())
+    # Drift on the server (the gate's probe finds nothing serving too), never a deletion of it.
+    assert found.get(SERVER) == "update", found
+    assert set(found) <= {SERVER, "qwen35-ready"}, found
+    # The refresh removed nothing on the node: the same container, stopped, its logs all there.
+    assert container_state(head, SERVER) == (old_id, False)
+    kept = lab.docker(head, "logs", SERVER)
+    assert (kept.out, kept.err) == (logs.out, logs.err)
+    done = stack.run("up", "--yes", "--skip-preview", "--json", check=False)
+    assert done.returncode == 0, errors(done.events()) or done.err[-3000:]
+    assert container_state(head, SERVER)[1], "up did not start the server again"
+    answers(stack, secrets["api_key"])
+    clean = stack.run("refresh", "--yes", "--skip-preview", "--expect-no-changes", "--json", check=False)
+    assert clean.returncode == 0, changes(clean.events())
+
+
+def test_a_replacement_succeeds_when_the_old_container_was_removed_by_hand(
+    first_up, stack, lab_nodes, lab_config, secrets
+):
+    head = lab_nodes["node-a"]
+    lab.docker(head, "rm", "-f", SERVER)
+    # No refresh first: the state still holds the removed server, and the changed command line
+    # replaces it (deleting the old one first, which is already gone).
+    base = lab_config()
+    serve = {**base["qwen35-spark:serve"], "max_model_len": 2048}
+    write_config(stack.config, lab_config(serve=serve))
+    done = stack.run("up", "--yes", "--skip-preview", "--json", check=False)
+    assert done.returncode == 0, errors(done.events()) or done.err[-3000:]
+    ops = {
+        (urn_name(m["urn"]), m["op"])
+        for m in (e["resOutputsEvent"]["metadata"] for e in done.events() if "resOutputsEvent" in e)
+    }
+    assert (SERVER, "delete-replaced") in ops or (SERVER, "replace") in ops, sorted(ops)
+    assert container_state(head, SERVER)[1]
+    answers(stack, secrets["api_key"])
 
 
 def test_a_bad_config_fails_before_any_resource_naming_the_field(engine, lab_config):
@@ -163,14 +295,36 @@ def test_a_bad_config_fails_before_any_resource_naming_the_field(engine, lab_con
         bad.remove()
 
 
-def test_destroy_leaves_no_container_volume_or_tag(first_up, stack, lab_nodes):
-    stack.run("destroy", "--yes", timeout=900)
-    exported = json.loads(stack.run("stack", "export").out)
-    assert [r["type"] for r in exported["deployment"].get("resources") or []] == []
+def test_destroy_after_a_worker_was_removed_by_hand_leaves_no_container_volume_or_tag(
+    first_up, stack, lab_nodes
+):
+    lab.docker(lab_nodes["node-b"], "rm", "-f", "qwen35-ray-worker")
+    # `make down`'s own destroy, with the state still holding the removed worker.
+    assert destroy_stack(stack.engine, stack.name, stack.config) == 0
     for node in lab_nodes.values():
-        names = lab.docker(node, "ps", "-a", "--format", "{{.Names}}").out.split()
-        assert not [n for n in names if n.startswith("qwen35-")], (node.name, names)
+        assert containers_on(node) == [], node.name
         volumes = lab.docker(node, "volume", "ls", "--format", "{{.Name}}").out.split()
         assert not [v for v in volumes if v.startswith("qwen35-")], (node.name, volumes)
     tags = lab.docker(lab_nodes["node-b"], "images", "--format", "{{.Repository}}:{{.Tag}}").out
     assert not re.search(r"^lab-ray:", tags, re.M), tags
+
+
+def test_make_down_succeeds_after_a_failed_up(engine, lab_nodes, lab_config):
+    """An `up` that fails at the model-support check (the lab image under `enforce`) leaves the
+    providers, claims, image copies and checkpoints; `make down`'s destroy removes them all. Last in
+    the module: the lab stack's claims on node-a and node-b are gone by then."""
+    config = lab_config()
+    config["qwen35-spark:image"] = {**config["qwen35-spark:image"], "model_check": "enforce"}
+    failed = new_stack(engine, "engine-failed", config)
+    try:
+        up = failed.run("up", "--yes", "--skip-preview", "--json", check=False)
+        assert up.returncode != 0
+        assert any("model" in message for message in errors(up.events())), errors(up.events())
+        left = json.loads(failed.run("stack", "export").out)["deployment"].get("resources") or []
+        assert any(r["type"] == NODE_IMAGE for r in left), [r["type"] for r in left]
+        assert destroy_stack(engine, failed.name, failed.config) == 0
+        assert not failed.config.exists()
+        listed = {s["name"] for s in engine.run("stack", "ls", "--json").json()}
+        assert failed.name not in listed
+    finally:
+        failed.remove()
