@@ -36,8 +36,10 @@ STANDIN_DIR = "/opt/vllm-standin"
 # Marks the throw-away install stage, so it can be pruned once the image is saved (it holds the wheels).
 INSTALL_STAGE_LABEL = "qwen35.lab-ray-install-stage"
 
-# /usr/local/bin/vllm: runs the stand-in with the venv's Python (which has `ray`).
-VLLM_ENTRY_POINT = f"""#!{VENV}/bin/python3
+
+def vllm_entry_point(python: str) -> str:
+    """/usr/local/bin/vllm: runs the stand-in with `python` (the lab Ray image's venv, which has `ray`)."""
+    return f"""#!{python}
 # Lab stand-in for vLLM (a test double). Source: lab/standin_vllm.py in qwen35-spark.
 import sys
 
@@ -46,6 +48,9 @@ from standin_vllm import main
 
 sys.exit(main())
 """
+
+
+VLLM_ENTRY_POINT = vllm_entry_point(f"{VENV}/bin/python3")
 
 
 def dockerfile(base: str = DEBIAN_TAG) -> str:

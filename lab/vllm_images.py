@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from lab.images import BUSYBOX_TAG, DEBIAN_TAG, FIXED_MTIME, busybox_image, check_tag, debian_image
 from lab.layout import LabError, LabNode, cache_dir
+from lab.ray_image import STANDIN_DIR, STANDIN_SOURCE, ray_image, vllm_entry_point
 from lab.remote import docker
 
 CONTENT_LABEL = "qwen35.lab.content"
@@ -41,14 +43,25 @@ def base_dockerfile(vllm_dir: str | None, debian: str) -> str:
     )
 
 
+def serving_base_dockerfile(vllm_dir: str | None, ray_tag: str) -> str:
+    """The hybrid's base on the lab Ray image: Ray, the stand-in `vllm` CLI and its venv's `python3`
+    (with pip) first on PATH, as the image has them, plus the tree. A hybrid built on it serves in the
+    lab: its Ray containers start and `vllm serve` runs the stand-in, as the seed's base image does."""
+    copy = f"COPY vllm/ {check_vllm_dir(vllm_dir)}/\n" if vllm_dir else ""
+    return f"FROM {ray_tag}\n{copy}" + 'CMD ["/bin/bash"]\n'
+
+
 def graft_donor_dockerfile(vllm_dir: str, debian: str) -> str:
-    """The graft's donor: the base stand-in's venv with the tree importable by it (a .pth), no Ray."""
+    """The graft's donor: the base stand-in's venv with the tree importable by it (a .pth), no Ray, and
+    the stand-in `vllm` CLI, so a graft built on it serves in the lab once the graft brings Ray."""
     parent = check_vllm_dir(vllm_dir).rsplit("/", 1)[0]
     return base_dockerfile(vllm_dir, debian) + (
         f"RUN python3 -c \"import site; open(site.getsitepackages()[0] + '/qwen35-vllm.pth', 'w')"
         f".write('{parent}\\n')\"\n"
         'RUN python3 -c "import importlib.util as u; '
         "assert u.find_spec('vllm') and not u.find_spec('ray')\"\n"
+        f"COPY standin/standin_vllm.py {STANDIN_DIR}/standin_vllm.py\n"
+        "COPY standin/vllm /usr/local/bin/vllm\n"
     )
 
 
@@ -71,11 +84,15 @@ def python_files(tree: Path) -> list[Path]:
     return sorted(p for p in tree.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def standin_context(dockerfile: str, tree: Path | None) -> bytes:
-    """Build context tar: the Dockerfile and, under vllm/, the tree's `*.py`; same inputs, same bytes."""
+def standin_context(dockerfile: str, tree: Path | None, cli_python: str | None = None) -> bytes:
+    """Build context tar: the Dockerfile and, under vllm/, the tree's `*.py`; same inputs, same bytes.
+    `cli_python`: also the stand-in `vllm` CLI under standin/, run by that interpreter."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         add_file(tar, "Dockerfile", dockerfile.encode())
+        if cli_python:
+            add_file(tar, "standin/standin_vllm.py", STANDIN_SOURCE.read_bytes())
+            add_file(tar, "standin/vllm", vllm_entry_point(cli_python).encode(), mode=0o755)
         for path in python_files(tree) if tree is not None else []:
             add_file(tar, f"vllm/{path.relative_to(tree).as_posix()}", path.read_bytes())
     return buffer.getvalue()
@@ -142,9 +159,9 @@ def build_standin(node: LabNode, tag: str, context: bytes, parent_id: str) -> st
 
 
 def base_standin(node: LabNode, tag: str, vllm_dir: str | None, tree: Path | None) -> str:
-    """The base stand-in `tag` on the node: Debian + venv python + `tree` at `vllm_dir` (None: no tree)."""
-    parent = debian_image(node)
-    context = standin_context(base_dockerfile(vllm_dir if tree else None, DEBIAN_TAG), tree)
+    """The base stand-in `tag` on the node: the lab Ray image + `tree` at `vllm_dir` (None: no tree)."""
+    ray_tag, parent = ray_image(node)
+    context = standin_context(serving_base_dockerfile(vllm_dir if tree else None, ray_tag), tree)
     return build_standin(node, tag, context, parent)
 
 
@@ -165,7 +182,9 @@ def graft_donor_standin(node: LabNode, tag: str, vllm_dir: str, tree: Path, suit
     at `vllm_dir`, no Ray (as the seed's donor and NVIDIA's vLLM containers ship)."""
     debian = f"lab-debian:{suite}" if suite else DEBIAN_TAG
     parent = debian_image(node, debian, suite) if suite else debian_image(node)
-    context = standin_context(graft_donor_dockerfile(vllm_dir, debian), tree)
+    context = standin_context(
+        graft_donor_dockerfile(vllm_dir, debian), tree, cli_python=f"{BASE_VENV}/bin/python3"
+    )
     return build_standin(node, tag, context, parent)
 
 
@@ -195,3 +214,18 @@ def transformers_wheels(requirement: str) -> Path:
     marker.write_text("\n".join(sorted(p.name for p in target.glob("*.whl"))) + "\n")
     print(f"lab: downloaded {requirement} wheels into {target} in {time.monotonic() - started:.0f}s")
     return target
+
+
+def stage_wheels(requirement: str, dest: Path) -> Path:
+    """`requirement`'s wheels in `dest` (patches/wheels/, ignored by git), where the hybrid build installs
+    them from with no index; wheels of another requirement are removed (they would change the tag)."""
+    wheels = transformers_wheels(requirement)
+    dest.mkdir(parents=True, exist_ok=True)
+    wanted = {p.name: p for p in wheels.glob("*.whl")}
+    for stale in dest.iterdir():
+        if stale.name not in wanted:
+            stale.unlink()
+    for name, source in wanted.items():
+        if not (dest / name).exists():
+            shutil.copyfile(source, dest / name)
+    return dest
