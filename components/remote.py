@@ -6,6 +6,7 @@ one into a shell string. `SshTransport` runs it on a node, `LocalTransport` on t
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import shlex
@@ -305,9 +306,11 @@ def run_relaying(
                 stdin(proc.stdin)
             else:
                 proc.stdin.write(stdin)
-            proc.stdin.close()
         except OSError:  # the remote side ended early: its exit status says why
             pass
+        finally:  # a writer that failed half-way still ends the stream: the command sees a short input
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
 
     def pump(stream: IO[bytes], kept: list[bytes], relayed: bool) -> None:
         for raw in stream:
