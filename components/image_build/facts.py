@@ -13,7 +13,7 @@ from components.remote import Result
 
 IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 # `docker image inspect` of a name or ID the daemon does not hold (one line per missing object).
-_MISSING = re.compile(r"^(Error: )?No such (image|object): ", re.IGNORECASE)
+_MISSING = re.compile(r"^(Error: |Error response from daemon: )?No such (image|object): ", re.IGNORECASE)
 # A Dockerfile step as each builder announces it: the legacy builder's `Step 3/9 : RUN …` and
 # BuildKit's `#8 [proof 2/4] RUN …` (plain progress).
 _LEGACY_STEP = re.compile(r"^Step \d+/\d+ : (.+)$")
