@@ -20,6 +20,7 @@ from components.image_build.facts import (
     parse_build_log,
     parse_head_image,
     parse_image_id,
+    plain,
 )
 from components.image_build.plan import (
     Action,
@@ -82,7 +83,8 @@ def build(transport: SshTransport, props: Mapping[str, Any]) -> str:
     argv = programs.build_argv(props, tag)
     lines: list[str] = []
 
-    def relay(line: str) -> None:
+    def relay(raw: str) -> None:
+        line = plain(raw)
         lines.append(line)
         if line.strip():
             tell_operator(f"image-build on {node}: {line}")

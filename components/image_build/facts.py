@@ -19,7 +19,14 @@ _MISSING = re.compile(r"^(Error: |Error response from daemon: )?No such (image|o
 _LEGACY_STEP = re.compile(r"^Step \d+/\d+ : (.+)$")
 _BUILDKIT_STEP = re.compile(r"^#\d+ \[([^\]]+)\] (.+)$")
 # What the patches' RUN steps print when a proof refuses the image (patches/Dockerfile*).
+# Colour codes: the legacy builder paints a step's stderr red (`\x1b[91m…\x1b[0m`).
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _PROOF_FAILED = re.compile(r"\b([a-z-]+ proof|graft) failed \(exit (\d+)\)")
+
+
+def plain(line: str) -> str:
+    """A build output line without terminal colour codes (for the operator's display and parsing)."""
+    return _ANSI.sub("", line)
 
 
 class FactsError(ValueError):
@@ -84,7 +91,7 @@ def parse_build_log(lines: Iterable[str]) -> BuildLog:
     """The steps and proof refusals in a build's output (stdout and stderr, in any order)."""
     last_step, refusals = None, []
     for raw in lines:
-        line = raw.strip()
+        line = plain(raw).strip()
         legacy, buildkit = _LEGACY_STEP.match(line), _BUILDKIT_STEP.match(line)
         if legacy:
             last_step = legacy.group(1)

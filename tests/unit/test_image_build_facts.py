@@ -72,8 +72,8 @@ Step 1/22 : ARG BASE_IMAGE
 Step 7/22 : RUN set -eu;     test -n "${BASE_VLLM_DIR}" || exit 1
  ---> Running in 0123abcd
 missing: vllm.model_executor.layers.mamba.mamba_utils.MambaStateCopyFuncCalculator
-compatibility proof failed (exit 1): the copied Qwen3.5 modules would not import in the base
-The command '/bin/sh -c set -eu; ...' returned a non-zero code: 1
+\x1b[91mcompatibility proof failed (exit 1): the copied Qwen3.5 modules would not import in the base
+\x1b[0mThe command '/bin/sh -c set -eu; ...' returned a non-zero code: 1
 """
 BUILDKIT_REFUSED = """\
 #5 [proof 1/3] FROM docker.io/library/base
