@@ -158,8 +158,6 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
             "snapshot_path": f"{args.inputs.get('cache_dir')}/hub/models--{repo.replace('/', '--')}"
             f"/snapshots/{sha}",
         }
-    if args.typ == "docker:index/image:Image":
-        return {"repo_digest": "", "image_name": args.inputs.get("imageName", "")}
     return {}
 
 
