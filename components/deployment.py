@@ -186,12 +186,10 @@ class Qwen35Deployment(pulumi.ComponentResource):
         image = self.config.image
         if image.strategy is ImageStrategy.PREBUILT:
             return None
+        head = self.access[self.config.head.name].node_image_dict()
+        # Built by the head's own Docker over the project's SSH transport (not a docker provider).
         return HybridImage(
-            f"{name}-image",
-            HybridImageArgs(image=image),
-            opts=pulumi.ResourceOptions(
-                parent=self, providers={"docker": self.providers[self.config.head.name]}
-            ),
+            f"{name}-image", HybridImageArgs(image=image, node=head), opts=pulumi.ResourceOptions(parent=self)
         )
 
     def _model_support_check(self, name: str) -> ModelSupportCheck:
@@ -429,9 +427,10 @@ def place_images(
         opts=pulumi.ResourceOptions(
             parent=deployment, depends_on=[*deployment.claims.values(), *([build] if build else [])]
         ),
-        # A rebuild under the same tag (a pinned `image.tag`) still re-places the image everywhere.
+        # The built image's ID: a rebuild under the same tag (a pinned `image.tag`, or a drifted tag
+        # built again) re-places the image everywhere; an identical one changes nothing downstream.
         # A prebuilt image re-tagged on the head shows at refresh (NodeImage reads the head's ID).
-        trigger=build.image.id if build else None,
+        trigger=build.image_id if build else None,
         tuning=deployment.config.copy_.tuning() or None,
         # Only classic-store nodes serve others (a containerd store may lack layer blobs).
         can_reexport={n.name for n in deployment.config.nodes if n.image_store == "classic"},

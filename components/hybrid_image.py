@@ -5,23 +5,25 @@ older vLLM (patches/Dockerfile); `graft` keeps the donor's complete vLLM and car
 cluster layer onto it: Ray at the base's version and its system NCCL (patches/Dockerfile.graft).
 The class keeps its name and type token so existing stacks' hybrid builds are not replaced.
 The tag is a hash of everything that goes into the build, so changed inputs rebuild (and replace
-what depends on the image) while unchanged inputs never do.
+what depends on the image) while unchanged inputs never do. Its child is the project's own
+`ImageBuild` (components/image_build), which replaced `pulumi_docker.Image` (docs/image-build.md).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pulumi
-import pulumi_docker as docker
 
 from components.config import ImageConfig, ImageStrategy
+from components.image_build import ImageBuild, context_files
 
 PATCH_DIR = Path(__file__).resolve().parent.parent / "patches"
-_IGNORED = {"__pycache__", ".pytest_cache"}
 
 
 # The Dockerfile of each built strategy, in the build context.
@@ -66,15 +68,6 @@ def build_args(image: ImageConfig) -> dict[str, str]:
     }
 
 
-def context_files(context: Path) -> list[Path]:
-    """The files that make up the build context, in a stable order."""
-    return sorted(
-        p
-        for p in context.rglob("*")
-        if p.is_file() and not (_IGNORED & set(p.relative_to(context).parts)) and p.suffix != ".pyc"
-    )
-
-
 def content_tag(context: Path, args: dict[str, str], platform: str) -> str:
     """A tag that changes exactly when a build input changes: files, build args, platform."""
     digest = hashlib.sha256()
@@ -100,12 +93,16 @@ def hybrid_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
 
 @dataclass(frozen=True)
 class HybridImageArgs:
+    """The image section, the head's node dict (`NodeAccess.node_image_dict()`), the build context."""
+
     image: ImageConfig
+    node: Mapping[str, Any]
     context: Path = PATCH_DIR
 
 
 class HybridImage(pulumi.ComponentResource):
-    """Builds the hybrid or graft image on the head node's Docker (never pushed; no build in preview)."""
+    """Builds the hybrid or graft image on the head node's Docker (never pushed; no build in preview);
+    `image_id` is the built image's ID."""
 
     def __init__(self, name: str, args: HybridImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen35:index:HybridImage", name, None, opts)
@@ -113,20 +110,21 @@ class HybridImage(pulumi.ComponentResource):
         bargs = build_args(cfg)
         self.ref = hybrid_ref(cfg, args.context)
         self.tag = self.ref.rpartition(":")[2]
-        self.image = docker.Image(
+        # Named as the pulumi_docker.Image child was: a stack built with that one sees it deleted
+        # (which does nothing on the head) and this one created (docs/image-build.md).
+        self.image = ImageBuild(
             f"{name}-build",
-            image_name=self.ref,
-            build=docker.DockerBuildArgs(
-                context=str(args.context),
-                dockerfile=str(args.context / dockerfile(cfg)),
-                platform=cfg.platform,
-                args=bargs,
-                network=cfg.build_network,
-            ),
-            skip_push=True,
-            build_on_preview=False,
+            node=args.node,
+            ref=self.ref,
+            context=args.context,
+            dockerfile=dockerfile(cfg),
+            platform=cfg.platform,
+            build_args=bargs,
+            network=cfg.build_network,
+            content_addressed=not cfg.tag,
             opts=pulumi.ResourceOptions(parent=self),
         )
+        self.image_id = self.image.image_id
         self.image_name = pulumi.Output.from_input(cfg.name)
         self.register_outputs(
             {"image_name": cfg.name, "tag": self.tag, "ref": self.ref, "strategy": cfg.strategy.value}

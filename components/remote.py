@@ -6,16 +6,18 @@ one into a shell string. `SshTransport` runs it on a node, `LocalTransport` on t
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Protocol
+from typing import IO, BinaryIO, Protocol
 
 from components.errors import Qwen35Error
 from components.node_programs import program_argv
@@ -279,6 +281,60 @@ def _run_local(
     if proc.returncode == 127 and local_argv[0] == "env":  # ssh_command's `env … ssh`: was it ssh?
         require_ssh(node)
     return Result(tuple(argv), proc.returncode, proc.stdout, proc.stderr, node)
+
+
+def run_relaying(
+    node: str,
+    local_argv: Sequence[str],
+    argv: Sequence[str],
+    stdin: bytes | Callable[[BinaryIO], None],
+    timeout: float,
+    relay: Callable[[str], None],
+    relay_stdout: bool = False,
+) -> Result:
+    """Run `local_argv` (ssh … argv) like the transport does, handing each stderr line (and each stdout
+    line with `relay_stdout`) to `relay` as it comes. `stdin`: bytes, or a function that writes it."""
+    proc = subprocess.Popen(
+        list(local_argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    def feed() -> None:
+        try:
+            if callable(stdin):
+                stdin(proc.stdin)
+            else:
+                proc.stdin.write(stdin)
+        except OSError:  # the remote side ended early: its exit status says why
+            pass
+        finally:  # a writer that failed half-way still ends the stream: the command sees a short input
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+
+    def pump(stream: IO[bytes], kept: list[bytes], relayed: bool) -> None:
+        for raw in stream:
+            kept.append(raw)
+            if relayed:
+                relay(raw.decode(errors="replace").rstrip())
+
+    threads = [
+        threading.Thread(target=feed, daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, err, True), daemon=True),
+        threading.Thread(target=pump, args=(proc.stdout, out, relay_stdout), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise RemoteError(node, argv, -1, b"".join(err), f"timed out after {timeout:g} s") from None
+    finally:
+        for thread in threads:
+            thread.join(timeout=5)
+    return Result(tuple(argv), proc.returncode, b"".join(out), b"".join(err), node)
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,20 @@ def replace_reasons(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[st
     # reached elsewhere holds nothing this copy verified.
     if not same_node(old_dst, new_dst) or not same_address(old_dst, new_dst):
         reasons.append("destination")
-    if (olds.get("trigger") or "") != (news.get("trigger") or ""):
+    if (olds.get("trigger") or "") != (news.get("trigger") or "") and not legacy_trigger(olds, news):
         reasons.append("trigger")
     if "image" not in reasons and (source_changed(olds, news) or drifted(olds)):
         reasons.append("image")
     return reasons
+
+
+def legacy_trigger(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+    """The trigger recorded from pulumi_docker.Image, whose ID was the image reference itself (so it
+    said nothing `image` does not), now the ImageBuild's image ID of the very image this copy holds:
+    recorded in place, not a new copy (docs/image-build.md)."""
+    new = news.get("trigger") or ""
+    held = {olds.get("image_id"), olds.get("verified_image_id"), olds.get("source_image_id")} - {None, ""}
+    return bool(olds.get("trigger")) and olds.get("trigger") == olds.get("image") and new in held
 
 
 def source_changed(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,7 +12,8 @@ from components.progress import tell_operator
 from components.readiness_gate.errors import GateFailed
 from components.readiness_gate.plan import failure_hint
 from components.readiness_gate.programs import EXIT_HINTS, parse_report, probe_argv, probe_program
-from components.remote import RemoteError, Result, require_ssh, ssh_argv
+from components.remote import Result, require_ssh, ssh_argv
+from components.remote import run_relaying as relay_lines
 
 # Extra seconds beyond the probe's own deadline: SSH, plus the probe's last round of docker
 # calls (ray status, node list, inspect, logs: up to 60 s each) and its log tail.
@@ -29,44 +28,13 @@ def run_relaying(
     timeout: float,
     relay: Callable[[str], None],
 ) -> Result:
-    """Run `local_argv` (ssh … argv) like the transport does, relaying progress lines as they come."""
-    proc = subprocess.Popen(
-        list(local_argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    out: list[bytes] = []
-    err: list[bytes] = []
+    """Run the probe (ssh … argv) relaying only its progress lines (`PROGRESS_PREFIX`) as they come."""
 
-    def feed() -> None:
-        try:
-            proc.stdin.write(stdin)
-            proc.stdin.close()
-        except OSError:  # the remote side ended early: its exit status says why
-            pass
+    def progress_only(line: str) -> None:
+        if line.startswith(PROGRESS_PREFIX):
+            relay(line)
 
-    def pump() -> None:
-        for raw in proc.stderr:
-            err.append(raw)
-            line = raw.decode(errors="replace").rstrip()
-            if line.startswith(PROGRESS_PREFIX):
-                relay(line)
-
-    threads = [
-        threading.Thread(target=feed, daemon=True),
-        threading.Thread(target=pump, daemon=True),
-        threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
-    ]
-    for thread in threads:
-        thread.start()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise RemoteError(node, argv, -1, b"".join(err), f"timed out after {timeout:g} s") from None
-    finally:
-        for thread in threads:
-            thread.join(timeout=5)
-    return Result(tuple(argv), proc.returncode, b"".join(out), b"".join(err), node)
+    return relay_lines(node, local_argv, argv, stdin, timeout, progress_only)
 
 
 def run_probe(

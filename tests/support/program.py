@@ -103,6 +103,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
 READINESS_GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
+IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 
 
 def is_node_image(args: pulumi.runtime.MockResourceArgs | Registered) -> bool:
@@ -127,6 +128,9 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
             "skipped": True,
             "store": destination.get("image_store") or "classic",
         }
+    if args.typ == IMAGE_BUILD:
+        image_id = fake_image_id(args.inputs["ref"], args.inputs["node"].get("name", ""))
+        return {"image_id": image_id, "observed_image_id": image_id, "built": True}
     if args.typ == "pulumi-python:dynamic/qwen35:ModelSupportCheck":
         # What a passing proof reports (the provider itself is tested in test_model_support.py).
         return {
@@ -154,8 +158,6 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
             "snapshot_path": f"{args.inputs.get('cache_dir')}/hub/models--{repo.replace('/', '--')}"
             f"/snapshots/{sha}",
         }
-    if args.typ == "docker:index/image:Image":
-        return {"repo_digest": "", "image_name": args.inputs.get("imageName", "")}
     return {}
 
 

@@ -15,6 +15,7 @@ from tests.support.program import ProgramRun, run_program, stack_config
 CONTAINER = "docker:index/container:Container"
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
 GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
+IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 CHECK = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
 SECRETS = {"hf_token": "hf_token_value_123", "api_key": "sk-api-key-value-456"}
@@ -124,7 +125,7 @@ DEV_RESOURCES = {
     (CLAIM, "qwen35-claim-spark-1"),
     (CLAIM, "qwen35-claim-spark-2"),
 }
-BUILD = {("qwen35:index:HybridImage", "qwen35-image"), ("docker:index/image:Image", "qwen35-image-build")}
+BUILD = {("qwen35:index:HybridImage", "qwen35-image"), (IMAGE_BUILD, "qwen35-image-build")}
 
 
 def test_dev_resource_set(dev):
@@ -136,6 +137,20 @@ def test_hybrid_resource_set(hybrid):
     assert {(r.typ, r.name) for r in hybrid.run.resources} == DEV_RESOURCES | BUILD
 
 
+def test_every_copy_follows_the_built_image_id(hybrid):
+    # The trigger is the build's image ID: a rebuild under the same tag re-places the image, and an
+    # identical build (same ID) changes nothing downstream; containers run each node's copy's ID.
+    from tests.support.program import fake_image_id
+
+    build = hybrid.run.named("qwen35-image-build")
+    built_id = fake_image_id(build.inputs["ref"], "spark-1")
+    for node in ("spark-1", "spark-2"):
+        assert node_image_of(hybrid, node).inputs["trigger"] == built_id
+    assert hybrid.container("qwen35-ray-head").inputs["image"] == fake_image_id(
+        build.inputs["ref"], "spark-1"
+    )
+
+
 def test_graft_builds_on_the_head_from_its_own_dockerfile(monkeypatch):
     cfg = copy.deepcopy(stack_config("dev"))
     cfg["qwen35-spark:image"] = {
@@ -143,9 +158,10 @@ def test_graft_builds_on_the_head_from_its_own_dockerfile(monkeypatch):
     }  # fmt: skip
     graph = run_graph(monkeypatch, cfg)
     assert {(r.typ, r.name) for r in graph.run.resources} == DEV_RESOURCES | BUILD
-    (build,) = [r for r in graph.run.resources if r.typ == "docker:index/image:Image"]
-    assert build.inputs["build"]["dockerfile"].endswith("patches/Dockerfile.graft")
-    assert "head" in build.provider or "spark-1" in build.provider
+    (build,) = [r for r in graph.run.resources if r.typ == IMAGE_BUILD]
+    assert build.inputs["dockerfile"] == "Dockerfile.graft"
+    assert build.inputs["context"].endswith("/patches")
+    assert build.inputs["node"]["name"] == "spark-1"
 
 
 @pytest.mark.parametrize("graph_name", ["dev", "four", "hybrid"])
@@ -183,7 +199,10 @@ def test_four_node_resource_set(four):
 def test_providers(request, graph_name):
     graph: Graph = request.getfixturevalue(graph_name)
     if graph_name == "hybrid":
-        assert graph.provider_of("qwen35-image-build") == "qwen35-docker-spark-1"
+        # The build runs on the head's daemon over the project's SSH transport, not a docker provider.
+        build = graph.run.named("qwen35-image-build")
+        assert build.typ == IMAGE_BUILD and build.inputs["node"]["name"] == "spark-1"
+        assert build.inputs["node"]["host"] == "10.1.230.180"
     assert graph.provider_of("qwen35-ray-tmp") == "qwen35-docker-spark-1"
     assert graph.provider_of("qwen35-ray-head") == "qwen35-docker-spark-1"
     assert graph.provider_of("qwen35-vllm") == "qwen35-docker-spark-1"
@@ -442,7 +461,7 @@ def test_changing_serve_settings_touches_only_the_server(monkeypatch):
     changed = {
         r.name
         for r in after.run.resources
-        if r.typ in (CONTAINER, "docker:index/volume:Volume", "docker:index/image:Image")
+        if r.typ in (CONTAINER, "docker:index/volume:Volume", IMAGE_BUILD)
         and r.inputs != before.run.named(r.name).inputs
     }
     assert changed == {"qwen35-vllm"}
@@ -511,7 +530,7 @@ def test_prebuilt_registers_no_build_and_copies_the_configured_reference(monkeyp
     cfg["qwen35-spark:image"] = {"strategy": "prebuilt", "prebuilt": typed}
     graph = run_graph(monkeypatch, cfg)
     types = {r.typ for r in graph.run.resources}
-    assert "docker:index/image:Image" not in types and "qwen35:index:HybridImage" not in types
+    assert IMAGE_BUILD not in types and "qwen35:index:HybridImage" not in types
     for node in ("spark-1", "spark-2"):
         assert node_image_of(graph, node).inputs["image"] == placed
         # Nothing to wait for on the head: the image is there already.

@@ -1,4 +1,4 @@
-"""HybridImage under mocks: the Image resource's inputs, and the content-addressed tag."""
+"""HybridImage under mocks: its ImageBuild child's inputs, and the content-addressed tag."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ from components.hybrid_image import (
     content_tag,
     dockerfile,
 )
+from components.image_build import context_digest
 from tests.support.program import RecordingMocks, dev_raw
+
+IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
+HEAD = {"name": "spark-1", "host": "10.0.0.1", "user": "aurora", "known_hosts": "/kh", "port": 22}
 
 
 @pytest.fixture
@@ -92,10 +96,7 @@ def _build_under_mocks(image: ImageConfig):
 
     @pulumi.runtime.test
     def run():
-        provider = pulumi.ProviderResource("docker", "head-docker", {"host": "ssh://x@h:22"})
-        made["image"] = HybridImage(
-            "hybrid", HybridImageArgs(image=image), pulumi.ResourceOptions(providers={"docker": provider})
-        )
+        made["image"] = HybridImage("hybrid", HybridImageArgs(image=image, node=HEAD))
 
     run()
     return mocks, made["image"]
@@ -104,26 +105,31 @@ def _build_under_mocks(image: ImageConfig):
 def test_image_resource_inputs_under_mocks():
     cfg = ImageConfig(strategy="hybrid")
     mocks, component = _build_under_mocks(cfg)
-    images = [r for r in mocks.resources if r.typ == "docker:index/image:Image"]
+    images = [r for r in mocks.resources if r.typ == IMAGE_BUILD]
     assert len(images) == 1
     image = images[0]
+    # The name of the pulumi_docker.Image child it replaced (docs/image-build.md).
     assert image.name == "hybrid-build"
-    assert image.inputs["imageName"] == f"vllm-node-qwen35:{component.tag}"
+    assert image.inputs["ref"] == f"vllm-node-qwen35:{component.tag}"
     assert component.tag == content_tag(PATCH_DIR, build_args(cfg), "linux/arm64")
-    assert image.inputs["skipPush"] is True
-    assert image.inputs.get("buildOnPreview") is False
-    build = image.inputs["build"]
-    assert build["platform"] == "linux/arm64"
-    assert build["context"] == str(PATCH_DIR)
-    assert build["dockerfile"] == str(PATCH_DIR / "Dockerfile")
-    assert build["args"] == build_args(cfg)
-    assert image.provider and "head-docker" in image.provider
+    assert image.inputs["content_addressed"] is True
+    assert image.inputs["platform"] == "linux/arm64"
+    assert image.inputs["context"] == str(PATCH_DIR)
+    assert image.inputs["context_digest"] == context_digest(PATCH_DIR)
+    assert image.inputs["dockerfile"] == "Dockerfile"
+    assert image.inputs["build_args"] == build_args(cfg)
+    # Built by the head's own Docker over SSH: the head's node dict, no docker provider.
+    assert image.inputs["node"]["name"] == "spark-1" and image.inputs["node"]["known_hosts"] == "/kh"
+    assert "docker" not in (image.provider or "")
 
 
 def test_explicit_tag_wins():
     cfg = ImageConfig(strategy="hybrid", tag="v1")
-    _, component = _build_under_mocks(cfg)
+    mocks, component = _build_under_mocks(cfg)
     assert component.ref == "vllm-node-qwen35:v1"
+    # A pinned tag says nothing about what it holds: a tag already on the head is no reason to skip.
+    (image,) = [r for r in mocks.resources if r.typ == IMAGE_BUILD]
+    assert image.inputs["content_addressed"] is False
 
 
 GRAFT = {"strategy": "graft", "base": "vllm-node:0.14", "donor": "hellohal2064/vllm-qwen3.5-gb10:0.17.1"}
@@ -167,7 +173,7 @@ def test_prebuilt_builds_nothing():
 def test_the_graft_build_under_mocks_uses_its_dockerfile():
     cfg = ImageConfig(**GRAFT, name="vllm-qwen35-graft")
     mocks, component = _build_under_mocks(cfg)
-    (image,) = [r for r in mocks.resources if r.typ == "docker:index/image:Image"]
-    assert image.inputs["build"]["dockerfile"] == str(PATCH_DIR / "Dockerfile.graft")
-    assert image.inputs["build"]["args"] == build_args(cfg)
+    (image,) = [r for r in mocks.resources if r.typ == IMAGE_BUILD]
+    assert image.inputs["dockerfile"] == "Dockerfile.graft"
+    assert image.inputs["build_args"] == build_args(cfg)
     assert component.ref == f"vllm-qwen35-graft:{content_tag(PATCH_DIR, build_args(cfg), 'linux/arm64')}"

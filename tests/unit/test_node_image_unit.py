@@ -166,6 +166,30 @@ def test_drift_read_by_refresh_replaces():
     assert replace_reasons(cross, olds()) == []  # its own ID in the containerd store: not drift
 
 
+@pytest.mark.parametrize(
+    ("news", "expected"),
+    [
+        # The build's ID of the image this copy holds: recorded in place (no copy, nothing downstream).
+        ({"trigger": "sha256:x"}, []),
+        # Another image than the one held (a rebuild with another result), or not known yet (preview).
+        ({"trigger": "sha256:y"}, ["trigger"]),
+        ({"trigger": pulumi.UNKNOWN}, ["trigger"]),
+    ],
+)
+def test_a_trigger_recorded_from_pulumi_docker_image_moves_to_the_build_id(news, expected):
+    # pulumi_docker.Image's ID was its image reference: the trigger recorded from it was `image` itself.
+    legacy = olds(trigger="app:1")
+    assert replace_reasons(legacy, {**legacy, **news}) == expected
+    # Any other old trigger changing is a new copy, whatever the new value.
+    assert replace_reasons(olds(trigger="build-1"), {**olds(), **news}) == ["trigger"]
+
+
+def test_the_build_id_trigger_is_recorded_by_update():
+    legacy = olds(trigger="app:1")
+    diff = NodeImageProvider().diff("b/app:1", legacy, {**legacy, "trigger": "sha256:x"})
+    assert (diff.changes, diff.replaces) == (True, [])
+
+
 def test_delete_leaves_tags_it_did_not_place(monkeypatch):
     monkeypatch.setattr(execute, "DockerOn", lambda *a, **k: pytest.fail("no node should be contacted"))
     NodeImageProvider().delete("b/app:1", olds(placed_tag=False))

@@ -1,0 +1,108 @@
+"""ImageBuild: the hybrid or graft image built on the head's own Docker over SSH (a dynamic resource).
+
+create() reads where the tag points on the head, then builds: `docker build … -` there, the build
+context (this machine's `patches/`) streamed as a tar on ssh's stdin, every line of the build
+relayed to the operator, the image tagged under a temporary name and given its real tag only once
+the build (and every proof in it) passed. A content tag already on the head is that image (the tag
+is a hash of the inputs) and is kept without a build. read() (`pulumi refresh`) reads the tag back:
+gone or moved is drift, which `up` restores by a re-tag when the image is still there, else a
+build. diff() and check() touch no node. delete() leaves the head alone. Nothing is pushed.
+
+Files, by job:
+    facts.py     what the head's Docker says (the tag's image, a recorded ID's presence, the build
+                 log's last step and refusing proof), parsed into values
+    programs.py  the commands run on the head (docker build / image inspect / tag / image rm) and the
+                 build's stdin (the context tar)
+    plan.py      the pure decisions: validate, plan_change -> Change, keep / re-tag / build
+    execute.py   create, update and read carried out over the SSH transport
+    errors.py    ImageBuildError: node, stage, output tail, next step
+    provider.py  the dynamic provider (check/diff: no I/O)
+    resource.py  the ImageBuild resource (type qwen35:ImageBuild)
+
+Keep `ImageBuildProvider` importable here under this name, with no import-time side effects: stacks
+pickle it by reference to this module.
+"""
+
+from components.image_build.errors import ImageBuildError
+from components.image_build.execute import (
+    BUILD_TIMEOUT_S,
+    build,
+    create_image,
+    head_image,
+    observe,
+    restore_image,
+)
+from components.image_build.facts import (
+    BuildLog,
+    FactsError,
+    HeadImage,
+    parse_build_log,
+    parse_head_image,
+    parse_image_id,
+)
+from components.image_build.plan import (
+    OUTPUT_KEYS,
+    REPLACE_KEYS,
+    UPDATE_KEYS,
+    Build,
+    Keep,
+    Retag,
+    build_id,
+    drifted,
+    plan_change,
+    plan_create,
+    plan_restore,
+    validate,
+)
+from components.image_build.programs import (
+    BUILD_TAG_PREFIX,
+    build_argv,
+    build_ref,
+    context_digest,
+    context_files,
+    inspect_argv,
+    tag_argv,
+    untag_argv,
+    write_context,
+)
+from components.image_build.provider import ImageBuildProvider
+from components.image_build.resource import ImageBuild
+
+__all__ = [
+    "BUILD_TAG_PREFIX",
+    "BUILD_TIMEOUT_S",
+    "OUTPUT_KEYS",
+    "REPLACE_KEYS",
+    "UPDATE_KEYS",
+    "Build",
+    "BuildLog",
+    "FactsError",
+    "HeadImage",
+    "ImageBuild",
+    "ImageBuildError",
+    "ImageBuildProvider",
+    "Keep",
+    "Retag",
+    "build",
+    "build_argv",
+    "build_id",
+    "build_ref",
+    "context_digest",
+    "context_files",
+    "create_image",
+    "drifted",
+    "head_image",
+    "inspect_argv",
+    "observe",
+    "parse_build_log",
+    "parse_head_image",
+    "parse_image_id",
+    "plan_change",
+    "plan_create",
+    "plan_restore",
+    "restore_image",
+    "tag_argv",
+    "untag_argv",
+    "validate",
+    "write_context",
+]

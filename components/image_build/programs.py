@@ -1,0 +1,93 @@
+"""What the build runs on the head, as argument lists, and its stdin: the build context as a tar
+made on the operator's machine. Building these touches no node (the context functions read this
+machine's files)."""
+
+from __future__ import annotations
+
+import hashlib
+import tarfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+_IGNORED = {"__pycache__", ".pytest_cache"}
+# The build's own tag until the image is proven and tagged as `ref`: a refused or broken build
+# never moves the real tag.
+BUILD_TAG_PREFIX = "qwen35-build-"
+# One line per object: its ID and its tags (the tag's image, and whether a recorded ID is there).
+INSPECT_FORMAT = "{{.Id}} {{json .RepoTags}}"
+
+
+def context_files(context: Path) -> list[Path]:
+    """The files that make up the build context, in a stable order."""
+    return sorted(
+        p
+        for p in context.rglob("*")
+        if p.is_file() and not (_IGNORED & set(p.relative_to(context).parts)) and p.suffix != ".pyc"
+    )
+
+
+def context_digest(context: Path) -> str:
+    """A digest of the context's files (names, contents, run bits): a new one is a new image."""
+    digest = hashlib.sha256()
+    for path in context_files(context):
+        mode = b"x" if path.stat().st_mode & 0o111 else b"-"
+        digest.update(str(path.relative_to(context)).encode() + b"\0" + mode)
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return "sha256:" + digest.hexdigest()
+
+
+def write_context(context: Path, out: BinaryIO) -> None:
+    """The context as `docker build -` reads it: a tar with fixed owners and times, written as it is
+    made (the head reads it from ssh's stdin; nothing lands on either machine's disk)."""
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for path in context_files(context):
+            info = tarfile.TarInfo(path.relative_to(context).as_posix())
+            info.size = path.stat().st_size
+            info.mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+            info.mtime, info.uid, info.gid = 0, 0, 0
+            with path.open("rb") as data:
+                tar.addfile(info, data)
+
+
+def build_ref(ref: str, token: str) -> str:
+    """The build's temporary tag in the same repository: `name:qwen35-build-<token>`."""
+    return f"{ref.rpartition(':')[0]}:{BUILD_TAG_PREFIX}{token}"
+
+
+def build_argv(props: Mapping[str, Any], tag: str) -> list[str]:
+    """`docker build` on the head's daemon of the context read from stdin, tagged `tag` only."""
+    argv = ["docker", "build", "--file", str(props["dockerfile"]), "--platform", str(props["platform"])]
+    if props.get("network"):
+        argv += ["--network", str(props["network"])]
+    for key, value in sorted((props.get("build_args") or {}).items()):
+        argv += ["--build-arg", f"{key}={value}"]
+    # The legacy builder keeps a failed step's container unless told: a refused build leaves none.
+    return [*argv, "--tag", tag, "--rm", "--force-rm", "-"]
+
+
+def inspect_argv(ref: str, recorded_id: str | None = None) -> list[str]:
+    """Where `ref` points, and whether the recorded image ID is still on the head, in one call."""
+    return [
+        "docker",
+        "image",
+        "inspect",
+        "--format",
+        INSPECT_FORMAT,
+        ref,
+        *([recorded_id] if recorded_id else []),
+    ]
+
+
+def image_id_argv(ref: str) -> list[str]:
+    return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
+
+
+def tag_argv(image: str, ref: str) -> list[str]:
+    """Point `ref` at `image` (an ID or another tag)."""
+    return ["docker", "tag", image, ref]
+
+
+def untag_argv(tag: str) -> list[str]:
+    """Drop a tag only: the image stays under its other tag, and its parents are never pruned."""
+    return ["docker", "image", "rm", "--no-prune", tag]

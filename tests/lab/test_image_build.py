@@ -1,0 +1,176 @@
+"""ImageBuild against a lab node, for real: the provider's create builds the lab's hybrid on node-a's
+own daemon over SSH (the context streamed from here), read is clean, a moved or removed tag is drift
+that update restores by a re-tag (no build) or, with the image gone too, a build; a failing proof
+fails naming its stage with no tag and no stopped container left; delete leaves the head alone."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+import lab
+from components.config import ImageConfig
+from components.hybrid_image import build_args, content_tag, dockerfile
+from components.image_build import BUILD_TAG_PREFIX, ImageBuildError, ImageBuildProvider, context_digest
+from lab.images import busybox_image, image_id
+from lab.vllm_images import transformers_wheels
+from tests.lab.test_hybrid_build import lab_image_config, make_context, standins
+
+pytestmark = pytest.mark.lab
+
+# A repository of its own: the hybrid build tests' tags are never touched.
+REPO = "lab-image-build-test"
+
+
+@pytest.fixture(scope="module")
+def cfg() -> ImageConfig:
+    return lab_image_config()
+
+
+@pytest.fixture(scope="module")
+def context(cfg: ImageConfig, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        wheels = transformers_wheels(f"transformers{cfg.transformers}")
+    except lab.LabError as exc:
+        pytest.fail(f"transformers wheels for the hybrid build are not available: {exc}", pytrace=False)
+    return make_context(tmp_path_factory.mktemp("image-build"), wheels)
+
+
+def props_for(node: lab.LabNode, cfg: ImageConfig, context: Path, **extra_args: str) -> dict:
+    """The inputs HybridImage gives its ImageBuild, for the lab stack's image on `node`."""
+    args = {**build_args(cfg), **extra_args}
+    return {
+        "node": {**lab.node_config(node), "name": node.name},
+        "ref": f"{REPO}:{content_tag(context, args, cfg.platform)}",
+        "context": str(context),
+        "context_digest": context_digest(context),
+        "dockerfile": dockerfile(cfg),
+        "platform": cfg.platform,
+        "build_args": args,
+        "network": cfg.build_network,
+        "content_addressed": True,
+        "image_id": None,
+        "observed_image_id": None,
+        "built": None,
+        "seconds": None,
+    }
+
+
+def forget(node: lab.LabNode, *refs: str) -> None:
+    """Remove tags this test made (the image goes with its last tag)."""
+    for ref in refs:
+        lab.docker(node, "image", "rm", ref, check=False)
+
+
+def stopped_containers(node: lab.LabNode) -> set[str]:
+    found = lab.docker(
+        node, "ps", "-aq", "--no-trunc", "--filter", "status=exited", "--filter", "status=created"
+    )
+    return set(found.out.split())
+
+
+def build_tags(node: lab.LabNode) -> list[str]:
+    found = lab.docker(node, "image", "ls", REPO, "--format", "{{.Tag}}")
+    return [tag for tag in found.out.split() if tag.startswith(BUILD_TAG_PREFIX)]
+
+
+def call(method, *args):
+    """A provider call with the lines it told the operator (stderr, as the engine shows them)."""
+    told = io.StringIO()
+    with contextlib.redirect_stderr(told):
+        result = method(*args)
+    return result, told.getvalue()
+
+
+@pytest.fixture(scope="module")
+def created(node_a: lab.LabNode, cfg: ImageConfig, context: Path):
+    standins(node_a, cfg)
+    props = props_for(node_a, cfg, context)
+    forget(node_a, props["ref"])
+    result, told = call(ImageBuildProvider().create, props)
+    yield props, result, told
+    forget(node_a, props["ref"], f"{REPO}:holder")
+
+
+def test_first_create_builds_on_the_head_and_relays_the_build(node_a, created):
+    props, result, told = created
+    outs = result.outs
+    assert outs["built"] is True and outs["image_id"].startswith("sha256:"), outs
+    assert result.id == f"node-a/{props['ref']}"
+    assert image_id(node_a, props["ref"]) == outs["image_id"] == outs["observed_image_id"]
+    # The build's own lines reached the operator: its steps, and the patches' own output.
+    assert "qwen35: image-build on node-a: Step " in told, told[-2000:]
+    assert "PROOFS is empty: behaviour proofs skipped" in told, told[-2000:]
+    assert build_tags(node_a) == []
+
+
+def test_read_is_clean_and_diff_sees_no_change(created):
+    props, result, _ = created
+    read = ImageBuildProvider().read(result.id, result.outs)
+    assert read.id == result.id and read.outs == result.outs
+    assert ImageBuildProvider().diff(result.id, read.outs, props).changes is False
+
+
+def restore(node: lab.LabNode, result, props: dict):
+    """refresh, then the `up` that follows: read, diff, update; the update's outputs and its lines."""
+    read = ImageBuildProvider().read(result.id, result.outs)
+    diff = ImageBuildProvider().diff(result.id, read.outs, props)
+    assert diff.changes is True and diff.replaces == [], (read.outs["observed_image_id"], diff)
+    updated, told = call(ImageBuildProvider().update, result.id, read.outs, props)
+    assert image_id(node, props["ref"]) == updated.outs["image_id"] == updated.outs["observed_image_id"]
+    return read.outs, updated.outs, told
+
+
+def test_a_moved_tag_is_drift_and_update_retags_without_a_build(node_a, created):
+    props, result, _ = created
+    other = busybox_image(node_a)
+    lab.docker(node_a, "tag", other, props["ref"])
+    read, outs, told = restore(node_a, result, props)
+    assert read["observed_image_id"] == other != result.outs["image_id"]
+    assert outs["image_id"] == result.outs["image_id"] and outs["built"] is False
+    assert "re-tagged" in told and "Step " not in told, told
+
+
+def test_a_removed_tag_is_drift_and_update_retags_the_image_still_there(node_a, created):
+    props, result, _ = created
+    lab.docker(node_a, "tag", props["ref"], f"{REPO}:holder")
+    lab.docker(node_a, "image", "rm", props["ref"])
+    read, outs, told = restore(node_a, result, props)
+    assert read["observed_image_id"] == ""
+    assert outs["image_id"] == result.outs["image_id"] and outs["built"] is False
+    assert "Step " not in told, told
+
+
+def test_with_the_image_gone_too_update_builds_again(node_a, created):
+    props, result, _ = created
+    forget(node_a, f"{REPO}:holder", props["ref"])
+    gone = lab.docker(node_a, "image", "inspect", result.outs["image_id"], check=False)
+    assert gone.returncode != 0, f"{result.outs['image_id']} is still on node-a"
+    _, outs, told = restore(node_a, result, props)
+    assert outs["built"] is True and "Step " in told, told[-2000:]
+
+
+def test_a_failing_proof_fails_naming_its_stage_and_leaves_nothing(node_a, cfg, context, created):
+    # As test_hybrid_build makes it fail: without mamba_utils.py the compatibility proof refuses.
+    props = props_for(node_a, cfg, context, EXTRA_DONOR_FILES="")
+    forget(node_a, props["ref"])
+    before = stopped_containers(node_a)
+    with pytest.raises(ImageBuildError) as refused:
+        call(ImageBuildProvider().create, props)
+    message = str(refused.value)
+    assert message.startswith(f"node-a: building {props['ref']} failed at the compatibility proof (exit 1)")
+    assert "MambaStateCopyFuncCalculator" in message and "next: the proof's verdict is above" in message
+    assert image_id(node_a, props["ref"]) is None
+    assert build_tags(node_a) == []
+    assert stopped_containers(node_a) - before == set()
+
+
+def test_delete_leaves_the_head_alone(node_a, created):
+    props, result, _ = created
+    held = image_id(node_a, props["ref"])
+    assert held
+    assert ImageBuildProvider().delete(result.id, result.outs) is None
+    assert image_id(node_a, props["ref"]) == held

@@ -1,0 +1,119 @@
+"""ImageBuild's facts: the head's answers parsed into values, and where a build's log says it stopped."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.image_build import (
+    BuildLog,
+    FactsError,
+    HeadImage,
+    parse_build_log,
+    parse_head_image,
+    parse_image_id,
+)
+from components.remote import Result
+
+A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def answer(rc: int, out: str = "", err: str = "") -> Result:
+    return Result(("docker",), rc, out.encode(), err.encode(), "spark-1")
+
+
+@pytest.mark.parametrize(
+    ("result", "recorded", "expected"),
+    [
+        # The tag is there, pointing at the recorded image.
+        (answer(0, f'{A} ["img:t","img:old"]\n{A} ["img:t","img:old"]\n'), A, HeadImage(A, True)),
+        # The tag is gone and so is the image: a build.
+        (
+            answer(1, "", "Error: No such image: img:t\nError: No such object: " + A),
+            A,
+            HeadImage(None, False),
+        ),
+        # The tag is gone but the image is still there (under another tag, or none): a re-tag.
+        (answer(1, f"{A} []\n", "Error: No such image: img:t"), A, HeadImage(None, True)),
+        # The tag was moved to another image; the recorded one is still there.
+        (answer(0, f'{B} ["img:t"]\n{A} []\n'), A, HeadImage(B, True)),
+        # Read (no recorded ID asked for): only the tag.
+        (answer(0, f'{B} ["img:t"]\n'), None, HeadImage(B, False)),
+        (answer(1, "", "Error response from daemon: No such image: img:t"), None, HeadImage(None, False)),
+    ],
+)
+def test_parse_head_image(result, recorded, expected):
+    assert parse_head_image(result, "img:t", recorded) == expected
+
+
+@pytest.mark.parametrize(
+    ("result", "match"),
+    [
+        (
+            answer(1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock"),
+            "Cannot connect",
+        ),
+        (answer(255, "", "ssh: connect to host h port 22: Connection refused"), "exit 255"),
+        (answer(0, "not-an-id []\n"), "not an image ID"),
+    ],
+)
+def test_what_is_not_an_answer_about_the_tag_is_an_error(result, match):
+    with pytest.raises(FactsError, match=match):
+        parse_head_image(result, "img:t", None)
+
+
+def test_parse_image_id():
+    assert parse_image_id(answer(0, A + "\n")) == A
+    with pytest.raises(FactsError, match="could not be inspected"):
+        parse_image_id(answer(1, "", "No such image"))
+
+
+LEGACY_REFUSED = """\
+Step 1/22 : ARG BASE_IMAGE
+Step 7/22 : RUN set -eu;     test -n "${BASE_VLLM_DIR}" || exit 1
+ ---> Running in 0123abcd
+missing: vllm.model_executor.layers.mamba.mamba_utils.MambaStateCopyFuncCalculator
+\x1b[91mcompatibility proof failed (exit 1): the copied Qwen3.5 modules would not import in the base
+\x1b[0mThe command '/bin/sh -c set -eu; ...' returned a non-zero code: 1
+"""
+BUILDKIT_REFUSED = """\
+#5 [proof 1/3] FROM docker.io/library/base
+#5 DONE 0.0s
+#9 [stage-1 4/6] RUN set -eu;     case "${PROOFS}" in "") echo skipped;; esac
+#9 1.204 {"verdict": "fail", "failed_stage": "environment"}
+#9 1.210 behaviour proof failed (exit 2), see the verdict above: this image cannot serve Qwen3.5 as
+#9 ERROR: process "/bin/sh -c set -eu; ..." did not complete successfully: exit code: 1
+"""
+GRAFT_REFUSED = "Step 3/9 : RUN set -eu; graft\ngraft failed (exit 3): the base's cluster layer could not\n"
+BROKEN = "Step 1/4 : FROM vllm-node:latest\npull access denied for vllm-node, repository does not exist\n"
+
+
+@pytest.mark.parametrize(
+    ("log", "expected"),
+    [
+        (
+            LEGACY_REFUSED,
+            BuildLog(
+                'RUN set -eu;     test -n "${BASE_VLLM_DIR}" || exit 1', ("the compatibility proof (exit 1)",)
+            ),
+        ),
+        (
+            BUILDKIT_REFUSED,
+            BuildLog(
+                '[stage-1 4/6] RUN set -eu;     case "${PROOFS}" in "") echo skipped;; esac',
+                ("the behaviour proof (exit 2)",),
+            ),
+        ),
+        (GRAFT_REFUSED, BuildLog("RUN set -eu; graft", ("the graft (exit 3)",))),
+        (BROKEN, BuildLog("FROM vllm-node:latest", ())),
+        ("", BuildLog(None, ())),
+    ],
+)
+def test_parse_build_log(log, expected):
+    assert parse_build_log(log.splitlines()) == expected
+
+
+def test_the_stage_names_the_refusing_proof_and_its_step():
+    stage = parse_build_log(LEGACY_REFUSED.splitlines()).stage
+    assert stage.startswith("the compatibility proof (exit 1) (step `RUN set -eu;")
+    assert parse_build_log(BROKEN.splitlines()).stage == "step `FROM vllm-node:latest`"
+    assert parse_build_log([]).stage == "the start (no step ran)"

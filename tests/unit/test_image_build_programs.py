@@ -1,0 +1,130 @@
+"""ImageBuild's commands as argument lists, and the context tar its build reads on stdin."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from components.image_build import (
+    build_argv,
+    build_ref,
+    context_digest,
+    context_files,
+    inspect_argv,
+    tag_argv,
+    untag_argv,
+    write_context,
+)
+from components.remote import shell_join
+
+PROPS = {
+    "dockerfile": "Dockerfile.graft",
+    "platform": "linux/arm64",
+    "network": "host",
+    "build_args": {"SMOKE": "0", "BASE_IMAGE": "vllm-node:latest", "PIP_ARGS": "--no-index --find-links /w"},
+}
+
+
+@pytest.mark.parametrize(
+    ("props", "expected"),
+    [
+        (
+            PROPS,
+            [
+                "docker", "build", "--file", "Dockerfile.graft", "--platform", "linux/arm64",
+                "--network", "host",
+                "--build-arg", "BASE_IMAGE=vllm-node:latest",
+                "--build-arg", "PIP_ARGS=--no-index --find-links /w",
+                "--build-arg", "SMOKE=0",
+                "--tag", "img:qwen35-build-ab12", "--rm", "--force-rm", "-",
+            ],
+        ),
+        (
+            {**PROPS, "network": None, "build_args": {}},
+            [
+                "docker", "build", "--file", "Dockerfile.graft", "--platform", "linux/arm64",
+                "--tag", "img:qwen35-build-ab12", "--rm", "--force-rm", "-",
+            ],
+        ),
+    ],
+)  # fmt: skip
+def test_build_argv(props, expected):
+    assert build_argv(props, "img:qwen35-build-ab12") == expected
+
+
+def test_a_build_arg_with_spaces_stays_one_argument_on_the_head():
+    line = shell_join(build_argv(PROPS, "img:t"))
+    assert "'PIP_ARGS=--no-index --find-links /w'" in line
+
+
+@pytest.mark.parametrize(
+    ("ref", "token", "expected"),
+    [
+        ("vllm-node-qwen35:h-0123", "ab12", "vllm-node-qwen35:qwen35-build-ab12"),
+        ("localhost:5000/org/img:v1", "ff00", "localhost:5000/org/img:qwen35-build-ff00"),
+    ],
+)
+def test_the_build_tag_is_in_the_same_repository(ref, token, expected):
+    assert build_ref(ref, token) == expected
+
+
+INSPECT = ["docker", "image", "inspect", "--format", "{{.Id}} {{json .RepoTags}}"]
+ID = "sha256:" + "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (lambda: inspect_argv("img:t"), [*INSPECT, "img:t"]),
+        (lambda: inspect_argv("img:t", ID), [*INSPECT, "img:t", ID]),
+        (lambda: tag_argv(ID, "img:t"), ["docker", "tag", ID, "img:t"]),
+        (
+            lambda: untag_argv("img:qwen35-build-1"),
+            ["docker", "image", "rm", "--no-prune", "img:qwen35-build-1"],
+        ),
+    ],
+)
+def test_head_commands(call, expected):
+    assert call() == expected
+
+
+@pytest.fixture
+def context(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    (tmp_path / "proof.py").write_text("print('ok')\n")
+    (tmp_path / "proof.py").chmod(0o755)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("b")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
+    (tmp_path / "stale.pyc").write_bytes(b"junk")
+    return tmp_path
+
+
+def test_the_context_tar_holds_the_files_with_fixed_owners_and_times(context):
+    out = io.BytesIO()
+    write_context(context, out)
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert sorted(members) == ["Dockerfile", "proof.py", "sub/b.txt"]
+        assert tar.extractfile("sub/b.txt").read() == b"b"
+    assert {(m.uid, m.gid, m.mtime) for m in members.values()} == {(0, 0, 0)}
+    assert members["proof.py"].mode == 0o755 and members["Dockerfile"].mode == 0o644
+    again = io.BytesIO()
+    write_context(context, again)
+    assert again.getvalue() == out.getvalue()
+
+
+def test_the_context_digest_follows_contents_names_and_run_bits_only(context):
+    before = context_digest(context)
+    assert before.startswith("sha256:") and len(before) == 71
+    (context / "__pycache__" / "y.pyc").write_bytes(b"more junk")
+    assert context_digest(context) == before
+    (context / "sub" / "b.txt").write_text("c")
+    changed = context_digest(context)
+    assert changed != before
+    (context / "proof.py").chmod(0o644)
+    assert context_digest(context) != changed
+    assert [p.name for p in context_files(context)] == ["Dockerfile", "proof.py", "b.txt"]
