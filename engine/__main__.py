@@ -1,8 +1,10 @@
 """`python -m engine build|up|down`: the program deployed onto the lab by the real Pulumi engine.
 
-`up` (make up): builds the engine if needed, starts lab nodes node-a and node-b, places the lab Ray
-image on node-a, serves the stand-in Hub on 127.0.0.1:18090 (a background process that `down`
-stops), and runs `pulumi up` of stack `lab` (engine/lab_stack.py) with the engine's own display.
+`up` (make up): builds the engine if needed, starts lab nodes node-a and node-b, places the hybrid's
+stand-in base and donor on node-a and transformers' wheels in patches/wheels/, serves the stand-in Hub
+on 127.0.0.1:18090 (a background process that `down` stops), and runs `pulumi up` of stack
+`lab-engine` (Pulumi.lab.yaml as committed, engine/lab_stack.py) with the engine's own display: the
+hybrid built on node-a and proven, copied to node-b, served.
 Prints the `endpoint` output and a request that answers. `down` destroys the stack, removes it from
 the local backend and stops the Hub. The state lives in `.pulumi-state/` of this checkout.
 """
@@ -18,8 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from components.hybrid_image import PATCH_DIR
 from engine import ROOT, Engine, EngineError, ensure_engine
-from engine.lab_stack import engine_lab_config, stack_file, write_config
+from engine.lab_stack import engine_lab_config, lab_image_config, stack_file, write_config
 from lab.nodes import bind_error
 
 STACK = "lab-engine"
@@ -74,18 +77,20 @@ def stop_hub() -> None:
 
 def up() -> int:
     import lab
-    from lab.ray_image import ray_image
+    from lab.vllm_images import lab_build_inputs
 
     engine = ensure_engine()
     print(f"engine: {engine.pulumi} ({engine.origin}); state in {engine.backend}", flush=True)
     nodes = lab.up(["node-a", "node-b"])
-    image, _ = ray_image(nodes["node-a"])
     endpoint = start_hub()
+    config = engine_lab_config(None, endpoint)
+    # The committed stack builds the hybrid on node-a: its stand-in base and donor, and the wheels.
+    lab_build_inputs(nodes["node-a"], lab_image_config(config), PATCH_DIR)
     stacks = engine.run("stack", "ls", "--json").json()
     if not any(s["name"] == STACK for s in stacks):
         config_file().unlink(missing_ok=True)
         engine.run("stack", "init", STACK)  # writes the passphrase's salt into Pulumi.<stack>.yaml
-    write_config(config_file(), engine_lab_config(image, endpoint))
+    write_config(config_file(), config)
     # The engine's own display, live: this is what an operator watches.
     argv = [str(engine.pulumi), "up", "--yes", "--skip-preview", "--stack", STACK, "--non-interactive"]
     code = subprocess.run(argv, cwd=ROOT, env=engine.env(), check=False).returncode

@@ -1,12 +1,11 @@
-"""The lab stack as the engine deploys it: Pulumi.lab.yaml, with the image the lab can serve.
+"""The lab stack as the engine deploys it: Pulumi.lab.yaml with the stand-in Hub's address.
 
-Pulumi.lab.yaml builds the hybrid (its build args are what tests/lab/test_hybrid_build.py proves),
-but the hybrid's `docker.Image` is pulumi-docker's own native resource, and the Go module that holds
-it is refused by the module proxy (README, "The engine"). So the engine deploys the same stack with
-`image.strategy: prebuilt` and the lab Ray image already on node-a (Debian + Ray + the stand-in
-`vllm`, lab/ray_image.py), and the stand-in Hub's address, as a stack of another name whose
-Pulumi.<stack>.yaml is written here (ignored by git). Never a stack named `lab`: `pulumi stack init`
-rewrites Pulumi.<stack>.yaml to hold the passphrase's salt, and Pulumi.lab.yaml is committed.
+`make up` deploys the committed image section: the hybrid, built on node-a by the program's own
+ImageBuild from the lab's stand-ins (lab/vllm_images.py `lab_build_inputs` puts them there first).
+Most engine tests deploy the same stack with `image.strategy: prebuilt` and the lab Ray image (Debian
++ Ray + the stand-in `vllm`, lab/ray_image.py), which needs no build. Each is a stack of another name
+whose Pulumi.<stack>.yaml is written here (ignored by git). Never a stack named `lab`: `pulumi stack
+init` rewrites Pulumi.<stack>.yaml to hold the passphrase's salt, and Pulumi.lab.yaml is committed.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from components.config import ImageConfig
 from engine import ROOT
 
 NAMESPACE = "qwen35-spark"
@@ -27,16 +27,18 @@ def lab_config() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "Pulumi.lab.yaml").read_text())["config"]
 
 
-def engine_lab_config(image: str, hub_endpoint: str, **sections: Any) -> dict[str, Any]:
-    """Pulumi.lab.yaml's config with the prebuilt lab image and this Hub; `sections` replace whole
-    sections (e.g. `serve={...}` from a test), keyed without the namespace."""
+def engine_lab_config(prebuilt: str | None, hub_endpoint: str, **sections: Any) -> dict[str, Any]:
+    """Pulumi.lab.yaml's config with this Hub, and the prebuilt lab image `prebuilt` (None: the committed
+    image section, the hybrid built on node-a); `sections` replace whole sections (e.g. `serve={...}`
+    from a test), keyed without the namespace."""
     config = copy.deepcopy(lab_config())
-    config[f"{NAMESPACE}:image"] = {
-        "strategy": "prebuilt",
-        "prebuilt": image,
-        # The lab image holds no torch or real vLLM: the proof records `environment` (README).
-        "model_check": "report",
-    }
+    if prebuilt is not None:
+        config[f"{NAMESPACE}:image"] = {
+            "strategy": "prebuilt",
+            "prebuilt": prebuilt,
+            # The lab image holds no torch or real vLLM: the proof records `environment` (README).
+            "model_check": "report",
+        }
     model = dict(config.get(f"{NAMESPACE}:model", {}))
     model["endpoint"] = hub_endpoint
     # The Hub client runs with this checkout's virtualenv (lab nodes share this machine's filesystem).
@@ -45,6 +47,11 @@ def engine_lab_config(image: str, hub_endpoint: str, **sections: Any) -> dict[st
     for key, value in sections.items():
         config[f"{NAMESPACE}:{key}"] = value
     return config
+
+
+def lab_image_config(config: dict[str, Any]) -> ImageConfig:
+    """A stack config's image section, validated as the program validates it."""
+    return ImageConfig(**config[f"{NAMESPACE}:image"])
 
 
 def stack_file(stack: str) -> Path:

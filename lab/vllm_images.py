@@ -19,6 +19,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from components.config import ImageConfig, ImageStrategy
 from lab.images import BUSYBOX_TAG, DEBIAN_TAG, FIXED_MTIME, busybox_image, check_tag, debian_image
 from lab.layout import LabError, LabNode, cache_dir
 from lab.ray_image import STANDIN_DIR, STANDIN_SOURCE, ray_image, vllm_entry_point
@@ -171,6 +172,9 @@ def donor_standin(node: LabNode, tag: str, vllm_dir: str, tree: Path) -> str:
     return build_standin(node, tag, standin_context(donor_dockerfile(vllm_dir, BUSYBOX_TAG), tree), parent)
 
 
+# Where the graft's donor stand-in holds its vLLM (a graft finds it through the donor's python).
+GRAFT_DONOR_VLLM_DIR = "/opt/vllm-donor/vllm"
+
 # A Debian whose python differs from bookworm's 3.11 (trixie: 3.13), for a donor whose ABI is not the base's.
 OTHER_SUITE = "trixie"
 OTHER_PYTHON = (3, 13)
@@ -229,3 +233,19 @@ def stage_wheels(requirement: str, dest: Path) -> Path:
         if not (dest / name).exists():
             shutil.copyfile(source, dest / name)
     return dest
+
+
+def lab_build_inputs(node: LabNode, image: ImageConfig, context: Path) -> None:
+    """What a lab stack's hybrid or graft build needs on the head `node` before `pulumi up`: the base
+    and donor stand-ins its image section names, and transformers' wheels in `context`/wheels/."""
+    from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
+
+    if image.strategy is ImageStrategy.HYBRID:
+        base_standin(node, image.base_ref, image.base_vllm_dir, vllm_tree(BASE_VERSION))
+        donor_standin(node, image.donor_ref, image.donor_vllm_dir, vllm_tree(DONOR_VERSION))
+        stage_wheels(f"transformers{image.transformers}", context / "wheels")
+    elif image.strategy is ImageStrategy.GRAFT:
+        ray_tag, _ = ray_image(node)
+        if image.base_ref != ray_tag:
+            raise LabError(f"lab: a lab graft builds on the lab Ray image ({ray_tag}), not {image.base_ref}")
+        graft_donor_standin(node, image.donor_ref, GRAFT_DONOR_VLLM_DIR, vllm_tree(DONOR_VERSION))
