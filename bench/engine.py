@@ -2,12 +2,16 @@
 runs: `pulumi preview`, the first `pulumi up`, a no-op `up`, an upgrade to an image with one new top
 layer, and the rollback to the previous image (the previous config and one `up`): the seconds from
 its start to the containers restarted, and the image bytes it sent (0: the nodes kept the image).
+Then the committed hybrid (Pulumi.lab.yaml): a first `up` that builds it on node-a, a no-op `up`, a
+rebuild after a one-file change under patches/, and the plain alternative, `docker build` over SSH
+after the same kind of change, with the ratio of ImageBuild's build step to it.
 
 Each `up --json` is read line by line, every engine event stamped on arrival (the events' own
 timestamps are whole seconds)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import secrets
@@ -17,17 +21,25 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import lab
+from components.config import ImageConfig
+from components.hybrid_image import PATCH_DIR, build_args, dockerfile, hybrid_ref
 from engine import ROOT, Engine, ensure_engine
-from engine.lab_stack import engine_lab_config, stack_file, write_config
+from engine.lab_stack import engine_lab_config, lab_image_config, stack_file, write_config
 from lab.ray_image import ray_image
 from lab.sessions import lab_session
 from lab.standin_hub import StandinHub, generate_repo
+from lab.vllm_images import folder_context, lab_build_inputs
 
 STACK = "bench-engine"
+HYBRID_STACK = "bench-engine-hybrid"
+IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
+# A file under patches/ only the bench writes (patches/wheels/ is ignored by git; the context has it).
+MARKER = PATCH_DIR / "wheels" / "bench-changed-file.txt"
 REPO_ID = "lab/standin-qwen35"
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
 CONTAINER = "docker:index/container:Container"
@@ -139,6 +151,26 @@ def prebuilt(ref: str) -> dict:
     return {"strategy": "prebuilt", "prebuilt": ref, "model_check": "report"}
 
 
+@contextlib.contextmanager
+def bench_stack(engine: Engine, name: str, config: dict) -> Iterator[None]:
+    """A stack `name` with `config` and both secrets; destroyed and removed afterwards."""
+    path = stack_file(name)
+    path.unlink(missing_ok=True)
+    try:
+        engine.run("stack", "init", name)
+        write_config(path, config)
+        for key in ("api_key", "hf_token"):
+            engine.run(
+                "config", "set", "--secret", f"qwen35-spark:{key}", stack=name,
+                stdin=f"{key}-bench-{secrets.token_hex(8)}",
+            )  # fmt: skip
+        yield
+    finally:
+        engine.run("destroy", "--yes", stack=name, check=False, timeout=900)
+        engine.run("stack", "rm", "--yes", "--force", stack=name, check=False)
+        path.unlink(missing_ok=True)
+
+
 def main() -> int:
     rows: list[tuple[str, str, str]] = []
     with tempfile.TemporaryDirectory() as folder, lab_session(["node-a", "node-b"]) as nodes:
@@ -147,29 +179,85 @@ def main() -> int:
         for name in nodes:  # a first up that fetches and copies for real
             subprocess.run(["rm", "-rf", f"/run/qwen35-lab/{name}/hf-cache"], check=False)
         repo = generate_repo(Path(folder) / "repo", shards=2, shard_bytes=2 << 20)
-        path = stack_file(STACK)
-        path.unlink(missing_ok=True)
         with StandinHub({REPO_ID: repo}) as hub:
             config = engine_lab_config(image, hub.endpoint)
-            try:
-                engine.run("stack", "init", STACK)
-                write_config(path, config)
-                for key in ("api_key", "hf_token"):
-                    engine.run(
-                        "config", "set", "--secret", f"qwen35-spark:{key}", stack=STACK,
-                        stdin=f"{key}-bench-{secrets.token_hex(8)}",
-                    )  # fmt: skip
+            with bench_stack(engine, STACK, config):
                 rows += measure(engine, nodes, config, image)
-            finally:
-                engine.run("destroy", "--yes", stack=STACK, check=False, timeout=900)
-                engine.run("stack", "rm", "--yes", "--force", stack=STACK, check=False)
-                path.unlink(missing_ok=True)
+            hybrid = engine_lab_config(None, hub.endpoint)
+            lab_build_inputs(nodes["node-a"], lab_image_config(hybrid), PATCH_DIR)
+            with bench_stack(engine, HYBRID_STACK, hybrid):
+                rows += measure_hybrid(engine, nodes, hybrid)
     widths = [max(len(r[i]) for r in [("case", "seconds", "figure"), *rows]) for i in range(3)]
     for index, row in enumerate([("case", "seconds", "figure"), *rows]):
         print(" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
         if index == 0:
             print("-+-".join("-" * width for width in widths))
     return 0
+
+
+def build_seconds(run: Run) -> float:
+    """How long the ImageBuild step took (nan when the run had none)."""
+    done = [
+        s for s in run.of(IMAGE_BUILD) if s.began and s.ended and s.op in ("create", "create-replacement")
+    ]
+    return done[0].ended - done[0].began if done else float("nan")
+
+
+def plain_build(node: lab.LabNode, image: ImageConfig) -> float:
+    """The plain alternative, timed: `docker build` of patches/ over SSH with the same Dockerfile and
+    args, after a one-file change as the rebuild had (so the same layers are cached); then removed."""
+    MARKER.write_text(f"plain {secrets.token_hex(8)}\n")
+    tag = f"bench-plain:{secrets.token_hex(4)}"
+    argv = [
+        "docker",
+        "build",
+        "--force-rm",
+        "--file",
+        dockerfile(image),
+        "--tag",
+        tag,
+        "--platform",
+        image.platform,
+    ]
+    argv += ["--network", image.build_network] if image.build_network else []
+    for key, value in build_args(image).items():
+        argv += ["--build-arg", f"{key}={value}"]
+    started = time.monotonic()
+    lab.on_node(node, [*argv, "-"], input=folder_context(PATCH_DIR), timeout=900)
+    seconds = time.monotonic() - started
+    lab.docker(node, "image", "rm", tag, check=False)
+    return seconds
+
+
+def measure_hybrid(engine: Engine, nodes: dict[str, lab.LabNode], config: dict) -> list[tuple]:
+    """The committed hybrid under the engine: a first up that builds, a no-op up, a one-file rebuild,
+    and a plain `docker build` after the same kind of change, in the same run."""
+    image = lab_image_config(config)
+    MARKER.unlink(missing_ok=True)
+    for node in nodes.values():  # the first up builds and copies for real
+        lab.docker(node, "image", "rm", hybrid_ref(image), check=False)
+    rows = []
+    try:
+        first = up(engine, HYBRID_STACK)
+        if first.returncode:
+            raise SystemExit(f"bench engine: hybrid first up failed:\n{first.err[-3000:]}")
+        rows.append(("hybrid: first up (build on node-a)", f"{first.seconds:.1f}",
+                     f"build step {build_seconds(first):.1f} s; {len(first.steps)} steps"))  # fmt: skip
+        noop = up(engine, HYBRID_STACK)
+        rows.append(("hybrid: no-op up", f"{noop.seconds:.1f}",
+                     f"{len(noop.steps)} changed steps, {len(noop.of(IMAGE_BUILD))} builds"))  # fmt: skip
+        MARKER.write_text(f"rebuild {secrets.token_hex(8)}\n")
+        again = up(engine, HYBRID_STACK)
+        rebuilt = build_seconds(again)
+        replaced = {s.name for s in again.of(CONTAINER) if s.op == "create-replacement"}
+        rows.append(("hybrid: one-file rebuild up", f"{again.seconds:.1f}",
+                     f"build step {rebuilt:.1f} s; {len(replaced)} containers replaced"))  # fmt: skip
+        plain = plain_build(nodes["node-a"], image)
+        rows.append(("plain docker build over SSH (same change)", f"{plain:.1f}",
+                     f"ImageBuild's step / plain = {rebuilt / plain:.2f}"))  # fmt: skip
+    finally:
+        MARKER.unlink(missing_ok=True)
+    return rows
 
 
 def measure(engine: Engine, nodes: dict[str, lab.LabNode], config: dict, image: str) -> list[tuple]:
