@@ -5,25 +5,7 @@ from __future__ import annotations
 import pytest
 
 from components.config import DEFAULT_MASTER_PORT, ConfigError, Executor, parse_stack_config
-from tests.support.program import dev_raw
-
-
-def mp_raw(nodes: int = 2, gpus: int = 1, **cluster) -> dict:
-    """The dev stack under executor mp with `nodes` Sparks of `gpus` GPUs each (TP = the world)."""
-    raw = dev_raw()
-    raw["nodes"] = [
-        {
-            "name": f"spark-{i + 1}",
-            "host": f"10.1.230.{180 + i}",
-            "fabric_ip": f"192.168.200.{12 + i}",
-            "gpus": gpus,
-            **({"role": "head"} if i == 0 else {}),
-        }
-        for i in range(nodes)
-    ]
-    raw["serve"] = {**raw["serve"], "tensor_parallel_size": nodes * gpus}
-    raw["cluster"] = {"executor": "mp", **cluster}
-    return raw
+from tests.support.program import dev_raw, mp_raw
 
 
 def refusal(raw: dict) -> str:
