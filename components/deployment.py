@@ -303,10 +303,11 @@ class Qwen35Deployment(pulumi.ComponentResource):
         )
 
     def _readiness_gate(self, name: str, api_key: pulumi.Output[str] | None) -> ReadinessGate:
-        """Passes once the server answers a request, with every node and GPU in the Ray cluster."""
+        """Passes once the server answers a request: with every node and GPU in the Ray cluster, or
+        under executor mp (no Ray to ask: `--no-ray-check`) once the head serves, which it does only
+        after every rank joined."""
         cfg, head = self.config, self.config.head
-        if cfg.cluster.executor is Executor.MP:
-            return self._mp_readiness_gate(name, api_key)
+        mp = cfg.cluster.executor is Executor.MP
         head_checkpoint = self.checkpoints.get(head.name)
         return ReadinessGate(
             f"{name}-ready",
@@ -317,46 +318,30 @@ class Qwen35Deployment(pulumi.ComponentResource):
             expect_nodes=len(cfg.nodes),
             expect_gpus=sum(n.gpus for n in cfg.nodes),
             # Ray node address -> name, so a gate that times out names the node that never joined.
-            expect_node_ips={n.name: n.fabric_ip for n in cfg.nodes},
-            # A recreated Ray container (a worker started again by `up`) makes the gate probe again.
-            container_ids={
-                **{
-                    f"{n.name}/{ray_container_name(cfg, n)}": self.ray_containers[n.name].id
-                    for n in cfg.nodes
-                },
-                f"{head.name}/{vllm_container_name(cfg)}": self.server.id,
-            },
+            expect_node_ips=None if mp else {n.name: n.fabric_ip for n in cfg.nodes},
+            container_ids=self._gate_container_ids(),
             deadline_s=cfg.serve.ready_timeout,
-            ray_container=ray_container_name(cfg, head),
+            ray_container=None if mp else ray_container_name(cfg, head),
             log_container=vllm_container_name(cfg),
             api_key=api_key,
             deployed=deployed(cfg, self.image_ref, head_checkpoint.revision if head_checkpoint else None),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server, *self.ray_containers.values()]),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[self.server, *self.ray_containers.values(), *self.ranks.values()],
+            ),
         )
 
-    def _mp_readiness_gate(self, name: str, api_key: pulumi.Output[str] | None) -> ReadinessGate:
-        """Executor mp: no Ray to ask (`--no-ray-check`); the head serves only once every rank joined,
-        so its real completion is the proof that all nodes are in the engine."""
+    def _gate_container_ids(self) -> dict[str, pulumi.Output[str]]:
+        """`node/container` -> ID of what the gate watches: a recreated container (a worker started
+        again by `up`) makes the gate probe again."""
         cfg, head = self.config, self.config.head
-        head_checkpoint = self.checkpoints.get(head.name)
-        servers = {head.name: self.server, **self.ranks}
-        return ReadinessGate(
-            f"{name}-ready",
-            node=self.access[head.name].node_image_dict(),
-            server_id=self.server.id,
-            url=local_url(cfg.serve),
-            model=cfg.serve.model_name,
-            expect_nodes=len(cfg.nodes),
-            expect_gpus=sum(n.gpus for n in cfg.nodes),
-            # A recreated rank (a worker's container started again by `up`) makes the gate probe again.
-            container_ids={f"{n.name}/{mp_container_name(cfg, n)}": servers[n.name].id for n in cfg.nodes},
-            deadline_s=cfg.serve.ready_timeout,
-            ray_container=None,
-            log_container=vllm_container_name(cfg),
-            api_key=api_key,
-            deployed=deployed(cfg, self.image_ref, head_checkpoint.revision if head_checkpoint else None),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(servers.values())),
-        )
+        if cfg.cluster.executor is Executor.MP:
+            servers = {head.name: self.server, **self.ranks}
+            return {f"{n.name}/{mp_container_name(cfg, n)}": servers[n.name].id for n in cfg.nodes}
+        return {
+            **{f"{n.name}/{ray_container_name(cfg, n)}": self.ray_containers[n.name].id for n in cfg.nodes},
+            f"{head.name}/{vllm_container_name(cfg)}": self.server.id,
+        }
 
     def _stack_outputs(self) -> dict[str, Any]:
         """The stack's outputs (`__main__` exports them)."""
