@@ -594,7 +594,15 @@ TYPED_FLAGS = {
     "-tp": "serve.tensor_parallel_size",
     "--pipeline-parallel-size": "serve.pipeline_parallel_size",
     "-pp": "serve.pipeline_parallel_size",
-    "--distributed-executor-backend": "serve.tensor_parallel_size (the backend is always ray)",
+    "--distributed-executor-backend": "cluster.executor",
+    # vLLM's multi-node flags: the program sets them per node under cluster.executor mp.
+    "--nnodes": "cluster.executor (the node count is the nodes list)",
+    "-n": "cluster.executor (the node count is the nodes list)",
+    "--node-rank": "cluster.executor (each node's rank is set for it)",
+    "-r": "cluster.executor (each node's rank is set for it)",
+    "--master-addr": "cluster.executor (the head's fabric_ip)",
+    "--master-port": "cluster.master_port",
+    "--headless": "cluster.executor (every node but the head runs headless)",
     "--host": "serve.host",
     "--port": "serve.port",
     "--gpu-memory-utilization": "serve.gpu_memory_utilization",
@@ -653,6 +661,41 @@ class RayConfig(_Model):
     @classmethod
     def _dash(cls, v: str | None) -> str | None:
         return None if v is None else _check_host(v)
+
+
+class Executor(str, Enum):
+    """How vLLM reaches the GPUs of the other nodes."""
+
+    # A Ray container on every node; `vllm serve` on the head drives them (the seed's procedure).
+    RAY = "ray"
+    # vLLM's own multi-node executor: one `vllm serve` per node, the others `--headless`; no Ray.
+    MP = "mp"
+
+
+# vLLM's own default (`ParallelConfig.master_port`): where the head's rank 0 waits for the others.
+DEFAULT_MASTER_PORT = 29501
+
+
+class ClusterConfig(_Model):
+    """How the nodes form one vLLM engine: Ray, or vLLM's multi-node executor (`mp`)."""
+
+    executor: Executor = Executor.RAY
+    # executor mp only: the head's port (on its fabric address) that the headless ranks dial.
+    master_port: Port = DEFAULT_MASTER_PORT
+
+    @model_validator(mode="after")
+    def _executor_keys(self) -> ClusterConfig:
+        if self.executor is Executor.RAY and "master_port" in self.model_fields_set:
+            raise _CrossFieldErrors(
+                [
+                    (
+                        "cluster.master_port",
+                        "not used by executor 'ray' (Ray has its own ray.port): remove it, "
+                        "or set cluster.executor to 'mp'",
+                    )
+                ]
+            )
+        return self
 
 
 class ContainerConfig(_Model):
@@ -823,6 +866,7 @@ class StackConfig(_Model):
     serve: ServeConfig = ServeConfig()
     fabric: FabricConfig = FabricConfig()
     ray: RayConfig = RayConfig()
+    cluster: ClusterConfig = ClusterConfig()
     containers: ContainerConfig = ContainerConfig()
     copy_: CopyConfig = Field(default=CopyConfig(), alias="copy")
     model: ModelConfig = ModelConfig()
@@ -878,9 +922,38 @@ class StackConfig(_Model):
                     f"{total_gpus} GPUs in all: make them equal",
                 )
             )
+        problems += self._mp_problems()
         if problems:
             raise _CrossFieldErrors(problems)
         return self
+
+    def _mp_problems(self) -> list[tuple[str, str]]:
+        """Under executor mp: no Ray key is set (nothing would read it), and the world splits evenly
+        over the nodes (vLLM gives every node the same number of local ranks)."""
+        if self.cluster.executor is not Executor.MP:
+            return []
+        unused = (
+            "not used by cluster.executor 'mp' (no Ray runs): remove it, or set cluster.executor to 'ray'"
+        )
+        problems = [("ray", unused)] if "ray" in self.model_fields_set else []
+        problems += [
+            (f"nodes.{i}.ray_ports", unused)
+            for i, n in enumerate(self.nodes)
+            if "ray_ports" in n.model_fields_set
+        ]
+        if "ray_version" in self.image.model_fields_set:
+            problems.append(("image.ray_version", unused))
+        per_node = self.head.gpus
+        problems += [
+            (
+                f"nodes.{i}.gpus",
+                f"{n.name} has {n.gpus} GPUs but the head {self.head.name} has {per_node}: executor mp "
+                "splits the world evenly over the nodes: give every node the same gpus",
+            )
+            for i, n in enumerate(self.nodes)
+            if n.gpus != per_node
+        ]
+        return problems
 
     @property
     def head(self) -> NodeConfig:
@@ -935,6 +1008,7 @@ SECTIONS: dict[str, type[BaseModel] | None] = {
     "serve": ServeConfig,
     "fabric": FabricConfig,
     "ray": RayConfig,
+    "cluster": ClusterConfig,
     "containers": ContainerConfig,
     "copy": CopyConfig,
     "model": ModelConfig,

@@ -3,7 +3,9 @@
 Order, enforced by dependencies (and reversed by `pulumi destroy`):
 docker provider per node → the image on the head (strategy `prebuilt`: already there, nothing
 built; `hybrid` or `graft`: HybridImage builds it) → NodeImage per node → model-support check on the head →
-Ray head → Ray workers → vLLM server on the head → readiness gate. Every container runs the
+Ray head → Ray workers → vLLM server on the head → readiness gate. Under `cluster.executor: mp` no Ray
+runs: the headless vLLM ranks (one per worker) → the serving rank on the head → readiness gate (see
+components/mp_executor.py). Every container runs the
 `sha256:` image ID its node's NodeImage reports, so a rebuilt or replaced image replaces exactly the
 containers that run it.
 """
@@ -17,9 +19,10 @@ import pulumi
 import pulumi_docker as docker
 
 from components.checkpoint import Checkpoint, checkpoint_tree
-from components.config import ImageStrategy, StackConfig
+from components.config import Executor, ImageStrategy, StackConfig
 from components.hybrid_image import HybridImage, HybridImageArgs, image_ref
 from components.model_support import ModelSupportCheck
+from components.mp_executor import mp_container_name, mp_container_spec, mp_serve_argv
 from components.node_image import NodeImage, copy_tree
 from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
@@ -122,7 +125,10 @@ def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, An
 
 
 def node_container_names(config: StackConfig) -> dict[str, list[str]]:
-    """The deployment's containers on each node, by name: its Ray container, and the server on the head."""
+    """The deployment's containers on each node, by name: its Ray container, and the server on the head
+    (under executor mp: the node's one vLLM rank)."""
+    if config.cluster.executor is Executor.MP:
+        return {node.name: [mp_container_name(config, node)] for node in config.nodes}
     return {
         node.name: [ray_container_name(config, node)]
         + ([vllm_container_name(config)] if node is config.head else [])
@@ -145,8 +151,16 @@ class Qwen35Deployment(pulumi.ComponentResource):
         self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
         self.checkpoints: dict[str, Checkpoint] = place_checkpoints(name, self, args.hf_token)
         self.model_support = self._model_support_check(name)
-        self.ray_tmp, self.ray_containers = self._ray_cluster(name, secrets)
-        self.server = self._vllm_server(name, secrets)
+        self.ray_tmp: docker.Volume | None = None
+        self.ray_containers: dict[str, docker.Container] = {}
+        # Executor mp: every worker's headless vLLM rank, by node (the head's rank is `server`).
+        self.ranks: dict[str, docker.Container] = {}
+        if self.config.cluster.executor is Executor.MP:
+            self.ranks = self._headless_ranks(name, secrets)
+            self.server = self._mp_head(name, secrets)
+        else:
+            self.ray_tmp, self.ray_containers = self._ray_cluster(name, secrets)
+            self.server = self._vllm_server(name, secrets)
         self.ready = self._readiness_gate(name, args.api_key)
         self.outputs = self._stack_outputs()
         self.register_outputs(self.outputs)
@@ -210,8 +224,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             container_prefix=cfg.containers.name_prefix,
             # The server's exact command line (with the pinned revision): the image's vLLM parses it.
             serve_argv=server_argv(cfg, self._served_revision()),
-            # Every strategy: the Ray containers need Ray beside vLLM, at the version the stack needs.
-            cluster={"ray_version": cfg.image.ray_version, "stages": "ray,cluster,executor"},
+            cluster=cluster_proof(cfg),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.node_images[head], *([head_checkpoint] if head_checkpoint else [])],
@@ -258,9 +271,41 @@ class Qwen35Deployment(pulumi.ComponentResource):
             revision=self._served_revision(),
         )
 
+    def _headless_ranks(self, name: str, secrets: dict[str, Any]) -> dict[str, docker.Container]:
+        """Executor mp: a headless `vllm serve` rank on every worker, before the head's rank 0."""
+        cfg = self.config
+        return {
+            worker.name: self._container(
+                f"{name}-vllm-headless-{worker.name}",
+                mp_container_spec(cfg, worker, self._image_id(worker.name)),
+                worker.name,
+                secrets,
+                depends_on=[],
+                # Every rank loads its own shard of the pinned revision from its node's cache.
+                revision=self._served_revision(),
+            )
+            for worker in cfg.workers
+        }
+
+    def _mp_head(self, name: str, secrets: dict[str, Any]) -> docker.Container:
+        """Executor mp: rank 0 on the head, which serves the API once every headless rank joined (it
+        waits for them on its master port, within vLLM's own timeout)."""
+        head = self.config.head
+        return self._container(
+            f"{name}-vllm",
+            mp_container_spec(self.config, head, self._image_id(head.name)),
+            head.name,
+            secrets,
+            depends_on=list(self.ranks.values()),
+            revision=self._served_revision(),
+        )
+
     def _readiness_gate(self, name: str, api_key: pulumi.Output[str] | None) -> ReadinessGate:
-        """Passes once the server answers a request, with every node and GPU in the Ray cluster."""
+        """Passes once the server answers a request: with every node and GPU in the Ray cluster, or
+        under executor mp (no Ray to ask: `--no-ray-check`) once the head serves, which it does only
+        after every rank joined."""
         cfg, head = self.config, self.config.head
+        mp = cfg.cluster.executor is Executor.MP
         head_checkpoint = self.checkpoints.get(head.name)
         return ReadinessGate(
             f"{name}-ready",
@@ -271,22 +316,30 @@ class Qwen35Deployment(pulumi.ComponentResource):
             expect_nodes=len(cfg.nodes),
             expect_gpus=sum(n.gpus for n in cfg.nodes),
             # Ray node address -> name, so a gate that times out names the node that never joined.
-            expect_node_ips={n.name: n.fabric_ip for n in cfg.nodes},
-            # A recreated Ray container (a worker started again by `up`) makes the gate probe again.
-            container_ids={
-                **{
-                    f"{n.name}/{ray_container_name(cfg, n)}": self.ray_containers[n.name].id
-                    for n in cfg.nodes
-                },
-                f"{head.name}/{vllm_container_name(cfg)}": self.server.id,
-            },
+            expect_node_ips=None if mp else {n.name: n.fabric_ip for n in cfg.nodes},
+            container_ids=self._gate_container_ids(),
             deadline_s=cfg.serve.ready_timeout,
-            ray_container=ray_container_name(cfg, head),
+            ray_container=None if mp else ray_container_name(cfg, head),
             log_container=vllm_container_name(cfg),
             api_key=api_key,
             deployed=deployed(cfg, self.image_ref, head_checkpoint.revision if head_checkpoint else None),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server, *self.ray_containers.values()]),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[self.server, *self.ray_containers.values(), *self.ranks.values()],
+            ),
         )
+
+    def _gate_container_ids(self) -> dict[str, pulumi.Output[str]]:
+        """`node/container` -> ID of what the gate watches: a recreated container (a worker started
+        again by `up`) makes the gate probe again."""
+        cfg, head = self.config, self.config.head
+        if cfg.cluster.executor is Executor.MP:
+            servers = {head.name: self.server, **self.ranks}
+            return {f"{n.name}/{mp_container_name(cfg, n)}": servers[n.name].id for n in cfg.nodes}
+        return {
+            **{f"{n.name}/{ray_container_name(cfg, n)}": self.ray_containers[n.name].id for n in cfg.nodes},
+            f"{head.name}/{vllm_container_name(cfg)}": self.server.id,
+        }
 
     def _stack_outputs(self) -> dict[str, Any]:
         """The stack's outputs (`__main__` exports them)."""
@@ -295,7 +348,10 @@ class Qwen35Deployment(pulumi.ComponentResource):
             # Only known once the gate passed: an endpoint output means "has answered a request".
             "endpoint": self.ready.id.apply(lambda _: endpoint_url(cfg)),
             "served_model": cfg.serve.model_name,
-            "dashboard": f"http://{dashboard_host(cfg)}:{cfg.ray.dashboard_port}",
+            # No Ray, no Ray dashboard under executor mp.
+            "dashboard": None
+            if cfg.cluster.executor is Executor.MP
+            else f"http://{dashboard_host(cfg)}:{cfg.ray.dashboard_port}",
             "images": {
                 node: {"image_id": img.image_id, "layers": img.layers}
                 for node, img in self.node_images.items()
@@ -389,9 +445,19 @@ def deployed(cfg: StackConfig, ref: str, revision: pulumi.Output[str] | None) ->
     )
 
 
+def cluster_proof(cfg: StackConfig) -> dict[str, Any]:
+    """The model-support check's `cluster` input: the Ray cluster layer to prove (every strategy: the
+    Ray containers need Ray beside vLLM, at the version the stack needs), or, under executor mp, the
+    note that no Ray runs (the check records that the proof was not run)."""
+    if cfg.cluster.executor is Executor.MP:
+        return {"executor": "mp"}
+    return {"ray_version": cfg.image.ray_version, "stages": "ray,cluster,executor"}
+
+
 def server_argv(cfg: StackConfig, revision: pulumi.Output[str] | None) -> pulumi.Input[list[str]]:
-    """The server's final argument list, as its container runs it (`--revision` the pinned commit)."""
-    argv = serve_argv(cfg.serve)
+    """The server's final argument list, as its container runs it (`--revision` the pinned commit):
+    under executor mp the head's rank 0 (the headless ranks differ only in their rank flags)."""
+    argv = mp_serve_argv(cfg, cfg.head) if cfg.cluster.executor is Executor.MP else serve_argv(cfg.serve)
     if revision is None:
         return argv
     return revision.apply(lambda sha: [*argv, "--revision", sha])

@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dynamic
 
-from components.config import NodeConfig, StackConfig
+from components.config import Executor, NodeConfig, StackConfig
 from components.errors import ExplainedErrors
 from components.node_programs import program_argv
 from components.node_programs.stack_claim import EXIT_CLAIMED, RECORDS
@@ -34,6 +34,9 @@ SSH_TIMEOUT_S = 60.0
 
 def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     """The host ports the stack's containers bind on `node`, as sorted [low, high] ranges."""
+    if config.cluster.executor is Executor.MP:
+        # No Ray: the head's API port and the master port its rank 0 listens on for the other ranks.
+        return [[config.serve.port] * 2, [config.cluster.master_port] * 2] if node is config.head else []
     rp = node.ray_ports
     single = [
         rp.node_manager_port,

@@ -26,13 +26,13 @@ def vllm_container_name(config: StackConfig) -> str:
     return f"{config.containers.name_prefix}-vllm"
 
 
-def serve_argv(serve: ServeConfig) -> list[str]:
-    """`vllm serve …` for the head. Secrets never appear here (see API_KEY_ENV)."""
+def serve_argv(serve: ServeConfig, backend: str = "ray") -> list[str]:
+    """`vllm serve …` for the head (`backend` the executor). Secrets never appear here (API_KEY_ENV)."""
     argv = [
         "vllm", "serve", serve.model,
         "--tensor-parallel-size", str(serve.tensor_parallel_size),
         "--pipeline-parallel-size", str(serve.pipeline_parallel_size),
-        "--distributed-executor-backend", "ray",
+        "--distributed-executor-backend", backend,
         "--host", serve.host,
         "--port", str(serve.port),
         "--gpu-memory-utilization", f"{serve.gpu_memory_utilization:g}",

@@ -8,7 +8,14 @@ nodes and GPUs that TP×PP needs), starts one Ray actor per bundle, then serves 
 that the Ray workers on every node are alive. When one of them dies the "engine" is dead: the server
 answers 500 and exits, as vLLM does.
 
-Only the standard library and `ray` (imported when serving, so the pure parts test without Ray).
+With `--nnodes N` (vLLM's own multi-node executor, `--distributed-executor-backend mp`) no Ray is
+used: rank 0 (the head) listens on `--master-addr:--master-port` and serves nothing before all N−1
+`--headless` ranks have joined with a handshake of their rank and world size. A wrong world size, a
+rank that joins twice, or one that never joins (JOIN_TIMEOUT_ENV) makes the head exit with the kind of
+error vLLM gives; a headless rank that dies later makes the head exit, as a broken NCCL group would,
+and a headless rank exits when the head is gone.
+
+Only the standard library and `ray` (imported when serving with Ray, so the pure parts test without Ray).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
+import socket
 import sys
 import threading
 import time
@@ -32,6 +41,12 @@ PG_WAIT_TIMEOUT_S = 1800
 PG_LOG_EVERY_S = 10
 # How long /health and a completion wait for the actors before calling the engine dead.
 ACTOR_TIMEOUT_S = 10.0
+# Multi-node: how long the head waits for every headless rank, and a headless rank for the head
+# (torch.distributed's own default store timeout is 600 s).
+JOIN_TIMEOUT_ENV = "VLLM_STANDIN_JOIN_TIMEOUT_S"
+JOIN_TIMEOUT_S = 600.0
+# vLLM's default `ParallelConfig.master_port`.
+MASTER_PORT = 29501
 
 
 def log(message: str) -> None:
@@ -56,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, default=None)
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--revision", default=None)
+    serve.add_argument("--nnodes", "-n", type=int, default=1)
+    serve.add_argument("--node-rank", "-r", type=int, default=0)
+    serve.add_argument("--master-addr", default="127.0.0.1")
+    serve.add_argument("--master-port", type=int, default=MASTER_PORT)
+    serve.add_argument("--headless", action="store_true")
     return parser
 
 
@@ -74,10 +94,21 @@ class ServeArgs:
     api_key: str | None
     ignored: tuple[str, ...]
     revision: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = MASTER_PORT
+    headless: bool = False
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def local_ranks(self) -> range:
+        """The global ranks this node holds (vLLM gives every node world_size / nnodes of them)."""
+        local = self.world_size // self.nnodes
+        return range(self.node_rank * local, (self.node_rank + 1) * local)
 
 
 def parse_serve_args(argv: Sequence[str], env: dict[str, str] | None = None) -> ServeArgs:
@@ -86,15 +117,7 @@ def parse_serve_args(argv: Sequence[str], env: dict[str, str] | None = None) -> 
     args, unknown = build_parser().parse_known_args(list(argv))
     if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:
         raise SystemExit("vllm: --tensor-parallel-size and --pipeline-parallel-size must be >= 1")
-    if (
-        args.tensor_parallel_size * args.pipeline_parallel_size > 1
-        and args.distributed_executor_backend
-        not in (
-            None,
-            "ray",
-        )
-    ):
-        raise SystemExit("vllm (stand-in): only --distributed-executor-backend ray spans nodes")
+    check_multi_node(args)
     return ServeArgs(
         model=args.model,
         tensor_parallel_size=args.tensor_parallel_size,
@@ -108,7 +131,44 @@ def parse_serve_args(argv: Sequence[str], env: dict[str, str] | None = None) -> 
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         ignored=tuple(unknown),
         revision=args.revision,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        headless=args.headless,
     )
+
+
+def check_multi_node(args: argparse.Namespace) -> None:
+    """vLLM's checks of the multi-node flags (`EngineArgs.create_engine_config`, `ParallelConfig`),
+    with its messages; and the stand-in's own limit: one node spans GPUs only with Ray."""
+    world = args.tensor_parallel_size * args.pipeline_parallel_size
+    backend = args.distributed_executor_backend
+    if args.nnodes < 1:
+        raise SystemExit(f"vllm: --nnodes must be >= 1, got {args.nnodes}")
+    if args.nnodes == 1:
+        if args.headless:
+            raise SystemExit("vllm (stand-in): --headless needs --nnodes > 1 (it joins a head's group)")
+        if world > 1 and backend not in (None, "ray"):
+            raise SystemExit(
+                "vllm (stand-in): on one node only --distributed-executor-backend ray spans GPUs"
+            )
+        return
+    if backend != "mp":
+        raise SystemExit(
+            "ValueError: nnodes > 1 can only be set when distributed executor backend is mp, uni or "
+            f"external_launcher (stand-in: mp), got {backend}."
+        )
+    if world % args.nnodes:
+        raise SystemExit(f"AssertionError: world_size={world} must be divisible by nnodes={args.nnodes}.")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise SystemExit(
+            f"AssertionError: node_rank={args.node_rank} must be less than nnodes={args.nnodes}."
+        )
+    if (args.node_rank > 0) != args.headless:
+        # vLLM runs a rank > 0 headless whatever the flag says; the deployment always sets it, so a
+        # mismatch here is a wrong command line worth failing on.
+        raise SystemExit("vllm (stand-in): --headless goes with --node-rank > 0, and only with it")
 
 
 def local_config(model: str, revision: str | None, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -310,6 +370,184 @@ class Engine:
             raise
 
 
+# ---- multi-node: vLLM's own executor (`--nnodes`, no Ray) -----------------------------------------------
+
+
+def join_timeout(env: dict[str, str] | None = None) -> float:
+    env = os.environ if env is None else env
+    return float(env.get(JOIN_TIMEOUT_ENV) or JOIN_TIMEOUT_S)
+
+
+def hello(args: ServeArgs) -> dict[str, Any]:
+    """What a headless rank says when it joins: who it is, and the group it thinks it joins."""
+    return {"node_rank": args.node_rank, "nnodes": args.nnodes, "world_size": args.world_size}
+
+
+def judge_join(args: ServeArgs, message: dict[str, Any], joined: set[int]) -> str | None:
+    """Why the head refuses a joining rank (vLLM/torch.distributed would fail the group), or None."""
+    rank, world, nnodes = message.get("node_rank"), message.get("world_size"), message.get("nnodes")
+    if world != args.world_size or nnodes != args.nnodes:
+        return (
+            f"RuntimeError: node rank {rank} joined with world_size={world} over nnodes={nnodes}, but "
+            f"the head's group is world_size={args.world_size} over nnodes={args.nnodes}: every node "
+            "must run the same --tensor-parallel-size, --pipeline-parallel-size and --nnodes"
+        )
+    if not isinstance(rank, int) or not 0 < rank < args.nnodes:
+        return f"RuntimeError: node rank {rank!r} cannot join: headless ranks are 1..{args.nnodes - 1}"
+    if rank in joined:
+        return f"RuntimeError: node rank {rank} joined twice: two nodes were given the same --node-rank"
+    return None
+
+
+def rank_span(args: ServeArgs) -> str:
+    return f"ranks {args.local_ranks.start}-{args.local_ranks.stop - 1}"
+
+
+def peer_closed(conn: socket.socket) -> bool:
+    """A readable connection with nothing to read (or reset): the process at the other end is gone."""
+    try:
+        return not conn.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True
+
+
+def send_line(conn: socket.socket, message: dict[str, Any]) -> None:
+    conn.sendall((json.dumps(message) + "\n").encode())
+
+
+def read_line(conn: socket.socket, timeout: float | None) -> dict[str, Any] | None:
+    """One JSON line from `conn`; None when the peer closed it (the process at the other end is gone)."""
+    conn.settimeout(timeout)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    return json.loads(data)
+
+
+class RankGroup:
+    """The head's side of the group: accept every headless rank, then ask them all for each answer."""
+
+    def __init__(self, args: ServeArgs):
+        self.args = args
+        self.ranks: dict[int, socket.socket] = {}
+        self.dead_reason: str | None = None
+        self.lock = threading.Lock()
+
+    def start(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """Listen on the master address and wait, within the join timeout, for ranks 1..nnodes-1."""
+        args = self.args
+        listener = socket.create_server((args.master_addr, args.master_port))
+        deadline = clock() + join_timeout()
+        log(
+            f"head (node rank 0 of {args.nnodes}) waiting for {args.nnodes - 1} headless ranks on "
+            f"{args.master_addr}:{args.master_port}; world_size={args.world_size}"
+        )
+        with listener:
+            while len(self.ranks) < args.nnodes - 1:
+                left = deadline - clock()
+                if left <= 0 or not select.select([listener], [], [], min(left, 1.0))[0]:
+                    if left <= 0:
+                        self._never_joined()
+                    continue
+                conn, peer = listener.accept()
+                self._admit(conn, peer, left)
+        log(f"all {args.nnodes} nodes joined the process group (world_size={args.world_size})")
+
+    def _admit(self, conn: socket.socket, peer: tuple, left: float) -> None:
+        message = read_line(conn, left) or {}
+        refusal = judge_join(self.args, message, set(self.ranks))
+        if refusal:
+            send_line(conn, {"ok": False, "error": refusal})
+            raise SystemExit(f"vllm (stand-in): {refusal}")
+        send_line(conn, {"ok": True})
+        self.ranks[message["node_rank"]] = conn
+        log(f"node rank {message['node_rank']} joined from {peer[0]}")
+
+    def _never_joined(self) -> None:
+        missing = sorted(set(range(1, self.args.nnodes)) - set(self.ranks))
+        raise SystemExit(
+            f"vllm (stand-in): TimeoutError: node ranks {missing} never joined the process group at "
+            f"{self.args.master_addr}:{self.args.master_port} within {join_timeout():g} s; check that "
+            "their containers run and reach the head's fabric address"
+        )
+
+    def call_all(self, words: int) -> list[str]:
+        """The head's own shard and every rank's; a rank that is gone marks the engine dead."""
+        shards = [f"node rank 0 ({rank_span(self.args)}) read {words} words"]
+        with self.lock:
+            for rank, conn in sorted(self.ranks.items()):
+                try:
+                    send_line(conn, {"op": "forward", "words": words})
+                    answer = read_line(conn, ACTOR_TIMEOUT_S)
+                except OSError as exc:
+                    answer, why = None, f"{type(exc).__name__}: {exc}"
+                else:
+                    why = "connection closed"
+                if answer is None:
+                    self.dead_reason = f"node rank {rank} is gone ({why}): the process group is broken"
+                    raise RuntimeError(self.dead_reason)
+                shards.append(str(answer.get("shard")))
+        return shards
+
+    def watch(self, on_dead: Callable[[str], None], interval_s: float = 0.5) -> None:
+        """Between requests, notice a rank whose connection closed (a rank sends nothing unasked)."""
+        while self.dead_reason is None:
+            time.sleep(interval_s)
+            with self.lock:
+                readable = select.select(list(self.ranks.values()), [], [], 0)[0]
+                for rank, conn in self.ranks.items():
+                    if conn in readable and peer_closed(conn):
+                        self.dead_reason = f"node rank {rank} is gone: the process group is broken"
+        on_dead(self.dead_reason)
+
+
+def join_head(args: ServeArgs, clock: Callable[[], float] = time.monotonic) -> socket.socket:
+    """A headless rank's side of the handshake: dial the head until the join timeout, then say hello."""
+    deadline = clock() + join_timeout()
+    address = (args.master_addr, args.master_port)
+    while True:
+        try:
+            conn = socket.create_connection(address, timeout=5)
+            break
+        except OSError as exc:
+            if clock() > deadline:
+                raise SystemExit(
+                    f"vllm (stand-in): TimeoutError: node rank {args.node_rank} could not reach the head at "
+                    f"{address[0]}:{address[1]} within {join_timeout():g} s ({exc})"
+                ) from None
+            time.sleep(0.5)
+    send_line(conn, hello(args))
+    answer = read_line(conn, join_timeout()) or {"ok": False, "error": "the head closed the connection"}
+    if not answer.get("ok"):
+        raise SystemExit(
+            f"vllm (stand-in): the head refused node rank {args.node_rank}: {answer.get('error')}"
+        )
+    return conn
+
+
+def run_headless(args: ServeArgs) -> int:
+    """A headless rank: no API server; answer the head's forward calls until the head is gone."""
+    log(f"{STANDIN_NOTE}; headless node rank {args.node_rank} of {args.nnodes}, world_size={args.world_size}")
+    config = local_config(args.model, args.revision)
+    log(f"checkpoint config.json read from this node's cache: model_type {config.get('model_type')}")
+    conn = join_head(args)
+    log(f"joined the head at {args.master_addr}:{args.master_port} as node rank {args.node_rank}")
+    ranks = rank_span(args)
+    while True:
+        try:
+            request = read_line(conn, None)
+        except OSError:
+            request = None
+        if request is None:
+            log("ERROR: the head closed the process group; exiting")
+            return 1
+        shard = f"node rank {args.node_rank} ({ranks}) read {request.get('words')} words"
+        send_line(conn, {"shard": shard})
+
+
 def make_handler(args: ServeArgs, engine: Engine, on_dead: Callable[[str], None]) -> type:
     created = int(time.time())
 
@@ -396,7 +634,7 @@ def serve(args: ServeArgs) -> int:
         log(f"flags the stand-in does not model (ignored): {' '.join(args.ignored)}")
     config = local_config(args.model, args.revision)
     log(f"checkpoint config.json read from this node's cache: model_type {config.get('model_type')}")
-    engine = Engine(args)
+    engine = RankGroup(args) if args.nnodes > 1 else Engine(args)
     engine.start()
     server = ThreadingHTTPServer((args.host, args.port), make_handler(args, engine, lambda _: None))
     exit_code = {"code": 0}
@@ -408,6 +646,9 @@ def serve(args: ServeArgs) -> int:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     server.RequestHandlerClass = make_handler(args, engine, on_dead)
+    if isinstance(engine, RankGroup):
+        # A headless rank that dies breaks the group (NCCL would abort): the head exits, not waits.
+        threading.Thread(target=engine.watch, args=(on_dead,), daemon=True).start()
     log(f"Starting vLLM API server (stand-in) on http://{args.host}:{args.port}")
     log("Application startup complete.")
     try:
@@ -419,7 +660,8 @@ def serve(args: ServeArgs) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    return serve(parse_serve_args(argv))
+    args = parse_serve_args(argv)
+    return run_headless(args) if args.headless else serve(args)
 
 
 if __name__ == "__main__":

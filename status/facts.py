@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from components.checkpoint.fan_out import PROGRESS_DIR, node_cache_dir
-from components.config import NAMESPACE, ConfigError, StackConfig, parse_stack_config
+from components.config import NAMESPACE, ConfigError, Executor, StackConfig, parse_stack_config
 from components.deployment import node_container_names
 from components.hybrid_image import image_ref
 from components.node_programs import program_argv, readiness
@@ -97,7 +97,10 @@ def node_requests(config: StackConfig) -> dict[str, dict[str, Any]]:
             "hf_cache": node_cache_dir(config, node.name),
             "model": model,
             "revision": config.model.revision,
-            "ray_container": head_container_name(config) if node is config.head else None,
+            # Under executor mp no Ray runs: nothing to ask `ray status`.
+            "ray_container": head_container_name(config)
+            if node is config.head and config.cluster.executor is not Executor.MP
+            else None,
             "progress_dir": PROGRESS_DIR,
             # The head: what the KV-cache sizing needs, and what the server itself logged about it.
             "sizing": node is config.head,

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.config import ImageStrategy, StackConfig
+from components.config import Executor, ImageStrategy, StackConfig
 from components.deployment import memory_inputs, node_container_names
 from components.memory_fit import NodeMemory, memory_fit, model_shape
 from components.model_support import serve_memory
@@ -360,6 +360,9 @@ def _checkpoint(node: str, cells: dict, ckpt: dict, head_ckpt: dict, is_head: bo
 
 
 def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]:
+    if config.cluster.executor is Executor.MP:
+        cluster["ray"] = "none (cluster.executor mp: vLLM's own multi-node executor)"
+        return []
     ray = head_report.get("ray")
     if not head_report.get("reachable") or ray is None:
         cluster["ray"] = "not checked (head unreachable or its Docker down)"

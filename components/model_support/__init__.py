@@ -9,7 +9,9 @@ create(), over SSH on the head:
    (`patches/prove_cluster.py`) in a throwaway container of the image: Ray imports beside vLLM at
    the stack's `image.ray_version` (and within vLLM's own Ray pin), a one-node Ray cluster starts
    and stops, vLLM's Ray executor imports. An image without Ray is refused here, naming Ray, instead
-   of crash-looping its Ray containers under the readiness gate.
+   of crash-looping its Ray containers under the readiness gate. Under `cluster.executor: mp` the
+   deployment sets `cluster={"executor": "mp"}`: no Ray runs, the proof is not run, and the output
+   `cluster_layer` says so (`verdict: not-run`), so an image without Ray is accepted.
 4. With `serve_argv` set: the argument proof (`patches/prove_args.py`, `components/serve_args.py`):
    the image's vLLM parses the server's exact command line.
 5. The proof program (`patches/prove_model.py` and its `proof_configs/`) in a short-lived
@@ -79,6 +81,7 @@ from components.model_support.plan import (
     check_fit,
     check_id,
     cluster_failure,
+    cluster_not_run,
     create_problems,
     enforced,
     failure_message,
@@ -149,6 +152,7 @@ __all__ = [
     "checkpoint_mount",
     "cluster_argv",
     "cluster_failure",
+    "cluster_not_run",
     "create_problems",
     "enforced",
     "failure_message",

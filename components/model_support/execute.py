@@ -18,6 +18,7 @@ from components.model_support.plan import (
     ModelSupportError,
     check_fit,
     cluster_failure,
+    cluster_not_run,
     create_problems,
     enforced,
     failure_message,
@@ -127,7 +128,7 @@ def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[s
     steps = plan_steps(props)
     payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
     args = proof_payload(proof_dir or PATCH_DIR, ARGS_PROGRAM, configs=False) if steps.serve_args else ""
-    outs: dict[str, Any] = {"memory_fit": None, "serve_args": None, "cluster_layer": None}
+    outs: dict[str, Any] = {"memory_fit": None, "serve_args": None, "cluster_layer": cluster_not_run(props)}
     if steps.fit:
         outs["memory_fit"] = check_fit(props, checkpoint_facts(transport, props["snapshot_path"]))
     if steps.pin:

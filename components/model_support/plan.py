@@ -179,10 +179,23 @@ def plan_steps(props: Mapping[str, Any]) -> Steps:
     return Steps(
         fit=bool(props.get("snapshot_path") and props.get("memory")),
         pin=parse_image_ref(props["image"]).digest is not None,
-        cluster=bool(props.get("cluster")),
+        cluster=bool(props.get("cluster")) and cluster_not_run(props) is None,
         serve_args=bool(props.get("serve_argv")),
         deadline_s=float(props.get("deadline_s") or DEFAULT_DEADLINE_S),
     )
+
+
+def cluster_not_run(props: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the outputs record when the cluster input names executor mp: the Ray cluster-layer proof
+    does not apply (no Ray runs under vLLM's own multi-node executor), so it is not run; else None."""
+    cluster = props.get("cluster") or {}
+    if cluster.get("executor") != "mp":
+        return None
+    return {
+        "verdict": "not-run",
+        "executor": "mp",
+        "reason": "cluster.executor is mp: no Ray container runs, so the Ray cluster layer is not proven",
+    }
 
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:

@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=5.0)
     ray = parser.add_mutually_exclusive_group(required=True)
     ray.add_argument("--ray-container", help="Ray head container (runs `ray status` in it)")
-    ray.add_argument("--no-ray-check", action="store_true", help="skip Ray (stand-in servers only)")
+    ray.add_argument("--no-ray-check", action="store_true", help="skip Ray (executor mp: no Ray runs)")
     parser.add_argument("--log-container", help="container whose log tail explains a timeout")
     parser.add_argument(
         "--expect-node", action="append", default=[], metavar="NAME=IP", help="a node Ray must report"

@@ -13,23 +13,28 @@ from pathlib import Path
 
 import pytest
 
-from components.config import ServeConfig
+from components.config import ServeConfig, parse_stack_config
+from components.mp_executor import mp_serve_argv
 from components.vllm_server import serve_argv
 from tests.release.checkpoint import index_names, real_config, write_hf_cache
 from tests.release.releases import PATCHES, PROOF_TIMEOUT_S, Proof, ReleaseError
+from tests.support.program import mp_raw
 
 pytestmark = pytest.mark.release
 
 PROVE_ARGS = PATCHES / "prove_args.py"
+PROVE_PARALLEL = Path(__file__).with_name("prove_parallel.py")
 
 
-def run_args_proof(python: Path, argv: list[str], checkpoint: Path | None = None) -> Proof:
+def run_args_proof(
+    python: Path, argv: list[str], checkpoint: Path | None = None, program: Path = PROVE_ARGS
+) -> Proof:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     options = ["--checkpoint", str(checkpoint)] if checkpoint else []
     started = time.monotonic()
     done = subprocess.run(
-        [str(python), str(PROVE_ARGS), *options, "--", *argv],
+        [str(python), str(program), *options, "--", *argv],
         capture_output=True,
         text=True,
         timeout=PROOF_TIMEOUT_S,
@@ -40,7 +45,7 @@ def run_args_proof(python: Path, argv: list[str], checkpoint: Path | None = None
         report = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError) as exc:
         raise ReleaseError(
-            f"prove_args.py printed no report (exit {done.returncode}):\n{done.stderr[-3000:]}"
+            f"{program.name} printed no report (exit {done.returncode}):\n{done.stderr[-3000:]}"
         ) from exc
     return Proof(done.returncode, report, done.stderr, time.monotonic() - started)
 
@@ -110,3 +115,55 @@ def test_a_model_path_that_is_not_mounted_still_parses(prebuilt):
     proof = run_args_proof(prebuilt, argv)
     assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
     assert proof.report["speculative"] is None
+
+
+# ---- executor mp (issue 34): every rank's command line, through vLLM 0.17.1's own checks ------------
+
+
+def mp_argv(nodes: int, rank: int, revision: str) -> list[str]:
+    """Rank `rank`'s command line of a `nodes`-node dev stack under cluster.executor mp, as it runs."""
+    cfg = parse_stack_config(mp_raw(nodes))
+    return [*mp_serve_argv(cfg, cfg.nodes[rank]), "--revision", revision]
+
+
+def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    changed = list(argv)
+    changed[changed.index(flag) + 1] = value
+    return changed
+
+
+@pytest.mark.parametrize("rank", [0, 1], ids=["head", "headless"])
+def test_each_mp_rank_s_command_line_passes_the_args_proof(prebuilt, checkpoint, rank):
+    proof = run_args_proof(prebuilt, mp_argv(2, rank, checkpoint.name), checkpoint)
+    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
+    assert proof.report["speculative"]["method"] == "mtp", proof.why()
+
+
+@pytest.mark.parametrize("rank", [0, 1], ids=["head", "headless"])
+def test_each_mp_rank_gets_vllm_s_parallel_config(prebuilt, checkpoint, rank):
+    proof = run_args_proof(prebuilt, mp_argv(2, rank, checkpoint.name), checkpoint, PROVE_PARALLEL)
+    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
+    assert proof.report["parallel"] == {
+        "world_size": 2,
+        "nnodes": 2,
+        "node_rank": rank,
+        "master_addr": "192.168.200.12",
+        "master_port": 29501,
+        "backend": "mp",
+        "headless": rank == 1,
+    }, proof.why()
+
+
+@pytest.mark.parametrize(
+    ("case", "flag", "value", "expected"),
+    [
+        ("node rank at nnodes", "--node-rank", "2", "node_rank=2 must be less than nnodes=2."),
+        ("nnodes not dividing the world", "--nnodes", "3", "world_size=2 must be divisible by nnodes=3."),
+        ("ray backend over nodes", "--distributed-executor-backend", "ray", "nnodes > 1 can only be set"),
+    ],
+)
+def test_a_wrong_multi_node_layout_is_refused_by_vllm(prebuilt, checkpoint, case, flag, value, expected):
+    argv = with_flag(mp_argv(2, 1, checkpoint.name), flag, value)
+    proof = run_args_proof(prebuilt, argv, checkpoint, PROVE_PARALLEL)
+    assert proof.returncode == 1 and proof.report["verdict"] == "fail", f"{case}: {proof.why()}"
+    assert expected in proof.report["error"], f"{case}: {proof.why()}"

@@ -42,6 +42,29 @@ def config_from(stack: str = "dev", **sections: Any) -> StackConfig:
     return parse_stack_config(raw)
 
 
+def mp_raw(nodes: int = 2, gpus: int = 1, **cluster: Any) -> dict[str, Any]:
+    """The dev stack under `cluster.executor: mp` with `nodes` Sparks of `gpus` GPUs (TP = the world)."""
+    raw = dev_raw()
+    raw["nodes"] = [
+        {
+            "name": f"spark-{i + 1}",
+            "host": f"10.1.230.{180 + i}",
+            "fabric_ip": f"192.168.200.{12 + i}",
+            "gpus": gpus,
+            **({"role": "head"} if i == 0 else {}),
+        }
+        for i in range(nodes)
+    ]
+    raw["serve"] = {**raw["serve"], "tensor_parallel_size": nodes * gpus}
+    raw["cluster"] = {"executor": "mp", **cluster}
+    return raw
+
+
+def mp_stack_config(nodes: int = 2, gpus: int = 1, **cluster: Any) -> dict[str, Any]:
+    """`mp_raw` with the namespace, as `run_program` takes a stack's config."""
+    return {f"qwen35-spark:{key}": value for key, value in mp_raw(nodes, gpus, **cluster).items()}
+
+
 @dataclass
 class Registered:
     """One resource as the program registered it."""

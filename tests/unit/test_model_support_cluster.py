@@ -112,6 +112,16 @@ def test_report_mode_records_a_missing_ray_and_goes_on(head):
     assert outs["verdict"] == "pass"
 
 
+def test_under_executor_mp_an_image_without_ray_passes_and_the_outputs_say_why(head):
+    # Enforce mode, and an image with no Ray at all: the Ray proof is not run (nothing of Ray runs).
+    fake = head(None)
+    outs = run_check(props(cluster={"executor": "mp"}))
+    assert outs["verdict"] == "pass"
+    assert outs["cluster_layer"]["verdict"] == "not-run" and outs["cluster_layer"]["executor"] == "mp"
+    assert "no Ray container runs" in outs["cluster_layer"]["reason"]
+    assert len(fake.runs) == 1 and "--stages" not in fake.runs[0], "the cluster proof ran under mp"
+
+
 def test_the_cluster_proof_runs_offline_by_image_id_with_room_for_ray():
     argv = cluster_argv(props(cluster={"ray_version": "==2.49.1", "stages": "ray,cluster,executor"}), "c1")
     assert argv[argv.index("--network") + 1] == "none" and "--shm-size" in argv

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import socket
+import subprocess
+import sys
 import tarfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -12,10 +21,12 @@ from components.vllm_server import serve_argv
 from lab.layout import LabError
 from lab.ray_image import IMAGE_NAME, build_context, check_host_python, dockerfile, image_tag
 from lab.standin_vllm import (
+    JOIN_TIMEOUT_ENV,
     STANDIN_NOTE,
     bearer_ok,
     cluster_summary,
     completion_response,
+    judge_join,
     models_response,
     parse_serve_args,
     prompt_text,
@@ -119,3 +130,196 @@ def test_host_python_must_match_the_image_s():
         check_host_python((3, 12), (2, 36))
     with pytest.raises(LabError, match="glibc"):
         check_host_python((3, 11), (2, 39))
+
+
+# ---- multi-node (issue 34): the stand-in as vLLM's own executor, head and headless ranks as processes --
+
+STANDIN = Path(__file__).resolve().parents[2] / "lab" / "standin_vllm.py"
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port nothing listens on at `host` now (bound once to check, then released)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    with socket.socket() as check:
+        assert check.connect_ex((host, port)) != 0, f"{host}:{port} is taken"
+    return port
+
+
+@dataclass
+class Group:
+    """A multi-node stand-in group on loopback: the head's API port, its master port, the model dir."""
+
+    model: Path
+    api_port: int
+    master_port: int
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def argv(self, nnodes: int, rank: int, tp: int | None = None) -> list[str]:
+        argv = [
+            sys.executable, str(STANDIN), "serve", str(self.model),
+            "--tensor-parallel-size", str(tp or nnodes), "--distributed-executor-backend", "mp",
+            "--host", LOOPBACK, "--port", str(self.api_port), "--served-model-name", "m",
+            "--nnodes", str(nnodes), "--node-rank", str(rank),
+            "--master-addr", LOOPBACK, "--master-port", str(self.master_port),
+        ]  # fmt: skip
+        return argv + (["--headless"] if rank else [])
+
+    def start(self, nnodes: int, rank: int, tp: int | None = None, timeout_s: float = 20) -> subprocess.Popen:
+        env = {**os.environ, JOIN_TIMEOUT_ENV: str(timeout_s)}
+        proc = subprocess.Popen(
+            self.argv(nnodes, rank, tp), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.procs.append(proc)
+        return proc
+
+    def get(self, path: str) -> int | None:
+        """The HTTP status of GET `path` on the head's API, or None while nothing listens."""
+        try:
+            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.api_port}{path}", timeout=5) as answer:
+                return answer.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None
+
+    def wait_serving(self, head: subprocess.Popen, within_s: float = 20) -> None:
+        deadline = time.monotonic() + within_s
+        while self.get("/health") != 200:
+            assert head.poll() is None, f"the head exited {head.returncode}:\n{head.stdout.read()}"
+            assert time.monotonic() < deadline, "the head did not serve in time"
+            time.sleep(0.2)
+
+    def complete(self) -> str:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}]}).encode()
+        request = urllib.request.Request(
+            f"http://{LOOPBACK}:{self.api_port}/v1/chat/completions",
+            body,
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.loads(answer.read())["choices"][0]["message"]["content"]
+
+
+def exit_of(proc: subprocess.Popen, within_s: float = 20) -> tuple[int, str]:
+    """(exit status, output) of a process that must end within `within_s`."""
+    try:
+        out, _ = proc.communicate(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"still running after {within_s} s:\n{out}") from None
+    return proc.returncode, out
+
+
+@pytest.fixture
+def group(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
+    made = Group(model, free_port(), free_port())
+    yield made
+    for proc in made.procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_two_nodes_serve_a_completion_answered_by_both_and_a_dead_rank_ends_the_head(group):
+    rank = group.start(2, 1)  # the deployment creates the headless rank first
+    head = group.start(2, 0)
+    group.wait_serving(head)
+    content = group.complete()
+    assert "node rank 0 (ranks 0-0)" in content and "node rank 1 (ranks 1-1)" in content, content
+    rank.kill()
+    code, out = exit_of(head)
+    assert code == 1 and "node rank 1 is gone" in out and "engine dead" in out, out
+
+
+def test_three_nodes_serve_nothing_before_the_last_rank_joins(group):
+    group.start(3, 1)
+    head = group.start(3, 0)
+    time.sleep(2)  # the head runs with one of two headless ranks joined
+    assert head.poll() is None and group.get("/health") is None, "the head served before every rank joined"
+    group.start(3, 2)
+    group.wait_serving(head)
+    assert all(f"node rank {r}" in group.complete() for r in range(3))
+
+
+def test_a_headless_rank_exits_when_the_head_is_gone(group):
+    rank = group.start(2, 1)
+    head = group.start(2, 0)
+    group.wait_serving(head)
+    head.kill()
+    code, out = exit_of(rank)
+    assert code == 1 and "the head closed the process group" in out, out
+
+
+@pytest.mark.parametrize(
+    ("case", "ranks", "expected"),
+    [
+        ("wrong world size", [(1, 4)], "node rank 1 joined with world_size=4 over nnodes=2"),
+        ("duplicate rank", [(1, None), (1, None)], "node rank 1 joined twice"),
+    ],
+)
+def test_a_bad_join_makes_the_head_exit_with_vllm_s_kind_of_error(group, case, ranks, expected):
+    nnodes = 2 if case == "wrong world size" else 3
+    head = group.start(nnodes, 0)
+    for rank, tp in ranks:
+        group.start(nnodes, rank, tp=tp)
+    code, out = exit_of(head)
+    assert code == 1 and expected in out, f"{case}:\n{out}"
+    assert group.get("/health") is None
+
+
+def test_a_rank_that_never_joins_makes_the_head_exit_at_its_deadline(group):
+    head = group.start(3, 0, timeout_s=2)
+    group.start(3, 1)
+    code, out = exit_of(head)
+    assert code == 1 and "node ranks [2] never joined the process group" in out and "within 2 s" in out, out
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--nnodes", "2", "--node-rank", "2", "--headless"], "node_rank=2 must be less than nnodes=2."),
+        (["-tp", "3", "--nnodes", "2"], "world_size=3 must be divisible by nnodes=2."),
+        (["--nnodes", "2", "--distributed-executor-backend", "ray"], "nnodes > 1 can only be set"),
+        (["--nnodes", "2", "--node-rank", "1"], "--headless goes with --node-rank > 0"),
+        (["--headless"], "--headless needs --nnodes > 1"),
+    ],
+)
+def test_multi_node_flags_are_checked_as_vllm_checks_them(flags, expected):
+    backend = [] if "--distributed-executor-backend" in flags else ["--distributed-executor-backend", "mp"]
+    with pytest.raises(SystemExit) as info:
+        parse_serve_args(["serve", "m", "-tp", "2", *backend, *flags], env={})
+    assert expected in str(info.value)
+
+
+def test_the_program_s_mp_command_lines_parse_as_head_and_headless_ranks():
+    from components.config import parse_stack_config
+    from components.mp_executor import mp_serve_argv
+    from tests.support.program import mp_raw
+
+    cfg = parse_stack_config(mp_raw(3))
+    parsed = [parse_serve_args(mp_serve_argv(cfg, node)[1:], env={}) for node in cfg.nodes]
+    assert [(a.node_rank, a.headless, a.nnodes) for a in parsed] == [
+        (0, False, 3),
+        (1, True, 3),
+        (2, True, 3),
+    ]
+    assert {(a.master_addr, a.master_port, a.world_size) for a in parsed} == {("192.168.200.12", 29501, 3)}
+
+
+def test_the_head_judges_a_join_by_world_size_rank_and_duplicates():
+    head = parse_serve_args(
+        ["serve", "m", "-tp", "4", "--distributed-executor-backend", "mp", "-n", "2"], env={}
+    )
+    good = {"node_rank": 1, "nnodes": 2, "world_size": 4}
+    assert judge_join(head, good, set()) is None
+    assert "joined twice" in judge_join(head, good, {1})
+    assert "world_size=2" in judge_join(head, {**good, "world_size": 2}, set())
+    assert "nnodes=3" in judge_join(head, {**good, "nnodes": 3}, set())
+    assert "headless ranks are 1..1" in judge_join(head, {**good, "node_rank": 0}, set())

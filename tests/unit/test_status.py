@@ -625,3 +625,27 @@ def test_status_shows_keep_previous_and_what_each_node_keeps(config):
     assert verdict.as_dict()["retention"] == verdict.retention
     text = render.text(verdict, "lab")
     assert "previous images kept (image.keep_previous 1): node-a -; node-b app:0" in text
+
+
+def lab_mp_config():
+    """The lab stack under cluster.executor mp (its Ray settings removed)."""
+    raw = {k.split(":", 1)[1]: v for k, v in stack_config("lab").items()}
+    raw.pop("ray")
+    for node in raw["nodes"]:
+        node.pop("ray_ports")
+    raw["cluster"] = {"executor": "mp"}
+    return parse_stack_config(raw)
+
+
+def test_under_executor_mp_status_asks_for_each_node_s_rank_and_no_ray():
+    cfg = lab_mp_config()
+    requests = facts.node_requests(cfg)
+    assert requests["node-a"]["containers"] == ["qwen35-vllm"] and requests["node-a"]["ray_container"] is None
+    assert requests["node-b"]["containers"] == ["qwen35-vllm-rank1"]
+    gathered = healthy()
+    gathered["nodes"] = {"node-a": node_report(["qwen35-vllm"]), "node-b": node_report(["qwen35-vllm-rank1"])}
+    verdict = judge(cfg, gathered)
+    assert verdict.cluster["ray"].startswith("none (cluster.executor mp")
+    assert not verdict.problems, verdict.problems
+    gathered["nodes"]["node-b"]["containers"]["qwen35-vllm-rank1"] = {"present": False}
+    assert [p.node for p in judge(cfg, gathered).problems] == ["node-b"]

@@ -1,0 +1,58 @@
+"""vLLM's own multi-node executor (`cluster.executor: mp`) as pure container specs: no Ray anywhere.
+
+Every node runs one `vllm serve` with the same command line and its own `--node-rank`: rank 0 on the
+head serves the API and listens on `--master-addr:--master-port` (the head's fabric address); the
+other ranks run `--headless` (no API server) and dial it. vLLM gives every node the same number of
+local ranks (TP×PP / nnodes), which the config checks (components/config.py, `_mp_problems`).
+"""
+
+from __future__ import annotations
+
+from components.config import NodeConfig, StackConfig
+from components.ray_cluster import ContainerSpec, ImageId, fabric_env, node_container_spec
+from components.vllm_server import API_KEY_ENV, serve_argv, vllm_container_name
+
+
+def ranked_nodes(config: StackConfig) -> list[NodeConfig]:
+    """The nodes in rank order: the head is rank 0, the workers follow in config order."""
+    return [config.head, *config.workers]
+
+
+def node_rank(config: StackConfig, node: NodeConfig) -> int:
+    return next(i for i, n in enumerate(ranked_nodes(config)) if n is node)
+
+
+def mp_container_name(config: StackConfig, node: NodeConfig) -> str:
+    """`<prefix>-vllm` on the head (as the Ray graph's server), `<prefix>-vllm-rank<i>` elsewhere."""
+    rank = node_rank(config, node)
+    return vllm_container_name(config) if rank == 0 else f"{vllm_container_name(config)}-rank{rank}"
+
+
+def mp_serve_argv(config: StackConfig, node: NodeConfig) -> list[str]:
+    """`vllm serve …` for `node`'s rank: the head's flags plus the multi-node ones; headless off the head."""
+    rank = node_rank(config, node)
+    argv = serve_argv(config.serve, backend="mp") + [
+        "--nnodes", str(len(config.nodes)),
+        "--node-rank", str(rank),
+        "--master-addr", config.head.fabric_ip,
+        "--master-port", str(config.cluster.master_port),
+    ]  # fmt: skip
+    return argv + (["--headless"] if rank else [])
+
+
+def mp_container_spec(config: StackConfig, node: NodeConfig, image_id: ImageId) -> ContainerSpec:
+    """The one container on `node` under executor mp, running `image_id` (that node's own copy)."""
+    head = node is config.head
+    return node_container_spec(
+        config,
+        node,
+        name=mp_container_name(config, node),
+        role="vllm" if head else "vllm-headless",
+        image_id=image_id,
+        command=mp_serve_argv(config, node),
+        env=fabric_env(config, node),
+        # Only the head answers requests: a headless rank has no API server and so no API key.
+        secret_env={"HF_TOKEN": "hf_token", API_KEY_ENV: "api_key"} if head else {"HF_TOKEN": "hf_token"},
+        # Let vLLM tear its process group down before it is killed (the other ranks then exit too).
+        stop_grace_s=120,
+    )
