@@ -16,8 +16,7 @@ from components.config import ImageConfig
 from components.hybrid_image import build_args, content_tag, dockerfile
 from components.image_build import BUILD_TAG_PREFIX, ImageBuildError, ImageBuildProvider, context_digest
 from lab.images import busybox_image, image_id
-from lab.vllm_images import transformers_wheels
-from tests.lab.test_hybrid_build import lab_image_config, make_context, standins
+from tests.lab.test_hybrid_build import lab_context, lab_image_config, standins
 
 pytestmark = pytest.mark.lab
 
@@ -32,11 +31,7 @@ def cfg() -> ImageConfig:
 
 @pytest.fixture(scope="module")
 def context(cfg: ImageConfig, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        wheels = transformers_wheels(f"transformers{cfg.transformers}")
-    except lab.LabError as exc:
-        pytest.fail(f"transformers wheels for the hybrid build are not available: {exc}", pytrace=False)
-    return make_context(tmp_path_factory.mktemp("image-build"), wheels)
+    return lab_context(cfg, tmp_path_factory.mktemp("image-build"))
 
 
 def props_for(node: lab.LabNode, cfg: ImageConfig, context: Path, **extra_args: str) -> dict:
