@@ -132,9 +132,10 @@ def carry_out(transport: SshTransport, props: Mapping[str, Any], action: Action)
             "the image is on the head but could not be tagged: run `pulumi up` again"
         )
         image_id, built = action.image_id, False
-    else:
-        assert isinstance(action, Build)
+    elif isinstance(action, Build):
         image_id, built = build(transport, props), True
+    else:
+        raise TypeError(f"not an ImageBuild action: {action!r}")
     return {"image_id": image_id, "observed_image_id": image_id, "built": built,
             "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
 

@@ -62,8 +62,10 @@ def validate(props: Mapping[str, Any]) -> list[str]:
     if _known(context) and not (isinstance(context, str) and context.startswith("/")):
         problems.append(f"context: {context!r} is not an absolute path")
     args = props.get("build_args") or {}
-    if _known(args):
-        for key, value in args.items() if isinstance(args, Mapping) else [("", args)]:
+    if _known(args) and not isinstance(args, Mapping):
+        problems.append(f"build_args: a map of build-arg names to strings, not {str(args)[:40]!r}")
+    elif _known(args):
+        for key, value in args.items():
             if not BUILD_ARG.match(str(key)):
                 problems.append(f"build_args: {key!r} is not a build-arg name")
             elif _known(value) and (not isinstance(value, str) or "\n" in value or "\0" in value):

@@ -128,13 +128,18 @@ def cfg() -> ImageConfig:
     return lab_image_config()
 
 
-@pytest.fixture(scope="module")
-def context(cfg: ImageConfig, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def lab_context(cfg: ImageConfig, dest: Path) -> Path:
+    """The lab's build context in `dest`: patches/ and the transformers wheels (fails the test without)."""
     try:
         wheels = transformers_wheels(f"transformers{cfg.transformers}")
     except lab.LabError as exc:
         pytest.fail(f"transformers wheels for the hybrid build are not available: {exc}", pytrace=False)
-    return make_context(tmp_path_factory.mktemp("hybrid"), wheels)
+    return make_context(dest, wheels)
+
+
+@pytest.fixture(scope="module")
+def context(cfg: ImageConfig, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return lab_context(cfg, tmp_path_factory.mktemp("hybrid"))
 
 
 def standins(node: lab.LabNode, cfg: ImageConfig) -> float:

@@ -53,6 +53,7 @@ def test_valid_inputs_have_no_problems():
         ({"context": "patches"}, "context:"),
         ({"build_args": {"BAD-NAME": "x"}}, "build_args:"),
         ({"build_args": {"PIP_ARGS": "a\nb"}}, "build_args.PIP_ARGS:"),
+        ({"build_args": ["SMOKE=1"]}, "build_args:"),
     ],
 )
 def test_each_bad_input_is_named(change, field):

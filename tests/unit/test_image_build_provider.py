@@ -120,3 +120,12 @@ def test_a_missing_context_fails_before_anything_runs(monkeypatch, tmp_path):
     with pytest.raises(ImageBuildError, match="failed at the build context"):
         execute.build(head, {**PROPS, "context": str(tmp_path / "gone")})
     assert head.ran == []
+
+
+def test_provider_pickles_by_reference_without_state():
+    # The SDK pickles the provider into every stack's state: by reference to this module path.
+    import pickle
+
+    provider = pickle.loads(pickle.dumps(ImageBuildProvider()))
+    assert type(provider).__module__ == "components.image_build" and vars(provider) == {}
+    assert b"components.image_build" in pickle.dumps(ImageBuildProvider())
