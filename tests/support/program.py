@@ -139,6 +139,12 @@ def fake_image_id(image: str, node: str) -> str:
     return "sha256:" + hashlib.sha256(f"{image}@{node}".encode()).hexdigest()
 
 
+def fake_build_id(image: str, head: str) -> str:
+    """The build's image ID, distinct from the head NodeImage's (the build's ID is that copy's trigger,
+    not its output), so a container given the build's ID instead of its node's copy is caught."""
+    return fake_image_id(image, f"built on {head}")
+
+
 def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
     """Outputs a real provider would compute, so downstream inputs can be checked."""
     if is_node_image(args):
@@ -152,7 +158,7 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
             "store": destination.get("image_store") or "classic",
         }
     if args.typ == IMAGE_BUILD:
-        image_id = fake_image_id(args.inputs["ref"], args.inputs["node"].get("name", ""))
+        image_id = fake_build_id(args.inputs["ref"], args.inputs["node"].get("name", ""))
         return {"image_id": image_id, "observed_image_id": image_id, "built": True}
     if args.typ == "pulumi-python:dynamic/qwen35:ModelSupportCheck":
         # What a passing proof reports (the provider itself is tested in test_model_support.py).

@@ -140,10 +140,10 @@ def test_hybrid_resource_set(hybrid):
 def test_every_copy_follows_the_built_image_id(hybrid):
     # The trigger is the build's image ID: a rebuild under the same tag re-places the image, and an
     # identical build (same ID) changes nothing downstream; containers run each node's copy's ID.
-    from tests.support.program import fake_image_id
+    from tests.support.program import fake_build_id, fake_image_id
 
     build = hybrid.run.named("qwen35-image-build")
-    built_id = fake_image_id(build.inputs["ref"], "spark-1")
+    built_id = fake_build_id(build.inputs["ref"], "spark-1")
     for node in ("spark-1", "spark-2"):
         assert node_image_of(hybrid, node).inputs["trigger"] == built_id
     assert hybrid.container("qwen35-ray-head").inputs["image"] == fake_image_id(
