@@ -81,18 +81,29 @@ class Decision:
         }
 
 
+def whole(value: Any) -> Any:
+    """A number as an int: the engine hands a dynamic provider every number as a float (3 -> 3.0)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _whole_reference(reference: Mapping[str, Any]) -> dict[str, Any]:
+    paths = {name: whole(mtu) for name, mtu in (reference.get("paths") or {}).items()}
+    return {**reference, "mtu": whole(reference.get("mtu")), "paths": paths}
+
+
 def settings(props: Mapping[str, Any]) -> Settings:
     """The provider's inputs as Settings."""
     pin = props.get("pin")
+    reference = props.get("reference")
     return Settings(
         node=str(props["node"]["name"]),
         fabric_ip=str(props["fabric_ip"]),
         socket_ifname=str(props["socket_ifname"]),
         mode=str(props.get("mode") or ENFORCE),
         pin=None if pin is None else tuple(pin),
-        gid=props.get("gid") if props.get("gid") is not None else UNSET,
-        mtu_expected=props.get("mtu_expected"),
-        reference=props.get("reference"),
+        gid=whole(props["gid"]) if props.get("gid") is not None else UNSET,
+        mtu_expected=whole(props.get("mtu_expected")),
+        reference=_whole_reference(reference) if reference else None,
     )
 
 
@@ -311,7 +322,7 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     problems = []
     if props.get("mode") not in (ENFORCE, REPORT):
         problems.append(("mode", f"{props.get('mode')!r}: give enforce or report (off creates no check)"))
-    gid = props.get("gid")
+    gid = whole(props.get("gid"))
     if gid not in (UNSET, RESOLVE) and not (isinstance(gid, int) and 0 <= gid <= 255):
         problems.append(("gid", f"{gid!r}: give unset, resolve or an index 0-255"))
     if not isinstance(props.get("node"), Mapping) or not props["node"].get("name"):

@@ -125,6 +125,7 @@ def test_every_dynamic_provider_explains_its_errors():
     import pulumi.dynamic as dynamic
 
     import components.checkpoint
+    import components.fabric_check
     import components.model_support
     import components.node_image
     import components.readiness_gate
@@ -139,6 +140,7 @@ def test_every_dynamic_provider_explains_its_errors():
     ours = {p.__name__: p for p in found if p.__module__.startswith("components")}
     assert set(ours) == {
         "CheckpointProvider",
+        "FabricCheckProvider",
         "ModelSupportCheckProvider",
         "NodeImageProvider",
         "ReadinessGateProvider",

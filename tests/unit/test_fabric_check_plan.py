@@ -257,3 +257,29 @@ def test_plan_change(olds, news, updates):
     assert change.replaces == ()
     assert change.updates == updates
     assert change.changes == bool(updates)
+
+
+def test_numbers_back_from_the_engine_as_floats_read_as_ints():
+    # The engine hands a dynamic provider every number as a float.
+    props = {
+        "node": {"name": "spark-2"},
+        "fabric_ip": SPARK2,
+        "socket_ifname": "enp1s0f1np1",
+        "mode": "enforce",
+        "gid": 3.0,
+        "mtu_expected": 9000.0,
+        "reference": {"node": "spark-1", "mtu": 9000.0, "paths": {"enp1s0f0np0": 9000.0}},
+    }
+    from components.fabric_check import settings as to_settings
+    from components.fabric_check import validate
+
+    s = to_settings(props)
+    assert (s.gid, s.mtu_expected, s.reference["mtu"], s.reference["paths"]) == (
+        3,
+        9000,
+        9000,
+        {"enp1s0f0np0": 9000},
+    )
+    assert all(type(v) is int for v in (s.gid, s.mtu_expected, s.reference["mtu"]))
+    assert validate(props) == []
+    assert [key for key, _ in validate({**props, "gid": "auto", "mode": "off"})] == ["mode", "gid"]
