@@ -143,10 +143,14 @@ def write_tree(root: Path, tree: Tree) -> Path:
     return root
 
 
-# The same, as a program for a lab node (argv: root; the tree's JSON on stdin).
+def writer_source(tree: Tree) -> bytes:
+    """`write_tree` as a program for a lab node's `python3 - ROOT` (the tree inside it, on stdin)."""
+    return (f"TREE = {tree.to_json()!r}\n" + WRITER).encode()
+
+
 WRITER = r"""
 import json, os, shutil, sys
-root, tree = sys.argv[1], json.load(sys.stdin)
+root, tree = sys.argv[1], json.loads(TREE)
 shutil.rmtree(root, ignore_errors=True)
 for relative, text in tree["files"].items():
     path = os.path.join(root, relative)
