@@ -101,3 +101,17 @@ def test_check_and_diff_reach_no_node(tmp_path, transports):
     diff = provider.diff("fabric-spark-1", {**base, "verdict": "pass"}, {**base, "gid": "unset"})
     assert diff.changes and diff.replaces == []
     assert transports == []
+
+
+def test_the_provider_pickles_by_reference_to_the_package():
+    # Stacks hold it as the SDK serialized it: a reference to `components.fabric_check`, no code.
+    import base64
+    import pickletools
+
+    import dill
+    from pulumi.dynamic.dynamic import serialize_provider
+
+    pickled = base64.b64decode(serialize_provider(FabricCheckProvider()))
+    names = [arg for op, arg, _pos in pickletools.genops(pickled) if op.name == "SHORT_BINUNICODE"]
+    assert names == ["components.fabric_check", "FabricCheckProvider"]
+    assert type(dill.loads(pickled)) is FabricCheckProvider
