@@ -394,9 +394,11 @@ class Qwen35Deployment(pulumi.ComponentResource):
     # ---- shared by the steps --------------------------------------------------------------------------
 
     def _fabric(self, node: NodeConfig) -> pulumi.Output[NodeFabric] | None:
-        """The node's FabricCheck outputs as NodeFabric (None under `fabric.check: off`)."""
+        """The node's FabricCheck outputs as NodeFabric; None where config alone decides them (the
+        check off, or HCAs pinned and no `gid_index: resolve`: the check then gives back the pin and
+        the configured index), so an existing stack's containers keep a known environment in preview."""
         check = self.fabric_checks.get(node.name)
-        if check is None:
+        if check is None or (self.config.hca_pin(node) is not None and self.config.fabric.gid != "resolve"):
             return None
         return pulumi.Output.all(check.ib_hca, check.gid_index).apply(
             # (a dynamic resource's numbers come back as floats: 3.0 must read "3")

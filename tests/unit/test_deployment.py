@@ -759,3 +759,18 @@ def test_per_node_pins_reach_their_own_check(monkeypatch):
     assert graph.run.named("qwen35-fabric-spark-1").inputs.get("pin") is None
     assert graph.run.named("qwen35-fabric-spark-2").inputs["pin"] == ["rocep1s0f1:1"]
     assert envs(graph, "qwen35-ray-worker-spark-2")["NCCL_IB_HCA"] == "rocep1s0f1:1"
+
+
+def test_pinned_hcas_keep_a_known_environment_that_waits_for_no_check(monkeypatch):
+    import tests.support.program as program
+
+    # A check reporting other ports than the pin: containers of a pinned stack do not take them.
+    monkeypatch.setattr(program, "fake_fabric", lambda inputs: {"ib_hca": ["other:1"], "gid_index": 7})
+    pinned = run_graph(monkeypatch, stack_config("dev"))
+    assert pinned.run.by_type(FABRIC)
+    assert envs(pinned, "qwen35-ray-worker-spark-2")["NCCL_IB_HCA"] == "rocep1s0f0,roceP2p1s0f0"
+    assert "NCCL_IB_GID_INDEX" not in envs(pinned, "qwen35-ray-worker-spark-2")
+    # Unpinned (or `gid_index: resolve`), the check's outputs decide.
+    unpinned = run_graph(monkeypatch, unpinned_config(gid_index="resolve"))
+    assert envs(unpinned, "qwen35-ray-worker-spark-2")["NCCL_IB_HCA"] == "other:1"
+    assert envs(unpinned, "qwen35-ray-worker-spark-2")["NCCL_IB_GID_INDEX"] == "7"
