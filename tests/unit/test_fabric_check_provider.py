@@ -115,3 +115,46 @@ def test_the_provider_pickles_by_reference_to_the_package():
     names = [arg for op, arg, _pos in pickletools.genops(pickled) if op.name == "SHORT_BINUNICODE"]
     assert names == ["components.fabric_check", "FabricCheckProvider"]
     assert type(dill.loads(pickled)) is FabricCheckProvider
+
+
+class Answers:
+    """A transport that answers every command with one Result (what the node said)."""
+
+    name = "spark-1"
+
+    def __init__(self, returncode: int, stdout: bytes = b"", stderr: bytes = b""):
+        self.result = (returncode, stdout, stderr)
+
+    def run(self, argv, stdin=None, timeout=None):
+        from components.remote import Result
+
+        return Result(tuple(argv), *self.result, node=self.name)
+
+
+@pytest.mark.parametrize(
+    ("answer", "error", "expect"),
+    [
+        # ssh itself failed: a transport failure, said as such.
+        (
+            Answers(255, stderr=b"ssh: connect to host 10.1.230.180 port 22: No route to host"),
+            "RemoteError",
+            "ssh",
+        ),
+        (Answers(127, stderr=b"python3: not found"), "RemoteError", "needs python3"),
+        (Answers(2, stderr=b"usage: fabric_facts"), "RemoteError", "bad SPEC"),
+        (
+            Answers(
+                3, stdout=b'{"error": "the node\'s addresses could not be read: ip: not found", "exit": 3}'
+            ),
+            "FabricCheckError",
+            "needs python3 and `ip` (iproute2)",
+        ),
+    ],
+)
+def test_a_node_that_gives_no_report_says_why(tmp_path, answer, error, expect):
+    from components.fabric_check import read_facts
+
+    with pytest.raises(Exception) as raised:
+        read_facts(props(tmp_path), transport=answer)
+    assert type(raised.value).__name__ == error
+    assert "spark-1" in str(raised.value) and expect in str(raised.value), str(raised.value)
