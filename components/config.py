@@ -671,7 +671,7 @@ class FabricConfig(_Model):
     # node's FabricCheck finds that index and its containers get it; an index: that value everywhere.
     gid_index: GidIndex = "unset"
     # The MTU every node's fabric path must have; unset: they must agree with the head's.
-    mtu: int | None = Field(default=None, ge=576, le=9216)
+    mtu: int | None = Field(default=None, ge=576, le=65535)
     # Before FabricCheck (kept working): the HCAs of every node, now the pin of every node
     # (`nodes[].ib_hca` is the per-node pin), and `ib_gid_index: N`, now `gid_index: N`.
     ib_hca: list[str] | None = None

@@ -128,7 +128,8 @@ def socket_problems(s: Settings, facts: NodeFacts) -> list[str]:
     if not sock.up:
         problems.append(
             f"{s.node}: socket interface {sock.name} is {sock.operstate or 'in an unknown state'}, not up; "
-            f"next: `sudo ip link set {sock.name} up` {persist_hint(sock.name, 'dhcp4', 'false')}"
+            f"next: `sudo ip link set {sock.name} up`, and define it in netplan (`/etc/netplan/`) "
+            "so it comes up after a reboot"
         )
     if s.fabric_ip not in sock.addresses:
         problems.append(
@@ -275,7 +276,8 @@ def decide(s: Settings, facts: NodeFacts) -> Decision:
     problems = socket_problems(s, facts)
     ports, port_problems = chosen_ports(s, facts)
     gids, gid_index, found_problems = gid_problems(s, facts, ports)
-    paths: dict[str, int | None] = {facts.socket.name: facts.socket.mtu}
+    # A socket interface that does not exist is a problem of its own, not an unread MTU.
+    paths: dict[str, int | None] = {facts.socket.name: facts.socket.mtu} if facts.socket.exists else {}
     for port in ports:
         for name in port.netdevs[:1]:
             netdev = facts.netdevs.get(name)

@@ -226,6 +226,7 @@ def test_socket_interface_down_without_its_address_or_missing(tmp_path):
         for p in problems
     )
     missing = decide(settings(socket="enp9s0"), facts_of(tmp_path, "other", spark1_ports(), ask="enp9s0"))
+    assert len(missing.problems) == 1
     assert missing.problems[0].startswith(
         "spark-1: socket interface enp9s0 does not exist (interfaces seen: enP2p1s0f0np0"
     )
