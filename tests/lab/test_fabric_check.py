@@ -16,6 +16,8 @@ import pytest
 import lab
 from components.fabric_check import FabricCheckError, FabricCheckProvider, read_facts
 from tests.support.fabric_trees import DOWN, PortSpec, Tree, spark_tree, writer_source
+from tests.support.program import run_program, stack_config
+from tests.support.provider_host import Engine, ProviderFailed, ProviderHost
 
 pytestmark = pytest.mark.lab
 
@@ -104,3 +106,36 @@ def test_refresh_after_the_tree_is_edited_is_drift(node_a, tree_root):
     write_on_node(node_a, tree_root, spark(state=DOWN))
     down = provider.read("fabric-node-a", outs).outs
     assert down["ib_hca"] == ["roceP2p1s0f0:1"] and down["gid_index"] == 3
+
+
+def test_through_the_provider_host_as_pulumi_up_drives_it(node_a, tree_root):
+    """The check the lab stack registers for node-a (with `fabric.check: enforce`, `gid_index: 3` and
+    node-a's tree), pickled by the SDK and served by a fresh `python -m pulumi.dynamic`: numbers
+    arrive as the engine sends them. It passes, refresh after the index moved records the failure,
+    and the next `up` refuses it."""
+    config = stack_config("lab")
+    config["qwen35-spark:fabric"] = {"socket_ifname": "lo", "check": "enforce", "gid_index": 3, "mtu": 9000}
+    config["qwen35-spark:nodes"][0] = {**config["qwen35-spark:nodes"][0], "sysfs_root": tree_root}
+    declared = run_program(config).named("qwen35-fabric-node-a")
+
+    def lab_tree(**first) -> Tree:
+        # node-a's socket interface is lo (the lab's "fabric"), holding its fabric_ip.
+        return spark_tree(
+            [PortSpec("rocep1s0f0", address=FABRIC_IP, **first)], socket="lo", socket_address="127.0.0.2"
+        )
+
+    write_on_node(node_a, tree_root, lab_tree())
+    with ProviderHost() as host:
+        engine = Engine(host, stack="lab")
+        state = engine.create(declared.typ, declared.name, declared.inputs, timeout=120)
+        outputs = state.public_outputs()
+        assert (outputs["verdict"], outputs["ib_hca"], outputs["gid_index"]) == ("pass", ["rocep1s0f0:1"], 3)
+        assert engine.up(state, declared.inputs).op == "same"
+        write_on_node(node_a, tree_root, lab_tree(ipv6_global=True))
+        refreshed = engine.refresh(state, timeout=120)
+        assert refreshed.public_outputs()["verdict"] == "fail"
+        assert refreshed.public_outputs()["gids"] == {"rocep1s0f0:1": 5}
+        with pytest.raises(ProviderFailed) as raised:
+            engine.up(refreshed, declared.inputs, timeout=120)
+        assert "pinned GID index 3 on rocep1s0f0:1 is RoCE v2 fd00:" in raised.value.details
+        assert "the RoCE v2 IPv4 entry is 5" in raised.value.details
