@@ -216,14 +216,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             )
             checks[node.name] = FabricCheck(
                 f"{name}-fabric-{node.name}",
-                node=self.access[node.name].node_image_dict(),
-                fabric_ip=node.fabric_ip,
-                socket_ifname=cfg.fabric.socket_ifname,
-                mode=cfg.fabric.check.value,
-                pin=list(pin) if (pin := cfg.hca_pin(node)) is not None else None,
-                gid=cfg.fabric.gid,
-                mtu_expected=cfg.fabric.mtu,
-                sysfs_root=node.sysfs_root,
+                **fabric_check_inputs(cfg, node, dict(self.access[node.name].node_image_dict())),
                 reference=reference,
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -466,6 +459,22 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 delete_before_replace=True,
             ),
         )
+
+
+def fabric_check_inputs(cfg: StackConfig, node: NodeConfig, node_dict: dict[str, Any]) -> dict[str, Any]:
+    """A node's FabricCheck inputs from config (all but the head's `reference`); `status` reads the
+    same facts with the same inputs."""
+    pin = cfg.hca_pin(node)
+    return {
+        "node": node_dict,
+        "fabric_ip": node.fabric_ip,
+        "socket_ifname": cfg.fabric.socket_ifname,
+        "mode": cfg.fabric.check.value,
+        "pin": list(pin) if pin is not None else None,
+        "gid": cfg.fabric.gid,
+        "mtu_expected": cfg.fabric.mtu,
+        "sysfs_root": node.sysfs_root,
+    }
 
 
 def deployed(cfg: StackConfig, ref: str, revision: pulumi.Output[str] | None) -> pulumi.Input[dict]:

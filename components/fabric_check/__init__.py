@@ -24,7 +24,13 @@ pickle it by reference to this module.
 """
 
 from components.fabric_check.errors import FabricCheckError
-from components.fabric_check.execute import FACTS_TIMEOUT_S, node_transport, read_facts, run_check
+from components.fabric_check.execute import (
+    FACTS_TIMEOUT_S,
+    facts_report,
+    node_transport,
+    read_facts,
+    run_check,
+)
 from components.fabric_check.facts import Gid, Netdev, NodeFacts, Port, ipv4_of_gid, parse_report
 from components.fabric_check.plan import (
     ENFORCE,
@@ -67,6 +73,7 @@ __all__ = [
     "check_id",
     "decide",
     "facts_argv",
+    "facts_report",
     "facts_spec",
     "ipv4_of_gid",
     "node_transport",

@@ -24,8 +24,8 @@ def node_transport(node: Mapping[str, Any]) -> Transport:
         raise FabricCheckError(str(exc)) from None
 
 
-def read_facts(props: Mapping[str, Any], transport: Transport | None = None) -> NodeFacts:
-    """The node's fabric facts, read on the node; RemoteError when the program gave no report."""
+def facts_report(props: Mapping[str, Any], transport: Transport | None = None) -> dict[str, Any]:
+    """The facts program's report from the node (plain JSON values); RemoteError when it gave none."""
     transport = transport or node_transport(props["node"])
     argv = facts_argv(props)
     result = transport.run(argv, timeout=FACTS_TIMEOUT_S)
@@ -35,7 +35,12 @@ def read_facts(props: Mapping[str, Any], transport: Transport | None = None) -> 
             props["node"]["name"], argv, result.returncode, result.stderr,
             EXIT_HINTS.get(result.returncode, "the node needs python3 (every node program runs on it)"),
         )  # fmt: skip
-    return parse_report(props["node"]["name"], report)
+    return report
+
+
+def read_facts(props: Mapping[str, Any], transport: Transport | None = None) -> NodeFacts:
+    """The node's fabric facts, read on the node."""
+    return parse_report(props["node"]["name"], facts_report(props, transport))
 
 
 def run_check(props: Mapping[str, Any], transport: Transport | None = None) -> Decision:
