@@ -137,6 +137,25 @@ class NodeConfig(_Model):
     # blob, so the copy tree never uses one as a source; NodeImage checks the declaration.
     image_store: ImageStore = "classic"
     ray_ports: RayPorts = RayPorts()
+    # This node's HCAs for NCCL_IB_HCA (`dev` or `dev:port`); unset: FabricCheck's ACTIVE ports.
+    ib_hca: list[str] | None = None
+    # LAB ONLY: a folder laid out like /sys (plus `ip-addr.json`, what `ip -j addr show` prints) that
+    # FabricCheck reads instead of the node's own; the lab's machines have no RDMA to read.
+    sysfs_root: str | None = None
+
+    @field_validator("ib_hca")
+    @classmethod
+    def _hca(cls, v: list[str] | None) -> list[str] | None:
+        return _check_hcas(v)
+
+    @field_validator("sysfs_root")
+    @classmethod
+    def _sysfs(cls, v: str | None) -> str | None:
+        if v is not None and (not ABS_PATH.match(v) or not v.startswith("/") or v.rstrip("/") == "/sys"):
+            raise ValueError(
+                f"{v!r}: a lab-only absolute path to a test tree (real nodes read /sys: leave it unset)"
+            )
+        return v
 
     @field_validator("name")
     @classmethod
@@ -626,11 +645,44 @@ TYPED_FLAGS = {
 }
 
 
+class FabricCheckMode(str, Enum):
+    """What FabricCheck (components/fabric_check) does on each node before any container."""
+
+    # Refuse `pulumi up` on a fabric NCCL would fail on (no ACTIVE port, no RoCE v2 IPv4 GID, MTUs
+    # that disagree), before any container on any node.
+    ENFORCE = "enforce"
+    # Record the verdict in the stack output `fabric` and go on.
+    REPORT = "report"
+    # No check: NCCL gets the pinned HCAs (or the old default pair) and the pinned GID index, as before.
+    OFF = "off"
+
+
+# Before FabricCheck this list was every stack's NCCL_IB_HCA: what a stack with `fabric.check: off`
+# and no pin still gets, so turning the check off never changes what an existing stack deploys.
+LEGACY_IB_HCA = ("rocep1s0f0", "roceP2p1s0f0")
+GidIndex = Literal["unset", "resolve"] | Annotated[int, Field(ge=0, le=255)]
+
+
+def _check_hcas(value: list[str] | None) -> list[str] | None:
+    for hca in value or ():
+        if not HCA.match(hca):
+            raise ValueError(f"{hca!r} is not an HCA name (e.g. rocep1s0f0 or rocep1s0f0:1)")
+    return value
+
+
 class FabricConfig(_Model):
-    """The RoCE/InfiniBand link: interface for sockets, HCAs (all ports), GID index."""
+    """The RoCE/InfiniBand link: interface for sockets, the per-node check, GID index and MTU."""
 
     socket_ifname: str = "enp1s0f0np0"
-    ib_hca: list[str] = ["rocep1s0f0", "roceP2p1s0f0"]
+    check: FabricCheckMode = FabricCheckMode.ENFORCE
+    # unset: NCCL_IB_GID_INDEX is never set (NCCL picks a RoCE v2 IPv4 GID per device); resolve: each
+    # node's FabricCheck finds that index and its containers get it; an index: that value everywhere.
+    gid_index: GidIndex = "unset"
+    # The MTU every node's fabric path must have; unset: they must agree with the head's.
+    mtu: int | None = Field(default=None, ge=576, le=65535)
+    # Before FabricCheck (kept working): the HCAs of every node, now the pin of every node
+    # (`nodes[].ib_hca` is the per-node pin), and `ib_gid_index: N`, now `gid_index: N`.
+    ib_hca: list[str] | None = None
     ib_gid_index: int | None = Field(default=None, ge=0, le=255)
 
     @field_validator("socket_ifname")
@@ -640,13 +692,40 @@ class FabricConfig(_Model):
             raise ValueError(f"{v!r} is not a network interface name")
         return v
 
+    @field_validator("check", mode="before")
+    @classmethod
+    def _check_off(cls, v: Any) -> Any:
+        # YAML 1.1 (Pulumi's stack files) reads an unquoted `off` as false.
+        return "off" if v is False else v
+
+    @field_validator("gid_index", mode="before")
+    @classmethod
+    def _gid_text(cls, v: Any) -> Any:
+        # `pulumi config set --path fabric.gid_index 4` stores the text "4".
+        return int(v) if isinstance(v, str) and v.strip().isdigit() else v
+
     @field_validator("ib_hca")
     @classmethod
-    def _hca(cls, v: list[str]) -> list[str]:
-        for hca in v:
-            if not HCA.match(hca):
-                raise ValueError(f"{hca!r} is not an HCA name (e.g. rocep1s0f0 or mlx5_0:1)")
-        return v
+    def _hca(cls, v: list[str] | None) -> list[str] | None:
+        return _check_hcas(v)
+
+    @model_validator(mode="after")
+    def _old_and_new(self) -> FabricConfig:
+        if self.ib_gid_index is not None and "gid_index" in self.model_fields_set:
+            raise ValueError(
+                "fabric.ib_gid_index and fabric.gid_index are both set: ib_gid_index is the old name "
+                f"of gid_index; keep only `gid_index: {self.ib_gid_index}` (or resolve, or unset)"
+            )
+        if self.gid_index == "resolve" and self.check is FabricCheckMode.OFF:
+            raise ValueError(
+                "fabric.gid_index: resolve needs the check: set fabric.check to enforce or report"
+            )
+        return self
+
+    @property
+    def gid(self) -> str | int:
+        """The GID setting with the old key folded in: "unset", "resolve" or an index."""
+        return self.ib_gid_index if self.ib_gid_index is not None else self.gid_index
 
 
 class RayConfig(_Model):
@@ -912,6 +991,7 @@ class StackConfig(_Model):
             problems.append(
                 ("model.repo", "source: cache needs the Hub repo id the cache holds (serve.model is a path)")
             )
+        problems += self._fabric_problems()
         total_gpus = sum(n.gpus for n in self.nodes)
         need = self.serve.tensor_parallel_size * self.serve.pipeline_parallel_size
         if need != total_gpus:
@@ -954,6 +1034,34 @@ class StackConfig(_Model):
             if n.gpus != per_node
         ]
         return problems
+
+    def _fabric_problems(self) -> list[tuple[str, str]]:
+        problems = []
+        for i, node in enumerate(self.nodes):
+            if node.ib_hca is not None and self.fabric.ib_hca is not None:
+                problems.append(
+                    (
+                        f"nodes.{i}.ib_hca",
+                        "fabric.ib_hca (the old pin of every node) is set too: move it to each "
+                        "node's nodes[].ib_hca and remove fabric.ib_hca",
+                    )
+                )
+            if node.sysfs_root is not None and self.fabric.check is FabricCheckMode.OFF:
+                problems.append(
+                    (
+                        f"nodes.{i}.sysfs_root",
+                        "is read by FabricCheck only, and fabric.check is off: remove it",
+                    )
+                )
+        return problems
+
+    def hca_pin(self, node: NodeConfig) -> tuple[str, ...] | None:
+        """The node's pinned HCAs: `nodes[].ib_hca`, else the old `fabric.ib_hca`; with the check off
+        and no pin, the old default pair (what such a stack always deployed). None: FabricCheck's."""
+        pin = node.ib_hca if node.ib_hca is not None else self.fabric.ib_hca
+        if pin is None and self.fabric.check is FabricCheckMode.OFF:
+            return LEGACY_IB_HCA
+        return None if pin is None else tuple(pin)
 
     @property
     def head(self) -> NodeConfig:

@@ -1,17 +1,20 @@
 """Qwen35Deployment: the whole cluster as one component (providers, images, Ray, vLLM, readiness).
 
 Order, enforced by dependencies (and reversed by `pulumi destroy`):
-docker provider per node → the image on the head (strategy `prebuilt`: already there, nothing
-built; `hybrid` or `graft`: HybridImage builds it) → NodeImage per node → model-support check on the head →
-Ray head → Ray workers → vLLM server on the head → readiness gate. Under `cluster.executor: mp` no Ray
-runs: the headless vLLM ranks (one per worker) → the serving rank on the head → readiness gate (see
-components/mp_executor.py). Every container runs the
-`sha256:` image ID its node's NodeImage reports, so a rebuilt or replaced image replaces exactly the
-containers that run it.
+docker provider per node → FabricCheck per node (the head's first: its MTU is every worker's
+reference; none under `fabric.check: off`) → the image on the head (strategy `prebuilt`: already
+there, nothing built; `hybrid` or `graft`: HybridImage builds it) → NodeImage per node →
+model-support check on the head → Ray head → Ray workers → vLLM server on the head → readiness
+gate (every container after every node's FabricCheck). Under `cluster.executor: mp` no Ray runs: the
+headless vLLM ranks (one per worker) → the serving rank on the head → readiness gate (see
+components/mp_executor.py). Every container runs the `sha256:` image ID its node's NodeImage reports
+and the NCCL settings its node's FabricCheck decided, so a rebuilt image or a changed GID index
+replaces exactly the containers it concerns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +22,8 @@ import pulumi
 import pulumi_docker as docker
 
 from components.checkpoint import Checkpoint, checkpoint_tree
-from components.config import Executor, ImageStrategy, StackConfig
+from components.config import Executor, FabricCheckMode, ImageStrategy, NodeConfig, StackConfig
+from components.fabric_check import FabricCheck
 from components.hybrid_image import HybridImage, HybridImageArgs, image_ref
 from components.model_support import ModelSupportCheck
 from components.mp_executor import mp_container_name, mp_container_spec, mp_serve_argv
@@ -27,6 +31,8 @@ from components.node_image import NodeImage, copy_tree
 from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
     ContainerSpec,
+    NodeFabric,
+    configured_fabric,
     dashboard_host,
     ray_container_name,
     ray_container_spec,
@@ -57,6 +63,10 @@ MODEL_SUPPORT_OUTPUTS = (
 )
 
 
+# FabricCheck's outputs that the stack exports per node (`fabric`).
+FABRIC_OUTPUTS = ("ib_hca", "gid_index", "gids", "mtu", "verdict", "problems")
+
+
 @dataclass(frozen=True)
 class DeploymentArgs:
     """The validated stack config plus the secrets (secret Outputs, or None)."""
@@ -66,27 +76,34 @@ class DeploymentArgs:
     api_key: pulumi.Output[str] | None = None
 
 
-def container_envs(spec: ContainerSpec, secrets: dict[str, Any]) -> pulumi.Input[list[str]]:
-    """Docker's `KEY=value` list; secret variables are added only when set, and make the list secret."""
+def container_envs(
+    spec: ContainerSpec, secrets: dict[str, Any], env_list: pulumi.Input[list[str]] | None = None
+) -> pulumi.Input[list[str]]:
+    """Docker's `KEY=value` list (`env_list`, else the spec's); secret variables are added only when
+    set, and make the list secret."""
+    plain = spec.env_list() if env_list is None else env_list
     present = {env: secrets[key] for env, key in spec.secret_env.items() if secrets.get(key) is not None}
     if not present:
-        return spec.env_list()
+        return plain
     names = sorted(present)
-    joined = pulumi.Output.all(*(present[n] for n in names)).apply(
-        lambda values: spec.env_list() + [f"{n}={v}" for n, v in zip(names, values, strict=True)]
+    joined = pulumi.Output.all(plain, *(present[n] for n in names)).apply(
+        lambda values: list(values[0]) + [f"{n}={v}" for n, v in zip(names, values[1:], strict=True)]
     )
     return pulumi.Output.secret(joined)
 
 
-def container_args(spec: ContainerSpec, secrets: dict[str, Any]) -> dict[str, Any]:
-    """A ContainerSpec as `pulumi_docker.Container` arguments."""
+def container_args(
+    spec: ContainerSpec, secrets: dict[str, Any], env_list: pulumi.Input[list[str]] | None = None
+) -> dict[str, Any]:
+    """A ContainerSpec as `pulumi_docker.Container` arguments (`env_list`: its environment, when it
+    holds values known only once a resource is created)."""
     return {
         "name": spec.name,
         "image": spec.image,
         # The image's entrypoint is the manual procedure's wrapper script: run our command instead.
         "entrypoints": [spec.command[0]],
         "command": list(spec.command[1:]),
-        "envs": container_envs(spec, secrets),
+        "envs": container_envs(spec, secrets, env_list),
         "network_mode": spec.network_mode,
         "ipc_mode": spec.ipc_mode,
         "pid_mode": spec.pid_mode,
@@ -146,6 +163,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
         self.providers = self._docker_providers(name)
         self.claims = self._stack_claims(name)
+        self.fabric_checks: dict[str, FabricCheck] = self._fabric_checks(name)
         self.image = self._image_build(name)
         self.image_ref = image_ref(self.config.image)
         self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
@@ -195,6 +213,30 @@ class Qwen35Deployment(pulumi.ComponentResource):
             for node in cfg.nodes
         }
 
+    def _fabric_checks(self, name: str) -> dict[str, FabricCheck]:
+        """Per node, before any container: its RoCE fabric is fit for NCCL; what NCCL there is given.
+        The head's first: a worker's MTU must equal the head's recorded one. None under `off`."""
+        cfg = self.config
+        if cfg.fabric.check is FabricCheckMode.OFF:
+            return {}
+        checks: dict[str, FabricCheck] = {}
+        for node in [cfg.head, *cfg.workers]:
+            head = checks.get(cfg.head.name)
+            reference = (
+                pulumi.Output.all(head.mtu, head.paths).apply(
+                    lambda v, head_name=cfg.head.name: {"node": head_name, "mtu": v[0], "paths": v[1]}
+                )
+                if head
+                else None
+            )
+            checks[node.name] = FabricCheck(
+                f"{name}-fabric-{node.name}",
+                **fabric_check_inputs(cfg, node, dict(self.access[node.name].node_image_dict())),
+                reference=reference,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+        return checks
+
     def _image_build(self, name: str) -> HybridImage | None:
         """The image built on the head; None for strategy prebuilt (the reference is there already)."""
         image = self.config.image
@@ -241,7 +283,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         containers = {
             head.name: self._container(
                 f"{name}-ray-head",
-                ray_container_spec(cfg, head, self._image_id(head.name)),
+                self._specs(head, lambda f: ray_container_spec(cfg, head, self._image_id(head.name), f)),
                 head.name,
                 secrets,
                 depends_on=[ray_tmp],
@@ -250,7 +292,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
         for worker in cfg.workers:
             containers[worker.name] = self._container(
                 f"{name}-ray-worker-{worker.name}",
-                ray_container_spec(cfg, worker, self._image_id(worker.name)),
+                self._specs(
+                    worker, lambda f, w=worker: ray_container_spec(cfg, w, self._image_id(w.name), f)
+                ),
                 worker.name,
                 secrets,
                 # A worker joins the head's GCS: never start one before the head.
@@ -260,10 +304,10 @@ class Qwen35Deployment(pulumi.ComponentResource):
 
     def _vllm_server(self, name: str, secrets: dict[str, Any]) -> docker.Container:
         """The vLLM server on the head, serving the pinned revision of a Hub checkpoint."""
-        head = self.config.head.name
+        cfg, head = self.config, self.config.head.name
         return self._container(
             f"{name}-vllm",
-            vllm_container_spec(self.config, self._image_id(head)),
+            self._specs(cfg.head, lambda f: vllm_container_spec(cfg, self._image_id(head), f)),
             head,
             secrets,
             # The server claims every GPU of the cluster: only once every Ray container runs.
@@ -277,7 +321,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         return {
             worker.name: self._container(
                 f"{name}-vllm-headless-{worker.name}",
-                mp_container_spec(cfg, worker, self._image_id(worker.name)),
+                self._specs(worker, lambda f, w=worker: mp_container_spec(cfg, w, self._image_id(w.name), f)),
                 worker.name,
                 secrets,
                 depends_on=[],
@@ -293,7 +337,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         head = self.config.head
         return self._container(
             f"{name}-vllm",
-            mp_container_spec(self.config, head, self._image_id(head.name)),
+            self._specs(head, lambda f: mp_container_spec(self.config, head, self._image_id(head.name), f)),
             head.name,
             secrets,
             depends_on=list(self.ranks.values()),
@@ -368,13 +412,54 @@ class Qwen35Deployment(pulumi.ComponentResource):
             },
             "containers": node_container_names(cfg),
             "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
+            "fabric": self._fabric_outputs(),
             # How many replaced images each node keeps for a rollback (image.keep_previous).
             "keep_previous": cfg.image.keep_previous,
             "head": cfg.head.name,
             "nodes": [n.name for n in cfg.nodes],
         }
 
+    def _fabric_outputs(self) -> dict[str, Any]:
+        """The stack output `fabric`: the check's mode and, per node, what NCCL is given and why."""
+        cfg = self.config
+        if not self.fabric_checks:  # off: what config alone gives NCCL
+            nodes = {
+                n.name: {
+                    "ib_hca": list(configured_fabric(cfg, n).ib_hca),
+                    "gid_index": configured_fabric(cfg, n).gid_index,
+                }
+                for n in cfg.nodes
+            }
+            return {"check": cfg.fabric.check.value, "nodes": nodes}
+        return {
+            "check": cfg.fabric.check.value,
+            "nodes": {
+                node: {key: getattr(check, key) for key in FABRIC_OUTPUTS}
+                for node, check in self.fabric_checks.items()
+            },
+        }
+
     # ---- shared by the steps --------------------------------------------------------------------------
+
+    def _fabric(self, node: NodeConfig) -> pulumi.Output[NodeFabric] | None:
+        """The node's FabricCheck outputs as NodeFabric; None where config alone decides them (the
+        check off, or HCAs pinned and no `gid_index: resolve`: the check then gives back the pin and
+        the configured index), so an existing stack's containers keep a known environment in preview."""
+        check = self.fabric_checks.get(node.name)
+        if check is None or (self.config.hca_pin(node) is not None and self.config.fabric.gid != "resolve"):
+            return None
+        return pulumi.Output.all(check.ib_hca, check.gid_index).apply(
+            # (a dynamic resource's numbers come back as floats: 3.0 must read "3")
+            lambda v: NodeFabric(tuple(v[0] or ()), None if v[1] is None else int(v[1]))
+        )
+
+    def _specs(
+        self, node: NodeConfig, build: Callable[[NodeFabric | None], ContainerSpec]
+    ) -> tuple[ContainerSpec, pulumi.Input[list[str]] | None]:
+        """A container's spec, and its environment from the node's FabricCheck outputs (None: the
+        spec's own, under `fabric.check: off`). Only the environment depends on those outputs."""
+        fabric = self._fabric(node)
+        return build(None), (fabric.apply(lambda f: build(f).env_list()) if fabric is not None else None)
 
     def _image_id(self, node: str) -> pulumi.Output[str]:
         """The image ID of `node`'s own copy (IDs differ across image stores): what its containers run."""
@@ -395,15 +480,17 @@ class Qwen35Deployment(pulumi.ComponentResource):
     def _container(
         self,
         resource_name: str,
-        spec: ContainerSpec,
+        specs: tuple[ContainerSpec, pulumi.Input[list[str]] | None],
         node: str,
         secrets: dict[str, Any],
         depends_on: list[pulumi.Resource],
         revision: pulumi.Output[str] | None = None,
     ) -> docker.Container:
         """A container on `node`, created after that node's NodeImage (whose ID the spec carries), the
-        node's checkpoint and the model-support check; `revision`: the commit `vllm serve` must serve."""
-        kwargs = container_args(spec, secrets)
+        node's checkpoint, the model-support check and every node's FabricCheck; `revision`: the commit
+        `vllm serve` must serve."""
+        spec, env_list = specs
+        kwargs = container_args(spec, secrets, env_list)
         if revision is not None:
             kwargs["command"] = revision.apply(lambda sha: [*spec.command[1:], "--revision", sha])
         checkpoint = [self.checkpoints[node]] if node in self.checkpoints else []
@@ -418,6 +505,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
                     self.node_images[node],
                     *checkpoint,
                     self.model_support,
+                    # Every node's fabric before any container on any node (NCCL spans them all).
+                    *self.fabric_checks.values(),
                     *depends_on,
                 ],
                 additional_secret_outputs=["envs"],
@@ -425,6 +514,22 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 delete_before_replace=True,
             ),
         )
+
+
+def fabric_check_inputs(cfg: StackConfig, node: NodeConfig, node_dict: dict[str, Any]) -> dict[str, Any]:
+    """A node's FabricCheck inputs from config (all but the head's `reference`); `status` reads the
+    same facts with the same inputs."""
+    pin = cfg.hca_pin(node)
+    return {
+        "node": node_dict,
+        "fabric_ip": node.fabric_ip,
+        "socket_ifname": cfg.fabric.socket_ifname,
+        "mode": cfg.fabric.check.value,
+        "pin": list(pin) if pin is not None else None,
+        "gid": cfg.fabric.gid,
+        "mtu_expected": cfg.fabric.mtu,
+        "sysfs_root": node.sysfs_root,
+    }
 
 
 def deployed(cfg: StackConfig, ref: str, revision: pulumi.Output[str] | None) -> pulumi.Input[dict]:

@@ -9,7 +9,7 @@ local ranks (TP×PP / nnodes), which the config checks (components/config.py, `_
 from __future__ import annotations
 
 from components.config import NodeConfig, StackConfig
-from components.ray_cluster import ContainerSpec, ImageId, fabric_env, node_container_spec
+from components.ray_cluster import ContainerSpec, ImageId, NodeFabric, fabric_env, node_container_spec
 from components.vllm_server import API_KEY_ENV, serve_argv, vllm_container_name
 
 
@@ -40,8 +40,11 @@ def mp_serve_argv(config: StackConfig, node: NodeConfig) -> list[str]:
     return argv + (["--headless"] if rank else [])
 
 
-def mp_container_spec(config: StackConfig, node: NodeConfig, image_id: ImageId) -> ContainerSpec:
-    """The one container on `node` under executor mp, running `image_id` (that node's own copy)."""
+def mp_container_spec(
+    config: StackConfig, node: NodeConfig, image_id: ImageId, fabric: NodeFabric | None = None
+) -> ContainerSpec:
+    """The one container on `node` under executor mp, running `image_id` (that node's own copy), with
+    the NCCL settings `fabric` (its FabricCheck's; None: from config alone)."""
     head = node is config.head
     return node_container_spec(
         config,
@@ -50,7 +53,7 @@ def mp_container_spec(config: StackConfig, node: NodeConfig, image_id: ImageId) 
         role="vllm" if head else "vllm-headless",
         image_id=image_id,
         command=mp_serve_argv(config, node),
-        env=fabric_env(config, node),
+        env=fabric_env(config, node, fabric),
         # Only the head answers requests: a headless rank has no API server and so no API key.
         secret_env={"HF_TOKEN": "hf_token", API_KEY_ENV: "api_key"} if head else {"HF_TOKEN": "hf_token"},
         # Let vLLM tear its process group down before it is killed (the other ranks then exit too).

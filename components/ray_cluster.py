@@ -123,10 +123,26 @@ def host_path(path: str, user: str) -> str:
     return home + path[1:]
 
 
-def fabric_env(config: StackConfig, node: NodeConfig) -> dict[str, str]:
-    """The fabric settings every process on `node` needs: its own address and the RDMA interfaces."""
-    fabric = config.fabric
-    ifname = fabric.socket_ifname
+@dataclass(frozen=True)
+class NodeFabric:
+    """What NCCL on one node is given: its HCAs and RoCE GID index (None: NCCL_IB_GID_INDEX unset).
+    From that node's FabricCheck outputs, or from config alone when `fabric.check` is off."""
+
+    ib_hca: tuple[str, ...]
+    gid_index: int | None = None
+
+
+def configured_fabric(config: StackConfig, node: NodeConfig) -> NodeFabric:
+    """The node's NCCL settings from config alone (`fabric.check: off`): the pin and a pinned index."""
+    gid = config.fabric.gid
+    return NodeFabric(config.hca_pin(node) or (), gid if isinstance(gid, int) else None)
+
+
+def fabric_env(config: StackConfig, node: NodeConfig, fabric: NodeFabric | None = None) -> dict[str, str]:
+    """The fabric settings every process on `node` needs: its own address and the RDMA interfaces
+    (`fabric`: what the node's FabricCheck decided; None: from config alone)."""
+    fabric = fabric or configured_fabric(config, node)
+    ifname = config.fabric.socket_ifname
     env = {
         # vLLM and Ray must agree on the node's address: the fabric one, never the management one.
         "VLLM_HOST_IP": node.fabric_ip,
@@ -135,7 +151,7 @@ def fabric_env(config: StackConfig, node: NodeConfig) -> dict[str, str]:
         "TP_SOCKET_IFNAME": ifname,
         "UCX_NET_DEVICES": ifname,
         "OMPI_MCA_btl_tcp_if_include": ifname,
-        # No HCA configured (the lab) turns InfiniBand off rather than letting NCCL guess.
+        # No HCA (the lab pins none) turns InfiniBand off rather than letting NCCL guess.
         "NCCL_IB_DISABLE": "0" if fabric.ib_hca else "1",
         # Ray's memory monitor kills workers when unified memory looks "full" (the model fills it).
         "RAY_memory_monitor_refresh_ms": "0",
@@ -146,10 +162,11 @@ def fabric_env(config: StackConfig, node: NodeConfig) -> dict[str, str]:
         # talks to the Hub, and a node without its copy fails instead of downloading 120 GB on its own.
         env["HF_HUB_OFFLINE"] = "1"
     if fabric.ib_hca:
-        # Every HCA port: leaving one out halves the bandwidth between the Sparks.
+        # This node's own ports (names differ per node): leaving one out halves the bandwidth.
         env["NCCL_IB_HCA"] = ",".join(fabric.ib_hca)
-    if fabric.ib_gid_index is not None:
-        env["NCCL_IB_GID_INDEX"] = str(fabric.ib_gid_index)
+    if fabric.gid_index is not None:
+        # Never an empty value: NCCL parses "" as 0, the link-local GID.
+        env["NCCL_IB_GID_INDEX"] = str(fabric.gid_index)
     return env
 
 
@@ -239,9 +256,11 @@ def node_container_spec(
     )
 
 
-def ray_container_spec(config: StackConfig, node: NodeConfig, image_id: ImageId) -> ContainerSpec:
+def ray_container_spec(
+    config: StackConfig, node: NodeConfig, image_id: ImageId, fabric: NodeFabric | None = None
+) -> ContainerSpec:
     """The Ray head (on `config.head`) or a Ray worker (anywhere else) on `node`, running `image_id`
-    (the image ID of that node's own copy of the image)."""
+    (the image ID of that node's own copy of the image); `fabric`: the node's FabricCheck outputs."""
     is_head = node is config.head
     extra = (Mount(ray_tmp_volume_name(config), RAY_TMP, volume=True),) if is_head else ()
     return node_container_spec(
@@ -251,7 +270,7 @@ def ray_container_spec(config: StackConfig, node: NodeConfig, image_id: ImageId)
         role="ray-head" if is_head else "ray-worker",
         image_id=image_id,
         command=ray_start_argv(config, node),
-        env={**fabric_env(config, node), **RAY_NODE_ENV},
+        env={**fabric_env(config, node, fabric), **RAY_NODE_ENV},
         secret_env={"HF_TOKEN": "hf_token"},
         extra_mounts=extra,
     )

@@ -12,6 +12,7 @@ from components.ray_cluster import (
     ContainerSpec,
     ImageId,
     Mount,
+    NodeFabric,
     fabric_env,
     head_address,
     node_container_spec,
@@ -83,11 +84,14 @@ def endpoint_url(config: StackConfig) -> str:
     return f"http://{host}:{serve.port}/v1"
 
 
-def vllm_container_spec(config: StackConfig, image_id: ImageId) -> ContainerSpec:
-    """The server container on the head, running `image_id` (the head's copy, as the Ray head does)."""
+def vllm_container_spec(
+    config: StackConfig, image_id: ImageId, fabric: NodeFabric | None = None
+) -> ContainerSpec:
+    """The server container on the head, running `image_id` (the head's copy, as the Ray head does);
+    `fabric`: the head's FabricCheck outputs."""
     head = config.head
     env = {
-        **fabric_env(config, head),
+        **fabric_env(config, head, fabric),
         # The driver joins the running cluster instead of starting a local one.
         "RAY_ADDRESS": head_address(config),
     }

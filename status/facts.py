@@ -19,8 +19,16 @@ from typing import Any
 import yaml
 
 from components.checkpoint.fan_out import PROGRESS_DIR, node_cache_dir
-from components.config import NAMESPACE, ConfigError, Executor, StackConfig, parse_stack_config
-from components.deployment import node_container_names
+from components.config import (
+    NAMESPACE,
+    ConfigError,
+    Executor,
+    FabricCheckMode,
+    StackConfig,
+    parse_stack_config,
+)
+from components.deployment import fabric_check_inputs, node_container_names
+from components.fabric_check import facts_report
 from components.hybrid_image import image_ref
 from components.node_programs import program_argv, readiness
 from components.nodes import node_access
@@ -187,6 +195,15 @@ def server_base(config: StackConfig) -> str:
     return endpoint_url(config).removesuffix("/v1")
 
 
+def fabric_facts(config: StackConfig, transport: SshTransport, node_name: str) -> dict[str, Any]:
+    """The node's fabric report as FabricCheck reads it ({"report": …}), or {"error": why}."""
+    node = next(n for n in config.nodes if n.name == node_name)
+    try:
+        return {"report": facts_report(fabric_check_inputs(config, node, {"name": node_name}), transport)}
+    except RemoteError as exc:
+        return {"error": exc.hint or str(exc)}
+
+
 def gather(config: StackConfig, key: str | None, connect_timeout: int = 10) -> dict[str, Any]:
     """Every node's report and the server's answers, all at once (a dead node costs its connect timeout)."""
     requests = node_requests(config)
@@ -202,5 +219,19 @@ def gather(config: StackConfig, key: str | None, connect_timeout: int = 10) -> d
             )
             for name, acc in access.items()
         }
+        fabric = {}
+        if config.fabric.check is not FabricCheckMode.OFF:
+            fabric = {
+                name: pool.submit(
+                    fabric_facts,
+                    config,
+                    SshTransport(replace(acc.target, connect_timeout=connect_timeout)),
+                    name,
+                )
+                for name, acc in access.items()
+            }
         nodes = {name: future.result() for name, future in asked.items()}
+        for name, future in fabric.items():
+            if nodes[name].get("reachable"):
+                nodes[name]["fabric"] = future.result()
         return {"nodes": nodes, "server": server.result(), "image": deployment_image(config)}

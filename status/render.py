@@ -48,10 +48,12 @@ def _mb(value: Any) -> str:
 def text(verdict: Verdict, stack: str) -> str:
     """The report for people: nodes, cluster, operations in flight, then each problem and its next step."""
     parts = [f"stack {stack}"]
+    # The fabric column only where FabricCheck is on (`fabric.check` is not off).
+    columns = (*NODE_COLUMNS, *(("fabric",) if any("fabric" in c for c in verdict.nodes.values()) else ()))
     parts.append(
         table(
-            ("node", *NODE_COLUMNS),
-            [(name, *(cells.get(c, "-") for c in NODE_COLUMNS)) for name, cells in verdict.nodes.items()],
+            ("node", *columns),
+            [(name, *(cells.get(c, "-") for c in columns)) for name, cells in verdict.nodes.items()],
         )
     )
     parts.append(table(("cluster", "state"), [(k, verdict.cluster.get(k, "-")) for k in CLUSTER_ROWS]))

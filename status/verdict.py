@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.config import Executor, ImageStrategy, StackConfig
-from components.deployment import memory_inputs, node_container_names
+from components.deployment import fabric_check_inputs, memory_inputs, node_container_names
+from components.fabric_check import FabricCheckError, decide, parse_report, settings
 from components.memory_fit import NodeMemory, memory_fit, model_shape
 from components.model_support import serve_memory
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
@@ -135,6 +136,7 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
         problems += _checkpoint(node.name, cells, checkpoint, head_checkpoint, node.name == head)
         for operation in report.get("progress") or []:
             verdict.operations.append({"on": node.name, **operation})
+    verdict.problems += _fabric(config, verdict.nodes, facts["nodes"])
     verdict.problems += _ray(config, verdict.cluster, head_report)
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
@@ -357,6 +359,47 @@ def _checkpoint(node: str, cells: dict, ckpt: dict, head_ckpt: dict, is_head: bo
             "`pulumi up --refresh` copies the head's checkpoint again (only the files that differ)",
         )
     ]
+
+
+def _fabric_problem(node: str, text: str) -> Problem:
+    """One of FabricCheck's problem lines (`node: what; next: step`) as a Problem."""
+    what, _, step = text.removeprefix(f"{node}: ").partition("; next: ")
+    return Problem(node, what, step or "see README, `fabric check on … is not fit for NCCL`")
+
+
+def _fabric(config: StackConfig, cells: dict[str, dict[str, str]], reports: dict[str, Any]) -> list[Problem]:
+    """Each node's fabric as its FabricCheck would judge it now (the head first: its MTU is the
+    workers' reference); nothing when `fabric.check` is off (no report was asked)."""
+    problems: list[Problem] = []
+    reference = None
+    for node in [config.head, *config.workers]:
+        fabric = (reports.get(node.name) or {}).get("fabric")
+        if fabric is None:
+            continue
+        if fabric.get("error"):
+            cells[node.name]["fabric"] = "unknown"
+            # The error's hint is the next step (python3, iproute2, ssh).
+            problems.append(
+                Problem(node.name, "its fabric facts could not be read", _first_line(fabric["error"]))
+            )
+            continue
+        props = {**fabric_check_inputs(config, node, {"name": node.name}), "reference": reference}
+        try:
+            decision = decide(settings(props), parse_report(node.name, fabric["report"]))
+        except FabricCheckError as exc:
+            cells[node.name]["fabric"] = "unknown"
+            what, _, step = str(exc).removeprefix(f"{node.name}: ").partition("\n  next: ")
+            problems.append(Problem(node.name, what, step))
+            continue
+        if node is config.head:
+            reference = {"node": node.name, "mtu": decision.mtu, "paths": dict(decision.paths)}
+        gid = "" if decision.gid_index is None else f" gid {decision.gid_index}"
+        shown = f"{','.join(decision.ib_hca) or 'no HCA'} mtu {decision.mtu}{gid}"
+        cells[node.name]["fabric"] = (
+            OK + f" ({shown})" if not decision.problems else f"{len(decision.problems)} problem(s)"
+        )
+        problems += [_fabric_problem(node.name, text) for text in decision.problems]
+    return problems
 
 
 def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]:

@@ -129,6 +129,28 @@ READINESS_GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
 IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 
 
+FABRIC_CHECK = "pulumi-python:dynamic/qwen35:FabricCheck"
+
+
+def fake_fabric(inputs: dict[str, Any]) -> dict[str, Any]:
+    """What a passing FabricCheck reports: the pin, else the ACTIVE ports of a Spark cabled on its
+    f0 functions (spark-1) or on its f1 functions (every other node): port names differ per node.
+    The RoCE v2 IPv4 index is 3 (the pinned index when pinned)."""
+    node = inputs["node"]["name"]
+    function = "f0" if node.endswith("-1") else "f1"
+    ports = [f"rocep1s0{function}:1", f"roceP2p1s0{function}:1"]
+    gid = inputs.get("gid")
+    return {
+        "ib_hca": inputs.get("pin") if inputs.get("pin") is not None else ports,
+        "gid_index": 3 if gid == "resolve" else gid if isinstance(gid, (int, float)) else None,
+        "gids": dict.fromkeys(ports, 3),
+        "mtu": 9000,
+        "paths": {"enp1s0f0np0": 9000},
+        "verdict": "pass",
+        "problems": [],
+    }
+
+
 def is_node_image(args: pulumi.runtime.MockResourceArgs | Registered) -> bool:
     return args.typ == NODE_IMAGE
 
@@ -172,6 +194,8 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
             "quantization": {"quant_method": "fp8", "weight_block_size": [128, 128]},
             "memory_fit": None,
         }
+    if args.typ == FABRIC_CHECK:
+        return fake_fabric(args.inputs)
     if args.typ == "pulumi-python:dynamic/qwen35:Checkpoint":
         # The commit a branch resolved to, and the manifest digest (the same on every node).
         repo = args.inputs.get("repo", "org/model")

@@ -18,6 +18,7 @@ GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
 IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 CHECK = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
+FABRIC = "pulumi-python:dynamic/qwen35:FabricCheck"
 SECRETS = {"hf_token": "hf_token_value_123", "api_key": "sk-api-key-value-456"}
 
 
@@ -124,6 +125,8 @@ DEV_RESOURCES = {
     (GATE, "qwen35-ready"),
     (CLAIM, "qwen35-claim-spark-1"),
     (CLAIM, "qwen35-claim-spark-2"),
+    (FABRIC, "qwen35-fabric-spark-1"),
+    (FABRIC, "qwen35-fabric-spark-2"),
 }
 BUILD = {("qwen35:index:HybridImage", "qwen35-image"), (IMAGE_BUILD, "qwen35-image-build")}
 
@@ -245,8 +248,14 @@ def test_dependency_order(request, graph_name):
         assert ("qwen35-image-build" in deps[node_image_of(graph, node).name]) is (graph_name == "hybrid")
     # The model-support check runs on the head's image, once it is placed; every container waits for it.
     assert node_image_of(graph, "spark-1").name in deps["qwen35-model-support"]
+    fabric = {f"qwen35-fabric-{node}" for node in graph.run.outputs["nodes"]}
     for container in graph.run.by_type(CONTAINER):
         assert "qwen35-model-support" in deps[container.name], container.name
+        # Every node's fabric check before any container on any node.
+        assert fabric <= deps[container.name], container.name
+    # The head's check first: its recorded MTU is every worker's reference.
+    for check in fabric - {"qwen35-fabric-spark-1"}:
+        assert "qwen35-fabric-spark-1" in deps[check]
     # Containers depend on their own node's image placement.
     assert node_image_of(graph, "spark-1").name in deps["qwen35-ray-head"]
     assert node_image_of(graph, "spark-1").name in deps["qwen35-vllm"]
@@ -711,3 +720,76 @@ def test_one_definition_of_the_reference_every_node_holds(request, graph_name):
     graph: Graph = request.getfixturevalue(graph_name)
     for node in ("spark-1", "spark-2"):
         assert node_image_of(graph, node).inputs["image"] == image_ref(config.image)
+
+
+def unpinned_config(**fabric) -> dict:
+    """The dev stack without the old cluster-wide HCA list: each node's FabricCheck decides."""
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:fabric"] = {"socket_ifname": "enp1s0f0np0", **fabric}
+    return cfg
+
+
+def test_each_node_gets_its_own_fabric_checks_ports_and_no_gid_index(monkeypatch):
+    graph = run_graph(monkeypatch, unpinned_config())
+    checks = {r.name: r for r in graph.run.by_type(FABRIC)}
+    assert set(checks) == {"qwen35-fabric-spark-1", "qwen35-fabric-spark-2"}
+    head, worker = checks["qwen35-fabric-spark-1"].inputs, checks["qwen35-fabric-spark-2"].inputs
+    assert (head["mode"], head["gid"]) == ("enforce", "unset")
+    assert head.get("pin") is None and head.get("reference") is None
+    assert worker["fabric_ip"] == "192.168.200.13"
+    assert worker["reference"] == {"node": "spark-1", "mtu": 9000, "paths": {"enp1s0f0np0": 9000}}
+    # The mocks' checks report spark-1 cabled on its f0 functions and spark-2 on its f1 functions.
+    head_env, worker_env = envs(graph, "qwen35-ray-head"), envs(graph, "qwen35-ray-worker-spark-2")
+    assert head_env["NCCL_IB_HCA"] == "rocep1s0f0:1,roceP2p1s0f0:1"
+    assert worker_env["NCCL_IB_HCA"] == "rocep1s0f1:1,roceP2p1s0f1:1"
+    assert envs(graph, "qwen35-vllm")["NCCL_IB_HCA"] == head_env["NCCL_IB_HCA"]
+    for env in (head_env, worker_env, envs(graph, "qwen35-vllm")):
+        assert "NCCL_IB_GID_INDEX" not in env
+        assert env["NCCL_IB_DISABLE"] == "0" and env["HF_TOKEN"] == SECRETS["hf_token"]
+    fabric = graph.run.outputs["fabric"]
+    assert fabric["check"] == "enforce"
+    assert fabric["nodes"]["spark-2"]["ib_hca"] == ["rocep1s0f1:1", "roceP2p1s0f1:1"]
+    assert fabric["nodes"]["spark-2"]["verdict"] == "pass"
+
+
+def test_gid_index_resolve_sets_each_nodes_resolved_index(monkeypatch):
+    graph = run_graph(monkeypatch, unpinned_config(gid_index="resolve", mtu=9000, check="report"))
+    check = graph.run.named("qwen35-fabric-spark-2").inputs
+    assert (check["gid"], check["mtu_expected"], check["mode"]) == ("resolve", 9000, "report")
+    assert envs(graph, "qwen35-ray-worker-spark-2")["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_off_registers_no_fabric_check_and_deploys_the_old_settings(monkeypatch):
+    graph = run_graph(monkeypatch, unpinned_config(check="off"))
+    assert graph.run.by_type(FABRIC) == []
+    assert envs(graph, "qwen35-ray-worker-spark-2")["NCCL_IB_HCA"] == "rocep1s0f0,roceP2p1s0f0"
+    assert graph.run.outputs["fabric"] == {
+        "check": "off",
+        "nodes": {
+            n: {"ib_hca": ["rocep1s0f0", "roceP2p1s0f0"], "gid_index": None} for n in ("spark-1", "spark-2")
+        },
+    }
+
+
+def test_per_node_pins_reach_their_own_check(monkeypatch):
+    cfg = unpinned_config()
+    cfg["qwen35-spark:nodes"][1] = {**cfg["qwen35-spark:nodes"][1], "ib_hca": ["rocep1s0f1:1"]}
+    graph = run_graph(monkeypatch, cfg)
+    assert graph.run.named("qwen35-fabric-spark-1").inputs.get("pin") is None
+    assert graph.run.named("qwen35-fabric-spark-2").inputs["pin"] == ["rocep1s0f1:1"]
+    assert envs(graph, "qwen35-ray-worker-spark-2")["NCCL_IB_HCA"] == "rocep1s0f1:1"
+
+
+def test_pinned_hcas_keep_a_known_environment_that_waits_for_no_check(monkeypatch):
+    import tests.support.program as program
+
+    # A check reporting other ports than the pin: containers of a pinned stack do not take them.
+    monkeypatch.setattr(program, "fake_fabric", lambda inputs: {"ib_hca": ["other:1"], "gid_index": 7})
+    pinned = run_graph(monkeypatch, stack_config("dev"))
+    assert pinned.run.by_type(FABRIC)
+    assert envs(pinned, "qwen35-ray-worker-spark-2")["NCCL_IB_HCA"] == "rocep1s0f0,roceP2p1s0f0"
+    assert "NCCL_IB_GID_INDEX" not in envs(pinned, "qwen35-ray-worker-spark-2")
+    # Unpinned (or `gid_index: resolve`), the check's outputs decide.
+    unpinned = run_graph(monkeypatch, unpinned_config(gid_index="resolve"))
+    assert envs(unpinned, "qwen35-ray-worker-spark-2")["NCCL_IB_HCA"] == "other:1"
+    assert envs(unpinned, "qwen35-ray-worker-spark-2")["NCCL_IB_GID_INDEX"] == "7"

@@ -125,6 +125,7 @@ def test_every_dynamic_provider_explains_its_errors():
     import pulumi.dynamic as dynamic
 
     import components.checkpoint
+    import components.fabric_check
     import components.image_build
     import components.model_support
     import components.node_image
@@ -141,6 +142,7 @@ def test_every_dynamic_provider_explains_its_errors():
     assert set(ours) == {
         "CheckpointProvider",
         "ImageBuildProvider",
+        "FabricCheckProvider",
         "ModelSupportCheckProvider",
         "NodeImageProvider",
         "ReadinessGateProvider",

@@ -1,0 +1,88 @@
+"""FabricCheck: per node, before any Ray or vLLM container, read its RoCE fabric and decide what
+NCCL there is given.
+
+create(), over SSH on the node: run `node_programs/fabric_facts.py` (sysfs and `ip -j addr`), then
+decide (`plan.py`): the ports NCCL uses (`ib_hca`: the node's ACTIVE ports, unless pinned), the
+RoCE v2 IPv4 GID index on each (`gid_index`: set only under `fabric.gid_index: resolve` or an
+index), and one MTU on the fabric path equal to `fabric.mtu` or the head's. A problem stops `up`
+(mode enforce) naming node, device, port, what was found and the next step, or is recorded in the
+outputs (mode report: the stack output `fabric`). read (pulumi refresh) reads the facts again, so a
+port gone DOWN, a changed MTU or a GID index that moved shows as drift; check and diff do no I/O.
+
+Files, by job:
+    facts.py     the facts program's report as frozen values (pure)
+    plan.py      the pure decisions: ports, GID index, MTU, problems, refusal, `plan_change`
+    programs.py  the facts program's argv and the parsing of its stdout
+    execute.py   the check carried out over SSH (the only I/O)
+    errors.py    FabricCheckError
+    provider.py  FabricCheckProvider (check/diff: no I/O)
+    resource.py  the FabricCheck resource (type qwen35:FabricCheck)
+Code run on the node: components/node_programs/fabric_facts.py.
+
+Keep `FabricCheckProvider` importable here under this name, with no import-time side effects: stacks
+pickle it by reference to this module.
+"""
+
+from components.fabric_check.errors import FabricCheckError
+from components.fabric_check.execute import (
+    FACTS_TIMEOUT_S,
+    facts_report,
+    node_transport,
+    read_facts,
+    run_check,
+)
+from components.fabric_check.facts import Gid, Netdev, NodeFacts, Port, ipv4_of_gid, parse_report
+from components.fabric_check.plan import (
+    ENFORCE,
+    INPUT_KEYS,
+    OUTPUT_KEYS,
+    REPORT,
+    RESOLVE,
+    UNSET,
+    Decision,
+    Settings,
+    check_id,
+    decide,
+    plan_change,
+    refusal,
+    settings,
+    validate,
+)
+from components.fabric_check.programs import ADDRESSES_FILE, facts_argv, facts_spec, parse_stdout
+from components.fabric_check.provider import FabricCheckProvider
+from components.fabric_check.resource import FabricCheck
+
+__all__ = [
+    "ADDRESSES_FILE",
+    "ENFORCE",
+    "FACTS_TIMEOUT_S",
+    "INPUT_KEYS",
+    "OUTPUT_KEYS",
+    "REPORT",
+    "RESOLVE",
+    "UNSET",
+    "Decision",
+    "FabricCheck",
+    "FabricCheckError",
+    "FabricCheckProvider",
+    "Gid",
+    "Netdev",
+    "NodeFacts",
+    "Port",
+    "Settings",
+    "check_id",
+    "decide",
+    "facts_argv",
+    "facts_report",
+    "facts_spec",
+    "ipv4_of_gid",
+    "node_transport",
+    "parse_report",
+    "parse_stdout",
+    "plan_change",
+    "read_facts",
+    "refusal",
+    "run_check",
+    "settings",
+    "validate",
+]

@@ -1,0 +1,332 @@
+"""FabricCheck's pure decisions: from one node's facts (and the head's recorded paths) to what NCCL on
+that node is given, and every problem with its next step. No I/O: diff and the tests use these alone.
+
+Per node:
+- the ports NCCL uses: the pinned ones (`nodes[].ib_hca`, else the legacy `fabric.ib_hca`), each of
+  which must exist and be ACTIVE, else every ACTIVE port;
+- on each Ethernet (RoCE) port, the GID index whose type is RoCE v2 and whose GID is the IPv4-mapped
+  address of that port's netdev (NCCL's own choice when `NCCL_IB_GID_INDEX` is unset);
+- the MTU of its fabric path (the socket interface and each used port's netdev): one value on the
+  node, equal to `fabric.mtu` when set, else to the head's (the head is every worker's reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.change import Change
+from components.fabric_check.facts import NodeFacts, Port
+
+ENFORCE, REPORT = "enforce", "report"
+UNSET, RESOLVE = "unset", "resolve"
+# What the check decides, recorded as outputs (and read back by refresh).
+OUTPUT_KEYS = ("ib_hca", "gid_index", "gids", "mtu", "paths", "verdict", "problems")
+# What it decides from: a change to any of these checks again (in place: nothing is left on a node).
+INPUT_KEYS = (
+    "node",
+    "fabric_ip",
+    "socket_ifname",
+    "sysfs_root",
+    "mode",
+    "pin",
+    "gid",
+    "mtu_expected",
+    "reference",
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The check's inputs for one node, as plain values."""
+
+    node: str
+    fabric_ip: str
+    socket_ifname: str
+    mode: str = ENFORCE
+    # The operator's HCAs (`dev` or `dev:port`), None to use every ACTIVE port.
+    pin: tuple[str, ...] | None = None
+    # "unset", "resolve", or the index itself.
+    gid: str | int = UNSET
+    mtu_expected: int | None = None
+    # The head's recorded outputs (`node`, `mtu`, `paths`) on a worker; None on the head.
+    reference: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What NCCL on the node is given, and what is wrong with its fabric."""
+
+    ib_hca: tuple[str, ...]
+    gid_index: int | None
+    gids: Mapping[str, int | None]
+    mtu: int | None
+    paths: Mapping[str, int | None]
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.problems else "pass"
+
+    def outputs(self) -> dict[str, Any]:
+        return {
+            "ib_hca": list(self.ib_hca),
+            "gid_index": self.gid_index,
+            "gids": dict(self.gids),
+            "mtu": self.mtu,
+            "paths": dict(self.paths),
+            "verdict": self.verdict,
+            "problems": list(self.problems),
+        }
+
+
+def whole(value: Any) -> Any:
+    """A number as an int: the engine hands a dynamic provider every number as a float (3 -> 3.0)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _whole_reference(reference: Mapping[str, Any]) -> dict[str, Any]:
+    paths = {name: whole(mtu) for name, mtu in (reference.get("paths") or {}).items()}
+    return {**reference, "mtu": whole(reference.get("mtu")), "paths": paths}
+
+
+def settings(props: Mapping[str, Any]) -> Settings:
+    """The provider's inputs as Settings."""
+    pin = props.get("pin")
+    reference = props.get("reference")
+    return Settings(
+        node=str(props["node"]["name"]),
+        fabric_ip=str(props["fabric_ip"]),
+        socket_ifname=str(props["socket_ifname"]),
+        mode=str(props.get("mode") or ENFORCE),
+        pin=None if pin is None else tuple(pin),
+        gid=whole(props["gid"]) if props.get("gid") is not None else UNSET,
+        mtu_expected=whole(props.get("mtu_expected")),
+        reference=_whole_reference(reference) if reference else None,
+    )
+
+
+def persist_hint(ifname: str, key: str, value: Any) -> str:
+    """The netplan drop-in that keeps a link setting after a reboot."""
+    return (
+        f"and to keep it after a reboot: /etc/netplan/90-qwen35-{ifname}.yaml holding "
+        f"`network: {{version: 2, ethernets: {{{ifname}: {{{key}: {value}}}}}}}`, then `sudo netplan apply`"
+    )
+
+
+def socket_problems(s: Settings, facts: NodeFacts) -> list[str]:
+    """The socket interface (NCCL/Gloo/Ray's TCP path) exists, is up and holds the node's fabric_ip."""
+    sock = facts.socket
+    if not sock.exists:
+        present = ", ".join(sorted(n for n, d in facts.netdevs.items() if d.exists)) or "none"
+        return [
+            f"{s.node}: socket interface {sock.name} does not exist (interfaces seen: {present}); "
+            f"next: set fabric.socket_ifname to the interface that holds {s.fabric_ip}"
+        ]
+    problems = []
+    if not sock.up:
+        problems.append(
+            f"{s.node}: socket interface {sock.name} is {sock.operstate or 'in an unknown state'}, not up; "
+            f"next: `sudo ip link set {sock.name} up`, and define it in netplan (`/etc/netplan/`) "
+            "so it comes up after a reboot"
+        )
+    if s.fabric_ip not in sock.addresses:
+        problems.append(
+            f"{s.node}: socket interface {sock.name} does not hold fabric_ip {s.fabric_ip} "
+            f"(it holds {', '.join(sock.addresses) or 'no IPv4 address'}); next: "
+            f"`sudo ip addr add {s.fabric_ip}/24 dev {sock.name}` "
+            f"{persist_hint(sock.name, 'addresses', f'[{s.fabric_ip}/24]')}, or correct nodes[].fabric_ip"
+        )
+    return problems
+
+
+def _port_line(port: Port) -> str:
+    return f"{port.hca} {port.state or '?'} ({port.phys_state or '?'})"
+
+
+def chosen_ports(s: Settings, facts: NodeFacts) -> tuple[list[Port], list[str]]:
+    """The ports NCCL uses on the node and the problems with them: pinned ones that are missing or
+    not ACTIVE; without a pin, no ACTIVE port at all."""
+    seen = "; ".join(_port_line(p) for p in facts.ports)
+    seen = seen or f"no RDMA device under {facts.sysfs}/class/infiniband"
+    if s.pin is None:
+        active = [p for p in facts.ports if p.active]
+        if active:
+            return active, []
+        return [], [
+            f"{s.node}: no ACTIVE RDMA port (found: {seen}); next: cable a port and check its link "
+            "(`rdma link show`, `ibv_devinfo`), or pin the intended ones in nodes[].ib_hca"
+        ]
+    used: list[Port] = []
+    problems: list[str] = []
+    for entry in s.pin:
+        ports = [facts.port(entry)] if ":" in entry else list(facts.device_ports(entry))
+        ports = [p for p in ports if p is not None]
+        if not ports:
+            problems.append(
+                f"{s.node}: pinned HCA {entry} does not exist (found: {seen}); next: correct "
+                "nodes[].ib_hca (or fabric.ib_hca), or drop the pin to use every ACTIVE port"
+            )
+        elif not any(p.active for p in ports):
+            problems.append(
+                f"{s.node}: pinned HCA {entry} is not ACTIVE ({'; '.join(_port_line(p) for p in ports)}); "
+                "next: cable it and check `rdma link show`, or pin the ACTIVE port instead"
+            )
+        used += [p for p in ports if p.active and p not in used]
+    return used, problems
+
+
+def roce_v2_index(port: Port, facts: NodeFacts) -> int | None:
+    """The port's RoCE v2 GID that maps an IPv4 address of the netdev it names (lowest index)."""
+    for gid in sorted(port.gids, key=lambda g: g.index):
+        netdev = facts.netdevs.get(gid.ndev or "")
+        if gid.roce_v2 and gid.ipv4 and netdev and gid.ipv4 in netdev.addresses:
+            return gid.index
+    return None
+
+
+def _gid_lines(port: Port) -> str:
+    return "; ".join(f"{g.index}: {g.type} {g.gid} ({g.ndev})" for g in port.gids) or "no used entry"
+
+
+def gid_problems(s: Settings, facts: NodeFacts, ports: Sequence[Port]) -> tuple[dict, int | None, list[str]]:
+    """Each used RoCE port's RoCE v2 IPv4 index, the index NCCL is given, and the problems."""
+    found = {p.hca: roce_v2_index(p, facts) for p in ports if p.link_layer == "Ethernet"}
+    problems = []
+    for hca, index in found.items():
+        if index is None:
+            port = facts.port(hca)
+            names = ", ".join(port.netdevs) or "no netdev"
+            addresses = {n: list(facts.netdevs[n].addresses) for n in port.netdevs if n in facts.netdevs}
+            problems.append(
+                f"{s.node}: {hca} has no RoCE v2 GID for an IPv4 address of {names} (addresses: "
+                f"{addresses or 'none'}; GIDs: {_gid_lines(port)}); next: give {names} its fabric "
+                "address (`ip addr add …`, kept by netplan): the kernel adds the RoCE v2 GID with it"
+            )
+    if s.gid == UNSET:
+        return found, None, problems
+    if s.gid == RESOLVE:
+        indices = set(found.values())
+        if len(indices) == 1 and None not in indices:
+            return found, indices.pop(), problems
+        if len(indices) > 1 and None not in indices:
+            problems.append(
+                f"{s.node}: the RoCE v2 IPv4 GID index differs between ports ({found}) and "
+                "NCCL_IB_GID_INDEX is one value; next: set fabric.gid_index: unset (NCCL picks per "
+                "device) or pin nodes[].ib_hca to ports that share one index"
+            )
+        return found, None, problems
+    for hca in found:
+        port = facts.port(hca)
+        entry = next((g for g in port.gids if g.index == s.gid), None)
+        if entry is None or found[hca] != s.gid:
+            what = "does not exist" if entry is None else f"is {entry.type} {entry.gid}"
+            better = "none is RoCE v2 IPv4"
+            if found[hca] is not None:
+                better = f"the RoCE v2 IPv4 entry is {found[hca]}"
+            problems.append(
+                f"{s.node}: pinned GID index {s.gid} on {hca} {what} ({better}; GIDs: {_gid_lines(port)}); "
+                "next: set fabric.gid_index: resolve (or unset, NCCL's own choice)"
+            )
+    return found, int(s.gid), problems
+
+
+def mtu_fix(node: str, ifname: str, mtu: int) -> str:
+    return f"on {node}: `sudo ip link set {ifname} mtu {mtu}` {persist_hint(ifname, 'mtu', mtu)}"
+
+
+def mtu_problems(s: Settings, paths: Mapping[str, int | None]) -> list[str]:
+    """One MTU on the node's fabric path, equal to fabric.mtu when set, else to the head's."""
+    unread = [name for name, mtu in paths.items() if mtu is None]
+    if unread:
+        return [f"{s.node}: no MTU for {', '.join(unread)} (the netdev is missing from class/net)"]
+    values = set(paths.values())
+    if s.mtu_expected is not None:
+        return [
+            f"{s.node}: {name} has MTU {mtu}, fabric.mtu is {s.mtu_expected}; next: "
+            + mtu_fix(s.node, name, s.mtu_expected)
+            for name, mtu in paths.items()
+            if mtu != s.mtu_expected
+        ]
+    if len(values) > 1:
+        top = max(values)
+        return [
+            f"{s.node}: the fabric path's MTUs disagree ({dict(paths)}); next: "
+            + "; ".join(mtu_fix(s.node, name, top) for name, mtu in paths.items() if mtu != top)
+        ]
+    ref = s.reference or {}
+    if not values or ref.get("mtu") is None or ref["mtu"] in values:
+        return []
+    mine, theirs = values.pop(), int(ref["mtu"])
+    if mine < theirs:
+        fixes = [mtu_fix(s.node, name, theirs) for name in paths]
+    else:
+        fixes = [mtu_fix(str(ref.get("node")), name, mine) for name in (ref.get("paths") or {})]
+    return [
+        f"{s.node}: fabric MTU {mine} ({dict(paths)}) but {ref.get('node')}'s is {theirs} "
+        f"({dict(ref.get('paths') or {})}): RDMA between them fails with IBV_WC_RETRY_EXC_ERR; next: "
+        + "; ".join(fixes)
+        + " (or set fabric.mtu)"
+    ]
+
+
+def decide(s: Settings, facts: NodeFacts) -> Decision:
+    """Everything the check decides for one node from its facts."""
+    problems = socket_problems(s, facts)
+    ports, port_problems = chosen_ports(s, facts)
+    gids, gid_index, found_problems = gid_problems(s, facts, ports)
+    # A socket interface that does not exist is a problem of its own, not an unread MTU.
+    paths: dict[str, int | None] = {facts.socket.name: facts.socket.mtu} if facts.socket.exists else {}
+    for port in ports:
+        for name in port.netdevs[:1]:
+            netdev = facts.netdevs.get(name)
+            paths[name] = netdev.mtu if netdev else None
+    problems += port_problems + found_problems + mtu_problems(s, paths)
+    known = [m for m in paths.values() if m is not None]
+    return Decision(
+        ib_hca=s.pin if s.pin is not None else tuple(p.hca for p in ports),
+        gid_index=gid_index,
+        gids=gids,
+        mtu=min(known) if known else None,
+        paths=paths,
+        problems=tuple(problems),
+    )
+
+
+def refusal(s: Settings, decision: Decision) -> str | None:
+    """The message that stops `up` (mode enforce), None when it goes on."""
+    if s.mode != ENFORCE or not decision.problems:
+        return None
+    return (
+        f"fabric check on {s.node}: the fabric is not fit for NCCL ({len(decision.problems)} problem(s)):\n"
+        + "\n".join(f"  - {p}" for p in decision.problems)
+        + "\n  (fabric.check: enforce stops here, before any container; `report` records these in the "
+        "stack output `fabric` and goes on)"
+    )
+
+
+def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
+    """Any input changed: check again, in place. A failed verdict recorded by refresh under enforce
+    also checks again, so `up` refuses instead of keeping containers on a broken fabric."""
+    updates = tuple(key for key in INPUT_KEYS if olds.get(key) != news.get(key))
+    if olds.get("verdict") == "fail" and news.get("mode") == ENFORCE:
+        updates += ("verdict",)
+    return Change(replaces=(), updates=updates)
+
+
+def check_id(props: Mapping[str, Any]) -> str:
+    return f"fabric-{props['node']['name']}"
+
+
+def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(input, reason) for each input the check cannot use (config validates them first: a bug)."""
+    problems = []
+    if props.get("mode") not in (ENFORCE, REPORT):
+        problems.append(("mode", f"{props.get('mode')!r}: give enforce or report (off creates no check)"))
+    gid = whole(props.get("gid"))
+    if gid not in (UNSET, RESOLVE) and not (isinstance(gid, int) and 0 <= gid <= 255):
+        problems.append(("gid", f"{gid!r}: give unset, resolve or an index 0-255"))
+    if not isinstance(props.get("node"), Mapping) or not props["node"].get("name"):
+        problems.append(("node", "give the node dict (name, host, known_hosts)"))
+    return problems

@@ -1,0 +1,51 @@
+"""The facts program (`components/node_programs/fabric_facts.py`) as a node runs it, and its report.
+
+It travels in its command line (`program_argv`: `python3 -I -S -c …`); its one JSON report comes
+back on stdout. Building these touches no node.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from components.node_programs import fabric_facts, program_argv
+
+DEFAULT_SYSFS = "/sys"
+# A lab tree (`nodes[].sysfs_root`) stands in for the node's addresses too: this file in it holds
+# what `ip -j addr show` would print. Real sysfs has no such file; a real node runs `ip`.
+ADDRESSES_FILE = "ip-addr.json"
+# What the program's exit status means (declared once, in the node program).
+EXIT_HINTS = {
+    fabric_facts.Exit.USAGE: "the facts program was given a bad SPEC (a bug in this program)",
+    fabric_facts.Exit.ADDRESSES: "the node needs `ip` (iproute2) with JSON output (`ip -j addr show`)",
+}
+
+
+def facts_spec(props: Mapping[str, Any]) -> dict[str, Any]:
+    """What the facts program reads: the sysfs root, the socket interface, where addresses come from."""
+    root = props.get("sysfs_root")
+    return {
+        "sysfs": root or DEFAULT_SYSFS,
+        "socket_ifname": str(props["socket_ifname"]),
+        "addresses": posixpath.join(root, ADDRESSES_FILE) if root else "ip",
+    }
+
+
+def facts_argv(props: Mapping[str, Any], python: str = "python3") -> list[str]:
+    """The command run on the node."""
+    return program_argv("fabric_facts", [json.dumps(facts_spec(props), sort_keys=True)], python)
+
+
+def parse_stdout(stdout: str) -> dict[str, Any] | None:
+    """The report: the last stdout line that is a JSON object, None when there is none."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
