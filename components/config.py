@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import difflib
 import ipaddress
+import os
 import re
 from collections.abc import Mapping
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -20,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -29,6 +32,9 @@ from components.image_ref import ImageRef, ImageRefError, parse_image_ref
 from components.memory_fit import GB10_MEMORY_GB
 
 NAMESPACE = "qwen35-spark"
+# The directory of Pulumi.yaml: relative paths in a stack file mean this checkout's files, wherever
+# it was cloned (a stack file is committed; one checkout's absolute path is wrong in every other).
+PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 # Names that reach Docker and a shell: strict patterns, checked before anything runs.
 NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -755,6 +761,8 @@ class ModelConfig(_Model):
     disk_reserve_bytes: int = Field(default=10 * 1024**3, ge=0)
     # The Python on the head that runs the Hub client. Unset: a short-lived container of the
     # deployment image (it has huggingface_hub, as vLLM needs it; the head's own Python may not).
+    # A relative path (`.venv/bin/python`) is this project's own, made absolute against the project
+    # directory: only for a head that shares this machine's filesystem (the lab).
     fetch_python: str | None = None
     # The image of that container when it is not the deployment's own (it must have huggingface_hub).
     fetch_image: str | None = None
@@ -803,10 +811,17 @@ class ModelConfig(_Model):
 
     @field_validator("fetch_python")
     @classmethod
-    def _python(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^(/[A-Za-z0-9_.+-]+)+$|^python3(\.[0-9]+)?$", v):
-            raise ValueError(f"{v!r}: an absolute path to a Python, or python3")
-        return v
+    def _python(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None or re.match(r"^(/[A-Za-z0-9_.+-]+)+$|^python3(\.[0-9]+)?$", v):
+            return v
+        if re.match(r"^[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)+$", v):
+            project = (info.context or {}).get("project_dir", PROJECT_DIR)
+            # normpath, not resolve(): a venv's python is a symlink that must stay the venv's.
+            return os.path.normpath(Path(project) / v)
+        raise ValueError(
+            f"{v!r}: an absolute path to a Python, python3, or a path relative to the project "
+            "directory such as .venv/bin/python"
+        )
 
     @field_validator("fetch_image")
     @classmethod
@@ -981,8 +996,11 @@ def _format_errors(exc: ValidationError) -> list[str]:
     return problems
 
 
-def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
-    """Validate the `qwen35-spark:*` keys (without the namespace) into a StackConfig or raise ConfigError."""
+def parse_stack_config(raw: Mapping[str, Any], project_dir: Path | None = None) -> StackConfig:
+    """Validate the `qwen35-spark:*` keys (without the namespace) into a StackConfig or raise ConfigError.
+
+    Relative paths resolve against `project_dir` (default: the directory of Pulumi.yaml).
+    """
     problems = []
     known = list(SECTIONS) + list(SECRET_KEYS)
     body = {}
@@ -998,7 +1016,7 @@ def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     if "ssh" not in body:
         problems.append("ssh: missing: at least `ssh.known_hosts` (host keys are pinned)")
     try:
-        config = StackConfig.model_validate(body)
+        config = StackConfig.model_validate(body, context={"project_dir": project_dir or PROJECT_DIR})
     except ValidationError as exc:
         missing_sections = {"nodes", "ssh"} - set(body)
         problems += [p for p in _format_errors(exc) if p.split(":")[0] not in missing_sections]
