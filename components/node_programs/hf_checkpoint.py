@@ -433,6 +433,15 @@ def widen_pipe(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
+def chown_target(requested, euid: int) -> tuple[int, int] | None:
+    """Whom received files are given to: the cache's owner, when this process may chown (root).
+
+    Any other user writes files that are its own already: a chown would only fail with EPERM."""
+    if requested is None or euid != 0:
+        return None
+    return int(requested[0]), int(requested[1])
+
+
 def receive(args: dict, stream) -> dict:
     """Receive the stream into the cache, then make the snapshot, refs and ownership whole."""
     widen_pipe(stream.fileno())
@@ -442,9 +451,7 @@ def receive(args: dict, stream) -> dict:
         raise Failure(EXIT_BAD_INPUT, f"receive needs a commit sha, got {sha!r}")
     files = args["files"]
     sizes = {blob: size for _path, blob, size in files}
-    owner = None
-    if args.get("owner") is not None and os.geteuid() == 0:
-        owner = (int(args["owner"][0]), int(args["owner"][1]))
+    owner = chown_target(args.get("owner"), os.geteuid())
     blobs_dir = os.path.join(root, "blobs")
     _makedirs(blobs_dir, owner)
     for stale in os.listdir(blobs_dir):

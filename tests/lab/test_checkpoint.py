@@ -252,3 +252,22 @@ def test_a_moved_branch_shows_at_refresh_and_changes_nothing(hub, caches, node_a
     assert refreshed["upstream_revision"] == moved and refreshed["revision"] == head["revision"]
     assert refreshed["problems"] == {}
     assert not PROVIDER.diff("x", refreshed, head_props(node_a, hub)).changes
+
+
+def test_received_files_belong_to_the_cache_owner(hub, caches, node_a, node_b):
+    """The worker's receive runs as root and gives every file and folder it makes to the owner of the
+    cache dir (containers may run as that user), not to root."""
+    if os.geteuid() != 0:
+        pytest.fail("the lab tier runs as root (make labtest): it proves the chown", pytrace=False)
+    owner = (4242, 4343)
+    os.chown(cache_dir(node_b), *owner)
+    head = PROVIDER.create(head_props(node_a, hub)).outs
+    worker = PROVIDER.create(worker_props(node_b, node_a, head)).outs
+    root = cache_dir(node_b) / "hub" / REPO_DIR
+    snapshot = Path(worker["snapshot_path"])
+    paths = [cache_dir(node_b) / "hub", root, root / "blobs", root / "refs" / "main", snapshot]
+    paths += [*(root / "blobs").iterdir(), *snapshot.iterdir()]
+    assert len(paths) > 5 + 8
+    for path in paths:
+        stat = os.lstat(path)
+        assert (stat.st_uid, stat.st_gid) == owner, path

@@ -290,11 +290,25 @@ def test_shared_blob_store_symlinks_are_followed_and_materialised(fetched, tmp_p
     assert all(state == "ok" for state in held["blobs"].values())
 
 
-def test_received_files_belong_to_the_cache_owner(fetched, tmp_path):
-    if os.geteuid() != 0:
-        pytest.fail("this test runs as root (as the lab and CI do): it checks chown")
+@pytest.mark.parametrize(
+    ("requested", "euid", "expected"),
+    [
+        ([4242, 4343], 0, (4242, 4343)),  # root gives the files to the cache's owner
+        ([4242, 4343], 1000, None),  # anyone else's files are its own already; chown would be EPERM
+        (None, 0, None),  # no owner asked for: the files stay whose the process is
+        (["4242", "4343"], 0, (4242, 4343)),  # JSON from the provider, made numbers
+    ],
+)
+def test_who_received_files_are_given_to(requested, euid, expected):
+    assert hf_checkpoint.chown_target(requested, euid) == expected
+
+
+def test_received_files_stay_the_receivers_or_go_to_the_cache_owner(fetched, tmp_path):
+    """As any user: another owner asked for never fails the receive. Root's chown to the cache's
+    owner is proven for real in tests/lab/test_checkpoint.py."""
     manifest = source_manifest(fetched)
     owner = (4242, 4343)
+    expected = hf_checkpoint.chown_target(owner, os.geteuid()) or (os.geteuid(), os.getegid())
     receive = programs.receive_argv(
         sys.executable,
         str(tmp_path),
@@ -313,7 +327,7 @@ def test_received_files_belong_to_the_cache_owner(fetched, tmp_path):
     paths += list(snapshot.iterdir())
     for path in paths:
         stat = os.lstat(path)
-        assert (stat.st_uid, stat.st_gid) == owner, path
+        assert (stat.st_uid, stat.st_gid) == expected, path
 
 
 def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_path, monkeypatch, capsys):
