@@ -517,6 +517,7 @@ def remove(args: dict) -> dict:
         for other in os.listdir(snapshots):
             used.update(blob for _p, blob, _s in walk_snapshot(os.path.join(snapshots, other)))
     freed = 0
+    freed_blobs = []
     blobs_dir = os.path.join(root, "blobs")
     if os.path.isdir(blobs_dir):
         for name in os.listdir(blobs_dir):
@@ -524,15 +525,52 @@ def remove(args: dict) -> dict:
                 path = os.path.join(blobs_dir, name)
                 freed += os.lstat(path).st_size
                 os.unlink(path)
+                freed_blobs.append(name)
     refs_dir = os.path.join(root, "refs")
     if os.path.isdir(refs_dir):
-        for dirpath, _dirs, filenames in os.walk(refs_dir):
+        for dirpath, dirnames, filenames in os.walk(refs_dir, topdown=False):
             for name in filenames:
                 path = os.path.join(dirpath, name)
                 with open(path) as handle:
                     if handle.read().strip() == sha:
                         os.unlink(path)
-    return {"removed_files": removed_files, "freed_bytes": freed}
+            # A branch such as `refs/pr/1` leaves a folder; only an empty one goes.
+            for name in dirnames:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(dirpath, name))
+    hub = os.path.dirname(root)
+    files, folders = leftovers(os.path.basename(root), sha, freed_blobs)
+    for relative in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(hub, relative))
+    pruned = [relative for relative in folders if _rmdir_if_empty(os.path.join(hub, relative))]
+    return {"removed_files": removed_files, "freed_bytes": freed, "pruned_folders": pruned}
+
+
+def leftovers(repo_dir: str, sha: str, freed_blobs: list[str]) -> tuple[list[str], list[str]]:
+    """What a removal clears besides the snapshot, blobs and refs, relative to the hub dir: the Hub
+    client's files for this commit and these blobs, then the folders that go if empty (deepest first).
+
+    Never the hub dir, `.locks` or the cache root: those are the cache's, shared by every repo."""
+    files = [
+        f"{repo_dir}/trees/{sha}.json",
+        *(f".locks/{repo_dir}/{blob}.lock" for blob in sorted(freed_blobs)),
+    ]
+    folders = [
+        f".locks/{repo_dir}",
+        *(f"{repo_dir}/{part}" for part in ("trees", "snapshots", "blobs", "refs")),
+        repo_dir,
+    ]
+    return files, folders
+
+
+def _rmdir_if_empty(path: str) -> bool:
+    # rmdir refuses a folder that still holds anything: another snapshot, a file someone placed.
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 MODES = ("inventory", "send", "receive", "remove")
