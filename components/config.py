@@ -218,7 +218,9 @@ class ImageStrategy(str, Enum):
 
 # The image keys each strategy reads (besides COMMON_IMAGE_KEYS). A key the stack sets that its strategy
 # does not read is refused naming it: it would otherwise be silently ignored.
-COMMON_IMAGE_KEYS = frozenset({"strategy", "model_check", "ray_version", "keep_previous"})
+COMMON_IMAGE_KEYS = frozenset(
+    {"strategy", "model_check", "model_check_expects", "ray_version", "keep_previous"}
+)
 _BUILD_KEYS = frozenset(
     {
         "base",
@@ -254,6 +256,51 @@ class ModelCheckMode(str, Enum):
     ENFORCE = "enforce"
     # Record the verdict in the stack outputs and go on (stand-in images that hold no vLLM: the lab).
     REPORT = "report"
+
+
+# The stages each proof of the model-support check can refuse at (patches/prove_model.py,
+# prove_args.py, prove_cluster.py), keyed as the check's outputs name the proofs.
+PROOF_STAGES: dict[str, tuple[str, ...]] = {
+    "behaviour": ("environment", "config", "construct", "load"),
+    "serve_args": ("environment", "parse", "validate", "engine_args", "speculative"),
+    "cluster_layer": ("ray", "cluster", "executor"),
+}
+
+
+class ExpectedRefusals(_Model):
+    """Refusals a stack's image is known to earn (`model_check: report` only): each proof's stage.
+    They are said once, in one line with `because`, instead of a multi-line warning each."""
+
+    # Why the image cannot pass (one line): what the operator reads instead of the warnings.
+    because: str = Field(min_length=1, max_length=200)
+    behaviour: str | None = None
+    serve_args: str | None = None
+    cluster_layer: str | None = None
+
+    @field_validator("because")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        if "\n" in v:
+            raise ValueError("one line: it stands in for the warnings in the engine's display")
+        return v
+
+    @field_validator("behaviour", "serve_args", "cluster_layer")
+    @classmethod
+    def _stage(cls, v: str | None, info: ValidationInfo) -> str | None:
+        stages = PROOF_STAGES[str(info.field_name)]
+        if v is not None and v not in stages:
+            raise ValueError(f"{v!r} is not a stage of this proof: one of {', '.join(stages)}")
+        return v
+
+    @model_validator(mode="after")
+    def _some_stage(self) -> ExpectedRefusals:
+        if not self.stages():
+            raise ValueError(f"name the stage at least one proof refuses at ({', '.join(PROOF_STAGES)})")
+        return self
+
+    def stages(self) -> dict[str, str]:
+        """proof -> the stage it is expected to refuse at."""
+        return {proof: stage for proof in PROOF_STAGES if (stage := getattr(self, proof)) is not None}
 
 
 # Default prebuilt image: the community DGX Spark `vllm-node` build (vLLM nightly, Ray, system NCCL),
@@ -305,6 +352,8 @@ class ImageConfig(_Model):
     smoke: bool = True
     # The model-support check on the head (components/model_support/): enforce, or only report.
     model_check: ModelCheckMode = ModelCheckMode.ENFORCE
+    # Under `report`: the refusals this image is known to earn (the lab's images hold no torch).
+    model_check_expects: ExpectedRefusals | None = None
     # The Ray the stack needs in the image (a pip spec such as ==2.49.1); the model-support check
     # refuses an image whose Ray is missing or differs. Unset: any Ray that vLLM's own pin accepts.
     ray_version: str | None = None
@@ -346,6 +395,20 @@ class ImageConfig(_Model):
                     f"image.{field}_tag: {field} {str(ref)!r} already carries a tag or digest: "
                     f"drop `{field}_tag`"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _expects_under_report(self) -> ImageConfig:
+        if self.model_check_expects is not None and self.model_check == ModelCheckMode.ENFORCE:
+            raise _CrossFieldErrors(
+                [
+                    (
+                        "image.model_check_expects",
+                        "only with image.model_check: report (under enforce a refusal stops `up`, "
+                        "expected or not): remove it, or set model_check: report",
+                    )
+                ]
+            )
         return self
 
     @model_validator(mode="after")

@@ -213,6 +213,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             serve_argv=server_argv(cfg, self._served_revision()),
             # Every strategy: the Ray containers need Ray beside vLLM, at the version the stack needs.
             cluster={"ray_version": cfg.image.ray_version, "stages": "ray,cluster,executor"},
+            expect=cfg.image.model_check_expects.model_dump() if cfg.image.model_check_expects else None,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.node_images[head], *([head_checkpoint] if head_checkpoint else [])],

@@ -469,3 +469,47 @@ def test_a_fetch_python_that_is_no_path_is_refused_naming_the_field(typed):
     with pytest.raises(ConfigError) as err:
         parse_stack_config(raw)
     assert "model.fetch_python" in str(err.value) and "relative to the project directory" in str(err.value)
+
+
+def test_the_lab_declares_the_refusals_its_images_earn():
+    cfg = parse_stack_config(dev_raw("lab"))
+    expects = cfg.image.model_check_expects
+    assert cfg.image.model_check == ModelCheckMode.REPORT and expects is not None
+    assert expects.stages() == {
+        "behaviour": "environment",
+        "serve_args": "environment",
+        "cluster_layer": "ray",
+    }
+    assert parse_stack_config(dev_raw()).image.model_check_expects is None
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        (
+            {"model_check": "enforce"},
+            "image.model_check_expects: only with image.model_check: report",
+        ),
+        ({"model_check_expects": {"because": "x", "behaviour": "torch"}}, "one of environment, config"),
+        ({"model_check_expects": {"because": "x", "cluster_layer": "environment"}}, "one of ray, cluster"),
+        ({"model_check_expects": {"because": "x"}}, "name the stage at least one proof refuses at"),
+        ({"model_check_expects": {"because": "two\nlines", "behaviour": "load"}}, "one line"),
+        ({"model_check_expects": {"behaviour": "load"}}, "model_check_expects.because"),
+        ({"model_check_expects": {"because": "x", "behavior": "load"}}, "did you mean 'behaviour'"),
+    ],
+    ids=[
+        "under-enforce",
+        "no-such-stage",
+        "another-proofs-stage",
+        "no-stage",
+        "multi-line",
+        "no-because",
+        "typo",
+    ],
+)
+def test_expected_refusals_are_refused_where_they_make_no_sense(image, expected):
+    raw = dev_raw("lab")
+    raw["image"] = {**raw["image"], **image}
+    with pytest.raises(ConfigError) as err:
+        parse_stack_config(raw)
+    assert expected in str(err.value)

@@ -692,3 +692,17 @@ def test_one_definition_of_the_reference_every_node_holds(request, graph_name):
     graph: Graph = request.getfixturevalue(graph_name)
     for node in ("spark-1", "spark-2"):
         assert node_image_of(graph, node).inputs["image"] == image_ref(config.image)
+
+
+def test_the_lab_declares_the_refusals_it_expects_and_other_stacks_none(dev, monkeypatch):
+    """Pulumi.lab.yaml's image.model_check_expects reaches the check as `expect`: the provider says
+    those refusals in one line (components/model_support/execute.py); a stack without it warns in full."""
+    lab = run_graph(monkeypatch, stack_config("lab")).run.named("qwen35-model-support").inputs
+    assert lab["mode"] == "report"
+    assert lab["expect"] == {
+        "because": "no lab image holds torch or a real vLLM (the Sparks' images do, and enforce)",
+        "behaviour": "environment",
+        "serve_args": "environment",
+        "cluster_layer": "ray",
+    }
+    assert dev.run.named("qwen35-model-support").inputs.get("expect") is None
