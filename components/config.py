@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import difflib
 import ipaddress
+import os
 import re
 from collections.abc import Mapping
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -20,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -29,6 +32,9 @@ from components.image_ref import ImageRef, ImageRefError, parse_image_ref
 from components.memory_fit import GB10_MEMORY_GB
 
 NAMESPACE = "qwen35-spark"
+# The directory of Pulumi.yaml: relative paths in a stack file mean this checkout's files, wherever
+# it was cloned (a stack file is committed; one checkout's absolute path is wrong in every other).
+PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 # Names that reach Docker and a shell: strict patterns, checked before anything runs.
 NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -231,7 +237,9 @@ class ImageStrategy(str, Enum):
 
 # The image keys each strategy reads (besides COMMON_IMAGE_KEYS). A key the stack sets that its strategy
 # does not read is refused naming it: it would otherwise be silently ignored.
-COMMON_IMAGE_KEYS = frozenset({"strategy", "model_check", "ray_version", "keep_previous"})
+COMMON_IMAGE_KEYS = frozenset(
+    {"strategy", "model_check", "model_check_expects", "ray_version", "keep_previous"}
+)
 _BUILD_KEYS = frozenset(
     {
         "base",
@@ -267,6 +275,51 @@ class ModelCheckMode(str, Enum):
     ENFORCE = "enforce"
     # Record the verdict in the stack outputs and go on (stand-in images that hold no vLLM: the lab).
     REPORT = "report"
+
+
+# The stages each proof of the model-support check can refuse at (patches/prove_model.py,
+# prove_args.py, prove_cluster.py), keyed as the check's outputs name the proofs.
+PROOF_STAGES: dict[str, tuple[str, ...]] = {
+    "behaviour": ("environment", "config", "construct", "load"),
+    "serve_args": ("environment", "parse", "validate", "engine_args", "speculative"),
+    "cluster_layer": ("ray", "cluster", "executor"),
+}
+
+
+class ExpectedRefusals(_Model):
+    """Refusals a stack's image is known to earn (`model_check: report` only): each proof's stage.
+    They are said once, in one line with `because`, instead of a multi-line warning each."""
+
+    # Why the image cannot pass (one line): what the operator reads instead of the warnings.
+    because: str = Field(min_length=1, max_length=200)
+    behaviour: str | None = None
+    serve_args: str | None = None
+    cluster_layer: str | None = None
+
+    @field_validator("because")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        if "\n" in v:
+            raise ValueError("one line: it stands in for the warnings in the engine's display")
+        return v
+
+    @field_validator("behaviour", "serve_args", "cluster_layer")
+    @classmethod
+    def _stage(cls, v: str | None, info: ValidationInfo) -> str | None:
+        stages = PROOF_STAGES[str(info.field_name)]
+        if v is not None and v not in stages:
+            raise ValueError(f"{v!r} is not a stage of this proof: one of {', '.join(stages)}")
+        return v
+
+    @model_validator(mode="after")
+    def _some_stage(self) -> ExpectedRefusals:
+        if not self.stages():
+            raise ValueError(f"name the stage at least one proof refuses at ({', '.join(PROOF_STAGES)})")
+        return self
+
+    def stages(self) -> dict[str, str]:
+        """proof -> the stage it is expected to refuse at."""
+        return {proof: stage for proof in PROOF_STAGES if (stage := getattr(self, proof)) is not None}
 
 
 # Default prebuilt image: the community DGX Spark `vllm-node` build (vLLM nightly, Ray, system NCCL),
@@ -318,6 +371,8 @@ class ImageConfig(_Model):
     smoke: bool = True
     # The model-support check on the head (components/model_support/): enforce, or only report.
     model_check: ModelCheckMode = ModelCheckMode.ENFORCE
+    # Under `report`: the refusals this image is known to earn (the lab's images hold no torch).
+    model_check_expects: ExpectedRefusals | None = None
     # The Ray the stack needs in the image (a pip spec such as ==2.49.1); the model-support check
     # refuses an image whose Ray is missing or differs. Unset: any Ray that vLLM's own pin accepts.
     ray_version: str | None = None
@@ -359,6 +414,20 @@ class ImageConfig(_Model):
                     f"image.{field}_tag: {field} {str(ref)!r} already carries a tag or digest: "
                     f"drop `{field}_tag`"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _expects_under_report(self) -> ImageConfig:
+        if self.model_check_expects is not None and self.model_check == ModelCheckMode.ENFORCE:
+            raise _CrossFieldErrors(
+                [
+                    (
+                        "image.model_check_expects",
+                        "only with image.model_check: report (under enforce a refusal stops `up`, "
+                        "expected or not): remove it, or set model_check: report",
+                    )
+                ]
+            )
         return self
 
     @model_validator(mode="after")
@@ -877,6 +946,8 @@ class ModelConfig(_Model):
     disk_reserve_bytes: int = Field(default=10 * 1024**3, ge=0)
     # The Python on the head that runs the Hub client. Unset: a short-lived container of the
     # deployment image (it has huggingface_hub, as vLLM needs it; the head's own Python may not).
+    # A relative path (`.venv/bin/python`) is this project's own, made absolute against the project
+    # directory: only for a head that shares this machine's filesystem (the lab).
     fetch_python: str | None = None
     # The image of that container when it is not the deployment's own (it must have huggingface_hub).
     fetch_image: str | None = None
@@ -925,10 +996,17 @@ class ModelConfig(_Model):
 
     @field_validator("fetch_python")
     @classmethod
-    def _python(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^(/[A-Za-z0-9_.+-]+)+$|^python3(\.[0-9]+)?$", v):
-            raise ValueError(f"{v!r}: an absolute path to a Python, or python3")
-        return v
+    def _python(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None or re.match(r"^(/[A-Za-z0-9_.+-]+)+$|^python3(\.[0-9]+)?$", v):
+            return v
+        if re.match(r"^[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)+$", v):
+            project = (info.context or {}).get("project_dir", PROJECT_DIR)
+            # normpath, not resolve(): a venv's python is a symlink that must stay the venv's.
+            return os.path.normpath(Path(project) / v)
+        raise ValueError(
+            f"{v!r}: an absolute path to a Python, python3, or a path relative to the project "
+            "directory such as .venv/bin/python"
+        )
 
     @field_validator("fetch_image")
     @classmethod
@@ -1163,8 +1241,11 @@ def _format_errors(exc: ValidationError) -> list[str]:
     return problems
 
 
-def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
-    """Validate the `qwen35-spark:*` keys (without the namespace) into a StackConfig or raise ConfigError."""
+def parse_stack_config(raw: Mapping[str, Any], project_dir: Path | None = None) -> StackConfig:
+    """Validate the `qwen35-spark:*` keys (without the namespace) into a StackConfig or raise ConfigError.
+
+    Relative paths resolve against `project_dir` (default: the directory of Pulumi.yaml).
+    """
     problems = []
     known = list(SECTIONS) + list(SECRET_KEYS)
     body = {}
@@ -1180,7 +1261,7 @@ def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     if "ssh" not in body:
         problems.append("ssh: missing: at least `ssh.known_hosts` (host keys are pinned)")
     try:
-        config = StackConfig.model_validate(body)
+        config = StackConfig.model_validate(body, context={"project_dir": project_dir or PROJECT_DIR})
     except ValidationError as exc:
         missing_sections = {"nodes", "ssh"} - set(body)
         problems += [p for p in _format_errors(exc) if p.split(":")[0] not in missing_sections]

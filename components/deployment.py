@@ -267,6 +267,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             # The server's exact command line (with the pinned revision): the image's vLLM parses it.
             serve_argv=server_argv(cfg, self._served_revision()),
             cluster=cluster_proof(cfg),
+            expect=cfg.image.model_check_expects.model_dump() if cfg.image.model_check_expects else None,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.node_images[head], *([head_checkpoint] if head_checkpoint else [])],

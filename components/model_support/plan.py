@@ -48,7 +48,7 @@ CLUSTER_FIELDS = ("verdict", "failed_stage", "error", "ray", "wanted", "vllm", "
 OUTPUT_KEYS = (*REPORT_FIELDS, "memory_fit", "serve_args", "cluster_layer")
 # A change of any of these asks for a new proof; anything else is updated in place.
 RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv", "cluster")
-SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix")
+SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix", "expect")
 
 
 class ModelSupportError(Qwen35Error, RuntimeError):
@@ -158,6 +158,23 @@ def create_problems(props: Mapping[str, Any]) -> list[str]:
 def enforced(props: Mapping[str, Any]) -> bool:
     """A failed proof stops `up` (mode enforce) rather than only being recorded (mode report)."""
     return props.get("mode", Mode.ENFORCE.value) == Mode.ENFORCE.value
+
+
+def expected_refusal(props: Mapping[str, Any], proof: str, report: Mapping[str, Any]) -> bool:
+    """The stack declared this refusal (image.model_check_expects): the proof's stage as named."""
+    stage = ((props.get("expect") or {}).get(proof)) or None
+    return stage is not None and report.get("verdict") == "fail" and report.get("failed_stage") == stage
+
+
+def expected_summary(props: Mapping[str, Any], refused: Mapping[str, str]) -> str:
+    """One line for the refusals the stack expected (`refused`: proof -> stage), and why."""
+    node = props["node"]["name"]
+    stages = ", ".join(f"{proof} at '{stage}'" for proof, stage in refused.items())
+    because = (props.get("expect") or {}).get("because") or "declared by image.model_check_expects"
+    return (
+        f"{node}: the model-support check cannot prove {props.get('image')} here, as this stack expects "
+        f"({stages}): {because}; the verdicts are in the `model_support` output"
+    )
 
 
 # ---- which steps create runs, and when a change asks for them again -------------------------------------

@@ -43,6 +43,7 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
         deadline_s: float = DEFAULT_DEADLINE_S,
         serve_argv: list[str] | None = None,
         cluster: dict[str, Any] | None = None,
+        expect: dict[str, Any] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -58,6 +59,8 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
             # The server's final argument list: the image's vLLM must parse it (prove_args.py).
             "serve_argv": serve_argv,
             "cluster": cluster,
+            # image.model_check_expects: refusals said in one line, not warned (mode report).
+            "expect": expect,
             **{key: None for key in OUTPUT_KEYS},
         }
         super().__init__(ModelSupportCheckProvider(), name, props, opts)

@@ -433,6 +433,15 @@ def widen_pipe(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
+def chown_target(requested, euid: int) -> tuple[int, int] | None:
+    """Whom received files are given to: the cache's owner, when this process may chown (root).
+
+    Any other user writes files that are its own already: a chown would only fail with EPERM."""
+    if requested is None or euid != 0:
+        return None
+    return int(requested[0]), int(requested[1])
+
+
 def receive(args: dict, stream) -> dict:
     """Receive the stream into the cache, then make the snapshot, refs and ownership whole."""
     widen_pipe(stream.fileno())
@@ -442,9 +451,7 @@ def receive(args: dict, stream) -> dict:
         raise Failure(EXIT_BAD_INPUT, f"receive needs a commit sha, got {sha!r}")
     files = args["files"]
     sizes = {blob: size for _path, blob, size in files}
-    owner = None
-    if args.get("owner") is not None and os.geteuid() == 0:
-        owner = (int(args["owner"][0]), int(args["owner"][1]))
+    owner = chown_target(args.get("owner"), os.geteuid())
     blobs_dir = os.path.join(root, "blobs")
     _makedirs(blobs_dir, owner)
     for stale in os.listdir(blobs_dir):
@@ -510,6 +517,7 @@ def remove(args: dict) -> dict:
         for other in os.listdir(snapshots):
             used.update(blob for _p, blob, _s in walk_snapshot(os.path.join(snapshots, other)))
     freed = 0
+    freed_blobs = []
     blobs_dir = os.path.join(root, "blobs")
     if os.path.isdir(blobs_dir):
         for name in os.listdir(blobs_dir):
@@ -517,15 +525,52 @@ def remove(args: dict) -> dict:
                 path = os.path.join(blobs_dir, name)
                 freed += os.lstat(path).st_size
                 os.unlink(path)
+                freed_blobs.append(name)
     refs_dir = os.path.join(root, "refs")
     if os.path.isdir(refs_dir):
-        for dirpath, _dirs, filenames in os.walk(refs_dir):
+        for dirpath, dirnames, filenames in os.walk(refs_dir, topdown=False):
             for name in filenames:
                 path = os.path.join(dirpath, name)
                 with open(path) as handle:
                     if handle.read().strip() == sha:
                         os.unlink(path)
-    return {"removed_files": removed_files, "freed_bytes": freed}
+            # A branch such as `refs/pr/1` leaves a folder; only an empty one goes.
+            for name in dirnames:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(dirpath, name))
+    hub = os.path.dirname(root)
+    files, folders = leftovers(os.path.basename(root), sha, freed_blobs)
+    for relative in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(hub, relative))
+    pruned = [relative for relative in folders if _rmdir_if_empty(os.path.join(hub, relative))]
+    return {"removed_files": removed_files, "freed_bytes": freed, "pruned_folders": pruned}
+
+
+def leftovers(repo_dir: str, sha: str, freed_blobs: list[str]) -> tuple[list[str], list[str]]:
+    """What a removal clears besides the snapshot, blobs and refs, relative to the hub dir: the Hub
+    client's files for this commit and these blobs, then the folders that go if empty (deepest first).
+
+    Never the hub dir, `.locks` or the cache root: those are the cache's, shared by every repo."""
+    files = [
+        f"{repo_dir}/trees/{sha}.json",
+        *(f".locks/{repo_dir}/{blob}.lock" for blob in sorted(freed_blobs)),
+    ]
+    folders = [
+        f".locks/{repo_dir}",
+        *(f"{repo_dir}/{part}" for part in ("trees", "snapshots", "blobs", "refs")),
+        repo_dir,
+    ]
+    return files, folders
+
+
+def _rmdir_if_empty(path: str) -> bool:
+    # rmdir refuses a folder that still holds anything: another snapshot, a file someone placed.
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 MODES = ("inventory", "send", "receive", "remove")

@@ -252,3 +252,43 @@ def test_a_moved_branch_shows_at_refresh_and_changes_nothing(hub, caches, node_a
     assert refreshed["upstream_revision"] == moved and refreshed["revision"] == head["revision"]
     assert refreshed["problems"] == {}
     assert not PROVIDER.diff("x", refreshed, head_props(node_a, hub)).changes
+
+
+def test_received_files_belong_to_the_cache_owner(hub, caches, node_a, node_b):
+    """The worker's receive runs as root and gives every file and folder it makes to the owner of the
+    cache dir (containers may run as that user), not to root."""
+    if os.geteuid() != 0:
+        pytest.fail("the lab tier runs as root (make labtest): it proves the chown", pytrace=False)
+    owner = (4242, 4343)
+    os.chown(cache_dir(node_b), *owner)
+    head = PROVIDER.create(head_props(node_a, hub)).outs
+    worker = PROVIDER.create(worker_props(node_b, node_a, head)).outs
+    root = cache_dir(node_b) / "hub" / REPO_DIR
+    snapshot = Path(worker["snapshot_path"])
+    paths = [cache_dir(node_b) / "hub", root, root / "blobs", root / "refs" / "main", snapshot]
+    paths += [*(root / "blobs").iterdir(), *snapshot.iterdir()]
+    assert len(paths) > 5 + 8
+    for path in paths:
+        stat = os.lstat(path)
+        assert (stat.st_uid, stat.st_gid) == owner, path
+
+
+def cache_tree(node: lab.LabNode) -> set[str]:
+    return {str(path.relative_to(cache_dir(node))) for path in cache_dir(node).rglob("*")}
+
+
+def test_a_destroy_without_keep_leaves_each_cache_as_it_found_it(hub, caches, node_a, node_b):
+    """keep_on_destroy: false takes the files and the folders the checkpoint made (on the head also the
+    Hub client's locks and tree listing), and keeps what someone else placed in the repo's folder."""
+    head = PROVIDER.create(head_props(node_a, hub, keep=False)).outs
+    worker = PROVIDER.create(worker_props(node_b, node_a, head, keep=False)).outs
+    locks = cache_dir(node_a) / "hub" / ".locks" / REPO_DIR
+    assert any(locks.iterdir()), "the real Hub client left no locks: this test proves nothing"
+    assert (cache_dir(node_a) / "hub" / REPO_DIR / "trees" / f"{head['revision']}.json").exists()
+    placed = cache_dir(node_b) / "hub" / REPO_DIR / "README.operator"
+    placed.write_text("placed by hand, not by the checkpoint")
+    PROVIDER.delete("node-b", worker)
+    PROVIDER.delete("node-a", head)
+    # What the Hub cache itself holds for every repo (the hub dir, `.locks`, CACHEDIR.TAG) stays.
+    assert cache_tree(node_a) == {"hub", "hub/.locks", "hub/CACHEDIR.TAG"}
+    assert cache_tree(node_b) == {"hub", f"hub/{REPO_DIR}", f"hub/{REPO_DIR}/README.operator"}

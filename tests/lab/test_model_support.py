@@ -19,6 +19,7 @@ import os
 import time
 from pathlib import Path
 
+import pulumi
 import pytest
 
 import lab
@@ -222,10 +223,14 @@ def test_a_model_that_does_not_fit_stops_before_any_container(node_a, standin_im
     assert ModelSupportCheckProvider().create(check_props(node_a, standin_image, snapshot))
 
 
-def test_the_lab_stacks_check_reports_on_the_lab_ray_image(node_a, tmp_path):
+def test_the_lab_stacks_check_reports_on_the_lab_ray_image(node_a, tmp_path, monkeypatch):
     """The check as the lab stack declares it (Pulumi.lab.yaml: `model_check: report`), run against the
     image the lab cluster really runs (Debian + Ray + the stand-in `vllm`): the real proof finds no
-    torch, the verdict is recorded, and the deployment would go on to start Ray."""
+    torch, the verdict is recorded, and the deployment would go on to start Ray. Every refusal is one
+    the stack declares (`model_check_expects`): one line, no warning."""
+    said: dict[str, list[str]] = {"warn": [], "info": []}
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *_a, **_k: said["warn"].append(message))
+    monkeypatch.setattr(pulumi.log, "info", lambda message, *_a, **_k: said["info"].append(message))
     run = run_program(stack_config("lab"))
     declared = run.named("qwen35-model-support")
     props = {k: v for k, v in plain(declared.inputs).items() if k != "__provider"}
@@ -239,6 +244,8 @@ def test_the_lab_stacks_check_reports_on_the_lab_ray_image(node_a, tmp_path):
     )
     assert created.outs["verdict"] == "fail" and created.outs["failed_stage"] == "environment"
     assert leftover_containers(node_a) == []
+    assert said["warn"] == [] and len(said["info"]) == 1, said
+    assert "behaviour at 'environment'" in said["info"][0] and "cluster_layer at 'ray'" in said["info"][0]
 
 
 def test_the_check_through_the_provider_host_runs_once_until_the_image_changes(

@@ -6,6 +6,7 @@ Provider methods are called directly; images are busybox plus a few small random
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ import pytest
 
 import lab
 from components.node_image import NodeImageError
+from lab.nodes import bind_error
 from tests.support.node_image_lab import (
     PROVIDER,
     PeerFolders,
@@ -355,11 +357,25 @@ def test_replacement_for_a_new_trigger_keeps_the_image(pair):
 
 @contextlib.contextmanager
 def listening(addresses: list[str], port: int):
-    """Another service on the machine, listening at `address:port` for each of `addresses`."""
+    """Another service on the machine, listening at `address:port` for each of `addresses`: ours,
+    or one already there (then the address is taken, which is the condition, and it is used as is)."""
     with contextlib.ExitStack() as stack:
         for address in addresses:
-            stack.enter_context(socket.create_server((address, port)))
+            try:
+                stack.enter_context(socket.create_server((address, port)))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        for address in addresses:
+            assert bind_error(address, port) is not None, f"{address}:{port} should be taken"
         yield
+
+
+def test_an_address_another_service_holds_is_taken_as_it_is():
+    port = 2222
+    address = lab.spare_address(port)
+    with socket.create_server((address, port)), listening([address, address], port):
+        assert bind_error(address, port) is not None
 
 
 @pytest.mark.parametrize("taken", [False, True], ids=["free", "address-taken"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -290,11 +291,25 @@ def test_shared_blob_store_symlinks_are_followed_and_materialised(fetched, tmp_p
     assert all(state == "ok" for state in held["blobs"].values())
 
 
-def test_received_files_belong_to_the_cache_owner(fetched, tmp_path):
-    if os.geteuid() != 0:
-        pytest.fail("this test runs as root (as the lab and CI do): it checks chown")
+@pytest.mark.parametrize(
+    ("requested", "euid", "expected"),
+    [
+        ([4242, 4343], 0, (4242, 4343)),  # root gives the files to the cache's owner
+        ([4242, 4343], 1000, None),  # anyone else's files are its own already; chown would be EPERM
+        (None, 0, None),  # no owner asked for: the files stay whose the process is
+        (["4242", "4343"], 0, (4242, 4343)),  # JSON from the provider, made numbers
+    ],
+)
+def test_who_received_files_are_given_to(requested, euid, expected):
+    assert hf_checkpoint.chown_target(requested, euid) == expected
+
+
+def test_received_files_stay_the_receivers_or_go_to_the_cache_owner(fetched, tmp_path):
+    """As any user: another owner asked for never fails the receive. Root's chown to the cache's
+    owner is proven for real in tests/lab/test_checkpoint.py."""
     manifest = source_manifest(fetched)
     owner = (4242, 4343)
+    expected = hf_checkpoint.chown_target(owner, os.geteuid()) or (os.geteuid(), os.getegid())
     receive = programs.receive_argv(
         sys.executable,
         str(tmp_path),
@@ -313,7 +328,7 @@ def test_received_files_belong_to_the_cache_owner(fetched, tmp_path):
     paths += list(snapshot.iterdir())
     for path in paths:
         stat = os.lstat(path)
-        assert (stat.st_uid, stat.st_gid) == owner, path
+        assert (stat.st_uid, stat.st_gid) == expected, path
 
 
 def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_path, monkeypatch, capsys):
@@ -354,3 +369,66 @@ def test_the_fetch_is_packed_with_its_libraries_and_keeps_site_packages(tmp_path
     done = subprocess.run([*argv[:3], "{}"], input=b"\n", capture_output=True, cwd=tmp_path, timeout=60)
     assert done.returncode == hub_fetch.EXIT_BAD_INPUT, done.stderr
     assert json.loads(done.stdout)["error"].startswith("bad arguments")
+
+
+def test_a_removal_clears_the_hub_clients_files_and_only_folders_left_empty():
+    files, folders = hf_checkpoint.leftovers("models--org--m", "a" * 40, ["b2", "b1"])
+    assert files == [
+        f"models--org--m/trees/{'a' * 40}.json",
+        ".locks/models--org--m/b1.lock",
+        ".locks/models--org--m/b2.lock",
+    ]
+    # Deepest first, the repo's folder last; never the hub dir, `.locks` or the cache root.
+    assert folders == [
+        ".locks/models--org--m",
+        "models--org--m/trees",
+        "models--org--m/snapshots",
+        "models--org--m/blobs",
+        "models--org--m/refs",
+        "models--org--m",
+    ]
+
+
+def tree(cache: Path) -> set[str]:
+    return {str(path.relative_to(cache)) for path in cache.rglob("*")}
+
+
+def test_removing_the_fetched_revision_leaves_the_cache_as_the_fetch_found_it(hub, fetched, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(fetched, cache, symlinks=True)
+    # What the real Hub client leaves besides the snapshot: its locks and its tree listing.
+    assert any((cache / "hub" / ".locks" / "models--lab--tiny-qwen35").iterdir())
+    assert (cache / "hub" / "models--lab--tiny-qwen35" / "trees" / f"{hub.repos[REPO].sha}.json").exists()
+    done = run(programs.remove_argv(sys.executable, str(cache), REPO, hub.repos[REPO].sha))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The Hub cache's own (shared by every repo, left to it): the hub dir, `.locks`, its CACHEDIR.TAG.
+    assert tree(cache) == {"hub", "hub/.locks", "hub/CACHEDIR.TAG"}
+
+
+def test_a_removal_keeps_what_others_placed_in_the_cache(hub, fetched, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(fetched, cache, symlinks=True)
+    root = cache / "hub" / "models--lab--tiny-qwen35"
+    (root / "snapshots" / ("f" * 40)).mkdir()
+    (root / "snapshots" / ("f" * 40) / "notes.txt").write_text("another revision, fetched by hand")
+    (root / "refs" / "pr").mkdir()
+    (root / "refs" / "pr" / "1").write_text("f" * 40)
+    (cache / "hub" / ".locks" / "models--lab--tiny-qwen35" / "other.lock").touch()
+    (cache / "hub" / "models--other--repo").mkdir()
+    done = run(programs.remove_argv(sys.executable, str(cache), REPO, hub.repos[REPO].sha))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert tree(cache) == {
+        "hub",
+        "hub/.locks",
+        "hub/CACHEDIR.TAG",
+        "hub/.locks/models--lab--tiny-qwen35",
+        "hub/.locks/models--lab--tiny-qwen35/other.lock",
+        "hub/models--other--repo",
+        "hub/models--lab--tiny-qwen35",
+        "hub/models--lab--tiny-qwen35/refs",
+        "hub/models--lab--tiny-qwen35/refs/pr",
+        "hub/models--lab--tiny-qwen35/refs/pr/1",
+        "hub/models--lab--tiny-qwen35/snapshots",
+        f"hub/models--lab--tiny-qwen35/snapshots/{'f' * 40}",
+        f"hub/models--lab--tiny-qwen35/snapshots/{'f' * 40}/notes.txt",
+    }

@@ -426,3 +426,90 @@ def test_each_strategy_accepts_the_keys_it_reads(image, strategy):
     parsed = parse_stack_config(raw).image
     assert parsed.strategy is strategy
     assert parsed.ray_version in (None, "==2.49.1", "==2.60.0")
+
+
+@pytest.mark.parametrize(
+    ("typed", "expected"),
+    [
+        (".venv/bin/python", "{project}/.venv/bin/python"),
+        ("./venvs/hub/bin/python3", "{project}/venvs/hub/bin/python3"),
+        ("/opt/hub/bin/python", "/opt/hub/bin/python"),
+        ("python3", "python3"),
+    ],
+)
+def test_a_relative_fetch_python_is_the_projects_own(tmp_path, typed, expected):
+    raw = dev_raw("lab")
+    raw["model"]["fetch_python"] = typed
+    cfg = parse_stack_config(raw, project_dir=tmp_path)
+    assert cfg.model.fetch_python == expected.format(project=tmp_path)
+
+
+def test_a_relative_fetch_python_keeps_the_venv_symlink(tmp_path):
+    # A venv's bin/python is a symlink to the system Python: resolved, it would lose the venv.
+    (tmp_path / "real").mkdir()
+    (tmp_path / ".venv").symlink_to(tmp_path / "real")
+    raw = dev_raw("lab")
+    raw["model"]["fetch_python"] = ".venv/bin/python"
+    assert parse_stack_config(raw, project_dir=tmp_path).model.fetch_python == f"{tmp_path}/.venv/bin/python"
+
+
+def test_the_lab_stack_file_names_no_checkout_of_its_own():
+    from components.config import PROJECT_DIR
+
+    written = stack_config("lab")["qwen35-spark:model"]["fetch_python"]
+    assert not written.startswith("/"), "Pulumi.lab.yaml must not hold one checkout's absolute path"
+    cfg = parse_stack_config(dev_raw("lab"))
+    assert cfg.model.fetch_python == f"{PROJECT_DIR}/{written}"
+
+
+@pytest.mark.parametrize("typed", ["bin/py thon", ".venv/bin/python;rm", "~/venv/bin/python"])
+def test_a_fetch_python_that_is_no_path_is_refused_naming_the_field(typed):
+    raw = dev_raw("lab")
+    raw["model"]["fetch_python"] = typed
+    with pytest.raises(ConfigError) as err:
+        parse_stack_config(raw)
+    assert "model.fetch_python" in str(err.value) and "relative to the project directory" in str(err.value)
+
+
+def test_the_lab_declares_the_refusals_its_images_earn():
+    cfg = parse_stack_config(dev_raw("lab"))
+    expects = cfg.image.model_check_expects
+    assert cfg.image.model_check == ModelCheckMode.REPORT and expects is not None
+    assert expects.stages() == {
+        "behaviour": "environment",
+        "serve_args": "environment",
+        "cluster_layer": "ray",
+    }
+    assert parse_stack_config(dev_raw()).image.model_check_expects is None
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        (
+            {"model_check": "enforce"},
+            "image.model_check_expects: only with image.model_check: report",
+        ),
+        ({"model_check_expects": {"because": "x", "behaviour": "torch"}}, "one of environment, config"),
+        ({"model_check_expects": {"because": "x", "cluster_layer": "environment"}}, "one of ray, cluster"),
+        ({"model_check_expects": {"because": "x"}}, "name the stage at least one proof refuses at"),
+        ({"model_check_expects": {"because": "two\nlines", "behaviour": "load"}}, "one line"),
+        ({"model_check_expects": {"behaviour": "load"}}, "model_check_expects.because"),
+        ({"model_check_expects": {"because": "x", "behavior": "load"}}, "did you mean 'behaviour'"),
+    ],
+    ids=[
+        "under-enforce",
+        "no-such-stage",
+        "another-proofs-stage",
+        "no-stage",
+        "multi-line",
+        "no-because",
+        "typo",
+    ],
+)
+def test_expected_refusals_are_refused_where_they_make_no_sense(image, expected):
+    raw = dev_raw("lab")
+    raw["image"] = {**raw["image"], **image}
+    with pytest.raises(ConfigError) as err:
+        parse_stack_config(raw)
+    assert expected in str(err.value)

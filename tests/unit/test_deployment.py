@@ -793,3 +793,17 @@ def test_pinned_hcas_keep_a_known_environment_that_waits_for_no_check(monkeypatc
     unpinned = run_graph(monkeypatch, unpinned_config(gid_index="resolve"))
     assert envs(unpinned, "qwen35-ray-worker-spark-2")["NCCL_IB_HCA"] == "other:1"
     assert envs(unpinned, "qwen35-ray-worker-spark-2")["NCCL_IB_GID_INDEX"] == "7"
+
+
+def test_the_lab_declares_the_refusals_it_expects_and_other_stacks_none(dev, monkeypatch):
+    """Pulumi.lab.yaml's image.model_check_expects reaches the check as `expect`: the provider says
+    those refusals in one line (components/model_support/execute.py); a stack without it warns in full."""
+    lab = run_graph(monkeypatch, stack_config("lab")).run.named("qwen35-model-support").inputs
+    assert lab["mode"] == "report"
+    assert lab["expect"] == {
+        "because": "no lab image holds torch or a real vLLM (the Sparks' images do, and enforce)",
+        "behaviour": "environment",
+        "serve_args": "environment",
+        "cluster_layer": "ray",
+    }
+    assert dev.run.named("qwen35-model-support").inputs.get("expect") is None

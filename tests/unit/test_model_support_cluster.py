@@ -152,3 +152,38 @@ def test_unchanged_inputs_after_a_create_need_no_new_run(head):
     created = ModelSupportCheckProvider().create(props(cluster=CLUSTER))
     diff = ModelSupportCheckProvider().diff(created.id, created.outs, props(cluster=CLUSTER))
     assert created.outs["cluster"] == CLUSTER and not diff.replaces, diff.replaces
+
+
+@pytest.fixture
+def said(monkeypatch) -> dict[str, list[str]]:
+    said: dict[str, list[str]] = {"warn": [], "info": []}
+    monkeypatch.setattr(execute.pulumi.log, "warn", lambda message, *_a, **_k: said["warn"].append(message))
+    monkeypatch.setattr(execute.pulumi.log, "info", lambda message, *_a, **_k: said["info"].append(message))
+    return said
+
+
+def test_a_refusal_the_stack_expects_is_said_once_in_one_line(head, said):
+    head(None)
+    expect = {"because": "no lab image holds Ray", "cluster_layer": "ray"}
+    outs = run_check(props(cluster=CLUSTER, mode="report", expect=expect))
+    assert outs["cluster_layer"]["failed_stage"] == "ray"  # recorded all the same
+    assert said["warn"] == []
+    assert len(said["info"]) == 1 and "\n" not in said["info"][0]
+    assert "cluster_layer at 'ray'" in said["info"][0] and "no lab image holds Ray" in said["info"][0]
+
+
+@pytest.mark.parametrize(
+    "expect",
+    [None, {"because": "x", "cluster_layer": "executor"}, {"because": "x", "behaviour": "environment"}],
+)
+def test_a_refusal_the_stack_does_not_expect_warns_in_full(head, said, expect):
+    head(None)
+    run_check(props(cluster=CLUSTER, mode="report", expect=expect))
+    assert said["info"] == []
+    assert len(said["warn"]) == 1 and "next:" in said["warn"][0] and "stage 'ray'" in said["warn"][0]
+
+
+def test_an_expected_refusal_still_stops_an_enforcing_stack(head):
+    head(None)
+    with pytest.raises(ModelSupportError, match="stage 'ray'"):
+        run_check(props(cluster=CLUSTER, mode="enforce", expect={"because": "x", "cluster_layer": "ray"}))
