@@ -20,7 +20,9 @@ from components.nodes import same_address, same_node
 # Inputs that make another image: a change builds anew (the content tag changes with most of them).
 REPLACE_KEYS = ("ref", "context_digest", "dockerfile", "platform", "build_args")
 # Inputs recorded in place: how the head is reached, the build's network, how the tag was chosen.
-UPDATE_KEYS = ("node", "network", "content_addressed", "context")
+# Not `context`: it is where this checkout is on the operator's machine, and an `up` from another
+# clone must change nothing (`context_digest` says what is in it).
+UPDATE_KEYS = ("node", "network", "content_addressed")
 OUTPUT_KEYS = ("image_id", "observed_image_id", "built", "seconds")
 PLATFORM = re.compile(r"^[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?$")
 NETWORK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -117,3 +117,24 @@ def test_the_stage_names_the_refusing_proof_and_its_step():
     assert stage.startswith("the compatibility proof (exit 1) (step `RUN set -eu;")
     assert parse_build_log(BROKEN.splitlines()).stage == "step `FROM vllm-node:latest`"
     assert parse_build_log([]).stage == "the start (no step ran)"
+
+
+@pytest.mark.parametrize(
+    ("ref", "listed"),
+    [
+        ("docker.io/library/qwen35-hybrid:h-1", "qwen35-hybrid:h-1"),
+        ("docker.io/team/qwen35-hybrid:h-1", "team/qwen35-hybrid:h-1"),
+        ("index.docker.io/library/qwen35-hybrid:h-1", "qwen35-hybrid:h-1"),
+        ("qwen35-hybrid:h-1", "qwen35-hybrid:h-1"),
+    ],
+)
+def test_a_docker_hub_spelling_finds_the_tag_the_daemon_lists_short(ref, listed):
+    # Docker lists `docker.io/library/x:t` as `x:t`: read literally, the tag looked absent, so every
+    # create rebuilt and every refresh saw drift.
+    assert parse_head_image(answer(0, f'{A} ["{listed}"]\n'), ref, A) == HeadImage(A, True)
+
+
+def test_another_registry_is_not_shortened():
+    assert parse_head_image(answer(0, f'{A} ["qwen35-hybrid:h-1"]\n'), "ghcr.io/qwen35-hybrid:h-1", None) == (
+        HeadImage(None, False)
+    )

@@ -79,10 +79,11 @@ def test_values_not_known_in_preview_pass():
         # Another head (or the same name at another address) holds none of this image.
         ({**PROPS, "node": {**NODE, "name": "spark-2"}}, Change(("node",), ())),
         ({**PROPS, "node": {**NODE, "host": "10.0.0.9"}}, Change(("node",), ())),
-        # How the head is reached, the build's network, the context's path: recorded in place.
+        # How the head is reached and the build's network: recorded in place.
         ({**PROPS, "node": {**NODE, "known_hosts": "/other"}}, Change((), ("node",))),
         ({**PROPS, "network": None}, Change((), ("network",))),
-        ({**PROPS, "context": "/elsewhere/patches"}, Change((), ("context",))),
+        # Another clone of the same checkout: the same context, nothing to change.
+        ({**PROPS, "context": "/elsewhere/patches"}, Change((), ())),
     ],
 )
 def test_plan_change(news, expected):
