@@ -1094,6 +1094,14 @@ class StackConfig(_Model):
             "not used by cluster.executor 'mp' (no Ray runs): remove it, or set cluster.executor to 'ray'"
         )
         problems = [("ray", unused)] if "ray" in self.model_fields_set else []
+        if self.cluster.master_port == self.serve.port:
+            problems.append(
+                (
+                    "cluster.master_port",
+                    f"{self.cluster.master_port} is serve.port too: rank 0 listens on both on the head; "
+                    "choose another port",
+                )
+            )
         problems += [
             (f"nodes.{i}.ray_ports", unused)
             for i, n in enumerate(self.nodes)

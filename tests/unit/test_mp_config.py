@@ -93,3 +93,10 @@ def test_the_ray_section_stays_accepted_under_ray():
 def test_two_gpus_per_node_split_evenly():
     cfg = parse_stack_config(mp_raw(2, gpus=2))
     assert cfg.serve.tensor_parallel_size == 4 and {n.gpus for n in cfg.nodes} == {2}
+
+
+def test_a_master_port_that_is_the_serving_port_is_refused():
+    raw = mp_raw(2)
+    raw["cluster"]["master_port"] = raw["serve"].get("port", 8000)
+    raw["serve"] = {**raw["serve"], "port": raw["cluster"]["master_port"]}
+    assert "cluster.master_port" in refusal(raw) and "serve.port too" in refusal(raw)
