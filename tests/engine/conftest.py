@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import openai
 import pytest
 
 import lab
@@ -173,6 +174,16 @@ def clear_caches(lab_nodes) -> None:
     """Each node's HF cache of the lab stack, emptied so a first `up` fetches and copies for real."""
     for name in lab_nodes:
         shutil.rmtree(f"/run/qwen35-lab/{name}/hf-cache", ignore_errors=True)
+
+
+def answers(stack: Stack, api_key: str) -> None:
+    """The stack's `endpoint` output answers one chat completion with `api_key`."""
+    outputs = stack.run("stack", "output", "--json").json()
+    client = openai.OpenAI(base_url=outputs["endpoint"], api_key=api_key, timeout=30)
+    reply = client.chat.completions.create(
+        model=outputs["served_model"], messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert reply.choices[0].message.content
 
 
 @pytest.fixture(scope="session")

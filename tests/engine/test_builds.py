@@ -13,10 +13,10 @@ carry no torch, so only the compatibility proof runs, and the lab's trees pass i
 from __future__ import annotations
 
 import json
+import re
 import secrets as pysecrets
 from collections.abc import Iterator
 
-import openai
 import pytest
 
 import lab
@@ -28,6 +28,7 @@ from tests.engine.conftest import (
     CONTAINER,
     NODE_IMAGE,
     Stack,
+    answers,
     changed_steps,
     errors,
     finished,
@@ -82,15 +83,6 @@ def up(stack: Stack, *extra: str) -> list[dict]:
     return done.events()
 
 
-def answers(stack: Stack, api_key: str) -> None:
-    outputs = stack.run("stack", "output", "--json").json()
-    client = openai.OpenAI(base_url=outputs["endpoint"], api_key=api_key, timeout=30)
-    reply = client.chat.completions.create(
-        model=outputs["served_model"], messages=[{"role": "user", "content": "hi"}], max_tokens=4
-    )
-    assert reply.choices[0].message.content
-
-
 def assert_clean(stack: Stack) -> None:
     done = stack.run("refresh", "--yes", "--skip-preview", "--expect-no-changes", "--json", check=False)
     assert done.returncode == 0, changed_steps(done.events()) or done.err[-3000:]
@@ -141,8 +133,9 @@ def test_the_first_up_builds_the_hybrid_once_copies_it_and_serves(first_up, hybr
         assert outputs_of(first_up, f"qwen35-image-{node}")["image_id"] == built["image_id"], node
     # The build's own lines reached the display: the Dockerfile's steps and the proofs' verdicts.
     shown = "\n".join(build_lines(first_up))
-    assert "compatibility proof" in shown or "qwen35-compat" in shown or "Step" in shown, shown[-3000:]
-    assert "pip check" in shown, shown[-3000:]
+    # The Dockerfile's steps as the builder prints them (a step the layer cache holds prints no
+    # output of its own: the rebuild below checks a verdict line).
+    assert re.search(r"Step \d+/\d+ : RUN", shown), shown[-3000:]
     answers(hybrid, secrets["api_key"])
 
 
@@ -167,6 +160,9 @@ def test_a_changed_file_under_patches_rebuilds_and_replaces_what_runs_the_image(
     assert "create-replacement" in ops[(IMAGE_BUILD, R_BUILD)], ops
     new = outputs_of(events, R_BUILD)
     assert new["built"] is True and new["ref"] != old_ref, new
+    # Every step after the changed COPY ran again: its own output, not the step's text, is shown.
+    shown = "\n".join(build_lines(events))
+    assert re.search(r"pip check \(exit \d+\), recorded in", shown), shown[-3000:]
     # The content tag hashes the context as it is now, the new file included.
     assert new["ref"] == hybrid_ref(lab_image_config(hybrid_config)), new
     unchanged = {"same", "read", "refresh"}

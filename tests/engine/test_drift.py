@@ -17,7 +17,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 
 import lab
@@ -26,6 +25,7 @@ from lab.standin_hub import StandinHub, generate_repo
 from tests.engine.conftest import (
     REPO_ID,
     Stack,
+    answers,
     changes,
     clear_caches,
     errors,
@@ -126,15 +126,6 @@ def stack(engine, before, config_for, secrets) -> Iterator[Stack]:
 def first_up(stack):
     """The first `up` with the engine's own display (no `--json`): what a terminal or CI log shows."""
     return stack.run("up", "--yes", "--skip-preview", timeout=1800)
-
-
-def answers(stack: Stack, api_key: str) -> None:
-    outputs = stack.run("stack", "output", "--json").json()
-    client = openai.OpenAI(base_url=outputs["endpoint"], api_key=api_key, timeout=30)
-    reply = client.chat.completions.create(
-        model=outputs["served_model"], messages=[{"role": "user", "content": "hi"}], max_tokens=4
-    )
-    assert reply.choices[0].message.content
 
 
 def refresh(stack: Stack) -> dict[str, str]:

@@ -34,6 +34,7 @@ from tests.engine.conftest import (
     PROVIDER,
     VOLUME,
     Stack,
+    answers,
     changed_steps,
     changes,
     clear_caches,
@@ -217,15 +218,6 @@ def test_a_stack_last_deployed_under_the_old_pin_ups_without_replacing_a_contain
         if r["type"] == PROVIDER
     }
     assert versions == {"5.2.0"}, versions
-
-
-def answers(stack: Stack, api_key: str) -> None:
-    outputs = stack.run("stack", "output", "--json").json()
-    client = openai.OpenAI(base_url=outputs["endpoint"], api_key=api_key, timeout=30)
-    reply = client.chat.completions.create(
-        model=outputs["served_model"], messages=[{"role": "user", "content": "hi"}], max_tokens=4
-    )
-    assert reply.choices[0].message.content
 
 
 def test_a_stopped_server_is_drift_its_container_and_logs_stay_and_up_starts_it(
