@@ -64,7 +64,7 @@ MODEL_SUPPORT_OUTPUTS = (
 
 
 # FabricCheck's outputs that the stack exports per node (`fabric`).
-FABRIC_OUTPUTS = ("ib_hca", "gid_index", "gids", "mtu", "verdict", "problems")
+FABRIC_OUTPUTS = ("ib_hca", "gid_index", "gids", "mtu", "verdict", "problems", "throughput")
 
 
 @dataclass(frozen=True)
