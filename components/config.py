@@ -753,6 +753,11 @@ class FabricConfig(_Model):
     # (`nodes[].ib_hca` is the per-node pin), and `ib_gid_index: N`, now `gid_index: N`.
     ib_hca: list[str] | None = None
     ib_gid_index: int | None = Field(default=None, ge=0, le=255)
+    # Before Ray: each worker's FabricCheck connects to the head's fabric_ip on this port (a listener
+    # there for at most seconds) and measures one bounded copy (1 GiB or 3 s) over the fabric.
+    probe_port: int = Field(default=29590, ge=1024, le=65535)
+    # The probe's floor in GB/s (gigabytes, the unit of the figure it reports); below it `up` warns.
+    min_gbps: float | None = Field(default=None, gt=0)
 
     @field_validator("socket_ifname")
     @classmethod

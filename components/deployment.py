@@ -14,7 +14,7 @@ replaces exactly the containers it concerns.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +64,7 @@ MODEL_SUPPORT_OUTPUTS = (
 
 
 # FabricCheck's outputs that the stack exports per node (`fabric`).
-FABRIC_OUTPUTS = ("ib_hca", "gid_index", "gids", "mtu", "verdict", "problems")
+FABRIC_OUTPUTS = ("ib_hca", "gid_index", "gids", "mtu", "verdict", "problems", "throughput")
 
 
 @dataclass(frozen=True)
@@ -233,6 +233,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 f"{name}-fabric-{node.name}",
                 **fabric_check_inputs(cfg, node, dict(self.access[node.name].node_image_dict())),
                 reference=reference,
+                probe=probe_input(cfg, self.access[cfg.head.name].node_image_dict()) if head else None,
                 opts=pulumi.ResourceOptions(parent=self),
             )
         return checks
@@ -530,6 +531,17 @@ def fabric_check_inputs(cfg: StackConfig, node: NodeConfig, node_dict: dict[str,
         "gid": cfg.fabric.gid,
         "mtu_expected": cfg.fabric.mtu,
         "sysfs_root": node.sysfs_root,
+    }
+
+
+def probe_input(cfg: StackConfig, head_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker's FabricCheck `probe`: where the head listens for it, and the floor it is held to."""
+    return {
+        "head": dict(head_dict),
+        "head_name": cfg.head.name,
+        "host": cfg.head.fabric_ip,
+        "port": cfg.fabric.probe_port,
+        "min_gbps": cfg.fabric.min_gbps,
     }
 
 

@@ -3,13 +3,21 @@ The only I/O of the package."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from components.fabric_check.errors import FabricCheckError
 from components.fabric_check.facts import NodeFacts, parse_report
-from components.fabric_check.plan import Decision, decide, refusal, settings
-from components.fabric_check.programs import EXIT_HINTS, facts_argv, parse_stdout
+from components.fabric_check.plan import Decision, Probe, decide, probe_verdict, refusal, settings, with_probe
+from components.fabric_check.programs import (
+    EXIT_HINTS,
+    PROBE_DEADLINE_S,
+    PROBE_HINTS,
+    facts_argv,
+    parse_stdout,
+    probe_argv,
+)
 from components.nodes import NodeDictError, checked_target
 from components.remote import RemoteError, SshTransport, Transport
 
@@ -43,9 +51,41 @@ def read_facts(props: Mapping[str, Any], transport: Transport | None = None) -> 
     return parse_report(props["node"]["name"], facts_report(props, transport))
 
 
+def _probe_end(transport: Transport, argv: list[str], into: dict[str, Any], hints: Mapping) -> None:
+    """Run one end of the probe; its report (with the hint for its exit status) lands in `into`."""
+    try:
+        result = transport.run(argv, timeout=PROBE_DEADLINE_S + 30)
+    except RemoteError as exc:  # a transport failure: no report, the verdict says unreachable
+        into["report"] = {"exit": None, "hint": str(exc).splitlines()[0]}
+        return
+    report = parse_stdout(result.out) or {"exit": result.returncode}
+    hint = hints.get(result.returncode)
+    into["report"] = {**report, **({"hint": hint} if hint else {})}
+
+
+def run_probe(
+    props: Mapping[str, Any], transport: Transport | None = None, head: Transport | None = None
+) -> Probe:
+    """The worker's probe to the head: the listener on the head (in a thread), the sender here."""
+    probe = props["probe"]
+    head = head or node_transport(probe["head"])
+    listened: dict[str, Any] = {}
+    listener = threading.Thread(
+        target=_probe_end, args=(head, probe_argv("listen", probe), listened, PROBE_HINTS), daemon=True
+    )
+    listener.start()
+    sent: dict[str, Any] = {}
+    _probe_end(transport or node_transport(props["node"]), probe_argv("send", probe), sent, {})
+    listener.join(PROBE_DEADLINE_S + 40)  # bounded: the listener's own deadline ends it first
+    return probe_verdict(settings(props), probe, listened.get("report"), sent.get("report"))
+
+
 def run_check(props: Mapping[str, Any], transport: Transport | None = None) -> Decision:
-    """Read and decide; FabricCheckError when the fabric is refused (mode enforce)."""
+    """Read and decide, then (on a worker) probe the head; FabricCheckError when the fabric is
+    refused (mode enforce)."""
     decision = decide(settings(props), read_facts(props, transport))
+    if props.get("probe") and not decision.problems:
+        decision = with_probe(decision, run_probe(props, transport))
     message = refusal(settings(props), decision)
     if message:
         raise FabricCheckError(message)

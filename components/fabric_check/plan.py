@@ -13,7 +13,7 @@ Per node:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.change import Change
@@ -22,7 +22,7 @@ from components.fabric_check.facts import NodeFacts, Port
 ENFORCE, REPORT = "enforce", "report"
 UNSET, RESOLVE = "unset", "resolve"
 # What the check decides, recorded as outputs (and read back by refresh).
-OUTPUT_KEYS = ("ib_hca", "gid_index", "gids", "mtu", "paths", "verdict", "problems")
+OUTPUT_KEYS = ("ib_hca", "gid_index", "gids", "mtu", "paths", "verdict", "problems", "throughput")
 # What it decides from: a change to any of these checks again (in place: nothing is left on a node).
 INPUT_KEYS = (
     "node",
@@ -34,6 +34,8 @@ INPUT_KEYS = (
     "gid",
     "mtu_expected",
     "reference",
+    # On a worker: the head's name, fabric address and probe port, and fabric.min_gbps.
+    "probe",
 )
 
 
@@ -64,13 +66,19 @@ class Decision:
     mtu: int | None
     paths: Mapping[str, int | None]
     problems: tuple[str, ...] = field(default=())
+    # A worker's probe to the head (`Probe.outputs`); None where none ran (the head, or a refresh).
+    throughput: Mapping[str, Any] | None = None
+    warnings: tuple[str, ...] = field(default=())
 
     @property
     def verdict(self) -> str:
         return "fail" if self.problems else "pass"
 
     def outputs(self) -> dict[str, Any]:
+        # Refresh runs no probe: leaving `throughput` out keeps the one `up` recorded.
+        probe = {} if self.throughput is None else {"throughput": dict(self.throughput)}
         return {
+            **probe,
             "ib_hca": list(self.ib_hca),
             "gid_index": self.gid_index,
             "gids": dict(self.gids),
@@ -329,4 +337,85 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
         problems.append(("gid", f"{gid!r}: give unset, resolve or an index 0-255"))
     if not isinstance(props.get("node"), Mapping) or not props["node"].get("name"):
         problems.append(("node", "give the node dict (name, host, known_hosts)"))
+    return problems + probe_input_problems(props.get("probe"))
+
+
+def probe_input_problems(probe: Any) -> list[tuple[str, str]]:
+    """(input, reason) for a `probe` input the probe cannot use; None (the head) is fine."""
+    if probe is None:
+        return []
+    if not isinstance(probe, Mapping) or not all(probe.get(k) for k in ("head", "head_name", "host")):
+        return [("probe", "give head (the node dict), head_name, host, port and min_gbps")]
+    port, floor = whole(probe.get("port")), probe.get("min_gbps")
+    problems = []
+    if not (isinstance(port, int) and 1024 <= port <= 65535):
+        problems.append(("probe", f"port {port!r}: give a port 1024-65535"))
+    if floor is not None and not (isinstance(floor, (int, float)) and floor > 0):
+        problems.append(("probe", f"min_gbps {floor!r}: give a positive GB/s figure, or leave it unset"))
     return problems
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One worker's probe to the head: what was measured, and what is wrong with it."""
+
+    line: str
+    gbytes_s: float | None
+    problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def outputs(self) -> dict[str, Any]:
+        return {"line": self.line, "gbytes_s": self.gbytes_s, "problems": list(self.problems)}
+
+
+def probe_verdict(
+    s: Settings,
+    probe: Mapping[str, Any],
+    listened: Mapping[str, Any] | None,
+    sent: Mapping[str, Any] | None,
+) -> Probe:
+    """From both ends' reports: the figure ("node-b → node-a 11.8 GB/s over IF"), an unreachable
+    head as a problem, and a figure below `fabric.min_gbps` (GB/s) as a warning."""
+    head, path = str(probe["head_name"]), f"{probe['host']}:{probe['port']}"
+    route = f"{s.node} → {head}"
+    if not sent or sent.get("exit") != 0:
+        why = (listened or {}).get("hint") or "nothing accepted the connection before the deadline"
+        return Probe(
+            line=f"{route} unreachable at {path}",
+            gbytes_s=None,
+            problems=(
+                f"{s.node}: cannot reach {head}'s fabric address {path} ({why}); next: check that "
+                f"{head} holds {probe['host']} on {s.socket_ifname} (`ip addr`), that the link is up, "
+                f"and that no firewall drops port {probe['port']}",
+            ),
+        )
+    seconds = float((listened or {}).get("seconds") or 0.0)
+    received = int((listened or {}).get("bytes") or 0)
+    if not listened or listened.get("exit") != 0 or seconds <= 0 or received <= 0:
+        return Probe(
+            line=f"{route} reachable, throughput not measured",
+            gbytes_s=None,
+            warnings=(
+                f"{s.node}: the probe reached {head} at {path} but {head} measured nothing ({listened})",
+            ),
+        )
+    rate = received / seconds / 1e9
+    line = f"{route} {rate:.1f} GB/s over {s.socket_ifname}"
+    floor = probe.get("min_gbps")
+    warnings: tuple[str, ...] = ()
+    if floor is not None and rate < float(floor):
+        warnings = (
+            f"{s.node}: {line}, below fabric.min_gbps {float(floor):g} GB/s; next: check the link "
+            f"speed of {s.socket_ifname} on both nodes (`ethtool {s.socket_ifname}`) and its MTU",
+        )
+    return Probe(line=line, gbytes_s=round(rate, 3), warnings=warnings)
+
+
+def with_probe(decision: Decision, probe: Probe) -> Decision:
+    """The node's decision with its probe: an unreachable head is a problem like any other."""
+    return replace(
+        decision,
+        problems=decision.problems + probe.problems,
+        warnings=decision.warnings + probe.warnings,
+        throughput=probe.outputs(),
+    )

@@ -11,7 +11,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from components.node_programs import fabric_facts, program_argv
+from components.node_programs import fabric_facts, fabric_probe, program_argv
 
 DEFAULT_SYSFS = "/sys"
 # A lab tree (`nodes[].sysfs_root`) stands in for the node's addresses too: this file in it holds
@@ -49,3 +49,32 @@ def parse_stdout(stdout: str) -> dict[str, Any] | None:
         if isinstance(value, dict):
             return value
     return None
+
+
+# The probe's bounds: at most 1 GiB or 3 s of sending; the listener gives up after PROBE_DEADLINE_S.
+PROBE_MAX_BYTES = 1 << 30
+PROBE_MAX_S = 3.0
+PROBE_DEADLINE_S = 20.0
+PROBE_HINTS = {
+    fabric_probe.Exit.USAGE: "the probe was given a bad SPEC (a bug in this program)",
+    fabric_probe.Exit.PORT_BUSY: "something else listens on that port: set fabric.probe_port to a free one",
+    fabric_probe.Exit.NOT_LOCAL: "the head does not hold that address: correct nodes[].fabric_ip",
+}
+
+
+def probe_spec(probe: Mapping[str, Any]) -> dict[str, Any]:
+    """What both ends of the probe are given: the head's fabric address, the port and the bounds."""
+    return {
+        "host": str(probe["host"]),
+        "port": int(probe["port"]),
+        "deadline_s": PROBE_DEADLINE_S,
+        "max_bytes": PROBE_MAX_BYTES,
+        "max_s": PROBE_MAX_S,
+    }
+
+
+def probe_argv(verb: str, probe: Mapping[str, Any], python: str = "python3") -> list[str]:
+    """`fabric_probe listen` (run on the head) or `fabric_probe send` (run on the worker)."""
+    if verb not in ("listen", "send"):
+        raise ValueError(f"probe verb {verb!r}: give listen or send")
+    return program_argv("fabric_probe", [verb, json.dumps(probe_spec(probe), sort_keys=True)], python)

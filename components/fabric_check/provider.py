@@ -53,4 +53,8 @@ class FabricCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
         decision = run_check(props)
         if decision.problems:  # mode report: recorded, and `up` goes on
             pulumi.log.warn("\n".join(decision.problems) + "\n  (fabric.check: report: continuing)")
+        if decision.warnings:  # a slow link (below fabric.min_gbps) warns under either mode
+            pulumi.log.warn("\n".join(decision.warnings))
+        if decision.throughput:
+            pulumi.log.info(f"fabric probe: {decision.throughput['line']}")
         return {**props, **decision.outputs()}

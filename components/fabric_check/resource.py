@@ -22,6 +22,7 @@ class FabricCheck(dynamic.Resource, module="qwen35", name="FabricCheck"):
     paths: pulumi.Output[dict]
     verdict: pulumi.Output[str]
     problems: pulumi.Output[list]
+    throughput: pulumi.Output[dict | None]
 
     def __init__(
         self,
@@ -36,6 +37,7 @@ class FabricCheck(dynamic.Resource, module="qwen35", name="FabricCheck"):
         mtu_expected: int | None = None,
         sysfs_root: str | None = None,
         reference: pulumi.Input[dict] | None = None,
+        probe: dict[str, Any] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -50,6 +52,8 @@ class FabricCheck(dynamic.Resource, module="qwen35", name="FabricCheck"):
             "sysfs_root": sysfs_root,
             # The head's recorded `node`, `mtu` and `paths` (on a worker): its MTU must match them.
             "reference": reference,
+            # On a worker: the head to probe (node dict, name, fabric address, port) and min_gbps.
+            "probe": probe,
             **{key: None for key in OUTPUT_KEYS},
         }
         super().__init__(FabricCheckProvider(), name, props, opts)

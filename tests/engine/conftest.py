@@ -91,6 +91,16 @@ def errors(events) -> list[str]:
     ]
 
 
+def up_or_fail(stack: Stack) -> list[dict]:
+    """`pulumi up --json`'s events; a failed `up` fails the test with the engine's error messages."""
+    done = stack.run("up", "--yes", "--skip-preview", "--json", check=False, timeout=1800)
+    if done.returncode != 0:
+        pytest.fail(
+            "pulumi up failed:\n" + ("\n".join(errors(done.events())) or done.err[-3000:]), pytrace=False
+        )
+    return done.events()
+
+
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory) -> Engine:
     """The CLI with its plugins, and a backend folder of this test session's own."""

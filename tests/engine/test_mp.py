@@ -16,7 +16,8 @@ import openai
 import pytest
 
 import lab
-from tests.engine.conftest import CONTAINER, Stack, changes, errors, finished, secret_stack
+from tests.engine.conftest import CONTAINER, Stack, changes, finished, secret_stack
+from tests.engine.conftest import up_or_fail as up
 
 pytestmark = pytest.mark.engine
 
@@ -40,15 +41,6 @@ def mp_config(lab_config) -> dict:
 def stack(engine, lab_nodes, lab_config, secrets) -> Iterator[Stack]:
     with secret_stack(engine, "engine-mp", mp_config(lab_config), secrets) as made:
         yield made
-
-
-def up(stack: Stack) -> list[dict]:
-    done = stack.run("up", "--yes", "--skip-preview", "--json", check=False, timeout=1800)
-    if done.returncode != 0:
-        pytest.fail(
-            "pulumi up failed:\n" + ("\n".join(errors(done.events())) or done.err[-3000:]), pytrace=False
-        )
-    return done.events()
 
 
 @pytest.fixture(scope="module")

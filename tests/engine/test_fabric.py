@@ -1,0 +1,96 @@
+"""FabricCheck under the real Pulumi engine, on the lab: `fabric.check: enforce`, `gid_index: unset`,
+and a sysfs tree per node (`nodes[].sysfs_root`, written onto the node: the lab's nodes share this
+machine's filesystem) whose ACTIVE port names differ between the nodes.
+
+After `up` each node's Ray container has NCCL_IB_HCA of its own node's ACTIVE ports and no
+NCCL_IB_GID_INDEX; an MTU changed in node-b's tree shows on node-b's FabricCheck only in `pulumi
+refresh`; with the tree restored, `up` repairs it and replaces nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets as pysecrets
+from collections.abc import Iterator
+
+import pytest
+
+import lab
+from tests.engine.conftest import Stack, changes, secret_stack, steps, urn_name
+from tests.engine.conftest import up_or_fail as up
+from tests.lab.test_fabric_check import write_on_node
+from tests.support.fabric_trees import DOWN, PortSpec, Tree, spark_tree
+
+pytestmark = pytest.mark.engine
+
+NS = "qwen35-spark"
+R_CHECK_B = "qwen35-fabric-node-b"
+RAY = {"node-a": "qwen35-ray-head", "node-b": "qwen35-ray-worker"}
+# node-a's ACTIVE port is rocep1s0f0, node-b's roceP2p1s0f0: each must get its own.
+ACTIVE_PORT = {"node-a": "rocep1s0f0", "node-b": "roceP2p1s0f0"}
+
+
+def tree(node: str, fabric_ip: str, mtu: int = 9000) -> Tree:
+    down = "rocep1s0f1"
+    ports = [
+        PortSpec(ACTIVE_PORT[node], address=f"192.168.200.{2 if node == 'node-a' else 3}", mtu=mtu),
+        PortSpec(down, state=DOWN, phys_state="3: Disabled"),
+    ]
+    # `lo` holds the node's fabric_ip (127.0.0.x/8) in the lab: the stand-in for `ip -j addr` says so.
+    return spark_tree(ports, socket="lo", socket_address=fabric_ip)
+
+
+def fabric_config(lab_config, roots: dict[str, str]) -> dict:
+    base = lab_config()
+    nodes = copy.deepcopy(base[f"{NS}:nodes"])
+    for node in nodes:
+        node.pop("ib_hca", None)
+        node["sysfs_root"] = roots[node["name"]]
+    fabric = {"socket_ifname": "lo", "check": "enforce", "gid_index": "unset"}
+    return lab_config(fabric=fabric, nodes=nodes)
+
+
+@pytest.fixture(scope="module")
+def roots(lab_nodes) -> Iterator[dict[str, str]]:
+    made = {name: f"/tmp/qwen35-engine-fabric-{name}-{pysecrets.token_hex(4)}" for name in lab_nodes}
+    yield made
+    for name, root in made.items():
+        lab.on_node(lab_nodes[name], ["rm", "-rf", "--", root], timeout=60)
+
+
+@pytest.fixture(scope="module")
+def stack(engine, lab_nodes, lab_config, secrets, roots) -> Iterator[Stack]:
+    config = fabric_config(lab_config, roots)
+    ips = {n["name"]: n["fabric_ip"] for n in config[f"{NS}:nodes"]}
+    for name, root in roots.items():
+        write_on_node(lab_nodes[name], root, tree(name, ips[name]))
+    with secret_stack(engine, "engine-fabric", config, secrets) as made:
+        made.ips = ips
+        yield made
+
+
+def env_of(node: lab.LabNode, container: str) -> dict[str, str]:
+    listed = json.loads(lab.docker(node, "inspect", "--format", "{{json .Config.Env}}", container).out)
+    return dict(item.split("=", 1) for item in listed)
+
+
+def test_each_node_gets_its_own_ports_then_drift_on_node_b_only(stack, lab_nodes, roots):
+    up(stack)
+    for name, container in RAY.items():
+        env = env_of(lab_nodes[name], container)
+        assert env.get("NCCL_IB_HCA") == f"{ACTIVE_PORT[name]}:1", (name, env)
+        assert "NCCL_IB_GID_INDEX" not in env, (name, env)
+    outputs = stack.run("stack", "output", "--json").json()
+    assert outputs["fabric"]["nodes"]["node-b"]["throughput"]["line"].startswith("node-b → node-a ")
+
+    write_on_node(lab_nodes["node-b"], roots["node-b"], tree("node-b", stack.ips["node-b"], mtu=1500))
+    refreshed = stack.run("refresh", "--yes", "--skip-preview", "--json", check=False, timeout=900)
+    assert refreshed.returncode == 0, refreshed.err[-3000:]
+    assert changes(refreshed.events()) == {R_CHECK_B: "update"}, changes(refreshed.events())
+
+    write_on_node(lab_nodes["node-b"], roots["node-b"], tree("node-b", stack.ips["node-b"]))
+    repaired = up(stack)
+    ops = {urn_name(m["urn"]): m["op"] for m in steps(repaired)}
+    assert not [n for n, op in ops.items() if "replace" in op], ops
+    assert {n for n, op in ops.items() if op not in ("same", "read", "refresh")} == {R_CHECK_B}, ops

@@ -1,0 +1,141 @@
+"""The fabric probe's pure parts (argv, inputs, verdict) and its node program run here on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from components.deployment import probe_input
+from components.fabric_check.plan import Decision, Settings, probe_input_problems, probe_verdict, with_probe
+from components.fabric_check.programs import PROBE_HINTS, probe_argv, probe_spec
+from components.node_programs import fabric_probe
+from components.node_programs.fabric_probe import Exit
+from tests.unit.test_fabric_check_config import parse, problems, without_pin
+
+WORKER = Settings(node="node-b", fabric_ip="127.0.0.3", socket_ifname="enp1s0f1np1")
+PROBE = {
+    "head": {"name": "node-a"},
+    "head_name": "node-a",
+    "host": "127.0.0.2",
+    "port": 29590,
+    "min_gbps": None,
+}
+
+
+def test_the_spec_is_bounded_to_one_gib_or_three_seconds():
+    spec = probe_spec(PROBE)
+    assert spec == {
+        "host": "127.0.0.2",
+        "port": 29590,
+        "deadline_s": 20.0,
+        "max_bytes": 1 << 30,
+        "max_s": 3.0,
+    }
+    argv = probe_argv("send", PROBE)
+    assert argv[:3] == ["python3", "-I", "-S"] and argv[-2:] == ["send", json.dumps(spec, sort_keys=True)]
+    with pytest.raises(ValueError, match="listen or send"):
+        probe_argv("serve", PROBE)
+
+
+def test_the_figure_is_bytes_over_the_listeners_seconds():
+    verdict = probe_verdict(WORKER, PROBE, {"exit": 0, "bytes": 11_800_000_000, "seconds": 1.0}, {"exit": 0})
+    assert verdict.line == "node-b → node-a 11.8 GB/s over enp1s0f1np1"
+    assert verdict.gbytes_s == 11.8 and not verdict.problems and not verdict.warnings
+
+
+def test_below_min_gbps_warns_and_does_not_refuse():
+    verdict = probe_verdict(
+        WORKER, {**PROBE, "min_gbps": 20}, {"exit": 0, "bytes": 5e9, "seconds": 1.0}, {"exit": 0}
+    )
+    assert not verdict.problems
+    assert "5.0 GB/s over enp1s0f1np1, below fabric.min_gbps 20 GB/s" in verdict.warnings[0]
+    assert "ethtool enp1s0f1np1" in verdict.warnings[0]
+
+
+def test_an_unreachable_head_is_a_problem_naming_both_nodes_and_the_address():
+    listened = {"exit": int(Exit.NOT_LOCAL), "hint": PROBE_HINTS[Exit.NOT_LOCAL]}
+    verdict = probe_verdict(WORKER, PROBE, listened, {"exit": int(Exit.UNREACHABLE)})
+    assert verdict.line == "node-b → node-a unreachable at 127.0.0.2:29590"
+    (problem,) = verdict.problems
+    assert problem.startswith("node-b: cannot reach node-a's fabric address 127.0.0.2:29590")
+    assert "correct nodes[].fabric_ip" in problem and "next:" in problem
+
+
+def test_the_probe_joins_the_decision_as_problems_warnings_and_an_output():
+    decision = Decision(ib_hca=("rocep1s0f1",), gid_index=None, gids={}, mtu=9000, paths={})
+    verdict = probe_verdict(WORKER, PROBE, None, None)
+    joined = with_probe(decision, verdict)
+    assert joined.verdict == "fail" and joined.outputs()["throughput"]["gbytes_s"] is None
+    # Refresh decides without a probe: `throughput` is left out, so the recorded one stays.
+    assert "throughput" not in decision.outputs()
+
+
+@pytest.mark.parametrize(
+    "probe, expect",
+    [
+        (None, []),
+        ({**PROBE, "port": 80}, ["port 80"]),
+        ({**PROBE, "port": 29590.0}, []),
+        ({**PROBE, "min_gbps": 0}, ["min_gbps 0"]),
+        ({"host": "127.0.0.2"}, ["give head"]),
+    ],
+)
+def test_probe_inputs(probe, expect):
+    found = [reason for _key, reason in probe_input_problems(probe)]
+    assert len(found) == len(expect) and all(e in f for e, f in zip(expect, found, strict=True)), found
+
+
+def test_config_keys_default_and_validate():
+    cfg = parse(without_pin())
+    assert cfg.fabric.probe_port == 29590 and cfg.fabric.min_gbps is None
+    head = {"name": cfg.head.name}
+    assert probe_input(parse(without_pin(min_gbps=12.5)), head)["min_gbps"] == 12.5
+    assert probe_input(cfg, head)["host"] == cfg.head.fabric_ip
+    assert any("fabric.probe_port" in p for p in problems(without_pin(probe_port=22)))
+    assert any("fabric.min_gbps" in p for p in problems(without_pin(min_gbps=-1)))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run(verb: str, spec: dict) -> subprocess.Popen:
+    argv = [sys.executable, fabric_probe.__file__, verb, json.dumps(spec)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def outcome(proc: subprocess.Popen) -> tuple[int, dict]:
+    out, _err = proc.communicate(timeout=30)
+    return proc.returncode, json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_program_measures_a_bounded_copy_on_loopback():
+    spec = {"host": "127.0.0.1", "port": free_port(), "deadline_s": 10, "max_bytes": 64 << 20, "max_s": 3}
+    sender = run("send", spec)  # before the listener: the sender retries until it is up
+    listener = run("listen", spec)
+    (code_l, listened), (code_s, sent) = outcome(listener), outcome(sender)
+    assert (code_l, code_s) == (0, 0), (listened, sent)
+    assert listened["bytes"] == sent["bytes"] == 64 << 20 and listened["seconds"] > 0
+
+
+def test_a_busy_port_and_a_silent_head_end_by_their_deadlines():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        spec = {
+            "host": "127.0.0.1",
+            "port": busy.getsockname()[1],
+            "deadline_s": 2,
+            "max_bytes": 1,
+            "max_s": 1,
+        }
+        assert outcome(run("listen", spec))[0] == Exit.PORT_BUSY
+    spec = {**spec, "port": free_port()}
+    assert outcome(run("send", spec))[0] == Exit.UNREACHABLE
+    assert outcome(run("listen", spec))[0] == Exit.NO_PEER
