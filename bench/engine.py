@@ -2,6 +2,9 @@
 runs: `pulumi preview`, the first `pulumi up`, a no-op `up`, an upgrade to an image with one new top
 layer, and the rollback to the previous image (the previous config and one `up`): the seconds from
 its start to the containers restarted, and the image bytes it sent (0: the nodes kept the image).
+The upgrade and the rollback each report their outage: the longest gap between answered
+completions (the Prober's) while the `up` ran. The same cases then run for the stack under
+`cluster.executor: mp`, so the table shows ray and mp side by side.
 Then the committed hybrid (Pulumi.lab.yaml): a first `up` that builds it on node-a, a no-op `up`, a
 rebuild after a one-file change under patches/, and the plain alternative, `docker build` over SSH
 after the same kind of change, with the ratio of ImageBuild's build step to it.
