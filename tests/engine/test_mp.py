@@ -158,7 +158,7 @@ def replacement_order(run: Run) -> list[tuple[str, str]]:
 def assert_rank_then_head(run: Run, prober: Prober, what: str) -> float:
     """The order of replacement and the outage (seconds) of one `up` that changes the image."""
     # The engine replaces in dependency order, each container deleted before its successor starts;
-    # the head depends on the rank only through depends_on, so it is not deleted first: the rank's
+    # the head depends on the rank only through depends_on (no input), so it is not deleted first: the rank's
     # delete breaks the world (the running head exits), and the head is replaced once the new rank runs.
     assert replacement_order(run) == [
         (R_RANK1, "delete-replaced"),
