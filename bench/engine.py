@@ -2,6 +2,9 @@
 runs: `pulumi preview`, the first `pulumi up`, a no-op `up`, an upgrade to an image with one new top
 layer, and the rollback to the previous image (the previous config and one `up`): the seconds from
 its start to the containers restarted, and the image bytes it sent (0: the nodes kept the image).
+The upgrade and the rollback each report their outage: the longest gap between answered
+completions (the Prober's) while the `up` ran. The same cases then run for the stack under
+`cluster.executor: mp`, so the table shows ray and mp side by side.
 Then the committed hybrid (Pulumi.lab.yaml): a first `up` that builds it on node-a, a no-op `up`, a
 rebuild after a one-file change under patches/, and the plain alternative, `docker build` over SSH
 after the same kind of change, with the ratio of ImageBuild's build step to it.
@@ -25,17 +28,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import openai
+
 import lab
 from components.config import ImageConfig
 from components.hybrid_image import PATCH_DIR, build_args, dockerfile, hybrid_ref
 from engine import ROOT, Engine, ensure_engine
-from engine.lab_stack import engine_lab_config, lab_image_config, stack_file, write_config
+from engine.lab_stack import engine_lab_config, lab_image_config, mp_lab_config, stack_file, write_config
 from lab.ray_image import ray_image
 from lab.sessions import lab_session
 from lab.standin_hub import StandinHub, generate_repo
 from lab.vllm_images import folder_context, lab_build_inputs
 
 STACK = "bench-engine"
+MP_STACK = "bench-engine-mp"
 HYBRID_STACK = "bench-engine-hybrid"
 IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 # A file under patches/ only the bench writes (patches/wheels/ is ignored by git; the context has it).
@@ -95,6 +101,65 @@ class Run:
         return [s for s in self.steps if s.type == type_ and s.name.endswith(suffix)]
 
 
+class Prober:
+    """Chat completions against the endpoint, one after another, each stamped and judged."""
+
+    def __init__(self, endpoint: str, model: str, api_key: str):
+        self.client = openai.OpenAI(base_url=endpoint, api_key=api_key, timeout=3, max_retries=0)
+        self.model = model
+        self.answers: list[tuple[float, bool]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                reply = self.client.chat.completions.create(
+                    model=self.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+                ok = bool(reply.choices[0].message.content)
+            except Exception:  # any failure is an unanswered request: that is what is measured
+                ok = False
+            self.answers.append((time.monotonic(), ok))
+            time.sleep(0.05 if ok else 0.1)
+
+    def __enter__(self) -> Prober:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+    def answered_between(self, begin: float, end: float) -> int:
+        return sum(1 for t, ok in self.answers if ok and begin <= t <= end)
+
+    def outage(self, after: float = 0.0) -> tuple[float, float] | None:
+        """(last answer of the old server, first of the new) around the first request unanswered
+        at or after `after`."""
+        last_ok = None
+        for index, (stamp, ok) in enumerate(self.answers):
+            if ok:
+                last_ok = stamp
+                continue
+            if last_ok is None or stamp < after:
+                continue
+            later = [t for t, good in self.answers[index:] if good]
+            return (last_ok, later[0]) if later else (last_ok, float("inf"))
+        return None
+
+    def longest_gap(self, begin: float, end: float) -> float:
+        """The longest wait between answered completions stamped in [begin, end], its edges
+        counted from the last answer before `begin` and up to the first after `end`."""
+        good = [t for t, ok in self.answers if ok]
+        before = [t for t in good if t < begin][-1:]
+        after = [t for t in good if t > end][:1]
+        stamps = before + [t for t in good if begin <= t <= end] + after
+        if len(stamps) < 2:
+            return float("inf")
+        return max(later - earlier for earlier, later in zip(stamps, stamps[1:], strict=False))
+
+
 def up(engine: Engine, stack: str, timeout: float = 1800) -> Run:
     """`pulumi up --yes --skip-preview --json`, read line by line so each event carries its time."""
     argv = [str(engine.pulumi), "up", "--yes", "--skip-preview", "--json", "--non-interactive"]
@@ -152,19 +217,17 @@ def prebuilt(ref: str) -> dict:
 
 
 @contextlib.contextmanager
-def bench_stack(engine: Engine, name: str, config: dict) -> Iterator[None]:
-    """A stack `name` with `config` and both secrets; destroyed and removed afterwards."""
+def bench_stack(engine: Engine, name: str, config: dict) -> Iterator[str]:
+    """A stack `name` with `config` and both secrets; yields the API key; destroyed and removed after."""
     path = stack_file(name)
     path.unlink(missing_ok=True)
+    values = {key: f"{key}-bench-{secrets.token_hex(8)}" for key in ("api_key", "hf_token")}
     try:
         engine.run("stack", "init", name)
         write_config(path, config)
-        for key in ("api_key", "hf_token"):
-            engine.run(
-                "config", "set", "--secret", f"qwen35-spark:{key}", stack=name,
-                stdin=f"{key}-bench-{secrets.token_hex(8)}",
-            )  # fmt: skip
-        yield
+        for key, value in values.items():
+            engine.run("config", "set", "--secret", f"qwen35-spark:{key}", stack=name, stdin=value)
+        yield values["api_key"]
     finally:
         engine.run("destroy", "--yes", stack=name, check=False, timeout=900)
         engine.run("stack", "rm", "--yes", "--force", stack=name, check=False)
@@ -181,8 +244,11 @@ def main() -> int:
         repo = generate_repo(Path(folder) / "repo", shards=2, shard_bytes=2 << 20)
         with StandinHub({REPO_ID: repo}) as hub:
             config = engine_lab_config(image, hub.endpoint)
-            with bench_stack(engine, STACK, config):
-                rows += measure(engine, nodes, config, image)
+            with bench_stack(engine, STACK, config) as api_key:
+                rows += measure(engine, nodes, config, image, Bench(STACK, "ray", api_key))
+            mp = mp_lab_config(config)
+            with bench_stack(engine, MP_STACK, mp) as api_key:
+                rows += measure(engine, nodes, mp, image, Bench(MP_STACK, "mp", api_key))
             hybrid = engine_lab_config(None, hub.endpoint)
             lab_build_inputs(nodes["node-a"], lab_image_config(hybrid), PATCH_DIR)
             with bench_stack(engine, HYBRID_STACK, hybrid):
@@ -260,42 +326,65 @@ def measure_hybrid(engine: Engine, nodes: dict[str, lab.LabNode], config: dict) 
     return rows
 
 
-def measure(engine: Engine, nodes: dict[str, lab.LabNode], config: dict, image: str) -> list[tuple]:
+@dataclass(frozen=True)
+class Bench:
+    """One benched stack: its name, the executor it runs (the table's row prefix), its API key."""
+
+    stack: str
+    executor: str
+    api_key: str
+
+
+def probed_up(engine: Engine, bench: Bench) -> tuple[Run, float]:
+    """One `up` with completions sent all along: the run and its outage, the longest gap between
+    answered completions while it ran."""
+    outputs = json.loads(engine.run("stack", "output", "--json", stack=bench.stack).out)
+    with Prober(outputs["endpoint"], outputs["served_model"], bench.api_key) as prober:
+        time.sleep(1.0)
+        run = up(engine, bench.stack)
+        time.sleep(1.0)
+    return run, prober.longest_gap(run.started, run.ended)
+
+
+def measure(
+    engine: Engine, nodes: dict[str, lab.LabNode], config: dict, image: str, bench: Bench
+) -> list[tuple]:
+    """preview, first up, no-op up, upgrade and rollback of one stack, each row prefixed by its executor."""
     rows = []
-    preview = engine.run("preview", stack=STACK)
+    preview = engine.run("preview", stack=bench.stack)
     rows.append(("preview (2 lab nodes)", f"{preview.seconds:.1f}", "no SSH to the nodes"))
-    first = up(engine, STACK)
+    first = up(engine, bench.stack)
     if first.returncode:
-        raise SystemExit(f"bench engine: first up failed:\n{first.err[-3000:]}")
+        raise SystemExit(f"bench engine: {bench.executor} first up failed:\n{first.err[-3000:]}")
     rows.append(("first up", f"{first.seconds:.1f}", f"{len(first.steps)} steps"))
-    noop = up(engine, STACK)
+    noop = up(engine, bench.stack)
     rows.append(("no-op up", f"{noop.seconds:.1f}", f"{len(noop.steps)} changed steps"))
     new = top_layer_image(nodes["node-a"], image)
     try:
-        write_config(stack_file(STACK), {**config, "qwen35-spark:image": prebuilt(new)})
-        upgrade = up(engine, STACK)
-        sent = sum(o.get("bytes_sent") or 0 for o in node_images(engine, STACK).values())
-        rows.append(
-            ("upgrade (new top layer)", f"{upgrade.seconds:.1f}", f"{sent / 1e6:.1f} MB image bytes sent")
-        )
-        write_config(stack_file(STACK), config)
-        back = up(engine, STACK)
-        restarted = [s.ended for s in back.of(CONTAINER) if s.op == "create-replacement" and s.ended]
-        sent = sum(o.get("bytes_sent") or 0 for o in node_images(engine, STACK).values())
-        until = max(restarted) - back.started if restarted else float("nan")
-        proofs = [s for s in back.of(MODEL_SUPPORT) if s.op == "create-replacement" and s.ended]
-        proof = f"model-support check {proofs[0].ended - proofs[0].began:.1f} s; " if proofs else ""
-        touched = [s.began for s in back.of(CONTAINER) if s.began]
-        first = f"first container step at {min(touched) - back.started:.1f} s; " if touched else ""
-        rows.append(
-            (
-                "rollback: up -> containers restarted",
-                f"{until:.1f}",
-                f"{sent} image bytes sent; {proof}{first}up {back.seconds:.1f} s, exit {back.returncode}",
-            )
-        )
+        write_config(stack_file(bench.stack), {**config, "qwen35-spark:image": prebuilt(new)})
+        upgrade, outage = probed_up(engine, bench)
+        sent = sum(o.get("bytes_sent") or 0 for o in node_images(engine, bench.stack).values())
+        rows.append(("upgrade (new top layer)", f"{upgrade.seconds:.1f}",
+                     f"{sent / 1e6:.1f} MB image bytes sent; outage {outage:.1f} s"))  # fmt: skip
+        write_config(stack_file(bench.stack), config)
+        back, outage = probed_up(engine, bench)
+        rows.append(("rollback: up -> containers restarted", *rollback_figures(engine, bench, back, outage)))
     finally:
         for node in nodes.values():
             lab.docker(node, "image", "rm", new, check=False)
-    print(f"bench engine: {len(rows)} cases measured", file=sys.stderr)
-    return rows
+    print(f"bench engine: {bench.executor}: {len(rows)} cases measured", file=sys.stderr)
+    return [(f"{bench.executor}: {case}", seconds, figure) for case, seconds, figure in rows]
+
+
+def rollback_figures(engine: Engine, bench: Bench, back: Run, outage: float) -> tuple[str, str]:
+    """(seconds from `up` to the containers restarted, the figure) of a rollback run."""
+    restarted = [s.ended for s in back.of(CONTAINER) if s.op == "create-replacement" and s.ended]
+    sent = sum(o.get("bytes_sent") or 0 for o in node_images(engine, bench.stack).values())
+    until = max(restarted) - back.started if restarted else float("nan")
+    proofs = [s for s in back.of(MODEL_SUPPORT) if s.op == "create-replacement" and s.ended]
+    proof = f"model-support check {proofs[0].ended - proofs[0].began:.1f} s; " if proofs else ""
+    touched = [s.began for s in back.of(CONTAINER) if s.began]
+    first = f"first container step at {min(touched) - back.started:.1f} s; " if touched else ""
+    figure = f"{sent} image bytes sent; {proof}{first}outage {outage:.1f} s; up {back.seconds:.1f} s"
+    figure += f", exit {back.returncode}"
+    return f"{until:.1f}", figure

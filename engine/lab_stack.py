@@ -49,6 +49,16 @@ def engine_lab_config(prebuilt: str | None, hub_endpoint: str, **sections: Any) 
     return config
 
 
+def mp_lab_config(config: dict[str, Any], master_port: int = 18501) -> dict[str, Any]:
+    """`config` under `cluster.executor: mp`: no `ray:` section and no Ray ports (both refused)."""
+    config = copy.deepcopy(config)
+    config.pop(f"{NAMESPACE}:ray", None)
+    nodes = config[f"{NAMESPACE}:nodes"]
+    config[f"{NAMESPACE}:nodes"] = [{k: v for k, v in n.items() if k != "ray_ports"} for n in nodes]
+    config[f"{NAMESPACE}:cluster"] = {"executor": "mp", "master_port": master_port}
+    return config
+
+
 def lab_image_config(config: dict[str, Any]) -> ImageConfig:
     """A stack config's image section, validated as the program validates it."""
     return ImageConfig(**config[f"{NAMESPACE}:image"])

@@ -3,20 +3,23 @@ executor and no Ray. The headless rank on node-b and the head on node-a are one 
 (the lab's stand-in behaves as vLLM's executor: the head serves only once every rank has joined, and
 exits when one dies). The first `up` serves a completion with no Ray container on any node; a refresh
 is clean; a stopped headless rank shows on node-b's container and on the head's (the world broke),
-and `up` brings both back.
+and `up` brings both back. Then an upgrade to an image with one new top layer and the rollback to the
+previous image, one `up` each: the rank is replaced first (deleted, then created), then the head;
+the outage is the longest gap between answered completions (the Prober's) during the `up`.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterator
 
-import openai
 import pytest
 
 import lab
-from tests.engine.conftest import CONTAINER, Stack, changes, finished, secret_stack
+from bench.engine import Prober, Run, node_images, prebuilt, top_layer_image
+from bench.engine import up as engine_up
+from engine.lab_stack import mp_lab_config, write_config
+from tests.engine.conftest import CONTAINER, Stack, answers, changes, finished, secret_stack
 from tests.engine.conftest import up_or_fail as up
 
 pytestmark = pytest.mark.engine
@@ -29,12 +32,8 @@ R_GATE = "qwen35-ready"
 
 
 def mp_config(lab_config) -> dict:
-    """The lab stack with `cluster.executor: mp`: no `ray:` section and no Ray ports (both refused)."""
-    config = copy.deepcopy(lab_config())
-    config.pop(f"{NS}:ray")
-    config[f"{NS}:nodes"] = [{k: v for k, v in n.items() if k != "ray_ports"} for n in config[f"{NS}:nodes"]]
-    config[f"{NS}:cluster"] = {"executor": "mp", "master_port": 18501}
-    return config
+    """The lab stack with `cluster.executor: mp`."""
+    return mp_lab_config(lab_config())
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +45,6 @@ def stack(engine, lab_nodes, lab_config, secrets) -> Iterator[Stack]:
 @pytest.fixture(scope="module")
 def first_up(stack) -> list[dict]:
     return up(stack)
-
-
-def answers(stack: Stack, api_key: str) -> None:
-    outputs = stack.run("stack", "output", "--json").json()
-    client = openai.OpenAI(base_url=outputs["endpoint"], api_key=api_key, timeout=30)
-    reply = client.chat.completions.create(
-        model=outputs["served_model"], messages=[{"role": "user", "content": "hi"}], max_tokens=4
-    )
-    assert reply.choices[0].message.content
 
 
 def names_on(node: lab.LabNode) -> list[str]:
@@ -107,3 +97,81 @@ def test_a_stopped_headless_rank_flags_its_node_and_the_head_and_up_brings_both_
     answers(stack, secrets["api_key"])
     clean = stack.run("refresh", "--yes", "--skip-preview", "--expect-no-changes", "--json", check=False)
     assert clean.returncode == 0, changes(clean.events())
+
+
+def timed_up(stack: Stack, config: dict, api_key: str) -> tuple[Run, Prober]:
+    """`config` written to the stack file, then one `up` with completions sent all along."""
+    write_config(stack.config, config)
+    outputs = stack.run("stack", "output", "--json").json()
+    with Prober(outputs["endpoint"], outputs["served_model"], api_key) as prober:
+        time.sleep(1.0)
+        run = engine_up(stack.engine, stack.name)
+        time.sleep(1.0)
+    assert run.returncode == 0, run.err[-4000:]
+    return run, prober
+
+
+@pytest.fixture(scope="module")
+def new_image(lab_nodes, lab_image) -> Iterator[str]:
+    """The lab image plus one new top layer, on the head only (NodeImage copies it to node-b)."""
+    tag = top_layer_image(lab_nodes["node-a"], lab_image)
+    yield tag
+    for node in lab_nodes.values():
+        lab.docker(node, "image", "rm", tag, check=False)
+
+
+@pytest.fixture(scope="module")
+def upgrade(first_up, stack, lab_config, new_image, secrets) -> tuple[Run, Prober]:
+    config = {**mp_config(lab_config), f"{NS}:image": prebuilt(new_image)}
+    return timed_up(stack, config, secrets["api_key"])
+
+
+@pytest.fixture(scope="module")
+def rollback(upgrade, stack, lab_config, secrets) -> tuple[Run, Prober]:
+    return timed_up(stack, mp_config(lab_config), secrets["api_key"])
+
+
+def replacement_order(run: Run) -> list[tuple[str, str]]:
+    """The containers' delete and create steps, (name, op), in the order they began."""
+    steps = sorted((s for s in run.of(CONTAINER) if s.began is not None), key=lambda s: s.began)
+    return [(s.name, s.op) for s in steps if s.op in ("delete-replaced", "create-replacement")]
+
+
+def assert_rank_then_head(run: Run, prober: Prober, what: str) -> float:
+    """The order of replacement and the outage (seconds) of one `up` that changes the image."""
+    # The engine replaces in dependency order, each container deleted before its successor starts;
+    # the head depends on the rank only through depends_on (no input), so it is not deleted first: the rank's
+    # delete breaks the world (the running head exits), and the head is replaced once the new rank runs.
+    assert replacement_order(run) == [
+        (R_RANK1, "delete-replaced"),
+        (R_RANK1, "create-replacement"),
+        (HEAD, "delete-replaced"),
+        (HEAD, "create-replacement"),
+    ], [(s.name, s.op) for s in run.of(CONTAINER)]
+    first_touch = min(s.began for s in run.of(CONTAINER))
+    window = prober.outage(after=first_touch)
+    assert window is not None, f"{what}: no request failed: the old head cannot have been stopped"
+    assert window[1] != float("inf"), f"{what}: the new head never answered"
+    assert window[0] >= first_touch - 0.5, f"{what}: the old head went silent before any container changed"
+    gap = prober.longest_gap(run.started, run.ended)
+    assert window[1] - window[0] <= gap, (window, gap)
+    print(f"mp {what}: {replacement_order(run)}, outage {gap:.2f} s, up {run.seconds:.1f} s")
+    return gap
+
+
+def test_an_upgrade_replaces_the_rank_then_the_head(upgrade, stack, lab_nodes):
+    run, prober = upgrade
+    assert_rank_then_head(run, prober, "upgrade")
+    worker = next(o for name, o in node_images(stack.engine, stack.name).items() if name.endswith("node-b"))
+    assert worker["layers_sent"] == 1, worker
+    assert running(lab_nodes["node-b"], RANK1) and running(lab_nodes["node-a"], HEAD)
+    assert prober.answers[-1][1], "the upgraded world does not answer"
+
+
+def test_a_rollback_is_one_up_in_the_same_order_that_sends_no_image_byte(rollback, stack, lab_image):
+    run, prober = rollback
+    assert_rank_then_head(run, prober, "rollback")
+    outs = node_images(stack.engine, stack.name)
+    assert {o["image"] for o in outs.values()} == {lab_image}, outs
+    assert all(o["bytes_sent"] == 0 for o in outs.values()), outs
+    assert prober.answers[-1][1], "the rolled-back world does not answer"

@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 import secrets as pysecrets
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 
 import lab
-from bench.engine import Run, build_image
+from bench.engine import Prober, Run, build_image
 from bench.engine import up as engine_up
 from engine import ROOT
 from engine.lab_stack import write_config
@@ -45,54 +43,6 @@ TOP_MB = 48  # the new top layer: big enough that its copy takes a measurable wh
 def up(stack: Stack) -> Run:
     """`pulumi up --json` of the stack, every engine event stamped on arrival."""
     return engine_up(stack.engine, stack.name)
-
-
-class Prober:
-    """Chat completions against the endpoint, one after another, each stamped and judged."""
-
-    def __init__(self, endpoint: str, model: str, api_key: str):
-        self.client = openai.OpenAI(base_url=endpoint, api_key=api_key, timeout=3, max_retries=0)
-        self.model = model
-        self.answers: list[tuple[float, bool]] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            try:
-                reply = self.client.chat.completions.create(
-                    model=self.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
-                )
-                ok = bool(reply.choices[0].message.content)
-            except Exception:  # any failure is an unanswered request: that is what is measured
-                ok = False
-            self.answers.append((time.monotonic(), ok))
-            time.sleep(0.05 if ok else 0.1)
-
-    def __enter__(self) -> Prober:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join(timeout=10)
-
-    def answered_between(self, begin: float, end: float) -> int:
-        return sum(1 for t, ok in self.answers if ok and begin <= t <= end)
-
-    def outage(self, after: float = 0.0) -> tuple[float, float] | None:
-        """(last answer of the old server, first of the new) around the first request unanswered
-        at or after `after`."""
-        last_ok = None
-        for index, (stamp, ok) in enumerate(self.answers):
-            if ok:
-                last_ok = stamp
-                continue
-            if last_ok is None or stamp < after:
-                continue
-            later = [t for t, good in self.answers[index:] if good]
-            return (last_ok, later[0]) if later else (last_ok, float("inf"))
-        return None
 
 
 def exported(stack: Stack, type_: str) -> dict[str, dict]:
