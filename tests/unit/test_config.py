@@ -176,6 +176,16 @@ BAD = [
     ("bad role", _set("nodes.1.role", "master"), ["nodes.1.role:"]),
     ("negative gpus", _set("nodes.1.gpus", -1), ["nodes.1.gpus:"]),
     ("relative known_hosts", _set("ssh.known_hosts", "known hosts"), ["ssh.known_hosts:"]),
+    (
+        "compile cache not a bool",
+        lambda raw: raw.update(containers={"compile_cache": "maybe"}),
+        ["containers.compile_cache:"],
+    ),
+    (
+        "compile cache misspelt",
+        lambda raw: raw.update(containers={"compile_caches": False}),
+        ["containers.compile_caches", "did you"],
+    ),
 ]
 
 
@@ -426,3 +436,10 @@ def test_each_strategy_accepts_the_keys_it_reads(image, strategy):
     parsed = parse_stack_config(raw).image
     assert parsed.strategy is strategy
     assert parsed.ray_version in (None, "==2.49.1", "==2.60.0")
+
+
+def test_the_compile_cache_is_on_unless_turned_off():
+    assert parse_stack_config(dev_raw()).containers.compile_cache is True
+    raw = dev_raw()
+    raw.setdefault("containers", {})["compile_cache"] = False
+    assert parse_stack_config(raw).containers.compile_cache is False
