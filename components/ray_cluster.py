@@ -27,8 +27,8 @@ RAY_TMP = "/tmp/ray"
 COMPILE_CACHE = "/root/.cache/qwen35-compile"
 # Each compiler's cache under it, by the variable that moves it (read in the image's vLLM 0.17.1 and
 # the torch, Triton and FlashInfer it ships). vLLM's torch.compile cache is VLLM_CACHE_ROOT's
-# `torch_compile_cache/`, where vLLM points Inductor and Triton while it compiles the model; these two
-# also catch what they build outside that (Triton MoE kernels, Inductor defaults to /tmp).
+# `torch_compile_cache/`, where vLLM points Inductor and Triton once it sets up that cache; these two
+# catch what they build before or without it (Inductor's default is /tmp, Triton's ~/.triton).
 # FlashInfer's JIT ops go to `$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer`.
 COMPILE_CACHE_ENV = {
     "VLLM_CACHE_ROOT": f"{COMPILE_CACHE}/vllm",
