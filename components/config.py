@@ -867,6 +867,10 @@ class ContainerConfig(_Model):
     memlock_bytes: int = Field(default=-1, ge=-1)
     # Prefix of container names on every node (`qwen35-ray-head`, …).
     name_prefix: str = "qwen35"
+    # A named volume per node (`<prefix>-compile-cache`) for what vLLM, torch.compile, Inductor,
+    # Triton and FlashInfer compile at start: a restart, upgrade or rollback reuses it. Kept on
+    # `destroy` as the checkpoint is (`model.keep_on_destroy`). false: every start compiles again.
+    compile_cache: bool = True
 
     @field_validator("hf_cache")
     @classmethod

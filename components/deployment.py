@@ -32,6 +32,7 @@ from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
     ContainerSpec,
     NodeFabric,
+    compile_cache_volume_name,
     configured_fabric,
     dashboard_host,
     ray_container_name,
@@ -169,6 +170,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
         self.checkpoints: dict[str, Checkpoint] = place_checkpoints(name, self, args.hf_token)
         self.model_support = self._model_support_check(name)
+        self.compile_caches: dict[str, docker.Volume] = self._compile_caches(name)
         self.ray_tmp: docker.Volume | None = None
         self.ray_containers: dict[str, docker.Container] = {}
         # Executor mp: every worker's headless vLLM rank, by node (the head's rank is `server`).
@@ -274,6 +276,24 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 depends_on=[self.node_images[head], *([head_checkpoint] if head_checkpoint else [])],
             ),
         )
+
+    def _compile_caches(self, name: str) -> dict[str, docker.Volume]:
+        """Per node, what vLLM and its compilers build at start, for the next start to reuse (none
+        with `containers.compile_cache` off). Kept on `destroy` as the checkpoint is: a kept volume
+        is only forgotten by the stack, and the next stack's create takes it over under its name."""
+        cfg = self.config
+        if not cfg.containers.compile_cache:
+            return {}
+        return {
+            node.name: docker.Volume(
+                f"{name}-compile-cache-{node.name}",
+                name=compile_cache_volume_name(cfg),
+                opts=pulumi.ResourceOptions.merge(
+                    self._on(node.name), pulumi.ResourceOptions(retain_on_delete=cfg.model.keep_on_destroy)
+                ),
+            )
+            for node in cfg.nodes
+        }
 
     def _ray_cluster(
         self, name: str, secrets: dict[str, Any]
@@ -496,6 +516,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         if revision is not None:
             kwargs["command"] = revision.apply(lambda sha: [*spec.command[1:], "--revision", sha])
         checkpoint = [self.checkpoints[node]] if node in self.checkpoints else []
+        cache = [self.compile_caches[node]] if node in self.compile_caches else []
         return docker.Container(
             resource_name,
             **kwargs,
@@ -506,6 +527,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                     self.claims[node],
                     self.node_images[node],
                     *checkpoint,
+                    *cache,
                     self.model_support,
                     # Every node's fabric before any container on any node (NCCL spans them all).
                     *self.fabric_checks.values(),

@@ -23,6 +23,19 @@ CONTAINER_HF_HOME = "/root/.cache/huggingface"
 # Ray's session directory (sockets, logs). The vLLM server container shares it with the Ray head,
 # because a Ray driver reaches its node's raylet through a Unix socket in this directory.
 RAY_TMP = "/tmp/ray"
+# Where every vLLM container mounts its node's compile cache volume (`containers.compile_cache`).
+COMPILE_CACHE = "/root/.cache/qwen35-compile"
+# Each compiler's cache under it, by the variable that moves it (read in the image's vLLM 0.17.1 and
+# the torch, Triton and FlashInfer it ships). vLLM's torch.compile cache is VLLM_CACHE_ROOT's
+# `torch_compile_cache/`, where vLLM points Inductor and Triton once it sets up that cache; these two
+# catch what they build before or without it (Inductor's default is /tmp, Triton's ~/.triton).
+# FlashInfer's JIT ops go to `$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer`.
+COMPILE_CACHE_ENV = {
+    "VLLM_CACHE_ROOT": f"{COMPILE_CACHE}/vllm",
+    "TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_CACHE}/inductor",
+    "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton",
+    "FLASHINFER_WORKSPACE_BASE": f"{COMPILE_CACHE}/flashinfer",
+}
 # Unified memory is pinned for RDMA: memlock must be unlimited; NCCL and vLLM want a large stack.
 ULIMITS = (("memlock", -1, -1), ("stack", 67108864, 67108864))
 
@@ -109,6 +122,18 @@ def worker_container_name(config: StackConfig) -> str:
 
 def ray_tmp_volume_name(config: StackConfig) -> str:
     return f"{config.containers.name_prefix}-ray-tmp"
+
+
+def compile_cache_volume_name(config: StackConfig) -> str:
+    """The compile cache volume's name on every node (one volume per node, under the same name)."""
+    return f"{config.containers.name_prefix}-compile-cache"
+
+
+def compile_cache(config: StackConfig) -> tuple[tuple[Mount, ...], dict[str, str]]:
+    """The compile cache's mount and variables for a vLLM container; none with the switch off."""
+    if not config.containers.compile_cache:
+        return (), {}
+    return (Mount(compile_cache_volume_name(config), COMPILE_CACHE, volume=True),), dict(COMPILE_CACHE_ENV)
 
 
 def ray_container_name(config: StackConfig, node: NodeConfig) -> str:
@@ -227,23 +252,25 @@ def node_container_spec(
     stop_grace_s: int = 30,
     pid_mode: str | None = None,
 ) -> ContainerSpec:
-    """The settings every container of the deployment shares on `node` (runtime, devices, limits)."""
+    """The settings every container of the deployment shares on `node` (runtime, devices, limits,
+    the HF cache and the compile cache): every one of them runs vLLM."""
     c = config.containers
     hf_cache = Mount(host_path(config.hf_cache(node), config.node_user(node)), CONTAINER_HF_HOME)
+    cache_mounts, cache_env = compile_cache(config)
     return ContainerSpec(
         name=name,
         node=node.name,
         role=role,
         image=image_id,
         command=tuple(command),
-        env=env,
+        env={**env, **cache_env},
         secret_env=secret_env,
         devices=tuple(c.devices),
         ulimits=ulimits(c.memlock_bytes),
         privileged=c.privileged,
         # Privileged already grants every capability; adding one would only add noise to diffs.
         capabilities=() if c.privileged else CAPABILITIES,
-        mounts=(hf_cache, *extra_mounts),
+        mounts=(hf_cache, *cache_mounts, *extra_mounts),
         restart=c.restart,
         max_retry_count=ON_FAILURE_RETRIES if c.restart is RestartPolicy.ON_FAILURE else None,
         # Host IPC shares /dev/shm with the host; shm_size covers runtimes that keep their own.

@@ -52,6 +52,9 @@ R_GATE = "qwen35-ready"
 R_SERVER = "qwen35-vllm"
 CLUSTER_WIDE = {R_GATE, R_SERVER}
 
+# Each node's compile cache (components/ray_cluster.py), kept by destroy as the checkpoint is.
+COMPILE_CACHE_VOLUME = "qwen35-compile-cache"
+
 
 def image_tags(node: lab.LabNode) -> set[str]:
     listed = lab.docker(node, "images", "--format", "{{.Repository}}:{{.Tag}}").out.split()
@@ -113,6 +116,8 @@ def before(lab_nodes, lab_image) -> dict[str, dict[str, set[str]]]:
             lab.docker(node_b, "rm", "-f", name)
     lab.docker(node_b, "rmi", "-f", lab_image, check=False)
     lab.busybox_image(node_b)  # the image a drift case re-points the tag to, there before the stack
+    for node in lab_nodes.values():  # a compile cache an earlier stack kept (keep_on_destroy)
+        lab.docker(node, "volume", "rm", "-f", COMPILE_CACHE_VOLUME, check=False)
     return {name: node_state(node) for name, node in lab_nodes.items()}
 
 
@@ -307,9 +312,10 @@ def test_deleted_checkpoint_file_is_seen_with_sizes_and_sent_again(
 # --- 6. `destroy` leaves the nodes as they were ---------------------------------------------------
 
 
-def assert_as_before(lab_nodes, before) -> None:
+def assert_as_before(lab_nodes, before, kept: frozenset[str] = frozenset()) -> None:
+    """Every node as before the stack, but for the volumes `kept` (what keep_on_destroy keeps)."""
     for name, node in lab_nodes.items():
-        assert node_state(node) == before[name], name
+        assert node_state(node) == {**before[name], "volumes": before[name]["volumes"] | kept}, name
 
 
 def assert_no_resources(stack: Stack) -> None:
@@ -322,8 +328,8 @@ def test_destroy_keeps_the_checkpoint_by_default_and_up_works_again(
 ):
     stack.run("destroy", "--yes", timeout=900)
     assert_no_resources(stack)
-    assert_as_before(lab_nodes, before)
-    # keep_on_destroy (default true): the files stay on every node.
+    # keep_on_destroy (default true): the files stay on every node, and so does the compile cache.
+    assert_as_before(lab_nodes, before, kept=frozenset({COMPILE_CACHE_VOLUME}))
     for node in lab_nodes:
         assert len(shard_blobs(node)) == 2, node
     again = stack.run("up", "--yes", "--skip-preview", "--json", timeout=1800).events()

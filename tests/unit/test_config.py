@@ -176,6 +176,16 @@ BAD = [
     ("bad role", _set("nodes.1.role", "master"), ["nodes.1.role:"]),
     ("negative gpus", _set("nodes.1.gpus", -1), ["nodes.1.gpus:"]),
     ("relative known_hosts", _set("ssh.known_hosts", "known hosts"), ["ssh.known_hosts:"]),
+    (
+        "compile cache not a bool",
+        lambda raw: raw.update(containers={"compile_cache": "maybe"}),
+        ["containers.compile_cache:"],
+    ),
+    (
+        "compile cache misspelt",
+        lambda raw: raw.update(containers={"compile_caches": False}),
+        ["containers.compile_caches", "did you"],
+    ),
 ]
 
 
@@ -513,3 +523,10 @@ def test_expected_refusals_are_refused_where_they_make_no_sense(image, expected)
     with pytest.raises(ConfigError) as err:
         parse_stack_config(raw)
     assert expected in str(err.value)
+
+
+def test_the_compile_cache_is_on_unless_turned_off():
+    assert parse_stack_config(dev_raw()).containers.compile_cache is True
+    raw = dev_raw()
+    raw.setdefault("containers", {})["compile_cache"] = False
+    assert parse_stack_config(raw).containers.compile_cache is False

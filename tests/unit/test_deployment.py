@@ -62,6 +62,7 @@ def run_graph(monkeypatch, config: dict, secrets: dict | None = SECRETS, preview
         options[name] = {
             "delete_before_replace": request.deleteBeforeReplace,
             "additional_secret_outputs": list(request.additionalSecretOutputs),
+            "retain_on_delete": request.retainOnDelete,
         }
         return original(self, request)
 
@@ -114,6 +115,8 @@ DEV_RESOURCES = {
     ("pulumi:providers:docker", "qwen35-docker-spark-1"),
     ("pulumi:providers:docker", "qwen35-docker-spark-2"),
     ("docker:index/volume:Volume", "qwen35-ray-tmp"),
+    ("docker:index/volume:Volume", "qwen35-compile-cache-spark-1"),
+    ("docker:index/volume:Volume", "qwen35-compile-cache-spark-2"),
     (NODE_IMAGE, "qwen35-image-spark-1"),
     (NODE_IMAGE, "qwen35-image-spark-2"),
     (CHECKPOINT, "qwen35-checkpoint-spark-1"),
@@ -807,3 +810,90 @@ def test_the_lab_declares_the_refusals_it_expects_and_other_stacks_none(dev, mon
         "cluster_layer": "ray",
     }
     assert dev.run.named("qwen35-model-support").inputs.get("expect") is None
+
+
+# ---- the compile cache (issue 33): one volume per node, in every vLLM container there --------------
+
+COMPILE_VARS = {
+    "VLLM_CACHE_ROOT": "/root/.cache/qwen35-compile/vllm",
+    "TORCHINDUCTOR_CACHE_DIR": "/root/.cache/qwen35-compile/inductor",
+    "TRITON_CACHE_DIR": "/root/.cache/qwen35-compile/triton",
+    "FLASHINFER_WORKSPACE_BASE": "/root/.cache/qwen35-compile/flashinfer",
+}
+
+
+def with_sections(**sections: dict) -> dict:
+    """The dev stack's config with `sections` merged over its own, key by key."""
+    cfg = copy.deepcopy(stack_config("dev"))
+    for key, value in sections.items():
+        cfg[f"qwen35-spark:{key}"] = {**cfg.get(f"qwen35-spark:{key}", {}), **value}
+    return cfg
+
+
+def volume_mounts(graph: Graph, name: str) -> dict[str, str]:
+    """A container's named volumes: container path -> volume name."""
+    volumes = graph.container(name).inputs["volumes"]
+    return {v["containerPath"]: v["volumeName"] for v in volumes if v.get("volumeName")}
+
+
+def container_nodes(graph: Graph) -> dict[str, str]:
+    """Every container's resource name -> the node its provider is on."""
+    return {
+        c.name: graph.provider_of(c.name).removeprefix("qwen35-docker-") for c in graph.run.by_type(CONTAINER)
+    }
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "four"])
+def test_one_compile_cache_volume_per_node_on_its_own_provider(request, graph_name):
+    graph: Graph = request.getfixturevalue(graph_name)
+    nodes = graph.run.outputs["nodes"]
+    caches = [v for v in graph.run.by_type("docker:index/volume:Volume") if "compile-cache" in v.name]
+    assert sorted(v.name for v in caches) == sorted(f"qwen35-compile-cache-{n}" for n in nodes)
+    for node in nodes:
+        volume = graph.run.named(f"qwen35-compile-cache-{node}")
+        assert volume.inputs["name"] == "qwen35-compile-cache"
+        assert graph.provider_of(volume.name) == f"qwen35-docker-{node}"
+        # After the node's claim (the claim checks the prefix the volume's name carries).
+        assert f"qwen35-claim-{node}" in graph.deps[volume.name]
+
+
+@pytest.mark.parametrize("graph_name", ["dev", "four"])
+def test_every_vllm_container_mounts_its_node_s_cache_with_the_variables(request, graph_name):
+    graph: Graph = request.getfixturevalue(graph_name)
+    on_node = container_nodes(graph)
+    assert len(on_node) == len(graph.run.outputs["nodes"]) + 1  # the Ray containers and the server
+    for name, node in on_node.items():
+        assert volume_mounts(graph, name)["/root/.cache/qwen35-compile"] == "qwen35-compile-cache"
+        assert f"qwen35-compile-cache-{node}" in graph.deps[name], name
+        assert COMPILE_VARS.items() <= envs(graph, name).items(), name
+
+
+def test_mp_ranks_mount_their_node_s_cache(monkeypatch):
+    from tests.support.program import mp_stack_config
+
+    graph = run_graph(monkeypatch, mp_stack_config(3))
+    on_node = container_nodes(graph)
+    assert sorted(on_node.values()) == ["spark-1", "spark-2", "spark-3"]
+    for name, node in on_node.items():
+        assert volume_mounts(graph, name) == {"/root/.cache/qwen35-compile": "qwen35-compile-cache"}
+        assert f"qwen35-compile-cache-{node}" in graph.deps[name]
+        assert COMPILE_VARS.items() <= envs(graph, name).items()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_keep_on_destroy_decides_whether_the_cache_outlives_destroy(monkeypatch, keep):
+    graph = run_graph(monkeypatch, with_sections(model={"keep_on_destroy": keep}))
+    for node in graph.run.outputs["nodes"]:
+        assert graph.options[f"qwen35-compile-cache-{node}"]["retain_on_delete"] is keep
+    # Ray's session directory is never worth keeping.
+    assert graph.options["qwen35-ray-tmp"]["retain_on_delete"] is False
+
+
+def test_the_switch_off_removes_the_volumes_the_mounts_and_the_variables(monkeypatch):
+    graph = run_graph(monkeypatch, with_sections(containers={"compile_cache": False}))
+    volumes = {v.name for v in graph.run.by_type("docker:index/volume:Volume")}
+    assert volumes == {"qwen35-ray-tmp"}
+    for name in container_nodes(graph):
+        assert "/root/.cache/qwen35-compile" not in volume_mounts(graph, name)
+        assert not COMPILE_VARS.keys() & envs(graph, name).keys()
+        assert not any("compile-cache" in dep for dep in graph.deps[name])

@@ -23,7 +23,9 @@ def test_one_vllm_container_per_node_and_nothing_of_ray(mp):
     nodes = mp.run.outputs["nodes"]
     containers = sorted(c.name for c in mp.run.by_type(CONTAINER))
     assert containers == sorted(["qwen35-vllm", *(f"qwen35-vllm-headless-{n}" for n in nodes[1:])])
-    assert not mp.run.by_type("docker:index/volume:Volume")
+    # The one volume per node is the compile cache's; Ray's temp volume is not there.
+    volumes = {v.name for v in mp.run.by_type("docker:index/volume:Volume")}
+    assert volumes == {f"qwen35-compile-cache-{n}" for n in nodes}
     for resource in mp.run.resources:
         assert "ray" not in resource.name, resource.name
     assert mp.provider_of("qwen35-vllm") == "qwen35-docker-spark-1"

@@ -6,7 +6,7 @@ import pytest
 
 from components.config import parse_stack_config
 from components.mp_executor import mp_container_name, mp_container_spec, mp_serve_argv, ranked_nodes
-from components.ray_cluster import fabric_env
+from components.ray_cluster import COMPILE_CACHE, COMPILE_CACHE_ENV, fabric_env
 from components.vllm_server import API_KEY_ENV, serve_argv
 from tests.support.program import mp_raw
 
@@ -118,10 +118,10 @@ def test_each_container_has_its_node_s_fabric_env_and_no_ray_mount_or_address():
     for node in cfg.nodes:
         spec = mp_container_spec(cfg, node, IMAGE_ID)
         assert spec.node == node.name and spec.image == IMAGE_ID
-        assert spec.env == fabric_env(cfg, node)
+        assert spec.env == {**fabric_env(cfg, node), **COMPILE_CACHE_ENV}
         assert spec.env["VLLM_HOST_IP"] == node.fabric_ip
         assert "RAY_ADDRESS" not in spec.env
-        assert [m.target for m in spec.mounts] == ["/root/.cache/huggingface"]
+        assert [m.target for m in spec.mounts] == ["/root/.cache/huggingface", COMPILE_CACHE]
         assert spec.command == tuple(mp_serve_argv(cfg, node))
         assert spec.network_mode == "host" and spec.ipc_mode == "host" and spec.pid_mode is None
 

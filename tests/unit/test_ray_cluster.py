@@ -6,6 +6,7 @@ import pytest
 
 from components.config import RestartPolicy
 from components.ray_cluster import (
+    COMPILE_CACHE,
     CONTAINER_HF_HOME,
     RAY_TMP,
     Mount,
@@ -134,7 +135,7 @@ def test_worker_spec_has_no_ray_tmp_volume(dev):
     spec = ray_container_spec(dev, dev.workers[0], IMAGE_ID)
     assert spec.name == "qwen35-ray-worker"
     assert spec.node == "spark-2"
-    assert [m.target for m in spec.mounts] == [CONTAINER_HF_HOME]
+    assert [m.target for m in spec.mounts] == [CONTAINER_HF_HOME, COMPILE_CACHE]
     assert spec.env["VLLM_HOST_IP"] == "192.168.200.13"
 
 
@@ -177,3 +178,42 @@ def test_env_list_is_sorted_and_secret_free(dev):
     envs = spec.env_list()
     assert envs == sorted(envs)
     assert not any(e.startswith(("HF_TOKEN=", "VLLM_API_KEY=")) for e in envs)
+
+
+def every_spec(config):
+    """Every container spec of `config`'s Ray graph: the Ray containers and the server."""
+    from components.vllm_server import vllm_container_spec
+
+    return [
+        *(ray_container_spec(config, n, IMAGE_ID) for n in config.nodes),
+        vllm_container_spec(config, IMAGE_ID),
+    ]
+
+
+def test_every_spec_mounts_the_compile_cache_and_points_each_compiler_under_it(dev):
+    for spec in every_spec(dev):
+        assert Mount("qwen35-compile-cache", COMPILE_CACHE, volume=True) in spec.mounts, spec.name
+        for var in (
+            "VLLM_CACHE_ROOT",
+            "TORCHINDUCTOR_CACHE_DIR",
+            "TRITON_CACHE_DIR",
+            "FLASHINFER_WORKSPACE_BASE",
+        ):
+            assert spec.env[var].startswith(COMPILE_CACHE + "/"), (spec.name, var)
+        # Each compiler its own directory: none reads another's files as its own.
+        values = [spec.env[v] for v in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")]
+        assert len(set(values)) == 3
+
+
+def test_the_compile_cache_volume_carries_the_stack_s_prefix():
+    blue = config_from(containers={"name_prefix": "blue"})
+    for spec in every_spec(blue):
+        assert Mount("blue-compile-cache", COMPILE_CACHE, volume=True) in spec.mounts
+
+
+def test_compile_cache_off_leaves_no_mount_and_no_variable():
+    off = config_from(containers={"compile_cache": False})
+    for spec in every_spec(off):
+        assert COMPILE_CACHE not in [m.target for m in spec.mounts]
+        assert not {"VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"} & spec.env.keys()
+        assert not any(k.startswith("FLASHINFER") for k in spec.env)

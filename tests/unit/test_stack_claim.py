@@ -82,9 +82,10 @@ def test_the_node_program_takes_refuses_and_drops(tmp_path):
 
 def test_every_volume_and_container_waits_for_its_nodes_claim(monkeypatch):
     graph = run_graph(monkeypatch, copy.deepcopy(stack_config("dev")))
-    for name in ("qwen35-ray-tmp", "qwen35-ray-head", "qwen35-vllm"):
+    for name in ("qwen35-ray-tmp", "qwen35-compile-cache-spark-1", "qwen35-ray-head", "qwen35-vllm"):
         assert "qwen35-claim-spark-1" in graph.deps[name], (name, graph.deps[name])
-    assert "qwen35-claim-spark-2" in graph.deps["qwen35-ray-worker-spark-2"]
+    for name in ("qwen35-compile-cache-spark-2", "qwen35-ray-worker-spark-2"):
+        assert "qwen35-claim-spark-2" in graph.deps[name], (name, graph.deps[name])
     (claim,) = [r for r in graph.run.resources if r.name == "qwen35-claim-spark-1"]
     assert claim.inputs["prefix"] == "qwen35" and "/" in claim.inputs["owner"]
 
