@@ -7,7 +7,7 @@ there, nothing built; `hybrid` or `graft`: HybridImage builds it) → NodeImage 
 model-support check on the head → Ray head → Ray workers → vLLM server on the head → readiness
 gate (every container after every node's FabricCheck). Under `cluster.executor: mp` no Ray runs: the
 headless vLLM ranks (one per worker) → the serving rank on the head → readiness gate (see
-components/mp_executor.py). Every container runs the `sha256:` image ID its node's NodeImage reports
+components/mp_executor.py; the ranks are one world, so a change to any rank replaces every one). Every container runs the `sha256:` image ID its node's NodeImage reports
 and the NCCL settings its node's FabricCheck decided, so a rebuilt image or a changed GID index
 replaces exactly the containers it concerns.
 """
@@ -26,7 +26,15 @@ from components.config import Executor, FabricCheckMode, ImageStrategy, NodeConf
 from components.fabric_check import FabricCheck
 from components.hybrid_image import HybridImage, HybridImageArgs, image_ref
 from components.model_support import ModelSupportCheck
-from components.mp_executor import mp_container_name, mp_container_spec, mp_serve_argv
+from components.mp_executor import (
+    WORLD_ENV,
+    mp_container_name,
+    mp_container_spec,
+    mp_serve_argv,
+    rank_identity,
+    ranked_nodes,
+    world_digest,
+)
 from components.node_image import NodeImage, copy_tree
 from components.nodes import NodeAccess, node_access
 from components.ray_cluster import (
@@ -176,8 +184,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
         # Executor mp: every worker's headless vLLM rank, by node (the head's rank is `server`).
         self.ranks: dict[str, docker.Container] = {}
         if self.config.cluster.executor is Executor.MP:
-            self.ranks = self._headless_ranks(name, secrets)
-            self.server = self._mp_head(name, secrets)
+            specs = self._mp_world(secrets)
+            self.ranks = self._headless_ranks(name, specs, secrets)
+            self.server = self._mp_head(name, specs, secrets)
         else:
             self.ray_tmp, self.ray_containers = self._ray_cluster(name, secrets)
             self.server = self._vllm_server(name, secrets)
@@ -337,29 +346,78 @@ class Qwen35Deployment(pulumi.ComponentResource):
             revision=self._served_revision(),
         )
 
-    def _headless_ranks(self, name: str, secrets: dict[str, Any]) -> dict[str, docker.Container]:
+    def _mp_world(self, secrets: dict[str, Any]) -> dict[str, tuple[ContainerSpec, pulumi.Input[list[str]]]]:
+        """Executor mp: every rank's spec and environment, the environment carrying the world's digest
+        (components/mp_executor.py, WORLD_ENV) so that a change to any rank replaces every rank."""
+        cfg, revision = self.config, self._served_revision()
+        specs = {
+            n.name: self._specs(n, lambda f, n=n: mp_container_spec(cfg, n, self._image_id(n.name), f))
+            for n in ranked_nodes(cfg)
+        }
+
+        def identity(spec: ContainerSpec, env_list: pulumi.Input[list[str]] | None) -> pulumi.Output[dict]:
+            present = {
+                env: secrets[key] for env, key in spec.secret_env.items() if secrets.get(key) is not None
+            }
+            names = sorted(present)
+            return pulumi.Output.all(
+                spec.image,
+                spec.env_list() if env_list is None else env_list,
+                revision,
+                *(present[n] for n in names),
+            ).apply(
+                lambda v: rank_identity(
+                    spec,
+                    v[0],
+                    v[1],
+                    [*spec.command, *(["--revision", v[2]] if v[2] is not None else [])],
+                    dict(zip(names, v[3:], strict=True)),
+                )
+            )
+
+        world = pulumi.Output.all(*(identity(*specs[n.name]) for n in ranked_nodes(cfg))).apply(world_digest)
+        return {
+            node: (
+                spec,
+                pulumi.Output.all(spec.env_list() if env_list is None else env_list, world).apply(
+                    lambda v: [*v[0], f"{WORLD_ENV}={v[1]}"]
+                ),
+            )
+            for node, (spec, env_list) in specs.items()
+        }
+
+    def _headless_ranks(
+        self,
+        name: str,
+        specs: dict[str, tuple[ContainerSpec, pulumi.Input[list[str]]]],
+        secrets: dict[str, Any],
+    ) -> dict[str, docker.Container]:
         """Executor mp: a headless `vllm serve` rank on every worker, before the head's rank 0."""
-        cfg = self.config
         return {
             worker.name: self._container(
                 f"{name}-vllm-headless-{worker.name}",
-                self._specs(worker, lambda f, w=worker: mp_container_spec(cfg, w, self._image_id(w.name), f)),
+                specs[worker.name],
                 worker.name,
                 secrets,
                 depends_on=[],
                 # Every rank loads its own shard of the pinned revision from its node's cache.
                 revision=self._served_revision(),
             )
-            for worker in cfg.workers
+            for worker in self.config.workers
         }
 
-    def _mp_head(self, name: str, secrets: dict[str, Any]) -> docker.Container:
+    def _mp_head(
+        self,
+        name: str,
+        specs: dict[str, tuple[ContainerSpec, pulumi.Input[list[str]]]],
+        secrets: dict[str, Any],
+    ) -> docker.Container:
         """Executor mp: rank 0 on the head, which serves the API once every headless rank joined (it
         waits for them on its master port, within vLLM's own timeout)."""
         head = self.config.head
         return self._container(
             f"{name}-vllm",
-            self._specs(head, lambda f: mp_container_spec(self.config, head, self._image_id(head.name), f)),
+            specs[head.name],
             head.name,
             secrets,
             depends_on=list(self.ranks.values()),

@@ -4,9 +4,20 @@ Every node runs one `vllm serve` with the same command line and its own `--node-
 head serves the API and listens on `--master-addr:--master-port` (the head's fabric address); the
 other ranks run `--headless` (no API server) and dial it. vLLM gives every node the same number of
 local ranks (TP×PP / nnodes), which the config checks (components/config.py, `_mp_problems`).
+
+The ranks of one world live and die together: a rank replaced alone would find the others still in
+the old, broken world (NCCL has no way to take a member back). So every rank's environment carries
+WORLD_ENV, a digest over every rank's container as it runs (`world_digest`): whatever replaces one
+rank changes that value in all of them, and the engine replaces every rank (the headless ones first,
+as they were created; then the head).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 
 from components.config import NodeConfig, StackConfig
 from components.ray_cluster import ContainerSpec, ImageId, NodeFabric, fabric_env, node_container_spec
@@ -59,3 +70,30 @@ def mp_container_spec(
         # Let vLLM tear its process group down before it is killed (the other ranks then exit too).
         stop_grace_s=120,
     )
+
+
+# The world's identity in every rank's environment (a variable vLLM does not read). An env value and
+# not a label: the digest covers the secrets, and the environment is what the stack already keeps
+# secret (state and preview show `[secret]`); a label would be shown in plain.
+WORLD_ENV = "QWEN35_MP_WORLD"
+
+
+def rank_identity(
+    spec: ContainerSpec, image_id: str, env: Sequence[str], command: Sequence[str], secrets: Mapping[str, str]
+) -> dict[str, object]:
+    """What makes one rank's container what it is: its spec with the values known only at run time
+    (its node's image ID, its environment from the FabricCheck, its final command) and its secret
+    variables, each entered as its own sha256 only (the value never enters the digest's input)."""
+    # (the spec's image is the Output itself: replaced before asdict copies the fields)
+    fields = dataclasses.asdict(dataclasses.replace(spec, image=image_id))
+    fields.update(env=list(env), command=list(command))
+    fields["secrets"] = {
+        name: hashlib.sha256(value.encode()).hexdigest() for name, value in sorted(secrets.items())
+    }
+    return fields
+
+
+def world_digest(ranks: Sequence[Mapping[str, object]]) -> str:
+    """`sha256:` over every rank's identity (`rank_identity`), in rank order."""
+    text = json.dumps(list(ranks), sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()

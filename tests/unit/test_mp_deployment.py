@@ -1,13 +1,26 @@
 """The whole graph under `cluster.executor: mp` (issue 34), under Pulumi mocks, for 2 and 3 nodes: one
-vLLM container per node and no Ray container or volume; headless ranks before the head; the gate."""
+vLLM container per node and no Ray container or volume; headless ranks before the head; the gate;
+one world: a change to any rank changes every rank's inputs (so the engine replaces them all)."""
 
 from __future__ import annotations
 
 import pytest
 
+import tests.support.program as program
+from components.mp_executor import WORLD_ENV
 from components.readiness_gate.programs import probe_argv
-from tests.support.program import mp_stack_config
-from tests.unit.test_deployment import CHECK, CONTAINER, GATE, SECRETS, Graph, envs, run_graph, unsecret
+from tests.support.program import mp_stack_config, stack_config
+from tests.unit.test_deployment import (
+    CHECK,
+    CONTAINER,
+    GATE,
+    NODE_IMAGE,
+    SECRETS,
+    Graph,
+    envs,
+    run_graph,
+    unsecret,
+)
 
 
 @pytest.fixture(params=[2, 3], ids=["2-nodes", "3-nodes"])
@@ -119,3 +132,95 @@ def test_the_head_claims_the_master_port_and_no_ray_port(mp):
     assert claims["qwen35-claim-spark-1"] == [[8000, 8000], [29501, 29501]]
     for node in workers(mp):
         assert claims[f"qwen35-claim-{node}"] == []
+
+
+def rank_names(graph: Graph) -> list[str]:
+    """Every rank's resource name, in rank order."""
+    return ["qwen35-vllm", *(f"qwen35-vllm-headless-{n}" for n in workers(graph))]
+
+
+def world(graph: Graph, name: str) -> str:
+    return envs(graph, name)[WORLD_ENV]
+
+
+def test_every_rank_carries_the_same_world_and_no_secret_in_plain(mp):
+    worlds = {world(mp, name) for name in rank_names(mp)}
+    assert len(worlds) == 1 and next(iter(worlds)).startswith("sha256:"), worlds
+    for name in rank_names(mp):
+        inputs = mp.container(name).inputs
+        # The digest covers the secrets: it rides in the environment, which the stack keeps secret.
+        assert unsecret(inputs["envs"])[1], name
+        plain = repr({k: v for k, v in inputs.items() if k != "envs"})
+        assert not any(secret in plain for secret in SECRETS.values()), name
+
+
+def with_worker_image_id(monkeypatch, node: str, image_id: str) -> None:
+    """The mocks' NodeImage on `node` reports `image_id` (as a re-copied image with a new ID would)."""
+    original = program.default_fake_outputs
+
+    def fake(args):
+        out = original(args)
+        if args.typ == NODE_IMAGE and args.name == f"qwen35-image-{node}":
+            out = {**out, "image_id": image_id}
+        return out
+
+    monkeypatch.setattr(program, "default_fake_outputs", fake)
+
+
+def inputs_by_rank(graph: Graph) -> dict[str, dict]:
+    return {name: graph.container(name).inputs for name in rank_names(graph)}
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_a_changed_worker_image_id_changes_every_rank_s_inputs(monkeypatch, nodes):
+    before = run_graph(monkeypatch, mp_stack_config(nodes))
+    again = run_graph(monkeypatch, mp_stack_config(nodes))
+    # The digest is a function of the inputs: the same program gives the same world (no replacement).
+    assert inputs_by_rank(again) == inputs_by_rank(before)
+    changed = workers(before)[-1]
+    with_worker_image_id(monkeypatch, changed, "sha256:" + "9" * 64)
+    after = run_graph(monkeypatch, mp_stack_config(nodes))
+    assert after.container(f"qwen35-vllm-headless-{changed}").inputs["image"] == "sha256:" + "9" * 64
+    for name in rank_names(before):
+        # Every rank's environment differs (envs replace a container), by the world's value only.
+        old, new = envs(before, name), envs(after, name)
+        assert old[WORLD_ENV] != new[WORLD_ENV], name
+        assert {k: v for k, v in old.items() if k != WORLD_ENV} == {
+            k: v for k, v in new.items() if k != WORLD_ENV
+        }, name
+    assert len({world(after, name) for name in rank_names(after)}) == 1
+
+
+@pytest.mark.parametrize("key", ["api_key", "hf_token"])
+def test_a_rotated_secret_changes_every_rank_s_world(monkeypatch, key):
+    """The API key is only in the head's environment: its rotation still replaces the headless ranks,
+    whose world covers the key (as its sha256 inside the digest)."""
+    before = run_graph(monkeypatch, mp_stack_config(3))
+    after = run_graph(monkeypatch, mp_stack_config(3), secrets={**SECRETS, key: SECRETS[key] + "-rotated"})
+    for name in rank_names(before):
+        assert world(before, name) != world(after, name), name
+
+
+def test_a_change_to_one_rank_s_mounts_changes_every_rank_s_world(monkeypatch):
+    """Not only image, command and environment: the whole container (here the worker's HF cache)."""
+    before = run_graph(monkeypatch, mp_stack_config(2))
+    cfg = mp_stack_config(2)
+    cfg["qwen35-spark:model"] = {**cfg.get("qwen35-spark:model", {}), "cache_dirs": {"spark-2": "/data/hf"}}
+    after = run_graph(monkeypatch, cfg)
+    assert (
+        after.container("qwen35-vllm-headless-spark-2").inputs["volumes"]
+        != before.container("qwen35-vllm-headless-spark-2").inputs["volumes"]
+    )
+    assert (
+        after.container("qwen35-vllm").inputs["volumes"] == before.container("qwen35-vllm").inputs["volumes"]
+    )
+    for name in rank_names(before):
+        assert world(before, name) != world(after, name), name
+
+
+def test_a_ray_stack_carries_no_world(monkeypatch):
+    dev = run_graph(monkeypatch, stack_config("dev"))
+    for container in dev.run.by_type(CONTAINER):
+        assert WORLD_ENV not in envs(dev, container.name), container.name
+        labels = {label["label"] for label in container.inputs["labels"]}
+        assert labels == {"qwen35.role", "qwen35.node"}, container.name

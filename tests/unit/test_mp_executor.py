@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from components.config import parse_stack_config
-from components.mp_executor import mp_container_name, mp_container_spec, mp_serve_argv, ranked_nodes
+from components.mp_executor import (
+    mp_container_name,
+    mp_container_spec,
+    mp_serve_argv,
+    rank_identity,
+    ranked_nodes,
+    world_digest,
+)
 from components.ray_cluster import COMPILE_CACHE, COMPILE_CACHE_ENV, fabric_env
 from components.vllm_server import API_KEY_ENV, serve_argv
 from tests.support.program import mp_raw
@@ -131,3 +138,36 @@ def test_only_the_head_gets_the_api_key():
     head, worker = (mp_container_spec(cfg, n, IMAGE_ID) for n in cfg.nodes)
     assert head.secret_env == {"HF_TOKEN": "hf_token", API_KEY_ENV: "api_key"} and head.role == "vllm"
     assert worker.secret_env == {"HF_TOKEN": "hf_token"} and worker.role == "vllm-headless"
+
+
+def identities(cfg, image_ids=None, secrets=None):
+    """Every rank's identity, with each node's image ID (default IMAGE_ID) and the head's secrets."""
+    image_ids = image_ids or {}
+    out = []
+    for node in ranked_nodes(cfg):
+        spec = mp_container_spec(cfg, node, image_ids.get(node.name, IMAGE_ID))
+        out.append(
+            rank_identity(
+                spec, spec.image, spec.env_list(), spec.command, (secrets or {}) if node is cfg.head else {}
+            )
+        )
+    return out
+
+
+def test_the_world_digest_follows_any_rank_s_container():
+    cfg = mp_config(3)
+    base = world_digest(identities(cfg))
+    assert base == world_digest(identities(cfg)) and base.startswith("sha256:")
+    assert world_digest(identities(cfg, {"spark-3": "sha256:" + "f" * 64})) != base
+    changed = identities(cfg)
+    changed[2]["env"] = [*changed[2]["env"], "NCCL_IB_HCA=mlx5_1"]
+    assert world_digest(changed) != base
+    assert world_digest(identities(mp_config(3, master_port=29600))) != base
+
+
+def test_a_secret_enters_the_world_only_as_its_hash():
+    cfg = mp_config(2)
+    key = "sk-a-key-value-that-must-not-show"
+    ids = identities(cfg, secrets={API_KEY_ENV: key})
+    assert key not in repr(ids)
+    assert world_digest(ids) != world_digest(identities(cfg, secrets={API_KEY_ENV: key + "2"}))
