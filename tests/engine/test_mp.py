@@ -3,13 +3,16 @@ executor and no Ray. The headless rank on node-b and the head on node-a are one 
 (the lab's stand-in behaves as vLLM's executor: the head serves only once every rank has joined, and
 exits when one dies). The first `up` serves a completion with no Ray container on any node; a refresh
 is clean; a stopped headless rank shows on node-b's container and on the head's (the world broke),
-and `up` brings both back. Then an upgrade to an image with one new top layer and the rollback to the
-previous image, one `up` each: the rank is replaced first (deleted, then created), then the head;
-the outage is the longest gap between answered completions (the Prober's) during the `up`.
+and `up` brings both back. A change that concerns node-b's rank alone (its NCCL environment)
+replaces both ranks, the rank first, and the new world serves. Then an upgrade to an image with one
+new top layer and the rollback to the previous image, one `up` each: the rank is replaced first
+(deleted, then created), then the head; the outage is the longest gap between answered completions
+(the Prober's) during the `up`.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -18,6 +21,7 @@ import pytest
 import lab
 from bench.engine import Prober, Run, node_images, prebuilt, top_layer_image
 from bench.engine import up as engine_up
+from components.mp_executor import WORLD_ENV
 from engine.lab_stack import mp_lab_config, write_config
 from tests.engine.conftest import CONTAINER, Stack, answers, changes, finished, secret_stack
 from tests.engine.conftest import up_or_fail as up
@@ -99,6 +103,41 @@ def test_a_stopped_headless_rank_flags_its_node_and_the_head_and_up_brings_both_
     answers(stack, secrets["api_key"])
     clean = stack.run("refresh", "--yes", "--skip-preview", "--expect-no-changes", "--json", check=False)
     assert clean.returncode == 0, changes(clean.events())
+
+
+def world_of(node: lab.LabNode, name: str) -> str:
+    """The container's world digest (WORLD_ENV in its environment)."""
+    env = lab.docker(node, "inspect", "--format", "{{json .Config.Env}}", name).out
+    found = [e.split("=", 1)[1] for e in json.loads(env) if e.startswith(f"{WORLD_ENV}=")]
+    assert len(found) == 1, f"{name}: no {WORLD_ENV} in its environment"
+    return found[0]
+
+
+def one_worker_config(lab_config) -> dict:
+    """The mp stack with node-b's HCAs pinned: node-b's rank's environment changes, the head's not."""
+    config = mp_config(lab_config)
+    config[f"{NS}:fabric"] = {k: v for k, v in config[f"{NS}:fabric"].items() if k != "ib_hca"}
+    nodes = config[f"{NS}:nodes"]
+    config[f"{NS}:nodes"] = [{**nodes[0], "ib_hca": []}, {**nodes[1], "ib_hca": ["mlx5_0"]}]
+    return config
+
+
+def test_a_change_to_one_worker_replaces_every_rank_and_the_world_serves(
+    first_up, stack, lab_nodes, lab_config, secrets
+):
+    a, b = lab_nodes["node-a"], lab_nodes["node-b"]
+    before = world_of(a, HEAD)
+    assert world_of(b, RANK1) == before
+    run, prober = timed_up(stack, one_worker_config(lab_config), secrets["api_key"])
+    # Only node-b's environment changed, yet the head is replaced too: a lone new rank would find the
+    # head still in the world it left.
+    assert_rank_then_head(run, prober, "one worker's change")
+    env = lab.docker(b, "inspect", "--format", "{{json .Config.Env}}", RANK1).out
+    assert "NCCL_IB_HCA=mlx5_0" in json.loads(env), env
+    assert world_of(a, HEAD) == world_of(b, RANK1) != before
+    assert running(b, RANK1) and running(a, HEAD)
+    answers(stack, secrets["api_key"])
+    assert prober.answers[-1][1], "the new world does not answer"
 
 
 def timed_up(stack: Stack, config: dict, api_key: str) -> tuple[Run, Prober]:
