@@ -7,9 +7,9 @@ there, nothing built; `hybrid` or `graft`: HybridImage builds it) → NodeImage 
 model-support check on the head → Ray head → Ray workers → vLLM server on the head → readiness
 gate (every container after every node's FabricCheck). Under `cluster.executor: mp` no Ray runs: the
 headless vLLM ranks (one per worker) → the serving rank on the head → readiness gate (see
-components/mp_executor.py; the ranks are one world, so a change to any rank replaces every one). Every container runs the `sha256:` image ID its node's NodeImage reports
-and the NCCL settings its node's FabricCheck decided, so a rebuilt image or a changed GID index
-replaces exactly the containers it concerns.
+components/mp_executor.py). Every container runs the `sha256:` image ID its node's NodeImage
+reports and the NCCL settings its node's FabricCheck decided, so a rebuilt image or a changed GID
+index replaces exactly the containers it concerns (under mp: every rank, as the ranks are one world).
 """
 
 from __future__ import annotations

@@ -48,8 +48,9 @@ def _mb(value: Any) -> str:
 def text(verdict: Verdict, stack: str) -> str:
     """The report for people: nodes, cluster, operations in flight, then each problem and its next step."""
     parts = [f"stack {stack}"]
-    # The fabric column only where FabricCheck is on (`fabric.check` is not off).
-    columns = (*NODE_COLUMNS, *(("fabric",) if any("fabric" in c for c in verdict.nodes.values()) else ()))
+    # The rank column only under executor mp; the fabric column only where FabricCheck is on.
+    optional = [c for c in ("rank", "fabric") if any(c in cells for cells in verdict.nodes.values())]
+    columns = (*NODE_COLUMNS, *optional)
     parts.append(
         table(
             ("node", *columns),

@@ -10,11 +10,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.config import Executor, ImageStrategy, StackConfig
+from components.config import Executor, ImageStrategy, NodeConfig, StackConfig
 from components.deployment import fabric_check_inputs, memory_inputs, node_container_names
 from components.fabric_check import FabricCheckError, decide, parse_report, settings
 from components.memory_fit import NodeMemory, memory_fit, model_shape
 from components.model_support import serve_memory
+from components.mp_executor import mp_container_name, node_rank
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
 from components.vllm_server import vllm_container_name
@@ -130,6 +131,8 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
             problems += _containers(
                 node.name, cells, report, containers[node.name], worker_ray=worker_container_name(config)
             )
+            if config.cluster.executor is Executor.MP:
+                problems += _rank(config, node, cells, report)
         gpus = report.get("gpus") or {}
         problems += _gpus(node.name, node.gpus, config.containers.gpu_runtime, cells, gpus)
         checkpoint = report.get("checkpoint") or {}
@@ -288,6 +291,27 @@ def _containers(node: str, cells: dict, report: dict, names: list[str], worker_r
             )
     cells["containers"] = "; ".join(shown) or "-"
     return problems
+
+
+def _rank(config: StackConfig, node: NodeConfig, cells: dict, report: dict) -> list[Problem]:
+    """Executor mp: the node's rank in the world, as its vLLM container runs it (its own `--node-rank`)
+    against the one the stack gives it. A missing container is already a problem of `_containers`."""
+    declared = str(node_rank(config, node))
+    name = mp_container_name(config, node)
+    actual = ((report.get("containers") or {}).get(name) or {}).get("node_rank")
+    role = "serves the API" if node is config.head else "headless"
+    if actual is None or str(actual) == declared:
+        cells["rank"] = f"{declared} ({role})"
+        return []
+    cells["rank"] = f"{actual} (declared {declared})"
+    return [
+        Problem(
+            node.name,
+            f"container {name} runs --node-rank {actual}, but the stack gives {node.name} rank {declared}: "
+            "the world cannot form",
+            "`pulumi up --refresh` replaces it with the declared rank",
+        )
+    ]
 
 
 def _gpus(node: str, declared: int, runtime: bool, cells: dict, gpus: dict) -> list[Problem]:

@@ -6,9 +6,10 @@ Everything is read, nothing is changed. Each fact is gathered on its own: a fail
 missing cache still leaves the other facts in the report, with the error next to the fact.
 
 Facts: Docker engine version and image store; the deployment image (ID and diff IDs); each declared
-container (state, restarts, uptime, last exit code, image); GPUs (`nvidia-smi`); the checkpoint in
-the Hugging Face cache (revision, files present, manifest digest); on the head, `ray status` and
-Ray's node list; operations in flight from `$HOME/.qwen35/progress/*.json`.
+container (state, restarts, uptime, last exit code, image, the `--node-rank` it runs); GPUs
+(`nvidia-smi`); the checkpoint in the Hugging Face cache (revision, files present, manifest digest);
+on the head, `ray status` and Ray's node list; operations in flight from
+`$HOME/.qwen35/progress/*.json`.
 """
 
 import datetime
@@ -133,11 +134,23 @@ def container_facts(names, now):
             "uptime_s": _seconds_since(state.get("StartedAt"), now) if running else None,
             "error": state.get("Error") or "",
             "image": item.get("Image") or "",
+            "node_rank": node_rank(item.get("Args")),
         }
     if code != 0 and not items:
         for name in names:
             facts[name]["error"] = _tail(err)
     return facts
+
+
+def node_rank(args):
+    """The `--node-rank` a `vllm serve` container runs (vLLM's own multi-node executor), else None."""
+    args = [str(a) for a in (args or [])]
+    for i, arg in enumerate(args):
+        if arg == "--node-rank" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--node-rank="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def gpu_facts():

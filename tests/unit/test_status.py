@@ -649,3 +649,45 @@ def test_under_executor_mp_status_asks_for_each_node_s_rank_and_no_ray():
     assert not verdict.problems, verdict.problems
     gathered["nodes"]["node-b"]["containers"]["qwen35-vllm-rank1"] = {"present": False}
     assert [p.node for p in judge(cfg, gathered).problems] == ["node-b"]
+
+
+def test_under_executor_mp_status_shows_each_node_s_rank_as_its_container_runs_it():
+    cfg = lab_mp_config()
+    gathered = healthy()
+    gathered["nodes"] = {"node-a": node_report(["qwen35-vllm"]), "node-b": node_report(["qwen35-vllm-rank1"])}
+    gathered["nodes"]["node-a"]["containers"]["qwen35-vllm"]["node_rank"] = "0"
+    gathered["nodes"]["node-b"]["containers"]["qwen35-vllm-rank1"]["node_rank"] = "1"
+    verdict = judge(cfg, gathered)
+    assert verdict.nodes["node-a"]["rank"] == "0 (serves the API)"
+    assert verdict.nodes["node-b"]["rank"] == "1 (headless)"
+    text = render.text(verdict, "lab")
+    header = text.splitlines()[2]
+    assert header.split()[-1] == "rank", header
+    assert "qwen35-vllm-rank1 running 1m15s  1 (headless)" in text, text
+    # A container that runs another rank than the stack gives its node: the world cannot form.
+    gathered["nodes"]["node-b"]["containers"]["qwen35-vllm-rank1"]["node_rank"] = "2"
+    verdict = judge(cfg, gathered)
+    assert verdict.nodes["node-b"]["rank"] == "2 (declared 1)"
+    (problem,) = verdict.problems
+    assert problem.node == "node-b" and "runs --node-rank 2" in problem.what and "rank 1" in problem.what
+    assert "pulumi up --refresh" in problem.next
+
+
+def test_a_ray_stack_has_no_rank_column(config):
+    verdict = judge(config, healthy())
+    assert all("rank" not in cells for cells in verdict.nodes.values())
+    assert "rank" not in render.text(verdict, "lab").splitlines()[2].split()
+
+
+@pytest.mark.parametrize(
+    "args, rank",
+    [
+        (["serve", "m", "--nnodes", "2", "--node-rank", "1", "--headless"], "1"),
+        (["serve", "m", "--node-rank=3"], "3"),
+        (["start", "--head", "--block"], None),
+        (["serve", "m", "--node-rank"], None),
+        (None, None),
+    ],
+)
+def test_the_node_program_reads_the_rank_from_the_container_s_args(args, rank):
+    assert node_status.node_rank(args) == rank
