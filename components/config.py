@@ -323,7 +323,7 @@ class ExpectedRefusals(_Model):
 
 
 # Default prebuilt image: the community DGX Spark `vllm-node` build (vLLM nightly, Ray, system NCCL),
-# made on the head by its build script. README "Choosing the image" says why.
+# made on the head by its build script. docs/image-build.md "Choosing the image" says why.
 DEFAULT_PREBUILT = "vllm-node:latest"
 
 
@@ -358,7 +358,8 @@ class ImageConfig(_Model):
     # Empty: a content hash of the build inputs, so unchanged inputs never rebuild.
     tag: str | None = None
     # An exact pin: a `>=` spec resolves differently on each rebuild. 4.57.6 is what vLLM 0.17 pins and
-    # what its Qwen3.5 config classes load with; under 5.x they raise TypeError (README, the finding).
+    # what its Qwen3.5 config classes load with; under 5.x they raise TypeError (docs/hybrid-image.md,
+    # the finding).
     transformers: str = "==4.57.6"
     platform: str = "linux/arm64"
     base_vllm_dir: str = "/usr/local/lib/python3.12/dist-packages/vllm"
@@ -558,7 +559,7 @@ class SpeculativeConfig(_Model):
 class ServeConfig(_Model):
     """`vllm serve` on the head: the model, its parallelism and the serving recipe's options.
 
-    Defaults of the recipe options come from the two published recipes (README, Serving): the
+    Defaults of the recipe options come from the two published recipes (docs/model-support.md, Serving): the
     DGX Spark community recipe for this checkpoint (eugr/spark-vllm-docker
     recipes/qwen3.5-122b-fp8.yaml, "Spark recipe" below) and vLLM's Qwen3.5 recipe
     (vllm-project/recipes Qwen/Qwen3.5.md, "vLLM recipe").

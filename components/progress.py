@@ -2,8 +2,8 @@
 
 The engine reads a Python dynamic provider's stderr line by line and shows each line at once as an
 info diagnostic on the stack's row, with no resource attached (pulumi/pulumi
-pkg/resource/plugin/plugin.go, `newPlugin`'s `runtrace`; README "Progress during `pulumi up`"). So each
-line names what it is about and where; `status` shows the same operations from their progress files.
+pkg/resource/plugin/plugin.go, `newPlugin`'s `runtrace`; docs/status.md "Progress during `pulumi up`").
+So each line names what it is about and where; `status` shows the same operations from their progress files.
 """
 
 from __future__ import annotations

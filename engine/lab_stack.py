@@ -36,7 +36,8 @@ def engine_lab_config(prebuilt: str | None, hub_endpoint: str, **sections: Any) 
         config[f"{NAMESPACE}:image"] = {
             "strategy": "prebuilt",
             "prebuilt": prebuilt,
-            # The lab image holds no torch or real vLLM: the proof records `environment` (README).
+            # The lab image holds no torch or real vLLM: the proof records `environment`
+            # (docs/model-support.md).
             "model_check": "report",
         }
     model = dict(config.get(f"{NAMESPACE}:model", {}))

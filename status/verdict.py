@@ -1,7 +1,7 @@
 """Judging `status` facts against the stack's declaration. Pure: facts in, cells and problems out.
 
 Each problem names the node (or `cluster`), what is wrong, and the next step, in the words of the
-README's troubleshooting and drift rows.
+troubleshooting and drift rows in docs/troubleshooting.md.
 """
 
 from __future__ import annotations
@@ -388,7 +388,7 @@ def _checkpoint(node: str, cells: dict, ckpt: dict, head_ckpt: dict, is_head: bo
 def _fabric_problem(node: str, text: str) -> Problem:
     """One of FabricCheck's problem lines (`node: what; next: step`) as a Problem."""
     what, _, step = text.removeprefix(f"{node}: ").partition("; next: ")
-    return Problem(node, what, step or "see README, `fabric check on … is not fit for NCCL`")
+    return Problem(node, what, step or "see docs/troubleshooting.md, `fabric check on … is not fit for NCCL`")
 
 
 def _fabric(config: StackConfig, cells: dict[str, dict[str, str]], reports: dict[str, Any]) -> list[Problem]:

@@ -64,7 +64,7 @@ class ProofExit(int, Enum):
     DEADLINE = 124
 
 
-# What to do when a stage fails: the README's troubleshooting rows say the same.
+# What to do when a stage fails: docs/troubleshooting.md's rows say the same.
 STAGE_HINTS = {
     "environment": (
         "the image's python3 cannot run the proof (vLLM, transformers or torch missing or broken): "

@@ -48,7 +48,7 @@ from tests.engine.conftest import (
 
 pytestmark = pytest.mark.engine
 
-# What the program registers for two lab nodes (README, "The resource graph").
+# What the program registers for two lab nodes (README, "What a stack deploys").
 EXPECTED = {
     PROVIDER: 2,
     CLAIM: 2,

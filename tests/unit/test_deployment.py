@@ -566,7 +566,7 @@ def test_model_support_check_inputs(four):
         "tensor_parallel_size": 4,
         "pipeline_parallel_size": 1,
         "gpu_memory_utilization": 0.85,
-        # The recipe's options the memory fit counts (README, Serving).
+        # The recipe's options the memory fit counts (docs/model-support.md, Serving).
         "max_model_len": 32768,
         "kv_cache_dtype": "fp8",
         "speculative_tokens": 1,

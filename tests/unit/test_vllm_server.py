@@ -30,7 +30,7 @@ def test_dev_serve_argv():
         "--gpu-memory-utilization", "0.85",
         "--served-model-name", "qwen3.5-122b",
         "--max-model-len", "32768",
-        # The recipe's options (README, Serving), each from a typed field.
+        # The recipe's options (docs/model-support.md, Serving), each from a typed field.
         "--kv-cache-dtype", "fp8",
         "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}',
         "--enable-expert-parallel",
