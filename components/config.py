@@ -756,7 +756,8 @@ class FabricConfig(_Model):
     # Before Ray: each worker's FabricCheck connects to the head's fabric_ip on this port (a listener
     # there for at most seconds) and measures one bounded copy (1 GiB or 3 s) over the fabric.
     probe_port: int = Field(default=29590, ge=1024, le=65535)
-    # The probe's floor in GB/s (gigabytes, the unit of the figure it reports); below it `up` warns.
+    # The probe's floor in Gb/s (gigabits per second, a link's rate: a Spark port is 200); the probe
+    # reports GB/s (gigabytes), so 11.8 GB/s is 94.4 Gb/s. Below it `up` and `status` warn.
     min_gbps: float | None = Field(default=None, gt=0)
 
     @field_validator("socket_ifname")
