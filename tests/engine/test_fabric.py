@@ -17,6 +17,9 @@ from collections.abc import Iterator
 import pytest
 
 import lab
+from lab.layout import lab_dir
+from status import facts
+from status.verdict import fabric_lines
 from tests.engine.conftest import Stack, changes, secret_stack, steps, urn_name
 from tests.engine.conftest import up_or_fail as up
 from tests.lab.test_fabric_check import write_on_node
@@ -70,12 +73,31 @@ def stack(engine, lab_nodes, lab_config, secrets, roots) -> Iterator[Stack]:
         yield made
 
 
+def claim_record(stack: Stack, node: str) -> dict:
+    """The node's record of the stack's StackClaim (the lab nodes' homes are on this machine)."""
+    return json.loads(
+        (lab_dir() / node / "home" / ".qwen35" / "stacks" / f"qwen35-spark--{stack.name}.json").read_text()
+    )
+
+
 def env_of(node: lab.LabNode, container: str) -> dict[str, str]:
     listed = json.loads(lab.docker(node, "inspect", "--format", "{{json .Config.Env}}", container).out)
     return dict(item.split("=", 1) for item in listed)
 
 
-def test_each_node_gets_its_own_ports_then_drift_on_node_b_only(stack, lab_nodes, roots):
+def status_speeds(stack: Stack, monkeypatch) -> dict[str, str]:
+    """`status`'s fabric lines, their speed part read from this stack's output by the real CLI."""
+    for key, value in stack.engine.env().items():
+        monkeypatch.setenv(key, value)
+    recorded = facts.stack_fabric(stack.name, which=lambda _: str(stack.engine.pulumi))
+    assert "output" in recorded, recorded
+    config = facts.load_config(stack.config)
+    lines, warnings = fabric_lines(config, {"nodes": {}, "fabric_output": recorded}, {})
+    assert warnings == []
+    return lines
+
+
+def test_each_node_gets_its_own_ports_then_drift_on_node_b_only(stack, lab_nodes, roots, monkeypatch):
     up(stack)
     for name, container in RAY.items():
         env = env_of(lab_nodes[name], container)
@@ -83,6 +105,11 @@ def test_each_node_gets_its_own_ports_then_drift_on_node_b_only(stack, lab_nodes
         assert "NCCL_IB_GID_INDEX" not in env, (name, env)
     outputs = stack.run("stack", "output", "--json").json()
     assert outputs["fabric"]["nodes"]["node-b"]["throughput"]["line"].startswith("node-b → node-a ")
+    speed = status_speeds(stack, monkeypatch)["node-b"].split("; ", 1)[1]
+    assert speed.startswith("node-b → node-a ") and speed.endswith(" GB/s over lo"), speed
+    # The head's StackClaim holds the probe's port (fabric.probe_port, 29590 by default).
+    assert [29590, 29590] in claim_record(stack, "node-a")["ports"]
+    assert [29590, 29590] not in claim_record(stack, "node-b")["ports"]
 
     write_on_node(lab_nodes["node-b"], roots["node-b"], tree("node-b", stack.ips["node-b"], mtu=1500))
     refreshed = stack.run("refresh", "--yes", "--skip-preview", "--json", check=False, timeout=900)
