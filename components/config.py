@@ -1131,8 +1131,47 @@ class StackConfig(_Model):
         ]
         return problems
 
+    def _head_ports(self) -> dict[str, int]:
+        """The head's listening ports other than the probe's, by the key that sets each."""
+        if self.cluster.executor is Executor.MP:
+            return {"serve.port": self.serve.port, "cluster.master_port": self.cluster.master_port}
+        ports = {
+            "serve.port": self.serve.port,
+            "ray.port": self.ray.port,
+            "ray.dashboard_port": self.ray.dashboard_port,
+        }
+        for key, port in self.head.ray_ports.model_dump().items():
+            if port is not None and key not in ("min_worker_port", "max_worker_port"):
+                ports[f"nodes.{self.nodes.index(self.head)}.ray_ports.{key}"] = port
+        return ports
+
+    def _probe_port_problems(self) -> list[tuple[str, str]]:
+        """fabric.probe_port is none of the head's other ports: a container holding it would make the
+        next probe (a drift repaired by `up`) fail as an unreachable head."""
+        if self.fabric.check is FabricCheckMode.OFF or len(self.nodes) < 2:
+            return []
+        port = self.fabric.probe_port
+        rp = self.head.ray_ports
+        taken = [key for key, value in self._head_ports().items() if value == port]
+        ray = self.cluster.executor is Executor.RAY
+        if (
+            ray
+            and rp.min_worker_port
+            and rp.max_worker_port
+            and rp.min_worker_port <= port <= rp.max_worker_port
+        ):
+            taken.append(f"in nodes.{self.nodes.index(self.head)}.ray_ports' worker port range")
+        return [
+            (
+                "fabric.probe_port",
+                f"{port} is {key} too: each worker's fabric probe listens there on the head; choose "
+                "another port",
+            )
+            for key in taken
+        ]
+
     def _fabric_problems(self) -> list[tuple[str, str]]:
-        problems = []
+        problems = self._probe_port_problems()
         for i, node in enumerate(self.nodes):
             if node.ib_hca is not None and self.fabric.ib_hca is not None:
                 problems.append(

@@ -160,3 +160,31 @@ def test_a_busy_port_and_a_silent_head_end_by_their_deadlines():
     spec = {**spec, "port": free_port()}
     assert outcome(run("send", spec))[0] == Exit.UNREACHABLE
     assert outcome(run("listen", spec))[0] == Exit.NO_PEER
+
+
+@pytest.mark.parametrize(
+    ("changes", "expect"),
+    [
+        ({"serve": {"port": 29590}}, "29590 is serve.port too"),
+        ({"ray": {"dashboard_port": 29590}}, "29590 is ray.dashboard_port too"),
+        ({"fabric": {"probe_port": 6379}}, "6379 is ray.port too"),
+        ({"cluster": {"executor": "mp", "master_port": 29590}}, "29590 is cluster.master_port too"),
+        ({"nodes": {"ray_ports": {"min_worker_port": 29000, "max_worker_port": 29999}}},
+         "29590 is in nodes.0.ray_ports' worker port range too"),
+        ({"fabric": {"probe_port": 29591}}, None),
+        # No probe runs: nothing to collide with.
+        ({"serve": {"port": 29590}, "fabric": {"check": "off"}}, None),
+    ],
+)  # fmt: skip
+def test_the_probe_port_is_none_of_the_heads_other_ports(changes, expect):
+    raw = without_pin()
+    for section, keys in changes.items():
+        if section == "nodes":
+            raw["nodes"] = [{**raw["nodes"][0], **keys}, *raw["nodes"][1:]]
+        else:
+            raw[section] = {**(raw.get(section) or {}), **keys}
+    if expect is None:
+        parse(raw)  # valid
+        return
+    (problem,) = [p for p in problems(raw) if p.startswith("fabric.probe_port")]
+    assert expect in problem and "choose another port" in problem
