@@ -101,17 +101,9 @@ def test_the_roce_v2_ipv4_index_is_resolved_or_pinned(tmp_path, gid, ipv6_global
 def other_netdev_first(own: str | None) -> list[PortSpec]:
     """spark-1 with rocep1s0f1's GID table holding enp1s0f0np0's IPv4-mapped RoCE v2 entry (index 3,
     as a VLAN or a bond over both functions leaves it) before its own (index 5), or instead of it."""
-    table = [
-        (LINK_LOCAL, ROCE_V1, "enp1s0f1np1"),
-        (LINK_LOCAL, ROCE_V2, "enp1s0f1np1"),
-        (ipv4_gid(SPARK1), ROCE_V1, "enp1s0f0np0"),
-        (ipv4_gid(SPARK1), ROCE_V2, "enp1s0f0np0"),
-    ]
-    if own:
-        table += [(ipv4_gid(own), ROCE_V1, "enp1s0f1np1"), (ipv4_gid(own), ROCE_V2, "enp1s0f1np1")]
     return [
         PortSpec("rocep1s0f0", address=SPARK1),
-        PortSpec("rocep1s0f1", address=own, gids=table, mtu=9000),
+        PortSpec("rocep1s0f1", address=own, foreign=(SPARK1, "enp1s0f0np0")),
     ]
 
 
