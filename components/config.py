@@ -757,7 +757,8 @@ class FabricConfig(_Model):
     # Before Ray: each worker's FabricCheck connects to the head's fabric_ip on this port (a listener
     # there for at most seconds) and measures one bounded copy (1 GiB or 3 s) over the fabric.
     probe_port: int = Field(default=29590, ge=1024, le=65535)
-    # The probe's floor in GB/s (gigabytes, the unit of the figure it reports); below it `up` warns.
+    # The probe's floor in Gb/s (gigabits per second, a link's rate: a Spark port is 200); the probe
+    # reports GB/s (gigabytes), so 11.8 GB/s is 94.4 Gb/s. Below it `up` and `status` warn.
     min_gbps: float | None = Field(default=None, gt=0)
 
     @field_validator("socket_ifname")
@@ -1131,8 +1132,47 @@ class StackConfig(_Model):
         ]
         return problems
 
+    def _head_ports(self) -> dict[str, int]:
+        """The head's listening ports other than the probe's, by the key that sets each."""
+        if self.cluster.executor is Executor.MP:
+            return {"serve.port": self.serve.port, "cluster.master_port": self.cluster.master_port}
+        ports = {
+            "serve.port": self.serve.port,
+            "ray.port": self.ray.port,
+            "ray.dashboard_port": self.ray.dashboard_port,
+        }
+        for key, port in self.head.ray_ports.model_dump().items():
+            if port is not None and key not in ("min_worker_port", "max_worker_port"):
+                ports[f"nodes.{self.nodes.index(self.head)}.ray_ports.{key}"] = port
+        return ports
+
+    def _probe_port_problems(self) -> list[tuple[str, str]]:
+        """fabric.probe_port is none of the head's other ports: a container holding it would make the
+        next probe (a drift repaired by `up`) fail as an unreachable head."""
+        if self.fabric.check is FabricCheckMode.OFF or len(self.nodes) < 2:
+            return []
+        port = self.fabric.probe_port
+        rp = self.head.ray_ports
+        taken = [key for key, value in self._head_ports().items() if value == port]
+        ray = self.cluster.executor is Executor.RAY
+        if (
+            ray
+            and rp.min_worker_port
+            and rp.max_worker_port
+            and rp.min_worker_port <= port <= rp.max_worker_port
+        ):
+            taken.append(f"in nodes.{self.nodes.index(self.head)}.ray_ports' worker port range")
+        return [
+            (
+                "fabric.probe_port",
+                f"{port} is {key} too: each worker's fabric probe listens there on the head; choose "
+                "another port",
+            )
+            for key in taken
+        ]
+
     def _fabric_problems(self) -> list[tuple[str, str]]:
-        problems = []
+        problems = self._probe_port_problems()
         for i, node in enumerate(self.nodes):
             if node.ib_hca is not None and self.fabric.ib_hca is not None:
                 problems.append(

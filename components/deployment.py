@@ -245,7 +245,10 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 **fabric_check_inputs(cfg, node, dict(self.access[node.name].node_image_dict())),
                 reference=reference,
                 probe=probe_input(cfg, self.access[cfg.head.name].node_image_dict()) if head else None,
-                opts=pulumi.ResourceOptions(parent=self),
+                # After the claims: a worker's probe listens on the head's claimed fabric.probe_port.
+                opts=pulumi.ResourceOptions(
+                    parent=self, depends_on=[self.claims[node.name], self.claims[cfg.head.name]]
+                ),
             )
         return checks
 

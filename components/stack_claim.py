@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dynamic
 
-from components.config import Executor, NodeConfig, StackConfig
+from components.config import Executor, FabricCheckMode, NodeConfig, StackConfig
 from components.errors import ExplainedErrors
 from components.node_programs import program_argv
 from components.node_programs.stack_claim import EXIT_CLAIMED, RECORDS
@@ -32,11 +32,21 @@ RAY_DASHBOARD_AGENT_LISTEN_PORT = 52365
 SSH_TIMEOUT_S = 60.0
 
 
+def probe_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
+    """The head's `fabric.probe_port`, where each worker's FabricCheck probe reaches a short-lived
+    listener; none without the check or without a worker (no probe runs)."""
+    if node is not config.head or not config.workers or config.fabric.check is FabricCheckMode.OFF:
+        return []
+    return [[config.fabric.probe_port] * 2]
+
+
 def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
-    """The host ports the stack's containers bind on `node`, as sorted [low, high] ranges."""
+    """The host ports the stack binds on `node` (its containers', and the fabric probe's listener on
+    the head), as sorted [low, high] ranges."""
     if config.cluster.executor is Executor.MP:
         # No Ray: the head's API port and the master port its rank 0 listens on for the other ranks.
-        return [[config.serve.port] * 2, [config.cluster.master_port] * 2] if node is config.head else []
+        mp = [[config.serve.port] * 2, [config.cluster.master_port] * 2] if node is config.head else []
+        return sorted(mp + probe_ports(config, node))
     rp = node.ray_ports
     single = [
         rp.node_manager_port,
@@ -48,7 +58,7 @@ def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     ]
     if node is config.head:
         single += [config.ray.port, config.ray.dashboard_port, config.serve.port, RAY_CLIENT_SERVER_PORT]
-    ranges = [[p, p] for p in single if p]
+    ranges = [[p, p] for p in single if p] + probe_ports(config, node)
     if rp.min_worker_port and rp.max_worker_port:
         ranges.append([rp.min_worker_port, rp.max_worker_port])
     return sorted(ranges)

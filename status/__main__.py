@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"status: {path}: {exc}", file=sys.stderr)  # names every bad field; nothing was asked
         return 2
     key, _source = facts.api_key(stack)
-    gathered = facts.gather(config, key, connect_timeout=args.connect_timeout)
+    gathered = facts.gather(config, key, connect_timeout=args.connect_timeout, stack=stack)
     verdict = judge(config, gathered)
     if args.json:
         print(render.as_json(verdict, stack, gathered))

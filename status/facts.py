@@ -204,8 +204,34 @@ def fabric_facts(config: StackConfig, transport: SshTransport, node_name: str) -
         return {"error": exc.hint or str(exc)}
 
 
-def gather(config: StackConfig, key: str | None, connect_timeout: int = 10) -> dict[str, Any]:
-    """Every node's report and the server's answers, all at once (a dead node costs its connect timeout)."""
+def stack_fabric(
+    stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
+) -> dict[str, Any]:
+    """The stack output `fabric` ({"output": …}: per node what FabricCheck recorded, the probe's
+    `throughput` among it), or {"error": why} (no Pulumi CLI, no such stack, nothing deployed)."""
+    cli = which("pulumi")
+    if not cli:
+        return {"error": "no Pulumi CLI here to read the stack output `fabric`"}
+    argv = [cli, "stack", "output", "fabric", "--json", "--stack", stack]
+    try:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": "`pulumi stack output fabric` did not answer in 60 s"}
+    if done.returncode != 0:
+        why = stderr_tail(done.stderr.decode(errors="replace"), 1) or f"exit {done.returncode}"
+        return {"error": f"`pulumi stack output fabric --stack {stack}`: {why}"}
+    try:
+        output = json.loads(done.stdout)
+    except ValueError:
+        return {"error": "`pulumi stack output fabric` printed no JSON"}
+    return {"output": output} if isinstance(output, dict) else {"error": "no stack output `fabric`"}
+
+
+def gather(
+    config: StackConfig, key: str | None, connect_timeout: int = 10, stack: str | None = None
+) -> dict[str, Any]:
+    """Every node's report and the server's answers, all at once (a dead node costs its connect timeout);
+    with FabricCheck on and `stack` given, the stack output `fabric` (the last probe's figures)."""
     requests = node_requests(config)
     access = node_access(config)
     with ThreadPoolExecutor(max_workers=len(access) + 1) as pool:
@@ -230,8 +256,12 @@ def gather(config: StackConfig, key: str | None, connect_timeout: int = 10) -> d
                 )
                 for name, acc in access.items()
             }
+        recorded = pool.submit(stack_fabric, stack) if fabric and stack else None
         nodes = {name: future.result() for name, future in asked.items()}
         for name, future in fabric.items():
             if nodes[name].get("reachable"):
                 nodes[name]["fabric"] = future.result()
-        return {"nodes": nodes, "server": server.result(), "image": deployment_image(config)}
+        gathered = {"nodes": nodes, "server": server.result(), "image": deployment_image(config)}
+        if recorded is not None:
+            gathered["fabric_output"] = recorded.result()
+        return gathered

@@ -64,9 +64,16 @@ def text(verdict: Verdict, stack: str) -> str:
             f"previous images kept (image.keep_previous {verdict.retention.get('keep_previous')}): "
             + "; ".join(f"{node} {', '.join(refs) or '-'}" for node, refs in kept.items())
         )
+    if verdict.fabric:
+        parts.append(
+            "fabric (ports, GID and MTU read now; the speed the last `pulumi up` measured):\n"
+            + "\n".join(f"  {line}" for line in verdict.fabric.values())
+        )
     if verdict.operations:
         header = ("operation", "node", "stage", "progress", "state")
         parts.append(table(header, [_operation(op) for op in verdict.operations]))
+    if verdict.warnings:
+        parts.append(f"{len(verdict.warnings)} warning(s):\n" + "\n".join(w.line() for w in verdict.warnings))
     if verdict.ok:
         parts.append("everything is as declared")
     else:

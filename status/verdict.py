@@ -10,9 +10,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.config import Executor, ImageStrategy, NodeConfig, StackConfig
+from components.config import Executor, FabricCheckMode, ImageStrategy, NodeConfig, StackConfig
 from components.deployment import fabric_check_inputs, memory_inputs, node_container_names
 from components.fabric_check import FabricCheckError, decide, parse_report, settings
+from components.fabric_check.plan import Decision, floor_warning
 from components.memory_fit import NodeMemory, memory_fit, model_shape
 from components.model_support import serve_memory
 from components.mp_executor import mp_container_name, node_rank
@@ -45,6 +46,10 @@ class Verdict:
     problems: list[Problem] = field(default_factory=list)
     # image.keep_previous, and the replaced images each node keeps for a rollback.
     retention: dict[str, Any] = field(default_factory=dict)
+    # FabricCheck on: one line per node (ports, GID, MTU, the last measured speed).
+    fabric: dict[str, str] = field(default_factory=dict)
+    # What is worth a look but is not a difference from the declaration (a slow link): exit 0.
+    warnings: list[Problem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -58,6 +63,8 @@ class Verdict:
             "operations": self.operations,
             "problems": [asdict(p) for p in self.problems],
             "retention": self.retention,
+            "fabric": self.fabric,
+            "warnings": [asdict(w) for w in self.warnings],
         }
 
 
@@ -139,7 +146,10 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
         problems += _checkpoint(node.name, cells, checkpoint, head_checkpoint, node.name == head)
         for operation in report.get("progress") or []:
             verdict.operations.append({"on": node.name, **operation})
-    verdict.problems += _fabric(config, verdict.nodes, facts["nodes"])
+    found: dict[str, str] = {}
+    verdict.problems += _fabric(config, verdict.nodes, facts["nodes"], found)
+    if config.fabric.check is not FabricCheckMode.OFF:
+        verdict.fabric, verdict.warnings = fabric_lines(config, facts, found)
     verdict.problems += _ray(config, verdict.cluster, head_report)
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
@@ -391,9 +401,16 @@ def _fabric_problem(node: str, text: str) -> Problem:
     return Problem(node, what, step or "see docs/troubleshooting.md, `fabric check on … is not fit for NCCL`")
 
 
-def _fabric(config: StackConfig, cells: dict[str, dict[str, str]], reports: dict[str, Any]) -> list[Problem]:
+def _fabric(
+    config: StackConfig,
+    cells: dict[str, dict[str, str]],
+    reports: dict[str, Any],
+    found: dict[str, str] | None = None,
+) -> list[Problem]:
     """Each node's fabric as its FabricCheck would judge it now (the head first: its MTU is the
-    workers' reference); nothing when `fabric.check` is off (no report was asked)."""
+    workers' reference), and into `found` what it found (`ports …, GID …, MTU …`); nothing when
+    `fabric.check` is off (no report was asked)."""
+    found = {} if found is None else found
     problems: list[Problem] = []
     reference = None
     for node in [config.head, *config.workers]:
@@ -417,6 +434,9 @@ def _fabric(config: StackConfig, cells: dict[str, dict[str, str]], reports: dict
             continue
         if node is config.head:
             reference = {"node": node.name, "mtu": decision.mtu, "paths": dict(decision.paths)}
+        found[node.name] = (
+            f"ports {', '.join(decision.ib_hca) or 'none'}, {_gid_text(decision)}, MTU {decision.mtu or '?'}"
+        )
         gid = "" if decision.gid_index is None else f" gid {decision.gid_index}"
         shown = f"{','.join(decision.ib_hca) or 'no HCA'} mtu {decision.mtu}{gid}"
         cells[node.name]["fabric"] = (
@@ -424,6 +444,54 @@ def _fabric(config: StackConfig, cells: dict[str, dict[str, str]], reports: dict
         )
         problems += [_fabric_problem(node.name, text) for text in decision.problems]
     return problems
+
+
+def _gid_text(decision: Decision) -> str:
+    """`GID 3` where the used ports share one RoCE v2 IPv4 index (the one given, under resolve or a
+    pin), else each port's; `GID none` where none was found."""
+    if decision.gid_index is not None:
+        return f"GID {decision.gid_index}"
+    found = set(decision.gids.values())
+    if not found or found == {None}:
+        return "GID none"
+    if len(found) == 1:
+        return f"GID {found.pop()}"
+    return "GIDs " + ", ".join(f"{hca} {index}" for hca, index in decision.gids.items())
+
+
+def _recorded_speed(config: StackConfig, recorded: dict[str, Any], name: str) -> tuple[str, Problem | None]:
+    """The last probe's figure as the stack output `fabric` recorded it (`pulumi up` measured it;
+    `status` sends nothing), and a warning when it is below `fabric.min_gbps` (Gb/s)."""
+    if name == config.head.name:
+        return ("the workers' probes end here" if config.workers else "no probe (one node)"), None
+    if recorded.get("error") or not isinstance(recorded.get("output"), dict):
+        return f"last speed unknown ({_first_line(recorded.get('error') or 'not asked')})", None
+    node = ((recorded["output"].get("nodes") or {}).get(name)) or {}
+    throughput = node.get("throughput")
+    if not isinstance(throughput, dict) or not throughput.get("line"):
+        return "no probe recorded (`pulumi up` records one once the node's check passes)", None
+    line, rate = str(throughput["line"]), throughput.get("gbytes_s")
+    if not isinstance(rate, int | float):
+        return line, None
+    slow = floor_warning(name, line, float(rate), config.fabric.min_gbps, config.fabric.socket_ifname)
+    return line, _fabric_problem(name, slow) if slow else None
+
+
+def fabric_lines(
+    config: StackConfig, facts: dict[str, Any], found: dict[str, str]
+) -> tuple[dict[str, str], list[Problem]]:
+    """One line per node, e.g. `node-b: ports rocep1s0f1:1, GID 3, MTU 9000; node-b → node-a
+    11.8 GB/s over enp1s0f1np1`: the ports, GID and MTU read now, the speed the last `up` measured
+    (the stack output `fabric`); and a warning per figure below `fabric.min_gbps`. `found`: each
+    node's `ports …, GID …, MTU …` as `_fabric` judged them."""
+    lines: dict[str, str] = {}
+    warnings: list[Problem] = []
+    recorded = facts.get("fabric_output") or {}
+    for node in [config.head, *config.workers]:
+        speed, slow = _recorded_speed(config, recorded, node.name)
+        lines[node.name] = f"{node.name}: {found.get(node.name, 'fabric facts not read')}; {speed}"
+        warnings += [slow] if slow else []
+    return lines, warnings
 
 
 def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]:

@@ -72,10 +72,16 @@ class Port:
         return (self.state or "").split(":")[-1].strip() == "ACTIVE"
 
     @property
+    def own_netdevs(self) -> tuple[str, ...]:
+        """The port's own netdevs: its PCI function's (`device/net/`), else those its GIDs name."""
+        return self.device_netdevs or tuple(dict.fromkeys(g.ndev for g in self.gids if g.ndev))
+
+    @property
     def netdevs(self) -> tuple[str, ...]:
-        """The netdevs its GIDs name (else its PCI function's), in order of first appearance."""
-        named = tuple(dict.fromkeys(g.ndev for g in self.gids if g.ndev))
-        return named or self.device_netdevs
+        """Its own netdevs first, then any other its GIDs name (first appearance): the first is the
+        port's fabric path (its MTU), even when the GID table names another netdev before it."""
+        named = (g.ndev for g in self.gids if g.ndev)
+        return tuple(dict.fromkeys((*self.own_netdevs, *named)))
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,12 @@ def _port_line(port: Port) -> str:
     return f"{port.hca} {port.state or '?'} ({port.phys_state or '?'})"
 
 
+def port_order(port: Port) -> tuple[str, int]:
+    """NCCL_IB_HCA's order for unpinned ports: by device, then port number, whatever order the facts
+    came in, so a refresh that reads the same ports gives the same list (and replaces nothing)."""
+    return (port.device, port.port)
+
+
 def chosen_ports(s: Settings, facts: NodeFacts) -> tuple[list[Port], list[str]]:
     """The ports NCCL uses on the node and the problems with them: pinned ones that are missing or
     not ACTIVE; without a pin, no ACTIVE port at all."""
@@ -161,7 +167,7 @@ def chosen_ports(s: Settings, facts: NodeFacts) -> tuple[list[Port], list[str]]:
     if s.pin is None:
         active = [p for p in facts.ports if p.active]
         if active:
-            return active, []
+            return sorted(active, key=port_order), []
         return [], [
             f"{s.node}: no ACTIVE RDMA port (found: {seen}); next: cable a port and check its link "
             "(`rdma link show`, `ibv_devinfo`), or pin the intended ones in nodes[].ib_hca"
@@ -186,12 +192,18 @@ def chosen_ports(s: Settings, facts: NodeFacts) -> tuple[list[Port], list[str]]:
 
 
 def roce_v2_index(port: Port, facts: NodeFacts) -> int | None:
-    """The port's RoCE v2 GID that maps an IPv4 address of the netdev it names (lowest index)."""
-    for gid in sorted(port.gids, key=lambda g: g.index):
-        netdev = facts.netdevs.get(gid.ndev or "")
-        if gid.roce_v2 and gid.ipv4 and netdev and gid.ipv4 in netdev.addresses:
-            return gid.index
-    return None
+    """The port's RoCE v2 GID that maps an IPv4 address of the netdev it names: an entry of the
+    port's own netdev (its PCI function's) first, else one of another netdev (a VLAN or bond on it);
+    the lowest index of either. A table may hold another netdev's IPv4 entry at a lower index."""
+    fit = [
+        gid
+        for gid in sorted(port.gids, key=lambda g: g.index)
+        if gid.roce_v2
+        and gid.ipv4
+        and gid.ipv4 in getattr(facts.netdevs.get(gid.ndev or ""), "addresses", ())
+    ]
+    own = [gid for gid in fit if gid.ndev in port.own_netdevs]
+    return (own or fit)[0].index if fit else None
 
 
 def _gid_lines(port: Port) -> str:
@@ -351,7 +363,7 @@ def probe_input_problems(probe: Any) -> list[tuple[str, str]]:
     if not (isinstance(port, int) and 1024 <= port <= 65535):
         problems.append(("probe", f"port {port!r}: give a port 1024-65535"))
     if floor is not None and not (isinstance(floor, (int, float)) and floor > 0):
-        problems.append(("probe", f"min_gbps {floor!r}: give a positive GB/s figure, or leave it unset"))
+        problems.append(("probe", f"min_gbps {floor!r}: give a positive Gb/s figure, or leave it unset"))
     return problems
 
 
@@ -375,7 +387,7 @@ def probe_verdict(
     sent: Mapping[str, Any] | None,
 ) -> Probe:
     """From both ends' reports: the figure ("node-b → node-a 11.8 GB/s over IF"), an unreachable
-    head as a problem, and a figure below `fabric.min_gbps` (GB/s) as a warning."""
+    head as a problem, and a figure below `fabric.min_gbps` (Gb/s: the figure × 8) as a warning."""
     head, path = str(probe["head_name"]), f"{probe['host']}:{probe['port']}"
     route = f"{s.node} → {head}"
     if not sent or sent.get("exit") != 0:
@@ -401,14 +413,25 @@ def probe_verdict(
         )
     rate = received / seconds / 1e9
     line = f"{route} {rate:.1f} GB/s over {s.socket_ifname}"
-    floor = probe.get("min_gbps")
-    warnings: tuple[str, ...] = ()
-    if floor is not None and rate < float(floor):
-        warnings = (
-            f"{s.node}: {line}, below fabric.min_gbps {float(floor):g} GB/s; next: check the link "
-            f"speed of {s.socket_ifname} on both nodes (`ethtool {s.socket_ifname}`) and its MTU",
-        )
-    return Probe(line=line, gbytes_s=round(rate, 3), warnings=warnings)
+    slow = floor_warning(s.node, line, rate, probe.get("min_gbps"), s.socket_ifname)
+    return Probe(line=line, gbytes_s=round(rate, 3), warnings=(slow,) if slow else ())
+
+
+def gbits(gbytes_s: float) -> float:
+    """A figure in GB/s (gigabytes, what the probe reports) in Gb/s (gigabits, a link's rate)."""
+    return gbytes_s * 8
+
+
+def floor_warning(node: str, line: str, gbytes_s: float, floor: Any, ifname: str) -> str | None:
+    """The warning for a figure below `fabric.min_gbps`, which is in Gb/s (gigabits per second, the
+    unit of a link's rate: 200 for a Spark's ConnectX-7 port), None at or above it (or unset)."""
+    if floor is None or gbits(gbytes_s) >= float(floor):
+        return None
+    return (
+        f"{node}: {line} ({gbits(gbytes_s):.1f} Gb/s), below fabric.min_gbps {float(floor):g} Gb/s; "
+        f"next: check the link speed of {ifname} on both nodes (`ethtool {ifname}`: a link that came "
+        "up at 10 Gb/s instead of 200) and its MTU"
+    )
 
 
 def with_probe(decision: Decision, probe: Probe) -> Decision:

@@ -108,6 +108,28 @@ def test_refresh_after_the_tree_is_edited_is_drift(node_a, tree_root):
     assert down["ib_hca"] == ["roceP2p1s0f0:1"] and down["gid_index"] == 3
 
 
+def test_a_port_whose_table_holds_another_netdevs_entry_first_gets_its_own(node_a, tree_root):
+    """rocep1s0f1's table holds enp1s0f0np0's RoCE v2 IPv4 entry at 3, its own at 5: read on the
+    node, the check resolves 5 and the port's MTU path is its own netdev."""
+    tree = spark_tree(
+        [
+            PortSpec("rocep1s0f0", address=FABRIC_IP),
+            PortSpec("rocep1s0f1", address="192.168.202.12", foreign=(FABRIC_IP, "enp1s0f0np0"), mtu=1500),
+        ]
+    )
+    write_on_node(node_a, tree_root, tree)
+    facts = read_facts(props(node_a, tree_root))
+    assert [(g.index, g.ndev) for g in facts.port("rocep1s0f1:1").gids if g.roce_v2 and g.ipv4] == [
+        (3, "enp1s0f0np0"),
+        (5, "enp1s0f1np1"),
+    ]
+    outs = FabricCheckProvider().create(props(node_a, tree_root, mode="report", pin=["rocep1s0f1:1"])).outs
+    assert outs["gids"] == {"rocep1s0f1:1": 5} and outs["gid_index"] == 5
+    # Its own netdev's MTU (1500) is on the path, not enp1s0f0np0's: a problem, naming it.
+    assert outs["paths"] == {"enp1s0f0np0": 9000, "enp1s0f1np1": 1500}
+    assert any("sudo ip link set enp1s0f1np1 mtu 9000" in p for p in outs["problems"]), outs["problems"]
+
+
 def test_through_the_provider_host_as_pulumi_up_drives_it(node_a, tree_root):
     """The check the lab stack registers for node-a (with `fabric.check: enforce`, `gid_index: 3` and
     node-a's tree), pickled by the SDK and served by a fresh `python -m pulumi.dynamic`: numbers

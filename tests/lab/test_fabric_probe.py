@@ -52,7 +52,7 @@ def test_the_figure_from_node_b_to_node_a_and_a_slow_link_warns(node_a, node_b):
     assert verdict.line.startswith("node-b → node-a ") and verdict.line.endswith(" GB/s over lo"), verdict
     assert verdict.gbytes_s and verdict.gbytes_s > 0 and not verdict.problems
     (warning,) = verdict.warnings
-    assert "below fabric.min_gbps 1e+06 GB/s" in warning and "ethtool lo" in warning
+    assert "below fabric.min_gbps 1e+06 Gb/s" in warning and "ethtool lo" in warning
 
 
 def test_a_head_fabric_ip_nothing_listens_on_refuses_the_worker(node_a, node_b, worker_tree):

@@ -36,12 +36,21 @@ def ipv4_gid(address: str) -> str:
     return ":".join(packed[i : i + 2].hex() for i in range(0, 16, 2))
 
 
-def gid_table(address: str | None, ndev: str, ipv6_global: bool = False) -> list[tuple[str, str, str]]:
+def gid_table(
+    address: str | None,
+    ndev: str,
+    ipv6_global: bool = False,
+    foreign: tuple[str, str] | None = None,
+) -> list[tuple[str, str, str]]:
     """mlx5's table for a netdev: link-local v1/v2, (a global IPv6 v1/v2,) then its IPv4 v1/v2.
-    With `ipv6_global` the IPv4 RoCE v2 entry moves from index 3 to 5, as after a netplan change."""
+    With `ipv6_global` the IPv4 RoCE v2 entry moves from index 3 to 5, as after a netplan change.
+    `foreign` (address, netdev): another netdev's IPv4 v1/v2 entries before the port's own (a VLAN
+    or bond over the function adds such entries), so its own RoCE v2 IPv4 entry moves to 5."""
     table = [(LINK_LOCAL, ROCE_V1, ndev), (LINK_LOCAL, ROCE_V2, ndev)]
     if ipv6_global:
         table += [(GLOBAL_V6, ROCE_V1, ndev), (GLOBAL_V6, ROCE_V2, ndev)]
+    if foreign:
+        table += [(ipv4_gid(foreign[0]), ROCE_V1, foreign[1]), (ipv4_gid(foreign[0]), ROCE_V2, foreign[1])]
     if address:
         table += [(ipv4_gid(address), ROCE_V1, ndev), (ipv4_gid(address), ROCE_V2, ndev)]
     return table
@@ -59,6 +68,8 @@ class PortSpec:
     operstate: str = "up"
     port: int = 1
     ipv6_global: bool = False
+    # Another netdev's (address, name) whose IPv4 entries this port's GID table holds first.
+    foreign: tuple[str, str] | None = None
     gids: list[tuple[str, str, str]] | None = None
 
     @property
@@ -86,7 +97,9 @@ def _port_files(tree: Tree, base: str, spec: PortSpec) -> None:
     tree.files[f"{port}/state"] = spec.state
     tree.files[f"{port}/phys_state"] = spec.phys_state
     tree.files[f"{port}/link_layer"] = "Ethernet"
-    table = spec.gids if spec.gids is not None else gid_table(spec.address, spec.netdev, spec.ipv6_global)
+    table = spec.gids
+    if table is None:
+        table = gid_table(spec.address, spec.netdev, spec.ipv6_global, spec.foreign)
     for index in range(max(GID_SLOTS, len(table))):
         gid, kind, ndev = table[index] if index < len(table) else ("0000:" * 7 + "0000", None, None)
         tree.files[f"{port}/gids/{index}"] = gid

@@ -98,6 +98,46 @@ def test_the_roce_v2_ipv4_index_is_resolved_or_pinned(tmp_path, gid, ipv6_global
     assert decision.gid_index == expect
 
 
+def other_netdev_first(own: str | None) -> list[PortSpec]:
+    """spark-1 with rocep1s0f1's GID table holding enp1s0f0np0's IPv4-mapped RoCE v2 entry (index 3,
+    as a VLAN or a bond over both functions leaves it) before its own (index 5), or instead of it."""
+    return [
+        PortSpec("rocep1s0f0", address=SPARK1),
+        PortSpec("rocep1s0f1", address=own, foreign=(SPARK1, "enp1s0f0np0")),
+    ]
+
+
+def test_the_gid_of_the_ports_own_netdev_wins_over_another_netdevs_lower_entry(tmp_path):
+    decision = decide(
+        settings(gid=RESOLVE, pin=("rocep1s0f1:1",)), facts_of(tmp_path, "s", other_netdev_first("10.0.2.12"))
+    )
+    assert decision.verdict == "pass", decision.problems
+    # Index 3 maps SPARK1, enp1s0f0np0's address: the lowest RoCE v2 IPv4 entry, not this port's.
+    assert decision.gids == {"rocep1s0f1:1": 5} and decision.gid_index == 5
+    # The port's fabric path is its own netdev, though the table names enp1s0f0np0 first.
+    assert decision.paths == {"enp1s0f0np0": 9000, "enp1s0f1np1": 9000}
+    assert decision.ib_hca == ("rocep1s0f1:1",)
+
+
+def test_another_netdevs_entry_is_taken_only_where_the_port_has_none_of_its_own(tmp_path):
+    decision = decide(
+        settings(gid=RESOLVE, pin=("rocep1s0f1:1",)), facts_of(tmp_path, "s", other_netdev_first(None))
+    )
+    assert decision.gids == {"rocep1s0f1:1": 3} and decision.verdict == "pass", decision.problems
+
+
+def test_unpinned_ports_are_in_one_order_whatever_order_the_facts_came_in(tmp_path):
+    facts = facts_of(tmp_path, "spark-1", spark1_ports())
+    shuffled = type(facts)(**{**facts.__dict__, "ports": tuple(reversed(facts.ports))})
+    assert [p.hca for p in shuffled.ports][0] != "roceP2p1s0f0:1"
+    first, again = decide(settings(), facts), decide(settings(), shuffled)
+    assert first.ib_hca == again.ib_hca == ("roceP2p1s0f0:1", "rocep1s0f0:1")
+    assert first.outputs() == again.outputs()
+    # Pinned ports keep the operator's order.
+    pinned = decide(settings(pin=("rocep1s0f0:1", "roceP2p1s0f0:1")), shuffled)
+    assert pinned.ib_hca == ("rocep1s0f0:1", "roceP2p1s0f0:1")
+
+
 def test_a_pinned_index_that_moved_is_refused_naming_the_new_one(tmp_path):
     ports = [PortSpec("rocep1s0f0", address=SPARK1, ipv6_global=True)]
     decision = decide(settings(gid=3), facts_of(tmp_path, "spark-1", ports))

@@ -48,12 +48,33 @@ def test_the_figure_is_bytes_over_the_listeners_seconds():
 
 
 def test_below_min_gbps_warns_and_does_not_refuse():
+    # min_gbps is in Gb/s (a link's rate): 5 GB/s is 40 Gb/s, below a floor of 100 Gb/s.
     verdict = probe_verdict(
-        WORKER, {**PROBE, "min_gbps": 20}, {"exit": 0, "bytes": 5e9, "seconds": 1.0}, {"exit": 0}
+        WORKER, {**PROBE, "min_gbps": 100}, {"exit": 0, "bytes": 5e9, "seconds": 1.0}, {"exit": 0}
     )
     assert not verdict.problems
-    assert "5.0 GB/s over enp1s0f1np1, below fabric.min_gbps 20 GB/s" in verdict.warnings[0]
-    assert "ethtool enp1s0f1np1" in verdict.warnings[0]
+    (warning,) = verdict.warnings
+    assert "5.0 GB/s over enp1s0f1np1 (40.0 Gb/s), below fabric.min_gbps 100 Gb/s" in warning
+    assert "ethtool enp1s0f1np1" in warning
+
+
+@pytest.mark.parametrize(
+    "gbytes, floor, warns",
+    [
+        # 11.8 GB/s is 94.4 Gb/s: read as GB/s, a floor of 20 would wrongly warn.
+        (11.8e9, 20, False),
+        (11.8e9, 94.4, False),
+        (11.8e9, 95, True),
+        # The link that came up at 10 Gb/s instead of 200: 1.2 GB/s against a 150 Gb/s floor.
+        (1.2e9, 150, True),
+        (1.2e9, None, False),
+    ],
+)
+def test_min_gbps_is_gigabits_against_the_figure_times_eight(gbytes, floor, warns):
+    listened = {"exit": 0, "bytes": gbytes, "seconds": 1.0}
+    verdict = probe_verdict(WORKER, {**PROBE, "min_gbps": floor}, listened, {"exit": 0})
+    assert bool(verdict.warnings) is warns, verdict.warnings
+    assert verdict.gbytes_s == round(gbytes / 1e9, 3)
 
 
 def test_an_unreachable_head_is_a_problem_naming_both_nodes_and_the_address():
@@ -139,3 +160,31 @@ def test_a_busy_port_and_a_silent_head_end_by_their_deadlines():
     spec = {**spec, "port": free_port()}
     assert outcome(run("send", spec))[0] == Exit.UNREACHABLE
     assert outcome(run("listen", spec))[0] == Exit.NO_PEER
+
+
+@pytest.mark.parametrize(
+    ("changes", "expect"),
+    [
+        ({"serve": {"port": 29590}}, "29590 is serve.port too"),
+        ({"ray": {"dashboard_port": 29590}}, "29590 is ray.dashboard_port too"),
+        ({"fabric": {"probe_port": 6379}}, "6379 is ray.port too"),
+        ({"cluster": {"executor": "mp", "master_port": 29590}}, "29590 is cluster.master_port too"),
+        ({"nodes": {"ray_ports": {"min_worker_port": 29000, "max_worker_port": 29999}}},
+         "29590 is in nodes.0.ray_ports' worker port range too"),
+        ({"fabric": {"probe_port": 29591}}, None),
+        # No probe runs: nothing to collide with.
+        ({"serve": {"port": 29590}, "fabric": {"check": "off"}}, None),
+    ],
+)  # fmt: skip
+def test_the_probe_port_is_none_of_the_heads_other_ports(changes, expect):
+    raw = without_pin()
+    for section, keys in changes.items():
+        if section == "nodes":
+            raw["nodes"] = [{**raw["nodes"][0], **keys}, *raw["nodes"][1:]]
+        else:
+            raw[section] = {**(raw.get(section) or {}), **keys}
+    if expect is None:
+        parse(raw)  # valid
+        return
+    (problem,) = [p for p in problems(raw) if p.startswith("fabric.probe_port")]
+    assert expect in problem and "choose another port" in problem

@@ -129,7 +129,8 @@ def test_an_image_without_ray_is_accepted_as_prebuilt(monkeypatch):
 
 def test_the_head_claims_the_master_port_and_no_ray_port(mp):
     claims = {r.name: r.inputs["ports"] for r in mp.run.resources if r.name.startswith("qwen35-claim-")}
-    assert claims["qwen35-claim-spark-1"] == [[8000, 8000], [29501, 29501]]
+    # And fabric.probe_port (29590): FabricCheck is on, and each worker's probe listens there.
+    assert claims["qwen35-claim-spark-1"] == [[8000, 8000], [29501, 29501], [29590, 29590]]
     for node in workers(mp):
         assert claims[f"qwen35-claim-{node}"] == []
 

@@ -12,8 +12,8 @@ import pytest
 from components.config import parse_stack_config
 from components.node_programs import program_argv
 from components.node_programs.stack_claim import EXIT_CLAIMED, clashes
-from components.stack_claim import RAY_CLIENT_SERVER_PORT, claimed_ports, refusal
-from tests.support.program import stack_config
+from components.stack_claim import RAY_CLIENT_SERVER_PORT, StackClaimProvider, claimed_ports, refusal
+from tests.support.program import dev_raw, stack_config
 from tests.unit.test_deployment import run_graph
 
 
@@ -44,6 +44,72 @@ def test_the_lab_head_claims_its_ray_and_server_ports():
         assert [port, port] in ports, ports
     assert [17200, 17299] in ports
     assert [18000, 18000] not in claimed_ports(config, worker)
+
+
+def claims_with(**changes) -> list[list[list[int]]]:
+    """Each node's claimed ports in the dev stack (two nodes) with sections merged in."""
+    raw_config = dev_raw()
+    for section, keys in changes.items():
+        raw_config[section] = {**(raw_config.get(section) or {}), **keys}
+    config = parse_stack_config(raw_config)
+    return [claimed_ports(config, node) for node in config.nodes]
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_the_head_claims_the_fabric_probe_port_where_a_probe_runs(executor):
+    head, worker = claims_with(fabric={"probe_port": 29600}, cluster={"executor": executor})
+    assert [29600, 29600] in head and head == sorted(head)
+    assert [29600, 29600] not in worker  # the worker only connects
+
+
+def test_no_probe_port_without_the_check_or_without_a_worker():
+    (head, worker) = claims_with(fabric={"check": "off"})
+    assert [29590, 29590] not in head + worker
+    raw_config = dev_raw()
+    raw_config["nodes"] = raw_config["nodes"][:1]
+    raw_config["serve"] = {**raw_config["serve"], "tensor_parallel_size": 1}
+    config = parse_stack_config(raw_config)
+    assert [29590, 29590] not in claimed_ports(config, config.head)
+    assert [29590, 29590] in claims_with()[0]
+
+
+def test_an_existing_stacks_new_probe_port_is_a_claim_update_not_a_replacement(monkeypatch, tmp_path):
+    # The stack before this version claimed the head's ports without the probe port.
+    (head, _worker) = claims_with()
+    before = [r for r in head if r != [29590, 29590]]
+    olds = {"owner": "p/one", "prefix": "qwen35", "ports": before, "node": {"name": "spark-1"}}
+    news = {**olds, "ports": head}
+    diff = StackClaimProvider().diff("spark-1/p/one", olds, news)
+    assert diff.changes is True and not diff.replaces
+    # The update takes the claim again on the node: its own record grows, nothing is refused.
+    assert run_program(tmp_path, "take", olds)[0] == 0
+    assert run_program(tmp_path, "take", news) == (0, {"taken": True})
+    assert run_program(tmp_path, "held", olds)[1]["record"]["ports"] == head
+    # And another stack that would take the probe port over is refused, naming it.
+    code, report = run_program(tmp_path, "take", {"owner": "p/two", "prefix": "b", "ports": [[29590, 29590]]})
+    assert code == EXIT_CLAIMED and report["clashes"][0]["clash"] == ["ports 29590"]
+
+
+def test_a_changed_probe_port_changes_the_claim_and_no_container(monkeypatch):
+    """The containers' inputs do not carry the claim's ports (only a dependency on the claim), so
+    the engine updates the claim in place and replaces no container."""
+
+    def graph(port: int):
+        config = copy.deepcopy(stack_config("dev"))
+        config["qwen35-spark:fabric"] = {**config["qwen35-spark:fabric"], "probe_port": port}
+        return {r.name: r.inputs for r in run_graph(monkeypatch, config).run.resources}
+
+    one, two = graph(29590), graph(29600)
+    changed = sorted(name for name in one if one[name] != two[name])
+    assert "qwen35-claim-spark-1" in changed, changed
+    assert not [n for n in changed if n.startswith(("qwen35-ray", "qwen35-vllm"))], changed
+    assert "qwen35-claim-spark-2" not in changed
+
+
+def test_every_fabric_check_waits_for_its_nodes_claim_and_the_heads(monkeypatch):
+    graph = run_graph(monkeypatch, copy.deepcopy(stack_config("dev")))
+    assert "qwen35-claim-spark-1" in graph.deps["qwen35-fabric-spark-1"]
+    assert {"qwen35-claim-spark-1", "qwen35-claim-spark-2"} <= graph.deps["qwen35-fabric-spark-2"]
 
 
 def test_the_refusal_names_the_other_stack_and_the_way_out():
