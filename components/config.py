@@ -112,6 +112,12 @@ def _check_path(value: str | None) -> str | None:
     return value
 
 
+# Ports Ray binds on a node when config leaves them to Ray: the head's client server and every
+# node's dashboard agent (Ray 2.x defaults); other unset Ray ports are chosen free by Ray itself.
+RAY_CLIENT_SERVER_PORT = 10001
+RAY_DASHBOARD_AGENT_LISTEN_PORT = 52365
+
+
 class RayPorts(_Model):
     """Ray's per-node ports. Only needed when two Ray nodes share one kernel (the lab)."""
 
@@ -1144,6 +1150,12 @@ class StackConfig(_Model):
         for key, port in self.head.ray_ports.model_dump().items():
             if port is not None and key not in ("min_worker_port", "max_worker_port"):
                 ports[f"nodes.{self.nodes.index(self.head)}.ray_ports.{key}"] = port
+        # What Ray binds when config leaves it to Ray (the StackClaim claims these too).
+        ports["Ray's client server port (fixed by Ray)"] = RAY_CLIENT_SERVER_PORT
+        if self.head.ray_ports.dashboard_agent_listen_port is None:
+            ports["Ray's default dashboard agent port (nodes[].ray_ports.dashboard_agent_listen_port)"] = (
+                RAY_DASHBOARD_AGENT_LISTEN_PORT
+            )
         return ports
 
     def _probe_port_problems(self) -> list[tuple[str, str]]:
@@ -1161,12 +1173,16 @@ class StackConfig(_Model):
             and rp.max_worker_port
             and rp.min_worker_port <= port <= rp.max_worker_port
         ):
-            taken.append(f"in nodes.{self.nodes.index(self.head)}.ray_ports' worker port range")
+            i = self.nodes.index(self.head)
+            taken.append(
+                f"inside nodes.{i}.ray_ports.min_worker_port–max_worker_port "
+                f"({rp.min_worker_port}–{rp.max_worker_port})"
+            )
         return [
             (
                 "fabric.probe_port",
                 f"{port} is {key} too: each worker's fabric probe listens there on the head; choose "
-                "another port",
+                "another fabric.probe_port",
             )
             for key in taken
         ]

@@ -18,17 +18,20 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dynamic
 
-from components.config import Executor, FabricCheckMode, NodeConfig, StackConfig
+from components.config import (
+    RAY_CLIENT_SERVER_PORT,
+    RAY_DASHBOARD_AGENT_LISTEN_PORT,
+    Executor,
+    FabricCheckMode,
+    NodeConfig,
+    StackConfig,
+)
 from components.errors import ExplainedErrors
 from components.node_programs import program_argv
 from components.node_programs.stack_claim import EXIT_CLAIMED, RECORDS
 from components.nodes import checked_target
 from components.remote import RemoteError, SshTransport, with_retries
 
-# Ports Ray binds on a node when config leaves them to Ray: the head's client server and every
-# node's dashboard agent (Ray 2.x defaults); other unset Ray ports are chosen free by Ray itself.
-RAY_CLIENT_SERVER_PORT = 10001
-RAY_DASHBOARD_AGENT_LISTEN_PORT = 52365
 SSH_TIMEOUT_S = 60.0
 
 
@@ -71,8 +74,10 @@ def refusal(node: str, owner: str, clashes: list[dict]) -> str:
         lines.append(f"  stack {clash['owner']}: {'; '.join(clash['clash'])}")
     records = ", ".join(f"{RECORDS}/{str(c['owner']).replace('/', '--')}.json" for c in clashes)
     lines.append(
-        "  next: give this stack its own containers.name_prefix and its own ray.port, "
-        "ray.dashboard_port, serve.port and nodes[].ray_ports (host ports are per machine), "
+        "  next: give this stack its own containers.name_prefix and its own host ports (the keys "
+        "that set them: ray.port, ray.dashboard_port, serve.port, nodes[].ray_ports, "
+        "fabric.probe_port, cluster.master_port, health.port, health.agent_port; host ports are "
+        "per machine), "
         "or deploy it to other nodes. `pulumi destroy` of the other stack releases its claim; "
         f"if that stack no longer exists, remove {records} on {node}"
     )

@@ -79,7 +79,9 @@ def api_key(
     if cli:
         argv = [cli, "config", "get", "--show-secrets", f"{NAMESPACE}:api_key", "--stack", stack]
         try:
-            done = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=60, check=False)
+            done = subprocess.run(
+                argv, cwd=cwd, capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False
+            )
         except subprocess.TimeoutExpired:
             done = None
         if done is not None and done.returncode == 0 and done.stdout.strip():
@@ -234,7 +236,8 @@ def gather(
     with FabricCheck on and `stack` given, the stack output `fabric` (the last probe's figures)."""
     requests = node_requests(config)
     access = node_access(config)
-    with ThreadPoolExecutor(max_workers=len(access) + 1) as pool:
+    # Every job at once: the server, each node's ask and fabric read, the stack output.
+    with ThreadPoolExecutor(max_workers=2 * len(access) + 2) as pool:
         server = pool.submit(server_facts, server_base(config), config.serve.model_name, key)
         asked = {
             name: pool.submit(

@@ -195,15 +195,21 @@ def roce_v2_index(port: Port, facts: NodeFacts) -> int | None:
     """The port's RoCE v2 GID that maps an IPv4 address of the netdev it names: an entry of the
     port's own netdev (its PCI function's) first, else one of another netdev (a VLAN or bond on it);
     the lowest index of either. A table may hold another netdev's IPv4 entry at a lower index."""
-    fit = [
+    fit = roce_v2_ipv4(port, facts)
+    own = [gid for gid in fit if gid.ndev in port.own_netdevs]
+    return (own or fit)[0].index if fit else None
+
+
+def roce_v2_ipv4(port: Port, facts: NodeFacts) -> list:
+    """Every entry of the port's table that is RoCE v2 and maps an IPv4 address of the netdev it
+    names, by index: each is one NCCL can use (a pinned index is held to being one of them)."""
+    return [
         gid
         for gid in sorted(port.gids, key=lambda g: g.index)
         if gid.roce_v2
         and gid.ipv4
         and gid.ipv4 in getattr(facts.netdevs.get(gid.ndev or ""), "addresses", ())
     ]
-    own = [gid for gid in fit if gid.ndev in port.own_netdevs]
-    return (own or fit)[0].index if fit else None
 
 
 def _gid_lines(port: Port) -> str:
@@ -240,7 +246,8 @@ def gid_problems(s: Settings, facts: NodeFacts, ports: Sequence[Port]) -> tuple[
     for hca in found:
         port = facts.port(hca)
         entry = next((g for g in port.gids if g.index == s.gid), None)
-        if entry is None or found[hca] != s.gid:
+        # Any RoCE v2 IPv4 entry is a valid pin (not only the one `resolve` would choose).
+        if entry is None or s.gid not in {g.index for g in roce_v2_ipv4(port, facts)}:
             what = "does not exist" if entry is None else f"is {entry.type} {entry.gid}"
             better = "none is RoCE v2 IPv4"
             if found[hca] is not None:

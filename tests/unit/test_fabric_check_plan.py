@@ -126,6 +126,23 @@ def test_another_netdevs_entry_is_taken_only_where_the_port_has_none_of_its_own(
     assert decision.gids == {"rocep1s0f1:1": 3} and decision.verdict == "pass", decision.problems
 
 
+@pytest.mark.parametrize("pin", [3, 5])
+def test_a_pinned_index_passes_on_any_roce_v2_ipv4_entry_not_only_resolves_choice(tmp_path, pin):
+    # An existing stack pinned to 3 (another netdev's RoCE v2 IPv4 entry) kept working before the
+    # own-netdev preference: a pin is held to being RoCE v2 IPv4, not to resolve's pick.
+    facts = facts_of(tmp_path, "s", other_netdev_first("10.0.2.12"))
+    decision = decide(settings(gid=pin, pin=("rocep1s0f1:1",)), facts)
+    assert decision.verdict == "pass", decision.problems
+    assert decision.gid_index == pin
+
+
+def test_a_pinned_index_that_is_not_roce_v2_ipv4_is_refused_naming_the_entry(tmp_path):
+    facts = facts_of(tmp_path, "s", other_netdev_first("10.0.2.12"))
+    decision = decide(settings(gid=0, pin=("rocep1s0f1:1",)), facts)
+    assert decision.verdict == "fail"
+    assert any("pinned GID index 0 on rocep1s0f1:1" in p and "resolve" in p for p in decision.problems)
+
+
 def test_unpinned_ports_are_in_one_order_whatever_order_the_facts_came_in(tmp_path):
     facts = facts_of(tmp_path, "spark-1", spark1_ports())
     shuffled = type(facts)(**{**facts.__dict__, "ports": tuple(reversed(facts.ports))})

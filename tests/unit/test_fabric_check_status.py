@@ -56,9 +56,7 @@ def test_a_worker_whose_mtu_is_not_the_heads_is_a_problem_with_its_fix(tmp_path)
     assert verdict.nodes["node-b"]["fabric"] == "1 problem(s)"
     (problem,) = verdict.problems
     assert problem.node == "node-b"
-    assert problem.what.startswith(
-        "fabric MTU 1500 ({'lo': 9000, 'enp1s0f0np0': 1500}) but node-a's is 9000"
-    ) or ("but node-a's is 9000" in problem.what)
+    assert "fabric MTU 1500" in problem.what and "but node-a's is 9000" in problem.what, problem.what
     assert problem.next.startswith("on node-b: `sudo ip link set")
 
 

@@ -170,7 +170,10 @@ def test_a_busy_port_and_a_silent_head_end_by_their_deadlines():
         ({"fabric": {"probe_port": 6379}}, "6379 is ray.port too"),
         ({"cluster": {"executor": "mp", "master_port": 29590}}, "29590 is cluster.master_port too"),
         ({"nodes": {"ray_ports": {"min_worker_port": 29000, "max_worker_port": 29999}}},
-         "29590 is in nodes.0.ray_ports' worker port range too"),
+         "29590 is inside nodes.0.ray_ports.min_worker_port–max_worker_port (29000–29999) too"),
+        # What Ray binds on the head when config leaves it to Ray (the StackClaim claims both).
+        ({"fabric": {"probe_port": 10001}}, "10001 is Ray's client server port"),
+        ({"fabric": {"probe_port": 52365}}, "52365 is Ray's default dashboard agent port"),
         ({"fabric": {"probe_port": 29591}}, None),
         # No probe runs: nothing to collide with.
         ({"serve": {"port": 29590}, "fabric": {"check": "off"}}, None),
@@ -187,4 +190,4 @@ def test_the_probe_port_is_none_of_the_heads_other_ports(changes, expect):
         parse(raw)  # valid
         return
     (problem,) = [p for p in problems(raw) if p.startswith("fabric.probe_port")]
-    assert expect in problem and "choose another port" in problem
+    assert expect in problem and "choose another fabric.probe_port" in problem

@@ -73,7 +73,7 @@ def test_no_probe_port_without_the_check_or_without_a_worker():
     assert [29590, 29590] in claims_with()[0]
 
 
-def test_an_existing_stacks_new_probe_port_is_a_claim_update_not_a_replacement(monkeypatch, tmp_path):
+def test_an_existing_stacks_new_probe_port_is_a_claim_update_not_a_replacement(tmp_path):
     # The stack before this version claimed the head's ports without the probe port.
     (head, _worker) = claims_with()
     before = [r for r in head if r != [29590, 29590]]
