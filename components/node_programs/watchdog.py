@@ -499,42 +499,65 @@ class Watchdog:
         self._save(self.p.as_dict())
 
 
+def _number(value: float | int) -> str:
+    # Bytes and timestamps in full (`:g` would keep 6 digits).
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
 def metrics_text(state: dict) -> str:
     """/state as Prometheus text (version 0.0.4)."""
-    lines = []
-
-    def number(value: float | int) -> str:
-        # Bytes and timestamps in full: `:g` keeps 6 digits.
-        return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-    def metric(name: str, kind: str, text: str, samples: list[tuple[str, float | int | None]]) -> None:
-        lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
-        for labels, value in samples:
-            if value is not None:
-                lines.append(f"{name}{labels} {number(value)}")
-
     probe = state.get("last_probe") or {}
-    metric("qwen35_health_probe_latency_seconds", "gauge", "The last probe's latency.",
-           [("", probe.get("latency_s"))])  # fmt: skip
-    metric("qwen35_health_probe_ok", "gauge", "1 when the last probe passed.",
-           [("", None if not probe else int(bool(probe.get("ok"))))])  # fmt: skip
-    metric("qwen35_health_consecutive_failures", "gauge", "Failed probes in a row.",
-           [("", state["consecutive_failures"])])  # fmt: skip
-    totals = state.get("restarts_total") or {}
-    metric("qwen35_health_restarts_total", "counter", "Restarts by the watchdog, by reason.",
-           [(f'{{reason="{r}"}}', n) for r, n in sorted(totals.items())] or [('{reason="none"}', 0)])  # fmt: skip
-    metric("qwen35_health_budget_left", "gauge", "Restarts left in the window.", [("", state["budget_left"])])
-    metric("qwen35_health_mem_available_bytes", "gauge", "MemAvailable per node, last read.",
-           [(f'{{node="{n}"}}', v) for n, v in sorted((state.get("mem_available_bytes") or {}).items())
-            if isinstance(v, int)])  # fmt: skip
-    metric("qwen35_health_last_ready_timestamp_seconds", "gauge", "When the server was last ready.",
-           [("", state.get("last_ready"))])  # fmt: skip
-    metric("qwen35_health_completion_ttft_seconds", "gauge",
-           "The last one-token completion's time to its token.", [("", state.get("last_ttft_s"))])  # fmt: skip
-    metric("qwen35_health_agent_refusals_total", "counter", "Unsigned or wrongly signed requests an agent refused.",
-           [(f'{{node="{n}"}}', v) for n, v in sorted((state.get("agent_refusals") or {}).items())])  # fmt: skip
-    metric("qwen35_health_state", "gauge", "1 for the watchdog's current state.",
-           [(f'{{state="{s.value}"}}', int(state["state"] == s.value)) for s in wire.State])  # fmt: skip
+    by_node = sorted((state.get("mem_available_bytes") or {}).items())
+    refusals = sorted((state.get("agent_refusals") or {}).items())
+    totals = sorted((state.get("restarts_total") or {}).items()) or [("none", 0)]
+    families = [
+        ("probe_latency_seconds", "gauge", "The last probe's latency.", [("", probe.get("latency_s"))]),
+        ("probe_ok", "gauge", "1 when the last probe passed.", [("", probe and int(bool(probe.get("ok"))))]),
+        ("consecutive_failures", "gauge", "Failed probes in a row.", [("", state["consecutive_failures"])]),
+        (
+            "restarts_total",
+            "counter",
+            "Restarts by the watchdog, by reason.",
+            [(f'{{reason="{reason}"}}', count) for reason, count in totals],
+        ),
+        ("budget_left", "gauge", "Restarts left in the window.", [("", state["budget_left"])]),
+        (
+            "mem_available_bytes",
+            "gauge",
+            "MemAvailable per node, last read.",
+            [(f'{{node="{node}"}}', value) for node, value in by_node if isinstance(value, int)],
+        ),
+        (
+            "last_ready_timestamp_seconds",
+            "gauge",
+            "When the server was last ready.",
+            [("", state.get("last_ready"))],
+        ),
+        (
+            "completion_ttft_seconds",
+            "gauge",
+            "The last one-token completion's time to its token.",
+            [("", state.get("last_ttft_s"))],
+        ),
+        (
+            "agent_refusals_total",
+            "counter",
+            "Requests an agent refused (absent or wrong signature).",
+            [(f'{{node="{node}"}}', count) for node, count in refusals],
+        ),
+        (
+            "state",
+            "gauge",
+            "1 for the watchdog's current state.",
+            [(f'{{state="{s.value}"}}', int(state["state"] == s.value)) for s in wire.State],
+        ),
+    ]
+    lines = []
+    for name, kind, text, samples in families:
+        lines += [f"# HELP qwen35_health_{name} {text}", f"# TYPE qwen35_health_{name} {kind}"]
+        lines += [
+            f"qwen35_health_{name}{labels} {_number(v)}" for labels, v in samples if v not in (None, {})
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -550,7 +573,6 @@ def http_call(
 ) -> tuple[int, bytes]:
     """One HTTP request with a deadline over the whole exchange: (status, body)."""
     import http.client
-    import socket
     import urllib.parse
 
     parts = urllib.parse.urlsplit(url)
@@ -561,19 +583,18 @@ def http_call(
         response = conn.getresponse()
         data = response.read()
         if time.monotonic() > deadline:
-            raise socket.timeout(f"answered after {timeout:g} s")
+            raise TimeoutError(f"answered after {timeout:g} s")
         return response.status, data
     finally:
         conn.close()
 
 
 def timed_probe(call: Callable[[], tuple[int, bytes]]) -> Probe:
-    import socket
 
     started = time.monotonic()
     try:
         status, _ = call()
-    except (socket.timeout, TimeoutError) as exc:
+    except TimeoutError as exc:
         return Probe(False, time.monotonic() - started, "timeout", str(exc) or "no answer")
     except ConnectionRefusedError as exc:
         return Probe(False, time.monotonic() - started, "refused", str(exc))
@@ -775,9 +796,8 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         log(f"cannot listen on {settings.metrics_host}:{settings.port}: {exc}")
         return wire.Exit.CANNOT_LISTEN
-    log(
-        f"watching {settings.vllm_url} ({settings.mode}); /metrics and /state on {settings.metrics_host}:{settings.port}"
-    )
+    where = f"{settings.metrics_host}:{settings.port}"
+    log(f"watching {settings.vllm_url} ({settings.mode}); /metrics and /state on {where}")
     while True:
         started = time.monotonic()
         try:

@@ -404,11 +404,12 @@ def start_prometheus(stack: Stack, folder: Path) -> str:
         "  - job_name: qwen35\n"
         f"    file_sd_configs: [{{files: ['{folder / 'targets.json'}'], refresh_interval: 1s}}]\n"
     )
-    stack.prometheus = subprocess.Popen(
-        [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=open(folder / "prometheus.log", "w"),
-    )  # fmt: skip
+    with open(folder / "prometheus.log", "w") as log:
+        stack.prometheus = subprocess.Popen(
+            [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     wait_for(
         lambda: http(f"{url}/-/ready")[0] == 200, 30, lambda: (folder / "prometheus.log").read_text()[-2000:]

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from components.config import parse_stack_config
 from components.health.containers import health_config
 from components.node_programs import health_wire
 from components.node_programs.watchdog import Probe, Settings, Target, Watchdog, World, metrics_text
 from tests.support.program import config_from, mp_raw
-from components.config import parse_stack_config
 
 GB = 10**9
 
@@ -152,7 +152,10 @@ def test_a_hang_restarts_only_the_server_then_waits_for_ready():
     state = watchdog.snapshot()
     assert state["state"] == "recovering" and state["step"] == "restart_server"
     assert state["restarts"][0]["reason"] == "hang" and state["budget_left"] == 1
-    assert state["last_diagnosis"]["containers"] and state["last_diagnosis"]["ray_nodes"] == {"alive": 2, "nodes": 2}
+    assert state["last_diagnosis"]["containers"] and state["last_diagnosis"]["ray_nodes"] == {
+        "alive": 2,
+        "nodes": 2,
+    }
     assert saves[-1]["restarts_total"] == {"hang": 1}
     ticks(watchdog, clock, 1)
     assert watchdog.snapshot()["state"] == "healthy"
