@@ -180,6 +180,10 @@ class World:
     def ray_nodes(self) -> dict:
         raise NotImplementedError
 
+    def server_started_at(self) -> float | None:
+        """When the server's container last started (unix seconds), None when unknown."""
+        return None
+
     def agent_refusals(self) -> dict[str, int]:
         return {}
 
@@ -230,6 +234,7 @@ class Watchdog:
         self.p = Persisted.load(saved)
         now = clock()
         self.grace_from = now
+        self.grace_checked = False  # the server container's start time read (on the first tick)
         self.ever_ready = False
         self.state = wire.State.BUDGET_SPENT if self.p.spent else wire.State.STARTING
         self.since = now
@@ -280,6 +285,13 @@ class Watchdog:
 
     def _tick(self, now: float) -> None:
         self.world_refusals = self.world.agent_refusals()
+        if not self.grace_checked:
+            # The grace runs from the containers' start: a watchdog replaced (an upgrade) while the
+            # server has run for an hour gives it no new hour; after a boot both started together.
+            self.grace_checked = True
+            started = self.world.server_started_at()
+            if started is not None and started < self.grace_from:
+                self.grace_from = started
         if self.state is wire.State.BUDGET_SPENT:
             self._check_reset(now)
             return
@@ -710,8 +722,24 @@ class RealWorld(World):
         except Exception as exc:  # best effort: any failure is recorded, never raised
             return {"error": f"{type(exc).__name__}: {exc}"}
 
+    def server_started_at(self) -> float | None:
+        found = wire.inspect(self.socket, self.s.server.name).get("started_at") or ""
+        return parse_started_at(found)
+
     def agent_refusals(self) -> dict[str, int]:
         return dict(self.refusals)
+
+
+def parse_started_at(text: str) -> float | None:
+    """Docker's `State.StartedAt` (RFC 3339, UTC, nanoseconds) as unix seconds; None for none."""
+    import calendar
+
+    if not text or text.startswith("0001-"):
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return None
 
 
 # ---- the process -------------------------------------------------------------------------------------

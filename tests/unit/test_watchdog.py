@@ -10,7 +10,15 @@ import pytest
 from components.config import parse_stack_config
 from components.health.containers import health_config
 from components.node_programs import health_wire
-from components.node_programs.watchdog import Probe, Settings, Target, Watchdog, World, metrics_text
+from components.node_programs.watchdog import (
+    Probe,
+    Settings,
+    Target,
+    Watchdog,
+    World,
+    metrics_text,
+    parse_started_at,
+)
 from tests.support.program import config_from, mp_raw
 
 GB = 10**9
@@ -34,6 +42,10 @@ class FakeWorld(World):
         self.memory: dict[str, int | None] = {}
         self.running: dict[tuple[str, str], bool] = {}
         self.actions: list[tuple[str, str, str]] = []
+        self.started_at: float | None = None
+
+    def server_started_at(self) -> float | None:
+        return self.started_at
 
     def probe_health(self, deadline_s: float) -> Probe:
         return self.health.pop(0) if self.health else self.default
@@ -114,6 +126,23 @@ def test_no_verdict_during_start_up_grace_before_the_first_ready():
     assert watchdog.snapshot()["state"] == "starting" and world.actions == []
     ticks(watchdog, clock, 4)  # past startup_s: now failures count
     assert world.actions, "no recovery after startup_s"
+
+
+def test_the_grace_runs_from_the_server_container_s_start():
+    """A watchdog replaced (an upgrade) an hour after the server started gives it no new hour."""
+    world, clock = FakeWorld(), Clock()
+    world.default, world.started_at = DOWN, clock.now - 3600
+    watchdog, _ = dog(world, clock, startup_s=600)
+    ticks(watchdog, clock, 3)
+    assert world.actions, "the grace ran from the watchdog's own start"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2026-12-02T01:40:56.123456789Z", 1796175656.0), ("0001-01-01T00:00:00Z", None), ("", None)],
+)
+def test_docker_start_times(text, expected):
+    assert parse_started_at(text) == expected
 
 
 def test_after_a_first_ready_the_grace_is_over():
