@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dynamic
 
-from components.config import Executor, NodeConfig, StackConfig
+from components.config import Executor, HealthMode, NodeConfig, StackConfig
 from components.errors import ExplainedErrors
 from components.node_programs import program_argv
 from components.node_programs.stack_claim import EXIT_CLAIMED, RECORDS
@@ -34,9 +34,11 @@ SSH_TIMEOUT_S = 60.0
 
 def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     """The host ports the stack's containers bind on `node`, as sorted [low, high] ranges."""
+    health = health_ports(config, node)
     if config.cluster.executor is Executor.MP:
         # No Ray: the head's API port and the master port its rank 0 listens on for the other ranks.
-        return [[config.serve.port] * 2, [config.cluster.master_port] * 2] if node is config.head else []
+        served = [[config.serve.port] * 2, [config.cluster.master_port] * 2] if node is config.head else []
+        return sorted(served + health)
     rp = node.ray_ports
     single = [
         rp.node_manager_port,
@@ -48,10 +50,18 @@ def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     ]
     if node is config.head:
         single += [config.ray.port, config.ray.dashboard_port, config.serve.port, RAY_CLIENT_SERVER_PORT]
-    ranges = [[p, p] for p in single if p]
+    ranges = [[p, p] for p in single if p] + health
     if rp.min_worker_port and rp.max_worker_port:
         ranges.append([rp.min_worker_port, rp.max_worker_port])
     return sorted(ranges)
+
+
+def health_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
+    """The watchdog's port on the head, an agent's on every other node (none under health off)."""
+    if config.health.mode is HealthMode.OFF:
+        return []
+    port = config.health.port if node is config.head else config.health.agent_port
+    return [[port, port]]
 
 
 def refusal(node: str, owner: str, clashes: list[dict]) -> str:
