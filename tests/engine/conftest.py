@@ -31,6 +31,7 @@ GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
 CLAIM = "pulumi-python:dynamic/qwen35:StackClaim"
 CONTAINER = "docker:index/container:Container"
 VOLUME = "docker:index/volume:Volume"
+HEALTH_SECRET = "pulumi-python:dynamic/qwen35:HealthSecret"
 PROVIDER = "pulumi:providers:docker"
 
 
