@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi.dynamic as dynamic
 
-from components.health.plan import SECRET_KEY
+from components.health.plan import PLACEHOLDER, SECRET_KEY
 from components.health.provider import HealthSecretProvider
 
 
@@ -16,7 +16,11 @@ class HealthSecret(dynamic.Resource, module="qwen35", name="HealthSecret"):
     secret: pulumi.Output[str]
 
     def __init__(self, name: str, *, owner: str, prefix: str, opts: pulumi.ResourceOptions | None = None):
-        props = {"owner": owner, "prefix": prefix, SECRET_KEY: None}
+        # The input of the same name is a secret (of nothing): the dynamic provider accepts no secrets,
+        # so the engine marks each output secret whose input was, as the provider returns it, before
+        # any event shows it. additional_secret_outputs alone left it plain in `up --json`'s events
+        # (tests/engine/test_stacks.py found it there).
+        props = {"owner": owner, "prefix": prefix, SECRET_KEY: pulumi.Output.secret(PLACEHOLDER)}
         opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(additional_secret_outputs=[SECRET_KEY])
         )

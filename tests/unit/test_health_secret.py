@@ -11,7 +11,8 @@ import pytest
 
 from components.health import HealthSecret, HealthSecretProvider, is_secret, kept_outputs, plan_change
 from tests.support.program import registered_by
-from tests.support.provider_host import PROVIDER_KEY, CheckFailed, Engine, ProviderHost
+from tests.support.provider_host import PROVIDER_KEY, CheckFailed, Engine, ProviderHost, reveal
+from tests.support.provider_host import is_secret as unsecret_marker
 
 TYPE = "pulumi-python:dynamic/qwen35:HealthSecret"
 OWNER = "qwen35-spark/test"
@@ -93,9 +94,13 @@ def engine():
 def test_the_dill_pickled_provider_runs_in_a_fresh_process(engine):
     inputs = registered()
     assert PROVIDER_KEY in inputs
+    # The `secret` input is registered secret: the engine then marks the output of that name secret
+    # as the provider returns it (it accepts no secrets), before any event can show it.
+    assert unsecret_marker(inputs["secret"]) and reveal(inputs["secret"]) == ""
     state = engine.create(TYPE, "health-secret", inputs)
     secret = state.outputs["secret"]
     assert is_secret(secret) and secret not in state.id
+    assert "secret" in state.secret_keys and "owner" not in state.secret_keys
     # refresh reads the state back unchanged; an up with a new owner keeps the secret in place.
     assert engine.refresh(state).outputs["secret"] == secret
     moved = engine.up(state, registered(owner="qwen35-spark/other"))
