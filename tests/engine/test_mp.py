@@ -19,7 +19,7 @@ import lab
 from bench.engine import Prober, Run, node_images, prebuilt, top_layer_image
 from bench.engine import up as engine_up
 from engine.lab_stack import mp_lab_config, write_config
-from tests.engine.conftest import CONTAINER, Stack, answers, changes, finished, secret_stack
+from tests.engine.conftest import CONTAINER, Stack, answers, changes, finished, secret_stack, steps
 from tests.engine.conftest import up_or_fail as up
 
 pytestmark = pytest.mark.engine
@@ -98,13 +98,28 @@ def test_a_stopped_headless_rank_flags_its_node_and_the_head_and_up_brings_both_
     found = changes(refreshed.events())
     # The world broke: the rank is stopped, and the head exits as NCCL would make it.
     assert found.get(R_RANK1) == "update", found
-    assert HEAD in found and set(found) <= {R_RANK1, HEAD, R_GATE}, found
+    assert HEAD in found and set(found) <= {R_RANK1, HEAD, R_GATE}, (found, why_changed(refreshed, lab_nodes))
     assert not running(lab_nodes["node-a"], HEAD)
     up(stack)
     assert running(lab_nodes["node-b"], RANK1) and running(lab_nodes["node-a"], HEAD)
     answers(stack, secrets["api_key"])
     clean = stack.run("refresh", "--yes", "--skip-preview", "--expect-no-changes", "--json", check=False)
     assert clean.returncode == 0, changes(clean.events())
+
+
+def why_changed(refreshed, lab_nodes) -> dict:
+    """What refresh saw differ on the health containers, and how Docker holds them (for a failure)."""
+    diffs = {
+        m["urn"].rsplit("::", 1)[-1]: (m.get("diffs"), m.get("detailedDiff"))
+        for m in steps(refreshed.events())
+        if "health" in m["urn"] or "watchdog" in m["urn"]
+    }
+    held = {
+        name: lab.docker(node, "inspect", "--format", "{{json .State}}", name, check=False).out.strip()
+        for node, name in ((lab_nodes["node-a"], WATCHDOG), (lab_nodes["node-b"], AGENT))
+    }
+    logs = lab.docker(lab_nodes["node-a"], "logs", "--tail", "15", WATCHDOG, check=False)
+    return {"diffs": diffs, "state": held, "watchdog log": (logs.out + logs.err)[-2000:]}
 
 
 def timed_up(stack: Stack, config: dict, api_key: str) -> tuple[Run, Prober]:
