@@ -107,6 +107,20 @@ def health_secret(lab_nodes) -> str:
     return watchdog
 
 
+def where_leaked(texts: dict[str, str], values: dict[str, str]) -> dict[str, list[str]]:
+    """Each leak with the 300 characters before it (the value itself masked), to find its source."""
+    found: dict[str, list[str]] = {}
+    for key, value in values.items():
+        for where, text in texts.items():
+            at = text.find(value)
+            if at >= 0:
+                around = (
+                    text[max(at - 300, 0) : at] + f"<{key}>" + text[at + len(value) : at + len(value) + 300]
+                )
+                found.setdefault(key, []).append(f"{where}: …{around!r}…")
+    return found
+
+
 def leaks(texts: dict[str, str], values: dict[str, str]) -> dict[str, list[str]]:
     """Which secret (by key) appears in plaintext in which text."""
     found = {key: [where for where, text in texts.items() if value in text] for key, value in values.items()}
@@ -167,7 +181,7 @@ class TestSecrets:
             "stack export": stack.run("stack", "export").out,
             **backend_texts(engine),
         }
-        assert not leaks(texts, secrets), leaks(texts, secrets)
+        assert not leaks(texts, secrets), where_leaked(texts, secrets)
         # The state holds them, encrypted: the engine knows they are secrets.
         exported = json.loads(texts["stack export"])
         assert '"4dabf18193072939515e22adb298388d"' in texts["stack export"]  # the secret signature
