@@ -6,7 +6,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3.10 python3; 
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # python3-venv: Debian's python3 cannot make a virtualenv without it.
-LAB_DEBS := python3-venv docker.io openssh-server busybox-static debootstrap iproute2 ca-certificates xz-utils shellcheck rsync
+LAB_DEBS := python3-venv docker.io openssh-server busybox-static debootstrap iproute2 ca-certificates xz-utils shellcheck rsync prometheus
 
 .PHONY: setup venv lab-packages test lint unit labtest releasetest enginetest engine up down lab-up lab-down lab-status bench status clean
 

@@ -10,6 +10,8 @@ save" forces the `docker save | filter` path (what an OCI/containerd source or a
 A containerd-store destination leaves out the layers whose blobs its content store holds.
 Last, the slow-login-shell case: both nodes' homes get a `~/.bashrc` that costs 0.1 s (as `conda
 init` or `pyenv init` do), and the SSH sessions each create opens on the nodes are counted.
+Then the checkpoint, the engine and the health watchdog (`python -m bench checkpoint|engine|health`
+runs one alone).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 import lab
 from bench import checkpoint as checkpoint_bench
 from bench import engine as engine_bench
+from bench import health as health_bench
 from bench import median_run, spread
 from components.node_image import Node, NodeImageProvider, Tuning, peer_target
 from components.remote import bash_argv, shell_join, ssh_argv
@@ -271,6 +274,8 @@ def main() -> int:
         return checkpoint_bench.main()
     if sys.argv[1:] == ["engine"]:
         return engine_bench.main()
+    if sys.argv[1:] == ["health"]:
+        return health_bench.main()
     nodes = lab.up([name for pair in PAIRS for name in pair[:2]])
     rows = []
     cases = [
@@ -306,6 +311,8 @@ def main() -> int:
     checkpoint_bench.main(nodes)
     print()
     engine_bench.main()
+    print()
+    health_bench.main(nodes)
     return 0
 
 

@@ -154,11 +154,35 @@ class NodeConfig(_Model):
     # LAB ONLY: a folder laid out like /sys (plus `ip-addr.json`, what `ip -j addr show` prints) that
     # FabricCheck reads instead of the node's own; the lab's machines have no RDMA to read.
     sysfs_root: str | None = None
+    # The node's Docker socket, mounted into its health watchdog or agent (the lab's daemons each
+    # have their own).
+    docker_socket: str = "/var/run/docker.sock"
+    # LAB ONLY: a crafted meminfo the health programs read instead of the node's /proc/meminfo.
+    meminfo_path: str | None = None
 
     @field_validator("ib_hca")
     @classmethod
     def _hca(cls, v: list[str] | None) -> list[str] | None:
         return _check_hcas(v)
+
+    @field_validator("docker_socket")
+    @classmethod
+    def _socket(cls, v: str) -> str:
+        if not ABS_PATH.match(v) or not v.startswith("/"):
+            raise ValueError(
+                f"{v!r}: the absolute path of the node's Docker socket (default /var/run/docker.sock)"
+            )
+        return v
+
+    @field_validator("meminfo_path")
+    @classmethod
+    def _meminfo(cls, v: str | None) -> str | None:
+        if v is not None and (not ABS_PATH.match(v) or not v.startswith("/") or v == "/proc/meminfo"):
+            raise ValueError(
+                f"{v!r}: a lab-only absolute path to a crafted meminfo (real nodes read /proc/meminfo: "
+                "leave it unset)"
+            )
+        return v
 
     @field_validator("sysfs_root")
     @classmethod
@@ -1031,6 +1055,79 @@ class ModelConfig(_Model):
         return None if v is None else _check_ref(v)
 
 
+class HealthMode(str, Enum):
+    """What the health watchdog (components/health, issue 33) does once `up` has finished."""
+
+    # Probe the server; recover a hung or crashed one in steps, memory-checked, within the budget.
+    ENFORCE = "enforce"
+    # Probe and record what it would do; never act.
+    REPORT = "report"
+    # No watchdog, no agents.
+    OFF = "off"
+
+
+class HealthConfig(_Model):
+    """The watchdog on the head and its agents on the other nodes (docs/health.md)."""
+
+    mode: HealthMode = HealthMode.ENFORCE
+    # Seconds between /health probes, and a probe's deadline.
+    interval_s: float = Field(default=10, gt=0, le=3600)
+    deadline_s: float = Field(default=5, gt=0, le=600)
+    # Every Nth probe is also a one-token chat completion, with its own deadline.
+    completion_every: int = Field(default=6, ge=1, le=10_000)
+    completion_deadline_s: float = Field(default=60, gt=0, le=3600)
+    # Consecutive failed probes before a recovery.
+    failures: int = Field(default=3, ge=1, le=1000)
+    # No verdict before the server was first ready or this long since the containers started (a
+    # first boot can spend tens of minutes in JIT tuning).
+    startup_s: float = Field(default=3600, ge=0)
+    # After a restart, how long to wait for ready before the next step.
+    ready_s: float = Field(default=1800, gt=0)
+    # How long MemAvailable may take to reach the memory fit's need before a restart.
+    memory_wait_s: float = Field(default=300, ge=0)
+    # At most this many restarts per window; then everything is stopped for an operator.
+    max_restarts: int = Field(default=3, ge=0, le=1000)
+    window_s: float = Field(default=3600, gt=0)
+    # The watchdog's /metrics and /state, on metrics_host (default: the head's fabric address).
+    port: int = Field(default=29592, ge=1024, le=65535)
+    metrics_host: str | None = None
+    # Each agent listens on its node's fabric address and this port.
+    agent_port: int = Field(default=29593, ge=1024, le=65535)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode_off(cls, v: Any) -> Any:
+        # YAML 1.1 (Pulumi's stack files) reads an unquoted `off` as false.
+        return "off" if v is False else v
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        return None if v is None else _check_host(v)
+
+    @model_validator(mode="after")
+    def _keys(self) -> HealthConfig:
+        problems = []
+        if self.mode is HealthMode.OFF:
+            problems += [
+                (f"health.{key}", "is not read with health.mode off (no watchdog runs): remove it, or set "
+                 "health.mode to enforce or report")
+                for key in sorted(self.model_fields_set - {"mode"})
+            ]  # fmt: skip
+        if self.deadline_s >= self.interval_s:
+            problems.append(
+                ("health.deadline_s", f"{self.deadline_s:g} s is not below health.interval_s "
+                 f"({self.interval_s:g} s): a probe must end before the next one; lower it")
+            )  # fmt: skip
+        if self.port == self.agent_port:
+            problems.append(
+                ("health.agent_port", f"{self.agent_port} is health.port too: choose another port")
+            )
+        if problems:
+            raise _CrossFieldErrors(problems)
+        return self
+
+
 class StackConfig(_Model):
     """Everything a deployment needs, validated across fields."""
 
@@ -1044,6 +1141,7 @@ class StackConfig(_Model):
     containers: ContainerConfig = ContainerConfig()
     copy_: CopyConfig = Field(default=CopyConfig(), alias="copy")
     model: ModelConfig = ModelConfig()
+    health: HealthConfig = HealthConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StackConfig:
@@ -1098,9 +1196,47 @@ class StackConfig(_Model):
                 )
             )
         problems += self._mp_problems()
+        problems += self._health_problems()
         if problems:
             raise _CrossFieldErrors(problems)
         return self
+
+    def _health_problems(self) -> list[tuple[str, str]]:
+        """The health ports against every other port the stack listens on; lab-only keys under off."""
+        health = self.health
+        problems = []
+        if health.mode is HealthMode.OFF:
+            problems += [
+                (f"nodes.{i}.{key}", "is read by the health programs only, and health.mode is off: remove it")
+                for i, n in enumerate(self.nodes)
+                for key in ("docker_socket", "meminfo_path")
+                if key in n.model_fields_set
+            ]
+            return problems
+        taken = {"serve.port": self.serve.port, "fabric.probe_port": self.fabric.probe_port}
+        if self.cluster.executor is Executor.MP:
+            taken["cluster.master_port"] = self.cluster.master_port
+        else:
+            taken["ray.port"] = self.ray.port
+            taken["ray.dashboard_port"] = self.ray.dashboard_port
+            for i, node in enumerate(self.nodes):
+                for key, value in node.ray_ports.model_dump().items():
+                    if value is not None:
+                        taken[f"nodes.{i}.ray_ports.{key}"] = value
+        for key in ("port", "agent_port"):
+            value = getattr(health, key)
+            for other, used in taken.items():
+                low_high = other.endswith(("min_worker_port", "max_worker_port"))
+                if used == value and not low_high:
+                    problems.append((f"health.{key}", f"{value} is {other} too: choose another port"))
+            for i, node in enumerate(self.nodes):
+                low, high = node.ray_ports.min_worker_port, node.ray_ports.max_worker_port
+                if self.cluster.executor is Executor.RAY and low and high and low <= value <= high:
+                    problems.append(
+                        (f"health.{key}", f"{value} is in nodes.{i}.ray_ports' worker range {low}-{high}: "
+                         "choose another port")
+                    )  # fmt: skip
+        return problems
 
     def _mp_problems(self) -> list[tuple[str, str]]:
         """Under executor mp: no Ray key is set (nothing would read it), and the world splits evenly
@@ -1272,6 +1408,7 @@ SECTIONS: dict[str, type[BaseModel] | None] = {
     "containers": ContainerConfig,
     "copy": CopyConfig,
     "model": ModelConfig,
+    "health": HealthConfig,
 }
 SECRET_KEYS = ("hf_token", "api_key")
 

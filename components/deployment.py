@@ -5,7 +5,9 @@ docker provider per node → FabricCheck per node (the head's first: its MTU is 
 reference; none under `fabric.check: off`) → the image on the head (strategy `prebuilt`: already
 there, nothing built; `hybrid` or `graft`: HybridImage builds it) → NodeImage per node →
 model-support check on the head → Ray head → Ray workers → vLLM server on the head → readiness
-gate (every container after every node's FabricCheck). Under `cluster.executor: mp` no Ray runs: the
+gate (every container after every node's FabricCheck) → health (none under `health.mode: off`): the
+watchdog's state volume on the head, an agent on every worker, then the watchdog on the head. Under
+`cluster.executor: mp` no Ray runs: the
 headless vLLM ranks (one per worker) → the serving rank on the head → readiness gate (see
 components/mp_executor.py). Every container runs the `sha256:` image ID its node's NodeImage
 reports and the NCCL settings its node's FabricCheck decided, so a rebuilt image or a changed GID
@@ -22,8 +24,19 @@ import pulumi
 import pulumi_docker as docker
 
 from components.checkpoint import Checkpoint, checkpoint_tree
-from components.config import Executor, FabricCheckMode, ImageStrategy, NodeConfig, StackConfig
+from components.config import Executor, FabricCheckMode, HealthMode, ImageStrategy, NodeConfig, StackConfig
 from components.fabric_check import FabricCheck
+from components.health import HealthSecret
+from components.health.containers import (
+    agent_container_name,
+    agent_container_spec,
+    health_config,
+    health_volume_name,
+    metrics_host,
+    node_need_bytes,
+    watchdog_container_name,
+    watchdog_container_spec,
+)
 from components.hybrid_image import HybridImage, HybridImageArgs, image_ref
 from components.model_support import ModelSupportCheck
 from components.mp_executor import (
@@ -152,14 +165,78 @@ def container_args(
 
 def node_container_names(config: StackConfig) -> dict[str, list[str]]:
     """The deployment's containers on each node, by name: its Ray container, and the server on the head
-    (under executor mp: the node's one vLLM rank)."""
+    (under executor mp: the node's one vLLM rank); then the watchdog on the head and an agent on every
+    worker (none under `health.mode: off`)."""
     if config.cluster.executor is Executor.MP:
-        return {node.name: [mp_container_name(config, node)] for node in config.nodes}
+        names = {node.name: [mp_container_name(config, node)] for node in config.nodes}
+    else:
+        names = {
+            node.name: [ray_container_name(config, node)]
+            + ([vllm_container_name(config)] if node is config.head else [])
+            for node in config.nodes
+        }
+    for node, health in health_container_names(config).items():
+        names[node].append(health)
+    return names
+
+
+def health_container_names(config: StackConfig) -> dict[str, str]:
+    """The health program's container on each node: the watchdog on the head, an agent elsewhere."""
+    if config.health.mode is HealthMode.OFF:
+        return {}
     return {
-        node.name: [ray_container_name(config, node)]
-        + ([vllm_container_name(config)] if node is config.head else [])
+        node.name: watchdog_container_name(config) if node is config.head else agent_container_name(config)
         for node in config.nodes
     }
+
+
+def health_output(config: StackConfig) -> dict[str, Any]:
+    """The stack output `health`: the mode, the containers, and where the watchdog answers."""
+    h = config.health
+    if h.mode is HealthMode.OFF:
+        return {"mode": h.mode.value, "watchdog": None, "agents": {}, "state_url": None, "volume": None}
+    base = f"http://{metrics_host(config)}:{h.port}"
+    return {
+        "mode": h.mode.value,
+        "watchdog": watchdog_container_name(config),
+        "agents": {n.name: agent_container_name(config) for n in config.workers},
+        "state_url": f"{base}/state",
+        "volume": health_volume_name(config),
+    }
+
+
+def scrape_targets(config: StackConfig) -> list[dict[str, Any]]:
+    """Prometheus file_sd targets: the watchdog's /metrics (not under `health.mode: off`), vLLM's own
+    /metrics at the address clients use, and Ray's metrics export port on every node that sets it
+    (Ray picks a random port otherwise, which no file can name)."""
+    prefix = config.containers.name_prefix
+    targets = []
+    if config.health.mode is not HealthMode.OFF:
+        targets.append(
+            {
+                "targets": [f"{metrics_host(config)}:{config.health.port}"],
+                "labels": {"job": "qwen35-watchdog", "stack": prefix, "node": config.head.name},
+            }
+        )
+    serve = config.serve
+    host = config.head.host if serve.host in ("0.0.0.0", "::") else serve.host
+    targets.append(
+        {
+            "targets": [f"{host}:{serve.port}"],
+            "labels": {"job": "vllm", "stack": prefix, "node": config.head.name},
+        }
+    )
+    if config.cluster.executor is Executor.RAY:
+        for node in config.nodes:
+            port = node.ray_ports.metrics_export_port
+            if port:
+                targets.append(
+                    {
+                        "targets": [f"{node.fabric_ip}:{port}"],
+                        "labels": {"job": "ray", "stack": prefix, "node": node.name},
+                    }
+                )
+    return targets
 
 
 class Qwen35Deployment(pulumi.ComponentResource):
@@ -169,9 +246,15 @@ class Qwen35Deployment(pulumi.ComponentResource):
         super().__init__("qwen35:index:Deployment", name, None, opts)
         self.config = args.config
         self.access: dict[str, NodeAccess] = node_access(self.config)
-        secrets = {"hf_token": args.hf_token, "api_key": args.api_key}
         self.providers = self._docker_providers(name)
         self.claims = self._stack_claims(name)
+        self.health_secret = self._health_secret(name)
+        secrets = {
+            "hf_token": args.hf_token,
+            "api_key": args.api_key,
+            # Secret already (additional_secret_outputs); said again so no path can carry it plain.
+            "health_secret": pulumi.Output.secret(self.health_secret.secret) if self.health_secret else None,
+        }
         self.fabric_checks: dict[str, FabricCheck] = self._fabric_checks(name)
         self.image = self._image_build(name)
         self.image_ref = image_ref(self.config.image)
@@ -191,6 +274,11 @@ class Qwen35Deployment(pulumi.ComponentResource):
             self.ray_tmp, self.ray_containers = self._ray_cluster(name, secrets)
             self.server = self._vllm_server(name, secrets)
         self.ready = self._readiness_gate(name, args.api_key)
+        self.health_volume: docker.Volume | None = None
+        self.health_agents: dict[str, docker.Container] = {}
+        self.watchdog: docker.Container | None = None
+        if self.config.health.mode is not HealthMode.OFF:
+            self.health_volume, self.health_agents, self.watchdog = self._health(name, secrets)
         self.outputs = self._stack_outputs()
         self.register_outputs(self.outputs)
 
@@ -223,6 +311,17 @@ class Qwen35Deployment(pulumi.ComponentResource):
             )
             for node in cfg.nodes
         }
+
+    def _health_secret(self, name: str) -> HealthSecret | None:
+        """The secret the watchdog signs its requests to the agents with (none under health.mode off)."""
+        if self.config.health.mode is HealthMode.OFF:
+            return None
+        return HealthSecret(
+            f"{name}-health-secret",
+            owner=f"{pulumi.get_project()}/{pulumi.get_stack()}",
+            prefix=self.config.containers.name_prefix,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def _fabric_checks(self, name: str) -> dict[str, FabricCheck]:
         """Per node, before any container: its RoCE fabric is fit for NCCL; what NCCL there is given.
@@ -456,6 +555,50 @@ class Qwen35Deployment(pulumi.ComponentResource):
             ),
         )
 
+    def _health(
+        self, name: str, secrets: dict[str, Any]
+    ) -> tuple[docker.Volume, dict[str, docker.Container], docker.Container]:
+        """After the gate (the watchdog never judges a cluster `up` has not seen ready): the watchdog's
+        state volume on the head, an agent on every worker, then the watchdog (it asks the agents)."""
+        cfg, head = self.config, self.config.head
+        volume = docker.Volume(
+            f"{name}-health", name=health_volume_name(cfg), opts=self._on(head.name, depends_on=[self.ready])
+        )
+        agents = {
+            worker.name: self._container(
+                f"{name}-health-agent-{worker.name}",
+                self._health_specs(
+                    worker,
+                    lambda j, w=worker: agent_container_spec(cfg, w, self._image_id(w.name), j),
+                ),
+                worker.name,
+                secrets,
+                depends_on=[self.ready],
+            )
+            for worker in cfg.workers
+        }
+        watchdog = self._container(
+            f"{name}-watchdog",
+            self._health_specs(head, lambda j: watchdog_container_spec(cfg, self._image_id(head.name), j)),
+            head.name,
+            secrets,
+            depends_on=[self.ready, volume, *agents.values()],
+        )
+        return volume, agents, watchdog
+
+    def _health_specs(
+        self, node: NodeConfig, build: Callable[[str], ContainerSpec]
+    ) -> tuple[ContainerSpec, pulumi.Output[list[str]]]:
+        """A health container's spec and its environment: the config JSON carries each node's memory
+        need, known once the model-support check recorded its memory fit."""
+        cfg = self.config
+
+        def env(fit: Any) -> list[str]:
+            needs = {n.name: node_need_bytes(fit, n.name, n.gpus) for n in cfg.nodes}
+            return build(health_config(cfg, node, needs)).env_list()
+
+        return build(health_config(cfg, node)), self.model_support.memory_fit.apply(env)
+
     def _gate_container_ids(self) -> dict[str, pulumi.Output[str]]:
         """`node/container` -> ID of what the gate watches: a recreated container (a worker started
         again by `up`) makes the gate probe again."""
@@ -494,6 +637,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 for node, c in self.checkpoints.items()
             },
             "containers": node_container_names(cfg),
+            "health": health_output(cfg),
+            # Prometheus file_sd: `pulumi stack output scrape_targets --json > targets.json`.
+            "scrape_targets": scrape_targets(cfg),
             "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
             "fabric": self._fabric_outputs(),
             # How many replaced images each node keeps for a rollback (image.keep_previous).

@@ -23,6 +23,7 @@ from components.config import (
     RAY_DASHBOARD_AGENT_LISTEN_PORT,
     Executor,
     FabricCheckMode,
+    HealthMode,
     NodeConfig,
     StackConfig,
 )
@@ -46,10 +47,11 @@ def probe_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
 def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     """The host ports the stack binds on `node` (its containers', and the fabric probe's listener on
     the head), as sorted [low, high] ranges."""
+    extra = health_ports(config, node) + probe_ports(config, node)
     if config.cluster.executor is Executor.MP:
         # No Ray: the head's API port and the master port its rank 0 listens on for the other ranks.
-        mp = [[config.serve.port] * 2, [config.cluster.master_port] * 2] if node is config.head else []
-        return sorted(mp + probe_ports(config, node))
+        served = [[config.serve.port] * 2, [config.cluster.master_port] * 2] if node is config.head else []
+        return sorted(served + extra)
     rp = node.ray_ports
     single = [
         rp.node_manager_port,
@@ -61,10 +63,18 @@ def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     ]
     if node is config.head:
         single += [config.ray.port, config.ray.dashboard_port, config.serve.port, RAY_CLIENT_SERVER_PORT]
-    ranges = [[p, p] for p in single if p] + probe_ports(config, node)
+    ranges = [[p, p] for p in single if p] + extra
     if rp.min_worker_port and rp.max_worker_port:
         ranges.append([rp.min_worker_port, rp.max_worker_port])
     return sorted(ranges)
+
+
+def health_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
+    """The watchdog's port on the head, an agent's on every other node (none under health off)."""
+    if config.health.mode is HealthMode.OFF:
+        return []
+    port = config.health.port if node is config.head else config.health.agent_port
+    return [[port, port]]
 
 
 def refusal(node: str, owner: str, clashes: list[dict]) -> str:

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import threading
@@ -47,6 +48,18 @@ JOIN_TIMEOUT_ENV = "VLLM_STANDIN_JOIN_TIMEOUT_S"
 JOIN_TIMEOUT_S = 600.0
 # vLLM's default `ParallelConfig.master_port`.
 MASTER_PORT = 29501
+# Fault modes for the health tests (issue 33), none of them vLLM's. At run time, POST FAULT_PATH
+# {"mode": "hang"} (the serving process SIGSTOPs itself: the container stays "Up", nothing answers),
+# {"mode": "crash"} (exits 1) or {"mode": "slow", "delay_s": D, "health_delay_s": H} (answers late).
+# A fault lives in the process only: a restarted server is well again.
+FAULT_PATH = "/standin/fault"
+# The leak (eugr #257): every start lowers MemAvailable in this crafted meminfo by LEAK_ENV bytes,
+# written in place, never given back.
+MEMINFO_ENV = "VLLM_STANDIN_MEMINFO"
+LEAK_ENV = "VLLM_STANDIN_LEAK_BYTES"
+# A headless rank whose head is gone dials it again instead of exiting (so the head alone can be
+# restarted; real vLLM ranks exit with their head).
+REJOIN_ENV = "VLLM_STANDIN_REJOIN"
 
 
 def log(message: str) -> None:
@@ -202,6 +215,64 @@ def local_config(model: str, revision: str | None, env: dict[str, str] | None = 
             f"vllm (stand-in): offline and {model}@{revision or 'main'} is not in this node's cache: "
             f"cannot read {path} ({exc.__class__.__name__})"
         ) from None
+
+
+def leak(env: dict[str, str] | None = None) -> int | None:
+    """Lower MemAvailable in the crafted meminfo (MEMINFO_ENV) by LEAK_ENV bytes; the new value."""
+    env = os.environ if env is None else env
+    path, amount = env.get(MEMINFO_ENV), int(env.get(LEAK_ENV) or 0)
+    if not path or amount <= 0:
+        return None
+    with open(path, "r+") as handle:
+        lines = handle.read().splitlines()
+        left = None
+        for i, line in enumerate(lines):
+            key, _, value = line.partition(":")
+            if key.strip() == "MemAvailable":
+                left = max(int(value.split()[0]) - amount // 1024, 0)
+                lines[i] = f"MemAvailable:   {left} kB"
+        # In place (a bind-mounted file cannot be replaced by a rename).
+        handle.seek(0)
+        handle.write("\n".join(lines) + "\n")
+        handle.truncate()
+    log(f"leak: MemAvailable in {path} lowered by {amount} bytes to {left} kB (never given back)")
+    return None if left is None else left * 1024
+
+
+class Faults:
+    """The fault a test asked for (FAULT_PATH): how late answers are, and whether to hang or crash."""
+
+    def __init__(self) -> None:
+        self.delay_s = 0.0
+        self.health_delay_s = 0.0
+        self.requests = 0
+
+    def apply(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        mode = body.get("mode")
+        if mode == "slow":
+            self.delay_s = float(body.get("delay_s") or 0)
+            self.health_delay_s = float(body.get("health_delay_s") or 0)
+        elif mode == "hang":
+            threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGSTOP)).start()
+        elif mode == "crash":
+            threading.Timer(0.2, lambda: os._exit(1)).start()
+        else:
+            return 400, error_body(f"no fault mode {mode!r} (hang, crash, slow)", "BadRequestError", 400)
+        log(f"fault: {mode} {json.dumps(body)}")
+        return 200, {"fault": mode, "standin": STANDIN_NOTE}
+
+
+def metrics_text(faults: Faults, args: ServeArgs) -> str:
+    """A few of vLLM's /metrics, in Prometheus text, marked as the stand-in's."""
+    name = args.served_names[0]
+    return (
+        "# HELP vllm:num_requests_running Requests running (stand-in: always 0 between requests).\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{model_name="{name}"}} 0\n'
+        "# HELP vllm_standin_requests_total Requests the stand-in answered.\n"
+        "# TYPE vllm_standin_requests_total counter\n"
+        f'vllm_standin_requests_total{{model_name="{name}"}} {faults.requests}\n'
+    )
 
 
 def cluster_summary(nodes: list[dict[str, Any]]) -> tuple[int, float, str]:
@@ -533,6 +604,7 @@ def run_headless(args: ServeArgs) -> int:
     log(f"{STANDIN_NOTE}; headless node rank {args.node_rank} of {args.nnodes}, world_size={args.world_size}")
     config = local_config(args.model, args.revision)
     log(f"checkpoint config.json read from this node's cache: model_type {config.get('model_type')}")
+    leak()
     conn = join_head(args)
     log(f"joined the head at {args.master_addr}:{args.master_port} as node rank {args.node_rank}")
     ranks = rank_span(args)
@@ -541,6 +613,10 @@ def run_headless(args: ServeArgs) -> int:
             request = read_line(conn, None)
         except OSError:
             request = None
+        if request is None and os.environ.get(REJOIN_ENV) == "1":
+            log("the head closed the process group; dialling it again (stand-in rejoin mode)")
+            conn = join_head(args)
+            continue
         if request is None:
             log("ERROR: the head closed the process group; exiting")
             return 1
@@ -548,8 +624,11 @@ def run_headless(args: ServeArgs) -> int:
         send_line(conn, {"shard": shard})
 
 
-def make_handler(args: ServeArgs, engine: Engine, on_dead: Callable[[str], None]) -> type:
+def make_handler(
+    args: ServeArgs, engine: Engine, on_dead: Callable[[str], None], faults: Faults | None = None
+) -> type:
     created = int(time.time())
+    faults = faults or Faults()
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "vllm-standin"
@@ -581,7 +660,16 @@ def make_handler(args: ServeArgs, engine: Engine, on_dead: Callable[[str], None]
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?", 1)[0]
-            if path == "/health":
+            faults.requests += 1
+            if path == "/metrics":
+                data = metrics_text(faults, args).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            elif path == "/health":
+                time.sleep(faults.health_delay_s)
                 try:
                     engine.call_all(0)
                 except Exception:
@@ -598,6 +686,14 @@ def make_handler(args: ServeArgs, engine: Engine, on_dead: Callable[[str], None]
 
         def do_POST(self) -> None:  # noqa: N802
             path = self.path.split("?", 1)[0]
+            faults.requests += 1
+            if path == FAULT_PATH:
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    self.reply(*faults.apply(json.loads(self.rfile.read(length) or b"{}")))
+                except ValueError:
+                    self.reply(400, error_body("request body is not JSON", "BadRequestError", 400))
+                return
             if path != "/v1/chat/completions":
                 self.reply(404, error_body(f"no route {path}", "NotFoundError", 404))
                 return
@@ -617,6 +713,7 @@ def make_handler(args: ServeArgs, engine: Engine, on_dead: Callable[[str], None]
                 self.reply(400, error_body("the stand-in does not stream", "BadRequestError", 400))
                 return
             prompt = prompt_text(body.get("messages") or [])
+            time.sleep(faults.delay_s)
             try:
                 shards = engine.call_all(len(prompt.split()))
             except Exception:
@@ -634,9 +731,11 @@ def serve(args: ServeArgs) -> int:
         log(f"flags the stand-in does not model (ignored): {' '.join(args.ignored)}")
     config = local_config(args.model, args.revision)
     log(f"checkpoint config.json read from this node's cache: model_type {config.get('model_type')}")
+    leak()
     engine = RankGroup(args) if args.nnodes > 1 else Engine(args)
     engine.start()
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, engine, lambda _: None))
+    faults = Faults()
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, engine, lambda _: None, faults))
     exit_code = {"code": 0}
 
     def on_dead(reason: str) -> None:
@@ -645,7 +744,7 @@ def serve(args: ServeArgs) -> int:
         exit_code["code"] = 1
         threading.Thread(target=server.shutdown, daemon=True).start()
 
-    server.RequestHandlerClass = make_handler(args, engine, on_dead)
+    server.RequestHandlerClass = make_handler(args, engine, on_dead, faults)
     if isinstance(engine, RankGroup):
         # A headless rank that dies breaks the group (NCCL would abort): the head exits, not waits.
         threading.Thread(target=engine.watch, args=(on_dead,), daemon=True).start()

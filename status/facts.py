@@ -27,7 +27,7 @@ from components.config import (
     StackConfig,
     parse_stack_config,
 )
-from components.deployment import fabric_check_inputs, node_container_names
+from components.deployment import fabric_check_inputs, health_output, node_container_names
 from components.fabric_check import facts_report
 from components.hybrid_image import image_ref
 from components.node_programs import program_argv, readiness
@@ -115,6 +115,8 @@ def node_requests(config: StackConfig) -> dict[str, dict[str, Any]]:
             # The head: what the KV-cache sizing needs, and what the server itself logged about it.
             "sizing": node is config.head,
             "server_container": vllm_container_name(config) if node is config.head else None,
+            # The head: the watchdog's /state, read there (it listens on the fabric address).
+            "watchdog_url": health_output(config)["state_url"] if node is config.head else None,
         }
         for node in config.nodes
     }

@@ -13,7 +13,7 @@ from typing import Any
 from status.verdict import Verdict
 
 NODE_COLUMNS = ("role", "ssh", "docker", "image", "checkpoint", "gpus", "containers")
-CLUSTER_ROWS = ("ray", "health", "models", "completion", "concurrency")
+CLUSTER_ROWS = ("ray", "health", "models", "completion", "concurrency", "watchdog")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

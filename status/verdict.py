@@ -6,17 +6,20 @@ troubleshooting and drift rows in docs/troubleshooting.md.
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.config import Executor, FabricCheckMode, ImageStrategy, NodeConfig, StackConfig
+from components.config import Executor, FabricCheckMode, HealthMode, ImageStrategy, NodeConfig, StackConfig
 from components.deployment import fabric_check_inputs, memory_inputs, node_container_names
 from components.fabric_check import FabricCheckError, decide, parse_report, settings
 from components.fabric_check.plan import Decision, floor_warning
+from components.health.containers import watchdog_container_name
 from components.memory_fit import NodeMemory, memory_fit, model_shape
 from components.model_support import serve_memory
 from components.mp_executor import mp_container_name, node_rank
+from components.node_programs.health_wire import gb
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
 from components.vllm_server import vllm_container_name
@@ -153,7 +156,115 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     verdict.problems += _ray(config, verdict.cluster, head_report)
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
+    verdict.problems += _watchdog(config, verdict.cluster, head_report)
     return verdict
+
+
+def _when(at: Any, now: Any) -> str:
+    """`2026-12-02 01:23 UTC (12m05s ago)`: a watchdog's timestamp for a person."""
+    if not isinstance(at, int | float):
+        return "at an unknown time"
+    text = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{text} ({duration(now - at)} ago)" if isinstance(now, int | float) and now >= at else text
+
+
+def _watchdog(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]:
+    """The `watchdog` line from the head's watchdog /state, with the next step for each verdict."""
+    if config.health.mode is HealthMode.OFF:
+        cluster["watchdog"] = "off (health.mode off: nothing watches the server after `up`)"
+        return []
+    head, name = config.head.name, watchdog_container_name(config)
+    fact = head_report.get("watchdog")
+    if not head_report.get("reachable") or fact is None:
+        cluster["watchdog"] = "not checked (head unreachable or its Docker down)"
+        return []
+    container = (head_report.get("containers") or {}).get(name) or {"present": False}
+    if not container.get("present"):
+        # The head's containers already say it is missing, and that `pulumi up --refresh` creates it.
+        cluster["watchdog"] = "not deployed; next: `pulumi up` declares it after the readiness gate"
+        return []
+    if container.get("state") != "running":
+        cluster["watchdog"] = f"not running (container {container.get('state')}); next: see {name} above"
+        return []
+    if fact.get("error"):
+        cluster["watchdog"] = f"no answer: {_first_line(fact['error'])}"
+        return [
+            Problem(
+                head,
+                f"the watchdog runs but does not answer /state: {_first_line(fact['error'])}",
+                f"read `docker logs {name}` on {head}; health.port and health.metrics_host must be this "
+                "node's own",
+            )
+        ]
+    state = fact.get("state") or {}
+    verdict, now = state.get("state"), head_report.get("now")
+    mode = state.get("mode") or config.health.mode.value
+    budget = state.get("budget_left")
+    left = f"budget {budget}/{config.health.max_restarts} left" if isinstance(budget, int | float) else ""
+    said = str(state.get("next_step") or "").strip()
+    if verdict == "healthy":
+        parts = [p for p in (f"mode {mode}", left) if p]
+        would = state.get("would")
+        if would:
+            parts.append(
+                f"report mode would have {str(would.get('step', '')).replace('_', ' ')} "
+                f"({would.get('reason')}) {_when(would.get('at'), now)}"
+            )
+        cluster["watchdog"] = f"healthy ({', '.join(parts)})"
+        return []
+    if verdict == "starting":
+        cluster["watchdog"] = f"starting ({said or 'no verdict before the server is first ready'})"
+        return []
+    if verdict == "failing":
+        failures = state.get("consecutive_failures")
+        cluster["watchdog"] = f"failing ({failures} of {config.health.failures} probes in a row; {said})"
+        return []
+    if verdict == "recovering":
+        step = str(state.get("step") or "?")
+        cluster["watchdog"] = f"recovering ({step.replace('_', ' ')}, {left})"
+        return [
+            Problem(
+                "cluster",
+                f"the watchdog is recovering the server: step {step} since {_when(state.get('since'), now)}",
+                said or f"wait: each restart gets health.ready_s ({config.health.ready_s:g} s) to be ready",
+            )
+        ]
+    if verdict == "budget_spent":
+        spent = state.get("spent") or {}
+        when = _when(spent.get("at"), now)
+        cluster["watchdog"] = f"budget spent {when}: {spent.get('why') or 'no reason recorded'}"
+        return [
+            Problem(
+                "cluster",
+                f"the watchdog spent its restart budget {when} and stopped the server and the cluster: "
+                f"{spent.get('why') or 'no reason recorded'}",
+                said
+                or "find the cause (its /state `last_diagnosis`), then `pulumi up --refresh` starts the "
+                "containers again; the watchdog sees them running and resets its budget",
+            )
+        ]
+    if verdict == "memory_held":
+        held = state.get("held") or {}
+        node = held.get("node") or "a node"
+        message = held.get("message") or f"{node}: MemAvailable below what the memory fit needs"
+        cluster["watchdog"] = f"memory held on {node}: {_figures(held)}"
+        return [
+            Problem(
+                node,
+                f"the watchdog did not restart the server: {message}",
+                f"reboot {node} (unified memory is only given back by a reboot), then `pulumi up --refresh`",
+            )
+        ]
+    cluster["watchdog"] = f"{verdict or 'unknown'} ({said or 'no next step given'})"
+    return []
+
+
+def _figures(held: dict) -> str:
+    """`MemAvailable 61.0 GB, 70.0 GB needed` from a watchdog's `held`."""
+    available, need = held.get("available_bytes"), held.get("need_bytes")
+    if not isinstance(available, int | float) or not isinstance(need, int | float):
+        return str(held.get("message") or "figures unknown")
+    return f"MemAvailable {gb(available)}, {gb(need)} needed"
 
 
 def expected_concurrency(config: StackConfig, sizing: dict[str, Any]) -> tuple[int, float] | None:

@@ -8,8 +8,8 @@ missing cache still leaves the other facts in the report, with the error next to
 Facts: Docker engine version and image store; the deployment image (ID and diff IDs); each declared
 container (state, restarts, uptime, last exit code, image, the `--node-rank` it runs); GPUs
 (`nvidia-smi`); the checkpoint in the Hugging Face cache (revision, files present, manifest digest);
-on the head, `ray status` and Ray's node list; operations in flight from
-`$HOME/.qwen35/progress/*.json`.
+on the head, `ray status` and Ray's node list, and the health watchdog's `/state` (over the node's
+own address); operations in flight from `$HOME/.qwen35/progress/*.json`.
 """
 
 import datetime
@@ -20,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 from components.node_programs.wire import image_store, manifest_digest
 
@@ -29,6 +31,10 @@ COMMAND_TIMEOUT_S = 20.0
 PROGRESS_STALE_S = 120.0
 # At most this many missing checkpoint files are named (the count is always given).
 MISSING_SHOWN = 10
+# The watchdog answers /state from memory: one that takes longer than this is reported as not answering.
+WATCHDOG_TIMEOUT_S = 5.0
+# A /state larger than this is not the watchdog's.
+WATCHDOG_MAX_BYTES = 1 << 20
 
 
 def run(argv, timeout=COMMAND_TIMEOUT_S):
@@ -286,6 +292,29 @@ def progress_facts(folder, now):
     return found
 
 
+def watchdog_facts(url, timeout=WATCHDOG_TIMEOUT_S):
+    """{"state": the watchdog's /state} or {"error": why it did not answer} (never raises)."""
+    # No proxy: the watchdog listens on this node's own address.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as answer:
+            body = answer.read(WATCHDOG_MAX_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        return {"error": f"{url}: HTTP {exc.code}"}
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return {"error": f"{url}: {reason}"}
+    if len(body) > WATCHDOG_MAX_BYTES:
+        return {"error": f"{url}: answered more than {WATCHDOG_MAX_BYTES} bytes"}
+    try:
+        state = json.loads(body)
+    except ValueError:
+        return {"error": f"{url}: answered no JSON"}
+    if not isinstance(state, dict) or "state" not in state:
+        return {"error": f"{url}: answered JSON without a `state`"}
+    return {"state": state}
+
+
 def gather(request):
     now = time.time()
     report = {"docker": docker_facts(), "now": now}
@@ -304,6 +333,8 @@ def gather(request):
             report["sizing"] = sizing_facts(snapshot)
     if request.get("server_container") and report["docker"]["ok"]:
         report["server_concurrency"] = server_concurrency(request["server_container"])
+    if request.get("watchdog_url"):
+        report["watchdog"] = watchdog_facts(request["watchdog_url"])
     report["progress"] = progress_facts(request.get("progress_dir") or "~/.qwen35/progress", now)
     return report
 

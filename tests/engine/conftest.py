@@ -31,6 +31,9 @@ GATE = "pulumi-python:dynamic/qwen35:ReadinessGate"
 CLAIM = "pulumi-python:dynamic/qwen35:StackClaim"
 CONTAINER = "docker:index/container:Container"
 VOLUME = "docker:index/volume:Volume"
+HEALTH_SECRET = "pulumi-python:dynamic/qwen35:HealthSecret"
+# The health stage's containers (resource names): declared after the gate, so never before it.
+HEALTH_CONTAINERS = ("qwen35-watchdog", "qwen35-health-agent-node-b")
 PROVIDER = "pulumi:providers:docker"
 
 

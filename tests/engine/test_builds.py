@@ -167,7 +167,14 @@ def test_a_changed_file_under_patches_rebuilds_and_replaces_what_runs_the_image(
     assert new["ref"] == hybrid_ref(lab_image_config(hybrid_config)), new
     unchanged = {"same", "read", "refresh"}
     replaced = {n for (t, n), seen in ops.items() if t == CONTAINER and seen - unchanged}
-    assert replaced == {"qwen35-ray-head", "qwen35-ray-worker-node-b", "qwen35-vllm"}, ops
+    # Every container runs the image: the health agent and the watchdog too.
+    assert replaced == {
+        "qwen35-ray-head",
+        "qwen35-ray-worker-node-b",
+        "qwen35-vllm",
+        "qwen35-health-agent-node-b",
+        "qwen35-watchdog",
+    }, ops
     copied = {n for (t, n), seen in ops.items() if t == NODE_IMAGE and seen - unchanged}
     assert copied == {"qwen35-image-node-a", "qwen35-image-node-b"}, ops
     after = container_ids(lab_nodes)

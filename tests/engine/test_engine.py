@@ -29,6 +29,7 @@ from tests.engine.conftest import (
     CLAIM,
     CONTAINER,
     GATE,
+    HEALTH_SECRET,
     MODEL_SUPPORT,
     NODE_IMAGE,
     PROVIDER,
@@ -55,13 +56,24 @@ EXPECTED = {
     NODE_IMAGE: 2,
     CHECKPOINT: 2,
     MODEL_SUPPORT: 1,
-    VOLUME: 3,  # the Ray head's temp volume and a compile cache per node
-    CONTAINER: 3,
+    VOLUME: 4,  # the Ray head's temp volume, a compile cache per node, the watchdog's state
+    CONTAINER: 5,  # Ray head, Ray worker, vLLM; the health agent on node-b, the watchdog on node-a
     GATE: 1,
+    HEALTH_SECRET: 1,
     "qwen35:index:Deployment": 1,
 }
 SERVER = "qwen35-vllm"
-OUTPUTS = {"endpoint", "served_model", "dashboard", "images", "checkpoints", "containers", "model_support"}
+OUTPUTS = {
+    "endpoint",
+    "served_model",
+    "dashboard",
+    "images",
+    "checkpoints",
+    "containers",
+    "model_support",
+    "health",
+    "scrape_targets",
+}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +125,8 @@ def test_first_up_creates_everything_in_dependency_order(first_up):
     assert at("image-node-a") < at("image-node-b") < at("ray-worker-node-b")
     assert at("checkpoint-node-a") < at("checkpoint-node-b") < at("ray-worker-node-b")
     assert at("ray-head") < at("ray-worker-node-b") < at("vllm") < at("ready")
+    # After the gate: the agent, then the watchdog (it asks the agent).
+    assert at("ready") < at("health-agent-node-b") < at("watchdog")
     assert "Traceback" not in result.out + result.err
 
 
@@ -120,8 +134,8 @@ def test_the_endpoint_answers_a_completion_with_the_api_key_only(first_up, stack
     outputs = stack.run("stack", "output", "--json").json()
     assert set(outputs) >= OUTPUTS, outputs
     assert outputs["containers"] == {
-        "node-a": ["qwen35-ray-head", "qwen35-vllm"],
-        "node-b": ["qwen35-ray-worker"],
+        "node-a": ["qwen35-ray-head", "qwen35-vllm", "qwen35-watchdog"],
+        "node-b": ["qwen35-ray-worker", "qwen35-health-agent"],
     }
     client = openai.OpenAI(base_url=outputs["endpoint"], api_key=secrets["api_key"], timeout=30)
     reply = client.chat.completions.create(

@@ -23,7 +23,7 @@ from bench.engine import Prober, Run, node_images, prebuilt, top_layer_image
 from bench.engine import up as engine_up
 from components.mp_executor import WORLD_ENV
 from engine.lab_stack import mp_lab_config, write_config
-from tests.engine.conftest import CONTAINER, Stack, answers, changes, finished, secret_stack
+from tests.engine.conftest import CONTAINER, Stack, answers, changes, finished, secret_stack, steps
 from tests.engine.conftest import up_or_fail as up
 
 pytestmark = pytest.mark.engine
@@ -33,6 +33,9 @@ HEAD = "qwen35-vllm"
 RANK1 = "qwen35-vllm-rank1"
 R_RANK1 = "qwen35-vllm-headless-node-b"
 R_GATE = "qwen35-ready"
+WATCHDOG = "qwen35-watchdog"
+AGENT = "qwen35-health-agent"
+R_AGENT = "qwen35-health-agent-node-b"
 
 
 def mp_config(lab_config) -> dict:
@@ -66,16 +69,19 @@ def running(node: lab.LabNode, name: str) -> bool:
 def test_the_first_up_serves_with_one_vllm_per_node_and_no_ray(first_up, stack, lab_nodes, secrets):
     created = [(t, n) for t, n, op in finished(first_up) if op == "create" and t == CONTAINER]
     order = [n for _, n in created]
-    assert sorted(order) == sorted([HEAD, R_RANK1]), created
+    assert sorted(order) == sorted([HEAD, R_RANK1, R_AGENT, WATCHDOG]), created
+    # The health stage after the serving containers, the agent before the watchdog.
+    assert order.index(HEAD) < order.index(R_AGENT) < order.index(WATCHDOG), order
     # The headless rank first: the head waits for it to join.
     assert order.index(R_RANK1) < order.index(HEAD), order
-    assert names_on(lab_nodes["node-a"]) == [HEAD]
-    assert names_on(lab_nodes["node-b"]) == [RANK1]
-    # No Ray temp volume: the only volumes are each node's compile cache.
+    assert sorted(names_on(lab_nodes["node-a"])) == sorted([HEAD, WATCHDOG])
+    assert sorted(names_on(lab_nodes["node-b"])) == sorted([RANK1, AGENT])
+    # No Ray temp volume: the volumes are each node's compile cache and the watchdog's state.
     volumes = sorted(n for t, n, _ in finished(first_up) if "volume" in t.lower())
-    assert volumes == ["qwen35-compile-cache-node-a", "qwen35-compile-cache-node-b"], volumes
+    assert volumes == ["qwen35-compile-cache-node-a", "qwen35-compile-cache-node-b", "qwen35-health"], volumes
     outputs = stack.run("stack", "output", "--json").json()
-    assert outputs["containers"] == {"node-a": [HEAD], "node-b": [RANK1]}, outputs["containers"]
+    expected = {"node-a": [HEAD, WATCHDOG], "node-b": [RANK1, AGENT]}
+    assert outputs["containers"] == expected, outputs["containers"]
     command = lab.docker(lab_nodes["node-b"], "inspect", "--format", "{{json .Args}}", RANK1).out
     assert '"--headless"' in command and '"--node-rank","1"' in command.replace(", ", ","), command
     answers(stack, secrets["api_key"])
@@ -96,7 +102,7 @@ def test_a_stopped_headless_rank_flags_its_node_and_the_head_and_up_brings_both_
     found = changes(refreshed.events())
     # The world broke: the rank is stopped, and the head exits as NCCL would make it.
     assert found.get(R_RANK1) == "update", found
-    assert HEAD in found and set(found) <= {R_RANK1, HEAD, R_GATE}, found
+    assert HEAD in found and set(found) <= {R_RANK1, HEAD, R_GATE}, (found, why_changed(refreshed, lab_nodes))
     assert not running(lab_nodes["node-a"], HEAD)
     up(stack)
     assert running(lab_nodes["node-b"], RANK1) and running(lab_nodes["node-a"], HEAD)
@@ -140,6 +146,21 @@ def test_a_change_to_one_worker_replaces_every_rank_and_the_world_serves(
     assert prober.answers[-1][1], "the new world does not answer"
 
 
+def why_changed(refreshed, lab_nodes) -> dict:
+    """What refresh saw differ on the health containers, and how Docker holds them (for a failure)."""
+    diffs = {
+        m["urn"].rsplit("::", 1)[-1]: (m.get("diffs"), m.get("detailedDiff"))
+        for m in steps(refreshed.events())
+        if "health" in m["urn"] or "watchdog" in m["urn"]
+    }
+    held = {
+        name: lab.docker(node, "inspect", "--format", "{{json .State}}", name, check=False).out.strip()
+        for node, name in ((lab_nodes["node-a"], WATCHDOG), (lab_nodes["node-b"], AGENT))
+    }
+    logs = lab.docker(lab_nodes["node-a"], "logs", "--tail", "15", WATCHDOG, check=False)
+    return {"diffs": diffs, "state": held, "watchdog log": (logs.out + logs.err)[-2000:]}
+
+
 def timed_up(stack: Stack, config: dict, api_key: str) -> tuple[Run, Prober]:
     """`config` written to the stack file, then one `up` with completions sent all along."""
     write_config(stack.config, config)
@@ -173,9 +194,11 @@ def rollback(upgrade, stack, lab_config, secrets) -> tuple[Run, Prober]:
 
 
 def replacement_order(run: Run) -> list[tuple[str, str]]:
-    """The containers' delete and create steps, (name, op), in the order they began."""
+    """The serving containers' delete and create steps, (name, op), in the order they began (the
+    health containers run the new image too; tests/engine/test_health.py follows them)."""
     steps = sorted((s for s in run.of(CONTAINER) if s.began is not None), key=lambda s: s.began)
-    return [(s.name, s.op) for s in steps if s.op in ("delete-replaced", "create-replacement")]
+    serving = (s for s in steps if s.name in (R_RANK1, HEAD))
+    return [(s.name, s.op) for s in serving if s.op in ("delete-replaced", "create-replacement")]
 
 
 def assert_rank_then_head(run: Run, prober: Prober, what: str) -> float:

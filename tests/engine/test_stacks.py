@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 import lab
+from components.node_programs.health_wire import API_KEY_ENV as HEALTH_API_KEY_ENV
+from components.node_programs.health_wire import SECRET_ENV as HEALTH_SECRET_ENV
 from engine import ROOT, CliResult
 from lab.ray_image import ray_image
 from lab.sessions import lab_session
@@ -84,11 +86,39 @@ def container_env(node: lab.LabNode, name: str) -> tuple[dict[str, str], str]:
 
 def container_ids(lab_nodes) -> dict[str, str]:
     """The lab stack's containers on node-a and node-b, by name: their Docker IDs."""
-    where = (("node-a", "qwen35-ray-head"), ("node-b", "qwen35-ray-worker"), ("node-a", "qwen35-vllm"))
+    where = (
+        ("node-a", "qwen35-ray-head"),
+        ("node-b", "qwen35-ray-worker"),
+        ("node-a", "qwen35-vllm"),
+        ("node-b", "qwen35-health-agent"),
+        ("node-a", "qwen35-watchdog"),
+    )
     return {
         name: lab.docker(lab_nodes[node], "inspect", "--format", "{{.Id}}", name).out.strip()
         for node, name in where
     }
+
+
+def health_secret(lab_nodes) -> str:
+    """The stack's health secret, as the watchdog and the agent hold it (both the same)."""
+    watchdog = container_env(lab_nodes["node-a"], "qwen35-watchdog")[0].get(HEALTH_SECRET_ENV)
+    agent = container_env(lab_nodes["node-b"], "qwen35-health-agent")[0].get(HEALTH_SECRET_ENV)
+    assert watchdog and len(watchdog) == 64 and watchdog == agent, "the watchdog and agent differ"
+    return watchdog
+
+
+def where_leaked(texts: dict[str, str], values: dict[str, str]) -> dict[str, list[str]]:
+    """Each leak with the 300 characters before it (the value itself masked), to find its source."""
+    found: dict[str, list[str]] = {}
+    for key, value in values.items():
+        for where, text in texts.items():
+            at = text.find(value)
+            if at >= 0:
+                around = (
+                    text[max(at - 300, 0) : at] + f"<{key}>" + text[at + len(value) : at + len(value) + 300]
+                )
+                found.setdefault(key, []).append(f"{where}: …{around!r}…")
+    return found
 
 
 def leaks(texts: dict[str, str], values: dict[str, str]) -> dict[str, list[str]]:
@@ -139,8 +169,10 @@ class TestSecrets:
         assert not leaks({"Pulumi.stacks-secrets.yaml": text}, secrets)
         assert text.count("secure:") == 2, text
 
-    def test_no_secret_in_state_events_display_or_outputs(self, up, stack, secrets, engine):
+    def test_no_secret_in_state_events_display_or_outputs(self, up, stack, secrets, engine, lab_nodes):
         plain = stack.run("up", "--yes", "--skip-preview", "--expect-no-changes")
+        # The health secret the program drew (HealthSecret): the containers hold it, nothing else.
+        secrets = {**secrets, "health_secret": health_secret(lab_nodes)}
         texts = {
             "up --json": up.out + up.err,
             "up (plain display)": plain.out + plain.err,
@@ -149,7 +181,7 @@ class TestSecrets:
             "stack export": stack.run("stack", "export").out,
             **backend_texts(engine),
         }
-        assert not leaks(texts, secrets), leaks(texts, secrets)
+        assert not leaks(texts, secrets), where_leaked(texts, secrets)
         # The state holds them, encrypted: the engine knows they are secrets.
         exported = json.loads(texts["stack export"])
         assert '"4dabf18193072939515e22adb298388d"' in texts["stack export"]  # the secret signature
@@ -183,8 +215,10 @@ class TestSecrets:
         steps = steps_by_resource(events)
         touched = changed(events)
         # The server's environment carries the key (a container's env is fixed at create: replaced);
-        # the readiness gate probes with it (updated in place, or replaced with the server it follows).
-        assert set(touched) == {"qwen35-vllm", "qwen35-ready"}, touched
+        # the readiness gate probes with it (updated in place, or replaced with the server it follows);
+        # the watchdog's completion probe carries it too. The agent and the health secret stay.
+        held = health_secret(lab_nodes)
+        assert set(touched) == {"qwen35-vllm", "qwen35-ready", "qwen35-watchdog"}, touched
         assert steps["qwen35-vllm"][0] == CONTAINER
         assert touched["qwen35-vllm"] & {"replace", "create-replacement"}, touched
         assert steps["qwen35-ready"][0] == GATE
@@ -192,7 +226,12 @@ class TestSecrets:
         assert ids_after["qwen35-ray-head"] == ids_before["qwen35-ray-head"]
         assert ids_after["qwen35-ray-worker"] == ids_before["qwen35-ray-worker"]
         assert ids_after["qwen35-vllm"] != ids_before["qwen35-vllm"]
+        assert ids_after["qwen35-health-agent"] == ids_before["qwen35-health-agent"]
+        assert ids_after["qwen35-watchdog"] != ids_before["qwen35-watchdog"]
+        assert health_secret(lab_nodes) == held
         assert container_env(lab_nodes["node-a"], "qwen35-vllm")[0]["VLLM_API_KEY"] == new
+        watchdog_env = container_env(lab_nodes["node-a"], "qwen35-watchdog")[0]
+        assert watchdog_env[HEALTH_API_KEY_ENV] == new
         models = stack.run("stack", "output", "endpoint").out.strip() + "/models"
         assert http_status(models, old) == 401
         assert http_status(models, new) == 200
@@ -203,7 +242,10 @@ class TestSecrets:
             "stack output --json": stack.run("stack", "output", "--json").out,
             **backend_texts(engine),
         }
-        found = leaks(texts, {"old api_key": old, "new api_key": new, "hf_token": secrets["hf_token"]})
+        found = leaks(
+            texts,
+            {"old api_key": old, "new api_key": new, "hf_token": secrets["hf_token"], "health_secret": held},
+        )
         assert not found, found
         secrets["api_key"] = new  # the stack's key from here on (the fixture is per session)
 
@@ -236,6 +278,7 @@ def cd_config(base: dict, image: str) -> dict:
         ports.update(min_worker_port=low, max_worker_port=high)
         nodes.append(
             {"name": name, "role": role, "host": host, "fabric_ip": host, "port": 2222, "gpus": 1}
+            | {"docker_socket": f"/run/qwen35-lab/{name}/docker.sock"}
             | ({"image_store": store} if store != "classic" else {})
             | {"ray_ports": ports}
         )
@@ -337,8 +380,14 @@ class TestTwoEnvironments:
 
     def test_both_serve_at_once_each_on_its_own_nodes(self, ups, stacks, all_nodes, secrets):
         expected = {
-            "lab-ab": {"node-a": ["qwen35-ray-head", "qwen35-vllm"], "node-b": ["qwen35-ray-worker"]},
-            "lab-cd": {"node-c": ["qwen35-ray-head", "qwen35-vllm"], "node-d": ["qwen35-ray-worker"]},
+            "lab-ab": {
+                "node-a": ["qwen35-ray-head", "qwen35-vllm", "qwen35-watchdog"],
+                "node-b": ["qwen35-ray-worker", "qwen35-health-agent"],
+            },
+            "lab-cd": {
+                "node-c": ["qwen35-ray-head", "qwen35-vllm", "qwen35-watchdog"],
+                "node-d": ["qwen35-ray-worker", "qwen35-health-agent"],
+            },
         }
         for key, stack in stacks.items():
             outputs = stack.run("stack", "output", "--json").json()

@@ -27,6 +27,7 @@ from tests.engine.conftest import (
     CHECKPOINT,
     CONTAINER,
     GATE,
+    HEALTH_CONTAINERS,
     MODEL_SUPPORT,
     NODE_IMAGE,
     REPO_ID,
@@ -154,7 +155,12 @@ def test_upgrade_proves_the_new_image_before_any_container_and_replaces_old_firs
         # host networking and the GPUs: the old container is gone before its successor starts
         assert (deleted[0].ended or deleted[0].began) <= created[0].began, (name, ops)
     (gate,) = [s for s in run.of(GATE) if s.op in ("update", "create", "create-replacement")]
-    assert gate.ended is not None and gate.ended >= max(s.ended or 0 for s in containers)
+    serving = [s for s in containers if s.name not in HEALTH_CONTAINERS]
+    assert gate.ended is not None and gate.ended >= max(s.ended or 0 for s in serving)
+    # The health stage follows the gate (its containers run the new image too).
+    health = [s for s in containers if s.name in HEALTH_CONTAINERS and s.op == "create-replacement"]
+    assert {s.name for s in health} == set(HEALTH_CONTAINERS), [(s.name, s.op) for s in containers]
+    assert all(s.began >= gate.ended for s in health), (gate, health)
     window = prober.outage(after=first_touch)
     assert window is not None, "no request failed: the old server cannot have been stopped"
     last_old, first_new = window

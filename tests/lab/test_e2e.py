@@ -14,10 +14,12 @@ stand-in `vllm` serves only from each node's own cache, offline.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,8 +43,10 @@ CONTAINER = "docker:index/container:Container"
 MODEL_SUPPORT = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 VOLUME = "docker:index/volume:Volume"
 PROVIDER = "pulumi:providers:docker"
-# Dependency order, as the program's depends_on has it: head, then workers, then the server.
-ROLE_ORDER = {"ray-head": 0, "ray-worker": 1, "vllm": 2}
+# Dependency order, as the program's depends_on has it: head, then workers, then the server; after
+# the gate, the health agents, then the watchdog.
+ROLE_ORDER = {"ray-head": 0, "ray-worker": 1, "vllm": 2, "health-agent": 3, "watchdog": 4}
+HEALTH_ROLES = ("health-agent", "watchdog")
 # Short deadlines for the failure cases: each waits its whole deadline before it may say no.
 NEVER_JOINS_DEADLINE_S = 30
 CRASH_DEADLINE_S = 15
@@ -357,6 +361,8 @@ def test_declared_specs_bring_up_a_serving_two_node_cluster(deployment, program,
         ("ray-head", "node-a"),
         ("ray-worker", "node-b"),
         ("vllm", "node-a"),
+        ("health-agent", "node-b"),
+        ("watchdog", "node-a"),
     ]
     dropped = deployment.start()
     # Pulumi.lab.yaml asks for no GPU or device; only what this kernel will not grant may go.
@@ -385,9 +391,31 @@ def test_declared_specs_bring_up_a_serving_two_node_cluster(deployment, program,
     assert "@127.0.0.2" in text and "@127.0.0.3" in text, text
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=program.outputs["endpoint"], api_key="wrong", max_retries=0).models.list()
+    # After the gate, the health stage as declared (Pulumi.lab.yaml: report): the watchdog on node-a
+    # reaches the agent and judges the cluster it has seen ready.
+    deployment.start(roles=HEALTH_ROLES)
+    state = watchdog_state(program, lambda s: s.get("state") == "healthy")
+    assert state["mode"] == "report" and state["restarts"] == [] and state["spent"] is None, state
     # `pulumi refresh` of a serving cluster: the gate is still there; `pulumi destroy`: nothing left to do.
     assert engine.refresh(gate).id == gate.id
     engine.delete(gate)
+
+
+def watchdog_state(program: ProgramRun, done, deadline_s: float = 60.0) -> dict:
+    """The declared watchdog's /state once `done(state)` holds (the last one read, on timeout)."""
+    url = program.outputs["health"]["state_url"]
+    last: dict = {}
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                last = json.loads(answer.read())
+            if done(last):
+                return last
+        except (OSError, ValueError) as exc:
+            last = {"error": str(exc)}
+        time.sleep(1)
+    pytest.fail(f"the watchdog at {url} did not get there in {deadline_s:g} s: {last}", pytrace=False)
 
 
 def test_worker_that_never_joins_fails_the_gate_by_its_deadline(deployment, program, engine):

@@ -23,11 +23,13 @@ from lab.nodes import running_sshd
 from status.facts import ROOT, deployment_image, load_config
 from tests.lab.test_e2e import (  # noqa: F401  (engine and placed are fixtures used by name)
     API_KEY,
+    HEALTH_ROLES,
     PRECONDITION_DEADLINE_S,
     LabDeployment,
     create_gate,
     engine,
     placed,
+    watchdog_state,
 )
 from tests.support.program import run_program
 
@@ -131,6 +133,9 @@ def cluster(program, engine, placed, node_a, node_b, stack):  # noqa: F811
             make_checkpoint(node, caches[name], commit)
         deployed.start()
         create_gate(engine, program, PRECONDITION_DEADLINE_S)
+        # After the gate, as `up` does: the agent, then the watchdog (report mode in Pulumi.lab.yaml).
+        deployed.start(roles=HEALTH_ROLES)
+        watchdog_state(program, lambda s: s.get("state") == "healthy")
         yield deployed, ref, commit
     finally:
         deployed.clean()
@@ -149,6 +154,8 @@ def test_healthy_cluster_is_all_green(cluster, stack_file):
     table = json.loads(document["facts"]["nodes"]["node-a"]["ray"]["nodes_json"])
     assert sum(row["resources_total"].get("GPU", 0) for row in table if row["state"] == "ALIVE") == 2, table
     assert document["cluster"]["completion"].endswith("tokens/s")
+    # The head's watchdog, read on the head: healthy, watching in report mode.
+    assert document["cluster"]["watchdog"].startswith("healthy (mode report"), document["cluster"]
     node_b = document["nodes"]["node-b"]
     assert node_b["image"].endswith("= head") and node_b["checkpoint"].endswith("(4 files) = head")
     assert node_b["containers"].startswith("qwen35-ray-worker running")

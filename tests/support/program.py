@@ -130,6 +130,8 @@ IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 
 
 FABRIC_CHECK = "pulumi-python:dynamic/qwen35:FabricCheck"
+HEALTH_SECRET = "pulumi-python:dynamic/qwen35:HealthSecret"
+FAKE_HEALTH_SECRET = "5ec7e7" + "0123456789abcdef" * 3 + "0a1b2c3d4e"
 
 
 def fake_fabric(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -196,6 +198,9 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
         }
     if args.typ == FABRIC_CHECK:
         return fake_fabric(args.inputs)
+    if args.typ == HEALTH_SECRET:
+        # What create draws (a real one is random); tests look for this value where it must not be.
+        return {"secret": FAKE_HEALTH_SECRET}
     if args.typ == "pulumi-python:dynamic/qwen35:Checkpoint":
         # The commit a branch resolved to, and the manifest digest (the same on every node).
         repo = args.inputs.get("repo", "org/model")

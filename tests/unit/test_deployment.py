@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pulumi
 import pytest
 
-from tests.support.program import ProgramRun, run_program, stack_config
+from tests.support.program import FAKE_HEALTH_SECRET, ProgramRun, run_program, stack_config
 
 CONTAINER = "docker:index/container:Container"
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
@@ -19,6 +19,7 @@ IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 CHECK = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
 FABRIC = "pulumi-python:dynamic/qwen35:FabricCheck"
+HEALTH_SECRET = "pulumi-python:dynamic/qwen35:HealthSecret"
 SECRETS = {"hf_token": "hf_token_value_123", "api_key": "sk-api-key-value-456"}
 
 
@@ -104,6 +105,18 @@ def unsecret(value):
     return value, False
 
 
+HEALTH_ROLES = {"watchdog", "health-agent"}
+
+
+def role_of(container) -> str:
+    return next(label["value"] for label in container.inputs["labels"] if label["label"] == "qwen35.role")
+
+
+def cluster_containers(graph: Graph) -> list:
+    """The containers that serve (Ray, vLLM), without the health watchdog and agents."""
+    return [c for c in graph.run.by_type(CONTAINER) if role_of(c) not in HEALTH_ROLES]
+
+
 def envs(graph: Graph, name: str) -> dict[str, str]:
     value, _ = unsecret(graph.container(name).inputs["envs"])
     return dict(e.split("=", 1) for e in value)
@@ -130,6 +143,10 @@ DEV_RESOURCES = {
     (CLAIM, "qwen35-claim-spark-2"),
     (FABRIC, "qwen35-fabric-spark-1"),
     (FABRIC, "qwen35-fabric-spark-2"),
+    (HEALTH_SECRET, "qwen35-health-secret"),
+    ("docker:index/volume:Volume", "qwen35-health"),
+    (CONTAINER, "qwen35-health-agent-spark-2"),
+    (CONTAINER, "qwen35-watchdog"),
 }
 BUILD = {("qwen35:index:HybridImage", "qwen35-image"), (IMAGE_BUILD, "qwen35-image-build")}
 
@@ -192,11 +209,15 @@ def test_image_copies_form_a_tree_from_the_head(request, graph_name):
 def test_four_node_resource_set(four):
     containers = sorted(r.name for r in four.run.by_type(CONTAINER))
     assert containers == [
+        "qwen35-health-agent-spark-2",
+        "qwen35-health-agent-spark-3",
+        "qwen35-health-agent-spark-4",
         "qwen35-ray-head",
         "qwen35-ray-worker-spark-2",
         "qwen35-ray-worker-spark-3",
         "qwen35-ray-worker-spark-4",
         "qwen35-vllm",
+        "qwen35-watchdog",
     ]
     assert len(four.run.by_type("pulumi:providers:docker")) == 4
 
@@ -335,7 +356,7 @@ def test_fabric_env_on_every_ray_container(request, graph_name):
         "spark-3": "192.168.200.14",
         "spark-4": "192.168.200.15",
     }
-    for container in graph.run.by_type(CONTAINER):
+    for container in cluster_containers(graph):
         node = next(label["value"] for label in container.inputs["labels"] if label["label"] == "qwen35.node")
         env = envs(graph, container.name)
         assert env["VLLM_HOST_IP"] == fabric_ips[node]
@@ -392,7 +413,7 @@ def test_containers_replace_delete_first_and_keep_envs_secret(dev):
 
 
 def test_secrets_are_secret(dev):
-    for container in dev.run.by_type(CONTAINER):
+    for container in cluster_containers(dev):
         value, secret = unsecret(container.inputs["envs"])
         assert secret, f"{container.name}: envs carry a secret and must be marked secret"
         assert any(e.startswith("HF_TOKEN=") for e in value)
@@ -403,6 +424,10 @@ def test_secrets_are_secret(dev):
     assert not dev.run.secret_outputs  # nothing secret is exported at all
     flat = repr(dev.run.outputs)
     assert SECRETS["api_key"] not in flat and SECRETS["hf_token"] not in flat
+    # The health secret: in the watchdog's and the agent's secret envs only, never plain.
+    for resource in dev.run.resources:
+        assert FAKE_HEALTH_SECRET not in repr(_without_secrets(resource.inputs)), resource.name
+    assert FAKE_HEALTH_SECRET not in flat
 
 
 def _without_secrets(value):
@@ -445,10 +470,10 @@ def test_outputs(four):
     assert out["head"] == "spark-1"
     assert out["nodes"] == ["spark-1", "spark-2", "spark-3", "spark-4"]
     assert out["containers"] == {
-        "spark-1": ["qwen35-ray-head", "qwen35-vllm"],
-        "spark-2": ["qwen35-ray-worker"],
-        "spark-3": ["qwen35-ray-worker"],
-        "spark-4": ["qwen35-ray-worker"],
+        "spark-1": ["qwen35-ray-head", "qwen35-vllm", "qwen35-watchdog"],
+        "spark-2": ["qwen35-ray-worker", "qwen35-health-agent"],
+        "spark-3": ["qwen35-ray-worker", "qwen35-health-agent"],
+        "spark-4": ["qwen35-ray-worker", "qwen35-health-agent"],
     }
     for node in out["nodes"]:
         assert out["images"][node]["image_id"].startswith("sha256:")
@@ -461,6 +486,8 @@ def test_preview_registers_the_whole_graph(monkeypatch):
         "qwen35-ray-head",
         "qwen35-ray-worker-spark-2",
         "qwen35-vllm",
+        "qwen35-health-agent-spark-2",
+        "qwen35-watchdog",
     }
     assert graph.run.named("qwen35-ready")
 
@@ -476,7 +503,9 @@ def test_changing_serve_settings_touches_only_the_server(monkeypatch):
         if r.typ in (CONTAINER, "docker:index/volume:Volume", IMAGE_BUILD)
         and r.inputs != before.run.named(r.name).inputs
     }
-    assert changed == {"qwen35-vllm"}
+    # The watchdog probes the server's port: its config follows it (the agents' does too, as every
+    # health program reads the same stack description).
+    assert changed == {"qwen35-vllm", "qwen35-watchdog", "qwen35-health-agent-spark-2"}
 
 
 def test_vllm_server_sees_the_ray_processes(dev):
@@ -837,9 +866,9 @@ def volume_mounts(graph: Graph, name: str) -> dict[str, str]:
 
 
 def container_nodes(graph: Graph) -> dict[str, str]:
-    """Every container's resource name -> the node its provider is on."""
+    """Every serving container's resource name -> the node its provider is on."""
     return {
-        c.name: graph.provider_of(c.name).removeprefix("qwen35-docker-") for c in graph.run.by_type(CONTAINER)
+        c.name: graph.provider_of(c.name).removeprefix("qwen35-docker-") for c in cluster_containers(graph)
     }
 
 
@@ -892,7 +921,7 @@ def test_keep_on_destroy_decides_whether_the_cache_outlives_destroy(monkeypatch,
 def test_the_switch_off_removes_the_volumes_the_mounts_and_the_variables(monkeypatch):
     graph = run_graph(monkeypatch, with_sections(containers={"compile_cache": False}))
     volumes = {v.name for v in graph.run.by_type("docker:index/volume:Volume")}
-    assert volumes == {"qwen35-ray-tmp"}
+    assert volumes == {"qwen35-ray-tmp", "qwen35-health"}
     for name in container_nodes(graph):
         assert "/root/.cache/qwen35-compile" not in volume_mounts(graph, name)
         assert not COMPILE_VARS.keys() & envs(graph, name).keys()

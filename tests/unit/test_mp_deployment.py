@@ -17,6 +17,7 @@ from tests.unit.test_deployment import (
     NODE_IMAGE,
     SECRETS,
     Graph,
+    cluster_containers,
     envs,
     run_graph,
     unsecret,
@@ -34,11 +35,12 @@ def workers(graph: Graph) -> list[str]:
 
 def test_one_vllm_container_per_node_and_nothing_of_ray(mp):
     nodes = mp.run.outputs["nodes"]
-    containers = sorted(c.name for c in mp.run.by_type(CONTAINER))
+    containers = sorted(c.name for c in cluster_containers(mp))
     assert containers == sorted(["qwen35-vllm", *(f"qwen35-vllm-headless-{n}" for n in nodes[1:])])
-    # The one volume per node is the compile cache's; Ray's temp volume is not there.
+    # The one volume per node is the compile cache's (and the watchdog's state on the head); Ray's
+    # temp volume is not there.
     volumes = {v.name for v in mp.run.by_type("docker:index/volume:Volume")}
-    assert volumes == {f"qwen35-compile-cache-{n}" for n in nodes}
+    assert volumes == {f"qwen35-compile-cache-{n}" for n in nodes} | {"qwen35-health"}
     for resource in mp.run.resources:
         assert "ray" not in resource.name, resource.name
     assert mp.provider_of("qwen35-vllm") == "qwen35-docker-spark-1"
@@ -112,7 +114,10 @@ def test_the_model_support_check_skips_the_ray_proof_and_proves_the_head_s_argv(
 def test_outputs_list_one_server_container_per_node(mp):
     out = mp.run.outputs
     assert out["containers"] == {
-        node: ["qwen35-vllm" if i == 0 else f"qwen35-vllm-rank{i}"] for i, node in enumerate(out["nodes"])
+        node: ["qwen35-vllm", "qwen35-watchdog"]
+        if i == 0
+        else [f"qwen35-vllm-rank{i}", "qwen35-health-agent"]
+        for i, node in enumerate(out["nodes"])
     }
     assert out["dashboard"] is None
     assert out["endpoint"] == "http://10.1.230.180:8000/v1"
@@ -129,10 +134,11 @@ def test_an_image_without_ray_is_accepted_as_prebuilt(monkeypatch):
 
 def test_the_head_claims_the_master_port_and_no_ray_port(mp):
     claims = {r.name: r.inputs["ports"] for r in mp.run.resources if r.name.startswith("qwen35-claim-")}
-    # And fabric.probe_port (29590): FabricCheck is on, and each worker's probe listens there.
-    assert claims["qwen35-claim-spark-1"] == [[8000, 8000], [29501, 29501], [29590, 29590]]
+    # And fabric.probe_port (29590): FabricCheck is on, and each worker's probe listens there; and
+    # the watchdog's port on the head, an agent's on every worker.
+    assert claims["qwen35-claim-spark-1"] == [[8000, 8000], [29501, 29501], [29590, 29590], [29592, 29592]]
     for node in workers(mp):
-        assert claims[f"qwen35-claim-{node}"] == []
+        assert claims[f"qwen35-claim-{node}"] == [[29593, 29593]]
 
 
 def rank_names(graph: Graph) -> list[str]:

@@ -323,3 +323,30 @@ def test_the_head_judges_a_join_by_world_size_rank_and_duplicates():
     assert "world_size=2" in judge_join(head, {**good, "world_size": 2}, set())
     assert "nnodes=3" in judge_join(head, {**good, "nnodes": 3}, set())
     assert "headless ranks are 1..1" in judge_join(head, {**good, "node_rank": 0}, set())
+
+
+# ---- the health tests' faults (issue 33) ---------------------------------------------------------------
+
+
+def test_the_leak_lowers_memavailable_in_place_and_never_gives_it_back(tmp_path):
+    from lab.standin_vllm import LEAK_ENV, MEMINFO_ENV, leak
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  1000000 kB\nMemAvailable:   97656250 kB\n")
+    inode = meminfo.stat().st_ino
+    env = {MEMINFO_ENV: str(meminfo), LEAK_ENV: str(20 * 10**9)}
+    assert leak(env) == 78125000 * 1024
+    assert leak(env) == 58593750 * 1024 == 60 * 10**9
+    assert "MemTotal:  1000000 kB" in meminfo.read_text() and meminfo.stat().st_ino == inode
+    assert leak({}) is None
+
+
+def test_faults_slow_and_unknown():
+    from lab.standin_vllm import Faults, metrics_text
+
+    faults = Faults()
+    assert faults.apply({"mode": "slow", "delay_s": 2, "health_delay_s": 0.5})[0] == 200
+    assert (faults.delay_s, faults.health_delay_s) == (2.0, 0.5)
+    assert faults.apply({"mode": "melt"})[0] == 400
+    args = parse_serve_args(["serve", "m", "--served-model-name", "q"], env={})
+    assert 'vllm_standin_requests_total{model_name="q"} 0' in metrics_text(faults, args)

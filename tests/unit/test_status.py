@@ -68,14 +68,31 @@ def node_report(containers, ray=None):
     return report
 
 
+# The head's watchdog /state when all is well (Pulumi.lab.yaml: report mode).
+WATCHDOG_HEALTHY = {
+    "state": "healthy",
+    "mode": "report",
+    "step": None,
+    "budget_left": 3,
+    "restarts": [],
+    "spent": None,
+    "held": None,
+    "would": None,
+    "next_step": "nothing to do",
+}
+
+
 def healthy():
+    head = node_report(
+        ["qwen35-ray-head", "qwen35-vllm", "qwen35-watchdog"],
+        ray={"status": RAY_OK, "nodes_json": NODES_JSON, "error": ""},
+    )
+    head["watchdog"] = {"state": dict(WATCHDOG_HEALTHY)}
+    head["now"] = 1_800_000_000.0
     return {
         "nodes": {
-            "node-a": node_report(
-                ["qwen35-ray-head", "qwen35-vllm"],
-                ray={"status": RAY_OK, "nodes_json": NODES_JSON, "error": ""},
-            ),
-            "node-b": node_report(["qwen35-ray-worker"]),
+            "node-a": head,
+            "node-b": node_report(["qwen35-ray-worker", "qwen35-health-agent"]),
         },
         "server": {
             "url": URL,
@@ -290,7 +307,7 @@ def test_healthy_cells(config):
         "ssh": "ok",
         "docker": "20.10.24 classic",
         "image": "111111111111 = head",
-        "containers": "qwen35-ray-worker running 1m15s",
+        "containers": "qwen35-ray-worker running 1m15s; qwen35-health-agent running 1m15s",
         "gpus": "no nvidia-smi",
         "checkpoint": "dddddddddddd (3 files) = head",
     }
@@ -301,6 +318,7 @@ def test_healthy_cells(config):
         "completion": "0.25 s, 5 tokens, 20.0 tokens/s",
         # The lab's stand-in checkpoint has no attention sizes in its config.json.
         "concurrency": "expected: unknown",
+        "watchdog": "healthy (mode report, budget 3/3 left)",
     }
 
 
@@ -405,11 +423,13 @@ def test_json_carries_verdict_and_facts_without_secrets(config):
 
 def test_node_requests_name_the_declared_things_and_no_secret(config):
     requests = facts.node_requests(config)
-    assert requests["node-a"]["containers"] == ["qwen35-ray-head", "qwen35-vllm"]
+    assert requests["node-a"]["containers"] == ["qwen35-ray-head", "qwen35-vllm", "qwen35-watchdog"]
     assert requests["node-a"]["ray_container"] == "qwen35-ray-head"
+    # The head reads its watchdog's /state on the address it listens on (the fabric's).
+    assert requests["node-a"]["watchdog_url"] == "http://127.0.0.2:29592/state"
     assert requests["node-b"] == {
         "image": facts.deployment_image(config),
-        "containers": ["qwen35-ray-worker"],
+        "containers": ["qwen35-ray-worker", "qwen35-health-agent"],
         "hf_cache": "/run/qwen35-lab/node-b/hf-cache",  # model.cache_dirs: its own
         "model": "lab/standin-qwen35",
         "revision": "main",
@@ -417,6 +437,7 @@ def test_node_requests_name_the_declared_things_and_no_secret(config):
         "progress_dir": "~/.qwen35/progress",
         "sizing": False,
         "server_container": None,
+        "watchdog_url": None,
     }
     assert facts.deployment_image(config).startswith("lab-vllm-qwen35:h-")
 
@@ -640,10 +661,13 @@ def lab_mp_config():
 def test_under_executor_mp_status_asks_for_each_node_s_rank_and_no_ray():
     cfg = lab_mp_config()
     requests = facts.node_requests(cfg)
-    assert requests["node-a"]["containers"] == ["qwen35-vllm"] and requests["node-a"]["ray_container"] is None
-    assert requests["node-b"]["containers"] == ["qwen35-vllm-rank1"]
+    assert requests["node-a"]["containers"] == ["qwen35-vllm", "qwen35-watchdog"]
+    assert requests["node-a"]["ray_container"] is None
+    assert requests["node-b"]["containers"] == ["qwen35-vllm-rank1", "qwen35-health-agent"]
     gathered = healthy()
-    gathered["nodes"] = {"node-a": node_report(["qwen35-vllm"]), "node-b": node_report(["qwen35-vllm-rank1"])}
+    head = node_report(["qwen35-vllm", "qwen35-watchdog"])
+    head["watchdog"] = {"state": dict(WATCHDOG_HEALTHY)}
+    gathered["nodes"] = {"node-a": head, "node-b": node_report(["qwen35-vllm-rank1", "qwen35-health-agent"])}
     verdict = judge(cfg, gathered)
     assert verdict.cluster["ray"].startswith("none (cluster.executor mp")
     assert not verdict.problems, verdict.problems

@@ -1,0 +1,46 @@
+"""The HealthSecret dynamic provider: create draws the secret; nothing else ever changes it, and no
+method touches a node."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pulumi.dynamic as dynamic
+
+from components.errors import ExplainedErrors
+from components.health.plan import SECRET_BYTES, SECRET_KEY, UPDATE_KEYS, kept_outputs, plan_change, validate
+
+
+class HealthSecretProvider(ExplainedErrors, dynamic.ResourceProvider):
+    """create: a new random secret; diff: never a replacement; update: the inputs, the same secret;
+    read: the recorded state (nothing outside the state holds it); delete: nothing to remove."""
+
+    # Stacks pickle this class by reference as `components.health.HealthSecretProvider`: keep that its
+    # path whatever file it lives in.
+    __module__ = "components.health"
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        failures = [
+            dynamic.CheckFailure(problem.split(":", 1)[0], problem.split(":", 1)[1].strip())
+            for problem in validate(news)
+        ]
+        return dynamic.CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        change = plan_change(olds, news)
+        return dynamic.DiffResult(changes=change.changes, replaces=[], delete_before_replace=False)
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        outs = {**{k: props.get(k) for k in UPDATE_KEYS}, SECRET_KEY: secrets.token_hex(SECRET_BYTES)}
+        # The ID names the stack, never the secret.
+        return dynamic.CreateResult(id_=f"{props.get('owner')}/health-secret", outs=outs)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        return dynamic.UpdateResult(outs=kept_outputs(olds, news))
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        return dynamic.ReadResult(id_=id_, outs=props)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        return None

@@ -1,0 +1,214 @@
+"""The health agent, on every node but the head (issue 33): the watchdog's hands on this node.
+
+    python3 -I -S -c <program>      (config: QWEN35_HEALTH_CONFIG, secret: QWEN35_HEALTH_SECRET)
+
+It listens on this node's fabric address only (`agent_port`), and answers only requests signed with
+the stack's secret (`health_wire.check_signature`); any other is refused with 401, counted, and
+changes nothing. It reads this node's MemAvailable and its stack containers' states and logs, and
+stops or starts one of them: only a name in its config (this node's containers of the stack's
+prefix), never anything else on the node. Its one privilege is the node's Docker socket mount.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from components.node_programs import health_wire
+
+wire = health_wire  # the short name below
+
+BODY_LIMIT = 64 << 10  # a request body longer than this is not one the watchdog sends
+CALL_TIMEOUT_S = 10.0
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} health-agent: {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    node: str
+    host: str
+    port: int
+    containers: tuple[str, ...]
+    stop_timeout_s: dict[str, int]
+
+    @staticmethod
+    def from_json(text: str) -> AgentSettings:
+        raw = json.loads(text)
+        me = next(n for n in raw["nodes"] if n["name"] == raw["node"])
+        timeouts = {
+            t["name"]: int(t.get("stop_timeout_s", 30)) for t in raw["cluster"] if t["node"] == me["name"]
+        }
+        return AgentSettings(
+            me["name"], me["fabric_ip"], int(raw["agent_port"]), tuple(me["containers"]), timeouts
+        )
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict
+
+
+class Agent:
+    """The decisions: who may ask, and for what. Docker and the meminfo are given (tests fake them)."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        secret: str,
+        docker: Callable[..., Any],
+        meminfo: Callable[[], tuple[int | None, str | None]],
+        clock: Callable[[], float] = time.time,
+    ):
+        self.s, self.secret, self.docker, self.meminfo, self.clock = settings, secret, docker, meminfo, clock
+        self.refusals = 0
+        self.actions = 0
+        self.lock = threading.Lock()
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
+        if method == "GET" and path == wire.METRICS_PATH:
+            return Answer(200, {"metrics": self.metrics()})
+        why = wire.check_signature(
+            self.secret,
+            method,
+            path,
+            body,
+            headers.get(wire.TIME_HEADER.lower()),
+            headers.get(wire.SIGNATURE_HEADER.lower()),
+            self.clock(),
+        )
+        if why is not None:
+            with self.lock:
+                self.refusals += 1
+            log(f"refused {method} {path}: {why}")
+            return Answer(401, {"error": f"refused: {why}", "refusals": self.refusals})
+        try:
+            payload = json.loads(body or b"{}")
+            if not isinstance(payload, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            return Answer(400, {"error": "the body is not a JSON object"})
+        answer = self._signed(path, payload)
+        answer.body["refusals"] = self.refusals
+        return answer
+
+    def _signed(self, path: str, payload: dict) -> Answer:
+        if path == wire.AGENT_MEMINFO:
+            available, error = self.meminfo()
+            return Answer(200, {"available_bytes": available, "error": error})
+        if path == wire.AGENT_CONTAINERS:
+            return Answer(200, {"containers": [self.docker("inspect", name) for name in self.s.containers]})
+        name = payload.get("name")
+        if path not in (*wire.AGENT_ACTIONS, wire.AGENT_LOGS):
+            return Answer(404, {"error": f"no endpoint {path}"})
+        if name not in self.s.containers:
+            log(f"refused {path} of {name!r}: not one of this stack's containers on {self.s.node}")
+            return Answer(403, {"error": f"{name!r} is not one of this stack's containers on {self.s.node}"})
+        if path == wire.AGENT_LOGS:
+            return Answer(200, {"lines": self.docker("logs", name, int(payload.get("tail") or 20))})
+        action = path.lstrip("/")
+        with self.lock:
+            self.actions += 1
+            done = self.docker(action, name, self.s.stop_timeout_s.get(name, 30))
+        log(f"{action} {name}: {'done' if done.get('ok') else done.get('error')}")
+        return Answer(200 if done.get("ok") else 502, done)
+
+    def metrics(self) -> str:
+        return (
+            "# HELP qwen35_health_agent_refusals_total Requests refused: absent or wrong signature.\n"
+            "# TYPE qwen35_health_agent_refusals_total counter\n"
+            f'qwen35_health_agent_refusals_total{{node="{self.s.node}"}} {self.refusals}\n'
+            "# HELP qwen35_health_agent_actions_total Containers stopped, started or restarted.\n"
+            "# TYPE qwen35_health_agent_actions_total counter\n"
+            f'qwen35_health_agent_actions_total{{node="{self.s.node}"}} {self.actions}\n'
+        )
+
+
+def docker_on(socket_path: str) -> Callable[..., Any]:
+    """The node's Docker through its mounted socket, as the Agent calls it."""
+
+    def docker(what: str, name: str, *args: Any) -> Any:
+        if what == "inspect":
+            return wire.inspect(socket_path, name)
+        if what == "logs":
+            return wire.logs(socket_path, name, args[0])
+        return wire.act(socket_path, what, name, args[0], CALL_TIMEOUT_S + args[0])
+
+    return docker
+
+
+def serve(agent: Agent, host: str, port: int):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, fmt: str, *args: Any) -> None:
+            pass
+
+        def _answer(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > BODY_LIMIT:
+                self.send_error(413)
+                return
+            body = self.rfile.read(length) if length else b""
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            answer = agent.handle(method, self.path, headers, body)
+            if "metrics" in answer.body and self.path == wire.METRICS_PATH:
+                data, kind = answer.body["metrics"].encode(), "text/plain; version=0.0.4"
+            else:
+                data, kind = json.dumps(answer.body).encode(), "application/json"
+            self.send_response(answer.status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            self._answer("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._answer("POST")
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def main(argv: list[str]) -> int:
+    try:
+        raw = os.environ[wire.CONFIG_ENV]
+        if json.loads(raw).get("mode") == wire.Mode.OFF.value:
+            log("health.mode is off: nothing to serve")
+            return wire.Exit.MODE_OFF
+        settings = AgentSettings.from_json(raw)
+    except (KeyError, ValueError, TypeError, StopIteration) as exc:
+        log(f"{wire.CONFIG_ENV} missing or not an agent's config ({type(exc).__name__}: {exc})")
+        return wire.Exit.BAD_CONFIG
+    secret = os.environ.get(wire.SECRET_ENV, "")
+    if not secret:
+        log(f"{wire.SECRET_ENV} is not set: refusing to serve requests nobody could sign")
+        return wire.Exit.NO_SECRET
+    meminfo = os.environ.get(wire.MEMINFO_ENV, wire.DEFAULT_MEMINFO)
+    agent = Agent(
+        settings, secret, docker_on(wire.DOCKER_SOCKET_MOUNT), lambda: wire.read_mem_available(meminfo)
+    )
+    try:
+        server = serve(agent, settings.host, settings.port)
+    except OSError as exc:
+        log(f"cannot listen on {settings.host}:{settings.port}: {exc}")
+        return wire.Exit.CANNOT_LISTEN
+    log(f"{settings.node}: serving on {settings.host}:{settings.port} for {', '.join(settings.containers)}")
+    server.serve_forever()
+    return wire.Exit.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

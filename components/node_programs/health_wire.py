@@ -1,0 +1,243 @@
+"""What the watchdog, its agents and the Pulumi program agree on, declared once (a library, standard
+library only: `program_argv` ships it with `watchdog` and `health_agent`; the program imports it too).
+
+The watchdog (on the head) probes the server and decides; an agent on every other node acts only on
+its own node's containers of this stack, and only for a request signed with the stack's secret:
+
+    X-Qwen35-Time: <unix seconds>
+    X-Qwen35-Signature: hex HMAC-SHA256(secret, METHOD \\n PATH \\n TIME \\n BODY)
+
+An absent or wrong signature, or a time more than SIGNATURE_WINDOW_S away from the agent's clock, is
+refused with 401 and counted (`qwen35_health_agent_refusals_total`); nothing else happens.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+
+from components.node_programs import engine_api
+
+# ---- environment and paths ---------------------------------------------------------------------------
+
+CONFIG_ENV = "QWEN35_HEALTH_CONFIG"  # the non-secret JSON config (`components.health.containers`)
+SECRET_ENV = "QWEN35_HEALTH_SECRET"  # the per-stack secret that signs every request to an agent
+API_KEY_ENV = "QWEN35_HEALTH_API_KEY"  # vLLM's API key for the completion probe (optional)
+MEMINFO_ENV = "QWEN35_MEMINFO"  # where MemAvailable is read (lab: a crafted file)
+DEFAULT_MEMINFO = "/proc/meminfo"
+STATE_DIR = "/var/lib/qwen35-health"  # the watchdog's state volume: the budget survives its container
+STATE_FILE = "state.json"
+MEMINFO_MOUNT = "/run/qwen35-health/meminfo"  # lab only: where a crafted meminfo is mounted
+DOCKER_SOCKET_MOUNT = "/var/run/docker.sock"  # where the node's Docker socket is mounted inside
+
+# ---- HTTP --------------------------------------------------------------------------------------------
+
+METRICS_PATH = "/metrics"  # Prometheus text, unsigned (watchdog and agents)
+STATE_PATH = "/state"  # the watchdog's state as JSON, unsigned (read by `status`)
+# The agent's signed endpoints: POST with a JSON body ({"name": container} where one is acted on).
+AGENT_MEMINFO = "/meminfo"  # {"available_bytes": int | None, "error": str | None}
+AGENT_CONTAINERS = "/containers"  # {"containers": [{name, state, exit_code, started_at, restarts}]}
+AGENT_STOP = "/stop"
+AGENT_START = "/start"
+AGENT_RESTART = "/restart"
+AGENT_LOGS = "/logs"  # {"name", "tail"} -> {"lines": [...]}
+AGENT_ACTIONS = (AGENT_STOP, AGENT_START, AGENT_RESTART)
+TIME_HEADER = "X-Qwen35-Time"
+SIGNATURE_HEADER = "X-Qwen35-Signature"
+SIGNATURE_WINDOW_S = 60
+
+# ---- /state ------------------------------------------------------------------------------------------
+
+
+class State(str, enum.Enum):
+    """The watchdog's verdict, /state's `state`."""
+
+    STARTING = "starting"  # no verdict yet: the server has not been ready, and startup_s has not passed
+    HEALTHY = "healthy"
+    FAILING = "failing"  # probes fail, fewer than `failures` in a row (or report mode: it would act)
+    RECOVERING = "recovering"  # a recovery step runs (`step`)
+    BUDGET_SPENT = "budget_spent"  # everything stopped; waits for an operator (`spent`)
+    MEMORY_HELD = "memory_held"  # a restart blocked: a node's MemAvailable stayed below the need (`held`)
+
+
+class Step(str, enum.Enum):
+    """A recovery's step, /state's `step`."""
+
+    DIAGNOSE = "diagnose"
+    MEMORY_WAIT = "memory_wait"  # containers stopped; waiting for MemAvailable to reach the need
+    RESTART_SERVER = "restart_server"  # the server restarted; waiting for ready within ready_s
+    RESTART_CLUSTER = "restart_cluster"  # every container restarted; waiting for ready within ready_s
+
+
+STATE_KEYS = (
+    "state",
+    "mode",
+    "step",
+    "since",
+    "last_ready",
+    "consecutive_failures",
+    "restarts",
+    "restarts_total",
+    "budget_left",
+    "spent",
+    "held",
+    "budget_resets",
+    "last_diagnosis",
+    "would",
+    "next_step",
+)
+
+
+class Mode(str, enum.Enum):
+    ENFORCE = "enforce"
+    REPORT = "report"  # watch and record what it would do, never act
+    OFF = "off"
+
+
+class Exit(enum.IntEnum):
+    """Exit codes of `watchdog` and `health_agent` (a running one never exits on its own)."""
+
+    OK = 0
+    BAD_CONFIG = 2  # QWEN35_HEALTH_CONFIG missing or not the expected JSON
+    NO_SECRET = 3  # QWEN35_HEALTH_SECRET missing: an agent would accept anyone, a watchdog be refused
+    MODE_OFF = 4  # the config says mode off: nothing to run
+    CANNOT_LISTEN = 5  # the address is taken or not this node's
+
+
+# ---- signing -----------------------------------------------------------------------------------------
+
+
+def signature(secret: str, method: str, path: str, stamp: str, body: bytes) -> str:
+    """The request's HMAC-SHA256 (hex) under the stack's secret."""
+    message = f"{method.upper()}\n{path}\n{stamp}\n".encode() + body
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def signed_headers(secret: str, method: str, path: str, body: bytes, now: float) -> dict[str, str]:
+    """The headers that sign one request to an agent."""
+    stamp = str(int(now))
+    return {TIME_HEADER: stamp, SIGNATURE_HEADER: signature(secret, method, path, stamp, body)}
+
+
+def check_signature(
+    secret: str, method: str, path: str, body: bytes, stamp: str | None, given: str | None, now: float
+) -> str | None:
+    """Why a request is refused (absent or wrong signature, stale time), or None when it is signed."""
+    if not stamp or not given:
+        return "no signature"
+    try:
+        skew = abs(now - int(stamp))
+    except ValueError:
+        return "a time that is not a number"
+    if skew > SIGNATURE_WINDOW_S:
+        return f"a time {skew:.0f} s from this node's clock (more than {SIGNATURE_WINDOW_S} s)"
+    if not hmac.compare_digest(signature(secret, method, path, stamp, body), given):
+        return "a wrong signature"
+    return None
+
+
+# ---- memory ------------------------------------------------------------------------------------------
+
+
+def mem_available(text: str) -> int | None:
+    """MemAvailable in bytes from /proc/meminfo's text, or None when it has no such line."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "MemAvailable":
+            parts = value.split()
+            if parts and parts[0].isdigit():
+                # The kernel always says kB (KiB); a crafted file may too.
+                return int(parts[0]) * (1024 if parts[1:2] in (["kB"], []) else 1)
+    return None
+
+
+def read_mem_available(path: str) -> tuple[int | None, str | None]:
+    """(MemAvailable bytes, None) from the meminfo at `path`, or (None, why not)."""
+    try:
+        with open(path) as handle:
+            found = mem_available(handle.read())
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror or exc}"
+    return (found, None) if found is not None else (None, f"{path} has no MemAvailable line")
+
+
+def gb(value: int | float) -> str:
+    """Bytes as whole GB (10^9), the unit of the memory fit."""
+    return f"{value / 1e9:.0f} GB"
+
+
+def held_message(node: str, available: int, need: int) -> str:
+    """What the watchdog says when a node's memory blocks a restart (eugr #257's leak)."""
+    return f"{node}: MemAvailable {gb(available)}, {gb(need)} needed: unified memory is held; reboot {node}"
+
+
+# ---- Docker's multiplexed log stream -----------------------------------------------------------------
+
+
+def demux_logs(raw: bytes) -> list[str]:
+    """The lines of `GET /containers/{id}/logs` for a container without a TTY (8-byte frame headers:
+    stream, 0, 0, 0, big-endian length); a stream without such headers is taken as plain text."""
+    out, at = [], 0
+    if raw[:1] in (b"\x00", b"\x01", b"\x02") and raw[1:4] == b"\x00\x00\x00":
+        while at + 8 <= len(raw):
+            size = int.from_bytes(raw[at + 4 : at + 8], "big")
+            out.append(raw[at + 8 : at + 8 + size])
+            at += 8 + size
+        raw = b"".join(out)
+    return raw.decode(errors="replace").splitlines()
+
+
+# ---- the node's own Docker (the mounted socket) ------------------------------------------------------
+
+
+def inspect(socket_path: str, name: str, timeout: float = 10.0) -> dict:
+    """{name, state, exit_code, started_at, restarts} of one container (state `missing` when absent,
+    `unknown` with `error` when the daemon cannot be asked)."""
+    url = f"/containers/{engine_api.quote(name)}/json"
+    try:
+        status, found = engine_api.get_json(socket_path, url, timeout)
+    except engine_api.FAILED as exc:
+        return {"name": name, "state": "unknown", "error": f"{type(exc).__name__}: {exc}"}
+    if status == 404:
+        return {"name": name, "state": "missing"}
+    if status != 200 or not isinstance(found, dict):
+        return {"name": name, "state": "unknown", "error": f"the daemon answered {status}"}
+    state = found.get("State") or {}
+    return {
+        "name": name,
+        "state": state.get("Status", "unknown"),
+        "exit_code": state.get("ExitCode"),
+        "started_at": state.get("StartedAt"),
+        "restarts": found.get("RestartCount"),
+    }
+
+
+def act(socket_path: str, action: str, name: str, stop_timeout_s: int, timeout: float) -> dict:
+    """`stop`, `start` or `restart` one container: {ok, status, error}. 304 (already so) is ok."""
+    query = f"?t={int(stop_timeout_s)}" if action in ("stop", "restart") else ""
+    url = f"/containers/{engine_api.quote(name)}/{action}{query}"
+    try:
+        status, body = engine_api.call(socket_path, "POST", url, timeout)
+    except engine_api.FAILED as exc:
+        return {"ok": False, "status": None, "error": f"{type(exc).__name__}: {exc}"}
+    if status in (204, 304):
+        return {"ok": True, "status": status, "error": None}
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        message = body[:200].decode(errors="replace")
+    return {"ok": False, "status": status, "error": message}
+
+
+def logs(socket_path: str, name: str, tail: int, timeout: float = 10.0) -> list[str]:
+    """The container's last `tail` log lines (stdout and stderr), or one line saying why not."""
+    url = f"/containers/{engine_api.quote(name)}/logs?stdout=1&stderr=1&tail={int(tail)}"
+    try:
+        status, body = engine_api.call(socket_path, "GET", url, timeout)
+    except engine_api.FAILED as exc:
+        return [f"(no logs: {type(exc).__name__}: {exc})"]
+    if status != 200:
+        return [f"(no logs: the daemon answered {status})"]
+    return demux_logs(body)[-int(tail) :]

@@ -1,0 +1,217 @@
+"""The watchdog and its agent for real (issue 33): the programs in containers started from their
+specs (components/health/containers.py) on node-a (head) and node-b, watching the stand-in vLLM under
+executor mp (a head rank and a headless rank, no Ray), with a prefix of their own, `enforce`, small
+intervals and crafted meminfo files. Faults come from the stand-in (lab/standin_vllm.py FAULT_PATH)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import lab
+from components.health.containers import watchdog_container_name
+from components.node_programs import health_wire
+from tests.lab.test_mp_standin import standin_image
+from tests.support.health_lab import DEADLINE, FAILURES, GB, INTERVAL, Stack, free_ports, http, wait_for
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def images(node_a, node_b) -> dict[str, str]:
+    """The lab's Debian with the stand-in as `vllm` (and python3 for the watchdog and the agent)."""
+    found = {node.name: standin_image(node) for node in (node_a, node_b)}
+    python = lab.docker(node_a, "run", "--rm", "--entrypoint", "python3", found["node-a"], "-c", "print(1)")
+    assert python.out.strip() == "1"
+    return found
+
+
+@pytest.fixture
+def stack(node_a, node_b, images, request) -> Iterator[Stack]:
+    marker = request.node.get_closest_marker("health")
+    built = Stack(node_a, node_b, images, **(marker.kwargs if marker else {}))
+    try:
+        yield built
+    finally:
+        built.remove()
+
+
+def signed(secret: str, path: str, body: dict) -> tuple[bytes, dict]:
+    data = json.dumps(body).encode()
+    return data, health_wire.signed_headers(secret, "POST", path, data, time.time())
+
+
+def test_an_agent_refuses_a_restart_without_or_with_a_wrong_secret_and_changes_nothing(stack):
+    stack.start_ranks()
+    stack.start_agent()
+    before = stack.inspect("node-b", stack.rank)
+    url = f"{stack.agent_url}{health_wire.AGENT_RESTART}"
+    body = {"name": stack.rank}
+    assert http(url, body)[0] == 401
+    data, headers = signed("not-the-secret", health_wire.AGENT_RESTART, body)
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json", **headers})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    # Signed, but not one of this stack's containers: refused too (the agent acts on its own only).
+    data, headers = signed(stack.secret, health_wire.AGENT_STOP, {"name": "qwen35-vllm-rank1"})
+    request = urllib.request.Request(f"{stack.agent_url}{health_wire.AGENT_STOP}", data, headers)
+    with pytest.raises(urllib.error.HTTPError) as other:
+        urllib.request.urlopen(request, timeout=10)
+    assert other.value.code == 403
+    time.sleep(1)
+    assert stack.inspect("node-b", stack.rank) == before, "a refused request changed the container"
+    metrics = http(f"{stack.agent_url}/metrics")[1].decode()
+    assert 'qwen35_health_agent_refusals_total{node="node-b"} 2' in metrics, metrics
+    assert 'qwen35_health_agent_actions_total{node="node-b"} 0' in metrics, metrics
+    # The same agent does act for the watchdog's secret: the refusals were the signature's doing.
+    data, headers = signed(stack.secret, health_wire.AGENT_CONTAINERS, {})
+    request = urllib.request.Request(f"{stack.agent_url}{health_wire.AGENT_CONTAINERS}", data, headers)
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        (found,) = json.loads(answer.read())["containers"]
+    assert found["name"] == stack.rank and found["state"] == "running"
+
+
+def test_a_hang_is_detected_in_time_and_only_the_server_is_restarted(stack):
+    stack.up(rejoin=True)
+    rank_before = stack.inspect("node-b", stack.rank)
+    server_before = stack.inspect("node-a", stack.server)
+    at = stack.fault("hang")
+    assert stack.inspect("node-a", stack.server)[0] == "running"  # Docker sees nothing wrong
+    state = stack.wait_state(lambda s: s["state"] == "healthy" and s["restarts"], 40, "not recovered")
+    (restart,) = state["restarts"]
+    assert (restart["step"], restart["reason"]) == ("restart_server", "hang"), restart
+    detected = state["last_diagnosis"]["at"] - at
+    # The hang begins 0.2 s after the request; each probe starts within an interval of the last.
+    assert detected <= INTERVAL * FAILURES + DEADLINE + 0.5, f"detected after {detected:.2f} s"
+    assert stack.inspect("node-b", stack.rank) == rank_before, "the headless rank was restarted too"
+    assert stack.inspect("node-a", stack.server)[1] != server_before[1]
+    print(f"\nhang detected after {detected:.2f} s; ready {state['last_ready'] - at:.2f} s after the hang")
+
+
+def test_a_server_that_stays_down_after_its_restart_leads_to_a_cluster_restart(stack):
+    # Without rejoin the headless rank exits with its head, as vLLM's does: the head alone cannot
+    # come back, and after ready_s the watchdog restarts every rank, the headless one first.
+    stack.up(rejoin=False)
+    rank_before = stack.inspect("node-b", stack.rank)
+    stack.fault("crash")
+    state = stack.wait_state(
+        lambda s: s["state"] == "healthy" and len(s["restarts"]) == 2, 60, "no cluster restart"
+    )
+    assert [(r["step"], r["reason"]) for r in state["restarts"]] == [
+        ("restart_server", "down"),
+        ("restart_cluster", "not_ready"),
+    ]
+    status, started = stack.inspect("node-b", stack.rank)
+    assert status == "running" and started != rank_before[1], "the agent did not restart the rank"
+
+
+@pytest.mark.health(max_restarts=1)
+def test_a_spent_budget_stops_everything_says_why_and_survives_the_watchdog_s_replacement(stack):
+    stack.up(rejoin=True)
+    stack.fault("crash")
+    stack.wait_state(lambda s: s["state"] == "healthy" and s["restarts"], 40, "first restart missing")
+    stack.fault("crash")
+    state = stack.wait_state(lambda s: s["state"] == "budget_spent", 30, "budget never spent")
+    assert "1 restarts in 3600 s spent" in state["spent"]["why"], state["spent"]
+    assert state["budget_left"] == 0 and "pulumi up --refresh" in state["next_step"]
+    assert stack.inspect("node-a", stack.server)[0] == "exited"
+    assert stack.inspect("node-b", stack.rank)[0] == "exited"
+    # An upgrade replaces the watchdog's container: the spent budget is in its volume, nothing restarts.
+    stack.docker("node-a", "rm", "--force", watchdog_container_name(stack.cfg))
+    stack.start_watchdog()
+    time.sleep(3 * INTERVAL)
+    again = stack.wait_state(lambda s: s["state"] == "budget_spent", 10, "the new watchdog forgot")
+    assert again["spent"] == state["spent"]
+    assert stack.inspect("node-a", stack.server)[0] == "exited"
+    # The operator starts them again: the watchdog sees it, resets its budget and records that.
+    stack.docker("node-b", "start", stack.rank)
+    stack.docker("node-a", "start", stack.server)
+    reset = stack.wait_state(lambda s: s["state"] == "healthy", 40, "no reset after the operator's start")
+    assert reset["spent"] is None and reset["budget_left"] == 1
+    assert reset["budget_resets"] and "run again" in reset["budget_resets"][-1]["why"]
+
+
+def test_memavailable_below_the_need_blocks_the_restart(stack):
+    need = {"node-a": 70 * GB, "node-b": None}
+    # 100 GB free; every start of the head leaks 20 GB: 80 after the first, 60 after the restart.
+    stack.up(rejoin=True, leak_gb=20, need=need)
+    stack.fault("crash")
+    stack.wait_state(lambda s: s["state"] == "healthy" and s["restarts"], 40, "first restart missing")
+    stack.fault("crash")
+    state = stack.wait_state(lambda s: s["state"] == "memory_held", 30, "memory never held")
+    assert (
+        state["held"]["message"]
+        == "node-a: MemAvailable 60 GB, 70 GB needed: unified memory is held; reboot node-a"
+    )
+    assert len(state["restarts"]) == 1
+    time.sleep(2 * INTERVAL)
+    assert stack.inspect("node-a", stack.server)[0] == "exited", "restarted despite the held memory"
+    metrics = http(f"{stack.watchdog_url}/metrics")[1].decode()
+    assert f'qwen35_health_mem_available_bytes{{node="node-a"}} {60 * GB}' in metrics, metrics
+
+
+@pytest.mark.health(completion_every=1)
+def test_a_slow_server_is_never_restarted_and_prometheus_scrapes_the_targets(stack, tmp_path):
+    stack.up(rejoin=True)
+    # /health within its deadline, every completion (each probe's) 2 s: slow, but it answers.
+    stack.fault("slow", delay_s=2.0, health_delay_s=DEADLINE / 2)
+    prometheus = start_prometheus(stack, tmp_path)
+    try:
+        time.sleep(10)
+        state = stack.state()
+        assert state["state"] == "healthy" and not state["restarts"], state
+        assert state["consecutive_failures"] == 0 and state["last_ttft_s"] >= 2.0, state
+        query = f"{prometheus}/api/v1/query?query="
+        wait_for(lambda: len(up_targets(query)) == 2, 30, lambda: f"targets not up: {http(query + 'up')}")
+        status, body = http(query + "qwen35_health_completion_ttft_seconds")
+        (sample,) = json.loads(body)["data"]["result"]
+        assert float(sample["value"][1]) >= 2.0
+    finally:
+        if stack.prometheus is not None:
+            stack.prometheus.terminate()
+            stack.prometheus.wait(timeout=10)
+
+
+def up_targets(query: str) -> list[str]:
+    status, body = http(query + "up")
+    if status != 200:
+        return []
+    return [r["metric"]["instance"] for r in json.loads(body)["data"]["result"] if r["value"][1] == "1"]
+
+
+def start_prometheus(stack: Stack, folder: Path) -> str:
+    """Debian's prometheus on a free loopback port, scraping the file_sd targets every second."""
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is not installed: `make setup` (LAB_DEBS) installs Debian's package"
+    (port,) = free_ports(1, ("127.0.0.1",))
+    targets = [
+        {"targets": [stack.watchdog_url.removeprefix("http://")], "labels": {"job": "qwen35-watchdog"}},
+        {"targets": [stack.vllm_url.removeprefix("http://")], "labels": {"job": "vllm"}},
+    ]
+    (folder / "targets.json").write_text(json.dumps(targets))
+    (folder / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: qwen35\n"
+        f"    file_sd_configs: [{{files: ['{folder / 'targets.json'}'], refresh_interval: 1s}}]\n"
+    )
+    with open(folder / "prometheus.log", "w") as log:
+        stack.prometheus = subprocess.Popen(
+            [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_for(
+        lambda: http(f"{url}/-/ready")[0] == 200, 30, lambda: (folder / "prometheus.log").read_text()[-2000:]
+    )
+    return url

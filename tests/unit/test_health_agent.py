@@ -1,0 +1,124 @@
+"""The health agent's decisions (components/node_programs/health_agent.py) and the signing scheme
+(health_wire): who may ask, for what, and that a refusal changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.health.containers import health_config
+from components.node_programs import health_wire
+from components.node_programs.health_agent import Agent, AgentSettings
+from tests.support.program import config_from
+
+SECRET = "s3cret" * 8
+NOW = 1_800_000_000.0
+
+
+def agent_for(node_index: int = 1) -> tuple[Agent, list[tuple]]:
+    cfg = config_from("dev")
+    settings = AgentSettings.from_json(health_config(cfg, cfg.nodes[node_index]))
+    calls: list[tuple] = []
+
+    def docker(what: str, name: str, *args):
+        calls.append((what, name, *args))
+        if what == "inspect":
+            return {"name": name, "state": "running"}
+        if what == "logs":
+            return ["a line"]
+        return {"ok": True}
+
+    return Agent(settings, SECRET, docker, lambda: (42 * 10**9, None), clock=lambda: NOW), calls
+
+
+def request(agent: Agent, path: str, payload: dict, secret: str | None = SECRET, at: float = NOW):
+    body = json.dumps(payload).encode()
+    headers = {}
+    if secret is not None:
+        signed = health_wire.signed_headers(secret, "POST", path, body, at)
+        headers = {k.lower(): v for k, v in signed.items()}
+    return agent.handle("POST", path, headers, body)
+
+
+def test_the_agent_acts_on_its_own_node_s_stack_containers_only():
+    agent, calls = agent_for()
+    assert agent.s.node == "spark-2" and agent.s.containers == ("qwen35-ray-worker",)
+    assert agent.s.host == "192.168.200.13" and agent.s.port == 29593
+    answer = request(agent, health_wire.AGENT_STOP, {"name": "qwen35-ray-worker"})
+    assert answer.status == 200 and calls == [("stop", "qwen35-ray-worker", 30)]
+
+
+@pytest.mark.parametrize(
+    ("secret", "at", "why"),
+    [
+        (None, NOW, "no signature"),
+        ("wrong", NOW, "a wrong signature"),
+        (SECRET, NOW - 120, "more than 60 s"),
+        (SECRET, NOW + 61, "more than 60 s"),
+    ],
+)
+def test_an_unsigned_wrongly_signed_or_stale_request_is_refused_counted_and_changes_nothing(secret, at, why):
+    agent, calls = agent_for()
+    answer = request(agent, health_wire.AGENT_RESTART, {"name": "qwen35-ray-worker"}, secret, at)
+    assert answer.status == 401 and why in answer.body["error"]
+    assert calls == [] and agent.refusals == 1
+    assert 'qwen35_health_agent_refusals_total{node="spark-2"} 1' in agent.metrics()
+
+
+def test_a_signature_covers_the_body_and_the_path():
+    agent, calls = agent_for()
+    body = json.dumps({"name": "qwen35-ray-worker"}).encode()
+    signed = health_wire.signed_headers(SECRET, "POST", health_wire.AGENT_LOGS, body, NOW)
+    headers = {k.lower(): v for k, v in signed.items()}
+    # The signature of a /logs request replayed against /stop, and a changed body: both refused.
+    assert agent.handle("POST", health_wire.AGENT_STOP, headers, body).status == 401
+    assert agent.handle("POST", health_wire.AGENT_LOGS, headers, body + b" ").status == 401
+    assert calls == [] and agent.refusals == 2
+
+
+@pytest.mark.parametrize("name", ["qwen35-vllm", "other-stack-ray-worker", "", None, "../x"])
+def test_a_signed_request_for_another_container_is_refused(name):
+    agent, calls = agent_for()
+    answer = request(agent, health_wire.AGENT_STOP, {"name": name})
+    assert answer.status == 403 and calls == []
+
+
+def test_signed_reads_answer_memory_containers_and_logs():
+    agent, _ = agent_for()
+    assert request(agent, health_wire.AGENT_MEMINFO, {}).body["available_bytes"] == 42 * 10**9
+    (found,) = request(agent, health_wire.AGENT_CONTAINERS, {}).body["containers"]
+    assert found == {"name": "qwen35-ray-worker", "state": "running"}
+    answer = request(agent, health_wire.AGENT_LOGS, {"name": "qwen35-ray-worker", "tail": 5})
+    assert answer.body["lines"] == ["a line"]
+
+
+def test_metrics_need_no_signature():
+    agent, _ = agent_for()
+    answer = agent.handle("GET", health_wire.METRICS_PATH, {}, b"")
+    assert answer.status == 200 and "qwen35_health_agent_refusals_total" in answer.body["metrics"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("MemTotal: 128 kB\nMemAvailable:   61000000 kB\n", 61000000 * 1024),
+        ("MemAvailable: 5\n", 5 * 1024),
+        ("MemFree: 5 kB\n", None),
+    ],
+)
+def test_mem_available(text, expected):
+    assert health_wire.mem_available(text) == expected
+
+
+def test_held_message_names_the_node_and_the_figures():
+    assert health_wire.held_message("node-b", 61 * 10**9, 70 * 10**9) == (
+        "node-b: MemAvailable 61 GB, 70 GB needed: unified memory is held; reboot node-b"
+    )
+
+
+def test_docker_log_frames_are_demultiplexed():
+    frame = b"\x01\x00\x00\x00" + (6).to_bytes(4, "big") + b"one\ntw"
+    frame += b"\x02\x00\x00\x00" + (3).to_bytes(4, "big") + b"o\n!"
+    assert health_wire.demux_logs(frame) == ["one", "two", "!"]
+    assert health_wire.demux_logs(b"plain\ntext\n") == ["plain", "text"]

@@ -1,0 +1,322 @@
+"""The watchdog's decisions (components/node_programs/watchdog.py), driven tick by tick with a fake
+clock and a fake World: probes, grace, recovery steps, the memory check, the budget, report mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.config import parse_stack_config
+from components.health.containers import health_config
+from components.node_programs import health_wire
+from components.node_programs.watchdog import (
+    Probe,
+    Settings,
+    Target,
+    Watchdog,
+    World,
+    metrics_text,
+    parse_started_at,
+)
+from tests.support.program import config_from, mp_raw
+
+GB = 10**9
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeWorld(World):
+    """Probes answer from a script; memory per node; every action recorded."""
+
+    def __init__(self) -> None:
+        self.health: list[Probe] = []  # consumed one per probe; empty: the default
+        self.default = Probe(True, 0.01)
+        self.completion = Probe(True, 0.5)
+        self.memory: dict[str, int | None] = {}
+        self.running: dict[tuple[str, str], bool] = {}
+        self.actions: list[tuple[str, str, str]] = []
+        self.started_at: float | None = None
+
+    def server_started_at(self) -> float | None:
+        return self.started_at
+
+    def probe_health(self, deadline_s: float) -> Probe:
+        return self.health.pop(0) if self.health else self.default
+
+    def probe_completion(self, deadline_s: float) -> Probe:
+        return self.completion
+
+    def mem_available(self, node: str):
+        value = self.memory.get(node, 100 * GB)
+        return value, None if value is not None else "unreadable"
+
+    def containers(self, node: str) -> list[dict]:
+        return [
+            {"name": name, "state": "running" if up else "exited"}
+            for (n, name), up in self.running.items()
+            if n == node
+        ]
+
+    def stop(self, target: Target) -> dict:
+        self.actions.append(("stop", target.node, target.name))
+        self.running[(target.node, target.name)] = False
+        return {"ok": True}
+
+    def start(self, target: Target) -> dict:
+        self.actions.append(("start", target.node, target.name))
+        self.running[(target.node, target.name)] = True
+        return {"ok": True}
+
+    def logs(self, target: Target, tail: int) -> list[str]:
+        return ["last line"]
+
+    def ray_nodes(self) -> dict:
+        return {"alive": 2, "nodes": 2}
+
+
+HANG = Probe(False, 5.0, "timeout", "no answer")
+DOWN = Probe(False, 0.0, "refused", "connection refused")
+HEALTH = {"interval_s": 10, "deadline_s": 5, "failures": 3, "startup_s": 600, "ready_s": 100,
+          "memory_wait_s": 30, "max_restarts": 2, "window_s": 3600, "completion_every": 6}  # fmt: skip
+
+
+def settings(executor: str = "ray", need: dict | None = None, **health) -> Settings:
+    if executor == "mp":
+        raw = mp_raw()
+        raw["health"] = {**HEALTH, **health}
+        cfg = parse_stack_config(raw)
+    else:
+        cfg = config_from("dev", health={**HEALTH, **health})
+    return Settings.from_json(health_config(cfg, cfg.head, need))
+
+
+def dog(world: FakeWorld, clock: Clock, saved: dict | None = None, **kw) -> tuple[Watchdog, list[dict]]:
+    saves: list[dict] = []
+    built = Watchdog(settings(**kw), world, clock, saved, lambda d: saves.append(json.loads(json.dumps(d))))
+    return built, saves
+
+
+def ticks(watchdog: Watchdog, clock: Clock, count: int, step: float = 10.0) -> None:
+    for _ in range(count):
+        watchdog.tick()
+        clock.now += step
+
+
+def test_a_healthy_server_is_left_alone_and_its_ready_time_recorded():
+    world, clock = FakeWorld(), Clock()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 12)
+    state = watchdog.snapshot()
+    assert state["state"] == "healthy" and world.actions == [] and state["last_ttft_s"] == 0.5
+    assert set(health_wire.STATE_KEYS) <= set(state)
+
+
+def test_no_verdict_during_start_up_grace_before_the_first_ready():
+    world, clock = FakeWorld(), Clock()
+    world.default = DOWN
+    watchdog, _ = dog(world, clock, startup_s=600)
+    ticks(watchdog, clock, 59)  # 590 s of a server that never answered: JIT tuning, say
+    assert watchdog.snapshot()["state"] == "starting" and world.actions == []
+    ticks(watchdog, clock, 4)  # past startup_s: now failures count
+    assert world.actions, "no recovery after startup_s"
+
+
+def test_the_grace_runs_from_the_server_container_s_start():
+    """A watchdog replaced (an upgrade) an hour after the server started gives it no new hour."""
+    world, clock = FakeWorld(), Clock()
+    world.default, world.started_at = DOWN, clock.now - 3600
+    watchdog, _ = dog(world, clock, startup_s=600)
+    ticks(watchdog, clock, 3)
+    assert world.actions, "the grace ran from the watchdog's own start"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2026-12-02T01:40:56.123456789Z", 1796175656.0), ("0001-01-01T00:00:00Z", None), ("", None)],
+)
+def test_docker_start_times(text, expected):
+    assert parse_started_at(text) == expected
+
+
+def test_after_a_first_ready_the_grace_is_over():
+    world, clock = FakeWorld(), Clock()
+    world.health = [Probe(True, 0.1)] + [HANG] * 3
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 4)
+    assert ("stop", "spark-1", "qwen35-vllm") in world.actions
+
+
+@pytest.mark.parametrize(
+    ("probes", "restarted"),
+    [
+        ([Probe(True, 0.1), HANG, HANG], False),  # two failures: below `failures`
+        ([Probe(True, 0.1), HANG, HANG, Probe(True, 0.1), HANG, HANG], False),  # not in a row
+        ([Probe(True, 0.1), HANG, HANG, HANG], True),
+        ([Probe(True, 0.1), DOWN, DOWN, DOWN], True),
+        # Slow but answering (4.9 s of a 5 s deadline): never a failure.
+        ([Probe(True, 0.1)] + [Probe(True, 4.9)] * 20, False),
+    ],
+)
+def test_consecutive_failures_decide(probes, restarted):
+    world, clock = FakeWorld(), Clock()
+    world.health = list(probes)
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, len(probes))
+    assert bool(world.actions) is restarted, world.actions
+
+
+def test_a_hang_restarts_only_the_server_then_waits_for_ready():
+    world, clock = FakeWorld(), Clock()
+    world.health = [Probe(True, 0.1), HANG, HANG, HANG]
+    watchdog, saves = dog(world, clock)
+    ticks(watchdog, clock, 4)
+    assert world.actions == [("stop", "spark-1", "qwen35-vllm"), ("start", "spark-1", "qwen35-vllm")]
+    state = watchdog.snapshot()
+    assert state["state"] == "recovering" and state["step"] == "restart_server"
+    assert state["restarts"][0]["reason"] == "hang" and state["budget_left"] == 1
+    assert state["last_diagnosis"]["containers"] and state["last_diagnosis"]["ray_nodes"] == {
+        "alive": 2,
+        "nodes": 2,
+    }
+    assert saves[-1]["restarts_total"] == {"hang": 1}
+    ticks(watchdog, clock, 1)
+    assert watchdog.snapshot()["state"] == "healthy"
+
+
+def test_not_ready_within_ready_s_restarts_the_cluster_in_order():
+    world, clock = FakeWorld(), Clock()
+    world.health = [Probe(True, 0.1)] + [DOWN] * 20
+    watchdog, _ = dog(world, clock, ready_s=50, max_restarts=3)
+    ticks(watchdog, clock, 4 + 5)  # 3 failures, the restart, 50 s of waiting
+    cluster = [a for a in world.actions[2:]]
+    assert cluster == [
+        ("stop", "spark-1", "qwen35-vllm"),
+        ("stop", "spark-2", "qwen35-ray-worker"),
+        ("stop", "spark-1", "qwen35-ray-head"),
+        ("start", "spark-1", "qwen35-ray-head"),
+        ("start", "spark-2", "qwen35-ray-worker"),
+        ("start", "spark-1", "qwen35-vllm"),
+    ]
+    assert [r["step"] for r in watchdog.snapshot()["restarts"]] == ["restart_server", "restart_cluster"]
+
+
+def test_under_mp_a_cluster_restart_starts_the_headless_ranks_before_the_head():
+    world, clock = FakeWorld(), Clock()
+    world.health = [Probe(True, 0.1)] + [DOWN] * 20
+    watchdog, _ = dog(world, clock, executor="mp", ready_s=50)
+    ticks(watchdog, clock, 9)
+    starts = [a for a in world.actions if a[0] == "start"]
+    assert starts == [
+        ("start", "spark-1", "qwen35-vllm"),
+        ("start", "spark-2", "qwen35-vllm-rank1"),
+        ("start", "spark-1", "qwen35-vllm"),
+    ]
+
+
+def test_memory_below_the_need_blocks_the_restart_and_says_which_node():
+    world, clock = FakeWorld(), Clock()
+    world.health, world.default = [Probe(True, 0.1)], HANG
+    world.memory = {"spark-1": 100 * GB, "spark-2": 61 * GB}
+    watchdog, _ = dog(world, clock, need={"spark-1": 70 * GB, "spark-2": 70 * GB}, memory_wait_s=30)
+    ticks(watchdog, clock, 4)
+    assert watchdog.snapshot()["step"] == "memory_wait"
+    ticks(watchdog, clock, 4)
+    state = watchdog.snapshot()
+    assert state["state"] == "memory_held"
+    assert state["held"]["message"] == (
+        "spark-2: MemAvailable 61 GB, 70 GB needed: unified memory is held; reboot spark-2"
+    )
+    assert [a[0] for a in world.actions] == ["stop"] and state["restarts"] == []
+    ticks(watchdog, clock, 10)
+    assert [a[0] for a in world.actions] == ["stop"], "it acted after the memory was held"
+
+
+def test_memory_that_comes_back_within_the_wait_lets_the_restart_go_on():
+    world, clock = FakeWorld(), Clock()
+    world.health = [Probe(True, 0.1)] + [HANG] * 3
+    world.memory = {"spark-2": 61 * GB}
+    watchdog, _ = dog(world, clock, need={"spark-1": 70 * GB, "spark-2": 70 * GB}, memory_wait_s=30)
+    ticks(watchdog, clock, 5)
+    world.memory = {"spark-2": 80 * GB}
+    ticks(watchdog, clock, 1)
+    assert world.actions[-1] == ("start", "spark-1", "qwen35-vllm")
+
+
+def test_a_spent_budget_stops_everything_and_persists():
+    world, clock = FakeWorld(), Clock()
+    world.default = DOWN
+    world.health = [Probe(True, 0.1)]
+    watchdog, saves = dog(world, clock, max_restarts=1, ready_s=30)
+    ticks(watchdog, clock, 4 + 4)  # one restart, not ready, the next restart finds the budget spent
+    state = watchdog.snapshot()
+    assert state["state"] == "budget_spent" and state["budget_left"] == 0
+    assert "1 restarts in 3600 s spent" in state["spent"]["why"]
+    assert {("spark-1", "qwen35-vllm"), ("spark-1", "qwen35-ray-head"), ("spark-2", "qwen35-ray-worker")} == {
+        (a[1], a[2]) for a in world.actions[-3:]
+    }
+    assert saves[-1]["spent"] == state["spent"]
+    actions = list(world.actions)
+    ticks(watchdog, clock, 10)
+    assert world.actions == actions, "a spent watchdog acted"
+    # A replaced watchdog (an upgrade, a reboot) reads the spent budget and does nothing.
+    world2 = FakeWorld()
+    world2.running = dict(world.running)
+    again, _ = dog(world2, clock, saved=saves[-1], max_restarts=1)
+    ticks(again, clock, 5)
+    assert again.snapshot()["state"] == "budget_spent" and world2.actions == []
+    # The operator starts them: the budget resets, recorded.
+    for key in world2.running:
+        world2.running[key] = True
+    ticks(again, clock, 2)
+    state = again.snapshot()
+    assert state["spent"] is None and state["budget_left"] == 1 and state["budget_resets"]
+
+
+def test_a_healthy_cluster_s_reboot_still_comes_back():
+    """A saved history with restarts but no spent budget: the new watchdog waits and finds it healthy."""
+    world, clock = FakeWorld(), Clock()
+    saved = {"restarts": [{"at": clock.now - 100, "reason": "hang", "step": "restart_server"}], "spent": None}
+    watchdog, _ = dog(world, clock, saved=saved)
+    ticks(watchdog, clock, 2)
+    state = watchdog.snapshot()
+    assert state["state"] == "healthy" and state["budget_left"] == 1 and world.actions == []
+
+
+def test_restarts_leave_the_window():
+    world, clock = FakeWorld(), Clock()
+    saved = {"restarts": [{"at": clock.now - 4000, "reason": "hang", "step": "restart_server"}] * 2}
+    watchdog, _ = dog(world, clock, saved=saved)
+    assert watchdog.snapshot()["budget_left"] == 2
+
+
+def test_report_mode_records_what_it_would_do_and_never_acts():
+    world, clock = FakeWorld(), Clock()
+    world.health = [Probe(True, 0.1)]
+    world.default = HANG
+    watchdog, _ = dog(world, clock, mode="report")
+    ticks(watchdog, clock, 20)
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["would"]["step"] == "restart_server"
+    assert "report mode: would restart server" in state["next_step"]
+
+
+def test_metrics_are_prometheus_text():
+    world, clock = FakeWorld(), Clock()
+    world.memory = {"spark-1": 123456789012}
+    world.health = [Probe(True, 0.1)] + [HANG] * 3
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 4)
+    text = metrics_text(watchdog.snapshot())
+    assert 'qwen35_health_restarts_total{reason="hang"} 1' in text
+    assert 'qwen35_health_mem_available_bytes{node="spark-1"} 123456789012' in text
+    assert "qwen35_health_budget_left 1" in text
+    assert 'qwen35_health_state{state="recovering"} 1' in text
+    for line in text.splitlines():
+        assert line.startswith("#") or len(line.split(" ")) == 2, line
