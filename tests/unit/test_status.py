@@ -678,7 +678,9 @@ def test_under_executor_mp_status_asks_for_each_node_s_rank_and_no_ray():
 def test_under_executor_mp_status_shows_each_node_s_rank_as_its_container_runs_it():
     cfg = lab_mp_config()
     gathered = healthy()
-    gathered["nodes"] = {"node-a": node_report(["qwen35-vllm"]), "node-b": node_report(["qwen35-vllm-rank1"])}
+    head = node_report(["qwen35-vllm", "qwen35-watchdog"])
+    head["watchdog"] = {"state": dict(WATCHDOG_HEALTHY)}
+    gathered["nodes"] = {"node-a": head, "node-b": node_report(["qwen35-vllm-rank1", "qwen35-health-agent"])}
     gathered["nodes"]["node-a"]["containers"]["qwen35-vllm"]["node_rank"] = "0"
     gathered["nodes"]["node-b"]["containers"]["qwen35-vllm-rank1"]["node_rank"] = "1"
     verdict = judge(cfg, gathered)
@@ -687,7 +689,7 @@ def test_under_executor_mp_status_shows_each_node_s_rank_as_its_container_runs_i
     text = render.text(verdict, "lab")
     header = text.splitlines()[2]
     assert header.split()[-1] == "rank", header
-    assert "qwen35-vllm-rank1 running 1m15s  1 (headless)" in text, text
+    assert "qwen35-vllm-rank1 running 1m15s; qwen35-health-agent running 1m15s  1 (headless)" in text, text
     # A container that runs another rank than the stack gives its node: the world cannot form.
     gathered["nodes"]["node-b"]["containers"]["qwen35-vllm-rank1"]["node_rank"] = "2"
     verdict = judge(cfg, gathered)
