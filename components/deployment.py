@@ -160,7 +160,19 @@ def container_args(
         "destroy_grace_seconds": spec.stop_grace_s,
         "logs": False,
         "attach": False,
+        "uploads": container_uploads(spec, secrets),
     }
+
+
+def container_uploads(
+    spec: ContainerSpec, secrets: dict[str, Any]
+) -> list[docker.ContainerUploadArgs] | None:
+    """The spec's secret files as uploads, each content a secret (None: the spec has none)."""
+    files = {path: secrets[key] for path, key in spec.secret_files.items() if secrets.get(key) is not None}
+    return [
+        docker.ContainerUploadArgs(file=path, content=pulumi.Output.secret(value), permissions="0600")
+        for path, value in sorted(files.items())
+    ] or None
 
 
 def node_container_names(config: StackConfig) -> dict[str, list[str]]:
@@ -740,7 +752,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                     *self.fabric_checks.values(),
                     *depends_on,
                 ],
-                additional_secret_outputs=["envs"],
+                additional_secret_outputs=["envs", *(["uploads"] if spec.secret_files else [])],
                 # The old container must release the GPUs and host ports before its successor starts.
                 delete_before_replace=True,
             ),

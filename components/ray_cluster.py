@@ -89,6 +89,9 @@ class ContainerSpec:
     env: dict[str, str] = field(default_factory=dict)
     # Environment variable -> secret config key (`hf_token`, `api_key`); values never enter the spec.
     secret_env: dict[str, str] = field(default_factory=dict)
+    # File in the container -> secret config key: written at the container's creation (pulumi-docker
+    # `uploads`), for a secret that must not be in its environment (`docker inspect` shows that).
+    secret_files: dict[str, str] = field(default_factory=dict)
     devices: tuple[str, ...] = ()
     ulimits: tuple[tuple[str, int, int], ...] = ULIMITS
     capabilities: tuple[str, ...] = CAPABILITIES

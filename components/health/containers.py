@@ -152,6 +152,8 @@ def _spec(
         command=tuple(program_argv(program, [])),
         env=env,
         secret_env=secret_env,
+        # The per-stack secret as a file in the container, never in its environment (health_wire).
+        secret_files={health_wire.SECRET_FILE: "health_secret"},
         devices=(),
         ulimits=(),
         capabilities=(),
@@ -179,7 +181,7 @@ def watchdog_container_spec(cfg: StackConfig, image_id: ImageId, config_json: An
         image_id=image_id,
         program="watchdog",
         config_json=config_json,
-        secret_env={health_wire.SECRET_ENV: "health_secret", health_wire.API_KEY_ENV: "api_key"},
+        secret_env={health_wire.API_KEY_ENV: "api_key"},
         extra_mounts=(Mount(health_volume_name(cfg), health_wire.STATE_DIR, volume=True),),
     )
 
@@ -198,6 +200,6 @@ def agent_container_spec(
         image_id=image_id,
         program="health_agent",
         config_json=config_json,
-        secret_env={health_wire.SECRET_ENV: "health_secret"},
+        secret_env={},
         extra_mounts=(),
     )

@@ -192,9 +192,12 @@ def main(argv: list[str]) -> int:
     except (KeyError, ValueError, TypeError, StopIteration) as exc:
         log(f"{wire.CONFIG_ENV} missing or not an agent's config ({type(exc).__name__}: {exc})")
         return wire.Exit.BAD_CONFIG
-    secret = os.environ.get(wire.SECRET_ENV, "")
+    secret = wire.read_secret()
     if not secret:
-        log(f"{wire.SECRET_ENV} is not set: refusing to serve requests nobody could sign")
+        log(
+            f"no secret in {wire.SECRET_FILE} (nor {wire.SECRET_ENV}): "
+            "refusing to serve requests nobody could sign"
+        )
         return wire.Exit.NO_SECRET
     meminfo = os.environ.get(wire.MEMINFO_ENV, wire.DEFAULT_MEMINFO)
     agent = Agent(

@@ -17,6 +17,7 @@ import enum
 import hashlib
 import hmac
 import json
+import os
 
 from components.node_programs import engine_api
 
@@ -24,6 +25,23 @@ from components.node_programs import engine_api
 
 CONFIG_ENV = "QWEN35_HEALTH_CONFIG"  # the non-secret JSON config (`components.health.containers`)
 SECRET_ENV = "QWEN35_HEALTH_SECRET"  # the per-stack secret that signs every request to an agent
+# Where the deployment puts that secret in each health container: a file written into the container
+# at its creation (pulumi-docker `uploads`), never its environment. `docker inspect` shows a
+# container's environment, and the Docker provider logs its inspect as a debug event, where the
+# engine masks only config secrets: a generated secret in the environment would reach `up --json`.
+# SECRET_ENV remains for a program run by hand (or a test) without the file.
+SECRET_FILE = "/run/qwen35-health/secret"
+
+
+def read_secret(path: str = SECRET_FILE) -> str:
+    """The per-stack secret: SECRET_FILE's content when the file exists, else SECRET_ENV ("": none)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except FileNotFoundError:
+        return os.environ.get(SECRET_ENV, "")
+
+
 API_KEY_ENV = "QWEN35_HEALTH_API_KEY"  # vLLM's API key for the completion probe (optional)
 MEMINFO_ENV = "QWEN35_MEMINFO"  # where MemAvailable is read (lab: a crafted file)
 DEFAULT_MEMINFO = "/proc/meminfo"

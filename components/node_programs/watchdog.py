@@ -806,9 +806,9 @@ def main(argv: list[str]) -> int:
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         log(f"{wire.CONFIG_ENV} missing or not the watchdog's config ({type(exc).__name__}: {exc})")
         return wire.Exit.BAD_CONFIG
-    secret = os.environ.get(wire.SECRET_ENV, "")
+    secret = wire.read_secret()
     if not secret and any(n.agent for n in settings.nodes):
-        log(f"{wire.SECRET_ENV} is not set: the agents would refuse every request")
+        log(f"no secret in {wire.SECRET_FILE} (nor {wire.SECRET_ENV}): the agents would refuse every request")
         return wire.Exit.NO_SECRET
     state_path = os.path.join(os.environ.get("QWEN35_HEALTH_STATE_DIR", wire.STATE_DIR), wire.STATE_FILE)
     world = RealWorld(

@@ -23,6 +23,7 @@ import pytest
 import lab
 from components.node_programs.health_wire import API_KEY_ENV as HEALTH_API_KEY_ENV
 from components.node_programs.health_wire import SECRET_ENV as HEALTH_SECRET_ENV
+from components.node_programs.health_wire import SECRET_FILE as HEALTH_SECRET_FILE
 from engine import ROOT, CliResult
 from lab.ray_image import ray_image
 from lab.sessions import lab_session
@@ -101,8 +102,18 @@ def container_ids(lab_nodes) -> dict[str, str]:
 
 def health_secret(lab_nodes) -> str:
     """The stack's health secret, as the watchdog and the agent hold it (both the same)."""
-    watchdog = container_env(lab_nodes["node-a"], "qwen35-watchdog")[0].get(HEALTH_SECRET_ENV)
-    agent = container_env(lab_nodes["node-b"], "qwen35-health-agent")[0].get(HEALTH_SECRET_ENV)
+    # A file written into each container at its creation (never its environment).
+    watchdog = lab.docker(
+        lab_nodes["node-a"], "exec", "qwen35-watchdog", "cat", HEALTH_SECRET_FILE
+    ).out.strip()
+    agent = lab.docker(
+        lab_nodes["node-b"], "exec", "qwen35-health-agent", "cat", HEALTH_SECRET_FILE
+    ).out.strip()
+    for node, name in (
+        (lab_nodes["node-a"], "qwen35-watchdog"),
+        (lab_nodes["node-b"], "qwen35-health-agent"),
+    ):
+        assert HEALTH_SECRET_ENV not in container_env(node, name)[0], name
     assert watchdog and len(watchdog) == 64 and watchdog == agent, "the watchdog and agent differ"
     return watchdog
 

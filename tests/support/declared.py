@@ -8,7 +8,9 @@ module does not know is an error: a new setting must never silently vanish from 
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 # Pulumi's wire format marks a secret as {SIG_KEY: SECRET_SIG, "value": …}; under mocks that wrapper
@@ -106,6 +108,19 @@ def _ulimit(limit: dict[str, Any], caps: Mapping[str, int]) -> tuple[list[str], 
     return ["--ulimit", f"{name}={soft}:{hard}"], None
 
 
+def upload_flags(upload: Mapping[str, Any]) -> list[str]:
+    """A declared upload (`file`, `content`) as `--volume HOSTFILE:file:ro`, the content in a 0600
+    file of its own under a private temporary folder."""
+    unknown = set(upload) - {"file", "content", "permissions"}
+    if unknown or "content" not in upload:
+        raise ValueError(f"upload of {upload.get('file')!r}: options {sorted(unknown)} are not translated")
+    folder = Path(tempfile.mkdtemp(prefix="qwen35-upload-"))
+    host = folder / "content"
+    host.touch(mode=0o600)
+    host.write_text(upload["content"])
+    return ["--volume", f"{host}:{upload['file']}:ro"]
+
+
 def docker_run_argv(
     inputs: dict[str, Any], node_limits: Mapping[str, int] | None = None
 ) -> tuple[list[str], list[str]]:
@@ -167,6 +182,10 @@ def docker_run_argv(
             argv += [arg for volume in value for arg in _volume(volume)]
         elif key == "mounts":
             argv += [arg for mount in value for arg in _mount(mount)]
+        elif key == "uploads":
+            # The provider writes each file into the container at its creation; lab nodes share this
+            # machine's filesystem, so a private host file bound read-only stands in for it.
+            argv += [arg for upload in value for arg in upload_flags(upload)]
         elif key == "logOpts":
             argv += [arg for k, v in sorted(value.items()) for arg in ("--log-opt", f"{k}={v}")]
         else:

@@ -30,6 +30,7 @@ from components.ray_cluster import ContainerSpec
 from lab.layout import node_paths
 from lab.nodes import bind_error
 from lab.standin_vllm import FAULT_PATH, LEAK_ENV, MEMINFO_ENV, REJOIN_ENV
+from tests.support.declared import upload_flags
 from tests.support.program import dev_raw
 
 # Where the stand-in image keeps its checkpoint's config.json (tests/lab/test_mp_standin.py).
@@ -87,6 +88,11 @@ def run_argv(spec: ContainerSpec, image: str, secret_values: dict[str, str]) -> 
     for variable, key in sorted(spec.secret_env.items()):
         if secret_values.get(key):
             argv += ["--env", f"{variable}={secret_values[key]}"]
+    # The deployment uploads each secret file at creation; lab nodes share this machine's filesystem,
+    # so a private host file bound read-only stands in for it (tests/support/declared.py does too).
+    for path, key in sorted(spec.secret_files.items()):
+        if secret_values.get(key):
+            argv += upload_flags({"file": path, "content": secret_values[key]})
     for mount in spec.mounts:
         argv += ["--volume", f"{mount.source}:{mount.target}" + (":ro" if mount.read_only else "")]
     for key, value in sorted(spec.labels.items()):

@@ -122,3 +122,16 @@ def test_docker_log_frames_are_demultiplexed():
     frame += b"\x02\x00\x00\x00" + (3).to_bytes(4, "big") + b"o\n!"
     assert health_wire.demux_logs(frame) == ["one", "two", "!"]
     assert health_wire.demux_logs(b"plain\ntext\n") == ["plain", "text"]
+
+
+def test_the_secret_is_read_from_its_file_before_the_environment(tmp_path, monkeypatch):
+    from components.node_programs import health_wire
+
+    monkeypatch.setenv(health_wire.SECRET_ENV, "from-the-environment")
+    path = tmp_path / "secret"
+    assert health_wire.read_secret(str(path)) == "from-the-environment"  # no file: the fallback
+    path.write_text("from-the-file\n")
+    assert health_wire.read_secret(str(path)) == "from-the-file"
+    monkeypatch.delenv(health_wire.SECRET_ENV)
+    path.unlink()
+    assert health_wire.read_secret(str(path)) == ""

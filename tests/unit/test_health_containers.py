@@ -44,7 +44,9 @@ def test_the_watchdog_spec_has_its_socket_volume_and_secrets_by_name_and_no_priv
     assert spec.node == cfg.head.name and spec.role == "watchdog" and spec.labels["qwen35.role"] == "watchdog"
     assert spec.command == tuple(program_argv("watchdog", []))
     assert spec.env == {health_wire.CONFIG_ENV: '{"mode":"enforce"}'}
-    assert spec.secret_env == {health_wire.SECRET_ENV: "health_secret", health_wire.API_KEY_ENV: "api_key"}
+    # The health secret is a file written at creation, never the environment (`docker inspect`).
+    assert spec.secret_env == {health_wire.API_KEY_ENV: "api_key"}
+    assert spec.secret_files == {health_wire.SECRET_FILE: "health_secret"}
     assert [(m.source, m.target, m.volume) for m in spec.mounts] == [
         ("/var/run/docker.sock", health_wire.DOCKER_SOCKET_MOUNT, False),
         ("qwen35-health", health_wire.STATE_DIR, True),
@@ -59,7 +61,7 @@ def test_the_agent_spec_has_the_node_s_socket_and_no_api_key():
     cfg = lab_cfg(docker_socket="/run/qwen35-lab/node-b/docker.sock", meminfo_path="/tmp/b.meminfo")
     spec = agent_container_spec(cfg, cfg.nodes[1], "sha256:abc", "{}")
     assert spec.node == "node-b" and spec.role == "health-agent"
-    assert spec.secret_env == {health_wire.SECRET_ENV: "health_secret"}
+    assert spec.secret_env == {} and spec.secret_files == {health_wire.SECRET_FILE: "health_secret"}
     assert spec.env[health_wire.MEMINFO_ENV] == health_wire.MEMINFO_MOUNT
     assert [(m.source, m.target, m.read_only) for m in spec.mounts] == [
         ("/run/qwen35-lab/node-b/docker.sock", health_wire.DOCKER_SOCKET_MOUNT, False),
