@@ -279,7 +279,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         # Executor mp: every worker's headless vLLM rank, by node (the head's rank is `server`).
         self.ranks: dict[str, docker.Container] = {}
         if self.config.cluster.executor is Executor.MP:
-            specs = self._mp_world(secrets)
+            specs = self._mp_world(name, secrets)
             self.ranks = self._headless_ranks(name, specs, secrets)
             self.server = self._mp_head(name, specs, secrets)
         else:
@@ -460,7 +460,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
             revision=self._served_revision(),
         )
 
-    def _mp_world(self, secrets: dict[str, Any]) -> dict[str, tuple[ContainerSpec, pulumi.Input[list[str]]]]:
+    def _mp_world(
+        self, name: str, secrets: dict[str, Any]
+    ) -> dict[str, tuple[ContainerSpec, pulumi.Input[list[str]]]]:
         """Executor mp: every rank's spec and environment, the environment carrying the world's digest
         (components/mp_executor.py, WORLD_ENV) so that a change to any rank replaces every rank."""
         cfg, revision = self.config, self._served_revision()
@@ -489,7 +491,16 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 )
             )
 
-        world = pulumi.Output.all(*(identity(*specs[n.name]) for n in ranked_nodes(cfg))).apply(world_digest)
+        # Keyed by a secret of the stack's own, drawn once (HealthSecret's kind: it never changes).
+        key = HealthSecret(
+            f"{name}-mp-world-key",
+            owner=f"{pulumi.get_project()}/{pulumi.get_stack()}",
+            prefix=cfg.containers.name_prefix,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        world = pulumi.Output.all(key.secret, *(identity(*specs[n.name]) for n in ranked_nodes(cfg))).apply(
+            lambda v: world_digest(v[1:], v[0])
+        )
         return {
             node: (
                 spec,

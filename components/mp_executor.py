@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 from collections.abc import Mapping, Sequence
 
@@ -83,17 +84,20 @@ def rank_identity(
 ) -> dict[str, object]:
     """What makes one rank's container what it is: its spec with the values known only at run time
     (its node's image ID, its environment from the FabricCheck, its final command) and its secret
-    variables, each entered as its own sha256 only (the value never enters the digest's input)."""
+    variables. Secret values are in it: it is only ever the input of `world_digest`'s keyed hash."""
     # (the spec's image is the Output itself: replaced before asdict copies the fields)
     fields = dataclasses.asdict(dataclasses.replace(spec, image=image_id))
     fields.update(env=list(env), command=list(command))
-    fields["secrets"] = {
-        name: hashlib.sha256(value.encode()).hexdigest() for name, value in sorted(secrets.items())
-    }
+    fields["secrets"] = dict(sorted(secrets.items()))
     return fields
 
 
-def world_digest(ranks: Sequence[Mapping[str, object]]) -> str:
-    """`sha256:` over every rank's identity (`rank_identity`), in rank order."""
+def world_digest(ranks: Sequence[Mapping[str, object]], key: str) -> str:
+    """`hmac-sha256:` over every rank's identity (`rank_identity`), in rank order, keyed by the stack's
+    world key (a secret drawn once, that never leaves the state). The digest is readable on every
+    node (`docker inspect`) and covers the API key, which a headless node never holds: unkeyed, it
+    would let that node test guesses of a weak key offline."""
+    if not key:
+        raise ValueError("the world digest needs the stack's world key")
     text = json.dumps(list(ranks), sort_keys=True, default=str)
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return "hmac-sha256:" + hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()

@@ -152,7 +152,7 @@ def world(graph: Graph, name: str) -> str:
 
 def test_every_rank_carries_the_same_world_and_no_secret_in_plain(mp):
     worlds = {world(mp, name) for name in rank_names(mp)}
-    assert len(worlds) == 1 and next(iter(worlds)).startswith("sha256:"), worlds
+    assert len(worlds) == 1 and next(iter(worlds)).startswith("hmac-sha256:"), worlds
     for name in rank_names(mp):
         inputs = mp.container(name).inputs
         # The digest covers the secrets: it rides in the environment, which the stack keeps secret.
@@ -201,7 +201,7 @@ def test_a_changed_worker_image_id_changes_every_rank_s_inputs(monkeypatch, node
 @pytest.mark.parametrize("key", ["api_key", "hf_token"])
 def test_a_rotated_secret_changes_every_rank_s_world(monkeypatch, key):
     """The API key is only in the head's environment: its rotation still replaces the headless ranks,
-    whose world covers the key (as its sha256 inside the digest)."""
+    whose world covers the key (inside the keyed digest)."""
     before = run_graph(monkeypatch, mp_stack_config(3))
     after = run_graph(monkeypatch, mp_stack_config(3), secrets={**SECRETS, key: SECRETS[key] + "-rotated"})
     for name in rank_names(before):

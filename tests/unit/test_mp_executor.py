@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 
 from components.config import parse_stack_config
@@ -18,6 +21,7 @@ from components.vllm_server import API_KEY_ENV, serve_argv
 from tests.support.program import mp_raw
 
 IMAGE_ID = "sha256:" + "e" * 64
+KEY = "a-world-key-drawn-once"
 
 
 def mp_config(nodes: int = 2, **cluster):
@@ -156,18 +160,25 @@ def identities(cfg, image_ids=None, secrets=None):
 
 def test_the_world_digest_follows_any_rank_s_container():
     cfg = mp_config(3)
-    base = world_digest(identities(cfg))
-    assert base == world_digest(identities(cfg)) and base.startswith("sha256:")
-    assert world_digest(identities(cfg, {"spark-3": "sha256:" + "f" * 64})) != base
+    base = world_digest(identities(cfg), KEY)
+    assert base == world_digest(identities(cfg), KEY) and base.startswith("hmac-sha256:")
+    assert world_digest(identities(cfg, {"spark-3": "sha256:" + "f" * 64}), KEY) != base
     changed = identities(cfg)
     changed[2]["env"] = [*changed[2]["env"], "NCCL_IB_HCA=mlx5_1"]
-    assert world_digest(changed) != base
-    assert world_digest(identities(mp_config(3, master_port=29600))) != base
+    assert world_digest(changed, KEY) != base
+    assert world_digest(identities(mp_config(3, master_port=29600)), KEY) != base
 
 
-def test_a_secret_enters_the_world_only_as_its_hash():
+def test_the_world_covers_the_secrets_under_a_key_a_node_never_holds():
     cfg = mp_config(2)
-    key = "sk-a-key-value-that-must-not-show"
-    ids = identities(cfg, secrets={API_KEY_ENV: key})
-    assert key not in repr(ids)
-    assert world_digest(ids) != world_digest(identities(cfg, secrets={API_KEY_ENV: key + "2"}))
+    api_key = "sk-a-key-value-that-must-not-show"
+    ids = identities(cfg, secrets={API_KEY_ENV: api_key})
+    digest = world_digest(ids, KEY)
+    assert api_key not in digest
+    assert digest != world_digest(identities(cfg, secrets={API_KEY_ENV: api_key + "2"}), KEY)
+    # Keyed: without the stack's world key the digest cannot be recomputed from a guess of the API
+    # key (every other input is readable on a node), and another key gives another digest.
+    unkeyed = "sha256:" + hashlib.sha256(json.dumps(ids, sort_keys=True, default=str).encode()).hexdigest()
+    assert digest != unkeyed and world_digest(ids, KEY + "x") != digest
+    with pytest.raises(ValueError, match="world key"):
+        world_digest(ids, "")
