@@ -1,6 +1,6 @@
 """The health agent, on every node but the head (issue 33): the watchdog's hands on this node.
 
-    python3 -I -S -c <program>      (config: QWEN35_HEALTH_CONFIG, secret: QWEN35_HEALTH_SECRET)
+    python3 -I -S -c <program>      (config: QWEN35_HEALTH_CONFIG, secret: /run/qwen35-health/secret)
 
 It listens on this node's fabric address only (`agent_port`), and answers only requests signed with
 the stack's secret (`health_wire.check_signature`); any other is refused with 401, counted, and

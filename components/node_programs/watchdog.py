@@ -1,7 +1,7 @@
 """The watchdog, on the head (issue 33): probe the server, and recover a hung or crashed one in steps,
 memory-checked and within a restart budget; serve /metrics (Prometheus text) and /state (JSON).
 
-    python3 -I -S -c <program> [--once]      (config: QWEN35_HEALTH_CONFIG, secret: QWEN35_HEALTH_SECRET)
+    python3 -I -S -c <program> [--once]      (config: QWEN35_HEALTH_CONFIG, secret: /run/qwen35-health/secret)
 
 Every `interval_s` one tick: a /health probe (every `completion_every`-th also a one-token chat
 completion), each with its deadline. A slow answer within the deadline is not a failure. No verdict
