@@ -7,7 +7,7 @@
 // are refused by the Go module proxy (403 "This module version is not available"); the Terraform
 // provider they wrap and the bridge are served. This file maps the resources the program uses to the SDK's type tokens and
 // property names; pulumi-docker's native `Image` (BuildKit builds) is not among them: it is Pulumi's own
-// Go code, in the refused module (docs/engine.md).
+// Go code, in the refused module (README, "The engine").
 package main
 
 import (
