@@ -151,7 +151,11 @@ def container_args(
             else docker.ContainerVolumeArgs(
                 host_path=m.source, container_path=m.target, read_only=m.read_only
             )
-            for m in spec.mounts
+            # In the order the provider reads them back (by container path). `volumes` is a set, and
+            # the bridge rebuilds its inputs from what refresh read by position: a declared order
+            # that differs swapped the watchdog's socket and state volume there, and the next
+            # refresh wanted to replace it (seen under the real engine).
+            for m in sorted(spec.mounts, key=lambda m: m.target)
         ],
         "labels": [docker.ContainerLabelArgs(label=k, value=v) for k, v in sorted(spec.labels.items())],
         # Refresh records a stopped container as `must_run: false` (it stays on the node, with its

@@ -210,3 +210,15 @@ def test_report_mode_reaches_the_programs(monkeypatch):
     watchdog = health_config_of(graph, "qwen35-watchdog")
     assert (watchdog["mode"], watchdog["interval_s"], watchdog["deadline_s"]) == ("report", 2, 1)
     assert graph.run.outputs["health"]["mode"] == "report"
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_every_container_declares_its_volumes_in_the_order_the_provider_reads_them(monkeypatch, executor):
+    """`volumes` is a set the provider reads back ordered by container path, and the bridge rebuilds
+    its inputs by position: the watchdog, declared socket first, came back with its socket's host
+    path and its state volume's name swapped out, and the next refresh wanted to replace it."""
+    graph = run_graph(monkeypatch, mp_stack_config(2) if executor == "mp" else ray_stack_config(2))
+    for container in graph.run.by_type(CONTAINER):
+        paths = [v["containerPath"] for v in container.inputs.get("volumes") or []]
+        assert paths == sorted(paths), (container.name, paths)
+    assert len(graph.container("qwen35-watchdog").inputs["volumes"]) >= 2
