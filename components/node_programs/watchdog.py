@@ -5,8 +5,10 @@ memory-checked and within a restart budget; serve /metrics (Prometheus text) and
 
 Every `interval_s` one tick: a /health probe (every `completion_every`-th also a one-token chat
 completion), each with its deadline. A slow answer within the deadline is not a failure. No verdict
-before the server was first ready or `startup_s` has passed since the watchdog (and so, after a boot,
-the containers) started. After `failures` failures in a row:
+before the server was first ready or `startup_s` has passed since the server's container started in
+this boot (or the watchdog did, when that is earlier or the server has not started yet). Each time
+Docker's own restart policy restarts the head's containers (a crash under `unless-stopped`, with no
+memory check) spends one of the budget. After `failures` failures in a row:
 
   1. diagnose: every node's containers (state, exit code), Ray's live nodes under executor ray (best
      effort, bounded), every node's MemAvailable, the server's last log lines;
@@ -184,6 +186,15 @@ class World:
         """When the server's container last started (unix seconds), None when unknown."""
         return None
 
+    def boot_time(self) -> float | None:
+        """When the head booted (unix seconds, /proc/stat's btime), None when unknown."""
+        return None
+
+    def restart_count(self) -> int | None:
+        """How often Docker's own restart policy has restarted the head's containers (the sum of their
+        RestartCount), None when unknown."""
+        return None
+
     def agent_refusals(self) -> dict[str, int]:
         return {}
 
@@ -235,6 +246,8 @@ class Watchdog:
         now = clock()
         self.grace_from = now
         self.grace_checked = False  # the server container's start time read (on the first tick)
+        # The head containers' RestartCount sum when last read (Docker's own restarts: `_docker_restarts`).
+        self.docker_restarts_seen: int | None = None
         self.ever_ready = False
         self.state = wire.State.BUDGET_SPENT if self.p.spent else wire.State.STARTING
         self.since = now
@@ -288,15 +301,19 @@ class Watchdog:
         if not self.grace_checked:
             # The grace runs from the containers' start: a watchdog replaced (an upgrade) while the
             # server has run for an hour gives it no new hour; after a boot both started together.
+            # After a reboot the server's container may not have been started again yet: its
+            # StartedAt is then the last boot's, and counts for nothing.
             self.grace_checked = True
-            started = self.world.server_started_at()
-            if started is not None and started < self.grace_from:
+            started, boot = self.world.server_started_at(), self.world.boot_time()
+            if started is not None and (boot is None or started >= boot) and started < self.grace_from:
                 self.grace_from = started
         if self.state is wire.State.BUDGET_SPENT:
             self._check_reset(now)
             return
         if self.step is wire.Step.MEMORY_WAIT:
             self._memory_wait(now)
+            return
+        if self._docker_restarts(now):
             return
         probe = self._probe()
         if probe.ok:
@@ -335,6 +352,24 @@ class Watchdog:
         if not probe.ok:
             log(f"probe failed ({probe.kind}: {probe.detail})")
         return probe
+
+    def _docker_restarts(self, now: float) -> bool:
+        """Docker's own restart policy (`unless-stopped`) restarts a crashing server at once, with no
+        memory check: each such restart spends one of the budget (`docker_restart`), and one that
+        finds it spent stops the cluster. True when it did."""
+        count = self.world.restart_count()
+        seen, self.docker_restarts_seen = self.docker_restarts_seen, count
+        if count is None or seen is None or count <= seen:
+            return False
+        log(f"Docker restarted the head's containers {count - seen} time(s) on its own")
+        for _ in range(count - seen):
+            self._record_restart(now, "docker_restart", wire.Step.RESTART_SERVER)
+        if self.s.mode == wire.Mode.REPORT.value or self.budget_left(now) > 0:
+            return False
+        self.reason = "docker_restart"
+        self.diagnosis = self._diagnose(now, "docker_restart")
+        self._spend(now, "docker_restart", wire.Step.RESTART_SERVER)
+        return True
 
     # -- recovery --
 
@@ -725,6 +760,18 @@ class RealWorld(World):
     def server_started_at(self) -> float | None:
         found = wire.inspect(self.socket, self.s.server.name).get("started_at") or ""
         return parse_started_at(found)
+
+    def boot_time(self) -> float | None:
+        try:
+            with open("/proc/stat") as handle:
+                return next(float(line.split()[1]) for line in handle if line.startswith("btime "))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return None
+
+    def restart_count(self) -> int | None:
+        names = {t.name for t in (self.s.server, *self.s.cluster) if t.node == self.s.head}
+        counts = [wire.inspect(self.socket, name).get("restarts") for name in sorted(names)]
+        return sum(counts) if counts and all(isinstance(c, int) for c in counts) else None
 
     def agent_refusals(self) -> dict[str, int]:
         return dict(self.refusals)

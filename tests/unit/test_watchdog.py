@@ -43,9 +43,17 @@ class FakeWorld(World):
         self.running: dict[tuple[str, str], bool] = {}
         self.actions: list[tuple[str, str, str]] = []
         self.started_at: float | None = None
+        self.booted: float | None = None
+        self.restarts: int | None = None
 
     def server_started_at(self) -> float | None:
         return self.started_at
+
+    def boot_time(self) -> float | None:
+        return self.booted
+
+    def restart_count(self) -> int | None:
+        return self.restarts
 
     def probe_health(self, deadline_s: float) -> Probe:
         return self.health.pop(0) if self.health else self.default
@@ -135,6 +143,51 @@ def test_the_grace_runs_from_the_server_container_s_start():
     watchdog, _ = dog(world, clock, startup_s=600)
     ticks(watchdog, clock, 3)
     assert world.actions, "the grace ran from the watchdog's own start"
+
+
+def test_after_a_reboot_a_start_time_from_the_last_boot_gives_no_verdict_early():
+    """The watchdog's container came back before the server's: the server's StartedAt is still the
+    last boot's, days ago. The grace runs from this boot, not from then."""
+    world, clock = FakeWorld(), Clock()
+    world.booted = clock.now - 5
+    world.default, world.started_at = DOWN, clock.now - 3 * 86400
+    watchdog, _ = dog(world, clock, startup_s=600)
+    ticks(watchdog, clock, 30)  # 300 s of a server loading again after the boot
+    assert watchdog.snapshot()["state"] == "starting" and world.actions == []
+    ticks(watchdog, clock, 35)
+    assert world.actions, "no recovery once startup_s passed"
+
+
+def test_docker_s_own_restarts_spend_the_budget_and_then_stop_the_cluster():
+    """`unless-stopped` restarts a crashing server at once, with no memory check: each such restart
+    counts, and the one past the budget stops everything (eugr #257: 35 such restarts)."""
+    world, clock = FakeWorld(), Clock()
+    world.restarts = 4  # Docker's count before the watchdog started: not this watchdog's to judge
+    watchdog, _ = dog(world, clock, max_restarts=2)
+    ticks(watchdog, clock, 3)
+    assert watchdog.snapshot()["state"] == "healthy" and watchdog.snapshot()["budget_left"] == 2
+    world.restarts = 5
+    ticks(watchdog, clock, 1)
+    state = watchdog.snapshot()
+    assert state["budget_left"] == 1 and state["restarts_total"] == {"docker_restart": 1}
+    assert world.actions == []  # the server answers again: nothing to do yet
+    world.restarts = 7
+    ticks(watchdog, clock, 1)
+    state = watchdog.snapshot()
+    assert state["state"] == "budget_spent" and "docker_restart" in state["spent"]["why"]
+    assert ("stop", "spark-1", "qwen35-vllm") in world.actions
+
+
+def test_docker_s_restarts_are_recorded_but_never_acted_on_in_report_mode():
+    world, clock = FakeWorld(), Clock()
+    world.restarts = 0
+    watchdog, _ = dog(world, clock, max_restarts=1, mode="report")
+    ticks(watchdog, clock, 1)
+    world.restarts = 3
+    ticks(watchdog, clock, 2)
+    state = watchdog.snapshot()
+    assert state["restarts_total"] == {"docker_restart": 3} and world.actions == []
+    assert state["state"] != "budget_spent"
 
 
 @pytest.mark.parametrize(
