@@ -1213,6 +1213,16 @@ class StackConfig(_Model):
                 if key in n.model_fields_set
             ]
             return problems
+        if self.containers.restart is RestartPolicy.ALWAYS:
+            # Docker starts an `always` container at every daemon start, even one stopped by hand: a
+            # reboot would bring back a cluster the watchdog stopped for a spent budget.
+            problems.append(
+                (
+                    "containers.restart",
+                    "'always' restarts, at every reboot, the containers the watchdog stopped when its "
+                    "restart budget was spent: use unless-stopped (the default), or set health.mode to off",
+                )
+            )
         taken = {"serve.port": self.serve.port, "fabric.probe_port": self.fabric.probe_port}
         if self.cluster.executor is Executor.MP:
             taken["cluster.master_port"] = self.cluster.master_port

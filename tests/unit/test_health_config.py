@@ -113,3 +113,13 @@ def test_node_paths_are_checked(key, value, says):
 def test_lab_keys_are_accepted():
     node = parse(docker_socket="/run/qwen35-lab/node-a/docker.sock", meminfo_path="/run/x/meminfo").nodes[0]
     assert node.meminfo_path == "/run/x/meminfo"
+
+
+def test_containers_restart_always_is_refused_while_the_watchdog_acts():
+    raw = dev_raw()
+    raw["containers"] = {**raw.get("containers", {}), "restart": "always"}
+    (problem,) = [p for p in problems({"mode": "enforce"}, raw) if p.startswith("containers.restart")]
+    assert "unless-stopped" in problem and "health.mode" in problem
+    raw = dev_raw()
+    raw["containers"] = {**raw.get("containers", {}), "restart": "always"}
+    assert parse({"mode": "off"}, raw).containers.restart.value == "always"
