@@ -150,13 +150,18 @@ def serve(agent: Agent, host: str, port: int):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 10  # seconds a connection may idle mid-request (a slow sender holds no thread forever)
+
         def log_message(self, fmt: str, *args: Any) -> None:
             pass
 
         def _answer(self, method: str) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > BODY_LIMIT:
-                self.send_error(413)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0 or length > BODY_LIMIT:  # a negative length would read to the end
+                self.send_error(413 if length > BODY_LIMIT else 400)
                 return
             body = self.rfile.read(length) if length else b""
             headers = {k.lower(): v for k, v in self.headers.items()}

@@ -40,6 +40,8 @@ def read_secret(path: str = SECRET_FILE) -> str:
             return handle.read().strip()
     except FileNotFoundError:
         return os.environ.get(SECRET_ENV, "")
+    except OSError:  # unreadable (another user in the image): no secret, said by the caller
+        return ""
 
 
 API_KEY_ENV = "QWEN35_HEALTH_API_KEY"  # vLLM's API key for the completion probe (optional)

@@ -135,3 +135,27 @@ def test_the_secret_is_read_from_its_file_before_the_environment(tmp_path, monke
     monkeypatch.delenv(health_wire.SECRET_ENV)
     path.unlink()
     assert health_wire.read_secret(str(path)) == ""
+
+
+@pytest.mark.parametrize("length", ["-1", "abc"])
+def test_a_bad_content_length_is_refused_before_any_read(length):
+    import socket
+    import threading
+
+    from components.node_programs.health_agent import serve
+
+    agent, calls = agent_for()
+    with socket.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = serve(agent, "127.0.0.1", port)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(f"POST /stop HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+            answer = conn.recv(200).decode(errors="replace")
+        assert answer.startswith("HTTP/1.0 400") or answer.startswith("HTTP/1.1 400"), answer
+        assert calls == []
+    finally:
+        server.shutdown()
+        server.server_close()
