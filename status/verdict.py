@@ -248,13 +248,16 @@ def _watchdog(config: StackConfig, cluster: dict, head_report: dict) -> list[Pro
         node = held.get("node") or "a node"
         message = held.get("message") or f"{node}: MemAvailable below what the memory fit needs"
         cluster["watchdog"] = f"memory held on {node}: {_figures(held)}"
-        return [
-            Problem(
-                node,
-                f"the watchdog did not restart the server: {message}",
-                f"reboot {node} (unified memory is only given back by a reboot), then `pulumi up --refresh`",
+        if held.get("available_bytes") is None:  # not read at all: the node or its agent is the matter
+            step = (
+                f"check {node} and its health agent (`docker logs <prefix>-health-agent` there): its "
+                "MemAvailable could not be read; once it answers, `pulumi up --refresh`"
             )
-        ]
+        else:
+            step = (
+                f"reboot {node} (unified memory is only given back by a reboot), then `pulumi up --refresh`"
+            )
+        return [Problem(node, f"the watchdog did not restart the server: {message}", step)]
     cluster["watchdog"] = f"{verdict or 'unknown'} ({said or 'no next step given'})"
     return []
 

@@ -94,6 +94,14 @@ def test_memory_held_names_the_node_the_figures_and_the_reboot(config):
     assert step.startswith("reboot node-b") and "`pulumi up --refresh`" in step
 
 
+def test_memory_that_could_not_be_read_is_no_reason_to_reboot(config):
+    held = {"node": "node-b", "available_bytes": None, "need_bytes": 70 * 10**9,
+            "message": "node-b: MemAvailable unknown (no answer), 70 GB needed: check the node"}  # fmt: skip
+    ((node, _what, step),) = problems(judge(config, with_state(state="memory_held", held=held)))
+    assert node == "node-b" and step.startswith("check node-b and its health agent"), step
+    assert "reboot" not in step
+
+
 def test_starting_and_failing_are_shown_not_judged(config):
     starting = judge(config, with_state(state="starting", next_step="wait: no verdict yet"))
     assert starting.cluster["watchdog"] == "starting (wait: no verdict yet)" and starting.ok
