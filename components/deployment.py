@@ -336,7 +336,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
             f"{name}-health-secret",
             owner=f"{pulumi.get_project()}/{pulumi.get_stack()}",
             prefix=self.config.containers.name_prefix,
-            opts=pulumi.ResourceOptions(parent=self),
+            # After every node's claim: a stack refused on any node draws nothing.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.claims.values())),
         )
 
     def _fabric_checks(self, name: str) -> dict[str, FabricCheck]:
@@ -500,7 +501,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             f"{name}-mp-world-key",
             owner=f"{pulumi.get_project()}/{pulumi.get_stack()}",
             prefix=cfg.containers.name_prefix,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.claims.values())),
         )
         world = pulumi.Output.all(key.secret, *(identity(*specs[n.name]) for n in ranked_nodes(cfg))).apply(
             lambda v: world_digest(v[1:], v[0])
