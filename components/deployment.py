@@ -98,13 +98,18 @@ class DeploymentArgs:
     api_key: pulumi.Output[str] | None = None
 
 
+def present_secrets(wanted: Mapping[str, str], secrets: dict[str, Any]) -> dict[str, Any]:
+    """`wanted` (a variable or file -> a secret's key) with each key's value, for the secrets set."""
+    return {target: secrets[key] for target, key in wanted.items() if secrets.get(key) is not None}
+
+
 def container_envs(
     spec: ContainerSpec, secrets: dict[str, Any], env_list: pulumi.Input[list[str]] | None = None
 ) -> pulumi.Input[list[str]]:
     """Docker's `KEY=value` list (`env_list`, else the spec's); secret variables are added only when
     set, and make the list secret."""
     plain = spec.env_list() if env_list is None else env_list
-    present = {env: secrets[key] for env, key in spec.secret_env.items() if secrets.get(key) is not None}
+    present = present_secrets(spec.secret_env, secrets)
     if not present:
         return plain
     names = sorted(present)
@@ -172,7 +177,7 @@ def container_uploads(
     spec: ContainerSpec, secrets: dict[str, Any]
 ) -> list[docker.ContainerUploadArgs] | None:
     """The spec's secret files as uploads, each content a secret (None: the spec has none)."""
-    files = {path: secrets[key] for path, key in spec.secret_files.items() if secrets.get(key) is not None}
+    files = present_secrets(spec.secret_files, secrets)
     return [
         docker.ContainerUploadArgs(file=path, content=pulumi.Output.secret(value), permissions="0600")
         for path, value in sorted(files.items())
@@ -332,11 +337,15 @@ class Qwen35Deployment(pulumi.ComponentResource):
         """The secret the watchdog signs its requests to the agents with (none under health.mode off)."""
         if self.config.health.mode is HealthMode.OFF:
             return None
+        return self._stack_secret(f"{name}-health-secret")
+
+    def _stack_secret(self, resource_name: str) -> HealthSecret:
+        """A random secret of this stack's, drawn once and kept encrypted in the state; after every
+        node's claim, so a stack refused on any node draws nothing."""
         return HealthSecret(
-            f"{name}-health-secret",
+            resource_name,
             owner=f"{pulumi.get_project()}/{pulumi.get_stack()}",
             prefix=self.config.containers.name_prefix,
-            # After every node's claim: a stack refused on any node draws nothing.
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.claims.values())),
         )
 
@@ -477,9 +486,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         }
 
         def identity(spec: ContainerSpec, env_list: pulumi.Input[list[str]] | None) -> pulumi.Output[dict]:
-            present = {
-                env: secrets[key] for env, key in spec.secret_env.items() if secrets.get(key) is not None
-            }
+            present = present_secrets(spec.secret_env, secrets)
             names = sorted(present)
             return pulumi.Output.all(
                 spec.image,
@@ -497,12 +504,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             )
 
         # Keyed by a secret of the stack's own, drawn once (HealthSecret's kind: it never changes).
-        key = HealthSecret(
-            f"{name}-mp-world-key",
-            owner=f"{pulumi.get_project()}/{pulumi.get_stack()}",
-            prefix=cfg.containers.name_prefix,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.claims.values())),
-        )
+        key = self._stack_secret(f"{name}-mp-world-key")
         world = pulumi.Output.all(key.secret, *(identity(*specs[n.name]) for n in ranked_nodes(cfg))).apply(
             lambda v: world_digest(v[1:], v[0])
         )
