@@ -29,9 +29,10 @@ from pydantic import (
 
 from components.errors import Qwen35Error
 from components.image_ref import ImageRef, ImageRefError, parse_image_ref
-from components.memory_fit import GB10_MEMORY_GB
 
 NAMESPACE = "qwen35-spark"
+# The GB10's unified memory; what a node has when config says nothing else (nodes[].memory_gb).
+GB10_MEMORY_GB = 128.0
 # The directory of Pulumi.yaml: relative paths in a stack file mean this checkout's files, wherever
 # it was cloned (a stack file is committed; one checkout's absolute path is wrong in every other).
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -143,7 +144,7 @@ class NodeConfig(_Model):
     proxy_jump: str | None = None
     gpus: int = Field(default=1, ge=0, le=64)
     # The node's memory in GB (10^9 bytes) that its GPUs share: the GB10's 128 GB of unified memory.
-    # The memory-fit preflight splits it over the node's GPUs (components/memory_fit.py).
+    # The memory-fit preflight splits it over the node's GPUs (components/model_support/memory_fit.py).
     memory_gb: float = Field(default=GB10_MEMORY_GB, gt=8, le=100_000)
     # The node's Docker image store. A containerd-store node may hold an image without every layer
     # blob, so the copy tree never uses one as a source; NodeImage checks the declaration.
@@ -946,7 +947,7 @@ class CopyConfig(_Model):
     # auto: a classic overlay2 source reads only the missing layers from its layer store.
     source_export: Literal["auto", "save"] = "auto"
     # How often a running copy (and the head's Hub fetch) tells the operator bytes, rate and ETA
-    # during `pulumi up`; unset: every 30 s (components/progress.py). Lower it for short copies.
+    # during `pulumi up`; unset: every 30 s (components/provider_kit/progress.py). Lower it for short copies.
     progress_interval_s: float | None = Field(default=None, ge=0.2, le=3600)
 
     @field_validator("peer_identity_file", "peer_known_hosts")

@@ -842,7 +842,7 @@ def server_argv(cfg: StackConfig, revision: pulumi.Output[str] | None) -> pulumi
 
 def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
     """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism,
-    and the serving options that change what a rank holds (components/memory_fit.py)."""
+    and the serving options that change what a rank holds (components/model_support/memory_fit.py)."""
     serve = cfg.serve
     return {
         "nodes": [{"name": n.name, "memory_gb": n.memory_gb, "gpus": n.gpus} for n in cfg.nodes],

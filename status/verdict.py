@@ -16,8 +16,8 @@ from components.deployment import fabric_check_inputs, memory_inputs, node_conta
 from components.fabric_check import FabricCheckError, decide, parse_report, settings
 from components.fabric_check.plan import Decision, floor_warning
 from components.health.containers import watchdog_container_name
-from components.memory_fit import NodeMemory, memory_fit, model_shape
 from components.model_support import serve_memory
+from components.model_support.memory_fit import NodeMemory, memory_fit, model_shape
 from components.mp_executor import mp_container_name, node_rank
 from components.node_programs.health_wire import gb
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
@@ -272,7 +272,7 @@ def _figures(held: dict) -> str:
 
 def expected_concurrency(config: StackConfig, sizing: dict[str, Any]) -> tuple[int, float] | None:
     """(max_model_len, requests of that length the KV cache holds), from the head's config.json and
-    the stack, as the model-support check computes it (components/memory_fit.py); None if unsized."""
+    the stack, as the model-support check computes it (model_support/memory_fit.py); None if unsized."""
     shape = model_shape(sizing["config"]) if isinstance(sizing.get("config"), dict) else None
     if shape is None or not isinstance(sizing.get("weight_bytes"), int):
         return None

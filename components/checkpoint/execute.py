@@ -27,7 +27,7 @@ from components.checkpoint.plan import (
     problems,
 )
 from components.node_programs.wire import PROGRESS_MARKER
-from components.progress import tell_operator, transfer_line
+from components.provider_kit.progress import tell_operator, transfer_line
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, require_ssh, ssh_argv
 
 FETCH_DEADLINE_S = 6 * 3600.0  # 126 GB at ~10 MB/s is 3.5 h

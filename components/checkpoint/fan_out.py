@@ -8,8 +8,8 @@ import pulumi
 
 from components.checkpoint.resource import Checkpoint
 from components.config import StackConfig
-from components.copy_plan import copy_plan
 from components.nodes import NodeAccess
+from components.provider_kit.copy_plan import copy_plan
 from components.ray_cluster import host_path
 
 PROGRESS_DIR = "~/.qwen35/progress"

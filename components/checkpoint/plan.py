@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from components.change import Change
 from components.errors import Qwen35Error
 from components.node_programs.hf_checkpoint import files_digest
 from components.nodes import same_node
+from components.provider_kit.change import Change
 
 GIB = 1 << 30
 # Inputs whose change means another checkpoint on that node (a new resource).

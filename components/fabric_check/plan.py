@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from components.change import Change
 from components.fabric_check.facts import NodeFacts, Port
+from components.provider_kit.change import Change
 
 ENFORCE, REPORT = "enforce", "report"
 UNSET, RESOLVE = "unset", "resolve"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.config import Executor, HealthMode, NodeConfig, RestartPolicy, StackConfig
-from components.memory_fit import GB, MIN_KV_CACHE_GB, RUNTIME_RESERVE_GB
+from components.model_support.memory_fit import GB, MIN_KV_CACHE_GB, RUNTIME_RESERVE_GB
 from components.mp_executor import mp_container_name, ranked_nodes
 from components.node_programs import health_wire, program_argv
 from components.ray_cluster import (

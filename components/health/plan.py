@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from components.change import Change
+from components.provider_kit.change import Change
 
 # Inputs recorded in place: which stack the secret belongs to (for the state's reader).
 UPDATE_KEYS = ("owner", "prefix")

@@ -33,7 +33,7 @@ from components.image_build.plan import (
     recorded_id,
 )
 from components.nodes import checked_target
-from components.progress import tell_operator
+from components.provider_kit.progress import tell_operator
 from components.remote import (
     SSH_TRANSPORT_FAILURE,
     RemoteError,

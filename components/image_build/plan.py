@@ -12,10 +12,10 @@ from typing import Any
 from pulumi.output import Unknown
 from pulumi.runtime.rpc import UNKNOWN
 
-from components.change import Change
 from components.image_build.facts import IMAGE_ID, HeadImage
 from components.image_ref import ImageRefError, parse_image_ref
 from components.nodes import same_address, same_node
+from components.provider_kit.change import Change
 
 # Inputs that make another image: a change builds anew (the content tag changes with most of them).
 REPLACE_KEYS = ("ref", "context_digest", "dockerfile", "platform", "build_args")

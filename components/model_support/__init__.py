@@ -12,7 +12,7 @@ create(), over SSH on the head:
    of crash-looping its Ray containers under the readiness gate. Under `cluster.executor: mp` the
    deployment sets `cluster={"executor": "mp"}`: no Ray runs, the proof is not run, and the output
    `cluster_layer` says so (`verdict: not-run`), so an image without Ray is accepted.
-4. With `serve_argv` set: the argument proof (`patches/prove_args.py`, `components/serve_args.py`):
+4. With `serve_argv` set: the argument proof (`patches/prove_args.py`, `serve_args.py`):
    the image's vLLM parses the server's exact command line.
 5. The proof program (`patches/prove_model.py` and its `proof_configs/`) in a short-lived
    container of the image, by image ID: `docker run --rm`, no network, `HF_HUB_OFFLINE=1`, the

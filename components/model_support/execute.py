@@ -42,11 +42,11 @@ from components.model_support.programs import (
     serve_args_argv,
     serve_args_source,
 )
+from components.model_support.serve_args import ARGS_PROGRAM, ServeArgsError
+from components.model_support.serve_args import failure_message as args_failure_message
+from components.model_support.serve_args import parse_report as parse_args_report
 from components.nodes import NodeDictError, checked_target
 from components.remote import SshTransport
-from components.serve_args import ARGS_PROGRAM, ServeArgsError
-from components.serve_args import failure_message as args_failure_message
-from components.serve_args import parse_report as parse_args_report
 
 # Beyond the proof's own deadline: SSH, `docker run` start-up and removal.
 TRANSPORT_SLACK_S = 60

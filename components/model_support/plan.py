@@ -18,11 +18,17 @@ from typing import Any
 from pulumi.output import Unknown
 from pulumi.runtime.rpc import UNKNOWN
 
-from components.change import Change
 from components.config import ModelCheckMode as Mode
 from components.errors import Qwen35Error
 from components.image_ref import ImageRefError, parse_image_ref
-from components.memory_fit import NodeMemory, ServeMemory, check_memory_fit, memory_fit, model_shape
+from components.model_support.memory_fit import (
+    NodeMemory,
+    ServeMemory,
+    check_memory_fit,
+    memory_fit,
+    model_shape,
+)
+from components.provider_kit.change import Change
 from components.remote import Result, stderr_tail
 
 DEFAULT_DEADLINE_S = 900

@@ -6,7 +6,7 @@ image needs nothing else):
 - the behaviour proof, `patches/prove_model.py` with its `proof_configs/`, the checkpoint's repo
   folder mounted read-only;
 - the cluster proof, `patches/prove_cluster.py` (Ray beside vLLM, a one-node Ray cluster);
-- the argument proof, `patches/prove_args.py` (`components/serve_args.py`), the server's argv after
+- the argument proof, `patches/prove_args.py` (`serve_args.py`), the server's argv after
   `--`.
 The head's own reads: `node_programs/checkpoint_facts.py` and `docker image inspect`.
 
@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from components.model_support.plan import ModelSupportError
-from components.serve_args import args_argv, args_source
+from components.model_support.serve_args import args_argv, args_source
 
 PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
 NODE_PROGRAMS = Path(__file__).resolve().parents[1] / "node_programs"
@@ -78,7 +78,7 @@ def proof_source(payload: str, deadline_s: float, program: str | None = None) ->
 
 
 def serve_args_source(payload: str, deadline_s: float) -> bytes:
-    """The argument proof's stdin (components/serve_args.py packs it around the same bootstrap)."""
+    """The argument proof's stdin (serve_args.py packs it around the same bootstrap)."""
     return args_source(payload, deadline_s, bootstrap())
 
 

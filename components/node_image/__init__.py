@@ -44,7 +44,7 @@ from components.node_image.facts import (
     same_image,
 )
 from components.node_image.fan_out import copy_tree
-from components.node_image.nodes import NODE_KEYS, STORES, Node, clean_node, inputs, parse
+from components.node_image.inputs import NODE_KEYS, STORES, Node, clean_node, inputs, parse
 from components.node_image.plan import Copy, Retag, Skip, disk_needed, plan
 from components.node_image.provider import NodeImageProvider, replace_reasons
 from components.node_image.resource import OUTPUT_KEYS, NodeImage

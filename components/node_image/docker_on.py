@@ -14,7 +14,7 @@ from components.node_image.facts import (
     parse_daemon,
     parse_images,
 )
-from components.node_image.nodes import Node
+from components.node_image.inputs import Node
 from components.node_programs import program_argv
 from components.node_programs.image_tag import Exit as TagExit
 from components.remote import (

@@ -15,15 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from components import image_transfer, transfer
+from components import transfer
+from components.node_image import image_transfer
 from components.node_image.docker_on import DockerOn, facts_argv, facts_stderr, parse_facts
 from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
 from components.node_image.facts import INSPECT_FORMAT, Daemon, Facts, ImageInfo, parse_images
-from components.node_image.nodes import inputs, keep_previous, parse
+from components.node_image.inputs import inputs, keep_previous, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_programs import program_argv
 from components.node_programs.image_tag import Exit as TagExit
-from components.progress import tell_operator
+from components.provider_kit.progress import tell_operator
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, Result, SshTarget, with_retries
 from components.transfer import PhaseTimes, Tuning, peer_target, ssh_sessions
 

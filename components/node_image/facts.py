@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from components.node_image.nodes import Node
+from components.node_image.inputs import Node
 from components.node_programs.wire import INFO_FORMAT as INFO_FORMAT  # (re-exported)
 from components.node_programs.wire import INSPECT_FORMAT as INSPECT_FORMAT  # (re-exported)
 from components.node_programs.wire import image_store

@@ -7,9 +7,9 @@ from typing import Any
 
 import pulumi
 
-from components.copy_plan import copy_plan
 from components.node_image import resource
 from components.node_image.errors import NodeImageError
+from components.provider_kit.copy_plan import copy_plan
 
 
 def copy_tree(

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from components import image_transfer
+from components.node_image import image_transfer
 from components.node_image.errors import NodeImageError
 from components.node_image.facts import Daemon, Facts, ImageInfo, parse_layer_sizes, same_image
-from components.node_image.nodes import Node
+from components.node_image.inputs import Node
 from components.transfer import GIB, Tuning
 
 

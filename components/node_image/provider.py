@@ -10,7 +10,7 @@ import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
 from components.node_image.execute import ensure_image, observe, release_tag
-from components.node_image.nodes import clean_node, inputs, keep_previous
+from components.node_image.inputs import clean_node, inputs, keep_previous
 from components.nodes import same_address, same_node
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dynamic
 
-from components.node_image.nodes import clean_node
+from components.node_image.inputs import clean_node
 from components.node_image.provider import NodeImageProvider
 
 OUTPUT_KEYS = (

@@ -49,7 +49,7 @@ def main() -> None:
         raise SystemExit(2)
     _deadline(float(globals().get("DEADLINE_S", 600)))
     root = _unpack(payload)
-    # The argument proof (components/serve_args.py) names its program; the model proof does not.
+    # The argument proof (components/model_support/serve_args.py) names its program; the model proof does not.
     program = os.path.join(root, globals().get("PROGRAM_NAME") or PROGRAM)
     sys.argv = [program, *sys.argv[1:]]
     sys.path.insert(0, root)

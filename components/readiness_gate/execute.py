@@ -8,7 +8,7 @@ from typing import Any
 
 from components.node_programs.readiness import PROGRESS_PREFIX
 from components.nodes import checked_target
-from components.progress import tell_operator
+from components.provider_kit.progress import tell_operator
 from components.readiness_gate.errors import GateFailed
 from components.readiness_gate.plan import failure_hint
 from components.readiness_gate.programs import EXIT_HINTS, parse_report, probe_argv, probe_program

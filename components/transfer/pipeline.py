@@ -26,7 +26,7 @@ from typing import Any
 from components.config import CopyConfig
 from components.node_programs import program_argv
 from components.node_programs.wire import PROGRESS_MARKER
-from components.progress import SAY_EVERY_S, tell_operator, transfer_line
+from components.provider_kit.progress import SAY_EVERY_S, tell_operator, transfer_line
 from components.remote import SSH_TRANSPORT_FAILURE, shell_join, ssh_argv
 from components.transfer.endpoints import Endpoint
 from components.transfer.peer import Forward, Peer, peer_unreachable

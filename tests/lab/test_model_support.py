@@ -24,8 +24,8 @@ import pytest
 
 import lab
 from components import model_support
-from components.memory_fit import GB, MemoryFitError
 from components.model_support import ModelSupportCheckProvider, ModelSupportError, execute
+from components.model_support.memory_fit import GB, MemoryFitError
 from lab.images import DEBIAN_TAG
 from lab.ray_image import ray_image
 from tests.support.declared import plain

@@ -310,7 +310,7 @@ def test_gzip_compression_sends_fewer_bytes(pair):
 
 
 def test_unreadable_layer_store_falls_back_to_docker_save(pair, monkeypatch):
-    from components import image_transfer
+    from components.node_image import image_transfer
 
     src, dst = pair
     wanted = build(src, "ni-fallback:1", "lab-busybox:1", os.urandom(40_000))

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 import lab
-from components.copy_plan import copy_plan
+from components.provider_kit.copy_plan import copy_plan
 from tests.support.node_image_lab import PROVIDER, build, image_id, no_temporary_tags, props, remove, runs
 
 

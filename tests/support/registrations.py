@@ -123,7 +123,13 @@ def record(name: str) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     names = argv or list(VARIANTS)
-    json.dump({name: record(name) for name in names}, sys.stdout, indent=1, sort_keys=True, default=lambda v: "<unknown>" if type(v).__name__ == "Unknown" else repr(v))
+    json.dump(
+        {name: record(name) for name in names},
+        sys.stdout,
+        indent=1,
+        sort_keys=True,
+        default=lambda v: "<unknown>" if type(v).__name__ == "Unknown" else repr(v),
+    )
     sys.stdout.write("\n")
     return 0
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from components.copy_plan import copy_plan
+from components.provider_kit.copy_plan import copy_plan
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 7, 8, 15, 20])

@@ -18,7 +18,7 @@ from components.health.containers import (
     watchdog_container_name,
     watchdog_container_spec,
 )
-from components.memory_fit import GB
+from components.model_support.memory_fit import GB
 from components.node_programs import health_wire, program_argv
 from tests.support.program import config_from, dev_raw, mp_raw
 

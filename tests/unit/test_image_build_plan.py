@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from pulumi.runtime.rpc import UNKNOWN
 
-from components.change import Change
 from components.image_build import (
     Build,
     HeadImage,
@@ -18,6 +17,7 @@ from components.image_build import (
     plan_restore,
     validate,
 )
+from components.provider_kit.change import Change
 
 A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 NODE = {"name": "spark-1", "host": "10.0.0.1", "port": 22, "user": "aurora", "known_hosts": "/kh"}

@@ -13,7 +13,7 @@ import tarfile
 
 import pytest
 
-from components import image_transfer as t
+from components.node_image import image_transfer as t
 
 
 def digest(data: bytes) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.memory_fit import (
+from components.model_support.memory_fit import (
     GB,
     MIN_KV_CACHE_GB,
     RUNTIME_RESERVE_GB,

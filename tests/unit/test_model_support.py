@@ -17,7 +17,6 @@ import pytest
 from pulumi.runtime.rpc import UNKNOWN
 
 from components import model_support
-from components.memory_fit import GB, MemoryFitError
 from components.model_support import (
     CONTAINER_REPO,
     ModelSupportCheckProvider,
@@ -29,6 +28,7 @@ from components.model_support import (
     proof_source,
     run_check,
 )
+from components.model_support.memory_fit import GB, MemoryFitError
 from components.remote import LocalTransport, Result
 
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -687,7 +687,7 @@ def test_a_changed_command_line_asks_for_a_new_proof():
 
 def test_the_bootstrap_runs_the_named_program(tmp_path):
     from components.model_support import proof_payload
-    from components.serve_args import ARGS_PROGRAM, args_source
+    from components.model_support.serve_args import ARGS_PROGRAM, args_source
 
     (tmp_path / "prove_args.py").write_text("import sys, json; print(json.dumps({'argv': sys.argv[1:]}))")
     bootstrap = (model_support.NODE_PROGRAMS / "proof_bootstrap.py").read_text()

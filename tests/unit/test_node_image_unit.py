@@ -871,7 +871,7 @@ else:
 
 def classic_store(root: Path, images: dict[str, list[str]], sizes: dict[str, int]) -> None:
     """A classic overlay2 store's files: image configs by ID, layer sizes by chain ID."""
-    from components.image_transfer import chain_ids
+    from components.node_image.image_transfer import chain_ids
 
     configs = root / "image" / "overlay2" / "imagedb" / "content" / "sha256"
     layers = root / "image" / "overlay2" / "layerdb" / "sha256"
@@ -919,8 +919,8 @@ def test_a_classic_stores_inventory_is_read_from_its_files(tmp_path, monkeypatch
 
 
 def test_an_image_whose_layer_went_meanwhile_and_a_config_being_written_are_left_out(tmp_path, monkeypatch):
-    from components.image_transfer import chain_ids
     from components.node_image.facts import parse_images
+    from components.node_image.image_transfer import chain_ids
 
     root = tmp_path / "docker-root"
     a, b = "a" * 64, "b" * 64

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from components import progress
+from components.provider_kit import progress
 from components.transfer import pipeline
 
 

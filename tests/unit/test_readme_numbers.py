@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from components.memory_fit import (
+from components.model_support.memory_fit import (
     GB,
     GB10_MEMORY_GB,
     NodeMemory,

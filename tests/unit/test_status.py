@@ -334,7 +334,7 @@ def test_concurrency_expected_from_the_head_s_config_beside_what_vllm_logged():
         "server_concurrency": {"max_model_len": 32768, "max_concurrency": 150.2},
     }
     verdict = judge(dev, {"nodes": {"spark-1": head}, "server": {}})
-    # The model-support check's own figure for the recipe on two Sparks (components/memory_fit.py).
+    # The model-support check's own figure for the recipe on two Sparks (model_support/memory_fit.py).
     expected = verdict_module.expected_concurrency(dev, sizing)
     assert expected[0] == 32768 and 150 < expected[1] < 200
     assert verdict.cluster["concurrency"] == (

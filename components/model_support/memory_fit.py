@@ -28,11 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from components.config import GB10_MEMORY_GB
 from components.errors import Qwen35Error
 
 GB = 10**9
-# The GB10's unified memory; what a node has when config says nothing else.
-GB10_MEMORY_GB = 128.0
 OS_RESERVE_GB = 8.0
 RUNTIME_RESERVE_GB = 4.0
 MIN_KV_CACHE_GB = 2.0
