@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 
 from components.config import NodeConfig, StackConfig
 from components.errors import Qwen35Error
-from components.remote import SshTarget, ssh_options
+from components.remote import SshTarget, SshTransport, ssh_options
 
 
 class NodeDict(TypedDict, total=False):
@@ -116,3 +116,12 @@ def checked_target(role: str, raw: Any, connect_timeout: int = 10) -> SshTarget:
         name=str(raw.get("name") or ""),
         connect_timeout=connect_timeout,
     )
+
+
+def transport_to(role: str, raw: Any, error: type[Exception] = NodeDictError) -> SshTransport:
+    """The SSH transport to the node of a node dict; `error` (the package's own) naming `role` when
+    the dict lacks what SSH needs."""
+    try:
+        return SshTransport(checked_target(role, raw))
+    except NodeDictError as exc:
+        raise error(str(exc)) from None

@@ -27,15 +27,17 @@ the memory inputs, the server's argv or the cluster input change; diff and check
 returns what was recorded.
 
 Files, by job:
-    facts.py     what is read on the head (the checkpoint snapshot's facts, the image's repo
-                 digests), and their parsers
-    plan.py      the pure decisions: validate, which steps run, rerun or update in place, the memory
-                 fit, the pin, the proofs' reports -> verdict, message and next step
+    facts.py     what the head's programs report, parsed into values (the checkpoint snapshot's
+                 facts, the image's repo digests, the proofs' reports); pure
     programs.py  the proofs' payloads and `docker run` argv (behaviour, cluster, serve args), and the
                  head's reads as argv
-    execute.py   run_check: create carried out over the SSH transport
+    plan.py      the pure decisions: validate, which steps run, plan_change -> Change, the memory
+                 fit, the pin, a refusal -> message and next step
+    execute.py   ensure: create carried out over the SSH transport (the only I/O)
+    errors.py    ModelSupportError, ServeArgsError
     provider.py  ModelSupportCheckProvider (check/diff/update/read: no I/O)
     resource.py  the ModelSupportCheck resource (type qwen35:ModelSupportCheck)
+    memory_fit.py, serve_args.py  the memory-fit preflight and the argument proof's pieces
 Code run on the head: components/node_programs/ (checkpoint_facts.py, proof_bootstrap.py) and, in the
 containers, patches/ (prove_model.py + proof_configs/, prove_cluster.py, prove_args.py).
 
@@ -43,20 +45,22 @@ Keep `ModelSupportCheckProvider` importable here under this name, with no import
 stacks pickle it by reference to this module.
 """
 
+from components.model_support.errors import ModelSupportError, ServeArgsError
 from components.model_support.execute import (
+    FACTS_TIMEOUT_S,
     TRANSPORT_SLACK_S,
     check_cluster_layer,
-    head_transport,
+    checkpoint_facts,
+    image_repo_digests,
     prove_model,
     prove_serve_args,
-    run_check,
     verify_pin,
 )
 from components.model_support.facts import (
-    FACTS_TIMEOUT_S,
-    checkpoint_facts,
-    image_repo_digests,
+    last_json_line,
     parse_checkpoint_facts,
+    parse_cluster,
+    parse_proof,
     parse_repo_digests,
 )
 from components.model_support.plan import (
@@ -75,7 +79,6 @@ from components.model_support.plan import (
     SOFT_KEYS,
     STAGE_HINTS,
     Change,
-    ModelSupportError,
     ProofExit,
     Steps,
     check_fit,
@@ -86,10 +89,7 @@ from components.model_support.plan import (
     enforced,
     failure_message,
     image_label,
-    last_json_line,
     next_step,
-    parse_cluster,
-    parse_proof,
     pin_mismatch,
     plan_change,
     plan_steps,
@@ -156,7 +156,6 @@ __all__ = [
     "create_problems",
     "enforced",
     "failure_message",
-    "head_transport",
     "image_label",
     "image_repo_digests",
     "last_json_line",
@@ -175,7 +174,7 @@ __all__ = [
     "prove_serve_args",
     "recorded_outputs",
     "recorded_refusal",
-    "run_check",
+    "ServeArgsError",
     "serve_args_argv",
     "serve_memory",
     "throwaway_run",

@@ -1,6 +1,7 @@
-"""create() carried out on the head over SSH: the facts (`facts.py`), then the proofs (`programs.py`)
-in the order `plan.plan_steps` gives, each report judged by `plan.py`. A failed step stops `up`
-(mode enforce) or is recorded in the outputs with a warning (mode report).
+"""create() carried out on the head over SSH, the package's only I/O: the head's reads (the
+checkpoint's facts, the image's repo digests), then the proofs (`programs.py`) in the order
+`plan.plan_steps` gives, each report parsed by `facts.py` and judged by `plan.py`. A failed step
+stops `up` (mode enforce) or is recorded in the outputs with a warning (mode report).
 """
 
 from __future__ import annotations
@@ -11,11 +12,18 @@ from typing import Any
 
 import pulumi
 
-from components.model_support.facts import checkpoint_facts, image_repo_digests
+from components.model_support import programs
+from components.model_support.errors import ModelSupportError, ServeArgsError
+from components.model_support.facts import (
+    last_json_line,
+    parse_checkpoint_facts,
+    parse_cluster,
+    parse_proof,
+    parse_repo_digests,
+)
 from components.model_support.plan import (
     CLUSTER_FIELDS,
     REPORT_FIELDS,
-    ModelSupportError,
     check_fit,
     cluster_failure,
     cluster_not_run,
@@ -25,9 +33,6 @@ from components.model_support.plan import (
     expected_summary,
     failure_message,
     image_label,
-    last_json_line,
-    parse_cluster,
-    parse_proof,
     pin_mismatch,
     plan_steps,
 )
@@ -42,22 +47,32 @@ from components.model_support.programs import (
     serve_args_argv,
     serve_args_source,
 )
-from components.model_support.serve_args import ARGS_PROGRAM, ServeArgsError
+from components.model_support.serve_args import ARGS_PROGRAM
 from components.model_support.serve_args import failure_message as args_failure_message
 from components.model_support.serve_args import parse_report as parse_args_report
-from components.nodes import NodeDictError, checked_target
+from components.nodes import transport_to
 from components.remote import SshTransport
 
 # Beyond the proof's own deadline: SSH, `docker run` start-up and removal.
 TRANSPORT_SLACK_S = 60
+FACTS_TIMEOUT_S = 120
 
 
-def head_transport(node: Mapping[str, Any]) -> SshTransport:
-    """The SSH transport to the head of the `node` input."""
-    try:
-        return SshTransport(checked_target("model-support check node", node))
-    except NodeDictError as exc:
-        raise ModelSupportError(str(exc)) from None
+def checkpoint_facts(transport: SshTransport, snapshot_path: str) -> dict[str, Any]:
+    """Size, source of that size and layer count of the snapshot, read on the head."""
+    result = transport.run(
+        programs.checkpoint_facts_argv(snapshot_path),
+        stdin=programs.checkpoint_facts_source(),
+        timeout=FACTS_TIMEOUT_S,
+    )
+    return parse_checkpoint_facts(transport.name, snapshot_path, result)
+
+
+def image_repo_digests(transport: SshTransport, image_id: str) -> list[str]:
+    """The repo digests the head's Docker records for the image NodeImage placed there."""
+    result = transport.run(programs.repo_digests_argv(image_id), timeout=FACTS_TIMEOUT_S)
+    result.check("the image NodeImage placed on the head must still be there: `pulumi up --refresh`")
+    return parse_repo_digests(result.out)
 
 
 def refuse_or_record(
@@ -68,7 +83,7 @@ def refuse_or_record(
     expected: dict[str, str] | None = None,
 ) -> None:
     """A step said no: stop `up` (mode enforce), or warn and go on (mode report). A refusal the stack
-    expects (image.model_check_expects) is only collected in `expected`: run_check says them once."""
+    expects (image.model_check_expects) is only collected in `expected`: ensure says them once."""
     if enforced(props):
         raise ModelSupportError(message)
     if expected is not None and proof and report is not None and expected_refusal(props, proof, report):
@@ -144,12 +159,13 @@ def prove_model(
     return {key: report.get(key) for key in REPORT_FIELDS}
 
 
-def run_check(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[str, Any]:
-    """The whole check on the head; the outputs. Raises when it fails (mode enforce) or cannot run."""
+def ensure(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[str, Any]:
+    """create(): the whole check on the head; the outputs. ModelSupportError when it fails (mode
+    enforce) or cannot run."""
     problems = create_problems(props)
     if problems:
         raise ModelSupportError("model-support check: " + "; ".join(problems))
-    transport = head_transport(props["node"])
+    transport = transport_to("model-support check node", props["node"], ModelSupportError)
     steps = plan_steps(props)
     payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
     args = proof_payload(proof_dir or PATCH_DIR, ARGS_PROGRAM, configs=False) if steps.serve_args else ""

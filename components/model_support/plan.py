@@ -1,9 +1,9 @@
 """The model-support check's decisions: pure functions of the inputs, the recorded outputs and the
 proof programs' reports, tested as tables.
 
-No I/O here: `facts.py` reads the head, `programs.py` builds the commands, `execute.py` runs them and
-these functions decide: whether the inputs are usable, which steps create runs, whether a change
-asks for a new proof, whether the model fits, what a report says and what to do about it.
+No I/O here: `programs.py` builds the commands, `execute.py` runs them, `facts.py` parses what they
+report, and these functions decide: whether the inputs are usable, which steps create runs, whether
+a change asks for a new proof, whether the model fits, what a refusal means and what to do about it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pulumi.output import Unknown
 from pulumi.runtime.rpc import UNKNOWN
 
 from components.config import ModelCheckMode as Mode
-from components.errors import Qwen35Error
 from components.image_ref import ImageRefError, parse_image_ref
 from components.model_support.memory_fit import (
     NodeMemory,
@@ -29,7 +28,6 @@ from components.model_support.memory_fit import (
     model_shape,
 )
 from components.provider_kit.change import Change
-from components.remote import Result, stderr_tail
 
 DEFAULT_DEADLINE_S = 900
 IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -55,10 +53,6 @@ OUTPUT_KEYS = (*REPORT_FIELDS, "memory_fit", "serve_args", "cluster_layer")
 # A change of any of these asks for a new proof; anything else is updated in place.
 RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv", "cluster")
 SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix", "expect")
-
-
-class ModelSupportError(Qwen35Error, RuntimeError):
-    """The check could not prove support (or could not run); the message says what to do."""
 
 
 class ProofExit(int, Enum):
@@ -310,21 +304,7 @@ def pin_mismatch(node: str, props: Mapping[str, Any], repo_digests: list[str]) -
     )
 
 
-# ---- the proofs' reports --------------------------------------------------------------------------------
-
-
-def last_json_line(text: str) -> dict[str, Any] | None:
-    """The report: the last non-empty stdout line, when it is a JSON object."""
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
-    return None
+# ---- the proofs' refusals -----------------------------------------------------------------------------
 
 
 def _release(version: Any) -> tuple[int, int] | None:
@@ -410,51 +390,6 @@ def failure_message(props: Mapping[str, Any], report: Mapping[str, Any]) -> str:
         )
     lines.append(f"  next: {next_step(report)}")
     return "\n".join(lines)
-
-
-def parse_proof(props: Mapping[str, Any], result: Result) -> dict[str, Any]:
-    """The proof's report from its container run; ModelSupportError when it gave none."""
-    node = props["node"]["name"]
-    report = last_json_line(result.text)
-    if result.returncode in (ProofExit.PASS, ProofExit.FAILED, ProofExit.USAGE) and report is not None:
-        if report.get("verdict") not in ("pass", "fail"):
-            raise ModelSupportError(f"{node}: the proof's report has no verdict: {json.dumps(report)[:300]}")
-        if (report["verdict"] == "pass") != (result.returncode == ProofExit.PASS):
-            raise ModelSupportError(
-                f"{node}: the proof exited {result.returncode} but reported {report['verdict']!r}"
-            )
-        return report
-    if result.returncode == ProofExit.DEADLINE:
-        why = f"the proof did not finish within its deadline ({props.get('deadline_s')} s)"
-        hint = "raise the check's deadline, or see whether the head is short of memory or CPU"
-    elif result.returncode == 125:
-        why = "docker could not start the check's container"
-        hint = "the image ID must be on the head (NodeImage placed it): run `pulumi up --refresh`"
-    elif result.returncode in (126, 127):
-        why = "the image has no runnable python3"
-        hint = STAGE_HINTS["environment"]
-    else:
-        why = f"the proof ended without a report (exit {result.returncode})"
-        hint = "its stderr is above; a crash of the image's python is an environment failure"
-    raise ModelSupportError(
-        f"{node}: the model-support check could not run in image {image_label(props)}: {why}\n"
-        f"  stderr: {stderr_tail(result.stderr, lines=20)}\n  next: {hint}"
-    )
-
-
-def parse_cluster(props: Mapping[str, Any], result: Result) -> dict[str, Any]:
-    """The cluster proof's report from its container run (an image without python3 fails at 'ray');
-    ModelSupportError when it gave none."""
-    report = last_json_line(result.text)
-    if report is not None and report.get("verdict") in ("pass", "fail"):
-        return report
-    if result.returncode in (126, 127):
-        return {"verdict": "fail", "failed_stage": "ray", "error": "the image has no runnable python3"}
-    raise ModelSupportError(
-        f"{props['node']['name']}: the cluster-layer proof ended without a report in image "
-        f"{props.get('image')} (exit {result.returncode})\n"
-        f"  stderr: {stderr_tail(result.stderr, lines=20)}"
-    )
 
 
 def cluster_failure(props: Mapping[str, Any], report: Mapping[str, Any]) -> str:

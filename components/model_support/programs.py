@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from components.model_support.plan import ModelSupportError
+from components.model_support.errors import ModelSupportError
 from components.model_support.serve_args import args_argv, args_source
 
 PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"

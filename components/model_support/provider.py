@@ -1,4 +1,4 @@
-"""The ModelSupportCheck dynamic provider: create runs the check (`execute.run_check`); check, diff,
+"""The ModelSupportCheck dynamic provider: create runs the check (`execute.ensure`); check, diff,
 update, read and delete never touch the head (`plan.py` decides from inputs and recorded outputs).
 
 Keep `ModelSupportCheckProvider` importable as `components.model_support.ModelSupportCheckProvider`,
@@ -12,9 +12,9 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.model_support.execute import run_check
+from components.model_support.errors import ModelSupportError
+from components.model_support.execute import ensure
 from components.model_support.plan import (
-    ModelSupportError,
     check_id,
     plan_change,
     recorded_outputs,
@@ -38,7 +38,7 @@ class ModelSupportCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
-        return dynamic.CreateResult(id_=check_id(props), outs={**props, **run_check(props)})
+        return dynamic.CreateResult(id_=check_id(props), outs={**props, **ensure(props)})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         change = plan_change(olds, news)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from components.errors import Qwen35Error
+from components.model_support.errors import ServeArgsError
 from components.remote import Result, stderr_tail
 
 ARGS_PROGRAM = "prove_args.py"
@@ -32,10 +32,6 @@ HINTS = {
         "method it supports (mtp needs the checkpoint's mtp.* tensors), or serve.speculative: null"
     ),
 }
-
-
-class ServeArgsError(Qwen35Error, RuntimeError):
-    """The argument proof gave no report; the message says what to do."""
 
 
 def args_source(payload: str, deadline_s: float, bootstrap: str) -> bytes:

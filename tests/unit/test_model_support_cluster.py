@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from components import model_support
+from components import model_support, nodes
 from components.model_support import (
     ModelSupportCheckProvider,
     ModelSupportError,
     cluster_argv,
     execute,
-    run_check,
 )
 from components.remote import Result
 from tests.unit.test_model_support import IMAGE_ID, PASS_REPORT, props
@@ -66,7 +65,7 @@ def standin_packages(root: Path, ray: str | None) -> Path:
 def head(monkeypatch, tmp_path):
     def make(ray: str | None) -> Head:
         fake = Head(standin_packages(tmp_path / "site", ray))
-        monkeypatch.setattr(execute, "SshTransport", fake)
+        monkeypatch.setattr(nodes, "SshTransport", fake)
         return fake
 
     return make
@@ -90,7 +89,7 @@ def head(monkeypatch, tmp_path):
 def test_an_image_without_the_ray_the_stack_needs_is_refused_before_the_behaviour_proof(head, ray, named):
     fake = head(ray)
     with pytest.raises(ModelSupportError) as info:
-        run_check(props(cluster=CLUSTER))
+        execute.ensure(props(cluster=CLUSTER))
     message = str(info.value)
     for part in ["spark-1: the model-support check refused image vllm-node:latest", "stage 'ray'", *named]:
         assert part in message, f"{part!r} not in:\n{message}"
@@ -99,7 +98,7 @@ def test_an_image_without_the_ray_the_stack_needs_is_refused_before_the_behaviou
 
 def test_the_wanted_ray_passes_and_both_proofs_run(head):
     fake = head("2.49.1")
-    outs = run_check(props(cluster=CLUSTER))
+    outs = execute.ensure(props(cluster=CLUSTER))
     layer = outs["cluster_layer"]
     assert layer["verdict"] == "pass" and layer["ray"] == "2.49.1", layer
     assert outs["verdict"] == "pass" and len(fake.runs) == 2
@@ -107,7 +106,7 @@ def test_the_wanted_ray_passes_and_both_proofs_run(head):
 
 def test_report_mode_records_a_missing_ray_and_goes_on(head):
     head(None)
-    outs = run_check(props(cluster=CLUSTER, mode="report"))
+    outs = execute.ensure(props(cluster=CLUSTER, mode="report"))
     assert outs["cluster_layer"]["verdict"] == "fail" and outs["cluster_layer"]["failed_stage"] == "ray"
     assert outs["verdict"] == "pass"
 
@@ -115,7 +114,7 @@ def test_report_mode_records_a_missing_ray_and_goes_on(head):
 def test_under_executor_mp_an_image_without_ray_passes_and_the_outputs_say_why(head):
     # Enforce mode, and an image with no Ray at all: the Ray proof is not run (nothing of Ray runs).
     fake = head(None)
-    outs = run_check(props(cluster={"executor": "mp"}))
+    outs = execute.ensure(props(cluster={"executor": "mp"}))
     assert outs["verdict"] == "pass"
     assert outs["cluster_layer"]["verdict"] == "not-run" and outs["cluster_layer"]["executor"] == "mp"
     assert "no Ray container runs" in outs["cluster_layer"]["reason"]
@@ -165,7 +164,7 @@ def said(monkeypatch) -> dict[str, list[str]]:
 def test_a_refusal_the_stack_expects_is_said_once_in_one_line(head, said):
     head(None)
     expect = {"because": "no lab image holds Ray", "cluster_layer": "ray"}
-    outs = run_check(props(cluster=CLUSTER, mode="report", expect=expect))
+    outs = execute.ensure(props(cluster=CLUSTER, mode="report", expect=expect))
     assert outs["cluster_layer"]["failed_stage"] == "ray"  # recorded all the same
     assert said["warn"] == []
     assert len(said["info"]) == 1 and "\n" not in said["info"][0]
@@ -178,7 +177,7 @@ def test_a_refusal_the_stack_expects_is_said_once_in_one_line(head, said):
 )
 def test_a_refusal_the_stack_does_not_expect_warns_in_full(head, said, expect):
     head(None)
-    run_check(props(cluster=CLUSTER, mode="report", expect=expect))
+    execute.ensure(props(cluster=CLUSTER, mode="report", expect=expect))
     assert said["info"] == []
     assert len(said["warn"]) == 1 and "next:" in said["warn"][0] and "stage 'ray'" in said["warn"][0]
 
@@ -186,4 +185,6 @@ def test_a_refusal_the_stack_does_not_expect_warns_in_full(head, said, expect):
 def test_an_expected_refusal_still_stops_an_enforcing_stack(head):
     head(None)
     with pytest.raises(ModelSupportError, match="stage 'ray'"):
-        run_check(props(cluster=CLUSTER, mode="enforce", expect={"because": "x", "cluster_layer": "ray"}))
+        execute.ensure(
+            props(cluster=CLUSTER, mode="enforce", expect={"because": "x", "cluster_layer": "ray"})
+        )

@@ -13,7 +13,7 @@ import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 
 from components.model_support import ModelSupportCheckProvider, ModelSupportError
-from components.model_support.facts import parse_checkpoint_facts, parse_repo_digests
+from components.model_support.facts import parse_checkpoint_facts, parse_cluster, parse_repo_digests
 from components.model_support.plan import (
     RERUN_KEYS,
     SOFT_KEYS,
@@ -22,7 +22,6 @@ from components.model_support.plan import (
     check_id,
     create_problems,
     enforced,
-    parse_cluster,
     pin_mismatch,
     plan_change,
     plan_steps,

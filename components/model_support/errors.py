@@ -1,0 +1,13 @@
+"""What can go wrong with a ModelSupportCheck, as exception types (the package's only ones)."""
+
+from __future__ import annotations
+
+from components.errors import Qwen35Error
+
+
+class ModelSupportError(Qwen35Error, RuntimeError):
+    """The check could not prove support (or could not run); the message says what to do."""
+
+
+class ServeArgsError(Qwen35Error, RuntimeError):
+    """The argument proof gave no report; the message says what to do."""
