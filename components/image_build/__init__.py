@@ -14,7 +14,7 @@ Files, by job:
     programs.py  the commands run on the head (docker build / image inspect / tag / image rm) and the
                  build's stdin (the context tar)
     plan.py      the pure decisions: validate, plan_change -> Change, keep / re-tag / build
-    execute.py   create, update and read carried out over the SSH transport
+    execute.py   ensure (create, update) and observe (read) over the SSH transport: the only I/O
     errors.py    ImageBuildError: node, stage, output tail, next step
     provider.py  the dynamic provider (check/diff: no I/O)
     resource.py  the ImageBuild resource (type qwen35:ImageBuild)
@@ -27,10 +27,9 @@ from components.image_build.errors import ImageBuildError
 from components.image_build.execute import (
     BUILD_TIMEOUT_S,
     build,
-    create_image,
+    ensure,
     head_image,
     observe,
-    restore_image,
 )
 from components.image_build.facts import (
     BuildLog,
@@ -89,8 +88,8 @@ __all__ = [
     "build_ref",
     "context_digest",
     "context_files",
-    "create_image",
     "drifted",
+    "ensure",
     "head_image",
     "inspect_argv",
     "observe",
@@ -100,7 +99,6 @@ __all__ = [
     "plan_change",
     "plan_create",
     "plan_restore",
-    "restore_image",
     "tag_argv",
     "untag_argv",
     "validate",

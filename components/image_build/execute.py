@@ -32,7 +32,7 @@ from components.image_build.plan import (
     plan_restore,
     recorded_id,
 )
-from components.nodes import checked_target
+from components.nodes import transport_to
 from components.provider_kit.progress import tell_operator
 from components.remote import (
     SSH_TRANSPORT_FAILURE,
@@ -49,7 +49,8 @@ INSPECT_TIMEOUT_S = 60
 
 
 def head_transport(props: Mapping[str, Any]) -> SshTransport:
-    return SshTransport(checked_target("ImageBuild node", props["node"]))
+    """The SSH transport to the head of the `node` input (NodeDictError naming it when unusable)."""
+    return transport_to("ImageBuild node", props["node"])
 
 
 def head_image(transport: SshTransport, ref: str, recorded: str | None) -> HeadImage:
@@ -140,22 +141,20 @@ def carry_out(transport: SshTransport, props: Mapping[str, Any], action: Action)
             "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
 
 
-def create_image(props: Mapping[str, Any]) -> dict[str, Any]:
-    """create: the image under `ref` on the head (kept when a content tag is there already)."""
+def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """create (no `olds`): the image under `ref` on the head, kept when a content tag is there
+    already. update: new access details recorded; a tag refresh found gone or moved is restored."""
     transport = head_transport(props)
-    action = plan_create(props, head_image(transport, str(props["ref"]), None))
-    return {**props, **carry_out(transport, props, action)}
-
-
-def restore_image(olds: Mapping[str, Any], news: Mapping[str, Any]) -> dict[str, Any]:
-    """update: new access details recorded; a tag refresh found gone or moved is restored."""
-    transport = head_transport(news)
+    ref = str(props["ref"])
+    if olds is None:
+        action = plan_create(props, head_image(transport, ref, None))
+        return {**props, **carry_out(transport, props, action)}
     recorded = recorded_id(olds)
-    action = plan_restore(recorded, head_image(transport, str(news["ref"]), recorded))
-    outs = carry_out(transport, news, action)
+    action = plan_restore(recorded, head_image(transport, ref, recorded))
+    outs = carry_out(transport, props, action)
     if isinstance(action, Keep):
         outs = {**outs, "built": olds.get("built"), "seconds": olds.get("seconds")}
-    return {**news, **outs}
+    return {**props, **outs}
 
 
 def observe(props: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.image_build.execute import create_image, observe, restore_image
+from components.image_build.execute import ensure, observe
 from components.image_build.plan import build_id, plan_change, validate
 
 
@@ -36,10 +36,10 @@ class ImageBuildProvider(ExplainedErrors, dynamic.ResourceProvider):
         )
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
-        return dynamic.CreateResult(id_=build_id(props), outs=create_image(props))
+        return dynamic.CreateResult(id_=build_id(props), outs=ensure(props))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        return dynamic.UpdateResult(outs=restore_image(olds, news))
+        return dynamic.UpdateResult(outs=ensure(news, olds))
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         # A tag gone or moved stays this resource (its image ID recorded): `up` re-tags or rebuilds.
