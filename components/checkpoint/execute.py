@@ -1,7 +1,9 @@
-"""What create/update/delete do on the nodes: fetch on the head, copy node to node, remove.
+"""What create/update/read/delete do on the nodes, the package's only I/O: run the node programs
+(`programs.py`), fetch on the head, copy node to node, inventory, remove.
 
-Facts come from `facts.py`, decisions from `plan.py`; this module carries them out and shapes the
-outputs state keeps.
+Reports are parsed by `facts.py`, decisions come from `plan.py`; this module carries them out and
+shapes the outputs state keeps. The verbs: `ensure` (create, update), `observe` (read), `release`
+(delete).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import Any
 
 from components import transfer
 from components.checkpoint import programs
-from components.checkpoint.facts import inventory, node_target, run_program
+from components.checkpoint.errors import CheckpointError
+from components.checkpoint.facts import RECEIVE_EXITS, parse_report, program_report
 from components.checkpoint.plan import (
     OUTPUT_KEYS,
-    CheckpointError,
     Manifest,
     check_space,
     manifest_from_inventory,
@@ -27,11 +29,68 @@ from components.checkpoint.plan import (
     problems,
 )
 from components.node_programs.wire import PROGRESS_MARKER
+from components.nodes import transport_to
 from components.provider_kit.progress import tell_operator, transfer_line
-from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, require_ssh, ssh_argv
+from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTransport, require_ssh, ssh_argv
 
 FETCH_DEADLINE_S = 6 * 3600.0  # 126 GB at ~10 MB/s is 3.5 h
 FETCH_STALL_S = 300.0  # the fetch says its progress every second; this long silent, it is gone
+
+
+def node_transport(raw: Mapping[str, Any]) -> SshTransport:
+    """The SSH transport to the node of a node dict; CheckpointError when it cannot be used."""
+    return transport_to("Checkpoint node", raw, CheckpointError)
+
+
+def run_program(
+    transport: SshTransport, argv: list[str], what: str, stdin: bytes | None = None, timeout: float = 600
+) -> tuple[int, dict[str, Any]]:
+    """Run a node program; its exit status and JSON report, or an error naming the node."""
+    try:
+        done = transport.run(argv, stdin=stdin, timeout=timeout)
+    except RemoteError as exc:
+        raise CheckpointError(f"{transport.name}: {what}: {exc}") from None
+    return program_report(transport.name, what, done)
+
+
+def inventory(props: Mapping[str, Any], manifest: Manifest | None, full: bool) -> dict[str, Any]:
+    """The node's inventory of the checkpoint (against `manifest` when given; every byte when `full`)."""
+    transport = node_transport(props["node"])
+    argv = programs.inventory_argv(
+        props.get("python") or "python3",
+        props["cache_dir"],
+        props["repo"],
+        manifest.revision if manifest else props["requested_revision"],
+        manifest.as_state() if manifest else None,
+        full,
+    )
+    status, report = run_program(transport, argv, "checkpoint inventory")
+    if status != 0:
+        raise CheckpointError(f"{transport.name}: checkpoint inventory failed: {report.get('error')}")
+    return report
+
+
+def upstream_revision(props: Mapping[str, Any]) -> str | None:
+    """The commit the configured branch or tag points at on the Hub now (refresh shows a newer one
+    beside the recorded `revision`; nothing moves until the operator pins it). None when the Hub
+    cannot be asked: refresh of the files on the node must not depend on the Hub."""
+    requested = str(props.get("requested_revision") or "")
+    if len(requested) == 40 and all(c in "0123456789abcdef" for c in requested):
+        return requested
+    try:
+        token = props.get("hf_token") or ""
+        status, report = run_program(
+            node_transport(props["node"]),
+            programs.head_fetch_argv(props, None, resolve_only=True),
+            "the Hub look-up",
+            stdin=(token + "\n").encode(),
+            timeout=120,
+        )
+    except CheckpointError:
+        return props.get("upstream_revision")
+    if status != 0 or "error" in report:
+        return props.get("upstream_revision")
+    return str(report.get("revision") or "") or None
 
 
 def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> str:
@@ -40,7 +99,7 @@ def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> st
     The fetch says its progress on stderr every second: the operator sees bytes, rate and ETA every
     SAY_EVERY_S during `pulumi up`, and a fetch silent for FETCH_STALL_S (the head or the link to it
     gone) is ended instead of waited for until the deadline."""
-    target = node_target(props["node"], "node")
+    target = node_transport(props["node"]).target
     require_ssh(target.label)
     token = props.get("hf_token") or ""
     deadline = float((props.get("tuning") or {}).get("deadline_s") or FETCH_DEADLINE_S)
@@ -57,7 +116,7 @@ def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> st
         say=say,
         stdin=(token + "\n").encode(),
     )
-    report = programs.parse_report(outcome.stdout)
+    report = parse_report(outcome.stdout)
     if report is None or outcome.killed:
         lines = [line for line in outcome.stderr.splitlines() if not line.startswith(PROGRESS_MARKER)]
         why = outcome.killed or (
@@ -79,7 +138,7 @@ def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> st
 
 def head_manifest(props: Mapping[str, Any]) -> Manifest:
     """The head's checkpoint: fetched (hub) or adopted (cache), as a manifest of what it holds."""
-    target = node_target(props["node"], "node")
+    target = node_transport(props["node"]).target
     revision = props["requested_revision"]
     if props.get("source_mode", "hub") == "hub":
         first = inventory(props, None, False)
@@ -104,7 +163,7 @@ def copy_to_node(props: Mapping[str, Any], manifest: Manifest, early: bool = Tru
     opened while this node is inventoried, so connection set-up and login shells are paid meanwhile,
     not on the copy's path; it ends unused when nothing is missing. Late (after the inventory) when a
     copy is unlikely (an update of a node that held everything at the last refresh)."""
-    target = node_target(props["node"], "node")
+    target = node_transport(props["node"]).target
     full = props.get("refresh") == "full"
     source_raw = props.get("source")
     if not source_raw:
@@ -176,8 +235,8 @@ def _received(result: transfer.TransferResult, manifest: Manifest, destination: 
     receive_status = result.stages[-1].status if result.stages else None
     if received.get("error"):
         result.detail = [*result.detail, str(received["error"])]
-    if receive_status in programs.RECEIVE_EXITS and result.failure is not transfer.Failure.TRANSPORT:
-        result.why = f"{programs.RECEIVE_EXITS[receive_status]} ({result.why})"
+    if receive_status in RECEIVE_EXITS and result.failure is not transfer.Failure.TRANSPORT:
+        result.why = f"{RECEIVE_EXITS[receive_status]} ({result.why})"
     elif result.ok:
         result.why = f"the files on {destination.label} do not hash to the source's manifest digest"
     raise CheckpointError(
@@ -227,7 +286,7 @@ def ensure(props: Mapping[str, Any], copy_likely: bool = True) -> dict[str, Any]
         report = inventory(props, manifest, props.get("refresh") == "full")
         broken = problems(manifest, report)
         if broken:
-            label = node_target(props["node"], "node").label
+            label = node_transport(props["node"]).name
             raise CheckpointError(
                 f"{label}: {manifest.repo}@{manifest.revision[:12]} after the "
                 f"fetch: {json.dumps(broken)}; next: remove those blobs from the head's cache and run again"
@@ -236,16 +295,32 @@ def ensure(props: Mapping[str, Any], copy_likely: bool = True) -> dict[str, Any]
     return _outputs(props, manifest, extra, started)
 
 
-def remove(props: Mapping[str, Any]) -> None:
+def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
+    """read(): the recorded outputs with what the node holds now (`problems`) and, on the head, where
+    the branch points on the Hub; None when the revision is gone from the node."""
+    manifest = Manifest.from_state(
+        props["repo"], props["revision"], props["manifest"], props.get("refs") or {}
+    )
+    report = inventory(props, manifest, props.get("refresh") == "full")
+    if not report.get("exists"):
+        return None
+    # `digest` stays the recorded one (other nodes' inputs follow it); what is wrong shows here.
+    outs = {**props, "problems": problems(manifest, report)}
+    if not props.get("source") and props.get("source_mode", "hub") == "hub":
+        outs["upstream_revision"] = upstream_revision(props)
+    return outs
+
+
+def release(props: Mapping[str, Any]) -> None:
     """delete(): remove the revision from the node's cache, unless the stack keeps it (the default)."""
     if props.get("keep", True):
         return
-    target = node_target(props["node"], "node")
+    transport = node_transport(props["node"])
     argv = programs.remove_argv(
         props.get("python") or "python3", props["cache_dir"], props["repo"], props["revision"]
     )
-    status, report = run_program(target, argv, "checkpoint removal")
+    status, report = run_program(transport, argv, "checkpoint removal")
     if status != 0:
         raise CheckpointError(
-            f"{target.label}: removing {props['repo']}@{props['revision']}: {report.get('error')}"
+            f"{transport.name}: removing {props['repo']}@{props['revision']}: {report.get('error')}"
         )

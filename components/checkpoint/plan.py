@@ -1,7 +1,7 @@
 """What a node needs of a checkpoint: pure functions of the source's manifest and a node's inventory.
 
-No I/O here: the provider gathers the facts (the node programs' reports), these functions decide, and
-the tests are tables.
+No I/O here: `execute.py` runs the node programs, `facts.py` parses their reports, these functions
+decide, and the tests are tables.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from components.errors import Qwen35Error
+from components.checkpoint.errors import CheckpointError
 from components.node_programs.hf_checkpoint import files_digest
 from components.nodes import same_node
 from components.provider_kit.change import Change
@@ -36,10 +36,6 @@ OUTPUT_KEYS = (
     "problems",
     "seconds",
 )
-
-
-class CheckpointError(Qwen35Error, RuntimeError):
-    """The checkpoint could not be placed or checked; the message names the node and what to do next."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""The node programs of the checkpoint (components/node_programs/) as argument lists and reports.
+"""The node programs of the checkpoint (components/node_programs/) as argument lists.
 
 Each program travels in its command line (`python3 -c <source> …`), so stdin stays free for a stream
-or a secret; its one-line JSON report comes back on stdout.
+or a secret; its one-line JSON report comes back on stdout (`facts.py` parses it).
 """
 
 from __future__ import annotations
@@ -10,16 +10,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.checkpoint.plan import CheckpointError
-from components.node_programs import hf_checkpoint, program_argv
-
-# What a receive's exit status means (declared once, in the node program).
-RECEIVE_EXITS = {
-    hf_checkpoint.EXIT_BAD_INPUT: "bad input to the receiving program",
-    hf_checkpoint.EXIT_STREAM: "the stream ended early or was malformed (the link was cut?)",
-    hf_checkpoint.EXIT_VERIFY: "a received file did not match its hash or size",
-    hf_checkpoint.EXIT_IO: "the destination's disk refused a write",
-}
+from components.checkpoint.errors import CheckpointError
+from components.node_programs import program_argv
 
 
 def repo_dir_name(repo: str) -> str:
@@ -106,18 +98,6 @@ def fetch_argv(
         "resolve_only": resolve_only,
     }
     return _argv(python, "hub_fetch", json.dumps(args, sort_keys=True))
-
-
-def parse_report(text: str) -> dict[str, Any] | None:
-    """The program's JSON report: the last line of its stdout that parses as an object."""
-    for line in reversed(text.strip().splitlines()):
-        try:
-            report = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(report, dict):
-            return report
-    return None
 
 
 def head_fetch_argv(

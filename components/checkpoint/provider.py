@@ -1,8 +1,8 @@
-"""The Checkpoint dynamic provider: create/read/update/delete carry out `execute` and read `facts`;
-diff and check never touch a node (`plan.plan_change` compares inputs with recorded state).
+"""The Checkpoint dynamic provider: create/read/update/delete carry out `execute`; diff and check
+never touch a node (`plan.plan_change` compares inputs with recorded state).
 
-Keep `CheckpointProvider` in this module under this name, with no import-time side effects: stacks
-pickle it by reference to `components.checkpoint.provider`.
+Keep `CheckpointProvider` importable as `components.checkpoint.provider.CheckpointProvider`, with no
+import-time side effects: stacks pickle it by reference to that path.
 """
 
 from __future__ import annotations
@@ -11,14 +11,17 @@ from typing import Any
 
 import pulumi.dynamic as dynamic
 
-from components.checkpoint.execute import ensure, remove
-from components.checkpoint.facts import inventory, upstream_revision
-from components.checkpoint.plan import Manifest, plan_change, problems
+from components.checkpoint.execute import ensure, observe, release
+from components.checkpoint.plan import plan_change
 from components.errors import ExplainedErrors
 
 
 class CheckpointProvider(ExplainedErrors, dynamic.ResourceProvider):
     """CRUD for Checkpoint; every method but diff/check talks to nodes over SSH."""
+
+    # Stacks pickled this class by reference as `components.checkpoint.provider.CheckpointProvider`:
+    # keep that its path whatever file it lives in.
+    __module__ = "components.checkpoint.provider"
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         outs = ensure(props)
@@ -27,16 +30,9 @@ class CheckpointProvider(ExplainedErrors, dynamic.ResourceProvider):
         )
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        manifest = Manifest.from_state(
-            props["repo"], props["revision"], props["manifest"], props.get("refs") or {}
-        )
-        report = inventory(props, manifest, props.get("refresh") == "full")
-        if not report.get("exists"):
+        outs = observe(props)
+        if outs is None:
             return dynamic.ReadResult("", {})
-        # `digest` stays the recorded one (other nodes' inputs follow it); what is wrong shows here.
-        outs = {**props, "problems": problems(manifest, report)}
-        if not props.get("source") and props.get("source_mode", "hub") == "hub":
-            outs["upstream_revision"] = upstream_revision(props)
         return dynamic.ReadResult(id_, outs)
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
@@ -52,4 +48,4 @@ class CheckpointProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.UpdateResult(outs=ensure(news, copy_likely=bool(olds.get("problems"))))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        remove(props)
+        release(props)

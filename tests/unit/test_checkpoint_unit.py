@@ -8,7 +8,8 @@ import pytest
 
 from components import remote
 from components.checkpoint import programs
-from components.checkpoint.plan import CheckpointError, CopyPlan, Manifest, check_space, plan_copy, problems
+from components.checkpoint.errors import CheckpointError
+from components.checkpoint.plan import CopyPlan, Manifest, check_space, plan_copy, problems
 from components.checkpoint.programs import head_fetch_argv as fetch_argv
 from components.checkpoint.provider import CheckpointProvider
 from components.config import ConfigError, parse_stack_config

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from components import errors
-from components.checkpoint.plan import CheckpointError
+from components.checkpoint.errors import CheckpointError
 from components.config import ConfigError
 from components.errors import PROVIDER_PROCESS, ExplainedErrors, Qwen35Error
 from components.image_ref import ImageRefError
