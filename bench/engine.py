@@ -32,7 +32,7 @@ import openai
 
 import lab
 from components.config import ImageConfig
-from components.hybrid_image import PATCH_DIR, build_args, dockerfile, hybrid_ref
+from components.image_build.component import PATCH_DIR, build_args, built_ref, dockerfile
 from engine import ROOT, Engine, ensure_engine
 from engine.lab_stack import engine_lab_config, lab_image_config, mp_lab_config, stack_file, write_config
 from lab.ray_image import ray_image
@@ -301,7 +301,7 @@ def measure_hybrid(engine: Engine, nodes: dict[str, lab.LabNode], config: dict) 
     image = lab_image_config(config)
     MARKER.unlink(missing_ok=True)
     for node in nodes.values():  # the first up builds and copies for real
-        lab.docker(node, "image", "rm", hybrid_ref(image), check=False)
+        lab.docker(node, "image", "rm", built_ref(image), check=False)
     rows = []
     try:
         first = up(engine, HYBRID_STACK)

@@ -3,7 +3,7 @@
 Order, enforced by dependencies (and reversed by `pulumi destroy`):
 docker provider per node → FabricCheck per node (the head's first: its MTU is every worker's
 reference; none under `fabric.check: off`) → the image on the head (strategy `prebuilt`: already
-there, nothing built; `hybrid` or `graft`: HybridImage builds it) → NodeImage per node →
+there, nothing built; `hybrid` or `graft`: BuiltImage builds it) → NodeImage per node →
 model-support check on the head → Ray head → Ray workers → vLLM server on the head → readiness
 gate (every container after every node's FabricCheck) → health (none under `health.mode: off`): the
 watchdog's state volume on the head, an agent on every worker, then the watchdog on the head. Under
@@ -37,7 +37,7 @@ from components.health.containers import (
     watchdog_container_name,
     watchdog_container_spec,
 )
-from components.hybrid_image import HybridImage, HybridImageArgs, image_ref
+from components.image_build.component import BuiltImage, BuiltImageArgs, image_ref
 from components.model_support import ModelSupportCheck
 from components.mp_executor import (
     WORLD_ENV,
@@ -377,15 +377,15 @@ class Qwen35Deployment(pulumi.ComponentResource):
             )
         return checks
 
-    def _image_build(self, name: str) -> HybridImage | None:
+    def _image_build(self, name: str) -> BuiltImage | None:
         """The image built on the head; None for strategy prebuilt (the reference is there already)."""
         image = self.config.image
         if image.strategy is ImageStrategy.PREBUILT:
             return None
         head = self.access[self.config.head.name].node_image_dict()
         # Built by the head's own Docker over the project's SSH transport (not a docker provider).
-        return HybridImage(
-            f"{name}-image", HybridImageArgs(image=image, node=head), opts=pulumi.ResourceOptions(parent=self)
+        return BuiltImage(
+            f"{name}-image", BuiltImageArgs(image=image, node=head), opts=pulumi.ResourceOptions(parent=self)
         )
 
     def _model_support_check(self, name: str) -> ModelSupportCheck:
@@ -858,7 +858,7 @@ def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
 
 
 def place_images(
-    name: str, deployment: Qwen35Deployment, ref: str, build: HybridImage | None
+    name: str, deployment: Qwen35Deployment, ref: str, build: BuiltImage | None
 ) -> dict[str, NodeImage]:
     """One NodeImage per node, copied along a fan-out tree from the head (where the image is)."""
     return copy_tree(

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from components.hybrid_image import PATCH_DIR
+from components.image_build.component import PATCH_DIR
 from engine import ROOT, Engine, EngineError, ensure_engine
 from engine.lab_stack import engine_lab_config, lab_image_config, stack_file, write_config
 from lab.nodes import bind_error

@@ -29,7 +29,7 @@ from components.config import (
 )
 from components.deployment import fabric_check_inputs, health_output, node_container_names
 from components.fabric_check import facts_report
-from components.hybrid_image import image_ref
+from components.image_build.component import image_ref
 from components.node_programs import program_argv, readiness
 from components.nodes import node_access
 from components.ray_cluster import head_container_name

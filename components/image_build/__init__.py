@@ -18,6 +18,9 @@ Files, by job:
     errors.py    ImageBuildError: node, stage, output tail, next step
     provider.py  the dynamic provider (check/diff: no I/O)
     resource.py  the ImageBuild resource (type qwen35:ImageBuild)
+    component.py BuiltImage, the hybrid or graft image the deployment declares (type
+                 qwen35:index:HybridImage): its Dockerfile, build args and content tag, and its
+                 ImageBuild child
 
 Keep `ImageBuildProvider` importable here under this name, with no import-time side effects: stacks
 pickle it by reference to this module.

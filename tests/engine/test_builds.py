@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 import lab
-from components.hybrid_image import PATCH_DIR, hybrid_ref
+from components.image_build.component import PATCH_DIR, built_ref
 from engine.lab_stack import engine_lab_config, lab_image_config, write_config
 from lab.ray_image import ray_image
 from lab.vllm_images import lab_build_inputs
@@ -110,7 +110,7 @@ def hybrid_config(lab_nodes, hub) -> dict:
 
 @pytest.fixture(scope="module")
 def hybrid(engine, lab_nodes, hybrid_config, secrets) -> Iterator[Stack]:
-    untag(lab_nodes, hybrid_ref(lab_image_config(hybrid_config)))
+    untag(lab_nodes, built_ref(lab_image_config(hybrid_config)))
     try:
         with secret_stack(engine, "engine-hybrid", hybrid_config, secrets) as made:
             yield made
@@ -127,7 +127,7 @@ def test_the_first_up_builds_the_hybrid_once_copies_it_and_serves(first_up, hybr
     builds = [step for step in finished(first_up) if step[0] == IMAGE_BUILD]
     assert builds == [(IMAGE_BUILD, R_BUILD, "create")], builds
     built = outputs_of(first_up, R_BUILD)
-    assert built["built"] is True and built["ref"] == hybrid_ref(lab_image_config(hybrid_config)), built
+    assert built["built"] is True and built["ref"] == built_ref(lab_image_config(hybrid_config)), built
     # Every node runs what was built on the head.
     for node in ("node-a", "node-b"):
         assert outputs_of(first_up, f"qwen35-image-{node}")["image_id"] == built["image_id"], node
@@ -164,7 +164,7 @@ def test_a_changed_file_under_patches_rebuilds_and_replaces_what_runs_the_image(
     shown = "\n".join(build_lines(events))
     assert re.search(r"pip check \(exit \d+\), recorded in", shown), shown[-3000:]
     # The content tag hashes the context as it is now, the new file included.
-    assert new["ref"] == hybrid_ref(lab_image_config(hybrid_config)), new
+    assert new["ref"] == built_ref(lab_image_config(hybrid_config)), new
     unchanged = {"same", "read", "refresh"}
     replaced = {n for (t, n), seen in ops.items() if t == CONTAINER and seen - unchanged}
     # Every container runs the image: the health agent and the watchdog too.
@@ -219,7 +219,7 @@ def graft_config(lab_nodes, hub) -> dict:
 
 @pytest.fixture(scope="module")
 def graft(engine, lab_nodes, graft_config, secrets) -> Iterator[Stack]:
-    untag(lab_nodes, hybrid_ref(lab_image_config(graft_config)))
+    untag(lab_nodes, built_ref(lab_image_config(graft_config)))
     with secret_stack(engine, "engine-graft", graft_config, secrets) as made:
         yield made
 
@@ -250,7 +250,7 @@ def test_a_failing_proof_stops_up_at_the_build_with_no_tag_and_no_container_touc
     # A Ray other than the base's: the cluster-layer proof in the build refuses it.
     image = {**graft_config[f"{NS}:image"], "ray_version": "==2.59.0"}
     config = {**graft_config, f"{NS}:image": image}
-    refused_ref = hybrid_ref(lab_image_config(config))
+    refused_ref = built_ref(lab_image_config(config))
     before = container_ids(lab_nodes)
     exited = exited_containers(lab_nodes["node-a"])
     write_config(graft.config, config)

@@ -20,7 +20,7 @@ import pytest
 
 import lab
 from components.config import ImageConfig
-from components.hybrid_image import PATCH_DIR, build_args, content_tag, dockerfile
+from components.image_build.component import PATCH_DIR, build_args, content_tag, dockerfile
 from components.model_support import ModelSupportCheckProvider, ModelSupportError
 from lab.images import DEBIAN_TAG, image_id
 from lab.ray_image import RAY_VERSION, ray_image, wheels_for
@@ -68,7 +68,7 @@ def graft_config(base: str, **changes) -> ImageConfig:
 
 
 def build_graft(node: lab.LabNode, cfg: ImageConfig, context: Path, **extra_args: str) -> Build:
-    """`docker build` of the graft as HybridImage asks for it: its Dockerfile, tag, network, platform."""
+    """`docker build` of the graft as BuiltImage asks for it: its Dockerfile, tag, network, platform."""
     args = {**build_args(cfg), **extra_args}
     ref = f"{cfg.name}:{content_tag(context, args, cfg.platform)}"
     argv = ["docker", "build", "--file", dockerfile(cfg), "--tag", ref, "--platform", cfg.platform]

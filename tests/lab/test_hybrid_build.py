@@ -20,7 +20,7 @@ import pytest
 import lab
 from components.checkpoint import CheckpointError, CheckpointProvider
 from components.config import ImageConfig, parse_stack_config
-from components.hybrid_image import PATCH_DIR, build_args, content_tag
+from components.image_build.component import PATCH_DIR, build_args, content_tag
 from components.image_ref import parse_image_ref
 from lab.buildx import buildx_argv, ensure_buildx
 from lab.images import image_id
@@ -67,7 +67,7 @@ def lab_image_config() -> ImageConfig:
 
 
 def make_context(dest: Path, wheels: Path) -> Path:
-    """A copy of patches/ (what HybridImage sends) with the transformers wheels in wheels/."""
+    """A copy of patches/ (what BuiltImage sends) with the transformers wheels in wheels/."""
     context = dest / "context"
     shutil.copytree(PATCH_DIR, context, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "wheels"))
     shutil.copytree(wheels, context / "wheels", ignore=shutil.ignore_patterns(".complete"))
@@ -81,7 +81,7 @@ def build_hybrid(
     args: dict[str, str],
     builder: Builder = Builder.LEGACY,
 ) -> Build:
-    """A build of the hybrid on the node as HybridImage asks for it: its tag, network, platform, args."""
+    """A build of the hybrid on the node as BuiltImage asks for it: its tag, network, platform, args."""
     tag = content_tag(context, args, cfg.platform)
     ref = f"{cfg.name}:{tag if builder is Builder.LEGACY else f'{builder.value}-{tag}'}"
     argv = ["build", "--file", "Dockerfile", "--tag", ref, "--platform", cfg.platform]

@@ -14,8 +14,8 @@ from pulumi.dynamic import CreateResult
 
 import lab
 from components.config import ImageConfig
-from components.hybrid_image import HybridImage, HybridImageArgs, build_args, content_tag, dockerfile
 from components.image_build import BUILD_TAG_PREFIX, ImageBuildError, ImageBuildProvider, context_digest
+from components.image_build.component import BuiltImage, BuiltImageArgs, build_args, content_tag, dockerfile
 from lab.images import busybox_image, image_id
 from tests.lab.test_hybrid_build import lab_context, lab_image_config, standins
 from tests.support.program import registered_by
@@ -38,7 +38,7 @@ def context(cfg: ImageConfig, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def props_for(node: lab.LabNode, cfg: ImageConfig, context: Path, **extra_args: str) -> dict:
-    """The inputs HybridImage gives its ImageBuild, for the lab stack's image on `node`."""
+    """The inputs BuiltImage gives its ImageBuild, for the lab stack's image on `node`."""
     args = {**build_args(cfg), **extra_args}
     return {
         "node": {**lab.node_config(node), "name": node.name},
@@ -180,12 +180,12 @@ def test_delete_leaves_the_head_alone(node_a, created):
 
 
 def test_the_engine_path_keeps_a_content_tag_already_built(node_a, cfg, context, created):
-    """HybridImage's child as the engine drives it (pickled provider, Check/Create/Read/Diff over
+    """BuiltImage's child as the engine drives it (pickled provider, Check/Create/Read/Diff over
     gRPC in `python -m pulumi.dynamic`): as on a stack's first `up` after pulumi_docker.Image, the
     content tag is already on the head (built here first if not), so create keeps it: no build."""
     node = {**lab.node_config(node_a), "name": node_a.name}
     records = registered_by(
-        lambda: HybridImage("lab", HybridImageArgs(image=cfg, node=node, context=context)), "lab"
+        lambda: BuiltImage("lab", BuiltImageArgs(image=cfg, node=node, context=context)), "lab"
     )
     (build,) = [r for r in records if r.typ.endswith("qwen35:ImageBuild")]
     with ProviderHost() as host:

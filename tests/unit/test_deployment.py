@@ -745,7 +745,7 @@ def test_without_a_checkpoint_the_check_proves_the_fixture_configs(monkeypatch):
 def test_one_definition_of_the_reference_every_node_holds(request, graph_name):
     # `status` asks the nodes for `image_ref(config.image)`: it must be what NodeImage places.
     from components.config import parse_stack_config
-    from components.hybrid_image import image_ref
+    from components.image_build.component import image_ref
 
     raw = hybrid_config() if graph_name == "hybrid" else stack_config("dev")
     config = parse_stack_config({k.split(":", 1)[1]: v for k, v in raw.items()})

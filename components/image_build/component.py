@@ -1,12 +1,13 @@
-"""HybridImage: the deployment image built on the head's Docker from a base and a donor image.
+"""BuiltImage: the deployment image built on the head's Docker from a base and a donor image.
 
 Two strategies share it (`image.strategy`): `hybrid` puts the donor's Qwen3.5 code into the base's
 older vLLM (patches/Dockerfile); `graft` keeps the donor's complete vLLM and carries the base's
 cluster layer onto it: Ray at the base's version and its system NCCL (patches/Dockerfile.graft).
-The class keeps its name and type token so existing stacks' hybrid builds are not replaced.
+The class was HybridImage; it keeps that type token (`qwen35:index:HybridImage`) and its resource
+names, so existing stacks' builds are not replaced.
 The tag is a hash of everything that goes into the build, so changed inputs rebuild (and replace
 what depends on the image) while unchanged inputs never do. Its child is the project's own
-`ImageBuild` (components/image_build), which replaced `pulumi_docker.Image` (docs/image-build.md).
+`ImageBuild` (this package's resource.py), which replaced `pulumi_docker.Image` (docs/image-build.md).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any
 import pulumi
 
 from components.config import ImageConfig, ImageStrategy
-from components.image_build import ImageBuild, context_files
+from components.image_build.programs import context_files
+from components.image_build.resource import ImageBuild
 
-PATCH_DIR = Path(__file__).resolve().parent.parent / "patches"
+PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
 
 
 # The Dockerfile of each built strategy, in the build context.
@@ -83,16 +85,16 @@ def image_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
     prebuilt), or the built image's `name:tag` (the content hash unless pinned)."""
     if image.strategy is ImageStrategy.PREBUILT:
         return image.prebuilt_ref.tagged
-    return hybrid_ref(image, context)
+    return built_ref(image, context)
 
 
-def hybrid_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
+def built_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
     """The build's reference (hybrid or graft): `name:tag` (the content hash unless pinned)."""
     return f"{image.name}:{image.tag or content_tag(context, build_args(image), image.platform)}"
 
 
 @dataclass(frozen=True)
-class HybridImageArgs:
+class BuiltImageArgs:
     """The image section, the head's node dict (`NodeAccess.node_image_dict()`), the build context."""
 
     image: ImageConfig
@@ -100,15 +102,15 @@ class HybridImageArgs:
     context: Path = PATCH_DIR
 
 
-class HybridImage(pulumi.ComponentResource):
+class BuiltImage(pulumi.ComponentResource):
     """Builds the hybrid or graft image on the head node's Docker (never pushed; no build in preview);
     `image_id` is the built image's ID."""
 
-    def __init__(self, name: str, args: HybridImageArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, args: BuiltImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("qwen35:index:HybridImage", name, None, opts)
         cfg = args.image
         bargs = build_args(cfg)
-        self.ref = hybrid_ref(cfg, args.context)
+        self.ref = built_ref(cfg, args.context)
         self.tag = self.ref.rpartition(":")[2]
         # Named as the pulumi_docker.Image child was: a stack built with that one sees it deleted
         # (which does nothing on the head) and this one created (docs/image-build.md).

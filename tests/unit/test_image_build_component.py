@@ -1,4 +1,4 @@
-"""HybridImage under mocks: its ImageBuild child's inputs, and the content-addressed tag."""
+"""BuiltImage (image_build/component.py) under mocks: its ImageBuild child's inputs, the content tag."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import pulumi
 import pytest
 
 from components.config import ImageConfig, parse_stack_config
-from components.hybrid_image import (
+from components.image_build import context_digest
+from components.image_build.component import (
     PATCH_DIR,
-    HybridImage,
-    HybridImageArgs,
+    BuiltImage,
+    BuiltImageArgs,
     build_args,
     content_tag,
     dockerfile,
 )
-from components.image_build import context_digest
 from tests.support.program import RecordingMocks, dev_raw
 
 IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
@@ -96,7 +96,7 @@ def _build_under_mocks(image: ImageConfig):
 
     @pulumi.runtime.test
     def run():
-        made["image"] = HybridImage("hybrid", HybridImageArgs(image=image, node=HEAD))
+        made["image"] = BuiltImage("hybrid", BuiltImageArgs(image=image, node=HEAD))
 
     run()
     return mocks, made["image"]
