@@ -15,7 +15,7 @@ Files, by job:
                  build's stdin (the context tar)
     plan.py      the pure decisions: validate, plan_change -> Change, keep / re-tag / build
     execute.py   ensure (create, update) and observe (read) over the SSH transport: the only I/O
-    errors.py    ImageBuildError: node, stage, output tail, next step
+    errors.py    ImageBuildError (node, stage, output tail, next step) and FactsError
     provider.py  the dynamic provider (check/diff: no I/O)
     resource.py  the ImageBuild resource (type qwen35:ImageBuild)
     component.py BuiltImage, the hybrid or graft image the deployment declares (type
@@ -26,7 +26,7 @@ Keep `ImageBuildProvider` importable here under this name, with no import-time s
 pickle it by reference to this module.
 """
 
-from components.image_build.errors import ImageBuildError
+from components.image_build.errors import FactsError, ImageBuildError
 from components.image_build.execute import (
     BUILD_TIMEOUT_S,
     build,
@@ -36,7 +36,6 @@ from components.image_build.execute import (
 )
 from components.image_build.facts import (
     BuildLog,
-    FactsError,
     HeadImage,
     parse_build_log,
     parse_head_image,

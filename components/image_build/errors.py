@@ -1,9 +1,13 @@
-"""What can go wrong with an ImageBuild, as an exception type."""
+"""What can go wrong with an ImageBuild, as exception types (the package's only ones)."""
 
 from __future__ import annotations
 
 from components.errors import Qwen35Error
 from components.remote import stderr_tail
+
+
+class FactsError(ValueError):
+    """The head answered something this program cannot read."""
 
 
 class ImageBuildError(Qwen35Error, RuntimeError):

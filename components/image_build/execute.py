@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from components.image_build import programs
-from components.image_build.errors import ImageBuildError
+from components.image_build.errors import FactsError, ImageBuildError
 from components.image_build.facts import (
-    FactsError,
     HeadImage,
     parse_build_log,
     parse_head_image,

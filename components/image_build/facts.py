@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from components.image_build.errors import FactsError
 from components.remote import Result
 
 IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -27,10 +28,6 @@ _PROOF_FAILED = re.compile(r"\b([a-z-]+ proof|graft) failed \(exit (\d+)\)")
 def plain(line: str) -> str:
     """A build output line without terminal colour codes (for the operator's display and parsing)."""
     return _ANSI.sub("", line)
-
-
-class FactsError(ValueError):
-    """The head answered something this program cannot read."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ Files, by job:
     plan.py      the pure decisions: validate, which steps run, plan_change -> Change, the memory
                  fit, the pin, a refusal -> message and next step
     execute.py   ensure: create carried out over the SSH transport (the only I/O)
-    errors.py    ModelSupportError, ServeArgsError
+    errors.py    ModelSupportError, MemoryFitError, ServeArgsError
     provider.py  ModelSupportCheckProvider (check/diff/update/read: no I/O)
     resource.py  the ModelSupportCheck resource (type qwen35:ModelSupportCheck)
     memory_fit.py, serve_args.py  the memory-fit preflight and the argument proof's pieces
@@ -45,7 +45,7 @@ Keep `ModelSupportCheckProvider` importable here under this name, with no import
 stacks pickle it by reference to this module.
 """
 
-from components.model_support.errors import ModelSupportError, ServeArgsError
+from components.model_support.errors import MemoryFitError, ModelSupportError, ServeArgsError
 from components.model_support.execute import (
     FACTS_TIMEOUT_S,
     TRANSPORT_SLACK_S,
@@ -140,6 +140,7 @@ __all__ = [
     "STAGE_HINTS",
     "TRANSPORT_SLACK_S",
     "Change",
+    "MemoryFitError",
     "ModelSupportCheck",
     "ModelSupportCheckProvider",
     "ModelSupportError",

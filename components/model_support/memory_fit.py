@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.config import GB10_MEMORY_GB
-from components.errors import Qwen35Error
+from components.model_support.errors import MemoryFitError
 
 GB = 10**9
 OS_RESERVE_GB = 8.0
@@ -38,10 +38,6 @@ MIN_KV_CACHE_GB = 2.0
 
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-
-
-class MemoryFitError(Qwen35Error, ValueError):
-    """The model does not fit the declared nodes; the message carries the numbers."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ import pytest
 import lab
 from components import model_support
 from components.model_support import ModelSupportCheckProvider, ModelSupportError, execute
-from components.model_support.memory_fit import GB, MemoryFitError
+from components.model_support.errors import MemoryFitError
+from components.model_support.memory_fit import GB
 from lab.images import DEBIAN_TAG
 from lab.ray_image import ray_image
 from tests.support.declared import plain

@@ -14,8 +14,7 @@ from components.checkpoint.errors import CheckpointError
 from components.config import ConfigError
 from components.errors import PROVIDER_PROCESS, ExplainedErrors, Qwen35Error
 from components.image_ref import ImageRefError
-from components.model_support.errors import ModelSupportError, ServeArgsError
-from components.model_support.memory_fit import MemoryFitError
+from components.model_support.errors import MemoryFitError, ModelSupportError, ServeArgsError
 from components.node_image.errors import ExportFailed, NodeImageError
 from components.nodes import NodeDictError
 from components.readiness_gate import GateFailed

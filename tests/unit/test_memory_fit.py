@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from components.model_support.errors import MemoryFitError
 from components.model_support.memory_fit import (
     GB,
     MIN_KV_CACHE_GB,
     RUNTIME_RESERVE_GB,
-    MemoryFitError,
     ModelShape,
     NodeMemory,
     ServeMemory,

@@ -27,7 +27,8 @@ from components.model_support import (
     proof_payload,
     proof_source,
 )
-from components.model_support.memory_fit import GB, MemoryFitError
+from components.model_support.errors import MemoryFitError
+from components.model_support.memory_fit import GB
 from components.remote import LocalTransport, Result
 
 IMAGE_ID = "sha256:" + "ab" * 32
