@@ -26,7 +26,6 @@ USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 HCA = re.compile(r"^[A-Za-z0-9_.-]{1,64}(:[0-9]{1,2})?$")
 ABS_PATH = re.compile(r"^(/|~/)[A-Za-z0-9_./@+-]*$")
 
-
 Port = Annotated[int, Field(ge=1, le=65535)]
 # A node's Docker image store: the one definition (NodeImage, the copy tree and config use it).
 ImageStore = Literal["classic", "containerd"]
@@ -34,6 +33,8 @@ IMAGE_STORES: tuple[str, ...] = get_args(ImageStore)
 
 
 class _Model(BaseModel):
+    """Every section's base: an unknown key is refused, values are frozen, strings stripped."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
 
@@ -80,6 +81,8 @@ def _check_hcas(value: list[str] | None) -> list[str] | None:
 
 
 class _CrossFieldErrors(ValueError):
+    """Several `(path, message)` problems from one validator; loading lists each on its own line."""
+
     def __init__(self, problems: list[tuple[str, str]]):
         self.problems = problems
         super().__init__("; ".join(f"{p}: {m}" for p, m in problems))

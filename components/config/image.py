@@ -13,6 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from components.config.fields import _check_path, _check_ref, _CrossFieldErrors, _Model
 from components.image_ref import ImageRef, parse_image_ref
 
+# What reaches the image build (tags, pip specs and args): strict patterns, checked before it runs.
 IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 PIP_SPEC = re.compile(
     r"^(==|>=|<=|~=|!=|>|<)?\s*[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.post[0-9]+|\.dev[0-9]+)?$"

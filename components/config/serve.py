@@ -13,8 +13,6 @@ MODEL_ID = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$|^/[A-Za-z0-9_./-]+$
 SERVED_NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
 # Flags whose values are secrets: they come from Pulumi secrets, never from plain extra args.
 SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--token"})
-
-
 # One argv element of `serve.extra_args`: anything but what would end or split it. The server's
 # command is an argument list (Docker's exec form), never shell text, so JSON is fine here.
 ARGV_FORBIDDEN = ("\x00", "\n", "\r")
