@@ -13,7 +13,7 @@ from components.nodes import NODE_KEYS
 from components.transfer import Endpoint, EndpointError, Tuning, TuningError, tuning_from
 
 STORES = IMAGE_STORES
-# image.keep_previous's default (components/config.py).
+# image.keep_previous's default (components/config/image.py).
 DEFAULT_KEEP_PREVIOUS = 1
 
 

@@ -1,4 +1,4 @@
-"""`qwen35-spark:health` and the per-node health keys (components/config.py HealthConfig)."""
+"""`qwen35-spark:health` and the per-node health keys (components/config/health.py HealthConfig)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,84 @@
+"""The `health` section: the watchdog on the head and its agents on the other nodes."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from components.config.fields import _check_host, _CrossFieldErrors, _Model
+
+
+class HealthMode(str, Enum):
+    """What the health watchdog (components/health) does once `up` has finished: recover the server,
+    only report what it would do, or not run."""
+
+    # Probe the server; recover a hung or crashed one in steps, memory-checked, within the budget.
+    ENFORCE = "enforce"
+    # Probe and record what it would do; never act.
+    REPORT = "report"
+    # No watchdog, no agents.
+    OFF = "off"
+
+
+class HealthConfig(_Model):
+    """The watchdog on the head and its agents on the other nodes (docs/health.md)."""
+
+    mode: HealthMode = HealthMode.ENFORCE
+    # Seconds between /health probes, and a probe's deadline.
+    interval_s: float = Field(default=10, gt=0, le=3600)
+    deadline_s: float = Field(default=5, gt=0, le=600)
+    # Every Nth probe is also a one-token chat completion, with its own deadline.
+    completion_every: int = Field(default=6, ge=1, le=10_000)
+    completion_deadline_s: float = Field(default=60, gt=0, le=3600)
+    # Consecutive failed probes before a recovery.
+    failures: int = Field(default=3, ge=1, le=1000)
+    # No verdict before the server was first ready or this long since the containers started (a
+    # first boot can spend tens of minutes in JIT tuning).
+    startup_s: float = Field(default=3600, ge=0)
+    # After a restart, how long to wait for ready before the next step.
+    ready_s: float = Field(default=1800, gt=0)
+    # How long MemAvailable may take to reach the memory fit's need before a restart.
+    memory_wait_s: float = Field(default=300, ge=0)
+    # At most this many restarts per window; then everything is stopped for an operator.
+    max_restarts: int = Field(default=3, ge=0, le=1000)
+    window_s: float = Field(default=3600, gt=0)
+    # The watchdog's /metrics and /state, on metrics_host (default: the head's fabric address).
+    port: int = Field(default=29592, ge=1024, le=65535)
+    metrics_host: str | None = None
+    # Each agent listens on its node's fabric address and this port.
+    agent_port: int = Field(default=29593, ge=1024, le=65535)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode_off(cls, v: Any) -> Any:
+        # YAML 1.1 (Pulumi's stack files) reads an unquoted `off` as false.
+        return "off" if v is False else v
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        return None if v is None else _check_host(v)
+
+    @model_validator(mode="after")
+    def _keys(self) -> HealthConfig:
+        problems = []
+        if self.mode is HealthMode.OFF:
+            problems += [
+                (f"health.{key}", "is not read with health.mode off (no watchdog runs): remove it, or set "
+                 "health.mode to enforce or report")
+                for key in sorted(self.model_fields_set - {"mode"})
+            ]  # fmt: skip
+        if self.deadline_s >= self.interval_s:
+            problems.append(
+                ("health.deadline_s", f"{self.deadline_s:g} s is not below health.interval_s "
+                 f"({self.interval_s:g} s): a probe must end before the next one; lower it")
+            )  # fmt: skip
+        if self.port == self.agent_port:
+            problems.append(
+                ("health.agent_port", f"{self.agent_port} is health.port too: choose another port")
+            )
+        if problems:
+            raise _CrossFieldErrors(problems)
+        return self
