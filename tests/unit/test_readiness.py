@@ -366,10 +366,10 @@ def test_gate_diff_of_unchanged_inputs_is_no_change():
     ],
 )
 def test_an_update_probes_again_only_when_what_it_probes_changed(change, probes):
-    from components.readiness_gate.plan import has_changes, probes_again
+    from components.readiness_gate.plan import plan_change, probes_again
 
-    news = {**GATE_INPUTS, **change}
-    assert has_changes(GATE_INPUTS, news) and probes_again(GATE_INPUTS, news) is probes
+    planned = plan_change(GATE_INPUTS, {**GATE_INPUTS, **change})
+    assert planned.changes and not planned.replaces and probes_again(planned) is probes
 
 
 @pytest.mark.parametrize(("deadline", "expected"), [(3600, 60), (20, 20), (None, 60), (0, 60)])
