@@ -503,3 +503,31 @@ def test_the_gate_gives_up_on_a_probe_past_its_timeout():
         run_relaying(
             "spark-1", [sys.executable, "-c", "import time; time.sleep(30)"], ["probe"], b"", 0.5, print
         )
+
+
+def test_ensure_returns_the_gates_outputs_and_observe_none_once_it_no_longer_answers(monkeypatch):
+    from components.readiness_gate import GateFailed, ensure, execute, observe
+
+    asked = []
+
+    def answering(props, deadline_s, previous=None):
+        asked.append((deadline_s, previous))
+        return {"completion_tokens": 2}
+
+    monkeypatch.setattr(execute, "_probe", answering)
+    props = {**PROPS, "deadline_s": 900}
+    assert ensure(props, previous={"image": "app:1"}) == {
+        **props,
+        "ready": True,
+        "report": {"completion_tokens": 2},
+    }
+    assert observe(props) == props
+    assert asked == [(900.0, {"image": "app:1"}), (60, None)]  # refresh waits at most a minute
+
+    def failing(props, deadline_s, previous=None):
+        raise GateFailed("spark-1", ["python3", "-"], 1, "not ready", "")
+
+    monkeypatch.setattr(execute, "_probe", failing)
+    assert observe(props) is None
+    with pytest.raises(GateFailed):
+        ensure(props)
