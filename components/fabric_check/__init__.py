@@ -10,10 +10,11 @@ outputs (mode report: the stack output `fabric`). read (pulumi refresh) reads th
 port gone DOWN, a changed MTU or a GID index that moved shows as drift; check and diff do no I/O.
 
 Files, by job:
-    facts.py     the facts program's report as frozen values (pure)
+    facts.py     the programs' reports parsed; the facts program's as frozen values (pure)
+    programs.py  the facts program's and the probe's argv, what their exit status means
     plan.py      the pure decisions: ports, GID index, MTU, problems, refusal, `plan_change`
-    programs.py  the facts program's argv and the parsing of its stdout
-    execute.py   the check carried out over SSH (the only I/O)
+    execute.py   the check carried out over SSH (the only I/O): ensure (create, update), observe
+                 (refresh)
     errors.py    FabricCheckError
     provider.py  FabricCheckProvider (check/diff: no I/O)
     resource.py  the FabricCheck resource (type qwen35:FabricCheck)
@@ -26,12 +27,22 @@ pickle it by reference to this module.
 from components.fabric_check.errors import FabricCheckError
 from components.fabric_check.execute import (
     FACTS_TIMEOUT_S,
+    ensure,
     facts_report,
     node_transport,
+    observe,
+    probe_head,
     read_facts,
-    run_check,
 )
-from components.fabric_check.facts import Gid, Netdev, NodeFacts, Port, ipv4_of_gid, parse_report
+from components.fabric_check.facts import (
+    Gid,
+    Netdev,
+    NodeFacts,
+    Port,
+    ipv4_of_gid,
+    parse_report,
+    parse_stdout,
+)
 from components.fabric_check.plan import (
     ENFORCE,
     INPUT_KEYS,
@@ -48,7 +59,7 @@ from components.fabric_check.plan import (
     settings,
     validate,
 )
-from components.fabric_check.programs import ADDRESSES_FILE, facts_argv, facts_spec, parse_stdout
+from components.fabric_check.programs import ADDRESSES_FILE, facts_argv, facts_spec
 from components.fabric_check.provider import FabricCheckProvider
 from components.fabric_check.resource import FabricCheck
 
@@ -72,17 +83,19 @@ __all__ = [
     "Settings",
     "check_id",
     "decide",
+    "ensure",
     "facts_argv",
     "facts_report",
     "facts_spec",
     "ipv4_of_gid",
     "node_transport",
+    "observe",
     "parse_report",
     "parse_stdout",
     "plan_change",
+    "probe_head",
     "read_facts",
     "refusal",
-    "run_check",
     "settings",
     "validate",
 ]

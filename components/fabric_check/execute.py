@@ -1,5 +1,6 @@
 """FabricCheck carried out over SSH: run the facts program on the node, parse, decide (`plan.py`).
-The only I/O of the package."""
+The only I/O of the package: `ensure` (create, update: the check, refused under enforce) and
+`observe` (refresh: the facts again, never refused); a check leaves nothing to release."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import pulumi
+
 from components.fabric_check.errors import FabricCheckError
-from components.fabric_check.facts import NodeFacts, parse_report
+from components.fabric_check.facts import NodeFacts, parse_report, parse_stdout
 from components.fabric_check.plan import Decision, Probe, decide, probe_verdict, refusal, settings, with_probe
 from components.fabric_check.programs import (
     EXIT_HINTS,
     PROBE_DEADLINE_S,
     PROBE_HINTS,
     facts_argv,
-    parse_stdout,
     probe_argv,
 )
 from components.nodes import NodeDictError, checked_target
@@ -63,7 +65,7 @@ def _probe_end(transport: Transport, argv: list[str], into: dict[str, Any], hint
     into["report"] = {**report, **({"hint": hint} if hint else {})}
 
 
-def run_probe(
+def probe_head(
     props: Mapping[str, Any], transport: Transport | None = None, head: Transport | None = None
 ) -> Probe:
     """The worker's probe to the head: the listener on the head (in a thread), the sender here."""
@@ -80,13 +82,33 @@ def run_probe(
     return probe_verdict(settings(props), probe, listened.get("report"), sent.get("report"))
 
 
-def run_check(props: Mapping[str, Any], transport: Transport | None = None) -> Decision:
+def _checked(props: Mapping[str, Any], transport: Transport | None = None) -> Decision:
     """Read and decide, then (on a worker) probe the head; FabricCheckError when the fabric is
     refused (mode enforce)."""
     decision = decide(settings(props), read_facts(props, transport))
     if props.get("probe") and not decision.problems:
-        decision = with_probe(decision, run_probe(props, transport))
+        decision = with_probe(decision, probe_head(props, transport))
     message = refusal(settings(props), decision)
     if message:
         raise FabricCheckError(message)
     return decision
+
+
+def ensure(props: Mapping[str, Any], transport: Transport | None = None) -> dict[str, Any]:
+    """Check the node's fabric (`_checked`), tell the operator what it found, and return the check's
+    outputs (the inputs and the decision's); FabricCheckError when refused (mode enforce)."""
+    decision = _checked(props, transport)
+    if decision.problems:  # mode report: recorded, and `up` goes on
+        pulumi.log.warn("\n".join(decision.problems) + "\n  (fabric.check: report: continuing)")
+    if decision.warnings:  # a slow link (below fabric.min_gbps) warns under either mode
+        pulumi.log.warn("\n".join(decision.warnings))
+    if decision.throughput:
+        pulumi.log.info(f"fabric probe: {decision.throughput['line']}")
+    return {**props, **decision.outputs()}
+
+
+def observe(props: Mapping[str, Any], transport: Transport | None = None) -> dict[str, Any]:
+    """The check's outputs as the node shows them now (a port gone DOWN, a new MTU, a GID index that
+    moved), never refused: the next `up` does (plan_change). No probe runs."""
+    decision = decide(settings(props), read_facts(props, transport))
+    return {**props, **decision.outputs()}

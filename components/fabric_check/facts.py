@@ -1,12 +1,14 @@
 """A node's fabric as `node_programs/fabric_facts.py` reports it, as frozen values (pure: no I/O).
 
-`parse_report` turns the program's JSON report into `NodeFacts`; the decisions on these facts are in
+`parse_stdout` finds a program's JSON report in its stdout (the facts program's and the probe's);
+`parse_report` turns the facts program's report into `NodeFacts`; the decisions on these facts are in
 `plan.py`.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +139,18 @@ def _ports(device: Mapping[str, Any]) -> list[Port]:
         )
         for port in device.get("ports") or ()
     ]
+
+
+def parse_stdout(stdout: str) -> dict[str, Any] | None:
+    """The report: the last stdout line that is a JSON object, None when there is none."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
 
 
 def parse_report(node: str, report: Mapping[str, Any]) -> NodeFacts:

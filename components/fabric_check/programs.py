@@ -1,7 +1,9 @@
-"""The facts program (`components/node_programs/fabric_facts.py`) as a node runs it, and its report.
+"""The facts program (`components/node_programs/fabric_facts.py`) and the probe
+(`components/node_programs/fabric_probe.py`) as a node runs them: their argv, and what their exit
+status means.
 
-It travels in its command line (`program_argv`: `python3 -I -S -c …`); its one JSON report comes
-back on stdout. Building these touches no node.
+Each travels in its command line (`program_argv`: `python3 -I -S -c …`); its one JSON report comes
+back on stdout (parsed in `facts.py`). Building these touches no node.
 """
 
 from __future__ import annotations
@@ -37,18 +39,6 @@ def facts_spec(props: Mapping[str, Any]) -> dict[str, Any]:
 def facts_argv(props: Mapping[str, Any], python: str = "python3") -> list[str]:
     """The command run on the node."""
     return program_argv("fabric_facts", [json.dumps(facts_spec(props), sort_keys=True)], python)
-
-
-def parse_stdout(stdout: str) -> dict[str, Any] | None:
-    """The report: the last stdout line that is a JSON object, None when there is none."""
-    for line in reversed(stdout.strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
 
 
 # The probe's bounds: at most 1 GiB or 3 s of sending; the listener gives up after PROBE_DEADLINE_S.

@@ -1,5 +1,6 @@
 """The FabricCheck dynamic provider: create, update and read run the facts program on the node
-(`execute`); check and diff never touch it (`plan` decides from inputs and recorded outputs).
+(`execute.ensure`, `execute.observe`); check and diff never touch it (`plan` decides from inputs
+and recorded outputs).
 
 Keep `FabricCheckProvider` importable as `components.fabric_check.FabricCheckProvider`, with no
 import-time side effects: stacks pickle it by reference to that path.
@@ -9,12 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pulumi
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.fabric_check.execute import read_facts, run_check
-from components.fabric_check.plan import check_id, decide, plan_change, settings, validate
+from components.fabric_check.execute import ensure, observe
+from components.fabric_check.plan import check_id, plan_change, validate
 
 
 class FabricCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
@@ -29,32 +29,20 @@ class FabricCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
-        return dynamic.CreateResult(id_=check_id(props), outs=self._checked(props))
+        return dynamic.CreateResult(id_=check_id(props), outs=ensure(props))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         change = plan_change(olds, news)
         return dynamic.DiffResult(changes=change.changes, replaces=list(change.replaces))
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        return dynamic.UpdateResult(outs=self._checked(news))
+        return dynamic.UpdateResult(outs=ensure(news))
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         # Refresh records what the node shows now (a port gone DOWN, a new MTU, a GID index that
         # moved) as changed outputs; it never refuses: the next `up` does (plan_change).
-        decision = decide(settings(props), read_facts(props))
-        return dynamic.ReadResult(id_=id_, outs={**props, **decision.outputs()})
+        return dynamic.ReadResult(id_=id_, outs=observe(props))
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         # A check leaves nothing on the node.
         return None
-
-    @staticmethod
-    def _checked(props: dict[str, Any]) -> dict[str, Any]:
-        decision = run_check(props)
-        if decision.problems:  # mode report: recorded, and `up` goes on
-            pulumi.log.warn("\n".join(decision.problems) + "\n  (fabric.check: report: continuing)")
-        if decision.warnings:  # a slow link (below fabric.min_gbps) warns under either mode
-            pulumi.log.warn("\n".join(decision.warnings))
-        if decision.throughput:
-            pulumi.log.info(f"fabric probe: {decision.throughput['line']}")
-        return {**props, **decision.outputs()}

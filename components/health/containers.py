@@ -1,4 +1,4 @@
-"""The watchdog's and the agents' containers and their config, as pure values (issue 33).
+"""The watchdog's and the agents' containers and their config, as pure values.
 
 `health_config` is the JSON every health program reads (QWEN35_HEALTH_CONFIG): no secret in it.
 `watchdog_container_spec` and `agent_container_spec` are `ContainerSpec`s the deployment declares.

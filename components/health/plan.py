@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from components.health.errors import SecretMissing
 from components.provider_kit.change import Change
 
 # Inputs recorded in place: which stack the secret belongs to (for the state's reader).
@@ -47,7 +48,7 @@ def is_secret(value: Any) -> bool:
 def kept_outputs(olds: Mapping[str, Any], news: Mapping[str, Any]) -> dict[str, Any]:
     """An update's outputs: the new inputs, the recorded secret."""
     if not is_secret(olds.get(SECRET_KEY)):
-        raise ValueError(
+        raise SecretMissing(
             "HealthSecret: the recorded state holds no secret; `pulumi state delete` this resource "
             "and run `pulumi up` (the watchdog and agents are replaced with the new one)"
         )

@@ -1,15 +1,15 @@
-"""The HealthSecret dynamic provider: create draws the secret; nothing else ever changes it, and no
-method touches a node."""
+"""The HealthSecret dynamic provider: create draws the secret (`execute.ensure`); nothing else ever
+changes it (`plan`), and no method touches a node."""
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.health.plan import SECRET_BYTES, SECRET_KEY, UPDATE_KEYS, kept_outputs, plan_change, validate
+from components.health.execute import ensure
+from components.health.plan import kept_outputs, plan_change, validate
 
 
 class HealthSecretProvider(ExplainedErrors, dynamic.ResourceProvider):
@@ -32,9 +32,8 @@ class HealthSecretProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.DiffResult(changes=change.changes, replaces=[], delete_before_replace=False)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
-        outs = {**{k: props.get(k) for k in UPDATE_KEYS}, SECRET_KEY: secrets.token_hex(SECRET_BYTES)}
         # The ID names the stack, never the secret.
-        return dynamic.CreateResult(id_=f"{props.get('owner')}/health-secret", outs=outs)
+        return dynamic.CreateResult(id_=f"{props.get('owner')}/health-secret", outs=ensure(props))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         return dynamic.UpdateResult(outs=kept_outputs(olds, news))

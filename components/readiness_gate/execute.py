@@ -1,4 +1,6 @@
-"""The probe carried out: shipped to the head over SSH, its progress relayed, its report returned."""
+"""The probe carried out: shipped to the head over SSH, its progress relayed, its report returned.
+The only I/O of the package: `ensure` (create, update) and `observe` (refresh); a gate's delete
+leaves nothing on the node, so there is no release."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from components.node_programs.readiness import PROGRESS_PREFIX
 from components.nodes import checked_target
 from components.provider_kit.progress import tell_operator
 from components.readiness_gate.errors import GateFailed
-from components.readiness_gate.plan import failure_hint
-from components.readiness_gate.programs import EXIT_HINTS, parse_report, probe_argv, probe_program
-from components.remote import Result, require_ssh, ssh_argv
+from components.readiness_gate.facts import parse_report
+from components.readiness_gate.plan import failure_hint, refresh_deadline
+from components.readiness_gate.programs import EXIT_HINTS, probe_argv, probe_program
+from components.remote import RemoteError, Result, require_ssh, ssh_argv
 from components.remote import run_relaying as relay_lines
 
 # Extra seconds beyond the probe's own deadline: SSH, plus the probe's last round of docker
@@ -37,7 +40,7 @@ def run_relaying(
     return relay_lines(node, local_argv, argv, stdin, timeout, progress_only)
 
 
-def run_probe(
+def _probe(
     props: Mapping[str, Any], deadline_s: float, previous: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Run the probe on the head; its report on success, RemoteError (with the log tail) if not.
@@ -61,3 +64,20 @@ def run_probe(
     # The probe's own message (stage, last error, 30 log lines) is the useful part: keep all of it.
     hint = failure_hint(EXIT_HINTS.get(result.returncode, ""), previous, props.get("deployed"))
     raise GateFailed(props["node"]["name"], argv, result.returncode, result.stderr, hint)
+
+
+def ensure(props: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Wait (up to `deadline_s`) until the server answers; the gate's outputs (the inputs, `ready`,
+    the probe's `report`), or GateFailed. `previous`: what the gate last passed with (`deployed`)."""
+    report = _probe(props, float(props["deadline_s"]), previous)
+    return {**props, "ready": True, "report": report}
+
+
+def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Probe once more (refresh: at most REFRESH_DEADLINE_S); the recorded outputs while the server
+    answers, None when it no longer does."""
+    try:
+        _probe(props, refresh_deadline(props))
+    except (RemoteError, ValueError):
+        return None
+    return dict(props)

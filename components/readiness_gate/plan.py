@@ -1,4 +1,5 @@
-"""The gate's pure decisions: whether a change probes again, and how to go back after a failure.
+"""The gate's pure decisions: what a change is (`plan_change`), whether it probes again, and how to go
+back after a failure.
 
 No I/O here: diff() uses these, and the tests are tables.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from components.provider_kit.change import Change
 
 # How long `pulumi refresh` waits for a server that answered before.
 REFRESH_DEADLINE_S = 60
@@ -29,18 +32,15 @@ PROBE_KEYS = (
 UPDATE_KEYS = (*PROBE_KEYS, "api_key", "deadline_s", "node", "deployed")
 
 
-def _changed(olds: Mapping[str, Any], news: Mapping[str, Any], keys: tuple[str, ...]) -> bool:
-    return any(olds.get(key) != news.get(key) for key in keys)
+def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
+    """From recorded state and new inputs, no I/O: an update for any changed input, never a
+    replacement (in place, the update still sees what the gate last passed with)."""
+    return Change(replaces=(), updates=tuple(key for key in UPDATE_KEYS if olds.get(key) != news.get(key)))
 
 
-def has_changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
-    """Whether diff reports a change (always in place: the update still sees what last passed)."""
-    return _changed(olds, news, UPDATE_KEYS)
-
-
-def probes_again(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+def probes_again(change: Change) -> bool:
     """Whether an update runs the probe again (what it probes changed), or only records the inputs."""
-    return _changed(olds, news, PROBE_KEYS)
+    return any(key in PROBE_KEYS for key in change.updates)
 
 
 def refresh_deadline(props: Mapping[str, Any]) -> float:

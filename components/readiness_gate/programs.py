@@ -1,4 +1,5 @@
-"""The probe program (`components/node_programs/readiness.py`) as the head runs it, and its report.
+"""The probe program (`components/node_programs/readiness.py`) as the head runs it: its argv, its
+source and what its exit status means (its report is parsed in `facts.py`).
 
 It arrives on stdin (`python3 -`), with the API key set by a line prepended to it: the key never
 appears in a command line.
@@ -6,7 +7,6 @@ appears in a command line.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,8 +47,3 @@ def probe_program(api_key: str | None) -> bytes:
     if api_key:
         prelude = f"import os\nos.environ[{API_KEY_ENV!r}] = {api_key!r}\n"
     return (prelude + program_text("readiness")).encode()
-
-
-def parse_report(stdout: str) -> dict[str, Any]:
-    """The probe's report on success: the last line of its stdout (a JSON object)."""
-    return json.loads(stdout.strip().splitlines()[-1])

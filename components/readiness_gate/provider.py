@@ -1,5 +1,6 @@
-"""The ReadinessGate dynamic provider: create/update/read run the probe (`execute`); diff never
-touches a node (`plan` compares inputs with recorded state)."""
+"""The ReadinessGate dynamic provider: create/update/read run the probe (`execute.ensure`,
+`execute.observe`); diff never touches a node (`plan.plan_change` compares inputs with recorded
+state)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.readiness_gate.execute import run_probe
-from components.readiness_gate.plan import has_changes, probes_again, refresh_deadline
-from components.remote import RemoteError
+from components.readiness_gate.execute import ensure, observe
+from components.readiness_gate.plan import plan_change, probes_again
 
 
 class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
@@ -21,26 +21,22 @@ class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
     __module__ = "components.readiness_gate"
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
-        report = run_probe(props, float(props["deadline_s"]))
-        outs = {**props, "ready": True, "report": report}
+        outs = ensure(props)
         return dynamic.CreateResult(id_=f"{props['node']['name']}-{props['server_id']}"[:120], outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         # In place (update), so the probe still knows what the gate last passed with (olds) and a
         # failure can say how to go back.
-        return dynamic.DiffResult(changes=has_changes(olds, news), replaces=[])
+        return dynamic.DiffResult(changes=plan_change(olds, news).changes, replaces=[])
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        if not probes_again(olds, news):
+        if not probes_again(plan_change(olds, news)):
             return dynamic.UpdateResult(outs={**olds, **news})
         # A failed probe leaves the state as it was: `deployed` stays what last served.
-        report = run_probe(news, float(news["deadline_s"]), previous=olds.get("deployed"))
-        return dynamic.UpdateResult(outs={**news, "ready": True, "report": report})
+        return dynamic.UpdateResult(outs=ensure(news, previous=olds.get("deployed")))
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        try:
-            run_probe(props, refresh_deadline(props))
-        except (RemoteError, ValueError):
+        if observe(props) is None:
             # Not serving any more: report the gate gone, so refresh shows it and `up` probes again.
             return dynamic.ReadResult(id_="", outs={})
         return dynamic.ReadResult(id_=id_, outs=props)

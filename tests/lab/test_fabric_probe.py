@@ -13,8 +13,7 @@ import socket
 import pytest
 
 import lab
-from components.fabric_check import FabricCheckError, run_check
-from components.fabric_check.execute import run_probe
+from components.fabric_check import FabricCheckError, ensure, probe_head
 from tests.lab.test_fabric_check import props, spark, write_on_node
 
 pytestmark = pytest.mark.lab
@@ -46,7 +45,7 @@ def worker_props(worker: lab.LabNode, root: str, head_probe: dict) -> dict:
 
 
 def test_the_figure_from_node_b_to_node_a_and_a_slow_link_warns(node_a, node_b):
-    verdict = run_probe(
+    verdict = probe_head(
         worker_props(node_b, "/unused", probe(node_a, node_a.host, free_port(node_a.host), 1e6))
     )
     assert verdict.line.startswith("node-b → node-a ") and verdict.line.endswith(" GB/s over lo"), verdict
@@ -61,7 +60,7 @@ def test_a_head_fabric_ip_nothing_listens_on_refuses_the_worker(node_a, node_b, 
     write_on_node(node_b, worker_tree, spark())
     head_probe = probe(node_a, WRONG_IP, 29590)
     with pytest.raises(FabricCheckError) as raised:
-        run_check(worker_props(node_b, worker_tree, head_probe) | {"socket_ifname": "enp1s0f0np0"})
+        ensure(worker_props(node_b, worker_tree, head_probe) | {"socket_ifname": "enp1s0f0np0"})
     text = str(raised.value)
     assert f"node-b: cannot reach node-a's fabric address {WRONG_IP}:29590" in text
     assert "the head does not hold that address: correct nodes[].fabric_ip" in text

@@ -19,7 +19,7 @@ import pytest
 import lab
 from components.node_image import NodeImage
 from components.nodes import node_access
-from components.readiness_gate import run_probe
+from components.readiness_gate import ensure
 from components.remote import SshTransport, shell_join
 from lab.layout import data_dir, door_port, node_paths
 from lab.netns import in_netns
@@ -127,7 +127,7 @@ def test_the_readiness_probe_reaches_node_e_through_the_jump(node_e):
     server.start()
     try:
         props = probe_props(node_dict(node_e), server, api_key=API_KEY)
-        report = run_probe(props, 20)
+        report = ensure(props)["report"]  # probe_props: a 20 s deadline
     finally:
         server.shutdown()
         server.server_close()

@@ -12,7 +12,7 @@ import pytest
 
 import lab
 from components.node_programs.readiness import EXIT_REJECTED, EXIT_TIMEOUT, LOG_TAIL_LINES
-from components.readiness_gate import GateFailed, ReadinessGateProvider, run_probe
+from components.readiness_gate import GateFailed, ReadinessGateProvider, ensure
 from tests.support.node_image_lab import node_dict
 from tests.support.standin_openai import StandinServer, probe_props
 
@@ -53,7 +53,7 @@ def props(node, server, log_container: str | None = None, api_key: str | None = 
 
 
 def test_healthy_server_passes_on_the_node(node_a, server):
-    report = run_probe(props(node_a, server), 20)
+    report = ensure(props(node_a, server))["report"]
     assert report["completion_tokens"] == 2 and report["model"] == MODEL
     assert server.requests == ["GET /health", "GET /v1/models", "POST /v1/chat/completions"]
 
@@ -73,7 +73,7 @@ def test_gate_create_and_read(node_a, server):
 def test_unhealthy_server_times_out_naming_the_stage(node_a, server, server_log):
     server.mode = "unhealthy"
     with pytest.raises(GateFailed) as caught:
-        run_probe(props(node_a, server, server_log), 3)
+        ensure({**props(node_a, server, server_log), "deadline_s": 3})
     message = str(caught.value)
     assert caught.value.returncode == EXIT_TIMEOUT
     assert "stuck at stage 'health'" in message and "/health answered 500" in message
@@ -82,7 +82,7 @@ def test_unhealthy_server_times_out_naming_the_stage(node_a, server, server_log)
 def test_never_ready_times_out_with_the_log_tail(node_a, server, server_log):
     server.mode = "loading"
     with pytest.raises(GateFailed) as caught:
-        run_probe(props(node_a, server, server_log), 3)
+        ensure({**props(node_a, server, server_log), "deadline_s": 3})
     message = str(caught.value)
     assert "not ready after 3 s" in message
     assert f"last {LOG_TAIL_LINES} lines of the server log" in message
@@ -93,7 +93,7 @@ def test_never_ready_times_out_with_the_log_tail(node_a, server, server_log):
 
 def test_wrong_key_is_rejected_at_once(node_a, server):
     with pytest.raises(GateFailed) as caught:
-        run_probe(props(node_a, server, api_key="sk-wrong"), 60)
+        ensure({**props(node_a, server, api_key="sk-wrong"), "deadline_s": 60})
     assert caught.value.returncode == EXIT_REJECTED
     assert "API key does not match" in str(caught.value)
 

@@ -9,7 +9,14 @@ import pulumi
 import pulumi.dynamic as dynamic
 import pytest
 
-from components.health import HealthSecret, HealthSecretProvider, is_secret, kept_outputs, plan_change
+from components.health import (
+    HealthSecret,
+    HealthSecretProvider,
+    SecretMissing,
+    is_secret,
+    kept_outputs,
+    plan_change,
+)
 from tests.support.program import registered_by
 from tests.support.provider_host import PROVIDER_KEY, CheckFailed, Engine, ProviderHost, reveal
 from tests.support.provider_host import is_secret as unsecret_marker
@@ -43,8 +50,10 @@ def test_an_update_keeps_the_recorded_secret_and_refuses_a_state_without_one():
         "prefix": "p",
         "secret": "ab" * 32,
     }
-    with pytest.raises(ValueError, match="state delete"):
+    with pytest.raises(SecretMissing, match="state delete") as raised:
         kept_outputs({"owner": "a", "secret": None}, {"owner": "b"})
+    # Still a ValueError, as it was before it had a type of its own.
+    assert isinstance(raised.value, ValueError)
 
 
 def test_create_draws_a_new_secret_each_time_and_diff_never_replaces():

@@ -366,10 +366,10 @@ def test_gate_diff_of_unchanged_inputs_is_no_change():
     ],
 )
 def test_an_update_probes_again_only_when_what_it_probes_changed(change, probes):
-    from components.readiness_gate.plan import has_changes, probes_again
+    from components.readiness_gate.plan import plan_change, probes_again
 
-    news = {**GATE_INPUTS, **change}
-    assert has_changes(GATE_INPUTS, news) and probes_again(GATE_INPUTS, news) is probes
+    planned = plan_change(GATE_INPUTS, {**GATE_INPUTS, **change})
+    assert planned.changes and not planned.replaces and probes_again(planned) is probes
 
 
 @pytest.mark.parametrize(("deadline", "expected"), [(3600, 60), (20, 20), (None, 60), (0, 60)])
@@ -503,3 +503,31 @@ def test_the_gate_gives_up_on_a_probe_past_its_timeout():
         run_relaying(
             "spark-1", [sys.executable, "-c", "import time; time.sleep(30)"], ["probe"], b"", 0.5, print
         )
+
+
+def test_ensure_returns_the_gates_outputs_and_observe_none_once_it_no_longer_answers(monkeypatch):
+    from components.readiness_gate import GateFailed, ensure, execute, observe
+
+    asked = []
+
+    def answering(props, deadline_s, previous=None):
+        asked.append((deadline_s, previous))
+        return {"completion_tokens": 2}
+
+    monkeypatch.setattr(execute, "_probe", answering)
+    props = {**PROPS, "deadline_s": 900}
+    assert ensure(props, previous={"image": "app:1"}) == {
+        **props,
+        "ready": True,
+        "report": {"completion_tokens": 2},
+    }
+    assert observe(props) == props
+    assert asked == [(900.0, {"image": "app:1"}), (60, None)]  # refresh waits at most a minute
+
+    def failing(props, deadline_s, previous=None):
+        raise GateFailed("spark-1", ["python3", "-"], 1, "not ready", "")
+
+    monkeypatch.setattr(execute, "_probe", failing)
+    assert observe(props) is None
+    with pytest.raises(GateFailed):
+        ensure(props)

@@ -161,3 +161,27 @@ def test_nothing_is_copied_before_every_nodes_claim(monkeypatch):
     claims = {"qwen35-claim-spark-1", "qwen35-claim-spark-2"}
     for name in ("qwen35-image-spark-1", "qwen35-image-spark-2", "qwen35-checkpoint-spark-1"):
         assert claims <= graph.deps[name], (name, graph.deps[name])
+
+
+@pytest.mark.parametrize(
+    ("answer", "held"),
+    [
+        ((0, {"held": True, "record": {"prefix": "qwen35"}}), True),
+        ((0, {"held": True, "record": {"prefix": "other"}}), False),  # another stack's prefix now
+        ((0, {"held": False}), False),
+        ((0, {}), False),
+    ],
+)
+def test_observe_and_ensure_read_the_programs_answer(monkeypatch, answer, held):
+    from components.stack_claim import ClaimRefused, ensure, execute, observe
+
+    props = {"owner": "p/one", "prefix": "qwen35", "ports": [[8000, 8000]], "node": {"name": "spark-1"}}
+    monkeypatch.setattr(execute, "_run", lambda _props, _mode: answer)
+    assert (observe(props) == props) is held
+    assert ensure(props) == props
+    clash = {"owner": "p/two", "clash": ["ports 8000"]}
+    monkeypatch.setattr(execute, "_run", lambda _props, _mode: (EXIT_CLAIMED, {"clashes": [clash]}))
+    with pytest.raises(ClaimRefused) as raised:
+        ensure(props)
+    assert str(raised.value).startswith("spark-1: stack p/one cannot deploy here")
+    assert "stack p/two: ports 8000" in str(raised.value)
