@@ -7,11 +7,11 @@ and the decisions on the reports are in `plan.py`.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from components.checkpoint.errors import CheckpointError
 from components.node_programs import hf_checkpoint
+from components.provider_kit.reports import last_json_object
 from components.remote import SSH_TRANSPORT_FAILURE, Result, stderr_tail
 
 # What a receive's exit status means (declared once, in the node program).
@@ -25,14 +25,7 @@ RECEIVE_EXITS = {
 
 def parse_report(text: str) -> dict[str, Any] | None:
     """The program's JSON report: the last line of its stdout that parses as an object."""
-    for line in reversed(text.strip().splitlines()):
-        try:
-            report = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(report, dict):
-            return report
-    return None
+    return last_json_object(text)
 
 
 def program_report(node: str, what: str, done: Result) -> tuple[int, dict[str, Any]]:

@@ -20,18 +20,15 @@ from components.fabric_check.programs import (
     facts_argv,
     probe_argv,
 )
-from components.nodes import NodeDictError, checked_target
-from components.remote import RemoteError, SshTransport, Transport
+from components.nodes import transport_to
+from components.remote import RemoteError, Transport
 
 FACTS_TIMEOUT_S = 60
 
 
 def node_transport(node: Mapping[str, Any]) -> Transport:
     """The SSH transport to the node of the `node` input."""
-    try:
-        return SshTransport(checked_target("FabricCheck node", node))
-    except NodeDictError as exc:
-        raise FabricCheckError(str(exc)) from None
+    return transport_to("FabricCheck node", node, FabricCheckError)
 
 
 def facts_report(props: Mapping[str, Any], transport: Transport | None = None) -> dict[str, Any]:

@@ -8,12 +8,12 @@
 from __future__ import annotations
 
 import ipaddress
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from components.fabric_check.errors import FabricCheckError
+from components.provider_kit.reports import last_json_object
 
 ROCE_V2 = "RoCE v2"
 
@@ -143,14 +143,7 @@ def _ports(device: Mapping[str, Any]) -> list[Port]:
 
 def parse_stdout(stdout: str) -> dict[str, Any] | None:
     """The report: the last stdout line that is a JSON object, None when there is none."""
-    for line in reversed(stdout.strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
+    return last_json_object(stdout)
 
 
 def parse_report(node: str, report: Mapping[str, Any]) -> NodeFacts:
