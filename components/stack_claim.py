@@ -29,7 +29,8 @@ from components.config import (
 )
 from components.errors import ExplainedErrors
 from components.node_programs import program_argv
-from components.node_programs.stack_claim import EXIT_CLAIMED, RECORDS
+from components.node_programs.stack_claim import RECORDS
+from components.node_programs.stack_claim import Exit as ClaimExit
 from components.nodes import checked_target
 from components.remote import RemoteError, SshTransport, with_retries
 
@@ -102,7 +103,7 @@ def run_claim(props: dict[str, Any], mode: str) -> tuple[int, dict[str, Any]]:
     argv = program_argv("stack_claim", [mode, json.dumps(spec, separators=(",", ":"))])
     transport = SshTransport(target)
     result = with_retries(lambda: transport.run(argv, timeout=SSH_TIMEOUT_S), deadline_s=20.0)
-    if result.returncode not in (0, EXIT_CLAIMED):
+    if result.returncode not in (ClaimExit.OK, ClaimExit.CLAIMED):
         result.check(f"check that {target.label} is reachable over SSH (`make status`)")
     lines = result.text.strip().splitlines()
     return result.returncode, json.loads(lines[-1]) if lines else {}
@@ -120,7 +121,7 @@ class StackClaimProvider(ExplainedErrors, dynamic.ResourceProvider):
 
     def _take(self, props: dict[str, Any]) -> None:
         code, report = run_claim(props, "take")
-        if code == EXIT_CLAIMED:
+        if code == ClaimExit.CLAIMED:
             name = props["node"]["name"]
             raise ClaimRefused(name, [], code, "", refusal(name, props["owner"], report.get("clashes") or []))
 

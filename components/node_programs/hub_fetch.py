@@ -25,12 +25,17 @@ import socket
 import sys
 import threading
 import time
+from enum import IntEnum
 
 from components.node_programs.wire import PROGRESS_MARKER
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_FETCH = 6
+
+class Exit(IntEnum):
+    OK = 0
+    BAD_INPUT = 2
+    FETCH = 6  # the Hub client failed: the report names the kind of failure
+
+
 TOKEN_SETTING = "qwen35-spark:hf_token"  # named in messages; the token itself never is
 # A stderr line every second while downloading: `PROGRESS_MARKER <bytes done> <bytes total>`. The
 # orchestrator relays it to the operator during `pulumi up`, and its silence is a stall.
@@ -268,10 +273,10 @@ def main(argv: list[str]) -> int:
         report = {"error": f"huggingface_hub is not importable by {sys.executable}: {exc}", "kind": "other"}
     except (IndexError, KeyError, TypeError, ValueError) as exc:
         print(json.dumps({"error": f"bad arguments: {exc!r}", "kind": "other"}))
-        return EXIT_BAD_INPUT
+        return Exit.BAD_INPUT
     text = scrub(json.dumps(report, sort_keys=True), token)
     print(text)
-    return EXIT_FETCH if "error" in report else EXIT_OK
+    return Exit.FETCH if "error" in report else Exit.OK
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from enum import IntEnum
 
 API_KEY_ENV = "QWEN35_API_KEY"
 LOG_TAIL_LINES = 30
@@ -34,8 +35,14 @@ REPORT_EVERY_S = 30.0
 PROGRESS_PREFIX = "waiting "
 # Where operations in flight leave their progress on the node (`status` reads the folder).
 PROGRESS_DIR = "~/.qwen35/progress"
-EXIT_TIMEOUT = 3
-EXIT_REJECTED = 4
+
+
+class Exit(IntEnum):
+    OK = 0
+    TIMEOUT = 3  # a stage never passed before the deadline (named on stderr)
+    REJECTED = 4  # the server refused the API key
+
+
 PROMPT = "Reply with the single word: ready"
 
 _NODE_LINE = re.compile(r"^\s*(\d+)\s+\S+")
@@ -452,11 +459,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ReadinessError as exc:
         print(str(exc), file=sys.stderr)
-        return EXIT_REJECTED if exc.rejected else EXIT_TIMEOUT
+        return Exit.REJECTED if exc.rejected else Exit.TIMEOUT
     finally:
         progress_file.remove()
     print(json.dumps(asdict(report)))
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.node_programs import program_text
-from components.node_programs.readiness import API_KEY_ENV, EXIT_REJECTED, EXIT_TIMEOUT
+from components.node_programs.readiness import API_KEY_ENV
+from components.node_programs.readiness import Exit as ProbeExit
 
 # What the probe's exit status tells the operator to do (declared once, in the node program).
 EXIT_HINTS = {
-    EXIT_TIMEOUT: "the server log tail is above; fix the cause, then `pulumi up` waits again",
-    EXIT_REJECTED: "set qwen35-spark:api_key to the server's key",
+    ProbeExit.TIMEOUT: "the server log tail is above; fix the cause, then `pulumi up` waits again",
+    ProbeExit.REJECTED: "set qwen35-spark:api_key to the server's key",
 }
 
 

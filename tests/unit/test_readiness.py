@@ -200,7 +200,7 @@ def test_cli_runs_against_the_standin(server, capsys, monkeypatch):
     assert '"completion_tokens": 2' in capsys.readouterr().out
     server.mode = "unhealthy"
     assert (
-        readiness.main([*argv[:-1], "0.2", "--no-ray-check", "--interval", "0.05"]) == readiness.EXIT_TIMEOUT
+        readiness.main([*argv[:-1], "0.2", "--no-ray-check", "--interval", "0.05"]) == readiness.Exit.TIMEOUT
     )
     assert "/health answered 500" in capsys.readouterr().err
 
