@@ -2,7 +2,7 @@
 
 create(), over SSH on the head:
 1. With a checkpoint declared: read the snapshot's size and layer count on the head
-   (`node_programs/checkpoint_facts.py`) and run the memory-fit preflight (`memory_fit.py`), so a
+   (`node_programs/model_facts.py`) and run the memory-fit preflight (`memory_fit.py`), so a
    model that cannot fit stops here, before any container starts.
 2. With a pinned reference (`…@sha256:`): the head's image must carry that repo digest.
 3. With `cluster` set (the deployment sets it for every strategy): the cluster layer
@@ -36,7 +36,7 @@ Files, by job:
     execute.py   run_check: create carried out over the SSH transport
     provider.py  ModelSupportCheckProvider (check/diff/update/read: no I/O)
     resource.py  the ModelSupportCheck resource (type qwen35:ModelSupportCheck)
-Code run on the head: components/node_programs/ (checkpoint_facts.py, proof_bootstrap.py) and, in the
+Code run on the head: components/node_programs/ (model_facts.py, proof_bootstrap.py) and, in the
 containers, patches/ (prove_model.py + proof_configs/, prove_cluster.py, prove_args.py).
 
 Keep `ModelSupportCheckProvider` importable here under this name, with no import-time side effects:

@@ -1,5 +1,5 @@
 """What the check reads on the head before any container starts: the checkpoint snapshot's facts
-(`node_programs/checkpoint_facts.py`: weight bytes and where that size came from, layer count,
+(`node_programs/model_facts.py`: weight bytes and where that size came from, layer count,
 config.json, MTP and vision tensor bytes) and the repo digests of the head's image (for a pinned
 reference). Reads, never changes; the parsers below are pure. The decisions on these facts
 (`check_fit`, `pin_mismatch`) are in `plan.py`.
@@ -20,8 +20,8 @@ FACTS_TIMEOUT_S = 120
 def checkpoint_facts(transport: SshTransport, snapshot_path: str) -> dict[str, Any]:
     """Size, source of that size and layer count of the snapshot, read on the head."""
     result = transport.run(
-        programs.checkpoint_facts_argv(snapshot_path),
-        stdin=programs.checkpoint_facts_source(),
+        programs.model_facts_argv(snapshot_path),
+        stdin=programs.model_facts_source(),
         timeout=FACTS_TIMEOUT_S,
     )
     return parse_checkpoint_facts(transport.name, snapshot_path, result)
@@ -33,7 +33,7 @@ def parse_checkpoint_facts(node: str, snapshot_path: str, result: Result) -> dic
     report = last_json_line(result.text) if result.ok else None
     if report is None:
         raise RemoteError(
-            node, programs.checkpoint_facts_argv(snapshot_path), result.returncode, result.stderr,
+            node, programs.model_facts_argv(snapshot_path), result.returncode, result.stderr,
             "the head needs python3 (it already runs the readiness probe and NodeImage's helpers)",
         )  # fmt: skip
     if report.get("error") or not report.get("weight_bytes"):

@@ -8,7 +8,7 @@ image needs nothing else):
 - the cluster proof, `patches/prove_cluster.py` (Ray beside vLLM, a one-node Ray cluster);
 - the argument proof, `patches/prove_args.py` (`serve_args.py`), the server's argv after
   `--`.
-The head's own reads: `node_programs/checkpoint_facts.py` and `docker image inspect`.
+The head's own reads: `node_programs/model_facts.py` and `docker image inspect`.
 
 Building these touches no node; `proof_payload` and the sources read this repository's files.
 """
@@ -148,13 +148,13 @@ def serve_args_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
 # ---- the head's own reads -------------------------------------------------------------------------------
 
 
-def checkpoint_facts_argv(snapshot_path: str) -> list[str]:
+def model_facts_argv(snapshot_path: str) -> list[str]:
     """The facts program (read on stdin by the head's python3) about one snapshot."""
     return ["python3", "-", snapshot_path]
 
 
-def checkpoint_facts_source() -> bytes:
-    return (NODE_PROGRAMS / "checkpoint_facts.py").read_bytes()
+def model_facts_source() -> bytes:
+    return (NODE_PROGRAMS / "model_facts.py").read_bytes()
 
 
 def repo_digests_argv(image_id: str) -> list[str]:
