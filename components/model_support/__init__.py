@@ -101,7 +101,6 @@ from components.model_support.plan import (
 from components.model_support.programs import (
     CLUSTER_PROGRAM,
     CONTAINER_REPO,
-    NODE_PROGRAMS,
     PATCH_DIR,
     PROOF_CONFIGS,
     PROOF_PROGRAM,
@@ -127,7 +126,6 @@ __all__ = [
     "HOST_PATH",
     "IMAGE_ID",
     "NATIVE_VLLM",
-    "NODE_PROGRAMS",
     "OUTPUT_KEYS",
     "PATCH_DIR",
     "PREBUILT",

@@ -1,7 +1,7 @@
 """The probe program (`components/node_programs/readiness.py`) as the head runs it, and its report.
 
-It arrives on stdin (`python3 -`), with the API key set by a line prepended to it: the key never
-appears in a command line.
+It arrives on stdin (`python3 -`, `program_stdin`), the API key set in its environment by its
+prelude: the key never appears in a command line.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from components.node_programs import program_text
+from components.node_programs import program_stdin, stdin_argv
 from components.node_programs.readiness import API_KEY_ENV
 from components.node_programs.readiness import Exit as ProbeExit
 
@@ -24,7 +24,6 @@ EXIT_HINTS = {
 def probe_argv(props: Mapping[str, Any], deadline_s: float) -> list[str]:
     """The command run on the head: the probe program arrives on stdin."""
     argv = [
-        "python3", "-",
         "--url", str(props["url"]),
         "--model", str(props["model"]),
         "--nodes", str(int(props["expect_nodes"])),
@@ -39,15 +38,12 @@ def probe_argv(props: Mapping[str, Any], deadline_s: float) -> list[str]:
         argv += ["--log-container", props["log_container"]]
     for name, ip in sorted((props.get("expect_node_ips") or {}).items()):
         argv += ["--expect-node", f"{name}={ip}"]
-    return argv
+    return stdin_argv(argv)
 
 
 def probe_program(api_key: str | None) -> bytes:
     """The probe's source, with the API key set in its environment (stdin, never argv)."""
-    prelude = ""
-    if api_key:
-        prelude = f"import os\nos.environ[{API_KEY_ENV!r}] = {api_key!r}\n"
-    return (prelude + program_text("readiness")).encode()
+    return program_stdin("readiness", environ={API_KEY_ENV: api_key} if api_key else None)
 
 
 def parse_report(stdout: str) -> dict[str, Any]:
