@@ -24,7 +24,7 @@ import re
 import sys
 from enum import IntEnum
 
-RECORDS = os.path.join("~", ".qwen35", "stacks")
+from components.node_programs.wire import STACK_RECORDS
 
 
 class Exit(IntEnum):
@@ -60,7 +60,7 @@ def clashes(mine: dict, others: list[dict]) -> list[dict]:
 
 @contextlib.contextmanager
 def records():
-    folder = os.path.expanduser(RECORDS)
+    folder = os.path.expanduser(STACK_RECORDS)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.node_programs import program_stdin, stdin_argv
-from components.node_programs.readiness import API_KEY_ENV
 from components.node_programs.readiness import Exit as ProbeExit
+from components.node_programs.wire import PROBE_API_KEY_ENV
 
 # What the probe's exit status tells the operator to do (declared once, in the node program).
 EXIT_HINTS = {
@@ -43,7 +43,7 @@ def probe_argv(props: Mapping[str, Any], deadline_s: float) -> list[str]:
 
 def probe_program(api_key: str | None) -> bytes:
     """The probe's source, with the API key set in its environment (stdin, never argv)."""
-    return program_stdin("readiness", environ={API_KEY_ENV: api_key} if api_key else None)
+    return program_stdin("readiness", environ={PROBE_API_KEY_ENV: api_key} if api_key else None)
 
 
 def parse_report(stdout: str) -> dict[str, Any]:
