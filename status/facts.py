@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from components.checkpoint.fan_out import PROGRESS_DIR, node_cache_dir
+from components.checkpoint.fan_out import node_cache_dir
 from components.config import (
     NAMESPACE,
     ConfigError,
@@ -31,6 +31,7 @@ from components.deployment import fabric_check_inputs, health_output, node_conta
 from components.fabric_check import facts_report
 from components.image_build.component import image_ref
 from components.node_programs import program_argv, readiness
+from components.node_programs.wire import PROBE_API_KEY_ENV, PROGRESS_DIR
 from components.nodes import node_access
 from components.ray_cluster import head_container_name
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTransport, stderr_tail
@@ -39,8 +40,8 @@ from components.vllm_server import vllm_container_name
 ROOT = Path(__file__).resolve().parent.parent
 # The node program travels in the command (`python3 -I -S -c …`); its request comes on stdin.
 NODE_PROGRAM_ARGV = program_argv("node_status", [])
-# The API key when the Pulumi CLI cannot give it (`pulumi config get --show-secrets`).
-API_KEY_ENV = readiness.API_KEY_ENV
+# The API key when the Pulumi CLI cannot give it (`pulumi config get --show-secrets`): the probe's name.
+API_KEY_ENV = PROBE_API_KEY_ENV
 # Beyond the SSH connect timeout: the node's own docker calls (each bounded on the node).
 NODE_COMMAND_S = 90.0
 HTTP_TIMEOUT_S = 10.0

@@ -16,10 +16,10 @@ from components.remote import SSH_TRANSPORT_FAILURE, Result, stderr_tail
 
 # What a receive's exit status means (declared once, in the node program).
 RECEIVE_EXITS = {
-    hf_checkpoint.EXIT_BAD_INPUT: "bad input to the receiving program",
-    hf_checkpoint.EXIT_STREAM: "the stream ended early or was malformed (the link was cut?)",
-    hf_checkpoint.EXIT_VERIFY: "a received file did not match its hash or size",
-    hf_checkpoint.EXIT_IO: "the destination's disk refused a write",
+    hf_checkpoint.Exit.BAD_INPUT: "bad input to the receiving program",
+    hf_checkpoint.Exit.STREAM: "the stream ended early or was malformed (the link was cut?)",
+    hf_checkpoint.Exit.VERIFY: "a received file did not match its hash or size",
+    hf_checkpoint.Exit.IO: "the destination's disk refused a write",
 }
 
 

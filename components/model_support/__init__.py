@@ -2,7 +2,7 @@
 
 create(), over SSH on the head:
 1. With a checkpoint declared: read the snapshot's size and layer count on the head
-   (`node_programs/checkpoint_facts.py`) and run the memory-fit preflight (`memory_fit.py`), so a
+   (`node_programs/model_facts.py`) and run the memory-fit preflight (`memory_fit.py`), so a
    model that cannot fit stops here, before any container starts.
 2. With a pinned reference (`…@sha256:`): the head's image must carry that repo digest.
 3. With `cluster` set (the deployment sets it for every strategy): the cluster layer
@@ -38,7 +38,7 @@ Files, by job:
     provider.py  ModelSupportCheckProvider (check/diff/update/read: no I/O)
     resource.py  the ModelSupportCheck resource (type qwen35:ModelSupportCheck)
     memory_fit.py, serve_args.py  the memory-fit preflight and the argument proof's pieces
-Code run on the head: components/node_programs/ (checkpoint_facts.py, proof_bootstrap.py) and, in the
+Code run on the head: components/node_programs/ (model_facts.py, proof_bootstrap.py) and, in the
 containers, patches/ (prove_model.py + proof_configs/, prove_cluster.py, prove_args.py).
 
 Keep `ModelSupportCheckProvider` importable here under this name, with no import-time side effects:
@@ -101,7 +101,6 @@ from components.model_support.plan import (
 from components.model_support.programs import (
     CLUSTER_PROGRAM,
     CONTAINER_REPO,
-    NODE_PROGRAMS,
     PATCH_DIR,
     PROOF_CONFIGS,
     PROOF_PROGRAM,
@@ -127,7 +126,6 @@ __all__ = [
     "HOST_PATH",
     "IMAGE_ID",
     "NATIVE_VLLM",
-    "NODE_PROGRAMS",
     "OUTPUT_KEYS",
     "PATCH_DIR",
     "PREBUILT",

@@ -61,8 +61,8 @@ FACTS_TIMEOUT_S = 120
 def checkpoint_facts(transport: SshTransport, snapshot_path: str) -> dict[str, Any]:
     """Size, source of that size and layer count of the snapshot, read on the head."""
     result = transport.run(
-        programs.checkpoint_facts_argv(snapshot_path),
-        stdin=programs.checkpoint_facts_source(),
+        programs.model_facts_argv(snapshot_path),
+        stdin=programs.model_facts_source(),
         timeout=FACTS_TIMEOUT_S,
     )
     return parse_checkpoint_facts(transport.name, snapshot_path, result)

@@ -1,5 +1,5 @@
 """What the check reads on the head, parsed into values: the checkpoint snapshot's facts
-(`node_programs/checkpoint_facts.py`: weight bytes and where that size came from, layer count,
+(`node_programs/model_facts.py`: weight bytes and where that size came from, layer count,
 config.json, MTP and vision tensor bytes), the repo digests of the head's image (for a pinned
 reference), and the proofs' reports. Pure: the commands are in `programs.py`, running them is
 `execute.py`'s, and the decisions on these facts (`check_fit`, `pin_mismatch`) are in `plan.py`.
@@ -23,7 +23,7 @@ def parse_checkpoint_facts(node: str, snapshot_path: str, result: Result) -> dic
     report = last_json_line(result.text) if result.ok else None
     if report is None:
         raise RemoteError(
-            node, programs.checkpoint_facts_argv(snapshot_path), result.returncode, result.stderr,
+            node, programs.model_facts_argv(snapshot_path), result.returncode, result.stderr,
             "the head needs python3 (it already runs the readiness probe and NodeImage's helpers)",
         )  # fmt: skip
     if report.get("error") or not report.get("weight_bytes"):

@@ -8,7 +8,7 @@ image needs nothing else):
 - the cluster proof, `patches/prove_cluster.py` (Ray beside vLLM, a one-node Ray cluster);
 - the argument proof, `patches/prove_args.py` (`serve_args.py`), the server's argv after
   `--`.
-The head's own reads: `node_programs/checkpoint_facts.py` and `docker image inspect`.
+The head's own reads: `node_programs/model_facts.py` and `docker image inspect`.
 
 Building these touches no node; `proof_payload` and the sources read this repository's files.
 """
@@ -24,10 +24,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from components.model_support.errors import ModelSupportError
-from components.model_support.serve_args import args_argv, args_source
+from components.model_support.serve_args import ARGS_PROGRAM, args_argv
+from components.node_programs import program_stdin, stdin_argv
 
 PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
-NODE_PROGRAMS = Path(__file__).resolve().parents[1] / "node_programs"
 PROOF_PROGRAM = "prove_model.py"
 PROOF_CONFIGS = "proof_configs"
 CLUSTER_PROGRAM = "prove_cluster.py"
@@ -65,21 +65,18 @@ def proof_payload(proof_dir: Path, program_name: str = PROOF_PROGRAM, configs: b
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def bootstrap() -> str:
-    """The bootstrap every proof's stdin ends with: it unpacks the payload and runs the program."""
-    return (NODE_PROGRAMS / "proof_bootstrap.py").read_text()
-
-
 def proof_source(payload: str, deadline_s: float, program: str | None = None) -> bytes:
-    """What `python3 -` reads in the container: the payload, the deadline, then the bootstrap
-    (`program`: which program of the payload it runs, prove_model.py when None)."""
-    chosen = f"PROGRAM_NAME = {program!r}\n" if program else ""
-    return f"PAYLOAD = {payload!r}\nDEADLINE_S = {float(deadline_s)!r}\n{chosen}{bootstrap()}".encode()
+    """What `python3 -` reads in the container: the bootstrap, after a prelude that sets the payload,
+    the deadline and `program` (which program of the payload it runs, prove_model.py when None)."""
+    chosen = {"PROGRAM_NAME": program} if program else {}
+    return program_stdin(
+        "proof_bootstrap", assign={"PAYLOAD": payload, "DEADLINE_S": float(deadline_s), **chosen}
+    )
 
 
 def serve_args_source(payload: str, deadline_s: float) -> bytes:
-    """The argument proof's stdin (serve_args.py packs it around the same bootstrap)."""
-    return args_source(payload, deadline_s, bootstrap())
+    """The argument proof's stdin: the same bootstrap, running prove_args.py."""
+    return proof_source(payload, deadline_s, ARGS_PROGRAM)
 
 
 # ---- the proofs' containers -----------------------------------------------------------------------------
@@ -148,13 +145,14 @@ def serve_args_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
 # ---- the head's own reads -------------------------------------------------------------------------------
 
 
-def checkpoint_facts_argv(snapshot_path: str) -> list[str]:
+def model_facts_argv(snapshot_path: str) -> list[str]:
     """The facts program (read on stdin by the head's python3) about one snapshot."""
-    return ["python3", "-", snapshot_path]
+    return stdin_argv([snapshot_path])
 
 
-def checkpoint_facts_source() -> bytes:
-    return (NODE_PROGRAMS / "checkpoint_facts.py").read_bytes()
+def model_facts_source() -> bytes:
+    """`node_programs/model_facts.py`, for the head's python3 to read on stdin."""
+    return program_stdin("model_facts")
 
 
 def repo_digests_argv(image_id: str) -> list[str]:

@@ -34,14 +34,6 @@ HINTS = {
 }
 
 
-def args_source(payload: str, deadline_s: float, bootstrap: str) -> bytes:
-    """What `python3 -` reads: the payload, the deadline, which program to run, then the bootstrap."""
-    return (
-        f"PAYLOAD = {payload!r}\nDEADLINE_S = {float(deadline_s)!r}\nPROGRAM_NAME = {ARGS_PROGRAM!r}\n"
-        f"{bootstrap}"
-    ).encode()
-
-
 def args_argv(proof_argv: list[str], serve_argv: list[str]) -> list[str]:
     """The model proof's `docker run … IMAGE - [--checkpoint X]`, with `-- <serve argv>` after it."""
     return [*proof_argv, "--", *serve_argv]

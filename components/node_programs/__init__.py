@@ -1,16 +1,22 @@
 """Code shipped to nodes and run THERE (a runtime of its own, apart from the Pulumi program and the
-provider process).
+provider process), and the one way it gets there.
 
 Every program here is one file, standard library only, that prints one JSON report on stdout
 (progress and human lines go to stderr; `tcp_dial`, ssh's dialer, prints none: its stdout is ssh's
-socket). It travels inside the command itself (`program_argv`): nothing is copied to the node, and
-`python3 -I -S` keeps whatever is installed there (PYTHON* variables, user or site packages) from
-changing it. The orchestrator imports the same files as
-modules to read their declared exit codes, so each is declared once; what both sides must agree on
-(markers, ssh's 255, the transfer's conversation, Docker's facts) is the library `wire`.
+socket). Nothing is copied to the node: a program travels with the command that runs it, in one of
+two ways, packed the same way (`program_source`: the program, the libraries it imports installed
+before it, after an optional prelude of assignments):
+- in argv (`program_argv`: `python3 -I -S -c <packed>`), where `-I -S` keeps whatever is installed on
+  the node (PYTHON* variables, user or site packages) from changing it;
+- on stdin (`program_stdin`, read by `python3 -` or an image's python3), the one way that takes
+  environment values for the prelude: what must never appear in a command line (an API key) goes
+  there.
+The orchestrator imports the same files as modules to read their declared exit codes (`Exit`), so
+each is declared once; what both sides must agree on (markers, folders, environment names, ssh's
+255, the transfer's conversation, Docker's facts) is the library `wire`.
 
 A program may import a library from this folder (`from components.node_programs import engine_api`,
-at the start of a line): `program_argv` ships the library's source with the program and installs it
+at the start of a line): the packing ships the library's source with the program and installs it
 under that same name before the program runs, so the import reads the same on a node as here.
 """
 
@@ -20,7 +26,7 @@ import base64
 import functools
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent
@@ -81,19 +87,80 @@ def libraries(name: str) -> tuple[str, ...]:
 
 
 @functools.cache
-def _loader(name: str) -> str:
-    if libraries(name):
-        bundled = [(library, program_text(library)) for library in libraries(name)]
-        program = program_text(name)
-        text = f"LIBRARIES = {bundled!r}\nPROGRAM = {program!r}\nPROGRAM_NAME = {name!r}\n{_INSTALL}"
-    else:
-        text = program_text(name)
+def _bundle(name: str) -> str:
+    """Program `name` as a python runs it: its own text, or with libraries, the text that installs
+    them and then runs it (under its own file name, so tracebacks name it)."""
+    if not libraries(name):
+        return program_text(name)
+    bundled = [(library, program_text(library)) for library in libraries(name)]
+    program = program_text(name)
+    return f"LIBRARIES = {bundled!r}\nPROGRAM = {program!r}\nPROGRAM_NAME = {name!r}\n{_INSTALL}"
+
+
+_ASSIGNED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LITERALS = (str, int, float, bool, type(None))  # their repr is a literal that reads back the same
+_FUTURE = re.compile(r"^from __future__ import", re.M)
+
+
+def _prelude(name: str, assign: Mapping[str, object], environ: Mapping[str, str]) -> str:
+    checked = [(key, value, _LITERALS) for key, value in assign.items()]
+    for key, value, kinds in (*checked, *((key, value, str) for key, value in environ.items())):
+        if not _ASSIGNED.match(key) or not isinstance(value, kinds):
+            raise ValueError(f"node program {name}: cannot set {key!r} to a {type(value).__name__} before it")
+    if (assign or environ) and not libraries(name) and _FUTURE.search(program_text(name)):
+        # A `from __future__` import must come first in its file; a library bundle compiles the
+        # program apart, a bare program follows the prelude.
+        raise ValueError(
+            f"node program {name}: a prelude goes before it, so it cannot import from __future__"
+        )
+    lines = ["import os"] if environ else []
+    lines += [f"os.environ[{key!r}] = {value!r}" for key, value in environ.items()]
+    lines += [f"{key} = {value!r}" for key, value in assign.items()]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def program_source(
+    name: str, assign: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """What a node's python runs for program `name`: the prelude (each of `environ` set in
+    `os.environ`, then `NAME = value` for each of `assign`: literals), then the program, with the
+    libraries it imports installed first."""
+    return _prelude(name, assign or {}, environ or {}) + _bundle(name)
+
+
+@functools.cache
+def _packed(name: str) -> str:
+    return _pack(_bundle(name))
+
+
+def _pack(text: str) -> str:
     packed = base64.b64encode(zlib.compress(text.encode(), 9)).decode()
     return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
 
 
-def program_argv(name: str, args: Sequence[str], python: str = "python3", isolated: bool = True) -> list[str]:
-    """`python3 -I -S -c <packed program> ARGS…`: run program `name` on a node (argv[1:] = args).
+def program_argv(
+    name: str,
+    args: Sequence[str],
+    python: str = "python3",
+    isolated: bool = True,
+    assign: Mapping[str, object] | None = None,
+) -> list[str]:
+    """`python3 -I -S -c <packed program> ARGS…`: run program `name` on a node (argv[1:] = args),
+    after `assign` (its prelude; no environment: a command line is no place for a secret).
     `isolated=False` drops `-I -S`, for the one program that needs the node's site packages (the
     Hub client's `hub_fetch`); its libraries are shipped all the same."""
-    return [python, *(("-I", "-S") if isolated else ()), "-c", _loader(name), *args]
+    code = _pack(program_source(name, assign)) if assign else _packed(name)
+    return [python, *(("-I", "-S") if isolated else ()), "-c", code, *args]
+
+
+def program_stdin(
+    name: str, assign: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None
+) -> bytes:
+    """Program `name` for a python that reads it on stdin (`stdin_argv`, or an image's python3 with
+    `-`): `program_source`, where `environ` may carry a secret, since stdin is in no command line."""
+    return program_source(name, assign, environ).encode()
+
+
+def stdin_argv(args: Sequence[str], python: str = "python3") -> list[str]:
+    """`python3 - ARGS…`: the command that runs the program arriving on its stdin (`program_stdin`)."""
+    return [python, "-", *args]

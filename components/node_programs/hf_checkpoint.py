@@ -32,6 +32,7 @@ import queue
 import re
 import sys
 import threading
+from enum import IntEnum
 
 from components.node_programs import wire
 
@@ -47,12 +48,15 @@ SHA1_NAME = re.compile(r"^[0-9a-f]{40}$")
 REPO_DIR = re.compile(r"^(models|datasets|spaces)--[A-Za-z0-9_.-]+(--[A-Za-z0-9_.-]+)*$")
 REF_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}$")
 
-# Exit statuses, declared once (the orchestrator maps them to messages).
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_STREAM = 3  # the stream ended early or is malformed (a cut link)
-EXIT_VERIFY = 4  # a blob's size or hash did not match its name
-EXIT_IO = 5  # the node's disk refused (full, read-only, permissions)
+
+class Exit(IntEnum):
+    """The exit statuses, declared once (the orchestrator maps them to messages)."""
+
+    OK = 0
+    BAD_INPUT = 2
+    STREAM = 3  # the stream ended early or is malformed (a cut link)
+    VERIFY = 4  # a blob's size or hash did not match its name
+    IO = 5  # the node's disk refused (full, read-only, permissions)
 
 
 class Failure(Exception):
@@ -77,14 +81,14 @@ def blob_hasher(name: str, size: int):
         hasher = hashlib.sha1()
         hasher.update(b"blob %d\0" % size)
         return hasher
-    raise Failure(EXIT_BAD_INPUT, f"blob {name!r} is neither a sha256 nor a git blob sha1: cannot verify it")
+    raise Failure(Exit.BAD_INPUT, f"blob {name!r} is neither a sha256 nor a git blob sha1: cannot verify it")
 
 
 def check_path(path: str) -> str:
     """A file's path inside a snapshot: relative, no `..`, no empty parts."""
     parts = path.split("/")
     if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\x00" in path:
-        raise Failure(EXIT_BAD_INPUT, f"bad file path in manifest: {path!r}")
+        raise Failure(Exit.BAD_INPUT, f"bad file path in manifest: {path!r}")
     return path
 
 
@@ -92,7 +96,7 @@ def repo_root(args: dict) -> str:
     hub = os.path.expanduser(str(args["hub"]))
     repo_dir = str(args["repo_dir"])
     if not os.path.isabs(hub) or not REPO_DIR.match(repo_dir):
-        raise Failure(EXIT_BAD_INPUT, f"bad cache location {hub!r} / {repo_dir!r}")
+        raise Failure(Exit.BAD_INPUT, f"bad cache location {hub!r} / {repo_dir!r}")
     return os.path.join(hub, repo_dir)
 
 
@@ -101,7 +105,7 @@ def resolve_revision(root: str, revision: str) -> str | None:
     if SHA1_NAME.match(revision):
         return revision
     if not REF_NAME.match(revision) or ".." in revision:
-        raise Failure(EXIT_BAD_INPUT, f"bad revision {revision!r}")
+        raise Failure(Exit.BAD_INPUT, f"bad revision {revision!r}")
     try:
         with open(os.path.join(root, "refs", revision)) as handle:
             sha = handle.read().strip()
@@ -223,7 +227,7 @@ def _copy_out(handle, out, size: int, path: str) -> None:
         while offset < size:
             sent = os.sendfile(out_fd, in_fd, offset, min(size - offset, 1 << 30))
             if sent == 0:
-                raise Failure(EXIT_IO, f"{path} shrank while it was sent")
+                raise Failure(Exit.IO, f"{path} shrank while it was sent")
             offset += sent
         return
     except OSError as exc:
@@ -232,7 +236,7 @@ def _copy_out(handle, out, size: int, path: str) -> None:
     while offset < size:  # no sendfile to this kind of output: read and write
         chunk = handle.read(min(CHUNK, size - offset))
         if not chunk:
-            raise Failure(EXIT_IO, f"{path} shrank while it was sent")
+            raise Failure(Exit.IO, f"{path} shrank while it was sent")
         out.write(chunk)
         offset += len(chunk)
 
@@ -254,12 +258,12 @@ def send(args: dict, out) -> None:
 def _read_header(stream) -> tuple[str, int] | None:
     line = stream.readline(256)
     if not line:
-        raise Failure(EXIT_STREAM, "the stream ended before its end frame (the link was cut?)")
+        raise Failure(Exit.STREAM, "the stream ended before its end frame (the link was cut?)")
     parts = line.rstrip(b"\n").split(b" ")
     if parts == [MAGIC, b"END"]:
         return None
     if len(parts) != 3 or parts[0] != MAGIC or not parts[2].isdigit():
-        raise Failure(EXIT_STREAM, f"malformed frame header {line[:80]!r}")
+        raise Failure(Exit.STREAM, f"malformed frame header {line[:80]!r}")
     return parts[1].decode(), int(parts[2])
 
 
@@ -378,7 +382,7 @@ def receive_blob(
             if not count:
                 ring.give(buffer)
                 got = size - left
-                raise Failure(EXIT_STREAM, f"the stream ended inside blob {name} ({got} of {size} bytes)")
+                raise Failure(Exit.STREAM, f"the stream ended inside blob {name} ({got} of {size} bytes)")
             try:
                 write_all(handle.fileno(), buffer[:count])
             except BaseException:
@@ -388,7 +392,7 @@ def receive_blob(
             left -= count
         digest = hasher.hexdigest()
         if digest != name:
-            raise Failure(EXIT_VERIFY, f"blob {name}: the bytes received hash to {digest}")
+            raise Failure(Exit.VERIFY, f"blob {name}: the bytes received hash to {digest}")
     except BaseException:
         handle.close()
         with contextlib.suppress(OSError):
@@ -417,7 +421,7 @@ def link_snapshot(root: str, sha: str, files: list, owner) -> None:
 def write_refs(root: str, refs: dict, owner) -> None:
     for ref, sha in refs.items():
         if not REF_NAME.match(ref) or ".." in ref or not SHA1_NAME.match(sha):
-            raise Failure(EXIT_BAD_INPUT, f"bad ref {ref!r} -> {sha!r}")
+            raise Failure(Exit.BAD_INPUT, f"bad ref {ref!r} -> {sha!r}")
         path = os.path.join(root, "refs", ref)
         _makedirs(os.path.dirname(path), owner)
         temporary = path + PARTIAL_SUFFIX
@@ -448,7 +452,7 @@ def receive(args: dict, stream) -> dict:
     root = repo_root(args)
     sha = str(args["revision"])
     if not SHA1_NAME.match(sha):
-        raise Failure(EXIT_BAD_INPUT, f"receive needs a commit sha, got {sha!r}")
+        raise Failure(Exit.BAD_INPUT, f"receive needs a commit sha, got {sha!r}")
     files = args["files"]
     sizes = {blob: size for _path, blob, size in files}
     owner = chown_target(args.get("owner"), os.geteuid())
@@ -464,10 +468,10 @@ def receive(args: dict, stream) -> dict:
         while (header := _read_header(stream)) is not None:
             name, size = header
             if name not in sizes:
-                raise Failure(EXIT_STREAM, f"blob {name} is not in this checkpoint's manifest")
+                raise Failure(Exit.STREAM, f"blob {name} is not in this checkpoint's manifest")
             if size != sizes[name]:
                 raise Failure(
-                    EXIT_VERIFY, f"blob {name}: the source has {size} bytes, the manifest says {sizes[name]}"
+                    Exit.VERIFY, f"blob {name}: the source has {size} bytes, the manifest says {sizes[name]}"
                 )
             receive_blob(stream, blobs_dir, name, size, owner, finisher, ring)
             received += 1
@@ -480,7 +484,7 @@ def receive(args: dict, stream) -> dict:
         except OSError:
             have = -1
         if have != size:
-            raise Failure(EXIT_VERIFY, f"blob {blob}: {have} bytes here after the copy, expected {size}")
+            raise Failure(Exit.VERIFY, f"blob {blob}: {have} bytes here after the copy, expected {size}")
     link_snapshot(root, sha, files, owner)
     write_refs(root, args.get("refs") or {}, owner)
     return {
@@ -498,7 +502,7 @@ def remove(args: dict) -> dict:
     root = repo_root(args)
     sha = str(args["revision"])
     if not SHA1_NAME.match(sha):
-        raise Failure(EXIT_BAD_INPUT, f"remove needs a commit sha, got {sha!r}")
+        raise Failure(Exit.BAD_INPUT, f"remove needs a commit sha, got {sha!r}")
     snapshots = os.path.join(root, "snapshots")
     target = os.path.join(snapshots, sha)
     removed_files = 0
@@ -579,7 +583,7 @@ MODES = ("inventory", "send", "receive", "remove")
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[1] not in MODES:
         print(json.dumps({"error": f"usage: hf_checkpoint.py {'|'.join(MODES)} '<json args>'"}))
-        return EXIT_BAD_INPUT
+        return Exit.BAD_INPUT
     mode = argv[1]
     # `send` owns stdout (the stream): its errors go to stderr only.
     errors = sys.stderr if mode == "send" else sys.stdout
@@ -587,7 +591,7 @@ def main(argv: list[str]) -> int:
         args = json.loads(argv[2])
         if mode == "send":
             send(args, sys.stdout.buffer)
-            return EXIT_OK
+            return Exit.OK
         if mode == "inventory":
             report = inventory(args)
         elif mode == "remove":
@@ -598,14 +602,14 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"error": str(exc), "status": exc.status}), file=errors)
         return exc.status
     except (KeyError, TypeError, ValueError) as exc:
-        print(json.dumps({"error": f"bad arguments: {exc!r}", "status": EXIT_BAD_INPUT}), file=errors)
-        return EXIT_BAD_INPUT
+        print(json.dumps({"error": f"bad arguments: {exc!r}", "status": Exit.BAD_INPUT}), file=errors)
+        return Exit.BAD_INPUT
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        print(json.dumps({"error": f"{where}{exc.strerror or exc}", "status": EXIT_IO}), file=errors)
-        return EXIT_IO
+        print(json.dumps({"error": f"{where}{exc.strerror or exc}", "status": Exit.IO}), file=errors)
+        return Exit.IO
     print(json.dumps(report, sort_keys=True))
-    return EXIT_OK
+    return Exit.OK
 
 
 if __name__ == "__main__":

@@ -25,12 +25,17 @@ import socket
 import sys
 import threading
 import time
+from enum import IntEnum
 
 from components.node_programs.wire import PROGRESS_MARKER
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_FETCH = 6
+
+class Exit(IntEnum):
+    OK = 0
+    BAD_INPUT = 2
+    FETCH = 6  # the Hub client failed: the report names the kind of failure
+
+
 TOKEN_SETTING = "qwen35-spark:hf_token"  # named in messages; the token itself never is
 # A stderr line every second while downloading: `PROGRESS_MARKER <bytes done> <bytes total>`. The
 # orchestrator relays it to the operator during `pulumi up`, and its silence is a stall.
@@ -177,8 +182,41 @@ def unreachable(where: str, exc: BaseException) -> dict:
     }
 
 
+def download(
+    args: dict, sha: str, token: str | None, attempts: int, network: tuple
+) -> tuple[str | None, Exception | None]:
+    """(the snapshot's path, None), or (None, the last error) when every attempt was cut off: each
+    after the first continues where the last stopped (completed files stay), at the resolved commit."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    last: Exception | None = None
+    for attempt in range(attempts):
+        try:
+            path = snapshot_download(
+                str(args["repo"]),
+                revision=str(args["revision"]) if attempt == 0 else sha,
+                cache_dir=os.path.expanduser(str(args["hub"])),
+                allow_patterns=args.get("allow") or None,
+                ignore_patterns=args.get("ignore") or None,
+                token=token or None,
+            )
+            return path, None
+        except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError):
+            raise
+        except (HfHubHTTPError, OSError, *network) as exc:
+            last = exc  # a cut connection: completed files stay; the next call continues
+            time.sleep(min(2**attempt, 10))
+    return None, last
+
+
 def fetch(args: dict, token: str | None) -> dict:
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import HfApi
     from huggingface_hub.utils import (
         GatedRepoError,
         HfHubHTTPError,
@@ -201,28 +239,9 @@ def fetch(args: dict, token: str | None) -> dict:
         blobs = os.path.join(repo_dir, "blobs")
         with Progress(args.get("progress"), operation, str(args.get("node") or ""), blobs) as progress:
             progress.doc["bytes_total"] = _total_bytes(HfApi(token=token or None), repo, sha, args)
-            last: Exception | None = None
-            for attempt in range(attempts):
-                try:
-                    path = snapshot_download(
-                        repo,
-                        revision=revision if attempt == 0 else sha,
-                        cache_dir=hub,
-                        allow_patterns=args.get("allow") or None,
-                        ignore_patterns=args.get("ignore") or None,
-                        token=token or None,
-                    )
-                    break
-                except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError):
-                    raise
-                except (HfHubHTTPError, OSError, *network) as exc:
-                    last = exc  # a cut connection: completed files stay; the next call continues
-                    time.sleep(min(2**attempt, 10))
-            else:
-                return {
-                    "error": f"{where}: download failed after {attempts} attempts: {last}",
-                    "kind": "network",
-                }
+            path, last = download(args, sha, token, attempts, network)
+        if path is None:
+            return {"error": f"{where}: download failed after {attempts} attempts: {last}", "kind": "network"}
         return {"revision": sha, "snapshot_path": path, "repo_dir": repo_dir}
     except RevisionNotFoundError:
         return {"error": f"{where}: the Hub has no such revision (branch, tag or commit)", "kind": "revision"}
@@ -268,10 +287,10 @@ def main(argv: list[str]) -> int:
         report = {"error": f"huggingface_hub is not importable by {sys.executable}: {exc}", "kind": "other"}
     except (IndexError, KeyError, TypeError, ValueError) as exc:
         print(json.dumps({"error": f"bad arguments: {exc!r}", "kind": "other"}))
-        return EXIT_BAD_INPUT
+        return Exit.BAD_INPUT
     text = scrub(json.dumps(report, sort_keys=True), token)
     print(text)
-    return EXIT_FETCH if "error" in report else EXIT_OK
+    return Exit.FETCH if "error" in report else Exit.OK
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from enum import IntEnum
 
 from components.node_programs import engine_api
 from components.node_programs.engine_api import engine_socket, quote
-from components.node_programs.wire import INSPECT_FORMAT, split_tag
+from components.node_programs.wire import INSPECT_FORMAT, TAG_RECORDS, split_tag
 
 
 class Exit(IntEnum):
@@ -60,7 +60,6 @@ OUTCOMES = {
     Exit.TAG_FAILED: "docker tag / docker image rm failed on the destination",
     Exit.USAGE: "usage: image_tag load|retag|join|leave SPEC",
 }
-RECORDS = os.path.join("~", ".qwen35", "tags")
 
 
 def docker(*args: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
@@ -133,7 +132,7 @@ def image_id(ref: str) -> str | None:
 @contextlib.contextmanager
 def records():
     """The records folder, locked for the duration (one writer at a time on this node)."""
-    folder = os.path.expanduser(RECORDS)
+    folder = os.path.expanduser(TAG_RECORDS)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     with open(os.path.join(folder, ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 
-from components.node_programs.wire import image_store, manifest_digest
+from components.node_programs.wire import PROGRESS_DIR, TAG_RECORDS, image_store, manifest_digest
 
 # Seconds any one command may take: a hung daemon must not hang the whole status.
 COMMAND_TIMEOUT_S = 20.0
@@ -85,7 +85,7 @@ def image_facts(ref):
     }
 
 
-def previous_images(ref, folder="~/.qwen35/tags"):
+def previous_images(ref, folder=TAG_RECORDS):
     """The replaced images of `ref`'s repository this node keeps for a rollback (image.keep_previous):
     NodeImage's tag records that no resource holds, marked kept; newest first."""
     repo = ref.rpartition(":")[0] or ref
@@ -335,7 +335,7 @@ def gather(request):
         report["server_concurrency"] = server_concurrency(request["server_container"])
     if request.get("watchdog_url"):
         report["watchdog"] = watchdog_facts(request["watchdog_url"])
-    report["progress"] = progress_facts(request.get("progress_dir") or "~/.qwen35/progress", now)
+    report["progress"] = progress_facts(request.get("progress_dir") or PROGRESS_DIR, now)
     return report
 
 

@@ -16,14 +16,18 @@ import sys
 import tarfile
 import tempfile
 import threading
+from enum import IntEnum
 
 PROGRAM = "prove_model.py"
-# The container outlives a cut SSH session (`docker run --rm` keeps running): stop it ourselves.
-EXIT_DEADLINE = 124
+
+
+class Exit(IntEnum):
+    # The container outlives a cut SSH session (`docker run --rm` keeps running): stop it ourselves.
+    DEADLINE = 124
 
 
 def _deadline(seconds: float) -> None:
-    timer = threading.Timer(seconds, lambda: os._exit(EXIT_DEADLINE))
+    timer = threading.Timer(seconds, lambda: os._exit(Exit.DEADLINE))
     timer.daemon = True
     timer.start()
 

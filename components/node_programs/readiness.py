@@ -4,13 +4,15 @@ Checks, in order, until a deadline: Ray reports every node and GPU; `/health` an
 `/v1/models` lists the served model; one real chat completion returns tokens. On timeout it raises
 (or exits 3) naming the stage that never passed, its last error, and the server's last log lines.
 
-Shipped to the head as `ssh head python3 - ARGS < readiness.py` (no install, no copy on the node);
-`python3 -m components.node_programs.readiness ARGS` runs it locally. The API key comes from $QWEN35_API_KEY,
-never from argv. The Ray check runs `docker exec <head> ray status`: it needs only the Ray CLI that
-is already in the head container, works before the dashboard is up, and does not register a
-driver (a `ray.init` would); the dashboard stays closed to everything off the fabric network.
+Shipped to the head on the stdin of `ssh head python3 - ARGS` (`node_programs.program_stdin`, with
+the `wire` library; no install, no copy on the node); `python3 -m components.node_programs.readiness
+ARGS` runs it locally. The API key comes from $QWEN35_API_KEY (`wire.PROBE_API_KEY_ENV`, set by the
+program's prelude on stdin), never from argv. The Ray check runs `docker exec <head> ray status`:
+it needs only the Ray CLI that is already in the head container, works before the dashboard is up,
+and does not register a driver (a `ray.init` would); the dashboard stays closed to everything off
+the fabric network.
 
-(No `from __future__` import here: the shipped program may be prefixed with a line of setup.)
+(No `from __future__` import here: it may run after a prelude, see `node_programs.program_stdin`.)
 """
 
 import argparse
@@ -25,17 +27,21 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from enum import IntEnum
 
-API_KEY_ENV = "QWEN35_API_KEY"
+from components.node_programs.wire import PROBE_API_KEY_ENV, PROBE_PROGRESS_PREFIX, PROGRESS_DIR
+
 LOG_TAIL_LINES = 30
 # A wait that stays at one stage still says so this often (a 120 GB load takes many minutes).
 REPORT_EVERY_S = 30.0
-# Progress lines on stderr start with this (the gate relays them to the operator as they come).
-PROGRESS_PREFIX = "waiting "
-# Where operations in flight leave their progress on the node (`status` reads the folder).
-PROGRESS_DIR = "~/.qwen35/progress"
-EXIT_TIMEOUT = 3
-EXIT_REJECTED = 4
+
+
+class Exit(IntEnum):
+    OK = 0
+    TIMEOUT = 3  # a stage never passed before the deadline (named on stderr)
+    REJECTED = 4  # the server refused the API key
+
+
 PROMPT = "Reply with the single word: ready"
 
 _NODE_LINE = re.compile(r"^\s*(\d+)\s+\S+")
@@ -259,7 +265,7 @@ class StageReports:
     def note(self, waiting: NotReady, now: float) -> None:
         if self.progress and (waiting.stage != self.stage or now - self.said_at >= self.every_s):
             at = f"{now - self.start:.0f} s at stage '{waiting.stage}'"
-            self.progress(f"{PROGRESS_PREFIX}{at}: {waiting.detail}")
+            self.progress(f"{PROBE_PROGRESS_PREFIX}{at}: {waiting.detail}")
             self.stage, self.said_at = waiting.stage, now
 
 
@@ -441,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             args.gpus,
             args.model,
             args.deadline,
-            os.environ.get(API_KEY_ENV) or None,
+            os.environ.get(PROBE_API_KEY_ENV) or None,
             ray_check=ray_check,
             log_tail=log_tail,
             ray_nodes=ray_nodes,
@@ -452,11 +458,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ReadinessError as exc:
         print(str(exc), file=sys.stderr)
-        return EXIT_REJECTED if exc.rejected else EXIT_TIMEOUT
+        return Exit.REJECTED if exc.rejected else Exit.TIMEOUT
     finally:
         progress_file.remove()
     print(json.dumps(asdict(report)))
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

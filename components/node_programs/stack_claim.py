@@ -22,10 +22,17 @@ import json
 import os
 import re
 import sys
+from enum import IntEnum
 
-RECORDS = os.path.join("~", ".qwen35", "stacks")
-EXIT_CLAIMED = 3
-EXIT_USAGE = 6
+from components.node_programs.wire import STACK_RECORDS
+
+
+class Exit(IntEnum):
+    OK = 0
+    CLAIMED = 3  # `take`: another stack holds the prefix or a port (the report names it)
+    USAGE = 6
+
+
 _OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -53,7 +60,7 @@ def clashes(mine: dict, others: list[dict]) -> list[dict]:
 
 @contextlib.contextmanager
 def records():
-    folder = os.path.expanduser(RECORDS)
+    folder = os.path.expanduser(STACK_RECORDS)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -78,18 +85,18 @@ def take(spec: dict) -> tuple[int, dict]:
     with records() as folder:
         clash = clashes(mine, read_all(folder))
         if clash:
-            return EXIT_CLAIMED, {"taken": False, "clashes": clash}
+            return Exit.CLAIMED, {"taken": False, "clashes": clash}
         partial = f"{record_path(folder, mine['owner'])}.{os.getpid()}.tmp"
         with open(partial, "w") as handle:
             json.dump(mine, handle)
         os.replace(partial, record_path(folder, mine["owner"]))
-    return 0, {"taken": True}
+    return Exit.OK, {"taken": True}
 
 
 def held(spec: dict) -> tuple[int, dict]:
     with records() as folder:
         mine = [r for r in read_all(folder) if r.get("owner") == spec["owner"]]
-    return 0, {"held": bool(mine), "record": mine[0] if mine else None}
+    return Exit.OK, {"held": bool(mine), "record": mine[0] if mine else None}
 
 
 def drop(spec: dict) -> tuple[int, dict]:
@@ -98,7 +105,7 @@ def drop(spec: dict) -> tuple[int, dict]:
         existed = os.path.exists(path)
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
-    return 0, {"dropped": existed}
+    return Exit.OK, {"dropped": existed}
 
 
 MODES = {"take": take, "held": held, "drop": drop}
@@ -107,11 +114,11 @@ MODES = {"take": take, "held": held, "drop": drop}
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in MODES:
         print(json.dumps({"error": "usage: stack_claim take|held|drop SPEC"}))
-        return EXIT_USAGE
+        return Exit.USAGE
     spec = json.loads(argv[1])
     if not _OWNER.match(str(spec.get("owner") or "")):
         print(json.dumps({"error": f"owner {spec.get('owner')!r} is not project/stack"}))
-        return EXIT_USAGE
+        return Exit.USAGE
     code, report = MODES[argv[0]](spec)
     print(json.dumps(report))
     return code

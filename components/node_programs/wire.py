@@ -50,6 +50,17 @@ SERVED = b"+"  # the sink's answer to the token: the consumer runs, the stream f
 REFUSED = b"-"  # the sink's answer to a wrong token or a connection it will not serve
 TAIL_LINES = 12  # stderr lines of a stage (or of the consumer) kept in a report
 
+# ---- a node's folders, a probe's names -----------------------------------------------------------------
+
+# Operations in flight each keep `<operation>.json` here (bytes, stage, ETA); `status` lists the folder.
+PROGRESS_DIR = "~/.qwen35/progress"
+TAG_RECORDS = "~/.qwen35/tags"  # image_tag: which NodeImages hold each tag, one JSON file per tag
+STACK_RECORDS = "~/.qwen35/stacks"  # stack_claim: each stack's claim on a node, one JSON file per stack
+# The readiness probe reads the server's API key from this variable (set by its stdin prelude, never
+# argv); `status` reads the operator's from the same name.
+PROBE_API_KEY_ENV = "QWEN35_API_KEY"
+PROBE_PROGRESS_PREFIX = "waiting "  # the probe's stderr lines the gate relays to the operator as they come
+
 # ---- Docker facts ------------------------------------------------------------------------------------
 
 # The lines `docker … --format` prints for these formats are the lines `engine_api` builds from the API's

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from components.node_programs.readiness import PROGRESS_PREFIX
+from components.node_programs.wire import PROBE_PROGRESS_PREFIX
 from components.nodes import checked_target
 from components.provider_kit.progress import tell_operator
 from components.readiness_gate.errors import GateFailed
@@ -31,10 +31,10 @@ def run_relaying(
     timeout: float,
     relay: Callable[[str], None],
 ) -> Result:
-    """Run the probe (ssh … argv) relaying only its progress lines (`PROGRESS_PREFIX`) as they come."""
+    """Run the probe (ssh … argv) relaying only its progress lines (`PROBE_PROGRESS_PREFIX`) as they come."""
 
     def progress_only(line: str) -> None:
-        if line.startswith(PROGRESS_PREFIX):
+        if line.startswith(PROBE_PROGRESS_PREFIX):
             relay(line)
 
     return relay_lines(node, local_argv, argv, stdin, timeout, progress_only)

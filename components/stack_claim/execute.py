@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from components.node_programs.stack_claim import EXIT_CLAIMED
+from components.node_programs.stack_claim import Exit as ClaimExit
 from components.nodes import checked_target
 from components.remote import SshTransport, with_retries
 from components.stack_claim.errors import ClaimRefused
@@ -23,7 +23,7 @@ def _run(props: Mapping[str, Any], mode: str) -> tuple[int, dict[str, Any]]:
     argv = claim_argv(props, mode)
     transport = SshTransport(target)
     result = with_retries(lambda: transport.run(argv, timeout=SSH_TIMEOUT_S), deadline_s=20.0)
-    if result.returncode not in (0, EXIT_CLAIMED):
+    if result.returncode not in (ClaimExit.OK, ClaimExit.CLAIMED):
         result.check(f"check that {target.label} is reachable over SSH (`make status`)")
     return result.returncode, parse_report(result.text)
 
@@ -31,7 +31,7 @@ def _run(props: Mapping[str, Any], mode: str) -> tuple[int, dict[str, Any]]:
 def ensure(props: Mapping[str, Any]) -> dict[str, Any]:
     """Take the claim on the node; its outputs (the inputs), or ClaimRefused naming the other stack."""
     code, report = _run(props, "take")
-    if code == EXIT_CLAIMED:
+    if code == ClaimExit.CLAIMED:
         name = props["node"]["name"]
         raise ClaimRefused(name, [], code, "", refusal(name, props["owner"], report.get("clashes") or []))
     return dict(props)

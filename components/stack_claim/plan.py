@@ -15,7 +15,7 @@ from components.config import (
     NodeConfig,
     StackConfig,
 )
-from components.node_programs.stack_claim import RECORDS
+from components.node_programs.wire import STACK_RECORDS
 from components.provider_kit.change import Change
 
 # Inputs whose change is an update: the claim taken again. Never a replacement: a new claim created
@@ -76,7 +76,7 @@ def refusal(node: str, owner: str, clashes: list[dict]) -> str:
     lines = [f"{node}: stack {owner} cannot deploy here: this node already holds"]
     for clash in clashes:
         lines.append(f"  stack {clash['owner']}: {'; '.join(clash['clash'])}")
-    records = ", ".join(f"{RECORDS}/{str(c['owner']).replace('/', '--')}.json" for c in clashes)
+    records = ", ".join(f"{STACK_RECORDS}/{str(c['owner']).replace('/', '--')}.json" for c in clashes)
     lines.append(
         "  next: give this stack its own containers.name_prefix and its own host ports (the keys "
         "that set them: ray.port, ray.dashboard_port, serve.port, nodes[].ray_ports, "

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 import lab
-from components.node_programs.readiness import EXIT_REJECTED, EXIT_TIMEOUT, LOG_TAIL_LINES
+from components.node_programs.readiness import LOG_TAIL_LINES, Exit
 from components.readiness_gate import GateFailed, ReadinessGateProvider, ensure
 from tests.support.node_image_lab import node_dict
 from tests.support.standin_openai import StandinServer, probe_props
@@ -75,7 +75,7 @@ def test_unhealthy_server_times_out_naming_the_stage(node_a, server, server_log)
     with pytest.raises(GateFailed) as caught:
         ensure({**props(node_a, server, server_log), "deadline_s": 3})
     message = str(caught.value)
-    assert caught.value.returncode == EXIT_TIMEOUT
+    assert caught.value.returncode == Exit.TIMEOUT
     assert "stuck at stage 'health'" in message and "/health answered 500" in message
 
 
@@ -94,7 +94,7 @@ def test_never_ready_times_out_with_the_log_tail(node_a, server, server_log):
 def test_wrong_key_is_rejected_at_once(node_a, server):
     with pytest.raises(GateFailed) as caught:
         ensure({**props(node_a, server, api_key="sk-wrong"), "deadline_s": 60})
-    assert caught.value.returncode == EXIT_REJECTED
+    assert caught.value.returncode == Exit.REJECTED
     assert "API key does not match" in str(caught.value)
 
 

@@ -107,7 +107,7 @@ def test_fetch_token_travels_as_a_header_never_in_output(hub, tmp_path):
     hub.require_token = TOKEN
     try:
         refused, report = fetch(tmp_path / "a", hub, token="hf_wrong_token_456")
-        assert refused.returncode == hub_fetch.EXIT_FETCH
+        assert refused.returncode == hub_fetch.Exit.FETCH
         # A wrong token: the Hub's own reason, and the setting to fix (never the token itself).
         assert report["kind"] == "token", report
         for part in (REPO, "revision main", "401", "Invalid credentials", "qwen35-spark:hf_token"):
@@ -146,7 +146,7 @@ def test_a_hub_that_does_not_answer_is_a_network_error_not_a_traceback(tmp_path)
     argv = programs.fetch_argv(sys.executable, str(tmp_path), REPO, "main", [], [], None)
     done = run(argv, stdin=b"\n", env={"HF_ENDPOINT": f"http://127.0.0.1:{port}"})
     report = facts.parse_report(done.stdout.decode())
-    assert done.returncode == hub_fetch.EXIT_FETCH and report["kind"] == "network", done.stderr[-2000:]
+    assert done.returncode == hub_fetch.Exit.FETCH and report["kind"] == "network", done.stderr[-2000:]
     assert f"the Hub at http://127.0.0.1:{port} did not answer" in report["error"]
     assert REPO in report["error"] and "run pulumi up again" in report["error"]
     assert b"Traceback" not in done.stderr
@@ -209,7 +209,7 @@ def test_a_cut_stream_leaves_nothing_complete_looking_and_the_rerun_sends_the_re
     stream = run(programs.send_argv(sys.executable, str(fetched), REPO, blobs)).stdout
     cut = len(stream) // 2
     done, report = copy(fetched, tmp_path, manifest, blobs, cut_at=cut)
-    assert done.returncode == hf_checkpoint.EXIT_STREAM and "ended" in report["error"]
+    assert done.returncode == hf_checkpoint.Exit.STREAM and "ended" in report["error"]
     blobs_dir = tmp_path / "hub" / "models--lab--tiny-qwen35" / "blobs"
     left = sorted(p.name for p in blobs_dir.iterdir())
     assert not [n for n in left if n.endswith(hf_checkpoint.PARTIAL_SUFFIX)]
@@ -266,7 +266,7 @@ def test_bytes_that_do_not_match_their_name_are_refused(fetched, tmp_path):
         sys.executable, str(tmp_path), REPO, manifest.revision, manifest.as_state(), {}, None
     )
     done = run(receive, stdin=corrupted)
-    assert done.returncode == hf_checkpoint.EXIT_VERIFY
+    assert done.returncode == hf_checkpoint.Exit.VERIFY
     assert not (tmp_path / "hub" / "models--lab--tiny-qwen35" / "blobs" / shard).exists()
 
 
@@ -367,7 +367,7 @@ def test_the_fetch_is_packed_with_its_libraries_and_keeps_site_packages(tmp_path
     assert argv[1] == "-c" and "-I" not in argv[:3] and "-S" not in argv[:3]
     # Bad arguments on purpose: the program itself answers (no import error), without a download.
     done = subprocess.run([*argv[:3], "{}"], input=b"\n", capture_output=True, cwd=tmp_path, timeout=60)
-    assert done.returncode == hub_fetch.EXIT_BAD_INPUT, done.stderr
+    assert done.returncode == hub_fetch.Exit.BAD_INPUT, done.stderr
     assert json.loads(done.stdout)["error"].startswith("bad arguments")
 
 

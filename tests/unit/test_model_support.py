@@ -691,10 +691,10 @@ def test_a_changed_command_line_asks_for_a_new_proof():
 
 def test_the_bootstrap_runs_the_named_program(tmp_path):
     from components.model_support import proof_payload
-    from components.model_support.serve_args import ARGS_PROGRAM, args_source
+    from components.model_support.programs import serve_args_source
+    from components.model_support.serve_args import ARGS_PROGRAM
 
     (tmp_path / "prove_args.py").write_text("import sys, json; print(json.dumps({'argv': sys.argv[1:]}))")
-    bootstrap = (model_support.NODE_PROGRAMS / "proof_bootstrap.py").read_text()
     payload = proof_payload(tmp_path, ARGS_PROGRAM, configs=False)
-    done = run_shipped(args_source(payload, 60, bootstrap), "--", "vllm", "serve", '{"a": 1}')
+    done = run_shipped(serve_args_source(payload, 60), "--", "vllm", "serve", '{"a": 1}')
     assert json.loads(done.stdout.decode().splitlines()[-1]) == {"argv": ["--", "vllm", "serve", '{"a": 1}']}

@@ -1,5 +1,5 @@
-"""The node programs' packing (a program and the libraries it imports, as one command) and their
-Engine API library, tested without a node or a daemon."""
+"""The node programs' packing (a program and the libraries it imports, after an optional prelude,
+delivered in argv or on stdin) and their Engine API library, tested without a node or a daemon."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import urllib.parse
 import pytest
 
 import components.node_programs as node_programs
-from components.node_programs import engine_api, libraries, program_argv
+from components.node_programs import engine_api, libraries, program_argv, program_stdin, stdin_argv
 
 
 @pytest.fixture
@@ -21,7 +21,12 @@ def programs_in(tmp_path, monkeypatch):
     """Point the packing at a folder of test programs (its caches cleared before and after)."""
 
     def clear():
-        for cached in (node_programs.program_text, node_programs.libraries, node_programs._loader):
+        for cached in (
+            node_programs.program_text,
+            node_programs.libraries,
+            node_programs._bundle,
+            node_programs._packed,
+        ):
             cached.cache_clear()
 
     clear()
@@ -73,6 +78,53 @@ def test_a_program_runs_with_the_libraries_it_imports_under_their_names_here(pro
     assert failed.returncode == 1 and 'File "lib_high.py"' in failed.stderr  # tracebacks name the file
     plain = subprocess.run(program_argv("plain", ["x"], sys.executable), capture_output=True, text=True)
     assert plain.stdout.strip() == "['x']"
+
+
+PRELUDE_PROGRAM = (
+    "import json, os, sys\n"
+    "from components.node_programs import lib_low\n"
+    "found = {'key': os.environ.get('THE_KEY'), 'n': globals().get('N'), 'label': globals().get('LABEL')}\n"
+    "print(json.dumps({**found, 'where': lib_low.WHERE, 'args': sys.argv[1:]}))\n"
+)
+
+
+def test_a_program_on_stdin_runs_after_its_prelude_which_stays_out_of_argv(programs_in, tmp_path):
+    (programs_in / "lib_low.py").write_text("WHERE = __name__\n")
+    (programs_in / "prog.py").write_text(PRELUDE_PROGRAM)
+    secret = "sk-'quoted\"\n"
+    stdin = program_stdin("prog", assign={"N": 2.5, "LABEL": "a'b"}, environ={"THE_KEY": secret})
+    argv = stdin_argv(["x y"], sys.executable)
+    assert argv == [sys.executable, "-", "x y"] and secret not in " ".join(argv)
+    done = subprocess.run(argv, input=stdin, cwd=tmp_path, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    expected = {"key": secret, "n": 2.5, "label": "a'b", "where": "components.node_programs.lib_low"}
+    assert json.loads(done.stdout) == {**expected, "args": ["x y"]}
+    # The same packing in argv: assignments only (no environment parameter to put a secret in).
+    packed = program_argv("prog", ["z"], sys.executable, assign={"N": 1, "LABEL": None})
+    done = subprocess.run(packed, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert json.loads(done.stdout) == {**expected, "key": None, "n": 1, "label": None, "args": ["z"]}
+
+
+def test_a_program_without_libraries_goes_on_stdin_as_its_own_text_after_the_prelude(programs_in):
+    (programs_in / "plain.py").write_text('"""Doc."""\nimport sys\nprint(sys.argv[1:])\n')
+    assert program_stdin("plain") == b'"""Doc."""\nimport sys\nprint(sys.argv[1:])\n'
+    assert program_stdin("plain", assign={"A": 1}, environ={"B": "c"}).decode().splitlines()[:4] == [
+        "import os",
+        "os.environ['B'] = 'c'",
+        "A = 1",
+        '"""Doc."""',
+    ]
+
+
+def test_a_prelude_that_would_not_read_back_is_refused(programs_in):
+    (programs_in / "plain.py").write_text("import sys\n")
+    (programs_in / "future.py").write_text("from __future__ import annotations\n")
+    for assign, environ in (({"A": [1]}, {}), ({"A-B": 1}, {}), ({}, {"KEY": 3}), ({}, {"A B": "x"})):
+        with pytest.raises(ValueError, match="cannot set"):
+            program_stdin("plain", assign, environ)
+    with pytest.raises(ValueError, match="__future__"):
+        program_stdin("future", {"A": 1})
+    assert program_stdin("future") == b"from __future__ import annotations\n"  # no prelude: as it is
 
 
 def test_an_import_the_packing_would_not_ship_is_refused(programs_in):

@@ -4,10 +4,12 @@ this machine, the timeout message, and the gate's command line (the secret stays
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from components.node_programs import readiness
+from components.node_programs import readiness, wire
 from components.node_programs.readiness import ReadinessError, parse_ray_status, wait_ready
 from components.readiness_gate import probe_argv, probe_program
 from tests.support.standin_openai import StandinServer
@@ -189,18 +191,28 @@ def test_probe_program_sets_the_key_in_its_environment():
     exec(program.split("\n", 2)[0] + "\n" + program.split("\n", 2)[1], namespace)  # the prelude only
     import os
 
-    assert os.environ.pop(readiness.API_KEY_ENV) == "sk-'quoted\""
-    assert probe_program(None).decode().startswith('"""Readiness probe')
+    assert os.environ.pop(wire.PROBE_API_KEY_ENV) == "sk-'quoted\""
+    assert not probe_program(None).decode().startswith("import os")  # no key, no prelude
+
+
+def test_the_shipped_probe_runs_on_stdin_with_its_key_from_the_prelude(server):
+    argv = probe_argv({"url": server.url, "model": MODEL, "expect_nodes": 1, "expect_gpus": 1}, 10)
+    env = {k: v for k, v in os.environ.items() if k != wire.PROBE_API_KEY_ENV}
+    run = {"capture_output": True, "env": env, "cwd": "/", "timeout": 60}
+    done = subprocess.run([sys.executable, *argv[1:]], input=probe_program("sk-test"), **run)
+    assert done.returncode == 0 and b'"completion_tokens": 2' in done.stdout, done.stderr
+    refused = subprocess.run([sys.executable, *argv[1:]], input=probe_program(None), **run)
+    assert refused.returncode == readiness.Exit.REJECTED, refused.stderr
 
 
 def test_cli_runs_against_the_standin(server, capsys, monkeypatch):
-    monkeypatch.setenv(readiness.API_KEY_ENV, "sk-test")
+    monkeypatch.setenv(wire.PROBE_API_KEY_ENV, "sk-test")
     argv = ["--url", server.url, "--model", MODEL, "--nodes", "1", "--gpus", "1", "--deadline", "5"]
     assert readiness.main([*argv, "--no-ray-check"]) == 0
     assert '"completion_tokens": 2' in capsys.readouterr().out
     server.mode = "unhealthy"
     assert (
-        readiness.main([*argv[:-1], "0.2", "--no-ray-check", "--interval", "0.05"]) == readiness.EXIT_TIMEOUT
+        readiness.main([*argv[:-1], "0.2", "--no-ray-check", "--interval", "0.05"]) == readiness.Exit.TIMEOUT
     )
     assert "/health answered 500" in capsys.readouterr().err
 

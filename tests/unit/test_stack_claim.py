@@ -11,7 +11,7 @@ import pytest
 
 from components.config import parse_stack_config
 from components.node_programs import program_argv
-from components.node_programs.stack_claim import EXIT_CLAIMED, clashes
+from components.node_programs.stack_claim import Exit, clashes
 from components.stack_claim import RAY_CLIENT_SERVER_PORT, StackClaimProvider, claimed_ports, refusal
 from tests.support.program import dev_raw, stack_config
 from tests.unit.test_deployment import run_graph
@@ -87,7 +87,7 @@ def test_an_existing_stacks_new_probe_port_is_a_claim_update_not_a_replacement(t
     assert run_program(tmp_path, "held", olds)[1]["record"]["ports"] == head
     # And another stack that would take the probe port over is refused, naming it.
     code, report = run_program(tmp_path, "take", {"owner": "p/two", "prefix": "b", "ports": [[29590, 29590]]})
-    assert code == EXIT_CLAIMED and report["clashes"][0]["clash"] == ["ports 29590"]
+    assert code == Exit.CLAIMED and report["clashes"][0]["clash"] == ["ports 29590"]
 
 
 def test_a_changed_probe_port_changes_the_claim_and_no_container(monkeypatch):
@@ -138,7 +138,7 @@ def test_the_node_program_takes_refuses_and_drops(tmp_path):
     assert run_program(tmp_path, "take", one) == (0, {"taken": True})
     assert run_program(tmp_path, "take", one) == (0, {"taken": True})  # again: its own claim
     code, report = run_program(tmp_path, "take", {**one, "owner": "p/two", "ports": []})
-    assert code == EXIT_CLAIMED and report["clashes"][0]["owner"] == "p/one"
+    assert code == Exit.CLAIMED and report["clashes"][0]["owner"] == "p/one"
     assert run_program(tmp_path, "take", {"owner": "p/two", "prefix": "b", "ports": [[8001, 8001]]})[0] == 0
     assert run_program(tmp_path, "held", one)[1]["held"] is True
     assert run_program(tmp_path, "drop", {"owner": "p/two"}) == (0, {"dropped": True})
@@ -180,7 +180,7 @@ def test_observe_and_ensure_read_the_programs_answer(monkeypatch, answer, held):
     assert (observe(props) == props) is held
     assert ensure(props) == props
     clash = {"owner": "p/two", "clash": ["ports 8000"]}
-    monkeypatch.setattr(execute, "_run", lambda _props, _mode: (EXIT_CLAIMED, {"clashes": [clash]}))
+    monkeypatch.setattr(execute, "_run", lambda _props, _mode: (Exit.CLAIMED, {"clashes": [clash]}))
     with pytest.raises(ClaimRefused) as raised:
         ensure(props)
     assert str(raised.value).startswith("spark-1: stack p/one cannot deploy here")

@@ -1,4 +1,4 @@
-"""Runs ON a node (stdlib only): what the memory-fit preflight needs to know about a checkpoint snapshot.
+"""Runs ON a node (stdlib only): what the model-support check's memory-fit preflight reads of a snapshot.
 
     python3 - SNAPSHOT_DIR        (this file on stdin)
 
@@ -117,7 +117,7 @@ def facts(snapshot: str) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: checkpoint_facts.py SNAPSHOT_DIR", file=sys.stderr)
+        print("usage: model_facts.py SNAPSHOT_DIR", file=sys.stderr)
         return 2
     print(json.dumps(facts(argv[0])))
     return 0
