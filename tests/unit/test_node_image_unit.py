@@ -747,7 +747,8 @@ def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch, engine):
     import subprocess
     import sys
 
-    from components.node_image.docker_on import facts_argv, parse_facts
+    from components.node_image.facts import parse_facts
+    from components.node_image.programs import facts_argv
 
     docker = tmp_path / "bin" / "docker"
     docker.parent.mkdir()
@@ -825,7 +826,7 @@ def test_an_inventory_that_fails_after_the_api_answered_is_not_asked_again(tmp_p
     import subprocess
     import sys
 
-    from components.node_image.docker_on import facts_argv
+    from components.node_image.programs import facts_argv
 
     docker = tmp_path / "bin" / "docker"
     docker.parent.mkdir()
@@ -871,7 +872,7 @@ else:
 
 def classic_store(root: Path, images: dict[str, list[str]], sizes: dict[str, int]) -> None:
     """A classic overlay2 store's files: image configs by ID, layer sizes by chain ID."""
-    from components.node_image.image_transfer import chain_ids
+    from components.node_programs.wire import chain_ids
 
     configs = root / "image" / "overlay2" / "imagedb" / "content" / "sha256"
     layers = root / "image" / "overlay2" / "layerdb" / "sha256"
@@ -888,7 +889,7 @@ def classic_facts(tmp_path, monkeypatch, root: Path) -> dict:
     import subprocess
     import sys
 
-    from components.node_image.docker_on import facts_argv
+    from components.node_image.programs import facts_argv
 
     docker = tmp_path / "bin" / "docker"
     docker.parent.mkdir(exist_ok=True)
@@ -920,7 +921,7 @@ def test_a_classic_stores_inventory_is_read_from_its_files(tmp_path, monkeypatch
 
 def test_an_image_whose_layer_went_meanwhile_and_a_config_being_written_are_left_out(tmp_path, monkeypatch):
     from components.node_image.facts import parse_images
-    from components.node_image.image_transfer import chain_ids
+    from components.node_programs.wire import chain_ids
 
     root = tmp_path / "docker-root"
     a, b = "a" * 64, "b" * 64
@@ -1081,7 +1082,8 @@ def test_an_unreadable_content_store_is_reported_not_silently_sent_in_full(tmp_p
     import subprocess
     import sys
 
-    from components.node_image.docker_on import facts_argv, parse_facts
+    from components.node_image.facts import parse_facts
+    from components.node_image.programs import facts_argv
 
     docker = tmp_path / "bin" / "docker"
     docker.parent.mkdir()
