@@ -16,19 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from components import transfer
-from components.image_ref import split_tagged
 from components.node_image.docker_on import DockerOn
 from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
 from components.node_image.facts import Daemon, Facts, ImageInfo, facts_stderr, parse_facts, parse_images
 from components.node_image.inputs import inputs, keep_previous, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
 from components.node_image.programs import (
-    TMP_TAG_PREFIX,
+    export_spec,
     facts_argv,
     filter_argv,
     filter_spec,
     load_argv,
     save_argv,
+    temporary_tag,
 )
 from components.node_programs.image_tag import Exit as TagExit
 from components.provider_kit.progress import tell_operator
@@ -321,8 +321,7 @@ def copy_image(decided: Copy, job: CopyJob, session: transfer.SourceSession | No
     image, src, dst, at_source, times = job.image, job.src, job.dst, job.at_source, job.times
     wanted = at_source.image
     sessions = [session] if session is not None else []
-    name, _ = split_tagged(image)
-    tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
+    tmp_tag = temporary_tag(image, secrets.token_hex(4))
 
     def stream(export: dict | None, how: Copy = decided) -> dict:
         attempt = sessions.pop() if sessions else None
@@ -332,13 +331,7 @@ def copy_image(decided: Copy, job: CopyJob, session: transfer.SourceSession | No
     try:
         report = None
         if decided.export:
-            export = {
-                "root": at_source.daemon.root_dir,
-                "driver": at_source.daemon.driver,
-                "image_id": wanted.image_id,
-                # a containerd store takes left-out blobs from its content store only by digest
-                "layout": "oci" if job.at_destination.daemon.store == "containerd" else "docker",
-            }
+            export = export_spec(at_source.daemon, wanted.image_id, job.at_destination.daemon.store)
             try:
                 with times.span("stream, verify, promote (layer store)"):
                     report = stream(export)

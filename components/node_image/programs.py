@@ -6,11 +6,18 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from components.node_image.facts import INFO_FORMAT, INSPECT_FORMAT, ImageInfo
+from components.image_ref import split_tagged
+from components.node_image.facts import INFO_FORMAT, INSPECT_FORMAT, Daemon, ImageInfo
 from components.node_programs import program_argv
 
 # The tag a copy loads under until it is verified (`<name>:qwen35-tmp-<random>`).
 TMP_TAG_PREFIX = "qwen35-tmp-"
+
+
+def temporary_tag(ref: str, token: str) -> str:
+    """The tag a copy of `ref` loads under until it is verified (`token`: random, per copy)."""
+    name, _ = split_tagged(ref)
+    return f"{name}:{TMP_TAG_PREFIX}{token}"
 
 
 def _spec(value: dict, sort_keys: bool = False) -> str:
@@ -74,6 +81,17 @@ def filter_spec(
         "new_tag": new_tag,
         "compress": compress,
         "export": export,
+    }
+
+
+def export_spec(source: Daemon, image_id: str, destination_store: str) -> dict:
+    """The filter's `export`: read the image's layers straight from the source's classic layer store."""
+    return {
+        "root": source.root_dir,
+        "driver": source.driver,
+        "image_id": image_id,
+        # a containerd store takes left-out blobs from its content store only by digest
+        "layout": "oci" if destination_store == "containerd" else "docker",
     }
 
 
