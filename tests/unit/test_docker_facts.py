@@ -12,17 +12,8 @@ from components.node_image import Daemon, ImageInfo, Node
 from tests.support.standin_engine import StandinEngine
 
 L1, L2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
-
-
-def node(name: str, host: str) -> dict:
-    return {
-        "name": name,
-        "host": host,
-        "port": 22,
-        "user": "ops",
-        "identity_file": "/k",
-        "known_hosts": "/kh",
-    }
+# The destination whose facts are parsed (its access details are not used).
+NODE_B = {"name": "b", "host": "h2", "port": 22, "user": "ops", "identity_file": "/k", "known_hosts": "/kh"}
 
 
 FACTS_DOCKER = """#!{python}
@@ -100,7 +91,7 @@ def test_facts_of_a_node_in_one_program(tmp_path, monkeypatch, engine):
         if api is not None:
             api.close()
     assert done.returncode == 0, done.stderr
-    facts = parse_facts(Node.from_dict("d", node("b", "h2")), "app:1", done.stdout.decode(), True, True, True)
+    facts = parse_facts(Node.from_dict("d", NODE_B), "app:1", done.stdout.decode(), True, True, True)
     assert facts.daemon == Daemon("containerd", str(root), "29.0.0", "overlayfs")
     assert facts.image == ImageInfo("sha256:ab", (L1, L2), 123) and facts.history.split() == [
         "0",
@@ -282,9 +273,7 @@ def test_an_unreadable_content_store_is_reported_not_silently_sent_in_full(tmp_p
     done = subprocess.run(argv, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.decode().splitlines()[-1])["blobs_listed"] is False
-    facts = parse_facts(
-        Node.from_dict("d", node("b", "h2")), "app:1", done.stdout.decode(), False, True, True
-    )
+    facts = parse_facts(Node.from_dict("d", NODE_B), "app:1", done.stdout.decode(), False, True, True)
     assert facts.blobs == frozenset() and str(content / "sha256") in facts.blobs_unlisted[0]
 
 
