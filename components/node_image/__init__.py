@@ -8,16 +8,21 @@ list) matches the source's is the real tag set. read() re-inspects for `pulumi r
 compares inputs with state and touches no node; delete() gives up this resource's hold on the tag
 (the node keeps a record of which NodeImages hold it, so a replacement keeps the image).
 
-Files, by job:
-    nodes.py      the inputs: image reference, node dicts, tuning
-    facts.py      what a node's Docker holds, as values, and their parsers
-    docker_on.py  Docker commands on one node over SSH (facts in one round trip, tag records)
-    plan.py       the pure decision: plan(source_facts, destination_facts, tuning) -> Skip | Retag | Copy
-    execute.py    create/read/delete carried out (the copy runs through components.transfer)
-    provider.py   the dynamic provider (diff: no I/O)
+Files, by job (the shape every node resource has):
+    facts.py      what a node's Docker holds, as values, and the parsers of the node programs' reports
+    programs.py   the argv run on a node: docker_facts, image_tag, layer_filter, docker save/inspect/rm
+    plan.py       the pure decisions: plan_change(olds, news) -> Change (diff), and
+                  plan(source_facts, destination_facts, tuning) -> Skip | Retag | Copy
+    execute.py    the I/O: ensure (create), observe (read), release (delete); the copy runs through
+                  components.transfer
+    docker_on.py  execute's connector: programs.py's argv run on one node over SSH, errors naming it
+    provider.py   the dynamic provider (diff: plan_change, no I/O)
     resource.py   the NodeImage resource (type qwen35:NodeImage)
+    errors.py     the package's errors
+    inputs.py     the resource inputs parsed: image reference, node dicts, tuning
     fan_out.py    copy_tree: one NodeImage per node along copy_plan's tree
-Code run on the nodes: components/node_programs/ (layer_filter.py, image_tag.py, transfer_source.py).
+Code run on the nodes: components/node_programs/ (docker_facts.py, image_tag.py, layer_filter.py,
+transfer_source.py).
 
 Keep `NodeImageProvider` importable here under this name, with no import-time side effects: stacks
 pickle it by reference to this module.
@@ -25,13 +30,7 @@ pickle it by reference to this module.
 
 from components.node_image.docker_on import DockerOn
 from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
-from components.node_image.execute import (
-    TMP_TAG_PREFIX,
-    ensure_image,
-    load_argv,
-    observe,
-    release_tag,
-)
+from components.node_image.execute import ensure, observe, release
 from components.node_image.facts import (
     INSPECT_FORMAT,
     Daemon,
@@ -39,14 +38,16 @@ from components.node_image.facts import (
     ImageInfo,
     parse_daemon,
     parse_df_available,
+    parse_facts,
     parse_images,
     parse_layer_sizes,
     same_image,
 )
 from components.node_image.fan_out import copy_tree
 from components.node_image.inputs import NODE_KEYS, STORES, Node, clean_node, inputs, parse
-from components.node_image.plan import Copy, Retag, Skip, disk_needed, plan
-from components.node_image.provider import NodeImageProvider, replace_reasons
+from components.node_image.plan import Copy, Retag, Skip, disk_needed, plan, plan_change, replace_reasons
+from components.node_image.programs import TMP_TAG_PREFIX, facts_argv, filter_argv, filter_spec, load_argv
+from components.node_image.provider import NodeImageProvider
 from components.node_image.resource import OUTPUT_KEYS, NodeImage
 from components.transfer import TIMING_ENV, PhaseTimes, Tuning, peer_target
 
@@ -75,18 +76,23 @@ __all__ = [
     "clean_node",
     "copy_tree",
     "disk_needed",
-    "ensure_image",
+    "ensure",
+    "facts_argv",
+    "filter_argv",
+    "filter_spec",
     "inputs",
     "load_argv",
     "observe",
     "parse",
     "parse_daemon",
+    "parse_facts",
     "parse_df_available",
     "parse_images",
     "parse_layer_sizes",
     "peer_target",
     "plan",
-    "release_tag",
+    "plan_change",
+    "release",
     "replace_reasons",
     "same_image",
 ]

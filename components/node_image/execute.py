@@ -1,11 +1,11 @@
-"""Carrying a NodeImage out: gather both nodes' facts, `plan`, then skip, retag or copy (through the
-transfer layer); refresh's observation; delete's release of the tag."""
+"""The NodeImage's I/O, as every node resource names it: `ensure` (create: gather both nodes' facts,
+`plan`, then skip, retag or copy through the transfer layer), `observe` (refresh) and `release`
+(delete: give up the hold on the tag). Argv come from `programs.py`, decisions from `plan.py`."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import secrets
 import signal
 import threading
@@ -16,19 +16,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from components import transfer
-from components.node_image import image_transfer
-from components.node_image.docker_on import DockerOn, facts_argv, facts_stderr, parse_facts
+from components.node_image.docker_on import DockerOn
 from components.node_image.errors import ExportFailed, Mismatch, NodeImageError
-from components.node_image.facts import INSPECT_FORMAT, Daemon, Facts, ImageInfo, parse_images
+from components.node_image.facts import Daemon, Facts, ImageInfo, facts_stderr, parse_facts, parse_images
 from components.node_image.inputs import inputs, keep_previous, parse
 from components.node_image.plan import Copy, Retag, Skip, plan
-from components.node_programs import program_argv
+from components.node_image.programs import (
+    export_spec,
+    facts_argv,
+    filter_argv,
+    filter_spec,
+    load_argv,
+    save_argv,
+    temporary_tag,
+)
 from components.node_programs.image_tag import Exit as TagExit
 from components.provider_kit.progress import tell_operator
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, Result, SshTarget, with_retries
 from components.transfer import PhaseTimes, Tuning, peer_target, ssh_sessions
-
-TMP_TAG_PREFIX = "qwen35-tmp-"
 
 
 class Peers:
@@ -66,19 +71,17 @@ class CopyJob:
     times: PhaseTimes
 
 
-def ensure_image(props: Mapping[str, Any]) -> dict[str, Any]:
+def ensure(props: Mapping[str, Any]) -> dict[str, Any]:
     """create(): make `image` present and verified on the destination; the outputs."""
     times = PhaseTimes(f"NodeImage {props.get('image')}")
     try:
         with ssh_sessions(times) as control:
-            return _ensure_image(props, control, times)
+            return _ensure(props, control, times)
     finally:
         times.report()
 
 
-def _ensure_image(
-    props: Mapping[str, Any], control: Callable[[str], str], times: PhaseTimes
-) -> dict[str, Any]:
+def _ensure(props: Mapping[str, Any], control: Callable[[str], str], times: PhaseTimes) -> dict[str, Any]:
     image, source, destination, tuning = parse(props)
     same_node = source.key == destination.key
     src = DockerOn(source, "source", control("s"))
@@ -318,8 +321,7 @@ def copy_image(decided: Copy, job: CopyJob, session: transfer.SourceSession | No
     image, src, dst, at_source, times = job.image, job.src, job.dst, job.at_source, job.times
     wanted = at_source.image
     sessions = [session] if session is not None else []
-    name, _ = image_transfer.split_reference(image)
-    tmp_tag = f"{name}:{TMP_TAG_PREFIX}{secrets.token_hex(4)}"
+    tmp_tag = temporary_tag(image, secrets.token_hex(4))
 
     def stream(export: dict | None, how: Copy = decided) -> dict:
         attempt = sessions.pop() if sessions else None
@@ -329,13 +331,7 @@ def copy_image(decided: Copy, job: CopyJob, session: transfer.SourceSession | No
     try:
         report = None
         if decided.export:
-            export = {
-                "root": at_source.daemon.root_dir,
-                "driver": at_source.daemon.driver,
-                "image_id": wanted.image_id,
-                # a containerd store takes left-out blobs from its content store only by digest
-                "layout": "oci" if job.at_destination.daemon.store == "containerd" else "docker",
-            }
+            export = export_spec(at_source.daemon, wanted.image_id, job.at_destination.daemon.store)
             try:
                 with times.span("stream, verify, promote (layer store)"):
                     report = stream(export)
@@ -373,24 +369,6 @@ def thin_or_whole(decided: Copy, stream: Callable[..., dict], dst: DockerOn, tmp
         return stream(None, dataclasses.replace(decided, leave_out=()))
 
 
-def load_argv(
-    tmp_ref: str, ref: str, wanted: ImageInfo, same_store: bool, python: str = "python3", claim: str = ""
-) -> list[str]:
-    """The destination's end of the copy (`node_programs/image_tag.py load`): `docker load`, then tag
-    `ref` only if the image loaded under `tmp_ref` is the wanted one, drop `tmp_ref`, record `claim`
-    as the tag's holder. Identity as in `same_image`: the image ID within one store kind, the layer
-    list across."""
-    spec = {
-        "tmp_ref": tmp_ref,
-        "ref": ref,
-        "compare": "id" if same_store else "layers",
-        "want": wanted.image_id if same_store else list(wanted.layers),
-        "inspect_format": INSPECT_FORMAT,
-        "claim": claim,
-    }
-    return program_argv("image_tag", ["load", json.dumps(spec, separators=(",", ":"))], python)
-
-
 def _stream(
     decided: Copy,
     job: CopyJob,
@@ -402,10 +380,15 @@ def _stream(
     """One transfer: producers on the source, `image_tag load` on the destination; the filter's
     report plus `image` (the verified image now tagged). Raises Mismatch, ExportFailed or
     NodeImageError."""
-    image, src, tuning, times = job.image, job.src, job.tuning, job.times
-    wanted, at_source, at_destination = job.at_source.image, job.at_source, job.at_destination
-    source, destination = src.node, job.dst.node
-    spec = image_transfer.filter_spec(
+    moving = _transfer_of(decided, job, tmp_tag, export)
+    return _verified(_run(moving, job, peer, session), job, export)
+
+
+def _transfer_of(decided: Copy, job: CopyJob, tmp_tag: str, export: dict | None) -> transfer.Transfer:
+    """What to run: the layer store's export (`export`) or `docker save` through the filter on the
+    source, into `image_tag load` on the destination."""
+    image, wanted, tuning = job.image, job.at_source.image, job.tuning
+    spec = filter_spec(
         wanted.layers,
         decided.keep_from,
         tmp_tag,
@@ -413,20 +396,30 @@ def _stream(
         export=export,
         leave_out=decided.leave_out,
     )
-    python = at_source.python
-    producers = [transfer.Stage("layer export (source)", image_transfer.filter_argv(spec, python))]
+    python = job.at_source.python
+    producers = [transfer.Stage("layer export (source)", filter_argv(spec, python))]
     if not export:
         producers = [
-            transfer.Stage("docker save (source)", ["docker", "save", image]),
-            transfer.Stage("save filter (source)", image_transfer.filter_argv(spec, python)),
+            transfer.Stage("docker save (source)", save_argv(image)),
+            transfer.Stage("save filter (source)", filter_argv(spec, python)),
         ]
-    load = load_argv(tmp_tag, image, wanted, decided.same_store, at_destination.python, job.claim)
-    moving = transfer.Transfer(
-        operation=f"node-image-{destination.label}-{secrets.token_hex(3)}",
+    load = load_argv(tmp_tag, image, wanted, decided.same_store, job.at_destination.python, job.claim)
+    return transfer.Transfer(
+        operation=f"node-image-{job.dst.node.label}-{secrets.token_hex(3)}",
         producers=tuple(producers),
         consumer=transfer.Stage("docker load (destination)", load),
         bytes_total=decided.bytes_to_send,
     )
+
+
+def _run(
+    moving: transfer.Transfer,
+    job: CopyJob,
+    peer: transfer.Peer,
+    session: transfer.SourceSession | None,
+) -> transfer.TransferResult:
+    """Run the transfer in the source's open session, else over `peer` in a session of its own."""
+    src, destination, tuning = job.src, job.dst.node, job.tuning
     try:
         if session is not None:
             result = session.transfer(
@@ -434,16 +427,23 @@ def _stream(
             )
         else:
             result = transfer.run_transfer(
-                moving, source, destination, peer, tuning, src.transport.control_path, "python3", times
+                moving, src.node, destination, peer, tuning, src.transport.control_path, "python3", job.times
             )
     except transfer.PeerUnreachable as exc:
         raise NodeImageError(str(exc)) from None
     if result.forward.startswith("not used"):  # visible: the destination paid one more session
         tell_operator(
-            f"NodeImage {image} on {destination.label}: the destination's end was not reached through "
+            f"NodeImage {job.image} on {destination.label}: the destination's end was not reached through "
             f"the forward ({result.forward.removeprefix('not used: ')}); the load ran in a session of its "
             f"own (the destination's sshd may refuse stream-local forwarding)"
         )
+    return result
+
+
+def _verified(result: transfer.TransferResult, job: CopyJob, export: dict | None) -> dict:
+    """The filter's report, bytes sent and the image the destination verified and tagged; raises
+    Mismatch, ExportFailed (the layer store's export failed) or NodeImageError."""
+    image, destination = job.image, job.dst.node
     loaded_report = result.consumer_report or {}
     loaded = parse_images(loaded_report.get("loaded") or "")
     promoted = bool(loaded_report.get("promoted"))
@@ -508,7 +508,7 @@ def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def release_tag(props: Mapping[str, Any]) -> None:
+def release(props: Mapping[str, Any]) -> None:
     """delete(): give up this resource's hold on the tag. The tag goes only when this resource held it,
     no other NodeImage holds it now (a replacement's successor does), and it still points at the image
     that was placed. A resource that never placed or shared the tag never contacts the node."""

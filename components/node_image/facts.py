@@ -1,5 +1,5 @@
-"""Facts: what a node's Docker holds, as values, and the pure functions that parse command output
-into them (the commands themselves are in `docker_on.py`)."""
+"""Facts: what a node's Docker holds, as values, and the pure functions that parse the node programs'
+reports into them (the commands are in `programs.py`, run by `execute.py`)."""
 
 from __future__ import annotations
 
@@ -90,3 +90,33 @@ def parse_blobs(text: str) -> frozenset[str]:
     """Digests of the blobs a containerd content store holds (its blob files, named by hex digest)."""
     names = (line.strip().removeprefix("sha256:") for line in text.splitlines())
     return frozenset(f"sha256:{name}" for name in names if re.fullmatch(r"[0-9a-f]{64}", name))
+
+
+def parse_facts(node: Node, ref: str, text: str, history: bool, inventory: bool, python: bool) -> Facts:
+    """The Facts in `docker_facts`' report."""
+    report = json.loads(text.strip().splitlines()[-1])
+    found = parse_images(report.get("image") or "")
+    facts = Facts(node, ref, parse_daemon(report["info"]), found[0] if found else None)
+    facts.history = report.get("history") or ""
+    facts.python = report.get("python") or "python3"
+    if inventory:
+        facts.images, facts.free = parse_images(report.get("images") or ""), int(report.get("free") or 0)
+        facts.blobs = parse_blobs("\n".join(report.get("blobs") or []))
+        facts.blobs_unlisted = tuple(str(why) for why in report.get("blobs_unlisted") or [])
+    return facts
+
+
+def facts_stderr(stdout: str, stderr: str) -> str:
+    """What went wrong in a failed `docker_facts`: the stderr its report carries, else the session's."""
+    try:
+        return str(json.loads(stdout.strip().splitlines()[-1]).get("stderr") or stderr)
+    except (ValueError, IndexError, AttributeError):
+        return stderr
+
+
+def parse_tag_report(stdout: str) -> dict:
+    """`image_tag`'s report (its last stdout line); {} when there is none."""
+    try:
+        return json.loads(stdout.splitlines()[-1]) if stdout else {}
+    except ValueError:
+        return {}

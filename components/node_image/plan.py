@@ -1,16 +1,76 @@
-"""The decision: what to do to make the image present on the destination, as a pure function of
-both nodes' facts (`plan`), tested as a table. The executor only carries the plan out."""
+"""The pure decisions: what `pulumi up` does to a NodeImage (`plan_change`, from inputs and state),
+and what to do to make the image present on the destination (`plan`, from both nodes' facts), each
+tested as a table. The executor only carries them out."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from components.node_image import image_transfer
 from components.node_image.errors import NodeImageError
 from components.node_image.facts import Daemon, Facts, ImageInfo, parse_layer_sizes, same_image
-from components.node_image.inputs import Node
+from components.node_image.inputs import Node, clean_node, keep_previous
+from components.node_programs.wire import chain_ids
+from components.nodes import same_address, same_node
+from components.provider_kit.change import Change
 from components.transfer import GIB, Tuning
+
+# Inputs recorded in place when they change (unless they also replace): how nodes are reached, tuning.
+UPDATE_KEYS = ("tuning", "source", "destination", "trigger")
+
+
+def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
+    """From recorded state and new inputs, no I/O: replace (`replace_reasons`), update in place (access
+    details, tuning, a trigger recorded in place; retention, which only matters at delete), or leave
+    alone."""
+    replaces = replace_reasons(olds, news)
+    updates = [key for key in UPDATE_KEYS if olds.get(key) != news.get(key) and key not in replaces]
+    if keep_previous(olds) != keep_previous(news):
+        updates.append("keep_previous")
+    return Change(tuple(replaces), tuple(updates))
+
+
+def replace_reasons(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
+    """Inputs whose change needs a new copy: the image, the destination node, the trigger, the source's
+    image (the source NodeImage's observed ID), or drift that refresh recorded. Pure: no node I/O."""
+    reasons = []
+    if olds.get("image") != news.get("image"):
+        reasons.append("image")
+    old_dst, new_dst = clean_node(olds.get("destination")), clean_node(news.get("destination"))
+    # Another node, or the same one's daemon at another address: the image lives in a daemon, and one
+    # reached elsewhere holds nothing this copy verified.
+    if not same_node(old_dst, new_dst) or not same_address(old_dst, new_dst):
+        reasons.append("destination")
+    if (olds.get("trigger") or "") != (news.get("trigger") or "") and not legacy_trigger(olds, news):
+        reasons.append("trigger")
+    if "image" not in reasons and (source_changed(olds, news) or drifted(olds)):
+        reasons.append("image")
+    return reasons
+
+
+def legacy_trigger(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+    """The trigger recorded from pulumi_docker.Image, whose ID was the image reference itself (so it
+    said nothing `image` does not), now the ImageBuild's image ID of the very image this copy holds:
+    recorded in place, not a new copy (docs/image-build.md)."""
+    new = news.get("trigger") or ""
+    held = {olds.get("image_id"), olds.get("verified_image_id"), olds.get("source_image_id")} - {None, ""}
+    return bool(olds.get("trigger")) and olds.get("trigger") == olds.get("image") and new in held
+
+
+def source_changed(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+    """The source NodeImage now reports another image than the one this copy was made from (an
+    unknown value during preview counts as changed: the source is being replaced)."""
+    wanted = news.get("source_image_id")
+    return bool(wanted) and wanted != olds.get("source_image_id")
+
+
+def drifted(olds: Mapping[str, Any]) -> bool:
+    """A refresh found the destination's tag pointing at another image than the one verified there."""
+    verified = olds.get("verified_image_id")
+    if not verified and olds.get("store") == olds.get("source_store"):
+        verified = olds.get("source_image_id")  # state from before `verified_image_id`
+    return bool(verified) and bool(olds.get("image_id")) and olds.get("image_id") != verified
 
 
 @dataclass(frozen=True)
@@ -65,9 +125,7 @@ def plan(source: Facts, destination: Facts, tuning: Tuning) -> Plan:
     if twin is not None:
         return Retag(twin, destination.daemon)
     if store == "classic":
-        keep_from = image_transfer.present_prefix(
-            wanted.layers, image_transfer.present_chains(i.layers for i in destination.images)
-        )
+        keep_from = present_prefix(wanted.layers, present_chains(i.layers for i in destination.images))
         leave_out = tuple(wanted.layers[:keep_from])
     else:
         # containerd: a layer whose blob the content store holds (stored uncompressed under its diff
@@ -90,6 +148,24 @@ def plan(source: Facts, destination: Facts, tuning: Tuning) -> Plan:
         same_store=store == wanted_store,
         bytes_to_send=to_send,
     )
+
+
+def present_chains(images_layers: Iterable[Sequence[str]]) -> set[str]:
+    """Every chain ID a classic daemon holds, from the layer lists of all its images."""
+    found: set[str] = set()
+    for layers in images_layers:
+        found.update(chain_ids(list(layers)))
+    return found
+
+
+def present_prefix(layers: Sequence[str], chains_on_destination: set[str]) -> int:
+    """How many bottom layers the destination already has as a chain (docker load skips those)."""
+    count = 0
+    for index, chain in enumerate(chain_ids(layers)):
+        if chain not in chains_on_destination:
+            break
+        count = index + 1
+    return count
 
 
 def check_declared_store(node: Node, daemon: Daemon) -> None:

@@ -310,17 +310,17 @@ def test_gzip_compression_sends_fewer_bytes(pair):
 
 
 def test_unreadable_layer_store_falls_back_to_docker_save(pair, monkeypatch):
-    from components.node_image import image_transfer
+    from components.node_image import execute
 
     src, dst = pair
     wanted = build(src, "ni-fallback:1", "lab-busybox:1", os.urandom(40_000))
     remove(dst, "ni-fallback:1")
-    real = image_transfer.filter_spec
+    real = execute.filter_spec
 
     def unreadable_store(*args, export=None, **kwargs):
         return real(*args, export=export and {**export, "root": "/nonexistent"}, **kwargs)
 
-    monkeypatch.setattr(image_transfer, "filter_spec", unreadable_store)
+    monkeypatch.setattr(execute, "filter_spec", unreadable_store)
     outs = PROVIDER.create(props("ni-fallback:1", src, dst)).outs
     assert outs["layout"] == "legacy" and outs["image_id"] == wanted == image_id(dst, "ni-fallback:1")
     assert no_temporary_tags(dst)

@@ -168,8 +168,8 @@ def test_the_inventory_read_from_a_classic_stores_files_is_what_the_daemon_repor
     over the Engine API (no `docker` CLI process on the destination)."""
     import json
 
-    from components.node_image.docker_on import facts_argv
     from components.node_image.facts import INSPECT_FORMAT, parse_images
+    from components.node_image.programs import facts_argv
 
     node = {"node-a": node_a, "node-c": node_c, "node-d": node_d}[name]
     report = json.loads(lab.on_node(node, facts_argv("ni-eng:1", inventory=True)).out.splitlines()[-1])
@@ -186,8 +186,8 @@ def test_the_facts_the_engine_api_gives_are_the_clis(name, node_a, node_c, node_
     commands (asked for by a format the API path does not build, so the CLI answers)."""
     import json
 
-    from components.node_image.docker_on import facts_argv
     from components.node_image.facts import INFO_FORMAT, parse_daemon, parse_images
+    from components.node_image.programs import facts_argv
 
     node = {"node-a": node_a, "node-c": node_c, "node-d": node_d}[name]
 

@@ -13,7 +13,13 @@ import tarfile
 
 import pytest
 
-from components.node_image import image_transfer as t
+from components.image_ref import familiar_reference, full_reference
+from components.image_ref import split_tagged as split_reference
+from components.node_image.plan import present_chains, present_prefix
+from components.node_image.programs import filter_argv, filter_spec
+from components.node_programs import layer_filter as t
+from components.node_programs.wire import REPORT_MARKER as REPORT
+from components.node_programs.wire import chain_ids
 
 
 def digest(data: bytes) -> str:
@@ -46,7 +52,7 @@ def make_tar(entries: list[tuple[str, bytes]]) -> bytes:
 def v1_json(index: int, parent: str | None) -> tuple[str, bytes]:
     """A v1 `json` and its folder ID the way Docker < 25 computes them."""
     fields = {"created": '"1970-01-01T00:00:00Z"', "container_config": '{"Env":null}'}
-    hashed = dict(fields, layer_id=json.dumps(t.chain_ids(DIFF_IDS)[index]))
+    hashed = dict(fields, layer_id=json.dumps(chain_ids(DIFF_IDS)[index]))
     if parent:
         hashed["parent"] = json.dumps("sha256:" + parent)
     text = "{" + ",".join(f'"{k}":{hashed[k]}' for k in sorted(hashed)) + "}"
@@ -84,7 +90,7 @@ def oci_save() -> bytes:
 def run_filter(
     stream: bytes, keep_from: int, compress: str = "none"
 ) -> tuple[dict[str, bytes], t.StreamCounter]:
-    spec = t.filter_spec(DIFF_IDS, keep_from, "app:qwen35-tmp-1", compress)
+    spec = filter_spec(DIFF_IDS, keep_from, "app:qwen35-tmp-1", compress)
     out, counter = io.BytesIO(), t.StreamCounter()
     t.filter_stream(spec, io.BytesIO(stream), out, counter)
     data = out.getvalue()
@@ -95,12 +101,12 @@ def run_filter(
 
 
 def test_chain_ids_and_present_prefix():
-    chains = t.chain_ids(DIFF_IDS)
+    chains = chain_ids(DIFF_IDS)
     assert chains[0] == DIFF_IDS[0]
     assert chains[1] == digest(f"{DIFF_IDS[0]} {DIFF_IDS[1]}".encode())
-    assert t.present_prefix(DIFF_IDS, set(chains[:2])) == 2
-    assert t.present_prefix(DIFF_IDS, {chains[1]}) == 0  # a chain without its base is not a prefix
-    assert t.present_chains([DIFF_IDS[:1]]) == {chains[0]}
+    assert present_prefix(DIFF_IDS, set(chains[:2])) == 2
+    assert present_prefix(DIFF_IDS, {chains[1]}) == 0  # a chain without its base is not a prefix
+    assert present_chains([DIFF_IDS[:1]]) == {chains[0]}
 
 
 @pytest.mark.parametrize("keep_from", [0, 1, 2, 3])
@@ -127,10 +133,10 @@ def test_legacy_layout_matches_folders_to_layers_by_v1_id(keep_from):
 
 def test_legacy_depth_is_only_trusted_when_the_hash_matches():
     own, data = v1_json(1, "ab" * 32)
-    assert t.legacy_layer_depth(data.decode(), t.chain_ids(DIFF_IDS)) == 1
+    assert t.legacy_layer_depth(data.decode(), chain_ids(DIFF_IDS)) == 1
     tampered = data.decode().replace(own, "0" * 64)
-    assert t.legacy_layer_depth(tampered, t.chain_ids(DIFF_IDS)) is None
-    assert t.legacy_layer_depth(data.decode(), t.chain_ids(DIFF_IDS[::-1])) is None
+    assert t.legacy_layer_depth(tampered, chain_ids(DIFF_IDS)) is None
+    assert t.legacy_layer_depth(data.decode(), chain_ids(DIFF_IDS[::-1])) is None
 
 
 def test_split_json_object_keeps_raw_values():
@@ -149,21 +155,21 @@ def test_truncated_stream_fails():
 
 
 def test_references():
-    assert t.split_reference("reg:5000/a/b:1") == ("reg:5000/a/b", "1")
+    assert split_reference("reg:5000/a/b:1") == ("reg:5000/a/b", "1")
     with pytest.raises(ValueError):
-        t.split_reference("reg:5000/a")
-    assert t.full_reference("x:1") == "docker.io/library/x:1"
-    assert t.full_reference("u/x:1") == "docker.io/u/x:1"
-    assert t.full_reference("reg.io/x:1") == "reg.io/x:1"
-    assert t.familiar_reference("docker.io/library/x:1") == "x:1"
+        split_reference("reg:5000/a")
+    assert full_reference("x:1") == "docker.io/library/x:1"
+    assert full_reference("u/x:1") == "docker.io/u/x:1"
+    assert full_reference("reg.io/x:1") == "reg.io/x:1"
+    assert familiar_reference("docker.io/library/x:1") == "x:1"
 
 
 def test_shipped_script_runs_standalone_with_the_standard_library():
-    argv = t.filter_argv(t.filter_spec(DIFF_IDS, 2, "app:qwen35-tmp-1"))
+    argv = filter_argv(filter_spec(DIFF_IDS, 2, "app:qwen35-tmp-1"))
     assert argv[:4] == ["python3", "-I", "-S", "-c"] and "\n" not in argv[4]
     done = subprocess.run([sys.executable, *argv[1:]], input=oci_save(), capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    reports = [line for line in done.stderr.decode().splitlines() if line.startswith(t.REPORT + " ")]
+    reports = [line for line in done.stderr.decode().splitlines() if line.startswith(REPORT + " ")]
     summary = json.loads(reports[-1].split(" ", 1)[1])
     assert summary["layers_left_out"] == 2 and summary["written"] == len(done.stdout)
 
@@ -178,7 +184,7 @@ def fake_layer_store(tmp_path) -> tuple[str, str]:
     content = root / "image" / "overlay2" / "imagedb" / "content" / "sha256"
     content.mkdir(parents=True)
     (content / image_hex).write_bytes(config)
-    for index, (layer, chain) in enumerate(zip(LAYERS, t.chain_ids(DIFF_IDS), strict=True)):
+    for index, (layer, chain) in enumerate(zip(LAYERS, chain_ids(DIFF_IDS), strict=True)):
         folder = root / "image" / "overlay2" / "layerdb" / "sha256" / chain.split(":")[1]
         folder.mkdir(parents=True)
         (folder / "diff").write_text(DIFF_IDS[index])
@@ -203,7 +209,7 @@ def fake_layer_store(tmp_path) -> tuple[str, str]:
 def test_layer_store_export_rebuilds_exact_layers(tmp_path):
     root, image_id = fake_layer_store(tmp_path)
     export = {"root": root, "driver": "overlay2", "image_id": image_id}
-    spec = t.filter_spec(DIFF_IDS, 1, "app:qwen35-tmp-1", export=export)
+    spec = filter_spec(DIFF_IDS, 1, "app:qwen35-tmp-1", export=export)
     out, counter = io.BytesIO(), t.StreamCounter()
     t.export_stream(spec, out, counter)
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
@@ -219,7 +225,7 @@ def test_layer_store_export_rebuilds_exact_layers(tmp_path):
 def test_layer_store_export_refuses_before_writing_anything(tmp_path):
     root, image_id = fake_layer_store(tmp_path)
     export = {"root": root, "driver": "overlay2", "image_id": image_id}
-    spec = t.filter_spec(DIFF_IDS, 0, "app:qwen35-tmp-1", export=export)
+    spec = filter_spec(DIFF_IDS, 0, "app:qwen35-tmp-1", export=export)
     (tmp_path / "docker" / "overlay2" / "cache2" / "diff" / "file").unlink()
     (tmp_path / "docker" / "overlay2" / "cache2" / "diff").rmdir()
     out = io.BytesIO()
@@ -233,7 +239,7 @@ def test_layer_store_export_as_an_oci_layout_names_every_blob_by_digest(tmp_path
     every layer with its size, the layers left out absent (the content store has them)."""
     root, image_id = fake_layer_store(tmp_path)
     export = {"root": root, "driver": "overlay2", "image_id": image_id, "layout": "oci"}
-    spec = t.filter_spec(DIFF_IDS, 0, "app:qwen35-tmp-1", export=export, leave_out=[DIFF_IDS[0], DIFF_IDS[2]])
+    spec = filter_spec(DIFF_IDS, 0, "app:qwen35-tmp-1", export=export, leave_out=[DIFF_IDS[0], DIFF_IDS[2]])
     out, counter = io.BytesIO(), t.StreamCounter()
     t.export_stream(spec, out, counter)
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
@@ -265,7 +271,7 @@ def test_layer_store_export_compressed_is_the_same_archive(tmp_path, layout):
     export = {"root": root, "driver": "overlay2", "image_id": image_id, "layout": layout}
     archives = []
     for compression in ("none", "gzip"):
-        spec = t.filter_spec(DIFF_IDS, 1, "app:qwen35-tmp-1", compression, export=export)
+        spec = filter_spec(DIFF_IDS, 1, "app:qwen35-tmp-1", compression, export=export)
         out, counter = io.BytesIO(), t.StreamCounter()
         t.export_stream(spec, out, counter)
         assert counter.written == len(out.getvalue()) and counter.layers_sent == 2
