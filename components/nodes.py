@@ -1,4 +1,15 @@
-"""From validated config to how each node is reached: SSH targets and Docker provider settings."""
+"""From validated config to how each node is reached: SSH targets and Docker provider settings.
+
+A node is one of these, by layer (each a view of the same `nodes[]` entry, never a copy to keep in
+step by hand):
+- `NodeConfig` (components/config/nodes.py): what the operator wrote, validated;
+- `NodeAccess` (here): that config with its SSH target, as the program reaches the node;
+- `NodeDict` (here): the plain values a node resource takes and state keeps;
+- `SshTarget` (components/remote.py): how one ssh command reaches it;
+- `transfer.Endpoint` and `node_image.inputs.Node`: a NodeDict parsed back by a provider.
+Its fabric address is `fabric_ip` in config and `fabric_host` in a NodeDict (and an Endpoint): the
+state key predates the config key, and renaming it would change every node resource's inputs.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +32,7 @@ class NodeDict(TypedDict, total=False):
     identity_file: str | None
     known_hosts: str
     proxy_jump: str | None
-    fabric_host: str | None
+    fabric_host: str | None  # the config's fabric_ip (the module docstring says why two names)
     image_store: str | None
 
 
