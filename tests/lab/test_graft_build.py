@@ -26,7 +26,7 @@ from lab.images import DEBIAN_TAG, image_id
 from lab.ray_image import RAY_VERSION, ray_image, wheels_for
 from lab.vllm_images import OTHER_GLIBC, OTHER_PYTHON, OTHER_SUITE, folder_context, graft_donor_standin
 from tests.lab.test_model_support import check_props, leftover_containers
-from tests.vllm_trees import DONOR_VERSION, vllm_tree
+from tests.support.vllm_trees import DONOR_VERSION, vllm_tree
 
 pytestmark = pytest.mark.lab
 

@@ -28,7 +28,7 @@ from lab.layout import data_dir
 from lab.standin_hub import StandinHub, generate_repo
 from lab.vllm_images import base_standin, donor_standin, folder_context, transformers_wheels
 from tests.support.program import stack_config
-from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
+from tests.support.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
 
 pytestmark = pytest.mark.lab
 

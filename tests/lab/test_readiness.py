@@ -13,7 +13,7 @@ import pytest
 import lab
 from components.node_programs.readiness import EXIT_REJECTED, EXIT_TIMEOUT, LOG_TAIL_LINES
 from components.readiness_gate import GateFailed, ReadinessGateProvider, run_probe
-from tests.support.node_image_lab import node_dict
+from tests.support.lab_nodes import node_dict
 from tests.support.standin_openai import StandinServer, probe_props
 
 pytestmark = pytest.mark.lab
