@@ -1,4 +1,4 @@
-"""Drift, repair, teardown and progress under the real Pulumi engine, on the lab (issue 25: 1, 6, 7).
+"""Drift, repair, teardown and progress under the real Pulumi engine, on the lab.
 
 One stack for the whole module. The first `up` (plain display, as an operator's terminal or CI shows
 it) must show the copies' and the readiness wait's progress. Then each drift an operator or an

@@ -1,4 +1,4 @@
-"""Stacks under the real engine (issue 25, items 4 and 5): secrets that never leave the containers,
+"""Stacks under the real engine: secrets that never leave the containers,
 a rotated API key that replaces only what carries it, and two environments of one project up at the
 same time. The evidence is the engine's own events, state and display, and the nodes themselves."""
 

@@ -1,4 +1,4 @@
-"""Upgrades and rollback under the real engine (issue 25, items 2 and 3): a new image (one new top
+"""Upgrades and rollback under the real engine: a new image (one new top
 layer) and a new checkpoint revision reach the nodes while the old server answers, the model-support
 check runs before any container is touched, containers are replaced old-first, and a rollback to the
 previous image, or to the previous revision, is one `pulumi up` that sends no image or checkpoint

@@ -1,4 +1,4 @@
-"""Issue 27 in the lab: a real `docker build` of patches/Dockerfile.graft on node-a with the program's
+"""The graft build in the lab: a real `docker build` of patches/Dockerfile.graft on node-a with the program's
 own build args, FROM stand-ins: the base is the lab Ray image (bookworm's Python 3.11, a real Ray 2.60.0
 installed from the lab's wheel cache), the donor carries the real vLLM 0.17.1 tree importable by its
 python and no Ray, as the seed's donor and NVIDIA's vLLM containers ship. The graft copies the base's

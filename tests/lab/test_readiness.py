@@ -1,7 +1,7 @@
 """The readiness probe for real: shipped over SSH to a lab node (`python3 -`, as the gate does on the
 head), probing a stand-in OpenAI-compatible server on the node's address, with the log tail read by
-`docker logs` on the node's own daemon. Ray is skipped explicitly here (issue 8's end-to-end test
-runs the real Ray path)."""
+`docker logs` on the node's own daemon. Ray is skipped explicitly here (tests/lab/test_e2e.py runs
+the real Ray path)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The health stage under Pulumi mocks (issue 33): after the gate, the state volume on the head, an
+"""The health stage under Pulumi mocks: after the gate, the state volume on the head, an
 agent on every worker, then the watchdog; each on its node's own image ID, its config from the memory
 fit, the secret only in secret envs; the claims, `scrape_targets`, `containers` and `health` outputs;
 nothing under `health.mode: off`. Ray and mp, 2 and 3 nodes."""

@@ -63,7 +63,7 @@ def _fused_widths(tiny: dict) -> dict[str, int]:
     ids=["as-released", "64-wide-linear-key-heads", "64-wide-linear-value-heads", "64-wide-heads"],
 )
 def test_every_fused_sub_shard_of_the_tiny_model_is_whole_fp8_blocks(text):
-    # Issue 24: 64-wide key heads with one key head gave q/k sub-shards half a 128-row block wide.
+    # 64-wide key heads with one key head would give q/k sub-shards half a 128-row block wide.
     config = _with_text(MOE, **text)
     tiny = prove.tiny_config(config)
     for what, width in _fused_widths(tiny).items():

@@ -1,4 +1,4 @@
-"""`status`'s watchdog line (issue 33): from the head's watchdog /state, each verdict with its next
+"""`status`'s watchdog line: from the head's watchdog /state, each verdict with its next
 step; and the node program's bounded read of /state on loopback."""
 
 from __future__ import annotations
