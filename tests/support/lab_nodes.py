@@ -1,11 +1,30 @@
-"""What the lab tiers read off a lab node: its resource-input dict, its image tags, its containers.
+"""The lab nodes for a test session, and what the lab tiers read off a node: its resource-input dict,
+its image tags, its containers.
 
-Shared by tests/lab/, tests/engine/ and tests/support/node_image_lab.py.
+Shared by tests/lab/, tests/engine/, bench/ and tests/support/node_image_lab.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+
 import lab
+from lab.sessions import lab_session
+
+
+@contextlib.contextmanager
+def session_nodes(names: list[str]) -> Iterator[dict[str, lab.LabNode]]:
+    """name -> LabNode for `names`, all running; a lab that cannot start fails the test with the reason
+    (never a skip). The last session still using the lab stops what sessions started."""
+    with contextlib.ExitStack() as stack:
+        try:
+            nodes = stack.enter_context(lab_session(names))
+        except lab.LabError as exc:
+            pytest.fail(f"the lab could not start: {exc}", pytrace=False)
+        yield nodes
 
 
 def node_dict(node: lab.LabNode, **overrides) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -31,6 +30,7 @@ from lab.standin_vllm import (
     parse_serve_args,
     prompt_text,
 )
+from tests.support.ports import free_port
 from tests.support.program import stack_config
 
 
@@ -136,16 +136,6 @@ def test_host_python_must_match_the_image_s():
 
 STANDIN = Path(__file__).resolve().parents[2] / "lab" / "standin_vllm.py"
 LOOPBACK = "127.0.0.1"
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A port nothing listens on at `host` now (bound once to check, then released)."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port = probe.getsockname()[1]
-    with socket.socket() as check:
-        assert check.connect_ex((host, port)) != 0, f"{host}:{port} is taken"
-    return port
 
 
 @dataclass
