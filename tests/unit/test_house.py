@@ -13,6 +13,8 @@ import ast
 import base64
 import importlib
 import pickletools
+import subprocess
+import sys
 from pathlib import Path
 
 import dill
@@ -223,9 +225,20 @@ def test_the_pickle_reader_follows_memo_references():
     ]
 
 
+# A class no module holds (as one in a script's __main__), pickled by the SDK in a fresh interpreter:
+# pulumi's serialize_provider wraps pickle's _batch_setitems again on every call and never unwraps it,
+# so after the unit tier's many calls any by-value pickle (a class dict) exceeds the recursion limit.
+BY_VALUE = """
+import pulumi.dynamic as dynamic
+from pulumi.dynamic.dynamic import serialize_provider
+
+unimportable = type("Unimportable", (dynamic.ResourceProvider,), {"__module__": "__main__"})
+print(serialize_provider(unimportable()))
+"""
+
+
 def test_a_provider_pickled_by_value_is_told_apart():
-    # A class no module holds (as one in a script's __main__): dill pickles it by value. No methods, so
-    # dill's recursion reaches no globals.
-    unimportable = type("Unimportable", (dynamic.ResourceProvider,), {"__module__": "__main__"})
-    pairs = pickled_globals(base64.b64decode(serialize_provider(unimportable())))
+    done = subprocess.run([sys.executable, "-c", BY_VALUE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pairs = pickled_globals(base64.b64decode(done.stdout))
     assert ("dill._dill", "_create_type") in pairs and ("__main__", "Unimportable") not in pairs
