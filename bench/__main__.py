@@ -29,6 +29,7 @@ from components.node_image import Node, NodeImageProvider, Tuning, peer_target
 from components.remote import bash_argv, shell_join, ssh_argv
 from components.transfer.peer import NODE_PYTHON
 from lab.logins import counted_logins
+from tests.support.lab_nodes import node_dict
 
 BASE = "bench-base:2"
 IMAGE = "bench-image:1"
@@ -45,10 +46,6 @@ PAIRS = (
     ("node-c", "node-a", "26 OCI -> 20.10"),
     ("node-c", "node-d", "26 -> 26 containerd"),  # every layer sent by design: thin is unsafe there
 )
-
-
-def node_dict(node: lab.LabNode) -> dict:
-    return {**lab.node_config(node), "name": node.name}
 
 
 def base_ref(layers: int = len(BASE_MB)) -> str:

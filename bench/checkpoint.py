@@ -25,6 +25,7 @@ from components.transfer.peer import NODE_PYTHON
 from lab.layout import data_dir
 from lab.remote import ssh_target
 from lab.standin_hub import StandinHub, generate_repo
+from tests.support.lab_nodes import node_dict
 
 REPO = "bench/qwen35-1g"
 SHARDS = 4
@@ -40,10 +41,6 @@ def over_rsync(run: tuple) -> float:
 
 def cache_dir(node: lab.LabNode) -> Path:
     return data_dir() / "bench-hf-cache" / node.name
-
-
-def node_dict(node: lab.LabNode) -> dict:
-    return {**lab.node_config(node), "name": node.name}
 
 
 def say(message: str) -> None:

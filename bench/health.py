@@ -1,4 +1,4 @@
-"""`python -m bench health`: the watchdog in the lab (issue 33), figures not asserts.
+"""`python -m bench health`: the watchdog in the lab, figures not asserts.
 
 - its cost on the head: CPU (% of one core, from /proc/<pid>/stat over a minute) and RSS, with the
   Sparks' defaults (a /health probe every 10 s, a one-token completion every 6th);

@@ -48,7 +48,7 @@ JOIN_TIMEOUT_ENV = "VLLM_STANDIN_JOIN_TIMEOUT_S"
 JOIN_TIMEOUT_S = 600.0
 # vLLM's default `ParallelConfig.master_port`.
 MASTER_PORT = 29501
-# Fault modes for the health tests (issue 33), none of them vLLM's. At run time, POST FAULT_PATH
+# Fault modes for the watchdog's tests and bench, none of them vLLM's. At run time, POST FAULT_PATH
 # {"mode": "hang"} (the serving process SIGSTOPs itself: the container stays "Up", nothing answers),
 # {"mode": "crash"} (exits 1) or {"mode": "slow", "delay_s": D, "health_delay_s": H} (answers late).
 # A fault lives in the process only: a restarted server is well again.

@@ -238,7 +238,7 @@ def stage_wheels(requirement: str, dest: Path) -> Path:
 def lab_build_inputs(node: LabNode, image: ImageConfig, context: Path) -> None:
     """What a lab stack's hybrid or graft build needs on the head `node` before `pulumi up`: the base
     and donor stand-ins its image section names, and transformers' wheels in `context`/wheels/."""
-    from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
+    from tests.support.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
 
     if image.strategy is ImageStrategy.HYBRID:
         base_standin(node, image.base_ref, image.base_vllm_dir, vllm_tree(BASE_VERSION))

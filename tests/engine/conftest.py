@@ -19,8 +19,8 @@ from engine import Engine, EngineError, ensure_engine
 from engine.lab_stack import engine_lab_config, stack_file, write_config
 from lab.layout import lab_dir
 from lab.ray_image import ray_image
-from lab.sessions import lab_session
-from lab.standin_hub import StandinHub, generate_repo
+from tests.support.hub_fixture import hub_fixture
+from tests.support.lab_nodes import session_nodes
 
 REPO_ID = "lab/standin-qwen35"
 # The program's resource types, as the engine names them in URNs and events.
@@ -115,11 +115,7 @@ def engine(tmp_path_factory) -> Engine:
 
 @pytest.fixture(scope="session")
 def lab_nodes() -> Iterator[dict[str, lab.LabNode]]:
-    with contextlib.ExitStack() as stack:
-        try:
-            nodes = stack.enter_context(lab_session(["node-a", "node-b"]))
-        except lab.LabError as exc:
-            pytest.fail(f"the lab could not start: {exc}", pytrace=False)
+    with session_nodes(["node-a", "node-b"]) as nodes:
         yield nodes
 
 
@@ -130,11 +126,7 @@ def lab_image(lab_nodes) -> str:
     return tag
 
 
-@pytest.fixture(scope="session")
-def hub(tmp_path_factory) -> Iterator[StandinHub]:
-    repo = generate_repo(tmp_path_factory.mktemp("hub-repo"), shards=2, shard_bytes=2 << 20)
-    with StandinHub({REPO_ID: repo}) as served:
-        yield served
+hub = hub_fixture(REPO_ID, shards=2, shard_bytes=2 << 20, scope="session")
 
 
 @dataclass

@@ -35,6 +35,7 @@ from tests.engine.conftest import (
     outputs_of,
     secret_stack,
 )
+from tests.support.lab_nodes import container_ids
 
 pytestmark = pytest.mark.engine
 
@@ -48,16 +49,6 @@ MARKER = PATCH_DIR / "wheels" / "engine-test-changed-file.txt"
 
 def secrets_token() -> str:
     return pysecrets.token_hex(8)
-
-
-def container_ids(nodes: dict[str, lab.LabNode]) -> dict[str, str]:
-    found = {}
-    for node in nodes.values():
-        for line in lab.docker(node, "ps", "-a", "--format", "{{.Names}} {{.ID}}").out.splitlines():
-            name, cid = line.split()
-            if name.startswith("qwen35-"):
-                found[f"{node.name}/{name}"] = cid
-    return found
 
 
 def exited_containers(node: lab.LabNode) -> list[str]:

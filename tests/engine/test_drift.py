@@ -1,4 +1,4 @@
-"""Drift, repair, teardown and progress under the real Pulumi engine, on the lab (issue 25: 1, 6, 7).
+"""Drift, repair, teardown and progress under the real Pulumi engine, on the lab.
 
 One stack for the whole module. The first `up` (plain display, as an operator's terminal or CI shows
 it) must show the copies' and the readiness wait's progress. Then each drift an operator or an
@@ -21,7 +21,6 @@ import pytest
 
 import lab
 from engine.lab_stack import engine_lab_config, write_config
-from lab.standin_hub import StandinHub, generate_repo
 from tests.engine.conftest import (
     REPO_ID,
     Stack,
@@ -33,6 +32,7 @@ from tests.engine.conftest import (
     secret_stack,
     urn_name,
 )
+from tests.support.hub_fixture import hub_fixture
 
 pytestmark = pytest.mark.engine
 
@@ -79,11 +79,7 @@ def model_dir(node: str) -> Path:
     return Path(f"/run/qwen35-lab/{node}/hf-cache/hub/models--{REPO_ID.replace('/', '--')}")
 
 
-@pytest.fixture(scope="module")
-def big_hub(tmp_path_factory) -> Iterator[StandinHub]:
-    repo = generate_repo(tmp_path_factory.mktemp("drift-repo"), shards=2, shard_bytes=SHARD_BYTES)
-    with StandinHub({REPO_ID: repo}) as served:
-        yield served
+big_hub = hub_fixture(REPO_ID, shards=2, shard_bytes=SHARD_BYTES, name="big_hub")
 
 
 @pytest.fixture(scope="module")

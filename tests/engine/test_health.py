@@ -1,4 +1,4 @@
-"""The health stage under the real engine (issue 33): `up` creates the watchdog and the agent after
+"""The health stage under the real engine: `up` creates the watchdog and the agent after
 the gate; refresh is clean while they run; an upgrade that replaces the watchdog keeps its restart
 history (the state volume outlives its container); destroy removes them and the volume.
 

@@ -1,4 +1,4 @@
-"""Stacks under the real engine (issue 25, items 4 and 5): secrets that never leave the containers,
+"""Stacks under the real engine: secrets that never leave the containers,
 a rotated API key that replaces only what carries it, and two environments of one project up at the
 same time. The evidence is the engine's own events, state and display, and the nodes themselves."""
 
@@ -85,7 +85,7 @@ def container_env(node: lab.LabNode, name: str) -> tuple[dict[str, str], str]:
     return stored, json.dumps([inspected["Path"], *inspected["Args"]])
 
 
-def container_ids(lab_nodes) -> dict[str, str]:
+def stack_container_ids(lab_nodes) -> dict[str, str]:
     """The lab stack's containers on node-a and node-b, by name: their Docker IDs."""
     where = (
         ("node-a", "qwen35-ray-head"),
@@ -217,7 +217,7 @@ class TestSecrets:
     def test_a_new_api_key_replaces_only_what_carries_it(self, up, stack, lab_nodes, secrets, engine):
         old = secrets["api_key"]
         new = "sk-rotated-" + pysecrets.token_hex(12)
-        ids_before = container_ids(lab_nodes)
+        ids_before = stack_container_ids(lab_nodes)
         stack.set_secret("api_key", new)
         # The plain display of the diff the rotation makes, then the change itself with its events.
         diff = stack.run("preview", "--diff")
@@ -233,7 +233,7 @@ class TestSecrets:
         assert steps["qwen35-vllm"][0] == CONTAINER
         assert touched["qwen35-vllm"] & {"replace", "create-replacement"}, touched
         assert steps["qwen35-ready"][0] == GATE
-        ids_after = container_ids(lab_nodes)
+        ids_after = stack_container_ids(lab_nodes)
         assert ids_after["qwen35-ray-head"] == ids_before["qwen35-ray-head"]
         assert ids_after["qwen35-ray-worker"] == ids_before["qwen35-ray-worker"]
         assert ids_after["qwen35-vllm"] != ids_before["qwen35-vllm"]

@@ -1,4 +1,4 @@
-"""Upgrades and rollback under the real engine (issue 25, items 2 and 3): a new image (one new top
+"""Upgrades and rollback under the real engine: a new image (one new top
 layer) and a new checkpoint revision reach the nodes while the old server answers, the model-support
 check runs before any container is touched, containers are replaced old-first, and a rollback to the
 previous image, or to the previous revision, is one `pulumi up` that sends no image or checkpoint
@@ -35,6 +35,7 @@ from tests.engine.conftest import (
     clear_caches,
     secret_stack,
 )
+from tests.support.lab_nodes import container_ids, tags_on
 
 pytestmark = pytest.mark.engine
 
@@ -54,18 +55,6 @@ def exported(stack: Stack, type_: str) -> dict[str, dict]:
         for r in state["deployment"].get("resources") or []
         if r["type"] == type_ and not r.get("delete")
     }
-
-
-def container_ids(nodes: dict[str, lab.LabNode]) -> dict[str, str]:
-    found = {}
-    for node in nodes.values():
-        out = lab.docker(node, "ps", "--filter", "name=qwen35-", "--format", "{{.Names}} {{.ID}}").out
-        found.update(dict(line.split() for line in out.splitlines() if line.strip()))
-    return found
-
-
-def tags_on(node: lab.LabNode) -> set[str]:
-    return set(lab.docker(node, "images", "--format", "{{.Repository}}:{{.Tag}}").out.split())
 
 
 def image_section(ref: str, check: str = "report") -> dict:
@@ -114,7 +103,7 @@ def endpoint(stack) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def upgrade(stack, lab_nodes, lab_config, new_image, endpoint, secrets):
     """The upgrade to the new image, with completions sent all along: (run, prober, ids before)."""
-    before = container_ids(lab_nodes)
+    before = container_ids(lab_nodes, stopped=False)
     write_config(stack.config, with_sections(lab_config, image=image_section(new_image)))
     with Prober(*endpoint, secrets["api_key"]) as prober:
         time.sleep(1.0)
@@ -221,7 +210,7 @@ def refused(rollback, stack, lab_nodes, lab_config, lab_image, endpoint, secrets
         f"{name}:noray-{pysecrets.token_hex(3)}",
         "rm -rf /opt/ray/lib/python3*/site-packages/ray /opt/ray/bin/ray",
     )
-    before = container_ids(lab_nodes)
+    before = container_ids(lab_nodes, stopped=False)
     write_config(stack.config, with_sections(lab_config, image=image_section(tag, "enforce")))
     with Prober(*endpoint, secrets["api_key"]) as prober:
         run = up(stack)
@@ -242,7 +231,7 @@ def test_a_refused_image_leaves_the_old_containers_serving(refused, lab_nodes):
     # proof container was `--rm`, it leaves nothing on a node).
     deleted = [(s.name, s.op) for s in run.steps if s.op.startswith("delete") and s.type != MODEL_SUPPORT]
     assert not deleted, deleted
-    assert container_ids(lab_nodes) == before
+    assert container_ids(lab_nodes, stopped=False) == before
     assert prober.outage() is None, "a request failed while the refused image was checked"
     assert prober.answers and all(ok for _, ok in prober.answers[-5:])
     diagnostics = [

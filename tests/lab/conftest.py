@@ -4,13 +4,12 @@ survives). A lab that cannot start fails the tests with the reason; it is never 
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
 
 import lab
-from lab.sessions import lab_session
+from tests.support.lab_nodes import session_nodes
 
 
 def _wanted() -> list[str]:
@@ -22,11 +21,7 @@ def _wanted() -> list[str]:
 @pytest.fixture(scope="session")
 def lab_nodes() -> dict[str, lab.LabNode]:
     """name -> LabNode for every lab node this session uses, all running."""
-    with contextlib.ExitStack() as stack:
-        try:
-            nodes = stack.enter_context(lab_session(_wanted()))
-        except lab.LabError as exc:
-            pytest.fail(f"the lab could not start: {exc}", pytrace=False)
+    with session_nodes(_wanted()) as nodes:
         yield nodes
 
 

@@ -22,7 +22,9 @@ import lab
 from components.checkpoint import CheckpointError, CheckpointProvider
 from components.node_programs import hf_checkpoint
 from lab.layout import data_dir
-from lab.standin_hub import StandinHub, generate_repo
+from lab.standin_hub import StandinHub
+from tests.support.hub_fixture import hub_fixture
+from tests.support.lab_nodes import node_dict
 
 PROVIDER = CheckpointProvider()
 REPO = "lab/tiny-qwen35"
@@ -35,15 +37,7 @@ def cache_dir(node: lab.LabNode) -> Path:
     return data_dir() / "hf-cache" / node.name
 
 
-def node_dict(node: lab.LabNode) -> dict:
-    return {**lab.node_config(node), "name": node.name}
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    repo = generate_repo(tmp_path_factory.mktemp("hub-repo"), shards=3, shard_bytes=SHARD)
-    with StandinHub({REPO: repo}) as server:
-        yield server
+hub = hub_fixture(REPO, shards=3, shard_bytes=SHARD)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The compile cache on a real Docker daemon (issue 33): what a container writes under its
+"""The compile cache on a real Docker daemon: what a container writes under its
 VLLM_CACHE_ROOT is there for the container that replaces it, because the volume holds it."""
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import pytest
 import lab
 from components.fabric_check import FabricCheckError, ensure, probe_head
 from tests.lab.test_fabric_check import props, spark, write_on_node
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.lab
 
@@ -26,13 +27,6 @@ def worker_tree(node_b):
     root = f"/tmp/qwen35-fabric-probe-{secrets.token_hex(4)}"
     yield root
     lab.on_node(node_b, ["rm", "-rf", "--", root], timeout=60)
-
-
-def free_port(host: str) -> int:
-    """A port nothing listens on at host (bound and released here: the lab shares this network)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def probe(head: lab.LabNode, host: str, port: int, min_gbps: float | None = None) -> dict:

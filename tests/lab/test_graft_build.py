@@ -1,4 +1,4 @@
-"""Issue 27 in the lab: a real `docker build` of patches/Dockerfile.graft on node-a with the program's
+"""The graft build in the lab: a real `docker build` of patches/Dockerfile.graft on node-a with the program's
 own build args, FROM stand-ins: the base is the lab Ray image (bookworm's Python 3.11, a real Ray 2.60.0
 installed from the lab's wheel cache), the donor carries the real vLLM 0.17.1 tree importable by its
 python and no Ray, as the seed's donor and NVIDIA's vLLM containers ship. The graft copies the base's
@@ -26,7 +26,7 @@ from lab.images import DEBIAN_TAG, image_id
 from lab.ray_image import RAY_VERSION, ray_image, wheels_for
 from lab.vllm_images import OTHER_GLIBC, OTHER_PYTHON, OTHER_SUITE, folder_context, graft_donor_standin
 from tests.lab.test_model_support import check_props, leftover_containers
-from tests.vllm_trees import DONOR_VERSION, vllm_tree
+from tests.support.vllm_trees import DONOR_VERSION, vllm_tree
 
 pytestmark = pytest.mark.lab
 

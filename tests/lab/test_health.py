@@ -1,4 +1,4 @@
-"""The watchdog and its agent for real (issue 33): the programs in containers started from their
+"""The watchdog and its agent for real: the programs in containers started from their
 specs (components/health/containers.py) on node-a (head) and node-b, watching the stand-in vLLM under
 executor mp (a head rank and a headless rank, no Ray), with a prefix of their own, `enforce`, small
 intervals and crafted meminfo files. Faults come from the stand-in (lab/standin_vllm.py FAULT_PATH)."""

@@ -1,4 +1,4 @@
-"""Issue 4 in the lab: a real `docker build` of patches/Dockerfile on a lab node, over SSH, with the
+"""The hybrid build in the lab: a real `docker build` of patches/Dockerfile on a lab node, over SSH, with the
 build args the program itself passes (`build_args` of the lab stack's image config), against stand-in
 base and donor images that carry the real vLLM 0.14.0 and 0.17.1 Python trees. A passing pair builds
 and the image holds what the Dockerfile promises; a failing proof, and a base without the tree, stop
@@ -28,7 +28,7 @@ from lab.layout import data_dir
 from lab.standin_hub import StandinHub, generate_repo
 from lab.vllm_images import base_standin, donor_standin, folder_context, transformers_wheels
 from tests.support.program import stack_config
-from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
+from tests.support.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
 
 pytestmark = pytest.mark.lab
 

@@ -1,4 +1,4 @@
-"""Executor mp in the lab (issue 34): the program's own rank command lines, run by the stand-in `vllm`
+"""Executor mp in the lab: the program's own rank command lines, run by the stand-in `vllm`
 in containers on node-a (the head, rank 0) and node-b (a headless rank 1), host network, no Ray. The
 head serves a completion that both ranks answered; removing the rank's container ends the head."""
 

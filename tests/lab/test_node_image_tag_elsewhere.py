@@ -9,7 +9,8 @@ import pytest
 
 import lab
 from components.node_image import NodeImage
-from tests.support.node_image_lab import build, image_id, node_dict, remove
+from tests.support.lab_nodes import node_dict
+from tests.support.node_image_lab import build, image_id, remove
 from tests.support.program import registered_by
 from tests.support.provider_host import Engine, ProviderHost
 

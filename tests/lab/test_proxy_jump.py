@@ -24,7 +24,7 @@ from components.remote import SshTransport, shell_join
 from lab.layout import data_dir, door_port, node_paths
 from lab.netns import in_netns
 from lab.remote import ssh_target
-from tests.support.node_image_lab import node_dict
+from tests.support.lab_nodes import node_dict
 from tests.support.program import config_from, dev_raw, registered_by
 from tests.support.provider_host import Engine, ProviderHost
 from tests.support.standin_openai import StandinServer, probe_props

@@ -1,7 +1,7 @@
 """The readiness probe for real: shipped over SSH to a lab node (`python3 -`, as the gate does on the
 head), probing a stand-in OpenAI-compatible server on the node's address, with the log tail read by
-`docker logs` on the node's own daemon. Ray is skipped explicitly here (issue 8's end-to-end test
-runs the real Ray path)."""
+`docker logs` on the node's own daemon. Ray is skipped explicitly here (tests/lab/test_e2e.py runs
+the real Ray path)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import lab
 from components.node_programs.readiness import LOG_TAIL_LINES, Exit
 from components.readiness_gate import GateFailed, ReadinessGateProvider, ensure
-from tests.support.node_image_lab import node_dict
+from tests.support.lab_nodes import node_dict
 from tests.support.standin_openai import StandinServer, probe_props
 
 pytestmark = pytest.mark.lab

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.release.releases import ReleaseError, hybrid_overlay, release_venv, transformers_overlay
-from tests.vllm_trees import DONOR_VERSION, VllmTreeError, vllm_tree
+from tests.support.vllm_trees import DONOR_VERSION, VllmTreeError, vllm_tree
 
 PREBUILT_VERSION = "0.17.1"  # a vLLM with native Qwen3.5 support, used as is
 SEED_BASE_VERSION = "0.14.0"  # the seed's base image's vLLM

@@ -341,7 +341,7 @@ def run_proof(
 
 
 def main() -> int:
-    from tests.vllm_trees import DONOR_VERSION, vllm_tree
+    from tests.support.vllm_trees import DONOR_VERSION, vllm_tree
 
     for version in ("0.17.1", "0.14.0"):
         python = release_venv(version)

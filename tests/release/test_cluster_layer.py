@@ -1,4 +1,4 @@
-"""Issue 27 against real releases: what a graft of the seed's pair holds, vLLM 0.17.1 from PyPI with the
+"""The cluster layer on real releases: what a graft of the seed's pair holds, vLLM 0.17.1 from PyPI with the
 Ray release the seed's base pins (an overlay installed with `--target`, first on PYTHONPATH and PATH),
 passes patches/prove_cluster.py (Ray beside vLLM at that version, a one-node Ray cluster, vLLM's Ray
 executor with its torch) and, in the same interpreter and overlay, the behaviour proofs. The cluster

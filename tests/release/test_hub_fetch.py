@@ -19,7 +19,8 @@ import pytest
 
 from components.checkpoint import facts, programs
 from components.node_programs import hf_checkpoint
-from lab.standin_hub import StandinHub, generate_repo
+from lab.standin_hub import StandinHub
+from tests.support.hub_fixture import hub_fixture
 
 pytestmark = pytest.mark.release
 
@@ -59,11 +60,7 @@ def fetch(python: Path, cache: Path, hub: StandinHub, token: str = "", **args) -
     return report
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    repo = generate_repo(tmp_path_factory.mktemp("repo"), shards=2, shard_bytes=3 << 20)
-    with StandinHub({REPO: repo}) as server:
-        yield server
+hub = hub_fixture(REPO, shards=2, shard_bytes=3 << 20)
 
 
 def test_the_releases_hub_client_fetches_into_the_layout_the_copies_read(prebuilt, hub, tmp_path):

@@ -1,4 +1,4 @@
-"""Issues 14 and 15 against real releases: patches/prove_model.py run the way the build and the head run
+"""The model proofs against real releases: patches/prove_model.py run the way the build and the head run
 it (a subprocess with the release's python, offline; its JSON report parsed), on real vLLM from PyPI
 with its torch. The seed's pair fails where it really fails; vLLM 0.17.1 passes; a checkpoint is
 proven by its own config and tensor names; unknown architectures and quantizations are named."""
@@ -82,7 +82,7 @@ def test_plain_vllm_0_14_stops_at_the_config_naming_the_unregistered_architectur
     assert "'Qwen3_5ForConditionalGeneration' is not registered" in report["error"], proof.why()
 
 
-# Issue 15: the proof against the checkpoint the cluster will load.
+# The proof against the checkpoint the cluster will load: its own config and tensor names.
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +180,7 @@ def test_a_usage_error_exits_2_with_a_report(prebuilt, tmp_path):
     assert json.loads(json.dumps(proof.report)) == proof.report
 
 
-# Issue 24: the load proof must refuse a checkpoint lacking any one shard of a fused parameter (vLLM
+# The load proof must refuse a checkpoint lacking any one shard of a fused parameter (vLLM
 # skips its unloaded-weights check for FP8 checkpoints: such memory would be served uninitialized).
 
 

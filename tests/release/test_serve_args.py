@@ -1,4 +1,4 @@
-"""Issue 28 against a real release: patches/prove_args.py parses the server's exact command line with
+"""Serve arguments on a real release: patches/prove_args.py parses the server's exact command line with
 vLLM 0.17.1's own parser (`vllm serve`'s subparser, its validate, `AsyncEngineArgs.from_cli_args`) and
 builds its SpeculativeConfig for a 122B-A10B-FP8 checkpoint's config and index, run as the model-support
 check runs it (a subprocess with the release's python, offline; its JSON report parsed)."""
@@ -117,7 +117,7 @@ def test_a_model_path_that_is_not_mounted_still_parses(prebuilt):
     assert proof.report["speculative"] is None
 
 
-# ---- executor mp (issue 34): every rank's command line, through vLLM 0.17.1's own checks ------------
+# ---- executor mp: every rank's command line, through vLLM 0.17.1's own checks ------------
 
 
 def mp_argv(nodes: int, rank: int, revision: str) -> list[str]:

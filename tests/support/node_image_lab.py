@@ -1,4 +1,4 @@
-"""Lab helpers for NodeImage tests: node dicts and props, small images built on a node, what a node holds.
+"""Lab helpers for NodeImage tests: props, small images built on a node, what a node holds.
 
 Shared by tests/lab/test_node_image*.py (and any lab test that places an image with NodeImage).
 """
@@ -12,12 +12,9 @@ from pathlib import Path
 
 import lab
 from components.node_image import NodeImageProvider
+from tests.support.lab_nodes import node_dict, tags_on
 
 PROVIDER = NodeImageProvider()
-
-
-def node_dict(node: lab.LabNode, **overrides) -> dict:
-    return {**lab.node_config(node), "name": node.name, **overrides}
 
 
 def props(image: str, source: lab.LabNode, destination: lab.LabNode, tuning=None, **dst_overrides) -> dict:
@@ -65,10 +62,6 @@ def remove_with_record(node: lab.LabNode, ref: str) -> None:
     """The tag and NodeImage's record of who holds it: the node as if no NodeImage had been there."""
     remove(node, ref)
     lab.on_node(node, ["python3", "-c", FORGET_RECORD, ref])
-
-
-def tags_on(node: lab.LabNode) -> list[str]:
-    return lab.docker(node, "images", "--format", "{{.Repository}}:{{.Tag}}").out.split()
 
 
 def runs(node: lab.LabNode, ref: str) -> str:

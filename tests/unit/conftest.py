@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
+from tests.support.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ from components.checkpoint import facts, programs
 from components.checkpoint.plan import Manifest, manifest_from_inventory, plan_copy
 from components.node_programs import hf_checkpoint, hub_fetch
 from lab.standin_hub import StandinHub, generate_repo, load_repo
+from tests.support.hub_fixture import hub_fixture
 
 REPO = "lab/tiny-qwen35"
 TOKEN = "hf_secret_token_value_123"
@@ -35,11 +36,7 @@ def fetch(cache: Path, hub: StandinHub, revision: str = "main", token: str = "",
     return done, facts.parse_report(done.stdout.decode())
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    repo = generate_repo(tmp_path_factory.mktemp("repo"), shards=3, shard_bytes=3 << 20)
-    with StandinHub({REPO: repo}) as server:
-        yield server
+hub = hub_fixture(REPO, shards=3, shard_bytes=3 << 20)
 
 
 @pytest.fixture(scope="module")

@@ -331,7 +331,7 @@ def test_hybrid_strategy_and_report_mode_are_accepted():
     assert image.strategy is ImageStrategy.HYBRID and image.model_check is ModelCheckMode.REPORT
 
 
-# Issue 27: each strategy reads its own keys; a key it does not read is refused naming it.
+# Each image strategy reads its own keys; a key it does not read is refused naming it.
 STRATEGY_CASES = [
     # (case, image section, substrings the message must contain, substrings it must not)
     (

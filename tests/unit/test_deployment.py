@@ -841,7 +841,7 @@ def test_the_lab_declares_the_refusals_it_expects_and_other_stacks_none(dev, mon
     assert dev.run.named("qwen35-model-support").inputs.get("expect") is None
 
 
-# ---- the compile cache (issue 33): one volume per node, in every vLLM container there --------------
+# ---- the compile cache: one volume per node, in every vLLM container there --------------
 
 COMPILE_VARS = {
     "VLLM_CACHE_ROOT": "/root/.cache/qwen35-compile/vllm",

@@ -14,6 +14,7 @@ from components.fabric_check.plan import Decision, Settings, probe_input_problem
 from components.fabric_check.programs import PROBE_HINTS, probe_argv, probe_spec
 from components.node_programs import fabric_probe
 from components.node_programs.fabric_probe import Exit
+from tests.support.ports import free_port
 from tests.unit.test_fabric_check_config import parse, problems, without_pin
 
 WORKER = Settings(node="node-b", fabric_ip="127.0.0.3", socket_ifname="enp1s0f1np1")
@@ -118,12 +119,6 @@ def test_config_keys_default_and_validate():
     assert probe_input(cfg, head)["host"] == cfg.head.fabric_ip
     assert any("fabric.probe_port" in p for p in problems(without_pin(probe_port=22)))
     assert any("fabric.min_gbps" in p for p in problems(without_pin(min_gbps=-1)))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run(verb: str, spec: dict) -> subprocess.Popen:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.patch_modules import load_patch_module
+from tests.support.patch_modules import load_patch_module
 
 graft = load_patch_module("graft_cluster")
 

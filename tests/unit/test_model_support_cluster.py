@@ -1,4 +1,4 @@
-"""Issue 27: the model-support check proves the cluster layer before the behaviour proof, for every
+"""The model-support check proves the cluster layer before the behaviour proof, for every
 strategy. The head is faked, but the cluster proof that the fake `docker run` answers with is the real
 patches/prove_cluster.py shipped through the real bootstrap (run here with `python3 -`, a stand-in
 `vllm` on its path): an image without Ray, or with another Ray, is refused naming Ray and its version,

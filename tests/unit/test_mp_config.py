@@ -1,4 +1,4 @@
-"""`qwen35-spark:cluster` (issue 34): executor ray (the default) or mp, and the keys each reads."""
+"""`qwen35-spark:cluster`: executor ray (the default) or mp, and the keys each reads."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The whole graph under `cluster.executor: mp` (issue 34), under Pulumi mocks, for 2 and 3 nodes: one
+"""The whole graph under `cluster.executor: mp`, under Pulumi mocks, for 2 and 3 nodes: one
 vLLM container per node and no Ray container or volume; headless ranks before the head; the gate;
 one world: a change to any rank changes every rank's inputs (so the engine replaces them all)."""
 

@@ -1,4 +1,4 @@
-"""Executor mp as pure specs (issue 34): one `vllm serve` per node, rank 0 on the head, no Ray."""
+"""Executor mp as pure specs: one `vllm serve` per node, rank 0 on the head, no Ray."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def test_plan(src, dst, expected):
 
 
 def test_a_destination_tag_on_another_image_is_never_skipped():
-    """The mutation the issue names: taking a tag that points elsewhere as done."""
+    """A tag on the destination that points at another image is not the image: the copy still runs."""
     for images in ([], [OTHER], [OTHER, WANTED]):
         decided = plan(source(), destination(tag=OTHER, images=images), TUNING)
         assert not isinstance(decided, Skip), images

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.patch_modules import PATCHES, load_patch_module
+from tests.support.patch_modules import PATCHES, load_patch_module
 
 patcher = load_patch_module("patch_vllm_qwen35")
 FILES = tuple(patcher.ENTRIES)

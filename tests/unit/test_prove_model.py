@@ -3,19 +3,15 @@ index filter, what it refuses, and its command line (usage errors, a missing env
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-PATCHES = Path(__file__).resolve().parents[2] / "patches"
-_spec = importlib.util.spec_from_file_location("prove_model", PATCHES / "prove_model.py")
-prove = importlib.util.module_from_spec(_spec)
-sys.modules["prove_model"] = prove  # dataclasses resolve their module by name
-_spec.loader.exec_module(prove)
+from tests.support.patch_modules import PATCHES, load_patch_module
+
+prove = load_patch_module("prove_model")
 
 MOE = json.loads((PATCHES / "proof_configs" / "qwen3_5_moe-fp8" / "config.json").read_text())
 DENSE = json.loads((PATCHES / "proof_configs" / "qwen3_5-fp8" / "config.json").read_text())
@@ -67,7 +63,7 @@ def _fused_widths(tiny: dict) -> dict[str, int]:
     ids=["as-released", "64-wide-linear-key-heads", "64-wide-linear-value-heads", "64-wide-heads"],
 )
 def test_every_fused_sub_shard_of_the_tiny_model_is_whole_fp8_blocks(text):
-    # Issue 24: 64-wide key heads with one key head gave q/k sub-shards half a 128-row block wide.
+    # 64-wide key heads with one key head would give q/k sub-shards half a 128-row block wide.
     config = _with_text(MOE, **text)
     tiny = prove.tiny_config(config)
     for what, width in _fused_widths(tiny).items():

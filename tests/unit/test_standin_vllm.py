@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -31,6 +30,7 @@ from lab.standin_vllm import (
     parse_serve_args,
     prompt_text,
 )
+from tests.support.ports import free_port
 from tests.support.program import stack_config
 
 
@@ -132,20 +132,10 @@ def test_host_python_must_match_the_image_s():
         check_host_python((3, 11), (2, 39))
 
 
-# ---- multi-node (issue 34): the stand-in as vLLM's own executor, head and headless ranks as processes --
+# ---- multi-node (executor mp): the stand-in as vLLM's own executor, head and headless ranks as processes --
 
 STANDIN = Path(__file__).resolve().parents[2] / "lab" / "standin_vllm.py"
 LOOPBACK = "127.0.0.1"
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A port nothing listens on at `host` now (bound once to check, then released)."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port = probe.getsockname()[1]
-    with socket.socket() as check:
-        assert check.connect_ex((host, port)) != 0, f"{host}:{port} is taken"
-    return port
 
 
 @dataclass
@@ -325,7 +315,7 @@ def test_the_head_judges_a_join_by_world_size_rank_and_duplicates():
     assert "headless ranks are 1..1" in judge_join(head, {**good, "node_rank": 0}, set())
 
 
-# ---- the health tests' faults (issue 33) ---------------------------------------------------------------
+# ---- the health tests' faults: hang, crash, slow ----------------------------------------------------------
 
 
 def test_the_leak_lowers_memavailable_in_place_and_never_gives_it_back(tmp_path):

@@ -1,4 +1,4 @@
-"""`status`'s watchdog line (issue 33): from the head's watchdog /state, each verdict with its next
+"""`status`'s watchdog line: from the head's watchdog /state, each verdict with its next
 step; and the node program's bounded read of /state on loopback."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import copy
 import http.server
 import json
 import re
-import socket
 import threading
 import time
 
@@ -17,6 +16,7 @@ from components.config import parse_stack_config
 from components.node_programs import node_status
 from status import render
 from status.verdict import judge
+from tests.support.ports import free_port
 from tests.support.program import stack_config
 from tests.unit.test_status import WATCHDOG_HEALTHY, healthy, running
 
@@ -150,12 +150,6 @@ def test_an_unreachable_head_is_not_checked(config):
 
 
 # ---- the node program's read of /state, on loopback ----------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

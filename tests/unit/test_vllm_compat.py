@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.patch_modules import PATCHES, load_patch_module
-from tests.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
+from tests.support.patch_modules import PATCHES, load_patch_module
+from tests.support.vllm_trees import BASE_VERSION, DONOR_VERSION, vllm_tree
 
 QWEN35_FILES = [
     "model_executor/models/qwen3_5.py",

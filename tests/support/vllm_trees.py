@@ -3,7 +3,7 @@
 `vllm_tree("0.14.0")` returns `<cache>/vllm/0.14.0/vllm`, the unpacked `vllm` package of that release.
 The cache is `${QWEN35_CACHE:-~/.cache/qwen35-spark}`, so it survives between clean clones.
 Concurrent callers serialise on a file lock; a tree is published only once it is complete.
-Run `python -m tests.vllm_trees` to fetch both trees and print their paths.
+Run `python -m tests.support.vllm_trees` to fetch both trees and print their paths.
 """
 
 from __future__ import annotations

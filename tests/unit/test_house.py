@@ -1,0 +1,244 @@
+"""The house rules a reader relies on, checked over the tree rather than one module:
+
+- no function over 70 lines in components/, status/ or patches/;
+- every node resource package in the one shape: the same files, `plan_change` in plan.py, `ensure` in
+  execute.py, and each provider class's `__module__` pinned to a path it is importable from;
+- every dynamic provider pickles (as the SDK stores it in a stack's state) by reference to (module,
+  class) pairs that import today.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import importlib
+import pickletools
+import subprocess
+import sys
+from pathlib import Path
+
+import dill
+import pulumi.dynamic as dynamic
+import pytest
+from pulumi.dynamic.dynamic import serialize_provider
+
+ROOT = Path(__file__).resolve().parents[2]
+LONGEST_FUNCTION = 70  # lines, from `def` to its last line, docstring included
+SHIPPED = ("components", "status", "patches")
+
+# The files of a resource that runs programs on a node, and the job of each:
+NODE_RESOURCE_FILES = (
+    "facts.py",  # the node programs' reports parsed into values, pure
+    "programs.py",  # the argv to run on a node
+    "plan.py",  # the pure decisions: plan_change -> Change
+    "execute.py",  # the only I/O
+    "provider.py",  # the dynamic provider, its __module__ pinned
+    "resource.py",  # the Pulumi resource
+    "errors.py",  # the package's errors, in one place
+)
+# HealthSecret touches no node (create draws a secret here): no facts, programs or execute.
+SHAPES = {
+    "node_image": NODE_RESOURCE_FILES,
+    "checkpoint": NODE_RESOURCE_FILES,
+    "model_support": NODE_RESOURCE_FILES,
+    "readiness_gate": NODE_RESOURCE_FILES,
+    "fabric_check": NODE_RESOURCE_FILES,
+    "image_build": NODE_RESOURCE_FILES,
+    "stack_claim": NODE_RESOURCE_FILES,
+    "health": ("plan.py", "provider.py", "resource.py"),
+}
+
+
+def long_functions(roots: tuple[str, ...], limit: int) -> list[str]:
+    """`file:line name (N lines)` for every function or method longer than `limit` lines."""
+    found = []
+    for root in roots:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > limit:
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_over_70_lines_in_what_ships():
+    offenders = long_functions(SHIPPED, LONGEST_FUNCTION)
+    assert offenders == [], f"functions over {LONGEST_FUNCTION} lines (split them):\n" + "\n".join(offenders)
+
+
+def test_the_length_check_sees_a_long_function(tmp_path, monkeypatch):
+    body = "".join(f"        x{i} = {i}\n" for i in range(LONGEST_FUNCTION))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text(
+        f"def short():\n    pass\n\n\nclass C:\n    def long(self):\n{body}"
+    )
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert long_functions(("pkg",), LONGEST_FUNCTION) == [
+        f"pkg/long.py:6 long ({LONGEST_FUNCTION + 1} lines)"
+    ]
+
+
+def package(name: str) -> Path:
+    return ROOT / "components" / name
+
+
+def top_level_functions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def top_level_classes(path: Path) -> dict[str, bool]:
+    """Each class the file defines: whether its body assigns `__module__` (pins the pickled path)."""
+
+    def pins(body: list[ast.stmt]) -> bool:
+        targets = [t for s in body if isinstance(s, (ast.Assign, ast.AnnAssign)) for t in assigned(s)]
+        return any(isinstance(t, ast.Name) and t.id == "__module__" for t in targets)
+
+    tree = ast.parse(path.read_text(), str(path))
+    return {n.name: pins(n.body) for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+def assigned(statement: ast.Assign | ast.AnnAssign) -> list[ast.expr]:
+    return statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+
+
+@pytest.mark.parametrize(("name", "files"), SHAPES.items(), ids=SHAPES)
+def test_each_resource_package_has_the_files_of_the_shape(name, files):
+    missing = [f for f in files if not (package(name) / f).is_file()]
+    assert missing == [], f"components/{name}/ lacks {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("name", [n for n, files in SHAPES.items() if "plan.py" in files])
+def test_each_plan_defines_plan_change(name):
+    plan = package(name) / "plan.py"
+    assert plan.is_file(), f"components/{name}/plan.py is missing"
+    assert "plan_change" in top_level_functions(plan), f"components/{name}/plan.py defines no plan_change"
+
+
+@pytest.mark.parametrize("name", [n for n, files in SHAPES.items() if "execute.py" in files])
+def test_each_execute_defines_ensure(name):
+    execute = package(name) / "execute.py"
+    assert execute.is_file(), f"components/{name}/execute.py is missing"
+    assert "ensure" in top_level_functions(execute), f"components/{name}/execute.py defines no ensure"
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_each_provider_pins_its_module_to_a_path_it_imports_from(name):
+    source = package(name) / "provider.py"
+    assert source.is_file(), f"components/{name}/provider.py is missing"
+    module = importlib.import_module(f"components.{name}.provider")
+    classes = {getattr(module, c): pinned for c, pinned in top_level_classes(source).items()}
+    providers = {
+        c: p for c, p in classes.items() if isinstance(c, type) and issubclass(c, dynamic.ResourceProvider)
+    }
+    assert providers, f"components/{name}/provider.py defines no dynamic.ResourceProvider"
+    for cls, pinned in providers.items():
+        # Stacks pickle the class by reference to its __module__: set in the class, not left to the file.
+        assert pinned, f"{cls.__name__} (components/{name}/provider.py) does not pin __module__"
+        assert getattr(importlib.import_module(cls.__module__), cls.__name__, None) is cls, (
+            f"{cls.__name__} is not importable from {cls.__module__}, where its pickle points"
+        )
+
+
+def providers() -> list[type]:
+    """Every dynamic provider class the program defines (its packages imported first)."""
+    importlib.import_module("components.deployment")
+    for name in SHAPES:
+        importlib.import_module(f"components.{name}")
+
+    def below(cls: type):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from below(sub)
+
+    ours = {c for c in below(dynamic.ResourceProvider) if c.__module__.startswith(("components", "status"))}
+    return sorted(ours, key=lambda c: (c.__module__, c.__name__))
+
+
+def pickled_globals(data: bytes) -> list[tuple[str, str]]:
+    """The (module, name) pairs a pickle loads by reference (GLOBAL and STACK_GLOBAL)."""
+    pushed: list[object] = []
+    memo: dict[int, object] = {}
+    pairs = []
+    for op, arg, _pos in pickletools.genops(data):
+        if op.name in ("FRAME", "PROTO", "STOP"):
+            continue
+        if op.name == "MEMOIZE":
+            memo[len(memo)] = pushed[-1] if pushed else None
+        elif op.name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[arg] = pushed[-1] if pushed else None
+        elif op.name in ("GET", "BINGET", "LONG_BINGET"):
+            pushed.append(memo.get(arg))
+        elif "UNICODE" in op.name or "STRING" in op.name:
+            pushed.append(arg)
+        elif op.name in ("GLOBAL", "INST"):
+            pairs.append(tuple(arg.split(" ", 1)))
+            pushed.append(None)
+        elif op.name == "STACK_GLOBAL":
+            module, qualname = pushed[-2:]
+            assert isinstance(module, str) and isinstance(qualname, str), pickletools.dis(data)
+            pairs.append((module, qualname))
+            pushed.append(None)
+        else:
+            pushed.append(None)
+    return pairs
+
+
+def resolve(module: str, qualname: str) -> object:
+    found = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def test_every_package_of_the_shape_has_its_provider():
+    # So the pickle test below covers each: a provider outside its package's path would be missed.
+    packages = {c.__module__.split(".")[1] for c in providers() if c.__module__.startswith("components.")}
+    assert set(SHAPES) - packages == set(), [f"{c.__module__}.{c.__name__}" for c in providers()]
+
+
+@pytest.mark.parametrize("cls", providers(), ids=lambda c: c.__name__)
+def test_each_provider_pickles_by_reference_to_what_imports_now(cls):
+    # The bytes the SDK stores in every stack's state: a changed or vanished path breaks those stacks.
+    pickled = base64.b64decode(serialize_provider(cls()))
+    pairs = pickled_globals(pickled)
+    assert (cls.__module__, cls.__qualname__) in pairs, (cls.__name__, pairs)
+    unresolved = []
+    for module, qualname in pairs:
+        try:
+            resolve(module, qualname)
+        except (ImportError, AttributeError) as missing:
+            unresolved.append(f"{module}:{qualname} ({missing})")
+    assert unresolved == [], f"{cls.__name__}'s pickle names what does not import: {unresolved}"
+    assert resolve(cls.__module__, cls.__qualname__) is cls
+    assert type(dill.loads(pickled)) is cls
+
+
+def test_the_pickle_reader_follows_memo_references():
+    class_ref = base64.b64decode(serialize_provider(dynamic.ResourceProvider()))
+    assert pickled_globals(class_ref) == [("pulumi.dynamic.dynamic", "ResourceProvider")]
+    twice = dill.dumps([dynamic.ResourceProvider, dynamic.CheckResult], protocol=4)
+    assert pickled_globals(twice) == [
+        ("pulumi.dynamic.dynamic", "ResourceProvider"),
+        ("pulumi.dynamic.dynamic", "CheckResult"),
+    ]
+
+
+# A class no module holds (as one in a script's __main__), pickled by the SDK in a fresh interpreter:
+# pulumi's serialize_provider wraps pickle's _batch_setitems again on every call and never unwraps it,
+# so after the unit tier's many calls any by-value pickle (a class dict) exceeds the recursion limit.
+BY_VALUE = """
+import pulumi.dynamic as dynamic
+from pulumi.dynamic.dynamic import serialize_provider
+
+unimportable = type("Unimportable", (dynamic.ResourceProvider,), {"__module__": "__main__"})
+print(serialize_provider(unimportable()))
+"""
+
+
+def test_a_provider_pickled_by_value_is_told_apart():
+    done = subprocess.run([sys.executable, "-c", BY_VALUE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pairs = pickled_globals(base64.b64decode(done.stdout))
+    assert ("dill._dill", "_create_type") in pairs and ("__main__", "Unimportable") not in pairs
