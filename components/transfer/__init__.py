@@ -37,23 +37,14 @@ The code that runs on the nodes lives in `components/node_programs/` (`transfer_
 """
 
 from components.transfer.endpoints import Endpoint, EndpointError, peer_target
+from components.transfer.ends import DestinationEnd, SourceSession
 from components.transfer.peer import Forward, Peer, PeerUnreachable, peer_unreachable
-from components.transfer.pipeline import (
-    BACKSTOP_MARGIN_S,
-    DestinationEnd,
-    Failure,
-    SourceSession,
-    Stage,
-    StageOutcome,
-    Transfer,
-    TransferResult,
-    interpret,
-    run_transfer,
-    run_watched,
-)
+from components.transfer.pipeline import interpret, run_transfer
 from components.transfer.sessions import ssh_sessions
 from components.transfer.timing import TIMING_ENV, PhaseTimes
 from components.transfer.tuning import GIB, Tuning, TuningError, tuning_from
+from components.transfer.values import Failure, Stage, StageOutcome, Transfer, TransferResult
+from components.transfer.watch import BACKSTOP_MARGIN_S, run_watched
 
 __all__ = [
     "BACKSTOP_MARGIN_S",
