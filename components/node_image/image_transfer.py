@@ -1,7 +1,8 @@
 """The pure parts of copying an image between nodes: layer identity, and the layer filter's argv.
 
-The filter itself is a node program (`components/node_programs/layer_filter.py`, run on the source
-inside the transfer's pipeline); its functions are re-exported here for the orchestrator and tests.
+The filter itself is a node program (`components/node_programs/layer_filter.py` with its library
+`layer_export.py`, run on the source inside the transfer's pipeline); its functions are re-exported
+here for the orchestrator and tests.
 """
 
 from __future__ import annotations
@@ -12,22 +13,24 @@ from collections.abc import Iterable, Sequence
 from components.image_ref import familiar_reference, full_reference  # noqa: F401  (re-exported)
 from components.image_ref import split_tagged as split_reference  # noqa: F401  (re-exported)
 from components.node_programs import program_argv
-from components.node_programs.layer_filter import Exit as FilterExit  # noqa: F401
-from components.node_programs.layer_filter import (  # noqa: F401  (re-exported)
+from components.node_programs.layer_export import (  # noqa: F401  (re-exported)
     ExportUnavailable,
     StreamCounter,
     export_plan,
     export_stream,
-    filter_stream,
     layer_tar_size,
+    regular_file_header,
+    tar_split_entries,
+    write_layer_tar,
+)
+from components.node_programs.layer_filter import Exit as FilterExit  # noqa: F401
+from components.node_programs.layer_filter import (  # noqa: F401  (re-exported)
+    filter_stream,
     legacy_layer_depth,
     pax_records,
-    regular_file_header,
     retag_metadata,
     split_json_object,
     tar_header_fields,
-    tar_split_entries,
-    write_layer_tar,
 )
 from components.node_programs.wire import REPORT_MARKER as REPORT  # noqa: F401  (re-exported)
 from components.node_programs.wire import chain_ids
