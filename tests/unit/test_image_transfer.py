@@ -2,30 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import io
-import tarfile
-
 import pytest
 
 from components.node_image import image_transfer as t
-
-
-def digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def layer_tar(content: bytes) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo("file")
-        info.size = len(content)
-        tar.addfile(info, io.BytesIO(content))
-    return buffer.getvalue()
-
-
-LAYERS = [layer_tar(bytes([i]) * (20_000 * (i + 1))) for i in range(3)]
-DIFF_IDS = [digest(layer) for layer in LAYERS]
+from tests.unit.test_layer_filter import DIFF_IDS, digest
 
 
 def test_chain_ids_and_present_prefix():
