@@ -74,10 +74,7 @@ class Verdict:
 def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     """The verdict on gathered facts (`status.facts.gather`) for this stack."""
     verdict = Verdict()
-    head = config.head.name
-    head_report = facts["nodes"].get(head, {})
-    head_image = head_report.get("image") or {}
-    head_checkpoint = head_report.get("checkpoint") or {}
+    head_report = facts["nodes"].get(config.head.name, {})
     containers = node_container_names(config)
     verdict.retention = {
         "keep_previous": config.image.keep_previous,
@@ -87,68 +84,7 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
         },
     }
     for node in config.nodes:
-        report = facts["nodes"].get(node.name) or {"reachable": False, "error": "not asked"}
-        cells: dict[str, str] = {"role": "head" if node.name == head else "worker"}
-        verdict.nodes[node.name] = cells
-        problems = verdict.problems
-        if not report.get("reachable"):
-            cells["ssh"] = "unreachable"
-            problems.append(
-                Problem(
-                    node.name,
-                    f"not reachable over SSH: {_first_line(report.get('error'))}",
-                    "the node or its jump host is down, or the key is refused: `ssh` to it by hand "
-                    "with the stack's user, key and known_hosts",
-                )
-            )
-            continue
-        if report.get("error"):
-            cells["ssh"] = OK
-            cells["docker"] = f"unknown: {report['error']}"
-            problems.append(Problem(node.name, report["error"], "run `python3 -V` on the node (3.8+ needed)"))
-            continue
-        cells["ssh"] = OK
-        docker = report.get("docker") or {}
-        if not docker.get("ok"):
-            cells["docker"] = f"down: {_first_line(docker.get('error'))}"
-            problems.append(
-                Problem(
-                    node.name,
-                    f"Docker does not answer: {_first_line(docker.get('error'))}",
-                    "start the daemon (`systemctl status docker` on the node) and check the SSH user "
-                    "may use it",
-                )
-            )
-        else:
-            cells["docker"] = f"{docker.get('version')} {docker.get('store')}"
-            if docker.get("store") != node.image_store:
-                problems.append(
-                    Problem(
-                        node.name,
-                        f"its Docker uses the {docker.get('store')} image store, but the stack declares "
-                        f"{node.image_store}",
-                        "set nodes[].image_store to what the node runs (`docker info`)",
-                    )
-                )
-            problems += _image(
-                node.name,
-                cells,
-                report.get("image") or {},
-                head_image,
-                node.name == head,
-                config.image.strategy,
-            )
-            problems += _containers(
-                node.name, cells, report, containers[node.name], worker_ray=worker_container_name(config)
-            )
-            if config.cluster.executor is Executor.MP:
-                problems += _rank(config, node, cells, report)
-        gpus = report.get("gpus") or {}
-        problems += _gpus(node.name, node.gpus, config.containers.gpu_runtime, cells, gpus)
-        checkpoint = report.get("checkpoint") or {}
-        problems += _checkpoint(node.name, cells, checkpoint, head_checkpoint, node.name == head)
-        for operation in report.get("progress") or []:
-            verdict.operations.append({"on": node.name, **operation})
+        _judge_node(config, node, facts["nodes"].get(node.name), head_report, containers[node.name], verdict)
     found: dict[str, str] = {}
     verdict.problems += _fabric(config, verdict.nodes, facts["nodes"], found)
     if config.fabric.check is not FabricCheckMode.OFF:
@@ -158,6 +94,86 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
     verdict.problems += _watchdog(config, verdict.cluster, head_report)
     return verdict
+
+
+def _judge_node(
+    config: StackConfig,
+    node: NodeConfig,
+    report: dict | None,
+    head_report: dict,
+    containers: list[str],
+    verdict: Verdict,
+) -> None:
+    """One node's cells, its problems and its operations in flight, added to `verdict`."""
+    head = config.head.name
+    report = report or {"reachable": False, "error": "not asked"}
+    cells: dict[str, str] = {"role": "head" if node.name == head else "worker"}
+    verdict.nodes[node.name] = cells
+    problems = verdict.problems
+    if not report.get("reachable"):
+        cells["ssh"] = "unreachable"
+        problems.append(
+            Problem(
+                node.name,
+                f"not reachable over SSH: {_first_line(report.get('error'))}",
+                "the node or its jump host is down, or the key is refused: `ssh` to it by hand "
+                "with the stack's user, key and known_hosts",
+            )
+        )
+        return
+    if report.get("error"):
+        cells["ssh"] = OK
+        cells["docker"] = f"unknown: {report['error']}"
+        problems.append(Problem(node.name, report["error"], "run `python3 -V` on the node (3.8+ needed)"))
+        return
+    cells["ssh"] = OK
+    problems += _docker(config, node, cells, report, head_report.get("image") or {}, containers)
+    gpus = report.get("gpus") or {}
+    problems += _gpus(node.name, node.gpus, config.containers.gpu_runtime, cells, gpus)
+    checkpoint = report.get("checkpoint") or {}
+    head_checkpoint = head_report.get("checkpoint") or {}
+    problems += _checkpoint(node.name, cells, checkpoint, head_checkpoint, node.name == head)
+    for operation in report.get("progress") or []:
+        verdict.operations.append({"on": node.name, **operation})
+
+
+def _docker(
+    config: StackConfig, node: NodeConfig, cells: dict, report: dict, head_image: dict, containers: list[str]
+) -> list[Problem]:
+    """A reachable node's Docker: its daemon and image store, then its image and containers."""
+    docker = report.get("docker") or {}
+    if not docker.get("ok"):
+        cells["docker"] = f"down: {_first_line(docker.get('error'))}"
+        return [
+            Problem(
+                node.name,
+                f"Docker does not answer: {_first_line(docker.get('error'))}",
+                "start the daemon (`systemctl status docker` on the node) and check the SSH user may use it",
+            )
+        ]
+    problems: list[Problem] = []
+    cells["docker"] = f"{docker.get('version')} {docker.get('store')}"
+    if docker.get("store") != node.image_store:
+        problems.append(
+            Problem(
+                node.name,
+                f"its Docker uses the {docker.get('store')} image store, but the stack declares "
+                f"{node.image_store}",
+                "set nodes[].image_store to what the node runs (`docker info`)",
+            )
+        )
+    problems += _image(
+        node.name,
+        cells,
+        report.get("image") or {},
+        head_image,
+        node.name == config.head.name,
+        config.image.strategy,
+    )
+    problems += _containers(node.name, cells, report, containers, worker_ray=worker_container_name(config))
+    if config.cluster.executor is Executor.MP:
+        problems += _rank(config, node, cells, report)
+    return problems
 
 
 def _when(at: Any, now: Any) -> str:
@@ -196,8 +212,12 @@ def _watchdog(config: StackConfig, cluster: dict, head_report: dict) -> list[Pro
                 "node's own",
             )
         ]
-    state = fact.get("state") or {}
-    verdict, now = state.get("state"), head_report.get("now")
+    return _watchdog_state(config, cluster, fact.get("state") or {}, head_report.get("now"))
+
+
+def _watchdog_state(config: StackConfig, cluster: dict, state: dict, now: Any) -> list[Problem]:
+    """The `watchdog` line for the state a running watchdog answered, and its problem if any."""
+    verdict = state.get("state")
     mode = state.get("mode") or config.health.mode.value
     budget = state.get("budget_left")
     left = f"budget {budget}/{config.health.max_restarts} left" if isinstance(budget, int | float) else ""
@@ -244,22 +264,24 @@ def _watchdog(config: StackConfig, cluster: dict, head_report: dict) -> list[Pro
             )
         ]
     if verdict == "memory_held":
-        held = state.get("held") or {}
-        node = held.get("node") or "a node"
-        message = held.get("message") or f"{node}: MemAvailable below what the memory fit needs"
-        cluster["watchdog"] = f"memory held on {node}: {_figures(held)}"
-        if held.get("available_bytes") is None:  # not read at all: the node or its agent is the matter
-            step = (
-                f"check {node} and its health agent (`docker logs <prefix>-health-agent` there): its "
-                "MemAvailable could not be read; once it answers, `pulumi up --refresh`"
-            )
-        else:
-            step = (
-                f"reboot {node} (unified memory is only given back by a reboot), then `pulumi up --refresh`"
-            )
-        return [Problem(node, f"the watchdog did not restart the server: {message}", step)]
+        return _memory_held(cluster, state.get("held") or {})
     cluster["watchdog"] = f"{verdict or 'unknown'} ({said or 'no next step given'})"
     return []
+
+
+def _memory_held(cluster: dict, held: dict) -> list[Problem]:
+    """A watchdog that held off a restart: a node's MemAvailable below what the memory fit needs."""
+    node = held.get("node") or "a node"
+    message = held.get("message") or f"{node}: MemAvailable below what the memory fit needs"
+    cluster["watchdog"] = f"memory held on {node}: {_figures(held)}"
+    if held.get("available_bytes") is None:  # not read at all: the node or its agent is the matter
+        step = (
+            f"check {node} and its health agent (`docker logs <prefix>-health-agent` there): its "
+            "MemAvailable could not be read; once it answers, `pulumi up --refresh`"
+        )
+    else:
+        step = f"reboot {node} (unified memory is only given back by a reboot), then `pulumi up --refresh`"
+    return [Problem(node, f"the watchdog did not restart the server: {message}", step)]
 
 
 def _figures(held: dict) -> str:

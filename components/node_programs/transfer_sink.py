@@ -22,7 +22,7 @@ running when the first byte arrives. The connection starts with SPEC.token and a
 `+` (served: the stream follows, half-closed at its end) or `-` (refused). When the consumer has ended,
 its outcome goes back over the connection as one JSON line {"status", "stdout", "stderr"} and this
 program exits. End of stdin (or {}) before a connection: nothing to serve, a started consumer gets end
-of input and is ended. The whole conversation (source, sink and pipeline) is told in `wire.py`.
+of input and is ended. The conversation: `components/transfer/__init__.py`.
 """
 
 from __future__ import annotations

@@ -1,33 +1,7 @@
 """What the orchestrator and the node programs must agree on, declared once (a library, standard library
 only: `program_argv` ships it with every program that imports it; the orchestrator imports it too).
 
-A transfer is one conversation between three parties:
-
-    pipeline (orchestrator)        transfer_source (source node)        transfer_sink (destination)
-    ---------------------------    ------------------------------       ----------------------------
-    starts `transfer_sink listen`  ------------------------------->     listens on a private socket,
-      with SPEC.token                                                    inspects, prints one JSON line
-    starts `transfer_source serve` connects (SSH master, `-L` to
-                                   the sink's socket)
-    {"consumer": ARGV} to sink ----------------------------------->     starts the consumer
-    {"run": RUN} to source         connection 1: `NUDGE\\n`  ------>     held open, never answered
-                                   connection 2: `<token>\\n` ----->     `+` once the consumer runs
-                                                                         (`-`: not served)
-                                   stream, half-closed at its end -->   copied to the consumer
-                                                          <-------      outcome line: {"status",
-                                                                         "stdout", "stderr": last
-                                                                         TAIL_LINES lines}
-                                   one JSON report on stdout
-    reads the report; stderr lines
-      `PROGRESS_MARKER <bytes> [<total>]` feed its stall watch
-      and the operator's progress
-
-The nudge is a throwaway first channel: the destination's sshd delays the first channel of a fresh
-connection ~40 ms (Nagle against a delayed ACK); the nudge takes that wait. A stage that has its own
-one-line JSON report writes it to stderr as `REPORT_MARKER {...}` (stdout is the stream); the source
-keeps it, and every stage's stderr tail (TAIL_LINES), in its report. Where the source's connection to
-the destination fails, or the sink's end closes without an outcome line, the status is ssh's own
-SSH_TRANSPORT_FAILURE: a transport failure, never the remote command's.
+The transfer's conversation, whose constants come first below: `components/transfer/__init__.py`.
 
 Also here: the facts both sides read from Docker (the `--format` lines asked for, its image store,
 image references as containerd records them) and the digest of a checkpoint's file list (the

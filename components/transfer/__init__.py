@@ -27,33 +27,63 @@ or `deadline_s` passed, and keeps `$HOME/.qwen35/progress/<operation>.json` on t
 date (at most once a second; removed at the end). The orchestrator keeps a backstop for a source
 that stops answering (`run_watched`: the stall limit plus `BACKSTOP_MARGIN_S`).
 
+The conversation, told here once (the modules and the node programs point here):
+
+    orchestrator (`ends`, `pipeline`) transfer_source (source node)      transfer_sink (destination)
+    --------------------------------- ------------------------------     ----------------------------
+    starts `transfer_sink listen`     ----------------------------->     listens on a private socket,
+      with SPEC.token                                                      inspects, prints one JSON line
+    starts `transfer_source serve`    connects (SSH master, `-L` to
+                                      the sink's socket)
+    {"consumer": ARGV} to sink        ----------------------------->     starts the consumer
+    {"run": RUN} to source            connection 1: `NUDGE\\n`  ---->     held open, never answered
+                                      connection 2: `<token>\\n` --->     `+` once the consumer runs
+                                                                           (`-`: not served)
+                                      stream, half-closed at its end ->  copied to the consumer
+                                                         <-------        outcome line: {"status",
+                                                                           "stdout", "stderr": last
+                                                                           TAIL_LINES lines}
+                                      one JSON report on stdout
+    reads the report; stderr lines
+      `PROGRESS_MARKER <bytes> [<total>]` feed its stall watch
+      and the operator's progress
+
+The names in capitals are `components/node_programs/wire.py`'s. The nudge is a throwaway first
+channel: the destination's sshd delays the first channel of a fresh connection ~40 ms (Nagle against
+a delayed ACK); the nudge takes that wait. An end that does not answer `+` gets no byte: the source
+then runs the consumer in a session of its own over the master. Without a `DestinationEnd`, the
+source's session starts the destination's end itself (`transfer_sink` with no arguments: its ssh
+becomes the master, and the stream starts with a header naming the consumer, which it then becomes).
+The source copies the last producer's output to the consumer itself, so it counts every byte; the
+stall limit holds while streaming only, not once every byte is sent and the consumer is finishing.
+A stage that has its own one-line JSON report writes it to stderr as `REPORT_MARKER {...}` (stdout
+is the stream); the source keeps it, and every stage's stderr tail (TAIL_LINES), in its report.
+Where the source's connection to the destination fails, or the sink's end closes without an outcome
+line, the status is ssh's own SSH_TRANSPORT_FAILURE: a transport failure, never the remote command's.
+
 What it gets back: a `TransferResult`: every stage's exit status and stderr tail (and a stage's own
 `qwen35-report {json}` stderr line), the bytes sent, the consumer's JSON report, and the failure
 classified (`Failure.NONE / PEER / TRANSPORT / STAGE`); `TransferResult.error()` words it for people
 with both nodes named. A source that cannot reach the destination raises `PeerUnreachable` (nothing
 was sent). Verification before anything is named final is the consumer's job.
 
-The code that runs on the nodes lives in `components/node_programs/` (`transfer_source.py`).
+The modules: `values` (what a caller gives and gets back), `endpoints`, `tuning`, `peer` (the
+source's connection to the destination), `pipeline` (one run, and its report read), `watch` (the
+orchestrator's watch and backstop), `ends` (the two ends' sessions), `sessions` (the operation's SSH
+masters), `timing`. On the nodes (`components/node_programs/`): `transfer_source.py` (the connection),
+its library `watched_pipeline.py` (the pipeline), `transfer_sink.py` (the destination's end) and
+`wire.py` (what both sides share).
 """
 
 from components.transfer.endpoints import Endpoint, EndpointError, peer_target
+from components.transfer.ends import DestinationEnd, SourceSession
 from components.transfer.peer import Forward, Peer, PeerUnreachable, peer_unreachable
-from components.transfer.pipeline import (
-    BACKSTOP_MARGIN_S,
-    DestinationEnd,
-    Failure,
-    SourceSession,
-    Stage,
-    StageOutcome,
-    Transfer,
-    TransferResult,
-    interpret,
-    run_transfer,
-    run_watched,
-)
+from components.transfer.pipeline import interpret, run_transfer
 from components.transfer.sessions import ssh_sessions
 from components.transfer.timing import TIMING_ENV, PhaseTimes
 from components.transfer.tuning import GIB, Tuning, TuningError, tuning_from
+from components.transfer.values import Failure, Stage, StageOutcome, Transfer, TransferResult
+from components.transfer.watch import BACKSTOP_MARGIN_S, run_watched
 
 __all__ = [
     "BACKSTOP_MARGIN_S",

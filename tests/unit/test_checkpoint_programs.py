@@ -333,9 +333,9 @@ def test_the_fetch_tells_the_operator_bytes_rate_and_eta_while_it_runs(hub, tmp_
     the provider relays the fetch's progress lines as `fetch REPO@REV hub -> NODE: … MB, MB/s, ETA`.
     The fetch runs here on this machine (ssh_argv replaced by the command itself), from a slow Hub."""
     from components.checkpoint import execute as provider
-    from components.transfer import pipeline
+    from components.transfer import watch
 
-    monkeypatch.setattr(pipeline, "SAY_EVERY_S", 0.3)
+    monkeypatch.setattr(watch, "SAY_EVERY_S", 0.3)
     monkeypatch.setattr(provider, "ssh_argv", lambda target, argv, *_, **__: list(argv))
     props = {
         "node": {"name": "spark-1", "host": "127.0.0.9", "user": "u", "known_hosts": "/kh"},

@@ -12,6 +12,7 @@ from components.image_ref import (
     parse_image_ref,
     split_tagged,
 )
+from components.image_ref import split_tagged as split_reference
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 
@@ -129,3 +130,13 @@ def test_split_tagged_needs_a_tag_and_never_takes_a_port_for_one():
 
 def test_image_ref_is_a_value():
     assert parse_image_ref("x:1") == ImageRef("x", "1")
+
+
+def test_references():
+    assert split_reference("reg:5000/a/b:1") == ("reg:5000/a/b", "1")
+    with pytest.raises(ValueError):
+        split_reference("reg:5000/a")
+    assert full_reference("x:1") == "docker.io/library/x:1"
+    assert full_reference("u/x:1") == "docker.io/u/x:1"
+    assert full_reference("reg.io/x:1") == "reg.io/x:1"
+    assert familiar_reference("docker.io/library/x:1") == "x:1"

@@ -16,7 +16,9 @@ from components.node_image import (
     Tuning,
     plan,
 )
-from components.node_image.plan import disk_needed
+from components.node_image.plan import disk_needed, present_chains, present_prefix
+from components.node_programs.wire import chain_ids
+from tests.unit.test_layer_filter import DIFF_IDS, digest
 
 L1, L2, L3 = ("sha256:" + c * 64 for c in "123")
 WANTED = ImageInfo("sha256:w", (L1, L2, L3), 3000)
@@ -161,3 +163,12 @@ def test_plan_refuses_with_the_node_named(src, dst, words):
 def test_disk_need_counts_only_what_is_sent():
     decided = plan(source(), destination(images=[OTHER], free=disk_needed(1000, TUNING)), TUNING)
     assert isinstance(decided, Copy) and decided.bytes_to_send == 1000
+
+
+def test_chain_ids_and_present_prefix():
+    chains = chain_ids(DIFF_IDS)
+    assert chains[0] == DIFF_IDS[0]
+    assert chains[1] == digest(f"{DIFF_IDS[0]} {DIFF_IDS[1]}".encode())
+    assert present_prefix(DIFF_IDS, set(chains[:2])) == 2
+    assert present_prefix(DIFF_IDS, {chains[1]}) == 0  # a chain without its base is not a prefix
+    assert present_chains([DIFF_IDS[:1]]) == {chains[0]}

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from components.provider_kit import progress
-from components.transfer import pipeline
+from components.transfer import watch
 
 
 @pytest.mark.parametrize(
@@ -32,10 +32,10 @@ def test_tell_operator_writes_one_flushed_prefixed_line():
     assert out.getvalue() == "qwen35: readiness on spark-1: waiting\n"
 
 
-def watched_python(source: str, stdin: bytes | None = None) -> tuple[pipeline.Watched, list[tuple]]:
+def watched_python(source: str, stdin: bytes | None = None) -> tuple[watch.Watched, list[tuple]]:
     """`source` run by `run_watched`, and every (bytes done, elapsed, total) it said."""
     said: list[tuple] = []
-    outcome = pipeline.run_watched(
+    outcome = watch.run_watched(
         [sys.executable, "-c", source],
         60,
         30,
@@ -47,7 +47,7 @@ def watched_python(source: str, stdin: bytes | None = None) -> tuple[pipeline.Wa
 
 
 def test_a_running_transfer_says_its_latest_byte_count(monkeypatch):
-    monkeypatch.setattr(pipeline, "SAY_EVERY_S", 0.3)
+    monkeypatch.setattr(watch, "SAY_EVERY_S", 0.3)
     source = (
         "import sys, time\n"
         "for n in range(1, 9):\n"
@@ -65,7 +65,7 @@ def test_a_running_transfer_says_its_latest_byte_count(monkeypatch):
 
 def test_a_watched_program_gets_its_stdin_and_says_totals_its_lines_carry(monkeypatch):
     """The Hub fetch's way: a secret on stdin (never an argument), `qwen35-progress <done> <total>`."""
-    monkeypatch.setattr(pipeline, "SAY_EVERY_S", 0.2)
+    monkeypatch.setattr(watch, "SAY_EVERY_S", 0.2)
     source = (
         "import sys, time\n"
         "token = sys.stdin.readline().strip()\n"
@@ -86,7 +86,7 @@ def test_operator_progress_names_the_operation_and_both_nodes(capsys):
     job = Transfer("image-copy", (Stage("save", ["true"]),), Stage("load", ["true"]), bytes_total=4_000_000)
     a = Endpoint("node-a", SshTarget("h", "u", "/k"), "10.0.0.1")
     b = Endpoint("node-b", SshTarget("h2", "u", "/k"), "10.0.0.2")
-    pipeline.operator_progress(job, a, b)(1_000_000, 1.0)
+    watch.operator_progress(job, a, b)(1_000_000, 1.0)
     assert (
         capsys.readouterr().err == "qwen35: image-copy node-a -> node-b: 1 of 4 MB (25%), 1 MB/s, ETA 3 s\n"
     )
@@ -100,7 +100,7 @@ def test_the_interval_can_be_set_per_call():
         "    sys.stderr.write('qwen35-progress %d\\n' % (n * 1000)); sys.stderr.flush(); time.sleep(0.15)\n"
     )
     said = []
-    outcome = pipeline.run_watched(
+    outcome = watch.run_watched(
         [sys.executable, "-c", source],
         60,
         30,

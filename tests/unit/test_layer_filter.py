@@ -1,4 +1,5 @@
-"""The save-stream filter and layer identity, on synthetic `docker save` streams of both layouts."""
+"""The layer filter (`node_programs/layer_filter.py`) and its store export (`layer_export.py`), on
+synthetic `docker save` streams of both layouts and a synthetic classic layer store."""
 
 from __future__ import annotations
 
@@ -13,9 +14,6 @@ import tarfile
 
 import pytest
 
-from components.image_ref import familiar_reference, full_reference
-from components.image_ref import split_tagged as split_reference
-from components.node_image.plan import present_chains, present_prefix
 from components.node_image.programs import filter_argv, filter_spec
 from components.node_programs import layer_filter as t
 from components.node_programs.wire import REPORT_MARKER as REPORT
@@ -100,15 +98,6 @@ def run_filter(
     return files, counter
 
 
-def test_chain_ids_and_present_prefix():
-    chains = chain_ids(DIFF_IDS)
-    assert chains[0] == DIFF_IDS[0]
-    assert chains[1] == digest(f"{DIFF_IDS[0]} {DIFF_IDS[1]}".encode())
-    assert present_prefix(DIFF_IDS, set(chains[:2])) == 2
-    assert present_prefix(DIFF_IDS, {chains[1]}) == 0  # a chain without its base is not a prefix
-    assert present_chains([DIFF_IDS[:1]]) == {chains[0]}
-
-
 @pytest.mark.parametrize("keep_from", [0, 1, 2, 3])
 def test_oci_layout_leaves_out_the_bottom_layers(keep_from):
     files, counter = run_filter(oci_save(), keep_from)
@@ -152,16 +141,6 @@ def test_gzip_output_is_a_valid_stream():
 def test_truncated_stream_fails():
     with pytest.raises(EOFError):
         run_filter(oci_save()[:30_000], 0)
-
-
-def test_references():
-    assert split_reference("reg:5000/a/b:1") == ("reg:5000/a/b", "1")
-    with pytest.raises(ValueError):
-        split_reference("reg:5000/a")
-    assert full_reference("x:1") == "docker.io/library/x:1"
-    assert full_reference("u/x:1") == "docker.io/u/x:1"
-    assert full_reference("reg.io/x:1") == "reg.io/x:1"
-    assert familiar_reference("docker.io/library/x:1") == "x:1"
 
 
 def test_shipped_script_runs_standalone_with_the_standard_library():
