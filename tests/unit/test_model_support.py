@@ -4,6 +4,7 @@ read never touch a node."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -146,6 +147,8 @@ def test_the_bootstrap_stops_a_proof_past_its_deadline(proof_dir):
 
 def test_payload_is_stable_and_a_missing_program_is_named(proof_dir, tmp_path):
     assert proof_payload(proof_dir) == proof_payload(proof_dir)
+    # No time in the gzip header (bytes 4-8), or two calls a second apart differ.
+    assert base64.b64decode(proof_payload(proof_dir))[4:8] == bytes(4)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ModelSupportError, match="prove_model.py is missing"):
