@@ -27,6 +27,7 @@ from components.model_support.memory_fit import (
     memory_fit,
     model_shape,
 )
+from components.node_programs.proof_bootstrap import Exit as BootstrapExit
 from components.provider_kit.change import Change
 
 DEFAULT_DEADLINE_S = 900
@@ -61,7 +62,7 @@ class ProofExit(int, Enum):
     PASS = 0
     FAILED = 1
     USAGE = 2
-    DEADLINE = 124
+    DEADLINE = int(BootstrapExit.DEADLINE)
 
 
 # What to do when a stage fails: docs/troubleshooting.md's rows say the same.

@@ -32,7 +32,7 @@ import time
 from enum import IntEnum
 
 from components.node_programs import watched_pipeline
-from components.node_programs.wire import NUDGE, SERVED, SSH_TRANSPORT_FAILURE
+from components.node_programs.wire import NUDGE, PROGRESS_DIR, SERVED, SSH_TRANSPORT_FAILURE
 
 
 class Exit(IntEnum):
@@ -337,13 +337,13 @@ def open_forward(forward: dict, timeout: float) -> tuple[Forwarded | None, str]:
 
 
 class Progress:
-    """`$HOME/.qwen35/progress/<operation>.json`, replaced atomically, at most once a second."""
+    """`PROGRESS_DIR/<operation>.json` (`~/.qwen35/progress`), replaced atomically, at most once a second."""
 
     def __init__(self, spec: dict, started_at: float):
         self.path = ""
         operation = str(spec.get("operation") or "")
         if spec.get("progress", True) and OPERATION.match(operation):
-            folder = os.path.join(os.path.expanduser("~"), ".qwen35", "progress")
+            folder = os.path.expanduser(PROGRESS_DIR)
             with contextlib.suppress(OSError):
                 os.makedirs(folder, exist_ok=True)
                 self.path = os.path.join(folder, f"{operation}.json")
