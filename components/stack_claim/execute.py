@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.node_programs.stack_claim import Exit as ClaimExit
-from components.nodes import checked_target
-from components.remote import SshTransport, with_retries
+from components.nodes import transport_to
+from components.remote import with_retries
 from components.stack_claim.errors import ClaimRefused
 from components.stack_claim.facts import held_as_claimed, parse_report
 from components.stack_claim.plan import refusal
@@ -19,12 +19,11 @@ SSH_TIMEOUT_S = 60.0
 
 def _run(props: Mapping[str, Any], mode: str) -> tuple[int, dict[str, Any]]:
     """Run the claim program in `mode` on the node: its exit status and its report."""
-    target = checked_target("StackClaim", props["node"])
+    transport = transport_to("StackClaim", props["node"])
     argv = claim_argv(props, mode)
-    transport = SshTransport(target)
     result = with_retries(lambda: transport.run(argv, timeout=SSH_TIMEOUT_S), deadline_s=20.0)
     if result.returncode not in (ClaimExit.OK, ClaimExit.CLAIMED):
-        result.check(f"check that {target.label} is reachable over SSH (`make status`)")
+        result.check(f"check that {transport.target.label} is reachable over SSH (`make status`)")
     return result.returncode, parse_report(result.text)
 
 
