@@ -52,6 +52,11 @@ def mp_serve_argv(config: StackConfig, node: NodeConfig) -> list[str]:
     return argv + (["--headless"] if rank else [])
 
 
+def cpu_env(config: StackConfig, node: NodeConfig) -> dict[str, str]:
+    """vLLM's CPU build's variables for `node`'s rank (serve.cpu; none on a Spark stack)."""
+    return config.serve.cpu.env(node.name) if config.serve.cpu is not None else {}
+
+
 def mp_container_spec(
     config: StackConfig, node: NodeConfig, image_id: ImageId, fabric: NodeFabric | None = None
 ) -> ContainerSpec:
@@ -65,7 +70,7 @@ def mp_container_spec(
         role="vllm" if head else "vllm-headless",
         image_id=image_id,
         command=mp_serve_argv(config, node),
-        env=fabric_env(config, node, fabric),
+        env={**fabric_env(config, node, fabric), **cpu_env(config, node)},
         # Only the head answers requests: a headless rank has no API server and so no API key.
         secret_env={"HF_TOKEN": "hf_token", API_KEY_ENV: "api_key"} if head else {"HF_TOKEN": "hf_token"},
         # Let vLLM tear its process group down before it is killed (the other ranks then exit too).

