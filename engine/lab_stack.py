@@ -84,3 +84,21 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+REAL_VLLM = ROOT / "engine" / "real_vllm.yaml"
+
+
+def real_engine_config(image: str, hub_endpoint: str, **sections: Any) -> dict[str, Any]:
+    """The lab stack that the real vLLM serves: Pulumi.lab.yaml under executor mp with
+    engine/real_vllm.yaml's sections, the real-vLLM lab image `image`, and this Hub; `sections` replace
+    whole sections last, as in `engine_lab_config`."""
+    overlay = yaml.safe_load(REAL_VLLM.read_text())["config"]
+    config = mp_lab_config(
+        engine_lab_config(None, hub_endpoint), overlay[f"{NAMESPACE}:cluster"]["master_port"]
+    )
+    config.update(copy.deepcopy(overlay))
+    config[f"{NAMESPACE}:image"]["prebuilt"] = image
+    for key, value in sections.items():
+        config[f"{NAMESPACE}:{key}"] = value
+    return config

@@ -296,19 +296,27 @@ class StandinHub:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m lab.standin_hub [PORT]`: serve a generated `lab/standin-qwen35` on loopback."""
+    """`python -m lab.standin_hub [PORT]`: serve a generated `lab/standin-qwen35` (random bytes, for the
+    stand-in server) and the tiny real Qwen3.5-MoE `lab/qwen3.5-tiny-moe` (for the real vLLM) on loopback."""
     import sys
     import tempfile
     import time
 
+    from lab.tiny_qwen35 import REPO_ID, write
+
     args = sys.argv[1:] if argv is None else argv
     port = int(args[0]) if args else 18090
-    repo = generate_repo(
-        Path(tempfile.mkdtemp(prefix="standin-hub-")) / "repo", shards=2, shard_bytes=4 << 20
-    )
-    with StandinHub({"lab/standin-qwen35": repo}, port=port) as hub:
-        sha = hub.repos["lab/standin-qwen35"].sha
-        print(f"stand-in Hub (a test double) at {hub.endpoint}: lab/standin-qwen35 @ {sha}", flush=True)
+    folder = Path(tempfile.mkdtemp(prefix="standin-hub-"))
+    repos = {
+        "lab/standin-qwen35": generate_repo(folder / "repo", shards=2, shard_bytes=4 << 20),
+        REPO_ID: write(folder / "tiny"),
+    }
+    with StandinHub(repos, port=port) as hub:
+        for repo_id in repos:
+            print(
+                f"stand-in Hub (a test double) at {hub.endpoint}: {repo_id} @ {hub.repos[repo_id].sha}",
+                flush=True,
+            )
         while True:
             time.sleep(3600)
 
