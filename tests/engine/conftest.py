@@ -16,9 +16,11 @@ import pytest
 
 import lab
 from engine import Engine, EngineError, ensure_engine
-from engine.lab_stack import engine_lab_config, stack_file, write_config
+from engine.lab_stack import engine_lab_config, real_engine_config, stack_file, write_config
+from lab import tiny_qwen35
 from lab.layout import lab_dir
 from lab.ray_image import ray_image
+from lab.standin_hub import StandinHub
 from tests.support.hub_fixture import hub_fixture
 from tests.support.lab_nodes import session_nodes
 
@@ -202,3 +204,43 @@ def secrets() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def lab_config(lab_image, hub):
     return lambda **sections: engine_lab_config(lab_image, hub.endpoint, **sections)
+
+
+# ---- the real engine: vLLM's CPU build serving the tiny Qwen3.5-MoE (engine/real_vllm.yaml) -----------
+
+REAL_STACK = "engine-real"
+
+
+@pytest.fixture(scope="session")
+def real_image(lab_nodes) -> str:
+    """The real-vLLM lab image's tag, on both nodes (loaded from the cache, or built once on node-a):
+    NodeImage finds it everywhere and sends nothing, and its layers stay when a stack's destroy removes
+    the tags it placed."""
+    from lab.vllm_cpu_image import vllm_cpu_image
+
+    tags = {vllm_cpu_image(node)[0] for node in lab_nodes.values()}
+    assert len(tags) == 1, tags
+    return tags.pop()
+
+
+@pytest.fixture(scope="session")
+def real_hub(tmp_path_factory) -> Iterator[StandinHub]:
+    """The stand-in Hub serving the tiny real checkpoint (lab/tiny_qwen35.py)."""
+    repo = tiny_qwen35.write(tmp_path_factory.mktemp("tiny-qwen35"))
+    with StandinHub({tiny_qwen35.REPO_ID: repo}) as served:
+        yield served
+
+
+@dataclass
+class RealStack:
+    """The real-engine stack after its first `up`, shared by the modules that test it."""
+
+    stack: Stack
+    first_up: list[dict]
+    api_key: str
+
+
+@pytest.fixture(scope="session")
+def real_stack(engine, lab_nodes, real_image, real_hub, secrets) -> Iterator[RealStack]:
+    with secret_stack(engine, REAL_STACK, real_engine_config(real_image, real_hub.endpoint), secrets) as made:
+        yield RealStack(made, up_or_fail(made), secrets["api_key"])
