@@ -10,9 +10,11 @@ outputs (mode report: the stack output `fabric`). read (pulumi refresh) reads th
 port gone DOWN, a changed MTU or a GID index that moved shows as drift; check and diff do no I/O.
 
 Files, by job:
-    facts.py     the programs' reports parsed; the facts program's as frozen values (pure)
+    facts.py     the programs' reports parsed; the facts program's as frozen values; NCCL's own
+                 INFO lines (`parse_nccl_log`: the network, HCAs, GID index it took) (pure)
     programs.py  the facts program's and the probe's argv, what their exit status means
-    plan.py      the pure decisions: ports, GID index, MTU, problems, refusal, `plan_change`
+    plan.py      the pure decisions: ports, GID index, MTU, problems, refusal, `plan_change`, and
+                 `nccl_verdict` (NCCL used sockets while HCAs were given: refused under enforce)
     execute.py   the check carried out over SSH (the only I/O): ensure (create, update), observe
                  (refresh)
     errors.py    FabricCheckError
@@ -36,10 +38,13 @@ from components.fabric_check.execute import (
 )
 from components.fabric_check.facts import (
     Gid,
+    NcclDevice,
+    NcclFacts,
     Netdev,
     NodeFacts,
     Port,
     ipv4_of_gid,
+    parse_nccl_log,
     parse_report,
     parse_stdout,
 )
@@ -51,9 +56,11 @@ from components.fabric_check.plan import (
     RESOLVE,
     UNSET,
     Decision,
+    NcclVerdict,
     Settings,
     check_id,
     decide,
+    nccl_verdict,
     plan_change,
     refusal,
     settings,
@@ -77,6 +84,9 @@ __all__ = [
     "FabricCheckError",
     "FabricCheckProvider",
     "Gid",
+    "NcclDevice",
+    "NcclFacts",
+    "NcclVerdict",
     "Netdev",
     "NodeFacts",
     "Port",
@@ -88,8 +98,10 @@ __all__ = [
     "facts_report",
     "facts_spec",
     "ipv4_of_gid",
+    "nccl_verdict",
     "node_transport",
     "observe",
+    "parse_nccl_log",
     "parse_report",
     "parse_stdout",
     "plan_change",
