@@ -86,9 +86,11 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     for node in config.nodes:
         _judge_node(config, node, facts["nodes"].get(node.name), head_report, containers[node.name], verdict)
     found: dict[str, str] = {}
-    verdict.problems += _fabric(config, verdict.nodes, facts["nodes"], found)
+    warned: list[Problem] = []
+    verdict.problems += _fabric(config, verdict.nodes, facts["nodes"], found, warned)
     if config.fabric.check is not FabricCheckMode.OFF:
-        verdict.fabric, verdict.warnings = fabric_lines(config, facts, found)
+        verdict.fabric, slow = fabric_lines(config, facts, found)
+        verdict.warnings = warned + slow
     verdict.problems += _ray(config, verdict.cluster, head_report)
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
@@ -542,11 +544,13 @@ def _fabric(
     cells: dict[str, dict[str, str]],
     reports: dict[str, Any],
     found: dict[str, str] | None = None,
+    warned: list[Problem] | None = None,
 ) -> list[Problem]:
     """Each node's fabric as its FabricCheck would judge it now (the head first: its MTU is the
-    workers' reference), and into `found` what it found (`ports …, GID …, MTU …`); nothing when
-    `fabric.check` is off (no report was asked)."""
+    workers' reference), into `found` what it found (`ports …, GID …, MTU …`) and into `warned` its
+    warnings (MTUs that differ); nothing when `fabric.check` is off (no report was asked)."""
     found = {} if found is None else found
+    warned = [] if warned is None else warned
     problems: list[Problem] = []
     reference = None
     for node in [config.head, *config.workers]:
@@ -579,6 +583,7 @@ def _fabric(
             OK + f" ({shown})" if not decision.problems else f"{len(decision.problems)} problem(s)"
         )
         problems += [_fabric_problem(node.name, text) for text in decision.problems]
+        warned += [_fabric_problem(node.name, text) for text in decision.warnings]
     return problems
 
 

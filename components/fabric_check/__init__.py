@@ -4,7 +4,8 @@ NCCL there is given.
 create(), over SSH on the node: run `node_programs/fabric_facts.py` (sysfs and `ip -j addr`), then
 decide (`plan.py`): the ports NCCL uses (`ib_hca`: the node's ACTIVE ports, unless pinned), the
 RoCE v2 IPv4 GID index on each (`gid_index`: set only under `fabric.gid_index: resolve` or an
-index), and one MTU on the fabric path equal to `fabric.mtu` or the head's. A problem stops `up`
+index), and the MTU of its fabric path (none below `fabric.mtu`; MTUs that differ from the head's
+warn: NCCL runs each connection at the smaller end's). A problem stops `up`
 (mode enforce) naming node, device, port, what was found and the next step, or is recorded in the
 outputs (mode report: the stack output `fabric`). read (pulumi refresh) reads the facts again, so a
 port gone DOWN, a changed MTU or a GID index that moved shows as drift; check and diff do no I/O.

@@ -6,8 +6,9 @@ Per node:
   which must exist and be ACTIVE, else every ACTIVE port;
 - on each Ethernet (RoCE) port, the GID index whose type is RoCE v2 and whose GID is the IPv4-mapped
   address of that port's netdev (NCCL's own choice when `NCCL_IB_GID_INDEX` is unset);
-- the MTU of its fabric path (the socket interface and each used port's netdev): one value on the
-  node, equal to `fabric.mtu` when set, else to the head's (the head is every worker's reference).
+- the MTU of its fabric path (the socket interface and each used port's netdev): none below
+  `fabric.mtu` when set; MTUs that differ on the node or from the head's (every worker's reference)
+  warn, as NCCL runs each connection at the smaller end's MTU.
 And from a node's NCCL log (`facts.parse_nccl_log`): `nccl_verdict`, refused when NCCL used sockets
 while HCAs were configured.
 """
@@ -265,23 +266,33 @@ def mtu_fix(node: str, ifname: str, mtu: int) -> str:
     return f"on {node}: `sudo ip link set {ifname} mtu {mtu}` {persist_hint(ifname, 'mtu', mtu)}"
 
 
-def mtu_problems(s: Settings, paths: Mapping[str, int | None]) -> list[str]:
-    """One MTU on the node's fabric path, equal to fabric.mtu when set, else to the head's."""
+def mtu_problems(s: Settings, paths: Mapping[str, int | None]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the node's fabric path MTUs. NCCL runs each RDMA connection at the
+    smaller MTU of its two ends (net_ib.cc, "Adjust the MTU"), so ends that differ work, at the
+    smaller one's size: a warning. Refused: an MTU below `fabric.mtu` when it is set."""
     unread = [name for name, mtu in paths.items() if mtu is None]
     if unread:
-        return [f"{s.node}: no MTU for {', '.join(unread)} (the netdev is missing from class/net)"]
-    values = set(paths.values())
+        return [f"{s.node}: no MTU for {', '.join(unread)} (the netdev is missing from class/net)"], []
     if s.mtu_expected is not None:
-        return [
-            f"{s.node}: {name} has MTU {mtu}, fabric.mtu is {s.mtu_expected}; next: "
+        low = [
+            f"{s.node}: {name} has MTU {mtu}, below fabric.mtu {s.mtu_expected}; next: "
             + mtu_fix(s.node, name, s.mtu_expected)
             for name, mtu in paths.items()
-            if mtu != s.mtu_expected
+            if mtu < s.mtu_expected
         ]
+        if low:
+            return low, []
+    return [], mtu_warnings(s, paths)
+
+
+def mtu_warnings(s: Settings, paths: Mapping[str, int | None]) -> list[str]:
+    """MTUs that differ on the node's path, or from the head's: each connection runs at the smaller."""
+    values = set(paths.values())
     if len(values) > 1:
         top = max(values)
         return [
-            f"{s.node}: the fabric path's MTUs disagree ({dict(paths)}); next: "
+            f"{s.node}: the fabric path's MTUs differ ({dict(paths)}): NCCL runs each connection at the "
+            f"smaller end's MTU, so {min(values)} bounds it; next: "
             + "; ".join(mtu_fix(s.node, name, top) for name, mtu in paths.items() if mtu != top)
         ]
     ref = s.reference or {}
@@ -294,9 +305,10 @@ def mtu_problems(s: Settings, paths: Mapping[str, int | None]) -> list[str]:
         fixes = [mtu_fix(str(ref.get("node")), name, mine) for name in (ref.get("paths") or {})]
     return [
         f"{s.node}: fabric MTU {mine} ({dict(paths)}) but {ref.get('node')}'s is {theirs} "
-        f"({dict(ref.get('paths') or {})}): RDMA between them fails with IBV_WC_RETRY_EXC_ERR; next: "
+        f"({dict(ref.get('paths') or {})}): NCCL takes the smaller of the two ends, so traffic between "
+        f"them runs at {min(mine, theirs)}; next: "
         + "; ".join(fixes)
-        + " (or set fabric.mtu)"
+        + " (or set fabric.mtu to refuse an MTU below it)"
     ]
 
 
@@ -311,7 +323,8 @@ def decide(s: Settings, facts: NodeFacts) -> Decision:
         for name in port.netdevs[:1]:
             netdev = facts.netdevs.get(name)
             paths[name] = netdev.mtu if netdev else None
-    problems += port_problems + found_problems + mtu_problems(s, paths)
+    mtu_refused, mtu_warned = mtu_problems(s, paths)
+    problems += port_problems + found_problems + mtu_refused
     known = [m for m in paths.values() if m is not None]
     return Decision(
         ib_hca=s.pin if s.pin is not None else tuple(p.hca for p in ports),
@@ -320,6 +333,7 @@ def decide(s: Settings, facts: NodeFacts) -> Decision:
         mtu=min(known) if known else None,
         paths=paths,
         problems=tuple(problems),
+        warnings=tuple(mtu_warned),
     )
 
 
