@@ -215,12 +215,38 @@ def roce_v2_ipv4(port: Port, facts: NodeFacts) -> list:
     ]
 
 
+def nccl_gid_index(port: Port) -> int | None:
+    """The index NCCL takes when NCCL_IB_GID_INDEX is unset: the lowest RoCE v2 entry that maps an
+    IPv4 address, whatever netdev it belongs to (net_ib's ncclIbGetGidIndex never looks at it)."""
+    return next((g.index for g in sorted(port.gids, key=lambda g: g.index) if g.roce_v2 and g.ipv4), None)
+
+
+def unset_gid_warnings(s: Settings, facts: NodeFacts, found: Mapping[str, int | None]) -> list[str]:
+    """Under `gid_index: unset`, each port where NCCL's own pick differs from the entry the check
+    validated (its own netdev's): a VLAN or bond over the function puts another netdev's first."""
+    warnings = []
+    for hca, index in found.items():
+        port = facts.port(hca)
+        theirs = nccl_gid_index(port)
+        if index is None or theirs is None or theirs == index:
+            continue
+        entry = next(g for g in port.gids if g.index == theirs)
+        warnings.append(
+            f"{s.node}: on {hca} NCCL takes GID index {theirs} ({entry.ipv4} of {entry.ndev}: the lowest "
+            f"RoCE v2 IPv4 entry, whatever its netdev), not {index}, the entry of its own netdev "
+            f"{', '.join(port.own_netdevs)} that the check validated; next: set fabric.gid_index: "
+            f"resolve to give NCCL {index}, or make sure {entry.ndev}'s address reaches the other nodes"
+        )
+    return warnings
+
+
 def _gid_lines(port: Port) -> str:
     return "; ".join(f"{g.index}: {g.type} {g.gid} ({g.ndev})" for g in port.gids) or "no used entry"
 
 
 def gid_problems(s: Settings, facts: NodeFacts, ports: Sequence[Port]) -> tuple[dict, int | None, list[str]]:
-    """Each used RoCE port's RoCE v2 IPv4 index, the index NCCL is given, and the problems."""
+    """Each used RoCE port's RoCE v2 IPv4 index, the index NCCL is given, and the problems (the
+    warnings under `unset` are `unset_gid_warnings`)."""
     found = {p.hca: roce_v2_index(p, facts) for p in ports if p.link_layer == "Ethernet"}
     problems = []
     for hca, index in found.items():
@@ -324,6 +350,7 @@ def decide(s: Settings, facts: NodeFacts) -> Decision:
             netdev = facts.netdevs.get(name)
             paths[name] = netdev.mtu if netdev else None
     mtu_refused, mtu_warned = mtu_problems(s, paths)
+    gid_warned = unset_gid_warnings(s, facts, gids) if s.gid == UNSET else []
     problems += port_problems + found_problems + mtu_refused
     known = [m for m in paths.values() if m is not None]
     return Decision(
@@ -333,7 +360,7 @@ def decide(s: Settings, facts: NodeFacts) -> Decision:
         mtu=min(known) if known else None,
         paths=paths,
         problems=tuple(problems),
-        warnings=tuple(mtu_warned),
+        warnings=tuple(gid_warned + mtu_warned),
     )
 
 

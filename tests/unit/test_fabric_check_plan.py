@@ -126,6 +126,28 @@ def test_another_netdevs_entry_is_taken_only_where_the_port_has_none_of_its_own(
     assert decision.gids == {"rocep1s0f1:1": 3} and decision.verdict == "pass", decision.problems
 
 
+def test_under_unset_a_lower_entry_of_another_netdev_warns_with_both_indices(tmp_path):
+    # NCCL (unset) takes the lowest RoCE v2 IPv4 entry, index 3 of enp1s0f0np0 (a VLAN or bond's);
+    # the check validated 5, the port's own netdev's. It passes, with a warning naming both.
+    decision = decide(
+        settings(pin=("rocep1s0f1:1",)), facts_of(tmp_path, "s", other_netdev_first("10.0.2.12"))
+    )
+    assert decision.verdict == "pass" and decision.gids == {"rocep1s0f1:1": 5}
+    (warning,) = decision.warnings
+    assert warning.startswith(
+        "spark-1: on rocep1s0f1:1 NCCL takes GID index 3 (192.168.200.12 of enp1s0f0np0: the lowest "
+        "RoCE v2 IPv4"
+    )
+    assert "not 5, the entry of its own netdev enp1s0f1np1" in warning
+    assert "fabric.gid_index: resolve" in warning
+    # Where NCCL's pick is the port's own entry, or the index is given to NCCL, nothing is said.
+    assert decide(settings(), facts_of(tmp_path, "t", spark1_ports())).warnings == ()
+    given = decide(
+        settings(gid=RESOLVE, pin=("rocep1s0f1:1",)), facts_of(tmp_path, "u", other_netdev_first("10.0.2.12"))
+    )
+    assert given.warnings == ()
+
+
 @pytest.mark.parametrize("pin", [3, 5])
 def test_a_pinned_index_passes_on_any_roce_v2_ipv4_entry_not_only_resolves_choice(tmp_path, pin):
     # An existing stack pinned to 3 (another netdev's RoCE v2 IPv4 entry) kept working before the
