@@ -784,7 +784,7 @@ def fabric_check_inputs(cfg: StackConfig, node: NodeConfig, node_dict: dict[str,
     return {
         "node": node_dict,
         "fabric_ip": node.fabric_ip,
-        "socket_ifname": cfg.fabric.socket_ifname,
+        "socket_ifname": cfg.socket_ifname(node),
         "mode": cfg.fabric.check.value,
         "pin": list(pin) if pin is not None else None,
         "gid": cfg.fabric.gid,

@@ -614,7 +614,9 @@ def _recorded_speed(config: StackConfig, recorded: dict[str, Any], name: str) ->
     line, rate = str(throughput["line"]), throughput.get("gbytes_s")
     if not isinstance(rate, int | float):
         return line, None
-    slow = floor_warning(name, line, float(rate), config.fabric.min_gbps, config.fabric.socket_ifname)
+    declared = next((n for n in config.nodes if n.name == name), None)
+    ifname = config.socket_ifname(declared) if declared else config.fabric.socket_ifname
+    slow = floor_warning(name, line, float(rate), config.fabric.min_gbps, ifname)
     return line, _fabric_problem(name, slow) if slow else None
 
 
@@ -681,7 +683,7 @@ def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]
                 node.name,
                 f"has not joined the Ray cluster (no ALIVE Ray node at {node.fabric_ip})",
                 f"check `docker logs {node_container_names(config)[node.name][0]}` on it, the fabric "
-                "addresses and `fabric.socket_ifname`",
+                "addresses and its socket interface (`nodes[].socket_ifname`, else `fabric.socket_ifname`)",
             )
         )
     if not missing:

@@ -447,7 +447,7 @@ def probe_verdict(
             gbytes_s=None,
             problems=(
                 f"{s.node}: cannot reach {head}'s fabric address {path} ({why}); next: check that "
-                f"{head} holds {probe['host']} on {s.socket_ifname} (`ip addr`), that the link is up, "
+                f"{head} holds {probe['host']} on its socket interface (`ip addr`), that the link is up, "
                 f"and that no firewall drops port {probe['port']}",
             ),
         )

@@ -784,6 +784,26 @@ def test_each_node_gets_its_own_fabric_checks_ports_and_no_gid_index(monkeypatch
     assert fabric["nodes"]["spark-2"]["verdict"] == "pass"
 
 
+def test_each_nodes_containers_and_check_get_its_own_socket_interface(monkeypatch):
+    # Two Sparks cabled on different ports: spark-2 names its own interface (nodes[].socket_ifname).
+    cfg = unpinned_config()
+    cfg["qwen35-spark:nodes"] = copy.deepcopy(cfg["qwen35-spark:nodes"])
+    cfg["qwen35-spark:nodes"][1]["socket_ifname"] = "enp1s0f1np1"
+    graph = run_graph(monkeypatch, cfg)
+    expect = {"spark-1": "enp1s0f0np0", "spark-2": "enp1s0f1np1"}
+    seen = set()
+    for container in cluster_containers(graph):
+        node = next(label["value"] for label in container.inputs["labels"] if label["label"] == "qwen35.node")
+        env = envs(graph, container.name)
+        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES"):
+            assert env[var] == expect[node], (container.name, var)
+        seen.add(node)
+    assert seen == set(expect)
+    assert envs(graph, "qwen35-vllm")["NCCL_SOCKET_IFNAME"] == "enp1s0f0np0"
+    for node, ifname in expect.items():
+        assert graph.run.named(f"qwen35-fabric-{node}").inputs["socket_ifname"] == ifname
+
+
 def test_gid_index_resolve_sets_each_nodes_resolved_index(monkeypatch):
     graph = run_graph(monkeypatch, unpinned_config(gid_index="resolve", mtu=9000, check="report"))
     check = graph.run.named("qwen35-fabric-spark-2").inputs
