@@ -417,6 +417,15 @@ def probe_input_problems(probe: Any) -> list[tuple[str, str]]:
     return problems
 
 
+def probe_after(workers: Sequence[str]) -> dict[str, str | None]:
+    """Each worker's FabricCheck runs after the previous worker's (None: the first's waits only for
+    the head's). Every probe's listener binds the head's one `fabric.probe_port`, so checks run in
+    parallel would find it taken ("something else listens") on all but one node, and probes that
+    share the head's link would each measure a fraction of it; one after the other, each takes
+    at most its deadline (PROBE_DEADLINE_S) and measures the link alone."""
+    return {worker: workers[i - 1] if i else None for i, worker in enumerate(workers)}
+
+
 @dataclass(frozen=True)
 class Probe:
     """One worker's probe to the head: what was measured, and what is wrong with it."""

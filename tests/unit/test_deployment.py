@@ -280,6 +280,11 @@ def test_dependency_order(request, graph_name):
     # The head's check first: its recorded MTU is every worker's reference.
     for check in fabric - {"qwen35-fabric-spark-1"}:
         assert "qwen35-fabric-spark-1" in deps[check]
+    # One worker's check (and probe) after another: their probes share the head's listener port.
+    workers_checks = [f"qwen35-fabric-{n}" for n in graph.run.outputs["nodes"] if n != "spark-1"]
+    for before, check in zip(workers_checks[:-1], workers_checks[1:], strict=True):
+        assert before in deps[check], (check, deps[check])
+    assert not any(c in deps[workers_checks[0]] for c in workers_checks[1:])
     # Containers depend on their own node's image placement.
     assert node_image_of(graph, "spark-1").name in deps["qwen35-ray-head"]
     assert node_image_of(graph, "spark-1").name in deps["qwen35-vllm"]
