@@ -624,8 +624,8 @@ def fabric_lines(
     config: StackConfig, facts: dict[str, Any], found: dict[str, str]
 ) -> tuple[dict[str, str], list[Problem]]:
     """One line per node, e.g. `node-b: ports rocep1s0f1:1, GID 3, MTU 9000; node-b → node-a
-    11.8 GB/s over enp1s0f1np1`: the ports, GID and MTU read now, the speed the last `up` measured
-    (the stack output `fabric`); and a warning per figure below `fabric.min_gbps`. `found`: each
+    11.8 GB/s over enp1s0f1np1`: the ports, GID and MTU read now, the TCP probe's figure the last
+    `up` measured (the stack output `fabric`); and a warning per figure below `fabric.min_gbps`. `found`: each
     node's `ports …, GID …, MTU …` as `_fabric` judged them."""
     lines: dict[str, str] = {}
     warnings: list[Problem] = []

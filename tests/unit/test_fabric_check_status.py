@@ -134,6 +134,8 @@ def test_one_fabric_line_per_node_with_the_last_measured_speed(tmp_path):
     }
     text = render.text(verdict, "lab")
     assert "\n  node-b: ports rocep1s0f0:1, GID 3, MTU 9000; node-b → node-a 11.8 GB/s" in text
+    # The figure is the TCP probe's, named for what it is.
+    assert "TCP probe: reachability and a floor on socket throughput, not RDMA" in text
     assert "warning" not in text and text.endswith("everything is as declared\n")
     assert verdict.as_dict()["fabric"] == verdict.fabric
 
