@@ -25,7 +25,7 @@ import pulumi_docker as docker
 
 from components.checkpoint import Checkpoint, checkpoint_tree
 from components.config import Executor, FabricCheckMode, HealthMode, ImageStrategy, NodeConfig, StackConfig
-from components.fabric_check import FabricCheck
+from components.fabric_check import FabricCheck, probe_after
 from components.health import HealthSecret
 from components.health.containers import (
     agent_container_name,
@@ -356,6 +356,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         if cfg.fabric.check is FabricCheckMode.OFF:
             return {}
         checks: dict[str, FabricCheck] = {}
+        after = probe_after([w.name for w in cfg.workers])
         for node in [cfg.head, *cfg.workers]:
             head = checks.get(cfg.head.name)
             reference = (
@@ -370,9 +371,15 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 **fabric_check_inputs(cfg, node, dict(self.access[node.name].node_image_dict())),
                 reference=reference,
                 probe=probe_input(cfg, self.access[cfg.head.name].node_image_dict()) if head else None,
-                # After the claims: a worker's probe listens on the head's claimed fabric.probe_port.
+                # After the claims: a worker's probe listens on the head's claimed fabric.probe_port;
+                # after the previous worker's check: one probe at a time holds that port.
                 opts=pulumi.ResourceOptions(
-                    parent=self, depends_on=[self.claims[node.name], self.claims[cfg.head.name]]
+                    parent=self,
+                    depends_on=[
+                        self.claims[node.name],
+                        self.claims[cfg.head.name],
+                        *([checks[after[node.name]]] if after.get(node.name) else []),
+                    ],
                 ),
             )
         return checks
@@ -784,7 +791,7 @@ def fabric_check_inputs(cfg: StackConfig, node: NodeConfig, node_dict: dict[str,
     return {
         "node": node_dict,
         "fabric_ip": node.fabric_ip,
-        "socket_ifname": cfg.fabric.socket_ifname,
+        "socket_ifname": cfg.socket_ifname(node),
         "mode": cfg.fabric.check.value,
         "pin": list(pin) if pin is not None else None,
         "gid": cfg.fabric.gid,

@@ -170,7 +170,8 @@ def fabric_env(config: StackConfig, node: NodeConfig, fabric: NodeFabric | None 
     """The fabric settings every process on `node` needs: its own address and the RDMA interfaces
     (`fabric`: what the node's FabricCheck decided; None: from config alone)."""
     fabric = fabric or configured_fabric(config, node)
-    ifname = config.fabric.socket_ifname
+    # The node's own interface: two nodes cabled on different ports name different ones.
+    ifname = config.socket_ifname(node)
     env = {
         # vLLM and Ray must agree on the node's address: the fabric one, never the management one.
         "VLLM_HOST_IP": node.fabric_ip,

@@ -66,7 +66,8 @@ def text(verdict: Verdict, stack: str) -> str:
         )
     if verdict.fabric:
         parts.append(
-            "fabric (ports, GID and MTU read now; the speed the last `pulumi up` measured):\n"
+            "fabric (ports, GID and MTU read now; the last `pulumi up`'s TCP probe: reachability and a "
+            "floor on socket throughput, not RDMA):\n"
             + "\n".join(f"  {line}" for line in verdict.fabric.values())
         )
     if verdict.operations:

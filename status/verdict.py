@@ -86,9 +86,11 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     for node in config.nodes:
         _judge_node(config, node, facts["nodes"].get(node.name), head_report, containers[node.name], verdict)
     found: dict[str, str] = {}
-    verdict.problems += _fabric(config, verdict.nodes, facts["nodes"], found)
+    warned: list[Problem] = []
+    verdict.problems += _fabric(config, verdict.nodes, facts["nodes"], found, warned)
     if config.fabric.check is not FabricCheckMode.OFF:
-        verdict.fabric, verdict.warnings = fabric_lines(config, facts, found)
+        verdict.fabric, slow = fabric_lines(config, facts, found)
+        verdict.warnings = warned + slow
     verdict.problems += _ray(config, verdict.cluster, head_report)
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
@@ -542,11 +544,13 @@ def _fabric(
     cells: dict[str, dict[str, str]],
     reports: dict[str, Any],
     found: dict[str, str] | None = None,
+    warned: list[Problem] | None = None,
 ) -> list[Problem]:
     """Each node's fabric as its FabricCheck would judge it now (the head first: its MTU is the
-    workers' reference), and into `found` what it found (`ports …, GID …, MTU …`); nothing when
-    `fabric.check` is off (no report was asked)."""
+    workers' reference), into `found` what it found (`ports …, GID …, MTU …`) and into `warned` its
+    warnings (MTUs that differ); nothing when `fabric.check` is off (no report was asked)."""
     found = {} if found is None else found
+    warned = [] if warned is None else warned
     problems: list[Problem] = []
     reference = None
     for node in [config.head, *config.workers]:
@@ -579,6 +583,7 @@ def _fabric(
             OK + f" ({shown})" if not decision.problems else f"{len(decision.problems)} problem(s)"
         )
         problems += [_fabric_problem(node.name, text) for text in decision.problems]
+        warned += [_fabric_problem(node.name, text) for text in decision.warnings]
     return problems
 
 
@@ -609,7 +614,9 @@ def _recorded_speed(config: StackConfig, recorded: dict[str, Any], name: str) ->
     line, rate = str(throughput["line"]), throughput.get("gbytes_s")
     if not isinstance(rate, int | float):
         return line, None
-    slow = floor_warning(name, line, float(rate), config.fabric.min_gbps, config.fabric.socket_ifname)
+    declared = next((n for n in config.nodes if n.name == name), None)
+    ifname = config.socket_ifname(declared) if declared else config.fabric.socket_ifname
+    slow = floor_warning(name, line, float(rate), config.fabric.min_gbps, ifname)
     return line, _fabric_problem(name, slow) if slow else None
 
 
@@ -617,8 +624,8 @@ def fabric_lines(
     config: StackConfig, facts: dict[str, Any], found: dict[str, str]
 ) -> tuple[dict[str, str], list[Problem]]:
     """One line per node, e.g. `node-b: ports rocep1s0f1:1, GID 3, MTU 9000; node-b → node-a
-    11.8 GB/s over enp1s0f1np1`: the ports, GID and MTU read now, the speed the last `up` measured
-    (the stack output `fabric`); and a warning per figure below `fabric.min_gbps`. `found`: each
+    11.8 GB/s over enp1s0f1np1`: the ports, GID and MTU read now, the TCP probe's figure the last
+    `up` measured (the stack output `fabric`); and a warning per figure below `fabric.min_gbps`. `found`: each
     node's `ports …, GID …, MTU …` as `_fabric` judged them."""
     lines: dict[str, str] = {}
     warnings: list[Problem] = []
@@ -676,7 +683,7 @@ def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]
                 node.name,
                 f"has not joined the Ray cluster (no ALIVE Ray node at {node.fabric_ip})",
                 f"check `docker logs {node_container_names(config)[node.name][0]}` on it, the fabric "
-                "addresses and `fabric.socket_ifname`",
+                "addresses and its socket interface (`nodes[].socket_ifname`, else `fabric.socket_ifname`)",
             )
         )
     if not missing:

@@ -15,12 +15,11 @@ from components.config.fields import (
     Port,
     _check_hcas,
     _check_host,
+    _check_ifname,
     _check_path,
     _CrossFieldErrors,
     _Model,
 )
-
-IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 
 
 class RestartPolicy(str, Enum):
@@ -52,6 +51,7 @@ GidIndex = Literal["unset", "resolve"] | Annotated[int, Field(ge=0, le=255)]
 class FabricConfig(_Model):
     """The RoCE/InfiniBand link: interface for sockets, the per-node check, GID index and MTU."""
 
+    # Every node's socket interface unless its `nodes[].socket_ifname` says otherwise.
     socket_ifname: str = "enp1s0f0np0"
     check: FabricCheckMode = FabricCheckMode.ENFORCE
     # unset: NCCL_IB_GID_INDEX is never set (NCCL picks a RoCE v2 IPv4 GID per device); resolve: each
@@ -73,9 +73,7 @@ class FabricConfig(_Model):
     @field_validator("socket_ifname")
     @classmethod
     def _ifname(cls, v: str) -> str:
-        if not IFNAME.match(v):
-            raise ValueError(f"{v!r} is not a network interface name")
-        return v
+        return _check_ifname(v)
 
     @field_validator("check", mode="before")
     @classmethod

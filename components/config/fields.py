@@ -25,6 +25,8 @@ HOSTNAME = re.compile(
 USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 HCA = re.compile(r"^[A-Za-z0-9_.-]{1,64}(:[0-9]{1,2})?$")
 ABS_PATH = re.compile(r"^(/|~/)[A-Za-z0-9_./@+-]*$")
+# A Linux network interface name (IFNAMSIZ: at most 15 characters).
+IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 # A node's Docker image store: the one definition (NodeImage, the copy tree and config use it).
@@ -70,6 +72,12 @@ def _check_ref(value: str, *, tag_required: bool = False) -> str:
             f"{value!r}: a digest alone gives NodeImage no tag to place on the nodes: "
             "write name:tag@sha256:… (the tag the head holds the image under)"
         )
+    return value
+
+
+def _check_ifname(value: str) -> str:
+    if not IFNAME.match(value):
+        raise ValueError(f"{value!r} is not a network interface name (e.g. enp1s0f0np0)")
     return value
 
 

@@ -75,7 +75,18 @@ def _model_for(loc: tuple) -> type[BaseModel] | None:
     return model
 
 
-def _format_errors(exc: ValidationError) -> list[str]:
+def _node_named(loc: tuple, body: Mapping[str, Any]) -> str:
+    """` (node NAME)` for an error under `nodes.<i>` whose entry has a name, so the message names the
+    node as well as its index; "" elsewhere."""
+    if len(loc) < 2 or loc[0] != "nodes" or not isinstance(loc[1], int):
+        return ""
+    nodes = body.get("nodes")
+    entry = nodes[loc[1]] if isinstance(nodes, list) and 0 <= loc[1] < len(nodes) else None
+    name = entry.get("name") if isinstance(entry, Mapping) else None
+    return f" (node {name})" if isinstance(name, str) and name else ""
+
+
+def _format_errors(exc: ValidationError, body: Mapping[str, Any] | None = None) -> list[str]:
     problems = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -88,7 +99,7 @@ def _format_errors(exc: ValidationError) -> list[str]:
             problems.extend(f"{p}: {m}" for p, m in err["ctx"]["error"].problems)
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{path or '(top level)'}: {msg}")
+            problems.append(f"{path or '(top level)'}: {msg}{_node_named(loc, body or {})}")
     return problems
 
 
@@ -115,7 +126,7 @@ def parse_stack_config(raw: Mapping[str, Any], project_dir: Path | None = None) 
         config = StackConfig.model_validate(body, context={"project_dir": project_dir or PROJECT_DIR})
     except ValidationError as exc:
         missing_sections = {"nodes", "ssh"} - set(body)
-        problems += [p for p in _format_errors(exc) if p.split(":")[0] not in missing_sections]
+        problems += [p for p in _format_errors(exc, body) if p.split(":")[0] not in missing_sections]
     if problems:
         raise ConfigError(problems)
     return config

@@ -15,6 +15,7 @@ from components.config.fields import (
     Port,
     _check_hcas,
     _check_host,
+    _check_ifname,
     _check_path,
     _check_user,
     _Model,
@@ -68,6 +69,9 @@ class NodeConfig(_Model):
     ray_ports: RayPorts = RayPorts()
     # This node's HCAs for NCCL_IB_HCA (`dev` or `dev:port`); unset: FabricCheck's ACTIVE ports.
     ib_hca: list[str] | None = None
+    # This node's socket interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, …, and its FabricCheck);
+    # unset: `fabric.socket_ifname`. Two Sparks cabled on different ports name different interfaces.
+    socket_ifname: str | None = None
     # LAB ONLY: a folder laid out like /sys (plus `ip-addr.json`, what `ip -j addr show` prints) that
     # FabricCheck reads instead of the node's own; the lab's machines have no RDMA to read.
     sysfs_root: str | None = None
@@ -81,6 +85,11 @@ class NodeConfig(_Model):
     @classmethod
     def _hca(cls, v: list[str] | None) -> list[str] | None:
         return _check_hcas(v)
+
+    @field_validator("socket_ifname")
+    @classmethod
+    def _ifname(cls, v: str | None) -> str | None:
+        return None if v is None else _check_ifname(v)
 
     @field_validator("docker_socket")
     @classmethod

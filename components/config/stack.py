@@ -291,6 +291,10 @@ class StackConfig(_Model):
             return LEGACY_IB_HCA
         return None if pin is None else tuple(pin)
 
+    def socket_ifname(self, node: NodeConfig) -> str:
+        """The node's socket interface: `nodes[].socket_ifname`, else `fabric.socket_ifname`."""
+        return node.socket_ifname or self.fabric.socket_ifname
+
     @property
     def head(self) -> NodeConfig:
         for node in self.nodes:

@@ -4,15 +4,18 @@ NCCL there is given.
 create(), over SSH on the node: run `node_programs/fabric_facts.py` (sysfs and `ip -j addr`), then
 decide (`plan.py`): the ports NCCL uses (`ib_hca`: the node's ACTIVE ports, unless pinned), the
 RoCE v2 IPv4 GID index on each (`gid_index`: set only under `fabric.gid_index: resolve` or an
-index), and one MTU on the fabric path equal to `fabric.mtu` or the head's. A problem stops `up`
+index), and the MTU of its fabric path (none below `fabric.mtu`; MTUs that differ from the head's
+warn: NCCL runs each connection at the smaller end's). A problem stops `up`
 (mode enforce) naming node, device, port, what was found and the next step, or is recorded in the
 outputs (mode report: the stack output `fabric`). read (pulumi refresh) reads the facts again, so a
 port gone DOWN, a changed MTU or a GID index that moved shows as drift; check and diff do no I/O.
 
 Files, by job:
-    facts.py     the programs' reports parsed; the facts program's as frozen values (pure)
+    facts.py     the programs' reports parsed; the facts program's as frozen values; NCCL's own
+                 INFO lines (`parse_nccl_log`: the network, HCAs, GID index it took) (pure)
     programs.py  the facts program's and the probe's argv, what their exit status means
-    plan.py      the pure decisions: ports, GID index, MTU, problems, refusal, `plan_change`
+    plan.py      the pure decisions: ports, GID index, MTU, problems, refusal, `plan_change`, and
+                 `nccl_verdict` (NCCL used sockets while HCAs were given: refused under enforce)
     execute.py   the check carried out over SSH (the only I/O): ensure (create, update), observe
                  (refresh)
     errors.py    FabricCheckError
@@ -36,10 +39,13 @@ from components.fabric_check.execute import (
 )
 from components.fabric_check.facts import (
     Gid,
+    NcclDevice,
+    NcclFacts,
     Netdev,
     NodeFacts,
     Port,
     ipv4_of_gid,
+    parse_nccl_log,
     parse_report,
     parse_stdout,
 )
@@ -51,10 +57,13 @@ from components.fabric_check.plan import (
     RESOLVE,
     UNSET,
     Decision,
+    NcclVerdict,
     Settings,
     check_id,
     decide,
+    nccl_verdict,
     plan_change,
+    probe_after,
     refusal,
     settings,
     validate,
@@ -77,6 +86,9 @@ __all__ = [
     "FabricCheckError",
     "FabricCheckProvider",
     "Gid",
+    "NcclDevice",
+    "NcclFacts",
+    "NcclVerdict",
     "Netdev",
     "NodeFacts",
     "Port",
@@ -88,11 +100,14 @@ __all__ = [
     "facts_report",
     "facts_spec",
     "ipv4_of_gid",
+    "nccl_verdict",
     "node_transport",
     "observe",
+    "parse_nccl_log",
     "parse_report",
     "parse_stdout",
     "plan_change",
+    "probe_after",
     "probe_head",
     "read_facts",
     "refusal",

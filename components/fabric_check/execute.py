@@ -97,7 +97,7 @@ def ensure(props: Mapping[str, Any], transport: Transport | None = None) -> dict
     decision = _checked(props, transport)
     if decision.problems:  # mode report: recorded, and `up` goes on
         pulumi.log.warn("\n".join(decision.problems) + "\n  (fabric.check: report: continuing)")
-    if decision.warnings:  # a slow link (below fabric.min_gbps) warns under either mode
+    if decision.warnings:  # MTUs that differ, a slow link (below fabric.min_gbps): either mode
         pulumi.log.warn("\n".join(decision.warnings))
     if decision.throughput:
         pulumi.log.info(f"fabric probe: {decision.throughput['line']}")

@@ -6,8 +6,11 @@ Per node:
   which must exist and be ACTIVE, else every ACTIVE port;
 - on each Ethernet (RoCE) port, the GID index whose type is RoCE v2 and whose GID is the IPv4-mapped
   address of that port's netdev (NCCL's own choice when `NCCL_IB_GID_INDEX` is unset);
-- the MTU of its fabric path (the socket interface and each used port's netdev): one value on the
-  node, equal to `fabric.mtu` when set, else to the head's (the head is every worker's reference).
+- the MTU of its fabric path (the socket interface and each used port's netdev): none below
+  `fabric.mtu` when set; MTUs that differ on the node or from the head's (every worker's reference)
+  warn, as NCCL runs each connection at the smaller end's MTU.
+And from a node's NCCL log (`facts.parse_nccl_log`): `nccl_verdict`, refused when NCCL used sockets
+while HCAs were configured.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from components.fabric_check.facts import NodeFacts, Port
+from components.fabric_check.facts import NcclFacts, NodeFacts, Port
 from components.provider_kit.change import Change
 
 ENFORCE, REPORT = "enforce", "report"
@@ -212,12 +215,38 @@ def roce_v2_ipv4(port: Port, facts: NodeFacts) -> list:
     ]
 
 
+def nccl_gid_index(port: Port) -> int | None:
+    """The index NCCL takes when NCCL_IB_GID_INDEX is unset: the lowest RoCE v2 entry that maps an
+    IPv4 address, whatever netdev it belongs to (net_ib's ncclIbGetGidIndex never looks at it)."""
+    return next((g.index for g in sorted(port.gids, key=lambda g: g.index) if g.roce_v2 and g.ipv4), None)
+
+
+def unset_gid_warnings(s: Settings, facts: NodeFacts, found: Mapping[str, int | None]) -> list[str]:
+    """Under `gid_index: unset`, each port where NCCL's own pick differs from the entry the check
+    validated (its own netdev's): a VLAN or bond over the function puts another netdev's first."""
+    warnings = []
+    for hca, index in found.items():
+        port = facts.port(hca)
+        theirs = nccl_gid_index(port)
+        if index is None or theirs is None or theirs == index:
+            continue
+        entry = next(g for g in port.gids if g.index == theirs)
+        warnings.append(
+            f"{s.node}: on {hca} NCCL takes GID index {theirs} ({entry.ipv4} of {entry.ndev}: the lowest "
+            f"RoCE v2 IPv4 entry, whatever its netdev), not {index}, the entry of its own netdev "
+            f"{', '.join(port.own_netdevs)} that the check validated; next: set fabric.gid_index: "
+            f"resolve to give NCCL {index}, or make sure {entry.ndev}'s address reaches the other nodes"
+        )
+    return warnings
+
+
 def _gid_lines(port: Port) -> str:
     return "; ".join(f"{g.index}: {g.type} {g.gid} ({g.ndev})" for g in port.gids) or "no used entry"
 
 
 def gid_problems(s: Settings, facts: NodeFacts, ports: Sequence[Port]) -> tuple[dict, int | None, list[str]]:
-    """Each used RoCE port's RoCE v2 IPv4 index, the index NCCL is given, and the problems."""
+    """Each used RoCE port's RoCE v2 IPv4 index, the index NCCL is given, and the problems (the
+    warnings under `unset` are `unset_gid_warnings`)."""
     found = {p.hca: roce_v2_index(p, facts) for p in ports if p.link_layer == "Ethernet"}
     problems = []
     for hca, index in found.items():
@@ -263,23 +292,33 @@ def mtu_fix(node: str, ifname: str, mtu: int) -> str:
     return f"on {node}: `sudo ip link set {ifname} mtu {mtu}` {persist_hint(ifname, 'mtu', mtu)}"
 
 
-def mtu_problems(s: Settings, paths: Mapping[str, int | None]) -> list[str]:
-    """One MTU on the node's fabric path, equal to fabric.mtu when set, else to the head's."""
+def mtu_problems(s: Settings, paths: Mapping[str, int | None]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the node's fabric path MTUs. NCCL runs each RDMA connection at the
+    smaller MTU of its two ends (net_ib.cc, "Adjust the MTU"), so ends that differ work, at the
+    smaller one's size: a warning. Refused: an MTU below `fabric.mtu` when it is set."""
     unread = [name for name, mtu in paths.items() if mtu is None]
     if unread:
-        return [f"{s.node}: no MTU for {', '.join(unread)} (the netdev is missing from class/net)"]
-    values = set(paths.values())
+        return [f"{s.node}: no MTU for {', '.join(unread)} (the netdev is missing from class/net)"], []
     if s.mtu_expected is not None:
-        return [
-            f"{s.node}: {name} has MTU {mtu}, fabric.mtu is {s.mtu_expected}; next: "
+        low = [
+            f"{s.node}: {name} has MTU {mtu}, below fabric.mtu {s.mtu_expected}; next: "
             + mtu_fix(s.node, name, s.mtu_expected)
             for name, mtu in paths.items()
-            if mtu != s.mtu_expected
+            if mtu < s.mtu_expected
         ]
+        if low:
+            return low, []
+    return [], mtu_warnings(s, paths)
+
+
+def mtu_warnings(s: Settings, paths: Mapping[str, int | None]) -> list[str]:
+    """MTUs that differ on the node's path, or from the head's: each connection runs at the smaller."""
+    values = set(paths.values())
     if len(values) > 1:
         top = max(values)
         return [
-            f"{s.node}: the fabric path's MTUs disagree ({dict(paths)}); next: "
+            f"{s.node}: the fabric path's MTUs differ ({dict(paths)}): NCCL runs each connection at the "
+            f"smaller end's MTU, so {min(values)} bounds it; next: "
             + "; ".join(mtu_fix(s.node, name, top) for name, mtu in paths.items() if mtu != top)
         ]
     ref = s.reference or {}
@@ -292,9 +331,10 @@ def mtu_problems(s: Settings, paths: Mapping[str, int | None]) -> list[str]:
         fixes = [mtu_fix(str(ref.get("node")), name, mine) for name in (ref.get("paths") or {})]
     return [
         f"{s.node}: fabric MTU {mine} ({dict(paths)}) but {ref.get('node')}'s is {theirs} "
-        f"({dict(ref.get('paths') or {})}): RDMA between them fails with IBV_WC_RETRY_EXC_ERR; next: "
+        f"({dict(ref.get('paths') or {})}): NCCL takes the smaller of the two ends, so traffic between "
+        f"them runs at {min(mine, theirs)}; next: "
         + "; ".join(fixes)
-        + " (or set fabric.mtu)"
+        + " (or set fabric.mtu to refuse an MTU below it)"
     ]
 
 
@@ -309,7 +349,9 @@ def decide(s: Settings, facts: NodeFacts) -> Decision:
         for name in port.netdevs[:1]:
             netdev = facts.netdevs.get(name)
             paths[name] = netdev.mtu if netdev else None
-    problems += port_problems + found_problems + mtu_problems(s, paths)
+    mtu_refused, mtu_warned = mtu_problems(s, paths)
+    gid_warned = unset_gid_warnings(s, facts, gids) if s.gid == UNSET else []
+    problems += port_problems + found_problems + mtu_refused
     known = [m for m in paths.values() if m is not None]
     return Decision(
         ib_hca=s.pin if s.pin is not None else tuple(p.hca for p in ports),
@@ -318,6 +360,7 @@ def decide(s: Settings, facts: NodeFacts) -> Decision:
         mtu=min(known) if known else None,
         paths=paths,
         problems=tuple(problems),
+        warnings=tuple(gid_warned + mtu_warned),
     )
 
 
@@ -374,6 +417,15 @@ def probe_input_problems(probe: Any) -> list[tuple[str, str]]:
     return problems
 
 
+def probe_after(workers: Sequence[str]) -> dict[str, str | None]:
+    """Each worker's FabricCheck runs after the previous worker's (None: the first's waits only for
+    the head's). Every probe's listener binds the head's one `fabric.probe_port`, so checks run in
+    parallel would find it taken ("something else listens") on all but one node, and probes that
+    share the head's link would each measure a fraction of it; one after the other, each takes
+    at most its deadline (PROBE_DEADLINE_S) and measures the link alone."""
+    return {worker: workers[i - 1] if i else None for i, worker in enumerate(workers)}
+
+
 @dataclass(frozen=True)
 class Probe:
     """One worker's probe to the head: what was measured, and what is wrong with it."""
@@ -404,7 +456,7 @@ def probe_verdict(
             gbytes_s=None,
             problems=(
                 f"{s.node}: cannot reach {head}'s fabric address {path} ({why}); next: check that "
-                f"{head} holds {probe['host']} on {s.socket_ifname} (`ip addr`), that the link is up, "
+                f"{head} holds {probe['host']} on its socket interface (`ip addr`), that the link is up, "
                 f"and that no firewall drops port {probe['port']}",
             ),
         )
@@ -449,3 +501,82 @@ def with_probe(decision: Decision, probe: Probe) -> Decision:
         warnings=decision.warnings + probe.warnings,
         throughput=probe.outputs(),
     )
+
+
+@dataclass(frozen=True)
+class NcclVerdict:
+    """What one node's NCCL log says about its transport: problems (a refusal under enforce) and
+    warnings; `refusal` is the message that stops `up`, None where it goes on."""
+
+    node: str
+    network: str | None
+    problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    refusal: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.problems else "pass"
+
+
+def _hca_taken(entry: str, taken: Sequence[str]) -> bool:
+    """A configured NCCL_IB_HCA entry (`dev` or `dev:port`) among the `dev:port` NCCL took."""
+    entry = entry.lstrip("=")
+    return entry in taken if ":" in entry else any(hca.split(":")[0] == entry for hca in taken)
+
+
+def _socket_fallback_step(nccl: NcclFacts) -> str:
+    """The next step for an NCCL that fell back to sockets, from what its log says."""
+    if nccl.ib_disabled:
+        return (
+            "NCCL_IB_DISABLE is set in the container's environment while HCAs are given: remove it "
+            "(fabric_env sets it only on a node without HCAs)"
+        )
+    return (
+        "NCCL saw no usable RDMA device in the container: check that it has /dev/infiniband "
+        "(containers.devices), that the image has libibverbs and its provider (rdma-core: `ibv_devices` "
+        "in the image lists the HCAs), and that NCCL_IB_HCA names this node's devices (`rdma link show`)"
+    )
+
+
+def nccl_problems(node: str, nccl: NcclFacts, ib_hca: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of one node's NCCL transport against the HCAs it was given (`ib_hca`,
+    NCCL_IB_HCA's entries; none: sockets are what it was meant to use)."""
+    if not ib_hca:
+        return [], []
+    said = "; ".join(f"`{line}`" for line in nccl.lines) or "no NCCL INFO line"
+    if nccl.network is None:
+        return [
+            f"{node}: NCCL's log names no network (no `Using network` line; it said: {said}); next: run "
+            "with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET,ENV so the transport can be judged"
+        ], []
+    if nccl.network != "IB":
+        return [
+            f"{node}: NCCL used network {nccl.network}, not IB, although NCCL_IB_HCA is "
+            f"{','.join(ib_hca)}: it fell back to TCP sockets without failing (a fraction of the "
+            f"speed, or a hang under load). NCCL said: {said}; next: {_socket_fallback_step(nccl)}"
+        ], []
+    missing = [entry for entry in ib_hca if not _hca_taken(entry, nccl.ib_hcas)]
+    if not missing:
+        return [], []
+    return [], [
+        f"{node}: NCCL took {', '.join(nccl.ib_hcas) or 'no HCA'} but was given {','.join(ib_hca)} "
+        f"({', '.join(missing)} left out: less bandwidth); NCCL said: {said}; next: check "
+        f"{', '.join(missing)} with `rdma link show` on {node}"
+    ]
+
+
+def nccl_verdict(node: str, mode: str, nccl: NcclFacts, ib_hca: Sequence[str] | None = None) -> NcclVerdict:
+    """The verdict on one node's NCCL log: refused under enforce when NCCL used sockets while HCAs
+    were configured (`ib_hca`: the node's NCCL_IB_HCA entries; None: what the log says NCCL read)."""
+    if ib_hca is None:
+        ib_hca = [e for e in nccl.env.get("NCCL_IB_HCA", "").split(",") if e]
+    problems, warnings = nccl_problems(node, nccl, ib_hca)
+    message = None
+    if mode == ENFORCE and problems:
+        message = (
+            f"NCCL check on {node}: NCCL would not use the fabric's RDMA ({len(problems)} problem(s)):\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + "\n  (fabric.check: enforce stops here; `report` records these and goes on)"
+        )
+    return NcclVerdict(node, nccl.network, tuple(problems), tuple(warnings), message)

@@ -280,6 +280,11 @@ def test_dependency_order(request, graph_name):
     # The head's check first: its recorded MTU is every worker's reference.
     for check in fabric - {"qwen35-fabric-spark-1"}:
         assert "qwen35-fabric-spark-1" in deps[check]
+    # One worker's check (and probe) after another: their probes share the head's listener port.
+    workers_checks = [f"qwen35-fabric-{n}" for n in graph.run.outputs["nodes"] if n != "spark-1"]
+    for before, check in zip(workers_checks[:-1], workers_checks[1:], strict=True):
+        assert before in deps[check], (check, deps[check])
+    assert not any(c in deps[workers_checks[0]] for c in workers_checks[1:])
     # Containers depend on their own node's image placement.
     assert node_image_of(graph, "spark-1").name in deps["qwen35-ray-head"]
     assert node_image_of(graph, "spark-1").name in deps["qwen35-vllm"]
@@ -782,6 +787,26 @@ def test_each_node_gets_its_own_fabric_checks_ports_and_no_gid_index(monkeypatch
     assert fabric["check"] == "enforce"
     assert fabric["nodes"]["spark-2"]["ib_hca"] == ["rocep1s0f1:1", "roceP2p1s0f1:1"]
     assert fabric["nodes"]["spark-2"]["verdict"] == "pass"
+
+
+def test_each_nodes_containers_and_check_get_its_own_socket_interface(monkeypatch):
+    # Two Sparks cabled on different ports: spark-2 names its own interface (nodes[].socket_ifname).
+    cfg = unpinned_config()
+    cfg["qwen35-spark:nodes"] = copy.deepcopy(cfg["qwen35-spark:nodes"])
+    cfg["qwen35-spark:nodes"][1]["socket_ifname"] = "enp1s0f1np1"
+    graph = run_graph(monkeypatch, cfg)
+    expect = {"spark-1": "enp1s0f0np0", "spark-2": "enp1s0f1np1"}
+    seen = set()
+    for container in cluster_containers(graph):
+        node = next(label["value"] for label in container.inputs["labels"] if label["label"] == "qwen35.node")
+        env = envs(graph, container.name)
+        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES"):
+            assert env[var] == expect[node], (container.name, var)
+        seen.add(node)
+    assert seen == set(expect)
+    assert envs(graph, "qwen35-vllm")["NCCL_SOCKET_IFNAME"] == "enp1s0f0np0"
+    for node, ifname in expect.items():
+        assert graph.run.named(f"qwen35-fabric-{node}").inputs["socket_ifname"] == ifname
 
 
 def test_gid_index_resolve_sets_each_nodes_resolved_index(monkeypatch):

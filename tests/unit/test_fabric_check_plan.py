@@ -126,6 +126,28 @@ def test_another_netdevs_entry_is_taken_only_where_the_port_has_none_of_its_own(
     assert decision.gids == {"rocep1s0f1:1": 3} and decision.verdict == "pass", decision.problems
 
 
+def test_under_unset_a_lower_entry_of_another_netdev_warns_with_both_indices(tmp_path):
+    # NCCL (unset) takes the lowest RoCE v2 IPv4 entry, index 3 of enp1s0f0np0 (a VLAN or bond's);
+    # the check validated 5, the port's own netdev's. It passes, with a warning naming both.
+    decision = decide(
+        settings(pin=("rocep1s0f1:1",)), facts_of(tmp_path, "s", other_netdev_first("10.0.2.12"))
+    )
+    assert decision.verdict == "pass" and decision.gids == {"rocep1s0f1:1": 5}
+    (warning,) = decision.warnings
+    assert warning.startswith(
+        "spark-1: on rocep1s0f1:1 NCCL takes GID index 3 (192.168.200.12 of enp1s0f0np0: the lowest "
+        "RoCE v2 IPv4"
+    )
+    assert "not 5, the entry of its own netdev enp1s0f1np1" in warning
+    assert "fabric.gid_index: resolve" in warning
+    # Where NCCL's pick is the port's own entry, or the index is given to NCCL, nothing is said.
+    assert decide(settings(), facts_of(tmp_path, "t", spark1_ports())).warnings == ()
+    given = decide(
+        settings(gid=RESOLVE, pin=("rocep1s0f1:1",)), facts_of(tmp_path, "u", other_netdev_first("10.0.2.12"))
+    )
+    assert given.warnings == ()
+
+
 @pytest.mark.parametrize("pin", [3, 5])
 def test_a_pinned_index_passes_on_any_roce_v2_ipv4_entry_not_only_resolves_choice(tmp_path, pin):
     # An existing stack pinned to 3 (another netdev's RoCE v2 IPv4 entry) kept working before the
@@ -233,19 +255,47 @@ def test_pinned_hcas(tmp_path, pin, expect):
         assert problem.startswith(f"spark-1: {expect}"), problem
 
 
-def test_mtu_1500_against_the_heads_9000_names_both_and_the_fix(tmp_path):
+def head_reference(tmp_path) -> dict:
     head = decide(settings(), facts_of(tmp_path, "spark-1", spark1_ports()))
-    reference = {"node": "spark-1", "mtu": head.mtu, "paths": dict(head.paths)}
+    return {"node": "spark-1", "mtu": head.mtu, "paths": dict(head.paths)}
+
+
+def test_mtu_1500_against_the_heads_9000_warns_naming_both_and_the_fix(tmp_path):
+    # NCCL takes the smaller MTU of the two ends (net_ib.cc, "Adjust the MTU"): it works, slower.
     ports = [PortSpec("rocep1s0f1", address=SPARK2, mtu=1500)]
     worker = decide(
-        settings("spark-2", SPARK2, "enp1s0f1np1", reference=reference),
+        settings("spark-2", SPARK2, "enp1s0f1np1", reference=head_reference(tmp_path)),
         facts_of(tmp_path, "spark-2", ports, "enp1s0f1np1"),
     )
-    (problem,) = worker.problems
-    assert problem.startswith("spark-2: fabric MTU 1500 ({'enp1s0f1np1': 1500}) but spark-1's is 9000")
-    assert "IBV_WC_RETRY_EXC_ERR" in problem
-    assert "on spark-2: `sudo ip link set enp1s0f1np1 mtu 9000`" in problem
-    assert "/etc/netplan/90-qwen35-enp1s0f1np1.yaml" in problem and "{mtu: 9000}" in problem
+    assert worker.verdict == "pass" and worker.problems == ()
+    (warning,) = worker.warnings
+    assert warning.startswith("spark-2: fabric MTU 1500 ({'enp1s0f1np1': 1500}) but spark-1's is 9000")
+    assert "NCCL takes the smaller of the two ends, so traffic between them runs at 1500" in warning
+    assert "IBV_WC_RETRY_EXC_ERR" not in warning
+    assert "on spark-2: `sudo ip link set enp1s0f1np1 mtu 9000`" in warning
+    assert "/etc/netplan/90-qwen35-enp1s0f1np1.yaml" in warning and "{mtu: 9000}" in warning
+
+
+def test_a_9000_9216_pair_passes_with_a_warning_and_no_refusal(tmp_path):
+    ports = [PortSpec("rocep1s0f1", address=SPARK2, mtu=9216)]
+    worker = decide(
+        settings("spark-2", SPARK2, "enp1s0f1np1", reference=head_reference(tmp_path)),
+        facts_of(tmp_path, "spark-2", ports, "enp1s0f1np1"),
+    )
+    assert worker.verdict == "pass" and refusal(settings("spark-2"), worker) is None
+    (warning,) = worker.warnings
+    assert "runs at 9000" in warning and "on spark-1: `sudo ip link set enp1s0f0np0 mtu 9216`" in warning
+
+
+@pytest.mark.parametrize(("mtu", "refused"), [(9000, False), (9216, False), (8999, True), (1500, True)])
+def test_fabric_mtu_refuses_only_an_mtu_below_it(tmp_path, mtu, refused):
+    facts = facts_of(tmp_path, "spark-2", [PortSpec("rocep1s0f1", address=SPARK2, mtu=mtu)], "enp1s0f1np1")
+    decision = decide(settings("spark-2", SPARK2, "enp1s0f1np1", mtu_expected=9000), facts)
+    assert (decision.verdict == "fail") is refused
+    if refused:
+        (problem,) = decision.problems
+        assert problem.startswith(f"spark-2: enp1s0f1np1 has MTU {mtu}, below fabric.mtu 9000; next:")
+        assert "`sudo ip link set enp1s0f1np1 mtu 9000`" in problem
 
 
 def test_a_head_with_the_smaller_mtu_is_the_one_to_fix(tmp_path):
@@ -254,20 +304,23 @@ def test_a_head_with_the_smaller_mtu_is_the_one_to_fix(tmp_path):
         settings("spark-2", SPARK2, "enp1s0f1np1", reference=reference),
         facts_of(tmp_path, "spark-2", [PortSpec("rocep1s0f1", address=SPARK2)], "enp1s0f1np1"),
     )
-    (problem,) = worker.problems
-    assert "on spark-1: `sudo ip link set enp1s0f0np0 mtu 9000`" in problem
+    (warning,) = worker.warnings
+    assert "on spark-1: `sudo ip link set enp1s0f0np0 mtu 9000`" in warning and worker.problems == ()
 
 
-def test_mtus_that_disagree_on_one_node_and_fabric_mtu(tmp_path):
+def test_mtus_that_differ_on_one_node_warn_and_fabric_mtu_refuses_the_low_one(tmp_path):
     facts = facts_of(
         tmp_path, "spark-1", [*spark1_ports()[:2], PortSpec("roceP2p1s0f0", address="10.0.1.2", mtu=1500)]
     )
-    (within,) = decide(settings(), facts).problems
-    assert within.startswith("spark-1: the fabric path's MTUs disagree")
+    decision = decide(settings(), facts)
+    assert decision.problems == ()
+    (within,) = decision.warnings
+    assert within.startswith("spark-1: the fabric path's MTUs differ")
     assert "`sudo ip link set enP2p1s0f0np0 mtu 9000`" in within
-    pinned = decide(settings(mtu_expected=1500), facts).problems
-    assert [p.split(" has MTU")[0] for p in pinned] == ["spark-1: enp1s0f0np0"]
-    assert "fabric.mtu is 1500" in pinned[0] and "mtu 1500`" in pinned[0]
+    assert decide(settings(mtu_expected=1500), facts).problems == ()
+    pinned = decide(settings(mtu_expected=9000), facts).problems
+    assert [p.split(" has MTU")[0] for p in pinned] == ["spark-1: enP2p1s0f0np0"]
+    assert "below fabric.mtu 9000" in pinned[0] and "mtu 9000`" in pinned[0]
 
 
 def test_socket_interface_down_without_its_address_or_missing(tmp_path):

@@ -48,16 +48,27 @@ def test_a_healthy_fabric_is_a_cell_per_node(tmp_path):
     assert "fabric" in render.text(verdict, "lab").splitlines()[2]
 
 
-def test_a_worker_whose_mtu_is_not_the_heads_is_a_problem_with_its_fix(tmp_path):
+def test_a_worker_whose_mtu_is_not_the_heads_is_a_warning_with_its_fix(tmp_path):
+    # NCCL runs each connection at the smaller end's MTU: a mismatch works (slower), so it warns.
     config = fabric_config(tmp_path)
     trees = {"node-a": tree("127.0.0.2"), "node-b": tree("127.0.0.3", mtu=1500)}
     verdict = judge(config, gathered_with(config, trees))
     assert verdict.nodes["node-a"]["fabric"].startswith("ok")
+    assert verdict.nodes["node-b"]["fabric"].startswith("ok")
+    assert verdict.problems == []
+    (warning,) = verdict.warnings
+    assert warning.node == "node-b"
+    assert "fabric MTU 1500" in warning.what and "but node-a's is 9000" in warning.what, warning.what
+    assert warning.next.startswith("on node-b: `sudo ip link set")
+
+
+def test_an_mtu_below_fabric_mtu_is_a_problem(tmp_path):
+    config = fabric_config(tmp_path, mtu=9000)
+    trees = {"node-a": tree("127.0.0.2"), "node-b": tree("127.0.0.3", mtu=1500)}
+    verdict = judge(config, gathered_with(config, trees))
     assert verdict.nodes["node-b"]["fabric"] == "1 problem(s)"
     (problem,) = verdict.problems
-    assert problem.node == "node-b"
-    assert "fabric MTU 1500" in problem.what and "but node-a's is 9000" in problem.what, problem.what
-    assert problem.next.startswith("on node-b: `sudo ip link set")
+    assert problem.node == "node-b" and "below fabric.mtu 9000" in problem.what
 
 
 def test_a_port_down_and_unreadable_facts(tmp_path):
@@ -123,6 +134,8 @@ def test_one_fabric_line_per_node_with_the_last_measured_speed(tmp_path):
     }
     text = render.text(verdict, "lab")
     assert "\n  node-b: ports rocep1s0f0:1, GID 3, MTU 9000; node-b → node-a 11.8 GB/s" in text
+    # The figure is the TCP probe's, named for what it is.
+    assert "TCP probe: reachability and a floor on socket throughput, not RDMA" in text
     assert "warning" not in text and text.endswith("everything is as declared\n")
     assert verdict.as_dict()["fabric"] == verdict.fabric
 

@@ -186,3 +186,18 @@ def test_the_probe_port_is_none_of_the_heads_other_ports(changes, expect):
         return
     (problem,) = [p for p in problems(raw) if p.startswith("fabric.probe_port")]
     assert expect in problem and "choose another fabric.probe_port" in problem
+
+
+@pytest.mark.parametrize(
+    ("workers", "after"),
+    [
+        ([], {}),
+        (["spark-2"], {"spark-2": None}),
+        # Three or more nodes: one probe at a time on the head's one listener port.
+        (["spark-2", "spark-3", "spark-4"], {"spark-2": None, "spark-3": "spark-2", "spark-4": "spark-3"}),
+    ],
+)
+def test_worker_probes_run_one_after_another(workers, after):
+    from components.fabric_check import probe_after
+
+    assert probe_after(workers) == after
