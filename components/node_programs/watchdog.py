@@ -654,17 +654,22 @@ def timed_probe(call: Callable[[], tuple[int, bytes]]) -> Probe:
 
 
 class Agent:
-    """The watchdog's client of one node's agent: every request signed."""
+    """The watchdog's client of one node's agent: every request signed for that node, with a nonce."""
 
-    def __init__(self, address: str, secret: str):
-        self.address, self.secret = address, secret
+    def __init__(self, address: str, secret: str, node: str):
+        self.address, self.secret, self.node = address, secret, node
+        self.skew_s: float | None = None  # the agent's clock minus this one's, from its last answer
 
     def call(self, path: str, payload: dict, timeout: float = CALL_TIMEOUT_S) -> dict:
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
-        headers.update(wire.signed_headers(self.secret, "POST", path, body, time.time()))
+        sent = time.time()
+        headers.update(wire.signed_headers(self.secret, "POST", path, body, sent, node=self.node))
         status, data = http_call(f"http://{self.address}{path}", "POST", body, headers, timeout)
         answer = json.loads(data) if data else {}
+        if isinstance(answer.get("clock"), int | float):
+            # Half the round trip is the measure's error: seconds matter here, not milliseconds.
+            self.skew_s = float(answer["clock"]) - (sent + time.time()) / 2
         if status != 200:
             raise OSError(f"agent {self.address} answered {status}: {answer.get('error')}")
         return answer
@@ -673,7 +678,7 @@ class Agent:
 class RealWorld(World):
     def __init__(self, settings: Settings, secret: str, api_key: str | None, meminfo: str, socket_path: str):
         self.s, self.api_key, self.meminfo, self.socket = settings, api_key, meminfo, socket_path
-        self.agents = {n.name: Agent(n.agent, secret) for n in settings.nodes if n.agent}
+        self.agents = {n.name: Agent(n.agent, secret, n.name) for n in settings.nodes if n.agent}
         self.refusals: dict[str, int] = {}
 
     def probe_health(self, deadline_s: float) -> Probe:
