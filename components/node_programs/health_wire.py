@@ -113,6 +113,11 @@ STATE_KEYS = (
     "last_diagnosis",
     "would",
     "next_step",
+    "consecutive_completion_failures",
+    "progress",
+    "hang_bound_s",
+    "agent_clock_skew_s",
+    "clock_skew",
 )
 
 
