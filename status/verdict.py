@@ -214,7 +214,13 @@ def _watchdog(config: StackConfig, cluster: dict, head_report: dict) -> list[Pro
                 "node's own",
             )
         ]
-    return _watchdog_state(config, cluster, fact.get("state") or {}, head_report.get("now"))
+    state = fact.get("state") or {}
+    # An agent whose clock is beyond the signature window refuses every request: the watchdog names it.
+    skewed = [
+        Problem("cluster", str(said), "synchronise the nodes' clocks (chrony or systemd-timesyncd)")
+        for said in state.get("clock_skew") or []
+    ]
+    return _watchdog_state(config, cluster, state, head_report.get("now")) + skewed
 
 
 def _watchdog_state(config: StackConfig, cluster: dict, state: dict, now: Any) -> list[Problem]:
@@ -238,8 +244,10 @@ def _watchdog_state(config: StackConfig, cluster: dict, state: dict, now: Any) -
         cluster["watchdog"] = f"starting ({said or 'no verdict before the server is first ready'})"
         return []
     if verdict == "failing":
-        failures = state.get("consecutive_failures")
-        cluster["watchdog"] = f"failing ({failures} of {config.health.failures} probes in a row; {said})"
+        failures, what = state.get("consecutive_failures"), "probes"
+        if state.get("consecutive_completion_failures"):  # /health passes; the completions do not
+            failures, what = state["consecutive_completion_failures"], "completions"
+        cluster["watchdog"] = f"failing ({failures} of {config.health.failures} {what} in a row; {said})"
         return []
     if verdict == "recovering":
         step = str(state.get("step") or "?")

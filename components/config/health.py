@@ -32,8 +32,11 @@ class HealthConfig(_Model):
     # Every Nth probe is also a one-token chat completion, with its own deadline.
     completion_every: int = Field(default=6, ge=1, le=10_000)
     completion_deadline_s: float = Field(default=60, gt=0, le=3600)
-    # Consecutive failed probes before a recovery.
+    # Consecutive failed probes before a recovery (/health probes, and completions counted on their own).
     failures: int = Field(default=3, ge=1, le=1000)
+    # Requests running in the engine (vLLM's /metrics) while no token is generated for this long is a
+    # hang. Longer than the longest prefill expected: a prefill generates no token until it is done.
+    stall_s: float = Field(default=300, gt=0, le=86400)
     # No verdict before the server was first ready or this long since the containers started (a
     # first boot can spend tens of minutes in JIT tuning).
     startup_s: float = Field(default=3600, ge=0)
@@ -74,6 +77,11 @@ class HealthConfig(_Model):
             problems.append(
                 ("health.deadline_s", f"{self.deadline_s:g} s is not below health.interval_s "
                  f"({self.interval_s:g} s): a probe must end before the next one; lower it")
+            )  # fmt: skip
+        if self.stall_s <= self.interval_s:
+            problems.append(
+                ("health.stall_s", f"{self.stall_s:g} s is not above health.interval_s "
+                 f"({self.interval_s:g} s): a stall is seen between two probes; raise it")
             )  # fmt: skip
         if self.port == self.agent_port:
             problems.append(

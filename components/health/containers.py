@@ -104,6 +104,7 @@ def health_config(
         "completion_every": h.completion_every,
         "completion_deadline_s": h.completion_deadline_s,
         "failures": h.failures,
+        "stall_s": h.stall_s,
         "startup_s": h.startup_s,
         "ready_s": h.ready_s,
         "memory_wait_s": h.memory_wait_s,

@@ -26,6 +26,9 @@ wire = health_wire  # the short name below
 
 BODY_LIMIT = 64 << 10  # a request body longer than this is not one the watchdog sends
 CALL_TIMEOUT_S = 10.0
+# Nonces remembered at once: the watchdog sends a few requests a tick, so this many within twice the
+# signature window is not the watchdog; past it every request is refused until older nonces expire.
+NONCE_LIMIT = 100_000
 
 
 def log(message: str) -> None:
@@ -72,25 +75,23 @@ class Agent:
         self.s, self.secret, self.docker, self.meminfo, self.clock = settings, secret, docker, meminfo, clock
         self.refusals = 0
         self.actions = 0
+        self.nonces: dict[str, int] = {}  # nonce -> until when a replay of it would pass the time check
         self.lock = threading.Lock()
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
         if method == "GET" and path == wire.METRICS_PATH:
             return Answer(200, {"metrics": self.metrics()})
-        why = wire.check_signature(
-            self.secret,
-            method,
-            path,
-            body,
-            headers.get(wire.TIME_HEADER.lower()),
-            headers.get(wire.SIGNATURE_HEADER.lower()),
-            self.clock(),
-        )
+        now = self.clock()
+        why = wire.check_signature(self.secret, method, path, body, headers, now, self.s.node)
+        if why is None:
+            stamp = int(headers[wire.TIME_HEADER.lower()])
+            why = self._first_use(headers[wire.NONCE_HEADER.lower()], stamp, now)
         if why is not None:
             with self.lock:
                 self.refusals += 1
             log(f"refused {method} {path}: {why}")
-            return Answer(401, {"error": f"refused: {why}", "refusals": self.refusals})
+            # This node's clock in every answer: the watchdog names a skew beyond the window.
+            return Answer(401, {"error": f"refused: {why}", "refusals": self.refusals, "clock": now})
         try:
             payload = json.loads(body or b"{}")
             if not isinstance(payload, dict):
@@ -98,8 +99,20 @@ class Agent:
         except ValueError:
             return Answer(400, {"error": "the body is not a JSON object"})
         answer = self._signed(path, payload)
-        answer.body["refusals"] = self.refusals
+        answer.body.update(refusals=self.refusals, clock=now)
         return answer
+
+    def _first_use(self, nonce: str, stamp: int, now: float) -> str | None:
+        """Remember a signed request's nonce until its time leaves the window; None the first time,
+        why not when it was seen (a replay) or too many are remembered."""
+        with self.lock:
+            self.nonces = {n: until for n, until in self.nonces.items() if until >= now}
+            if nonce in self.nonces:
+                return "a replayed request (its nonce was seen within the signature window)"
+            if len(self.nonces) >= NONCE_LIMIT:
+                return f"more than {NONCE_LIMIT} signed requests within the signature window"
+            self.nonces[nonce] = stamp + wire.SIGNATURE_WINDOW_S
+        return None
 
     def _signed(self, path: str, payload: dict) -> Answer:
         if path == wire.AGENT_MEMINFO:

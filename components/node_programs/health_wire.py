@@ -5,10 +5,13 @@ The watchdog (on the head) probes the server and decides; an agent on every othe
 its own node's containers of this stack, and only for a request signed with the stack's secret:
 
     X-Qwen35-Time: <unix seconds>
-    X-Qwen35-Signature: hex HMAC-SHA256(secret, METHOD \\n PATH \\n TIME \\n BODY)
+    X-Qwen35-Nonce: <32 hex digits, new for every request>
+    X-Qwen35-Signature: hex HMAC-SHA256(secret, METHOD \\n PATH \\n TIME \\n NONCE \\n NODE \\n BODY)
 
-An absent or wrong signature, or a time more than SIGNATURE_WINDOW_S away from the agent's clock, is
-refused with 401 and counted (`qwen35_health_agent_refusals_total`); nothing else happens.
+NODE is the agent's node: a request signed for one node is refused by every other. The container
+acted on is in the BODY ({"name": …}), signed too. An absent or wrong signature, a time more than
+SIGNATURE_WINDOW_S away from the agent's clock, or a nonce the agent has seen within that window (a
+replay) is refused with 401 and counted (`qwen35_health_agent_refusals_total`); nothing else happens.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import hashlib
 import hmac
 import json
 import os
+import secrets
 
 from components.node_programs import engine_api
 
@@ -65,8 +69,10 @@ AGENT_RESTART = "/restart"
 AGENT_LOGS = "/logs"  # {"name", "tail"} -> {"lines": [...]}
 AGENT_ACTIONS = (AGENT_STOP, AGENT_START, AGENT_RESTART)
 TIME_HEADER = "X-Qwen35-Time"
+NONCE_HEADER = "X-Qwen35-Nonce"
 SIGNATURE_HEADER = "X-Qwen35-Signature"
 SIGNATURE_WINDOW_S = 60
+NONCE_HEX = 32  # a nonce's length in hex digits (128 random bits)
 
 # ---- /state ------------------------------------------------------------------------------------------
 
@@ -107,6 +113,11 @@ STATE_KEYS = (
     "last_diagnosis",
     "would",
     "next_step",
+    "consecutive_completion_failures",
+    "progress",
+    "hang_bound_s",
+    "agent_clock_skew_s",
+    "clock_skew",
 )
 
 
@@ -129,33 +140,57 @@ class Exit(enum.IntEnum):
 # ---- signing -----------------------------------------------------------------------------------------
 
 
-def signature(secret: str, method: str, path: str, stamp: str, body: bytes) -> str:
-    """The request's HMAC-SHA256 (hex) under the stack's secret."""
-    message = f"{method.upper()}\n{path}\n{stamp}\n".encode() + body
+def signature(secret: str, method: str, path: str, stamp: str, nonce: str, node: str, body: bytes) -> str:
+    """The request's HMAC-SHA256 (hex) under the stack's secret, bound to its time, nonce and node."""
+    message = f"{method.upper()}\n{path}\n{stamp}\n{nonce}\n{node}\n".encode() + body
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
-def signed_headers(secret: str, method: str, path: str, body: bytes, now: float) -> dict[str, str]:
-    """The headers that sign one request to an agent."""
-    stamp = str(int(now))
-    return {TIME_HEADER: stamp, SIGNATURE_HEADER: signature(secret, method, path, stamp, body)}
+def signed_headers(
+    secret: str, method: str, path: str, body: bytes, now: float, *, node: str, nonce: str | None = None
+) -> dict[str, str]:
+    """The headers that sign one request to `node`'s agent (a new nonce unless one is given)."""
+    stamp, nonce = str(int(now)), nonce or secrets.token_hex(NONCE_HEX // 2)
+    return {
+        TIME_HEADER: stamp,
+        NONCE_HEADER: nonce,
+        SIGNATURE_HEADER: signature(secret, method, path, stamp, nonce, node, body),
+    }
 
 
 def check_signature(
-    secret: str, method: str, path: str, body: bytes, stamp: str | None, given: str | None, now: float
+    secret: str, method: str, path: str, body: bytes, headers: dict[str, str], now: float, node: str
 ) -> str | None:
-    """Why a request is refused (absent or wrong signature, stale time), or None when it is signed."""
-    if not stamp or not given:
+    """Why a request to `node`'s agent is refused (absent or wrong signature, one signed for another
+    node, a stale time), or None when it is signed. `headers`: lower-case names. Replays: the caller."""
+    stamp, nonce = headers.get(TIME_HEADER.lower()), headers.get(NONCE_HEADER.lower())
+    given = headers.get(SIGNATURE_HEADER.lower())
+    if not stamp or not given or not nonce:
         return "no signature"
     try:
-        skew = abs(now - int(stamp))
+        skew = now - int(stamp)
     except ValueError:
         return "a time that is not a number"
-    if skew > SIGNATURE_WINDOW_S:
-        return f"a time {skew:.0f} s from this node's clock (more than {SIGNATURE_WINDOW_S} s)"
-    if not hmac.compare_digest(signature(secret, method, path, stamp, body), given):
-        return "a wrong signature"
+    if abs(skew) > SIGNATURE_WINDOW_S:
+        return (
+            f"a time {abs(skew):.0f} s from this node's clock (more than {SIGNATURE_WINDOW_S} s): "
+            f"this node's clock is {abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the caller's"
+        )
+    if len(nonce) != NONCE_HEX or any(ch not in "0123456789abcdef" for ch in nonce):
+        return "a nonce that is not 32 lower-case hex digits"
+    if not hmac.compare_digest(signature(secret, method, path, stamp, nonce, node, body), given):
+        return "a wrong signature (or one for another node)"
     return None
+
+
+def skew_message(node: str, skew_s: float) -> str:
+    """What the watchdog says of an agent whose clock is too far from the head's."""
+    way = "ahead of" if skew_s > 0 else "behind"
+    return (
+        f"{node}'s clock is {abs(skew_s):.0f} s {way} the head's, beyond the agents' "
+        f"{SIGNATURE_WINDOW_S} s window: its agent refuses every request; synchronise the clocks "
+        "(chrony or systemd-timesyncd on both nodes)"
+    )
 
 
 # ---- memory ------------------------------------------------------------------------------------------
@@ -213,7 +248,7 @@ def demux_logs(raw: bytes) -> list[str]:
 
 
 def inspect(socket_path: str, name: str, timeout: float = 10.0) -> dict:
-    """{name, state, exit_code, started_at, restarts} of one container (state `missing` when absent,
+    """{name, state, exit_code, started_at, restarts, id} of one container (state `missing` when absent,
     `unknown` with `error` when the daemon cannot be asked)."""
     url = f"/containers/{engine_api.quote(name)}/json"
     try:
@@ -231,6 +266,7 @@ def inspect(socket_path: str, name: str, timeout: float = 10.0) -> dict:
         "exit_code": state.get("ExitCode"),
         "started_at": state.get("StartedAt"),
         "restarts": found.get("RestartCount"),
+        "id": found.get("Id"),
     }
 
 

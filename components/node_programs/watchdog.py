@@ -3,17 +3,22 @@ memory-checked and within a restart budget; serve /metrics (Prometheus text) and
 
     python3 -I -S -c <program> [--once]      (config: QWEN35_HEALTH_CONFIG, secret: /run/qwen35-health/secret)
 
-Every `interval_s` one tick: a /health probe (every `completion_every`-th also a one-token chat
-completion), each with its deadline. A slow answer within the deadline is not a failure. No verdict
-before the server was first ready or `startup_s` has passed since the server's container started in
-this boot (or the watchdog did, when that is earlier or the server has not started yet). Each time
-Docker's own restart policy restarts the head's containers (a crash under `unless-stopped`, with no
-memory check) spends one of the budget. After `failures` failures in a row:
+Every `interval_s` one tick: a /health probe (liveness) within its deadline; once the server serves,
+also vLLM's /metrics (requests running while no token is generated for `stall_s` is a hang) and, every
+`completion_every`-th probe and every probe after a failed one, a one-token chat completion: failed
+completions are counted on their own, a passing /health does not clear them (vLLM's /health answers
+while its engine hangs). A slow answer within the deadline is not a failure. No verdict before the
+server was first ready or `startup_s` has passed since the server's container started in this boot;
+a new serving container (another ID, or started again by someone else, e.g. `pulumi up`) gets a new
+grace, and while one is missing or not yet started the watchdog neither judges nor acts. Docker's
+own restarts (a crash under `unless-stopped`, with no memory check) spend the budget as the
+watchdog's do; under mp one of any rank means the world is restarted. After `failures` failures in a
+row:
 
   1. diagnose: every node's containers (state, exit code), Ray's live nodes under executor ray (best
      effort, bounded), every node's MemAvailable, the server's last log lines;
-  2. restart the server: stop it; wait (`memory_wait_s`) until MemAvailable on the nodes it frees
-     reaches their need; start it; wait `ready_s` for ready;
+  2. restart the server (under mp: the world, every step): stop it; wait (`memory_wait_s`) until
+     MemAvailable on the nodes reaches their need; start it; wait `ready_s` for ready;
   3. not ready: restart the cluster the same way, node by node (ray: server, Ray workers, Ray head
      stopped; Ray head, workers, server started; mp: every rank, the headless ones before the head).
 
@@ -97,6 +102,7 @@ class Settings:
     ray_dashboard: str | None = None
     metrics_host: str = "127.0.0.1"
     port: int = 29592
+    stall_s: float = 300.0
 
     @staticmethod
     def from_json(text: str) -> Settings:
@@ -132,10 +138,23 @@ class Settings:
             ray_dashboard=raw.get("ray_dashboard"),
             metrics_host=raw.get("metrics_host", "127.0.0.1"),
             port=int(raw.get("port", 29592)),
+            stall_s=float(raw.get("stall_s", 300)),
         )
 
     def node(self, name: str) -> NodeSettings:
         return next(n for n in self.nodes if n.name == name)
+
+    def serving(self) -> tuple[Target, ...]:
+        """Every container that serves (the cluster's and the server), each once, in start order."""
+        return tuple(dict.fromkeys((*self.cluster, self.server)))
+
+    def hang_bound_s(self) -> float:
+        """The longest a hang that /health hides goes undeclared (docs/health.md): the wait for the next
+        due completion, then `failures` completions in a row, each run to its deadline after a /health
+        and a /metrics read that answer at once or within `deadline_s`."""
+        hung_tick = 2 * self.deadline_s + self.completion_deadline_s
+        period = max(self.interval_s, hung_tick)
+        return self.completion_every * self.interval_s + (self.failures - 1) * period + hung_tick
 
 
 # ---- what the watchdog observes and does (the World), and what it decides (Watchdog) ------------------
@@ -151,8 +170,32 @@ class Probe:
     detail: str = ""
 
 
-# A failed probe's kind as a restart's reason (`restarts_total{reason}`).
+# A failed probe's kind as a restart's reason (`restarts_total{reason}`); `stall`, `not_ready` and
+# `docker_restart` are the others.
 REASONS = {"timeout": "hang", "refused": "down", "status": "error", "error": "error"}
+# Docker states of a container that `pulumi up` (or an operator) is replacing: no verdict meanwhile.
+REPLACING = ("missing", "created", "removing")
+# vLLM's own figures (its /metrics): requests in the engine, and tokens it has generated so far.
+RUNNING_METRIC = "vllm:num_requests_running"
+TOKENS_METRIC = "vllm:generation_tokens_total"
+
+
+def engine_progress(text: str) -> tuple[float, float] | None:
+    """(requests running, tokens generated) from Prometheus text, each summed over its series (one per
+    engine and model); None when either is absent."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in (RUNNING_METRIC, TOKENS_METRIC):
+            continue
+        rest = line.rsplit("}", 1)[1] if "{" in line else line[len(name) :]
+        try:
+            sums[name] = sums.get(name, 0.0) + float(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+    if RUNNING_METRIC not in sums or TOKENS_METRIC not in sums:
+        return None
+    return sums[RUNNING_METRIC], sums[TOKENS_METRIC]
 
 
 class World:
@@ -163,6 +206,10 @@ class World:
 
     def probe_completion(self, deadline_s: float) -> Probe:
         raise NotImplementedError
+
+    def probe_metrics(self, deadline_s: float) -> str | None:
+        """vLLM's /metrics text; None when it cannot be read (no verdict from it then)."""
+        return None
 
     def mem_available(self, node: str) -> tuple[int | None, str | None]:
         raise NotImplementedError
@@ -182,20 +229,15 @@ class World:
     def ray_nodes(self) -> dict:
         raise NotImplementedError
 
-    def server_started_at(self) -> float | None:
-        """When the server's container last started (unix seconds), None when unknown."""
-        return None
-
     def boot_time(self) -> float | None:
         """When the head booted (unix seconds, /proc/stat's btime), None when unknown."""
         return None
 
-    def restart_count(self) -> int | None:
-        """How often Docker's own restart policy has restarted the head's containers (the sum of their
-        RestartCount), None when unknown."""
-        return None
-
     def agent_refusals(self) -> dict[str, int]:
+        return {}
+
+    def agent_clock_skew(self) -> dict[str, float]:
+        """Each agent's clock minus the head's (seconds), as last measured."""
         return {}
 
 
@@ -245,9 +287,9 @@ class Watchdog:
         self.p = Persisted.load(saved)
         now = clock()
         self.grace_from = now
-        self.grace_checked = False  # the server container's start time read (on the first tick)
-        # The head containers' RestartCount sum when last read (Docker's own restarts: `_docker_restarts`).
-        self.docker_restarts_seen: int | None = None
+        # Each serving container's last facts ({state, id, started_at, restarts}), by (node, name):
+        # what tells a new container (a fresh grace) and Docker's own restarts apart.
+        self.seen: dict[tuple[str, str], dict] = {}
         self.ever_ready = False
         self.state = wire.State.BUDGET_SPENT if self.p.spent else wire.State.STARTING
         self.since = now
@@ -257,12 +299,16 @@ class Watchdog:
         self.pending: list[Target] = []  # what a memory wait starts, in order
         self.memory_nodes: list[str] = []
         self.reason = ""
-        self.failures = 0
+        self.failures = 0  # failed /health probes in a row
+        self.completion_failures = 0  # failed completions in a row: a passing /health does not clear them
         self.probes = 0
+        self.progress: dict | None = None  # the engine's last /metrics figures
+        self.stall_since: float | None = None  # since when requests ran without a token generated
         self.last_ready: float | None = None
         self.last_probe: Probe | None = None
         self.last_ttft: float | None = None
         self.mem: dict[str, int | None] = {}
+        self.skew: dict[str, float] = {}
         self.held: dict | None = None
         self.diagnosis: dict | None = None
         self.would: dict | None = None
@@ -298,30 +344,18 @@ class Watchdog:
 
     def _tick(self, now: float) -> None:
         self.world_refusals = self.world.agent_refusals()
-        if not self.grace_checked:
-            # The grace runs from the containers' start: a watchdog replaced (an upgrade) while the
-            # server has run for an hour gives it no new hour; after a boot both started together.
-            # After a reboot the server's container may not have been started again yet: its
-            # StartedAt is then the last boot's, and counts for nothing.
-            self.grace_checked = True
-            started, boot = self.world.server_started_at(), self.world.boot_time()
-            if started is not None and (boot is None or started >= boot) and started < self.grace_from:
-                self.grace_from = started
+        self._read_skew()
+        if self._observe(now):
+            return
         if self.state is wire.State.BUDGET_SPENT:
             self._check_reset(now)
             return
         if self.step is wire.Step.MEMORY_WAIT:
             self._memory_wait(now)
             return
-        if self._docker_restarts(now):
-            return
         probe = self._probe()
         if probe.ok:
-            if self.state is not wire.State.HEALTHY:
-                log(f"the server is ready ({probe.latency_s:.2f} s)")
-            self.failures, self.step, self.held, self.last_ready, self.ever_ready = 0, None, None, now, True
-            self.next_step = "nothing to do"
-            self._set(wire.State.HEALTHY, now)
+            self._answered(now, probe)
             return
         if self.state is wire.State.MEMORY_HELD:
             return  # stopped acting: an operator frees the memory (reboots the node)
@@ -334,57 +368,214 @@ class Watchdog:
             self._set(wire.State.STARTING, now)
             return
         self.failures += 1
+        self._failed(now, self.failures, REASONS.get(probe.kind, "error"), "probes")
+
+    def _failed(self, now: float, count: int, reason: str, what: str) -> None:
+        """`count` failed `what` in a row: a recovery at `failures` (report mode: one per run)."""
         self._set(wire.State.FAILING, now)
-        if self.failures < self.s.failures:
-            self.next_step = f"{self.failures} of {self.s.failures} failed probes before a recovery"
-        elif self.failures == self.s.failures or self.s.mode != wire.Mode.REPORT.value:
-            # Report mode records one diagnosis per run of failures, not one per probe.
-            self._recover(now, REASONS.get(probe.kind, "error"), wire.Step.RESTART_SERVER)
+        if count < self.s.failures:
+            self.next_step = f"{count} of {self.s.failures} failed {what} in a row before a recovery"
+        elif count == self.s.failures or self.s.mode != wire.Mode.REPORT.value:
+            self._recover(now, reason, wire.Step.RESTART_SERVER)
 
     def _probe(self) -> Probe:
         self.probes += 1
         probe = self.world.probe_health(self.s.deadline_s)
-        if probe.ok and self.s.completion_every and self.probes % self.s.completion_every == 0:
-            probe = self.world.probe_completion(self.s.completion_deadline_s)
-            if probe.ok:
-                self.last_ttft = probe.latency_s
         self.last_probe = probe
         if not probe.ok:
             log(f"probe failed ({probe.kind}: {probe.detail})")
         return probe
 
-    def _docker_restarts(self, now: float) -> bool:
-        """Docker's own restart policy (`unless-stopped`) restarts a crashing server at once, with no
-        memory check: each such restart spends one of the budget (`docker_restart`), and one that
-        finds it spent stops the cluster. True when it did."""
-        count = self.world.restart_count()
-        seen, self.docker_restarts_seen = self.docker_restarts_seen, count
-        if count is None or seen is None or count <= seen:
+    def _healthy(self, now: float) -> None:
+        self.last_ready, self.next_step = now, "nothing to do"
+        self._set(wire.State.HEALTHY, now)
+
+    def _answered(self, now: float, probe: Probe) -> None:
+        """/health answered: the server is ready (the first time, or after a restart); while it serves,
+        /health proves the API server alive only, and the engine's progress and completions decide."""
+        self.failures = 0
+        if not self.ever_ready or self.step is not None or self.state is wire.State.MEMORY_HELD:
+            log(f"the server is ready ({probe.latency_s:.2f} s)")
+            self.step, self.held, self.ever_ready = None, None, True
+            self.completion_failures, self.stall_since, self.progress = 0, None, None
+            self._healthy(now)
+            return
+        before = self._progress(now)
+        if self.stall_since is not None and now - self.stall_since >= self.s.stall_s:
+            log(
+                f"no token generated for {now - self.stall_since:.0f} s with "
+                f"{self.progress and self.progress['running']:g} request(s) running: the engine is hung"
+            )
+            self.stall_since = None  # report mode: the next verdict after another stall_s
+            self._recover(now, "stall", wire.Step.RESTART_SERVER)
+            return
+        if not self.completion_failures and self.probes % self.s.completion_every:
+            self._healthy(now)
+            return
+        self._completion(now, before)
+
+    def _completion(self, now: float, before: tuple[float, float] | None) -> None:
+        """One chat completion: due every `completion_every` probes, and on every probe after one failed.
+        One that timed out while the engine generated tokens is an overloaded engine, not a hung one."""
+        probe = self.world.probe_completion(self.s.completion_deadline_s)
+        self.last_probe = probe
+        if probe.ok:
+            self.completion_failures, self.last_ttft = 0, probe.latency_s
+            self._healthy(now)
+            return
+        if probe.kind == "timeout" and before is not None:
+            after = self._progress(now)
+            if after is not None and after[1] > before[1]:
+                self.next_step = "a completion timed out while the engine generated tokens: busy, not hung"
+                log(self.next_step)
+                return
+        self.completion_failures += 1
+        log(f"completion failed ({probe.kind}: {probe.detail}) while /health answers")
+        self._failed(now, self.completion_failures, REASONS.get(probe.kind, "error"), "completions")
+
+    def _progress(self, now: float) -> tuple[float, float] | None:
+        """vLLM's /metrics: (requests running, tokens generated), and since when requests have run
+        without a token generated (`stall_since`); None when /metrics does not say."""
+        text = self.world.probe_metrics(self.s.deadline_s)
+        found = engine_progress(text) if text else None
+        last, self.progress = self.progress, None
+        if found is None:
+            self.stall_since = None
+            return None
+        running, tokens = found
+        if running <= 0:
+            self.stall_since = None
+        elif self.stall_since is None or last is None or tokens != last["tokens"]:
+            self.stall_since = now
+        stalled = 0.0 if self.stall_since is None else now - self.stall_since
+        self.progress = {"running": running, "tokens": tokens, "stalled_s": stalled}
+        return found
+
+    # -- the serving containers: new ones, ones being replaced, Docker's own restarts --
+
+    def _read_serving(self) -> dict[tuple[str, str], dict]:
+        """Each serving container's facts by (node, name); state `unknown` where its node did not say."""
+        targets = self.s.serving()
+        found: dict[tuple[str, str], dict] = {}
+        for node in dict.fromkeys(t.node for t in targets):
+            by_name = {c.get("name"): c for c in self.world.containers(node)}
+            for t in (t for t in targets if t.node == node):
+                found[(node, t.name)] = by_name.get(t.name) or {"name": t.name, "state": "unknown"}
+        return found
+
+    def _observe(self, now: float) -> bool:
+        """Read the serving containers. True when this tick ends here: they are being replaced (no
+        verdict, no action), or Docker restarted one and the watchdog acted on it."""
+        found = self._read_serving()
+        before = self.seen
+        known = {key: facts for key, facts in found.items() if facts.get("state") != "unknown"}
+        self.seen = {**before, **known}
+        if not before:
+            self._first_grace(found)
+        if self.state is wire.State.BUDGET_SPENT:
             return False
-        log(f"Docker restarted the head's containers {count - seen} time(s) on its own")
-        for _ in range(count - seen):
+        replacing = sorted(f"{n} {c['state']}" for (_, n), c in known.items() if c["state"] in REPLACING)
+        if replacing:
+            self._fresh_grace(now, f"{', '.join(replacing)}: the serving containers are being replaced")
+            return True
+        new, restarted = self._changes(before, known)
+        if new:
+            self._fresh_grace(now, f"new serving container(s) {', '.join(sorted(new))}")
+            return False
+        return self._docker_restarts(now, restarted)
+
+    def _first_grace(self, found: dict[tuple[str, str], dict]) -> None:
+        """The grace runs from the server container's start: a watchdog replaced (an upgrade) while
+        the server has run for an hour gives it no new hour; after a boot both started together. After
+        a reboot the server's container may not have been started again yet: its StartedAt is then the
+        last boot's, and counts for nothing."""
+        server = found.get((self.s.server.node, self.s.server.name)) or {}
+        started, boot = parse_started_at(str(server.get("started_at") or "")), self.world.boot_time()
+        if started is not None and (boot is None or started >= boot) and started < self.grace_from:
+            self.grace_from = started
+
+    def _changes(self, before: dict, known: dict) -> tuple[list[str], dict[tuple[str, str], int]]:
+        """The serving containers new since the last read (another ID; or started again, not by the
+        watchdog nor by Docker's restart policy), and how often Docker's policy restarted the others."""
+        new, restarted = [], {}
+        for key, facts in known.items():
+            was = before.get(key)
+            if was is None:
+                continue
+            if facts.get("id") != was.get("id"):
+                new.append(key[1])
+                continue
+            count, earlier = facts.get("restarts"), was.get("restarts")
+            if isinstance(count, int) and isinstance(earlier, int) and count > earlier:
+                restarted[key] = count - earlier
+            elif facts.get("started_at") != was.get("started_at") and self.step is None:
+                new.append(key[1])  # started by someone else than the watchdog (`up`, an operator)
+        return new, restarted
+
+    def _fresh_grace(self, now: float, why: str) -> None:
+        """A new server (or rank set), whatever made it: no verdict before it is ready or startup_s has
+        passed, and no step of an earlier recovery goes on."""
+        said = f"wait: {why}; no verdict before it is ready or {self.s.startup_s:g} s have passed"
+        if said != self.next_step:
+            log(said)
+        self.grace_from, self.ever_ready, self.failures, self.completion_failures = now, False, 0, 0
+        self.stall_since, self.progress, self.step, self.pending, self.held = None, None, None, [], None
+        self.next_step = said
+        self._set(wire.State.STARTING, now)
+
+    def _docker_restarts(self, now: float, restarted: dict[tuple[str, str], int]) -> bool:
+        """Docker's own restart policy (`unless-stopped`) restarted a serving container at once, with no
+        memory check. Under mp the watchdog restarts the world (a rank cannot rejoin the others): one
+        restart of the budget. Under Ray each restart of the head's containers spends one, as the
+        watchdog's own restarts do (the one that finds the budget spent stops the cluster), and the
+        server gets `ready_s` to be ready. True when the tick ends here."""
+        if self.s.executor != "mp":
+            restarted = {key: n for key, n in restarted.items() if key[0] == self.s.head}
+        if not restarted:
+            return False
+        names = ", ".join(f"{name} on {node}" for node, name in sorted(restarted))
+        log(f"Docker restarted {names} {sum(restarted.values())} time(s) on its own")
+        report = self.s.mode == wire.Mode.REPORT.value
+        if self.s.executor == "mp" and not report:
+            self._recover(now, "docker_restart", wire.Step.RESTART_CLUSTER)
+            return True
+        for _ in range(sum(restarted.values())):
+            if not report and self.budget_left(now) <= 0:
+                self.reason = "docker_restart"
+                self.diagnosis = self._diagnose(now, "docker_restart")
+                self._spend(now, "docker_restart", wire.Step.RESTART_SERVER)
+                return True
             self._record_restart(now, "docker_restart", wire.Step.RESTART_SERVER)
-        if self.s.mode == wire.Mode.REPORT.value or self.budget_left(now) > 0:
+        if report:
+            if self.s.executor == "mp":
+                self._recover(now, "docker_restart", wire.Step.RESTART_CLUSTER)
             return False
-        self.reason = "docker_restart"
-        self.diagnosis = self._diagnose(now, "docker_restart")
-        self._spend(now, "docker_restart", wire.Step.RESTART_SERVER)
-        return True
+        self.reason, self.step = "docker_restart", wire.Step.RESTART_SERVER
+        self.step_deadline, self.completion_failures = now + self.s.ready_s, 0
+        self.next_step = f"Docker restarted {names}: waiting up to {self.s.ready_s:g} s for ready"
+        self._set(wire.State.RECOVERING, now)
+        return False
+
+    def _read_skew(self) -> None:
+        """Each agent's clock against the head's: beyond the signature window every request is refused."""
+        skew = self.world.agent_clock_skew()
+        window = wire.SIGNATURE_WINDOW_S
+        for node, value in skew.items():
+            if abs(value) > window and abs(self.skew.get(node, 0.0)) <= window:
+                log(wire.skew_message(node, value))
+        self.skew = skew
 
     # -- recovery --
 
     def _targets(self, step: wire.Step) -> list[Target]:
-        """What `step` starts, in order (stopped in the reverse order)."""
-        return [self.s.server] if step is wire.Step.RESTART_SERVER else list(self.s.cluster)
-
-    def _freed_nodes(self, step: wire.Step) -> list[str]:
-        """The nodes whose memory `step`'s stop frees: every node, except for an mp server restart (the
-        head's rank alone; under Ray the server's workers live in every node's Ray container)."""
-        if step is wire.Step.RESTART_SERVER and self.s.executor == "mp":
-            return [self.s.server.node]
-        return [n.name for n in self.s.nodes]
+        """What `step` starts, in order (stopped in the reverse order); under mp always the world."""
+        if step is wire.Step.RESTART_SERVER and self.s.executor != "mp":
+            return [self.s.server]
+        return list(self.s.cluster)
 
     def _recover(self, now: float, reason: str, step: wire.Step) -> None:
+        if self.s.executor == "mp":
+            step = wire.Step.RESTART_CLUSTER  # the ranks of one world live and die together
         self.reason = reason
         self.step = wire.Step.DIAGNOSE
         self._set(wire.State.RECOVERING, now)
@@ -402,7 +593,7 @@ class Watchdog:
         for target in reversed(targets):
             self._do("stop", target)
         self.pending, self.after = targets, step
-        self.memory_nodes = self._freed_nodes(step)
+        self.memory_nodes = [n.name for n in self.s.nodes]  # what the stop frees
         self.step, self.step_deadline = wire.Step.MEMORY_WAIT, now + self.s.memory_wait_s
         self._memory_wait(now)
 
@@ -422,6 +613,7 @@ class Watchdog:
         if not short:
             for target in self.pending:
                 self._do("start", target)
+            self.completion_failures, self.stall_since, self.progress = 0, None, None
             self._record_restart(now, self.reason, self.after)
             self.step, self.step_deadline = self.after, now + self.s.ready_s
             self.next_step = f"{self.after.value}: waiting up to {self.s.ready_s:g} s for ready"
@@ -492,7 +684,14 @@ class Watchdog:
             self.mem[node.name] = available
             found["mem_available_bytes"][node.name] = available if why is None else why
         found["ray_nodes"] = self.world.ray_nodes() if self.s.executor == "ray" else None
-        found["server_logs"] = self.world.logs(self.s.server, LOG_TAIL)
+        found["progress"] = self.progress
+        # The server's last lines go to this program's log only: /state answers anyone who can reach it.
+        for line in self.world.logs(self.s.server, LOG_TAIL):
+            log(f"{self.s.server.name}: {line}")
+        found["server_logs"] = (
+            f"not in /state: the watchdog's own log on {self.s.head}, "
+            f"or `docker logs {self.s.server.name}` on {self.s.server.node}"
+        )
         unchecked = [n.name for n in self.s.nodes if n.need_bytes is None]
         if unchecked:
             found["memory_check"] = (
@@ -521,6 +720,9 @@ class Watchdog:
             "since": self.since,
             "last_ready": self.last_ready,
             "consecutive_failures": self.failures,
+            "consecutive_completion_failures": self.completion_failures,
+            "progress": None if self.progress is None else dict(self.progress),
+            "hang_bound_s": self.s.hang_bound_s(),
             "restarts": [r for r in self.p.restarts if now - r["at"] < self.s.window_s],
             "restarts_total": dict(self.p.restarts_total),
             "budget_left": self.budget_left(now),
@@ -540,6 +742,12 @@ class Watchdog:
             },
             "last_ttft_s": self.last_ttft,
             "agent_refusals": dict(getattr(self, "world_refusals", {}) or {}),
+            "agent_clock_skew_s": dict(self.skew),
+            "clock_skew": [
+                wire.skew_message(node, value)
+                for node, value in sorted(self.skew.items())
+                if abs(value) > wire.SIGNATURE_WINDOW_S
+            ],
         }
 
     def _persist(self) -> None:
@@ -556,11 +764,25 @@ def metrics_text(state: dict) -> str:
     probe = state.get("last_probe") or {}
     by_node = sorted((state.get("mem_available_bytes") or {}).items())
     refusals = sorted((state.get("agent_refusals") or {}).items())
+    skew = sorted((state.get("agent_clock_skew_s") or {}).items())
+    progress = state.get("progress") or {}
     totals = sorted((state.get("restarts_total") or {}).items()) or [("none", 0)]
     families = [
         ("probe_latency_seconds", "gauge", "The last probe's latency.", [("", probe.get("latency_s"))]),
         ("probe_ok", "gauge", "1 when the last probe passed.", [("", probe and int(bool(probe.get("ok"))))]),
         ("consecutive_failures", "gauge", "Failed probes in a row.", [("", state["consecutive_failures"])]),
+        (
+            "consecutive_completion_failures",
+            "gauge",
+            "Failed completions in a row (a passing /health does not clear them).",
+            [("", state.get("consecutive_completion_failures"))],
+        ),
+        (
+            "engine_stalled_seconds",
+            "gauge",
+            "How long requests have run without a token generated (vLLM's /metrics).",
+            [("", progress.get("stalled_s"))],
+        ),
         (
             "restarts_total",
             "counter",
@@ -593,12 +815,23 @@ def metrics_text(state: dict) -> str:
             [(f'{{node="{node}"}}', count) for node, count in refusals],
         ),
         (
+            "agent_clock_skew_seconds",
+            "gauge",
+            f"Each agent's clock minus the head's (beyond {wire.SIGNATURE_WINDOW_S} s every request fails).",
+            [(f'{{node="{node}"}}', value) for node, value in skew],
+        ),
+        (
             "state",
             "gauge",
             "1 for the watchdog's current state.",
             [(f'{{state="{s.value}"}}', int(state["state"] == s.value)) for s in wire.State],
         ),
     ]
+    return _prometheus(families)
+
+
+def _prometheus(families: list[tuple[str, str, str, list]]) -> str:
+    """(name, kind, help, [(labels, value)]) families as Prometheus text; a None value is left out."""
     lines = []
     for name, kind, text, samples in families:
         lines += [f"# HELP qwen35_health_{name} {text}", f"# TYPE qwen35_health_{name} {kind}"]
@@ -654,17 +887,22 @@ def timed_probe(call: Callable[[], tuple[int, bytes]]) -> Probe:
 
 
 class Agent:
-    """The watchdog's client of one node's agent: every request signed."""
+    """The watchdog's client of one node's agent: every request signed for that node, with a nonce."""
 
-    def __init__(self, address: str, secret: str):
-        self.address, self.secret = address, secret
+    def __init__(self, address: str, secret: str, node: str):
+        self.address, self.secret, self.node = address, secret, node
+        self.skew_s: float | None = None  # the agent's clock minus this one's, from its last answer
 
     def call(self, path: str, payload: dict, timeout: float = CALL_TIMEOUT_S) -> dict:
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
-        headers.update(wire.signed_headers(self.secret, "POST", path, body, time.time()))
+        sent = time.time()
+        headers.update(wire.signed_headers(self.secret, "POST", path, body, sent, node=self.node))
         status, data = http_call(f"http://{self.address}{path}", "POST", body, headers, timeout)
         answer = json.loads(data) if data else {}
+        if isinstance(answer.get("clock"), int | float):
+            # Half the round trip is the measure's error: seconds matter here, not milliseconds.
+            self.skew_s = float(answer["clock"]) - (sent + time.time()) / 2
         if status != 200:
             raise OSError(f"agent {self.address} answered {status}: {answer.get('error')}")
         return answer
@@ -673,7 +911,7 @@ class Agent:
 class RealWorld(World):
     def __init__(self, settings: Settings, secret: str, api_key: str | None, meminfo: str, socket_path: str):
         self.s, self.api_key, self.meminfo, self.socket = settings, api_key, meminfo, socket_path
-        self.agents = {n.name: Agent(n.agent, secret) for n in settings.nodes if n.agent}
+        self.agents = {n.name: Agent(n.agent, secret, n.name) for n in settings.nodes if n.agent}
         self.refusals: dict[str, int] = {}
 
     def probe_health(self, deadline_s: float) -> Probe:
@@ -688,6 +926,13 @@ class RealWorld(World):
             headers["Authorization"] = f"Bearer {self.api_key}"
         url = f"{self.s.vllm_url}/v1/chat/completions"
         return timed_probe(lambda: http_call(url, "POST", body, headers, deadline_s))
+
+    def probe_metrics(self, deadline_s: float) -> str | None:
+        try:
+            status, data = http_call(f"{self.s.vllm_url}/metrics", timeout=deadline_s)
+        except Exception:  # no figures: no verdict from them (/health and the completions still judge)
+            return None
+        return data.decode(errors="replace") if status == 200 else None
 
     def _agent(self, node: str, path: str, payload: dict, timeout: float = CALL_TIMEOUT_S) -> dict:
         answer = self.agents[node].call(path, payload, timeout)
@@ -757,10 +1002,6 @@ class RealWorld(World):
         except Exception as exc:  # best effort: any failure is recorded, never raised
             return {"error": f"{type(exc).__name__}: {exc}"}
 
-    def server_started_at(self) -> float | None:
-        found = wire.inspect(self.socket, self.s.server.name).get("started_at") or ""
-        return parse_started_at(found)
-
     def boot_time(self) -> float | None:
         try:
             with open("/proc/stat") as handle:
@@ -768,13 +1009,11 @@ class RealWorld(World):
         except (OSError, StopIteration, ValueError, IndexError):
             return None
 
-    def restart_count(self) -> int | None:
-        names = {t.name for t in (self.s.server, *self.s.cluster) if t.node == self.s.head}
-        counts = [wire.inspect(self.socket, name).get("restarts") for name in sorted(names)]
-        return sum(counts) if counts and all(isinstance(c, int) for c in counts) else None
-
     def agent_refusals(self) -> dict[str, int]:
         return dict(self.refusals)
+
+    def agent_clock_skew(self) -> dict[str, float]:
+        return {node: agent.skew_s for node, agent in self.agents.items() if agent.skew_s is not None}
 
 
 def parse_started_at(text: str) -> float | None:

@@ -32,11 +32,18 @@ def agent_for(node_index: int = 1) -> tuple[Agent, list[tuple]]:
     return Agent(settings, SECRET, docker, lambda: (42 * 10**9, None), clock=lambda: NOW), calls
 
 
-def request(agent: Agent, path: str, payload: dict, secret: str | None = SECRET, at: float = NOW):
+def request(
+    agent: Agent,
+    path: str,
+    payload: dict,
+    secret: str | None = SECRET,
+    at: float = NOW,
+    node: str = "spark-2",
+):
     body = json.dumps(payload).encode()
     headers = {}
     if secret is not None:
-        signed = health_wire.signed_headers(secret, "POST", path, body, at)
+        signed = health_wire.signed_headers(secret, "POST", path, body, at, node=node)
         headers = {k.lower(): v for k, v in signed.items()}
     return agent.handle("POST", path, headers, body)
 
@@ -69,7 +76,7 @@ def test_an_unsigned_wrongly_signed_or_stale_request_is_refused_counted_and_chan
 def test_a_signature_covers_the_body_and_the_path():
     agent, calls = agent_for()
     body = json.dumps({"name": "qwen35-ray-worker"}).encode()
-    signed = health_wire.signed_headers(SECRET, "POST", health_wire.AGENT_LOGS, body, NOW)
+    signed = health_wire.signed_headers(SECRET, "POST", health_wire.AGENT_LOGS, body, NOW, node="spark-2")
     headers = {k.lower(): v for k, v in signed.items()}
     # The signature of a /logs request replayed against /stop, and a changed body: both refused.
     assert agent.handle("POST", health_wire.AGENT_STOP, headers, body).status == 401
@@ -156,6 +163,74 @@ def test_a_bad_content_length_is_refused_before_any_read(length):
             answer = conn.recv(200).decode(errors="replace")
         assert answer.startswith("HTTP/1.0 400") or answer.startswith("HTTP/1.1 400"), answer
         assert calls == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---- issue 41 item 7: replays, the node a request is for, the clocks -------------------------------------
+
+
+def test_a_replayed_signed_request_is_refused_within_the_window_and_changes_nothing():
+    """One /stop replayed at +0, +30 and +59 s stopped the container three times before nonces."""
+    agent, calls = agent_for()
+    body = json.dumps({"name": "qwen35-ray-worker"}).encode()
+    signed = health_wire.signed_headers(SECRET, "POST", health_wire.AGENT_STOP, body, NOW, node="spark-2")
+    headers = {k.lower(): v for k, v in signed.items()}
+    answers = []
+    for later in (0, 30, 59, 61):
+        agent.clock = lambda later=later: NOW + later
+        answers.append(agent.handle("POST", health_wire.AGENT_STOP, headers, body))
+    assert [a.status for a in answers] == [200, 401, 401, 401]
+    assert "replayed" in answers[1].body["error"] and "replayed" in answers[2].body["error"]
+    assert "more than 60 s" in answers[3].body["error"]  # past the window: the time check refuses it
+    assert calls == [("stop", "qwen35-ray-worker", 30)] and agent.refusals == 3
+    fresh = request(agent, health_wire.AGENT_MEMINFO, {}, at=NOW + 61)  # the next request prunes
+    assert fresh.status == 200 and len(agent.nonces) == 1, "a nonce outlived the window it guards"
+
+
+@pytest.mark.parametrize("node", ["spark-1", "spark-3", ""])
+def test_a_request_signed_for_another_node_is_refused(node):
+    agent, calls = agent_for()
+    answer = request(agent, health_wire.AGENT_STOP, {"name": "qwen35-ray-worker"}, node=node)
+    assert answer.status == 401 and "another node" in answer.body["error"] and calls == []
+
+
+@pytest.mark.parametrize("nonce", ["", "abc", "G" * 32, "a" * 33])
+def test_a_request_without_a_well_formed_nonce_is_refused(nonce):
+    agent, calls = agent_for()
+    body = json.dumps({"name": "qwen35-ray-worker"}).encode()
+    signed = health_wire.signed_headers(SECRET, "POST", health_wire.AGENT_STOP, body, NOW, node="spark-2")
+    headers = {k.lower(): v for k, v in signed.items()}
+    headers[health_wire.NONCE_HEADER.lower()] = nonce
+    assert agent.handle("POST", health_wire.AGENT_STOP, headers, body).status == 401 and calls == []
+
+
+def test_every_answer_carries_the_agent_s_clock_so_the_watchdog_can_name_a_skew():
+    agent, _ = agent_for()
+    assert request(agent, health_wire.AGENT_MEMINFO, {}).body["clock"] == NOW
+    stale = request(agent, health_wire.AGENT_MEMINFO, {}, at=NOW - 75)
+    assert stale.status == 401 and stale.body["clock"] == NOW
+    assert "this node's clock is 75 s ahead of the caller's" in stale.body["error"]
+
+
+def test_the_watchdog_s_client_measures_an_agent_s_clock_skew_from_a_refusal():
+    import threading
+
+    from components.node_programs.health_agent import serve
+    from components.node_programs.watchdog import Agent as Client
+    from tests.support.ports import free_port
+
+    agent, calls = agent_for()
+    agent.clock = lambda: __import__("time").time() + 75
+    port = free_port()
+    server = serve(agent, "127.0.0.1", port)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"127.0.0.1:{port}", SECRET, "spark-2")
+        with pytest.raises(OSError, match="401"):
+            client.call(health_wire.AGENT_MEMINFO, {})
+        assert client.skew_s is not None and 74 < client.skew_s < 76 and calls == []
     finally:
         server.shutdown()
         server.server_close()

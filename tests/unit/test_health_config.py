@@ -28,6 +28,7 @@ def test_defaults():
     assert h.mode is HealthMode.ENFORCE and (h.interval_s, h.deadline_s, h.failures) == (10, 5, 3)
     assert (h.startup_s, h.ready_s, h.memory_wait_s) == (3600, 1800, 300)
     assert (h.max_restarts, h.window_s, h.port, h.agent_port) == (3, 3600, 29592, 29593)
+    assert h.stall_s == 300
     node = parse().nodes[0]
     assert node.docker_socket == "/var/run/docker.sock" and node.meminfo_path is None
 
@@ -61,6 +62,9 @@ def test_under_off_the_node_health_keys_are_refused():
         ({"intervall_s": 3}, "health.intervall_s", "did you mean 'interval_s'"),
         ({"port": 29593}, "health.agent_port", "health.port too"),
         ({"metrics_host": "not a host!"}, "health.metrics_host", "neither an IP"),
+        ({"stal_s": 600}, "health.stal_s", "did you mean 'stall_s'"),
+        ({"interval_s": 30, "deadline_s": 5, "stall_s": 30}, "health.stall_s", "not above health.interval_s"),
+        ({"stall_s": 0}, "health.stall_s", "greater than 0"),
     ],
 )
 def test_bad_values_name_the_field(health, field, says):

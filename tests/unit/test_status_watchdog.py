@@ -206,3 +206,19 @@ def test_the_node_program_is_bounded(serve):
 def test_nothing_listening_is_an_error_not_an_exception():
     found = node_status.watchdog_facts(f"http://127.0.0.1:{free_port()}/state", timeout=2)
     assert found["error"].startswith("http://127.0.0.1:") and "refused" in found["error"].lower(), found
+
+
+def test_failing_completions_and_a_skewed_clock_are_named(config):
+    """Issue 41: a hang /health hides shows as failed completions; an agent's clock beyond the window
+    is a problem of its own (every request to that agent is refused)."""
+    skew = "node-b's clock is 75 s ahead of the head's, beyond the agents' 60 s window: …"
+    verdict = judge(
+        config,
+        with_state(
+            state="failing", consecutive_failures=0, consecutive_completion_failures=2, next_step="x",
+            clock_skew=[skew],
+        ),
+    )  # fmt: skip
+    assert verdict.cluster["watchdog"].startswith("failing (2 of 3 completions in a row")
+    step = "synchronise the nodes' clocks (chrony or systemd-timesyncd)"
+    assert ("cluster", skew, step) in problems(verdict)

@@ -4,6 +4,7 @@ clock and a fake World: probes, grace, recovery steps, the memory check, the bud
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ from components.node_programs.watchdog import (
     Target,
     Watchdog,
     World,
+    engine_progress,
     metrics_text,
     parse_started_at,
 )
@@ -32,45 +34,65 @@ class Clock:
         return self.now
 
 
-class FakeWorld(World):
-    """Probes answer from a script; memory per node; every action recorded."""
+SERVER = ("spark-1", "qwen35-vllm")
+RANK1 = ("spark-2", "qwen35-vllm-rank1")
 
-    def __init__(self) -> None:
+
+def rfc3339(at: float) -> str:
+    """A unix time as Docker's State.StartedAt writes it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + ".123456789Z"
+
+
+class FakeWorld(World):
+    """Probes answer from a script; memory per node; containers' facts per (node, name); every action
+    recorded. Given the clock, a probe that fails by its deadline takes that long on it."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock
         self.health: list[Probe] = []  # consumed one per probe; empty: the default
         self.default = Probe(True, 0.01)
         self.completion = Probe(True, 0.5)
+        self.completions: list[Probe] = []  # consumed one per completion; empty: `completion`
+        self.metrics: list[str | None] = []  # consumed one per /metrics read; the last one stays
         self.memory: dict[str, int | None] = {}
         self.running: dict[tuple[str, str], bool] = {}
+        self.box: dict[tuple[str, str], dict] = {}  # facts beyond running: id, started_at, restarts, state
         self.actions: list[tuple[str, str, str]] = []
-        self.started_at: float | None = None
         self.booted: float | None = None
-        self.restarts: int | None = None
+        self.skew: dict[str, float] = {}
 
-    def server_started_at(self) -> float | None:
-        return self.started_at
+    def facts(self, key: tuple[str, str], **facts) -> None:
+        self.box.setdefault(key, {}).update(facts)
 
     def boot_time(self) -> float | None:
         return self.booted
 
-    def restart_count(self) -> int | None:
-        return self.restarts
+    def agent_clock_skew(self) -> dict[str, float]:
+        return dict(self.skew)
 
     def probe_health(self, deadline_s: float) -> Probe:
         return self.health.pop(0) if self.health else self.default
 
     def probe_completion(self, deadline_s: float) -> Probe:
-        return self.completion
+        probe = self.completions.pop(0) if self.completions else self.completion
+        if self.clock is not None and probe.kind == "timeout":
+            self.clock.now += deadline_s
+        return probe
+
+    def probe_metrics(self, deadline_s: float) -> str | None:
+        return self.metrics.pop(0) if len(self.metrics) > 1 else (self.metrics or [None])[0]
 
     def mem_available(self, node: str):
         value = self.memory.get(node, 100 * GB)
         return value, None if value is not None else "unreadable"
 
     def containers(self, node: str) -> list[dict]:
-        return [
-            {"name": name, "state": "running" if up else "exited"}
-            for (n, name), up in self.running.items()
-            if n == node
-        ]
+        found = []
+        for n, name in dict.fromkeys([*self.running, *self.box]):
+            if n == node:
+                facts = {"name": name, "state": "running" if self.running.get((n, name), True) else "exited"}
+                found.append({**facts, **self.box.get((n, name), {})})
+        return found
 
     def stop(self, target: Target) -> dict:
         self.actions.append(("stop", target.node, target.name))
@@ -139,7 +161,8 @@ def test_no_verdict_during_start_up_grace_before_the_first_ready():
 def test_the_grace_runs_from_the_server_container_s_start():
     """A watchdog replaced (an upgrade) an hour after the server started gives it no new hour."""
     world, clock = FakeWorld(), Clock()
-    world.default, world.started_at = DOWN, clock.now - 3600
+    world.default = DOWN
+    world.facts(SERVER, started_at=rfc3339(clock.now - 3600))
     watchdog, _ = dog(world, clock, startup_s=600)
     ticks(watchdog, clock, 3)
     assert world.actions, "the grace ran from the watchdog's own start"
@@ -150,7 +173,8 @@ def test_after_a_reboot_a_start_time_from_the_last_boot_gives_no_verdict_early()
     last boot's, days ago. The grace runs from this boot, not from then."""
     world, clock = FakeWorld(), Clock()
     world.booted = clock.now - 5
-    world.default, world.started_at = DOWN, clock.now - 3 * 86400
+    world.default = DOWN
+    world.facts(SERVER, started_at=rfc3339(clock.now - 3 * 86400))
     watchdog, _ = dog(world, clock, startup_s=600)
     ticks(watchdog, clock, 30)  # 300 s of a server loading again after the boot
     assert watchdog.snapshot()["state"] == "starting" and world.actions == []
@@ -162,16 +186,16 @@ def test_docker_s_own_restarts_spend_the_budget_and_then_stop_the_cluster():
     """`unless-stopped` restarts a crashing server at once, with no memory check: each such restart
     counts, and the one past the budget stops everything (eugr #257: 35 such restarts)."""
     world, clock = FakeWorld(), Clock()
-    world.restarts = 4  # Docker's count before the watchdog started: not this watchdog's to judge
+    world.facts(SERVER, restarts=4)  # Docker's count before the watchdog started: not its to judge
     watchdog, _ = dog(world, clock, max_restarts=2)
     ticks(watchdog, clock, 3)
     assert watchdog.snapshot()["state"] == "healthy" and watchdog.snapshot()["budget_left"] == 2
-    world.restarts = 5
+    world.facts(SERVER, restarts=5)
     ticks(watchdog, clock, 1)
     state = watchdog.snapshot()
     assert state["budget_left"] == 1 and state["restarts_total"] == {"docker_restart": 1}
     assert world.actions == []  # the server answers again: nothing to do yet
-    world.restarts = 7
+    world.facts(SERVER, restarts=7)
     ticks(watchdog, clock, 1)
     state = watchdog.snapshot()
     assert state["state"] == "budget_spent" and "docker_restart" in state["spent"]["why"]
@@ -180,10 +204,10 @@ def test_docker_s_own_restarts_spend_the_budget_and_then_stop_the_cluster():
 
 def test_docker_s_restarts_are_recorded_but_never_acted_on_in_report_mode():
     world, clock = FakeWorld(), Clock()
-    world.restarts = 0
+    world.facts(SERVER, restarts=0)
     watchdog, _ = dog(world, clock, max_restarts=1, mode="report")
     ticks(watchdog, clock, 1)
-    world.restarts = 3
+    world.facts(SERVER, restarts=3)
     ticks(watchdog, clock, 2)
     state = watchdog.snapshot()
     assert state["restarts_total"] == {"docker_restart": 3} and world.actions == []
@@ -261,16 +285,15 @@ def test_not_ready_within_ready_s_restarts_the_cluster_in_order():
 
 
 def test_under_mp_a_cluster_restart_starts_the_headless_ranks_before_the_head():
+    """Issue 41 item 2: under mp every recovery restarts the world (the first one too: a rank 0
+    restarted alone finds the other ranks in the old world), the headless ranks before the head."""
     world, clock = FakeWorld(), Clock()
     world.health = [Probe(True, 0.1)] + [DOWN] * 20
     watchdog, _ = dog(world, clock, executor="mp", ready_s=50)
     ticks(watchdog, clock, 9)
     starts = [a for a in world.actions if a[0] == "start"]
-    assert starts == [
-        ("start", "spark-1", "qwen35-vllm"),
-        ("start", "spark-2", "qwen35-vllm-rank1"),
-        ("start", "spark-1", "qwen35-vllm"),
-    ]
+    world_start = [("start", "spark-2", "qwen35-vllm-rank1"), ("start", "spark-1", "qwen35-vllm")]
+    assert starts == world_start * 2
 
 
 def test_memory_below_the_need_blocks_the_restart_and_says_which_node():
@@ -373,3 +396,259 @@ def test_metrics_are_prometheus_text():
     assert 'qwen35_health_state{state="recovering"} 1' in text
     for line in text.splitlines():
         assert line.startswith("#") or len(line.split(" ")) == 2, line
+
+
+# ---- issue 41: the hang /health hides, one world under mp, Docker's restarts, `pulumi up` ---------------
+
+
+def run(watchdog: Watchdog, clock: Clock, seconds: float) -> None:
+    """The watchdog's own loop (`main`) on the fake clock: a tick, then sleep out the interval."""
+    end = clock.now + seconds
+    while clock.now < end:
+        started = clock.now
+        watchdog.tick()
+        clock.now += max(watchdog.s.interval_s - (clock.now - started), 0.1)
+
+
+def first_stop(world: FakeWorld) -> int:
+    return next(i for i, a in enumerate(world.actions) if a[0] == "stop")
+
+
+@pytest.mark.parametrize(
+    "health",
+    [
+        {},  # this file's defaults: interval 10, deadline 5, completion every 6th, its deadline 60
+        {"interval_s": 2, "deadline_s": 1, "completion_every": 3, "completion_deadline_s": 10},  # the lab's
+        {"interval_s": 30, "deadline_s": 5, "completion_every": 1, "completion_deadline_s": 10},
+    ],
+)
+def test_a_hang_that_health_hides_is_declared_within_the_bound(health):
+    """vLLM's /health answers 200 in a millisecond while its worker is stopped (SIGSTOP) and every
+    completion times out: the completions decide, within `hang_bound_s`, whatever /health says."""
+    clock = Clock()
+    world = FakeWorld(clock)
+    watchdog, _ = dog(world, clock, **health)
+    run(watchdog, clock, 200)
+    assert watchdog.snapshot()["state"] == "healthy"
+    hung_at, stops = clock.now, []
+    world.completion = Probe(False, watchdog.s.completion_deadline_s, "timeout", "no answer")
+    world.stop = lambda target: stops.append(clock.now) or {"ok": True}  # type: ignore[method-assign]
+    run(watchdog, clock, 2 * watchdog.s.hang_bound_s())
+    assert stops, "a hang behind a passing /health was never recovered"
+    bound = watchdog.s.hang_bound_s()
+    assert 0 < stops[0] - hung_at <= bound, (stops[0] - hung_at, bound)
+    state = watchdog.snapshot()
+    assert state["restarts"][0]["reason"] == "hang" and state["hang_bound_s"] == watchdog.s.hang_bound_s()
+
+
+def test_the_bound_with_the_defaults_is_270_s():
+    cfg = config_from("dev")
+    assert Settings.from_json(health_config(cfg, cfg.head)).hang_bound_s() == 6 * 10 + 2 * 70 + 70
+
+
+OK = Probe(True, 0.5)
+SLOW = Probe(False, 60.0, "timeout", "no answer")
+
+
+@pytest.mark.parametrize(
+    ("completions", "restarted"),
+    [
+        ([SLOW, SLOW, SLOW], True),  # three in a row, /health passing every time in between
+        ([SLOW, SLOW, OK, SLOW, SLOW], False),  # a passing completion clears them; /health does not
+        ([SLOW, SLOW, OK, SLOW, SLOW, SLOW], True),
+        ([Probe(False, 0.1, "status", "HTTP 500")] * 3, True),
+    ],
+)
+def test_failed_completions_are_counted_on_their_own(completions, restarted):
+    world, clock = FakeWorld(), Clock()
+    world.completions = list(completions)
+    watchdog, _ = dog(world, clock)
+    # A completion every 6th probe, and on every probe after a failed one; then they pass.
+    ticks(watchdog, clock, 30)
+    assert bool(world.actions) is restarted, (world.actions, watchdog.snapshot()["next_step"])
+    if not restarted:
+        assert watchdog.snapshot()["consecutive_failures"] == 0
+
+
+def metrics(running: float, tokens: float) -> str:
+    return (
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{engine="0",model_name="qwen"}} {running}\n'
+        "# TYPE vllm:generation_tokens_total counter\n"
+        f'vllm:generation_tokens_total{{engine="0",model_name="qwen"}} {tokens}\n'
+        f'vllm:generation_tokens_created{{engine="0",model_name="qwen"}} 1.7e9\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("samples", "reason"),
+    [
+        # Requests running, the token counter still for stall_s (60 s here): a hang.
+        ([metrics(2, 100)] * 8, "stall"),
+        # Tokens move: a busy engine.
+        ([metrics(2, 100 + 7 * i) for i in range(12)], None),
+        # Nothing running: an idle engine generates nothing.
+        ([metrics(0, 100)] * 12, None),
+        # Stalled for 50 s, then a token: the clock starts again.
+        ([metrics(2, 100)] * 6 + [metrics(2, 101)] * 6, None),
+        # No vLLM figures (another server): no verdict from /metrics.
+        (["# nothing here\n"] * 12, None),
+    ],
+)
+def test_requests_running_without_a_token_for_stall_s_are_a_hang(samples, reason):
+    world, clock = FakeWorld(), Clock()
+    watchdog, _ = dog(world, clock, stall_s=60, completion_every=1000)
+    ticks(watchdog, clock, 1)  # ready
+    world.metrics = list(samples)
+    ticks(watchdog, clock, len(samples))
+    state = watchdog.snapshot()
+    assert [r["reason"] for r in state["restarts"]] == ([reason] if reason else []), state["next_step"]
+
+
+def test_a_completion_that_times_out_while_tokens_are_generated_is_busy_not_hung():
+    world, clock = FakeWorld(), Clock()
+    world.completion = SLOW
+    world.metrics = [metrics(8, 1000 + 50 * i) for i in range(40)]
+    watchdog, _ = dog(world, clock, completion_every=1)
+    ticks(watchdog, clock, 20)
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["consecutive_completion_failures"] == 0
+    assert "busy, not hung" in state["next_step"]
+    world.metrics = [metrics(8, 3000)]  # the counter stops: the same timeouts now count
+    ticks(watchdog, clock, 4)
+    assert watchdog.snapshot()["restarts"][0]["reason"] == "hang"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (metrics(3, 12345), (3.0, 12345.0)),
+        ("vllm:num_requests_running 1\nvllm:generation_tokens_total 5\n", (1.0, 5.0)),
+        (metrics(1, 2) + metrics(2, 3).replace('engine="0"', 'engine="1"'), (3.0, 5.0)),
+        ("vllm:num_requests_running 1\n", None),
+    ],
+)
+def test_engine_progress_reads_vllm_s_metrics(text, expected):
+    assert engine_progress(text) == expected
+
+
+def test_under_mp_every_recovery_restarts_the_world():
+    world, clock = FakeWorld(), Clock()
+    world.health = [Probe(True, 0.1), HANG, HANG, HANG]
+    watchdog, _ = dog(world, clock, executor="mp")
+    ticks(watchdog, clock, 4)
+    assert world.actions == [
+        ("stop", "spark-1", "qwen35-vllm"),
+        ("stop", "spark-2", "qwen35-vllm-rank1"),
+        ("start", "spark-2", "qwen35-vllm-rank1"),
+        ("start", "spark-1", "qwen35-vllm"),
+    ]
+    (restart,) = watchdog.snapshot()["restarts"]
+    assert restart == {"at": clock.now - 10, "reason": "hang", "step": "restart_cluster"}
+
+
+@pytest.mark.parametrize("rank", [RANK1, SERVER])
+def test_under_mp_a_rank_docker_restarted_on_its_own_means_a_world_restart(rank):
+    world, clock = FakeWorld(), Clock()
+    for key in (SERVER, RANK1):
+        world.facts(key, id=f"id-{key[1]}", restarts=0)
+    watchdog, _ = dog(world, clock, executor="mp", max_restarts=2)
+    ticks(watchdog, clock, 3)
+    world.facts(rank, restarts=1)
+    ticks(watchdog, clock, 1)
+    assert world.actions == [
+        ("stop", "spark-1", "qwen35-vllm"),
+        ("stop", "spark-2", "qwen35-vllm-rank1"),
+        ("start", "spark-2", "qwen35-vllm-rank1"),
+        ("start", "spark-1", "qwen35-vllm"),
+    ]
+    state = watchdog.snapshot()
+    assert state["restarts_total"] == {"docker_restart": 1} and state["budget_left"] == 1
+
+
+def test_docker_s_restarts_during_start_up_spend_the_budget_as_recoveries_do():
+    """max_restarts 3: three restarts are made (Docker's or the watchdog's), the fourth spends it."""
+    world, clock = FakeWorld(), Clock()
+    world.default = DOWN  # crashing while it loads: never ready
+    world.facts(SERVER, restarts=0)
+    watchdog, _ = dog(world, clock, max_restarts=3, startup_s=3600)
+    ticks(watchdog, clock, 1)
+    for count in (1, 2, 3):
+        world.facts(SERVER, restarts=count)
+        ticks(watchdog, clock, 1)
+        state = watchdog.snapshot()
+        assert state["state"] != "budget_spent" and state["budget_left"] == 3 - count, (count, state)
+    assert world.actions == []
+    world.facts(SERVER, restarts=4)
+    ticks(watchdog, clock, 1)
+    assert watchdog.snapshot()["state"] == "budget_spent"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"id": "new-container"},  # `pulumi up` replaced it (serve.max_num_seqs changed)
+        {"started_at": "later"},  # same container, started again by someone else (`up --refresh`)
+    ],
+)
+def test_a_new_server_container_gets_a_fresh_start_up_grace(change):
+    world, clock = FakeWorld(), Clock()
+    world.facts(SERVER, id="old", started_at=rfc3339(clock.now - 7200), restarts=0)
+    watchdog, _ = dog(world, clock, startup_s=600)
+    ticks(watchdog, clock, 3)
+    assert watchdog.snapshot()["state"] == "healthy"
+    if change.get("started_at"):
+        change = {"started_at": rfc3339(clock.now)}
+    world.facts(SERVER, **change)
+    world.default = DOWN  # loading its weights
+    ticks(watchdog, clock, 58)
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["state"] == "starting" and state["budget_left"] == 2, state
+    assert "new serving container" in state["next_step"]
+    ticks(watchdog, clock, 6)  # past startup_s and never ready: now it is judged
+    assert world.actions
+
+
+@pytest.mark.parametrize("state", ["missing", "created", "removing"])
+def test_no_verdict_and_no_action_while_the_serving_containers_are_replaced(state):
+    world, clock = FakeWorld(), Clock()
+    world.facts(SERVER, id="old", restarts=0)
+    watchdog, _ = dog(world, clock, executor="mp")
+    ticks(watchdog, clock, 2)
+    world.default = DOWN
+    world.box[SERVER] = {"state": state}
+    ticks(watchdog, clock, 20)
+    snapshot = watchdog.snapshot()
+    assert world.actions == [] and snapshot["state"] == "starting" and snapshot["consecutive_failures"] == 0
+    assert f"qwen35-vllm {state}" in snapshot["next_step"]
+    world.box[SERVER] = {"id": "new", "restarts": 0}
+    ticks(watchdog, clock, 20)
+    assert world.actions == [] and watchdog.snapshot()["state"] == "starting"
+
+
+def test_a_clock_skew_beyond_the_window_is_named_in_state_and_metrics():
+    world, clock = FakeWorld(), Clock()
+    world.skew = {"spark-2": 75.4}
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 1)
+    state = watchdog.snapshot()
+    assert state["clock_skew"] == [
+        "spark-2's clock is 75 s ahead of the head's, beyond the agents' 60 s window: its agent refuses "
+        "every request; synchronise the clocks (chrony or systemd-timesyncd on both nodes)"
+    ]
+    assert 'qwen35_health_agent_clock_skew_seconds{node="spark-2"} 75.4' in metrics_text(state)
+    world.skew = {"spark-2": 0.2}
+    ticks(watchdog, clock, 1)
+    assert watchdog.snapshot()["clock_skew"] == []
+
+
+def test_state_carries_no_server_log_line():
+    """/state answers anyone who reaches it: the server's lines stay in the watchdog's own log."""
+    world, clock = FakeWorld(), Clock()
+    world.logs = lambda target, tail: ["secret-looking line"]  # type: ignore[method-assign]
+    world.health = [Probe(True, 0.1)] + [HANG] * 3
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 4)
+    state = watchdog.snapshot()
+    assert state["last_diagnosis"] and "secret-looking line" not in json.dumps(state)
