@@ -44,9 +44,19 @@ def stack(node_a, node_b, images, request) -> Iterator[Stack]:
         built.remove()
 
 
-def signed(secret: str, path: str, body: dict) -> tuple[bytes, dict]:
+def signed(
+    secret: str, path: str, body: dict, node: str = "node-b", nonce: str | None = None
+) -> tuple[bytes, dict]:
+    """A request signed for `node`'s agent (the stack's agent runs on node-b)."""
     data = json.dumps(body).encode()
-    return data, health_wire.signed_headers(secret, "POST", path, data, time.time())
+    return data, health_wire.signed_headers(secret, "POST", path, data, time.time(), node=node, nonce=nonce)
+
+
+def refused_with(url: str, data: bytes, headers: dict) -> int:
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json", **headers})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    return refused.value.code
 
 
 def test_an_agent_refuses_a_restart_without_or_with_a_wrong_secret_and_changes_nothing(stack):
@@ -78,6 +88,21 @@ def test_an_agent_refuses_a_restart_without_or_with_a_wrong_secret_and_changes_n
     with urllib.request.urlopen(request, timeout=10) as answer:
         (found,) = json.loads(answer.read())["containers"]
     assert found["name"] == stack.rank and found["state"] == "running"
+
+
+def test_an_agent_refuses_a_replayed_request_and_one_signed_for_another_node(stack):
+    stack.start_ranks()
+    stack.start_agent()
+    url = f"{stack.agent_url}{health_wire.AGENT_CONTAINERS}"
+    data, headers = signed(stack.secret, health_wire.AGENT_CONTAINERS, {}, nonce="ab" * 16)
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json", **headers})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+    # The same bytes again, within the time window: a replay.
+    assert refused_with(url, data, headers) == 401
+    # Signed with the right secret, for node-a's agent: not this agent's request.
+    data, headers = signed(stack.secret, health_wire.AGENT_CONTAINERS, {}, node="node-a")
+    assert refused_with(url, data, headers) == 401
 
 
 def test_a_hang_is_detected_in_time_and_only_the_server_is_restarted(stack):
