@@ -1,9 +1,9 @@
 """The lab stack as the engine deploys it: Pulumi.lab.yaml with the stand-in Hub's address.
 
-`make up` deploys the committed image section: the hybrid, built on node-a by the program's own
-ImageBuild from the lab's stand-ins (lab/vllm_images.py `lab_build_inputs` puts them there first).
-Most engine tests deploy the same stack with `image.strategy: prebuilt` and the lab Ray image (Debian
-+ Ray + the stand-in `vllm`, lab/ray_image.py), which needs no build. Each is a stack of another name
+`make up` and tests/engine/test_real_vllm.py deploy `real_engine_config`: the real vLLM (its CPU
+build, lab/vllm_cpu_image.py) under executor mp with engine/real_vllm.yaml's sections. Most other engine
+tests deploy Pulumi.lab.yaml with `image.strategy: prebuilt` and the lab Ray image (Debian + Ray + the
+stand-in `vllm`, lab/ray_image.py), which needs no build; tests/engine/test_builds.py builds the hybrid. Each is a stack of another name
 whose Pulumi.<stack>.yaml is written here (ignored by git). Never a stack named `lab`: `pulumi stack
 init` rewrites Pulumi.<stack>.yaml to hold the passphrase's salt, and Pulumi.lab.yaml is committed.
 """
