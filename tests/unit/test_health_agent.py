@@ -234,3 +234,96 @@ def test_the_watchdog_s_client_measures_an_agent_s_clock_skew_from_a_refusal():
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ---- what a diagnosis records: Docker's OOMKilled, the kernel's OOM kills and Xids (item 8) ----------
+
+OOM_LINE = (
+    "Out of memory: Killed process 1234 (python3) total-vm:131234567kB, anon-rss:98765432kB, "
+    "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:196608kB oom_score_adj:0"
+)
+OOM_TASK = (
+    "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=docker-0af3.scope,mems_allowed=0,"
+    "global_oom,task_memcg=/system.slice/docker-0af3.scope,task=python3,pid=1234,uid=0"
+)
+XID_79 = "NVRM: Xid (PCI:000f:01:00): 79, pid=2345, name=python3, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            f"6,1201,5678901234,-;{OOM_LINE}",
+            {"kind": "oom_kill", "uptime_s": 5678.901234, "pid": 1234, "process": "python3", "scope": "node",
+             "anon_rss_bytes": 98765432 * 1024},
+        ),
+        (
+            f"[ 5678.901234] {OOM_LINE}",
+            {"kind": "oom_kill", "uptime_s": 5678.901234, "pid": 1234, "process": "python3", "scope": "node",
+             "anon_rss_bytes": 98765432 * 1024},
+        ),
+        (
+            "[   12.500000] Memory cgroup out of memory: Killed process 77 (vllm) total-vm:1kB, "
+            "anon-rss:2kB, file-rss:0kB",
+            {"kind": "oom_kill", "uptime_s": 12.5, "pid": 77, "process": "vllm", "scope": "cgroup",
+             "anon_rss_bytes": 2048},
+        ),
+        (
+            f"[ 5679.000001] {XID_79}",
+            {"kind": "xid", "uptime_s": 5679.000001, "xid": 79, "device": "PCI:000f:01:00", "pid": 2345,
+             "process": "python3", "meaning": "GPU has fallen off the bus",
+             "text": "GPU has fallen off the bus."},
+        ),
+        (
+            "4,99,1500000,-;NVRM: Xid (PCI:0000:01:00): 31, pid='<unknown>', name=<unknown>, Ch 00000008, "
+            "intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f12_34560000",
+            {"kind": "xid", "uptime_s": 1.5, "xid": 31, "device": "PCI:0000:01:00", "pid": None,
+             "process": "<unknown>", "meaning": "GPU memory page fault",
+             "text": "Ch 00000008, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ "
+             "0x7f12_34560000"},
+        ),
+        (
+            "NVRM: Xid (PCI:0000:01:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): "
+            "Out Of Range",
+            {"kind": "xid", "uptime_s": None, "xid": 13, "device": "PCI:0000:01:00", "pid": None,
+             "process": None, "meaning": "graphics engine exception",
+             "text": "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range"},
+        ),
+        ("6,1,2,-;NET: Registered PF_INET6 protocol family", None),
+        ("[    0.000000] Linux version 6.11.0-1016-nvidia", None),
+    ],
+)  # fmt: skip
+def test_kernel_lines_parse_as_faults(line, expected):
+    assert health_wire.kernel_fault(line) == expected
+
+
+def test_an_oom_kill_names_the_killed_task_s_container_cgroup():
+    text = f"6,1,5000000,-;{OOM_TASK}\n6,2,5000001,-;{OOM_LINE}\n6,3,6000000,-;{XID_79}\n"
+    (oom, xid) = health_wire.kernel_faults(text)
+    assert oom["memcg"] == "/system.slice/docker-0af3.scope" and oom["pid"] == 1234 and xid["xid"] == 79
+
+
+def test_the_kernel_log_is_read_bounded_and_never_fails(tmp_path):
+    missing = tmp_path / "kmsg"
+    text, why = health_wire.read_kernel_log(str(missing))
+    assert text is None and why.startswith(f"cannot read the kernel's log at {missing}")
+    assert health_wire.recent_kernel_faults(str(missing), 0) == {"faults": [], "error": why}
+    missing.write_text("x" * 100 + f"\n[ 10.0] {OOM_LINE}\n")
+    text, why = health_wire.read_kernel_log(str(missing), limit=len(OOM_LINE) + 20)
+    assert why is None and text.startswith("[ 10.0] Out of memory") and "x" not in text
+
+
+def test_faults_are_kept_from_since_on_with_their_unix_time():
+    faults = [{"kind": "xid", "uptime_s": 100.0}, {"kind": "xid", "uptime_s": 900.0}, {"kind": "xid"}]
+    kept = health_wire.faults_since(faults, boot=1000.0, since=1500.0)
+    assert [f.get("at") for f in kept] == [1900.0, None]
+    assert len(health_wire.faults_since(faults, boot=None, since=1500.0)) == 3
+
+
+@pytest.mark.parametrize("oom", [True, False])
+def test_inspect_reports_docker_s_oom_killed(monkeypatch, oom):
+    from components.node_programs import engine_api
+
+    found = {"Id": "abc", "RestartCount": 0, "State": {"Status": "exited", "ExitCode": 137, "OOMKilled": oom}}
+    monkeypatch.setattr(engine_api, "get_json", lambda socket, url, timeout: (200, found))
+    assert health_wire.inspect("/var/run/docker.sock", "qwen35-vllm")["oom_killed"] is oom
