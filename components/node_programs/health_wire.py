@@ -24,7 +24,9 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
+from collections.abc import Callable
 
 from components.node_programs import engine_api
 
@@ -72,6 +74,7 @@ AGENT_STOP = "/stop"
 AGENT_START = "/start"
 AGENT_RESTART = "/restart"
 AGENT_LOGS = "/logs"  # {"name", "tail"} -> {"lines": [...]}
+AGENT_KERNEL = "/kernel"  # {} -> {"faults": [...], "error": str | None}: the kernel's OOM kills and Xids
 AGENT_ACTIONS = (AGENT_STOP, AGENT_START, AGENT_RESTART)
 TIME_HEADER = "X-Qwen35-Time"
 NONCE_HEADER = "X-Qwen35-Nonce"
@@ -123,6 +126,7 @@ STATE_KEYS = (
     "hang_bound_s",
     "agent_clock_skew_s",
     "clock_skew",
+    "memory_guard",
 )
 
 
@@ -231,6 +235,126 @@ def gb(value: int | float) -> str:
 def held_message(node: str, available: int, need: int) -> str:
     """What the watchdog says when a node's memory blocks a restart (eugr #257's leak)."""
     return f"{node}: MemAvailable {gb(available)}, {gb(need)} needed: unified memory is held; reboot {node}"
+
+
+# ---- the memory guard --------------------------------------------------------------------------------
+
+GUARD_PERIOD_S = 1.0  # how often each node's guard reads MemAvailable (a file read: cheap)
+
+
+def gb1(value: int | float) -> str:
+    """Bytes as GB (10^9) with one decimal: the guard's floor is a few GB, whole GB would hide it."""
+    return f"{value / 1e9:.1f} GB"
+
+
+class MemoryGuard:
+    """One node's guard (issue 41 item 6): MemAvailable below `floor_bytes` for `floor_s` stops this
+    stack's serving containers that run on the node, once, before the kernel's OOM killer or a hung
+    unified-memory node does; under report it records what it would stop. It re-arms when
+    MemAvailable is back above the floor. The watchdog sees each trip (`trips`, `last`) and answers it
+    with a world restart within its budget. The node's MemAvailable, its running containers and the
+    stop are given: tests drive it with a fake clock."""
+
+    def __init__(
+        self,
+        node: str,
+        floor_bytes: int | None,
+        floor_s: float,
+        enforce: bool,
+        read: Callable[[], tuple[int | None, str | None]],
+        running: Callable[[], list[str]],
+        stop: Callable[[str], dict],
+    ):
+        self.node, self.floor_bytes, self.floor_s, self.enforce = node, floor_bytes, floor_s, enforce
+        self.read, self.running, self.stop = read, running, stop
+        self.below_since: float | None = None
+        self.armed = True
+        self.trips = 0
+        self.last: dict | None = None
+        self.available: int | None = None
+        self.lock = threading.Lock()
+
+    def check(self, now: float) -> dict | None:
+        """One reading; the trip's record when the guard trips now, else None. A check while another
+        runs (the periodic thread and the watchdog's tick) returns at once."""
+        if not self.floor_bytes or not self.lock.acquire(blocking=False):
+            return None
+        try:
+            return self._check(now)
+        finally:
+            self.lock.release()
+
+    def _check(self, now: float) -> dict | None:
+        available, _ = self.read()
+        self.available = available
+        if available is None or available >= self.floor_bytes:
+            self.below_since = None
+            self.armed = self.armed or available is not None
+            return None
+        self.below_since = now if self.below_since is None else self.below_since
+        if not self.armed or now - self.below_since < self.floor_s:
+            return None
+        names = self.running()
+        if not names:  # nothing of this stack runs here: nothing to stop, and nothing spent
+            return None
+        self.armed = False
+        errors = {}
+        for name in names if self.enforce else ():
+            done = self.stop(name)
+            if not done.get("ok"):
+                errors[name] = done.get("error")
+        self.trips += 1
+        self.last = self._record(now, available, names, errors)
+        return self.last
+
+    def _record(self, now: float, available: int, names: list[str], errors: dict) -> dict:
+        below = now - (self.below_since or now)
+        done = "stopped" if self.enforce else "report mode: would stop"
+        message = (
+            f"{self.node}: MemAvailable {gb1(available)} below the memory floor "
+            f"{gb1(self.floor_bytes or 0)} for {below:.0f} s: {done} {', '.join(names)} before the "
+            "kernel's OOM killer or a hang"
+        )
+        return {
+            "node": self.node,
+            "at": now,
+            "available_bytes": available,
+            "floor_bytes": self.floor_bytes,
+            "below_s": below,
+            "acted": self.enforce,
+            "stopped": names,
+            "errors": errors,
+            "message": message,
+        }
+
+    def report(self) -> dict:
+        """What the watchdog reads: trips so far, the last one, and the figures now."""
+        return {
+            "trips": self.trips,
+            "last": self.last,
+            "floor_bytes": self.floor_bytes,
+            "available_bytes": self.available,
+            "below_since": self.below_since,
+        }
+
+
+def guard_thread(guard: MemoryGuard, log: Callable[[str], None]) -> threading.Thread | None:
+    """Check `guard` every GUARD_PERIOD_S in a thread of its own: a tick that waits on a completion's
+    deadline must not delay it. None when the guard is off."""
+    if not guard.floor_bytes:
+        return None
+
+    def run() -> None:
+        while True:
+            try:
+                guard.check(time.time())
+            except Exception as exc:  # a failed check is logged and the next one runs: never exit
+                log(f"memory guard check failed: {type(exc).__name__}: {exc}")
+            time.sleep(GUARD_PERIOD_S)
+
+    thread = threading.Thread(target=run, name="memory-guard", daemon=True)
+    thread.start()
+    return thread
 
 
 # ---- the kernel's log: OOM kills and NVRM Xids (what a diagnosis names) -------------------------------
@@ -403,6 +527,32 @@ def recent_kernel_faults(path: str, since: float) -> dict:
     if text is None:
         return {"faults": [], "error": why}
     return {"faults": faults_since(kernel_faults(text), boot_time(), since), "error": None}
+
+
+def fault_summary(diagnosis: dict) -> dict | None:
+    """{kind: memory | gpu, says} from a diagnosis: a GPU's Xid, a container Docker saw OOM-killed, the
+    kernel's OOM kills, the memory guard's stop; None when none is recorded (a plain crash)."""
+    says: list[tuple[str, str]] = []
+    for node, faults in sorted((diagnosis.get("kernel") or {}).items()):
+        for fault in (faults or {}).get("faults") or []:
+            if fault.get("kind") == "xid":
+                says.append(("gpu", f"{node}: NVRM Xid {fault['xid']} ({fault['meaning']})"))
+            elif fault.get("kind") == "oom_kill":
+                says.append(("memory", f"{node}: the kernel's OOM killer killed {fault['process']} "
+                                       f"(pid {fault['pid']})"))  # fmt: skip
+    for node, found in sorted((diagnosis.get("containers") or {}).items()):
+        for container in found or []:
+            if container.get("oom_killed"):
+                says.append(
+                    ("memory", f"{node}: {container.get('name')} was OOM-killed (Docker's OOMKilled)")
+                )
+    guard = diagnosis.get("memory_guard")
+    if guard:
+        says.append(("memory", str(guard.get("message"))))
+    if not says:
+        return None
+    kind = "gpu" if any(k == "gpu" for k, _ in says) else "memory"
+    return {"kind": kind, "says": "; ".join(dict.fromkeys(s for _, s in says))}
 
 
 # ---- Docker's multiplexed log stream -----------------------------------------------------------------

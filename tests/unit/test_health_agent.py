@@ -236,6 +236,98 @@ def test_the_watchdog_s_client_measures_an_agent_s_clock_skew_from_a_refusal():
         server.server_close()
 
 
+# ---- the memory guard on an agent's node (issue 41 item 6) --------------------------------------------
+
+
+class Node:
+    """A fake node for the guard: MemAvailable, which of its containers run, a clock."""
+
+    def __init__(self, available: int | None = 100 * 10**9) -> None:
+        self.available, self.now, self.running = available, NOW, {"qwen35-ray-worker": True}
+
+    def meminfo(self):
+        return self.available, None if self.available is not None else "unreadable"
+
+
+def guarded_agent(mode: str = "enforce", **health) -> tuple[Agent, Node, list[tuple]]:
+    cfg = config_from("dev", health={"mode": mode, **health})
+    node = Node()
+    calls: list[tuple] = []
+
+    def docker(what: str, name: str, *args):
+        if what == "inspect":
+            return {"name": name, "state": "running" if node.running.get(name) else "exited"}
+        calls.append((what, name, *args))
+        node.running[name] = what != "stop"
+        return {"ok": True}
+
+    settings = AgentSettings.from_json(health_config(cfg, cfg.nodes[1]))
+    return Agent(settings, SECRET, docker, node.meminfo, clock=lambda: node.now), node, calls
+
+
+def test_the_agent_s_guard_stops_its_serving_container_once_and_reports_the_trip():
+    agent, node, calls = guarded_agent()
+    assert (agent.s.memory_floor_bytes, agent.s.memory_floor_s) == (2 * 10**9, 5)
+    node.available = int(1.2 * 10**9)
+    for second in range(12):  # one check a second, as its thread makes them
+        agent.guard.check(NOW + second)
+    assert calls == [("stop", "qwen35-ray-worker", 30)]
+    answer = request(agent, health_wire.AGENT_CONTAINERS, {})
+    guard = answer.body["guard"]
+    assert guard["trips"] == 1 and guard["last"]["at"] == NOW + 5 and guard["last"]["acted"]
+    assert guard["last"]["message"] == (
+        "spark-2: MemAvailable 1.2 GB below the memory floor 2.0 GB for 5 s: stopped qwen35-ray-worker "
+        "before the kernel's OOM killer or a hang"
+    )
+    assert 'qwen35_health_agent_memory_guard_trips_total{node="spark-2"} 1' in agent.metrics()
+    assert 'qwen35_health_agent_actions_total{node="spark-2"} 1' in agent.metrics()
+
+
+@pytest.mark.parametrize(
+    ("samples", "trip_at"),
+    [
+        # (second, MemAvailable GB) -> when the guard trips (None: it does not)
+        ([(0, 1.0), (4, 1.0), (5, 1.0)], 5),
+        ([(0, 1.0), (4, 1.0)], None),
+        ([(0, 1.0), (3, 3.0), (4, 1.0), (8, 1.0), (9, 1.0)], 9),  # back above restarts the clock
+        ([(0, 1.0), (3, None), (4, 1.0), (9, 1.0)], 9),  # an unreadable sample restarts it too
+        ([(0, 2.0), (10, 2.0)], None),  # at the floor is not below it
+    ],
+)
+def test_the_guard_trips_after_memory_floor_s_below_the_floor(samples, trip_at):
+    agent, node, calls = guarded_agent()
+    tripped = []
+    for second, value in samples:
+        node.available = None if value is None else int(value * 10**9)
+        if agent.guard.check(NOW + second):
+            tripped.append(second)
+    assert tripped == ([] if trip_at is None else [trip_at])
+
+
+def test_the_guard_stops_nothing_when_nothing_of_the_stack_runs_and_stays_armed():
+    agent, node, calls = guarded_agent()
+    node.running["qwen35-ray-worker"] = False
+    node.available = 10**9
+    assert [agent.guard.check(NOW + s) for s in range(8)] == [None] * 8 and calls == []
+    node.running["qwen35-ray-worker"] = True  # started again while memory is still short
+    assert agent.guard.check(NOW + 9) and calls == [("stop", "qwen35-ray-worker", 30)]
+
+
+def test_under_report_the_agent_s_guard_records_and_stops_nothing():
+    agent, node, calls = guarded_agent("report")
+    node.available = 10**9
+    for second in range(10):
+        agent.guard.check(NOW + second)
+    assert calls == [] and agent.guard.trips == 1
+    assert "report mode: would stop qwen35-ray-worker" in agent.guard.last["message"]
+
+
+def test_a_floor_of_0_turns_the_agent_s_guard_off():
+    agent, node, calls = guarded_agent(memory_floor_gb=0)
+    node.available = 0
+    assert [agent.guard.check(NOW + s) for s in range(10)] == [None] * 10 and calls == []
+
+
 # ---- what a diagnosis records: Docker's OOMKilled, the kernel's OOM kills and Xids (item 8) ----------
 
 OOM_LINE = (
@@ -318,6 +410,19 @@ def test_faults_are_kept_from_since_on_with_their_unix_time():
     kept = health_wire.faults_since(faults, boot=1000.0, since=1500.0)
     assert [f.get("at") for f in kept] == [1900.0, None]
     assert len(health_wire.faults_since(faults, boot=None, since=1500.0)) == 3
+
+
+def test_the_agent_answers_its_node_s_kernel_faults(tmp_path):
+    log = tmp_path / "kmsg"
+    log.write_text(f"[ 5.0] {XID_79}\n")
+    agent, _, _ = guarded_agent()
+    agent.kernel_log = str(log)
+    answer = request(agent, health_wire.AGENT_KERNEL, {"since": 0})
+    assert answer.status == 200 and answer.body["error"] is None
+    assert [f["xid"] for f in answer.body["faults"]] == [79]
+    agent.kernel_log = str(tmp_path / "absent")
+    answer = request(agent, health_wire.AGENT_KERNEL, {"since": "not a time"})
+    assert answer.status == 200 and answer.body["faults"] == [] and "cannot read" in answer.body["error"]
 
 
 @pytest.mark.parametrize("oom", [True, False])
