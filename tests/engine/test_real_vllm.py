@@ -24,7 +24,15 @@ import pytest
 
 import lab
 from engine.lab_stack import real_engine_config, write_config
-from tests.engine.conftest import CONTAINER, RealStack, changes, errors, finished, real_stack_up
+from tests.engine.conftest import (
+    CONTAINER,
+    RealStack,
+    changed_steps,
+    changes,
+    errors,
+    finished,
+    real_stack_up,
+)
 from tests.engine.conftest import up_or_fail as up
 
 pytestmark = pytest.mark.engine
@@ -86,6 +94,23 @@ def test_the_model_support_check_ran_the_image_s_vllm_in_enforce_and_passed(real
     assert (
         check["vllm"].startswith("0.32.0") and check["architecture"] == "Qwen3_5MoeForConditionalGeneration"
     )
+
+
+def test_the_bench_measured_vllm_s_own_speed_after_the_gate(real_stack):
+    bench = real_stack.stack.run("stack", "output", "serve_bench", "--json").json()
+    figures = bench["figures"]
+    assert bench["error"] is None and figures["counted"] == "usage", bench
+    for key in ("decode_tps", "ttft_s", "prefill_tps", "aggregate_tps"):
+        assert figures[key] > 0, (key, bench)
+    assert figures["concurrency"] == 2 and 200 <= figures["prompt_tokens"] <= 300, bench
+    print(f"real engine bench: {json.dumps(figures)}")
+
+
+def test_a_no_op_up_changes_nothing_and_measures_nothing(real_stack):
+    before = real_stack.stack.run("stack", "output", "serve_bench", "--json").json()
+    run = up(real_stack.stack)
+    assert changed_steps(run) == [], changed_steps(run)
+    assert real_stack.stack.run("stack", "output", "serve_bench", "--json").json() == before
 
 
 def test_refresh_after_the_first_up_is_clean(real_stack):
@@ -272,6 +297,18 @@ def test_a_serving_setting_changed_by_up_spends_no_budget(real_stack, real_image
     time.sleep(3 * HEALTH["interval_s"])
     after = wait_state(real_stack, lambda s: s["state"] == "healthy", 120, "healthy after the up")
     assert after["restarts"] == before["restarts"] and after["budget_left"] == before["budget_left"], after
+
+
+def test_a_speed_below_a_floor_fails_up_under_enforce_naming_the_figure(real_stack, real_image, real_hub):
+    stack = real_stack.stack
+    config = real_engine_config(real_image, real_hub.endpoint, health=HEALTH)
+    config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
+    config[f"{NS}:bench"] = {**config[f"{NS}:bench"], "mode": "enforce", "min_decode_tps": 100000}
+    write_config(stack.config, config)
+    failed = stack.run("up", "--yes", "--skip-preview", "--json", check=False, timeout=1800)
+    assert failed.returncode != 0, "up passed with a decode floor no CPU reaches"
+    message = "\n".join(errors(failed.events()))
+    assert "below bench.min_decode_tps 100000" in message, message[-3000:]
 
 
 def test_flags_vllm_cannot_serve_with_fail_up_at_the_gate_naming_vllm_s_error(
