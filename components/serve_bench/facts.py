@@ -28,8 +28,13 @@ def figures_line(figures: dict[str, Any] | None) -> str:
         value = figures.get(key)
         return f"{value:.{digits}f} {unit}" if isinstance(value, int | float) else f"? {unit}"
 
+    def count(key: str) -> str:
+        # (a dynamic resource's numbers come back from the state as floats: 4.0 must read "4")
+        value = figures.get(key)
+        return str(int(value)) if isinstance(value, int | float) else "?"
+
     return (
         f"decode {number('decode_tps', 'tok/s')} (TTFT {number('ttft_s', 's', 2)}), "
-        f"prefill {number('prefill_tps', 'tok/s', 0)} ({figures.get('prompt_tokens') or '?'} tokens), "
-        f"{figures.get('concurrency') or '?'} streams {number('aggregate_tps', 'tok/s')}"
+        f"prefill {number('prefill_tps', 'tok/s', 0)} ({count('prompt_tokens')} tokens), "
+        f"{count('concurrency')} streams {number('aggregate_tps', 'tok/s')}"
     )
