@@ -11,7 +11,7 @@ A containerd-store destination leaves out the layers whose blobs its content sto
 Last, the slow-login-shell case: both nodes' homes get a `~/.bashrc` that costs 0.1 s (as `conda
 init` or `pyenv init` do), and the SSH sessions each create opens on the nodes are counted.
 Then the checkpoint, the engine and the health watchdog (`python -m bench checkpoint|engine|health`
-runs one alone).
+runs one alone; `python -m bench real` the engine's real-vLLM rows alone).
 """
 
 from __future__ import annotations
@@ -271,6 +271,8 @@ def main() -> int:
         return checkpoint_bench.main()
     if sys.argv[1:] == ["engine"]:
         return engine_bench.main()
+    if sys.argv[1:] == ["real"]:
+        return engine_bench.main_real()
     if sys.argv[1:] == ["health"]:
         return health_bench.main()
     nodes = lab.up([name for pair in PAIRS for name in pair[:2]])

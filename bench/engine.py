@@ -8,6 +8,8 @@ completions (the Prober's) while the `up` ran. The same cases then run for the s
 Then the committed hybrid (Pulumi.lab.yaml): a first `up` that builds it on node-a, a no-op `up`, a
 rebuild after a one-file change under patches/, and the plain alternative, `docker build` over SSH
 after the same kind of change, with the ratio of ImageBuild's build step to it.
+Last, the real engine (rows "real …"): the real-vLLM image's size and first build, and the same cases
+on engine/real_vllm.yaml, where every load, outage and completion is vLLM's own.
 
 Each `up --json` is read line by line, every engine event stamped on arrival (the events' own
 timestamps are whole seconds)."""
@@ -34,15 +36,25 @@ import lab
 from components.config import ImageConfig
 from components.image_build.component import PATCH_DIR, build_args, built_ref, dockerfile
 from engine import ROOT, Engine, ensure_engine
-from engine.lab_stack import engine_lab_config, lab_image_config, mp_lab_config, stack_file, write_config
+from engine.lab_stack import (
+    engine_lab_config,
+    lab_image_config,
+    mp_lab_config,
+    real_engine_config,
+    stack_file,
+    write_config,
+)
+from lab import tiny_qwen35
 from lab.ray_image import ray_image
 from lab.sessions import lab_session
 from lab.standin_hub import StandinHub, generate_repo
+from lab.vllm_cpu_image import build_record, vllm_cpu_image
 from lab.vllm_images import folder_context, lab_build_inputs
 
 STACK = "bench-engine"
 MP_STACK = "bench-engine-mp"
 HYBRID_STACK = "bench-engine-hybrid"
+REAL_STACK = "bench-engine-real"
 IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 # A file under patches/ only the bench writes (patches/wheels/ is ignored by git; the context has it).
 MARKER = PATCH_DIR / "wheels" / "bench-changed-file.txt"
@@ -253,12 +265,44 @@ def main() -> int:
             lab_build_inputs(nodes["node-a"], lab_image_config(hybrid), PATCH_DIR)
             with bench_stack(engine, HYBRID_STACK, hybrid):
                 rows += measure_hybrid(engine, nodes, hybrid)
+        rows += measure_real(engine, nodes, Path(folder))
+    print_rows(rows)
+    return 0
+
+
+def main_real() -> int:
+    """`python -m bench real`: the real engine's rows alone."""
+    with tempfile.TemporaryDirectory() as folder, lab_session(["node-a", "node-b"]) as nodes:
+        print_rows(measure_real(ensure_engine(backend=Path(folder)), nodes, Path(folder)))
+    return 0
+
+
+def print_rows(rows: list[tuple[str, str, str]]) -> None:
     widths = [max(len(r[i]) for r in [("case", "seconds", "figure"), *rows]) for i in range(3)]
     for index, row in enumerate([("case", "seconds", "figure"), *rows]):
         print(" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
         if index == 0:
             print("-+-".join("-" * width for width in widths))
-    return 0
+
+
+def measure_real(engine: Engine, nodes: dict[str, lab.LabNode], folder: Path) -> list[tuple]:
+    """The real engine (vLLM's CPU build, engine/real_vllm.yaml): its image's size and first build,
+    then the same cases as the other stacks, every figure from vLLM's own load and serving."""
+    started = time.monotonic()
+    tags = {vllm_cpu_image(node)[0] for node in nodes.values()}
+    placed = time.monotonic() - started
+    (image,) = tags
+    record = build_record(image) or {}
+    rows = [(
+        "real: image (vLLM 0.32.0 CPU build)", f"{record.get('build_s', float('nan')):.1f}",
+        f"{record.get('size_bytes', 0) / 1e9:.2f} GB; first build on {record.get('built_on', '?')} "
+        f"(install + commit + save); this run placed it on both nodes in {placed:.1f} s",
+    )]  # fmt: skip
+    with StandinHub({tiny_qwen35.REPO_ID: tiny_qwen35.write(folder / "tiny")}) as hub:
+        config = real_engine_config(image, hub.endpoint)
+        with bench_stack(engine, REAL_STACK, config) as api_key:
+            rows += measure(engine, nodes, config, image, Bench(REAL_STACK, "real mp", api_key))
+    return rows
 
 
 def build_seconds(run: Run) -> float:

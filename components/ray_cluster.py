@@ -277,8 +277,8 @@ def node_container_spec(
         mounts=(hf_cache, *cache_mounts, *extra_mounts),
         restart=c.restart,
         max_retry_count=ON_FAILURE_RETRIES if c.restart is RestartPolicy.ON_FAILURE else None,
-        # Host IPC shares /dev/shm with the host; shm_size covers runtimes that keep their own.
-        ipc_mode="host",
+        # Host IPC shares /dev/shm with the host; shm_size covers a container with its own.
+        ipc_mode=c.ipc,
         pid_mode=pid_mode,
         shm_size_mb=c.shm_size_mb,
         gpus="all" if c.gpu_runtime else None,

@@ -1,10 +1,11 @@
 """`python -m engine build|up|down`: the program deployed onto the lab by the real Pulumi engine.
 
-`up` (make up): builds the engine if needed, starts lab nodes node-a and node-b, places the hybrid's
-stand-in base and donor on node-a and transformers' wheels in patches/wheels/, serves the stand-in Hub
-on 127.0.0.1:18090 (a background process that `down` stops), and runs `pulumi up` of stack
-`lab-engine` (Pulumi.lab.yaml as committed, engine/lab_stack.py) with the engine's own display: the
-hybrid built on node-a and proven, copied to node-b, served.
+`up` (make up): builds the engine if needed, starts lab nodes node-a and node-b, places the real-vLLM
+lab image on both (vLLM's CPU build, lab/vllm_cpu_image.py: built once, then loaded from the cache),
+serves the stand-in Hub on 127.0.0.1:18090 (a background process that `down` stops) with the tiny real
+Qwen3.5-MoE, and runs `pulumi up` of stack `lab-engine` (Pulumi.lab.yaml with engine/real_vllm.yaml,
+engine/lab_stack.py `real_engine_config`) with the engine's own display: the checkpoint fetched and
+copied, the model-support check in enforce, vLLM's two ranks under executor mp, the gate's completion.
 Prints the `endpoint` output and a request that answers. `down` destroys the stack, removes it from
 the local backend and stops the Hub. The state lives in `.pulumi-state/` of this checkout.
 """
@@ -20,9 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from components.image_build.component import PATCH_DIR
 from engine import ROOT, Engine, EngineError, ensure_engine
-from engine.lab_stack import engine_lab_config, lab_image_config, stack_file, write_config
+from engine.lab_stack import real_engine_config, stack_file, write_config
 from lab.nodes import bind_error
 
 STACK = "lab-engine"
@@ -77,15 +77,15 @@ def stop_hub() -> None:
 
 def up() -> int:
     import lab
-    from lab.vllm_images import lab_build_inputs
+    from lab.vllm_cpu_image import vllm_cpu_image
 
     engine = ensure_engine()
     print(f"engine: {engine.pulumi} ({engine.origin}); state in {engine.backend}", flush=True)
     nodes = lab.up(["node-a", "node-b"])
+    # On both nodes, so NodeImage sends nothing and a destroy keeps the 6.5 GB of layers.
+    tags = {vllm_cpu_image(node)[0] for node in nodes.values()}
     endpoint = start_hub()
-    config = engine_lab_config(None, endpoint)
-    # The committed stack builds the hybrid on node-a: its stand-in base and donor, and the wheels.
-    lab_build_inputs(nodes["node-a"], lab_image_config(config), PATCH_DIR)
+    config = real_engine_config(tags.pop(), endpoint)
     stacks = engine.run("stack", "ls", "--json").json()
     if not any(s["name"] == STACK for s in stacks):
         config_file().unlink(missing_ok=True)

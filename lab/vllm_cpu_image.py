@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -171,6 +172,16 @@ def saved_image(tag: str) -> Path:
     return cache_dir() / "images" / f"{tag.replace(':', '-')}.tar"
 
 
+def build_record_path(saved: Path) -> Path:
+    return saved.with_suffix(".json")
+
+
+def build_record(tag: str) -> dict | None:
+    """What the build that made `tag` on this machine took (`make bench` reports it), if recorded."""
+    path = build_record_path(saved_image(tag))
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def vllm_cpu_image(node: LabNode) -> tuple[str, str]:
     """(tag, image ID) of the real-vLLM lab image on `node`: present, loaded from the cache, or built."""
     wheels = ensure_wheels()
@@ -242,6 +253,7 @@ def _save(node: LabNode, tag: str, saved: Path) -> None:
     for stale in saved.parent.glob(f"{IMAGE_NAME}-*.tar"):
         if stale != saved:
             stale.unlink(missing_ok=True)
+            build_record_path(stale).unlink(missing_ok=True)
 
 
 def vllm_cpu_images(nodes: list[LabNode]) -> dict[str, str]:

@@ -790,6 +790,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fixtures", type=Path, default=FIXTURES_DIR, help="folder of <name>/config.json")
     parser.add_argument("--checkpoint", type=Path, help="snapshot folder with config.json and the index")
     parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated: config,construct,load")
+    parser.add_argument(
+        "--shards", action="store_true", help="with --checkpoint: the shards must be there (headers read)"
+    )
     args = parser.parse_args(argv)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
@@ -831,6 +834,8 @@ def run(args: argparse.Namespace, report: Report) -> int:
         try:
             for target in targets:
                 prove_target(env, report, target, args.stages, workdir)
+                if args.shards and target.from_index and "load" in args.stages:
+                    prove_shards(report, target)
         except ProofFailed:
             return 1
     return 0
@@ -885,6 +890,36 @@ def prove_index_names(report: Report, target: Target, raw: dict) -> None:
         True,
         f"by name: the index holds exactly the {len(expected)} tensors the config implies "
         f"({len(layer_types(text))} layers{experts}); those beyond the tiny model are not loaded",
+    )
+
+
+def prove_shards(report: Report, target: Target) -> None:
+    """(d) on disk: every shard the index names is in the snapshot, and its header, as the safetensors
+    library vLLM loads it with reads it, holds every tensor the index maps to it. Headers only: cheap
+    at any size, and a shard that is missing or cut short fails here instead of at the load."""
+    from safetensors import safe_open
+
+    wanted: dict[str, set[str]] = {}
+    for name, shard in json.loads((target.config_dir / INDEX_FILE).read_text())["weight_map"].items():
+        wanted.setdefault(shard, set()).add(name)
+    missing = [shard for shard in sorted(wanted) if not (target.config_dir / shard).is_file()]
+    if missing:
+        raise report.fail(
+            "load", target.name,
+            f"MissingShard: {len(missing)} of the {len(wanted)} shard(s) the index names are not in the "
+            f"snapshot: {', '.join(missing[:4])}; {REFETCH}",
+        )  # fmt: skip
+    for shard, names in sorted(wanted.items()):
+        try:
+            with safe_open(str(target.config_dir / shard), framework="pt") as opened:
+                absent = sorted(names - set(opened.keys()))
+        except Exception as exc:
+            raise report.fail("load", target.name, f"{shard}: {describe(exc)[0]}; {REFETCH}") from exc
+        if absent:
+            raise report.fail("load", target.name, f"{shard}: {absent_tensors(absent)}; {REFETCH}")
+    count = sum(len(names) for names in wanted.values())
+    report.check(
+        "load", target.name, True, f"shards: all {len(wanted)} present, holding the index's {count} tensors"
     )
 
 

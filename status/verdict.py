@@ -232,7 +232,48 @@ def _watchdog(config: StackConfig, cluster: dict, head_report: dict) -> list[Pro
         Problem("cluster", str(said), "synchronise the nodes' clocks (chrony or systemd-timesyncd)")
         for said in state.get("clock_skew") or []
     ]
-    return _watchdog_state(config, cluster, state, head_report.get("now")) + skewed
+    now = head_report.get("now")
+    problems = _watchdog_state(config, cluster, state, now) + skewed + _guard_trips(config, state, now)
+    fault = (state.get("last_diagnosis") or {}).get("fault") or {}
+    if fault.get("says") and state.get("state") in ("recovering", "budget_spent", "memory_held", "failing"):
+        # A memory or GPU fault, not a plain crash: the diagnosis read Docker's OOMKilled and the kernel.
+        cluster["watchdog"] += f"; {fault.get('kind')} fault"
+        problems.append(
+            Problem(
+                "cluster",
+                f"the watchdog's last diagnosis names a {fault.get('kind')} fault: {fault['says']}",
+                _FAULT_NEXT.get(str(fault.get("kind")), "read the watchdog's /state `last_diagnosis`"),
+            )
+        )
+    return problems
+
+
+_FAULT_NEXT = {
+    "memory": "unified memory ran out: lower serve.gpu_memory_utilization or serve.max_num_seqs, or find "
+    "what else holds memory on that node (`free -g`, `ps aux --sort=-rss | head`)",
+    "gpu": "a GPU fault (NVRM Xid): read `dmesg | grep -i xid` on that node; Xid 79 (fallen off the bus) and "
+    "ECC errors need a reboot, and a repeat needs NVIDIA support",
+}
+
+
+def _guard_trips(config: StackConfig, state: dict, now: Any) -> list[Problem]:
+    """Each node's memory guard trip within the budget's window (all of them when the time is unknown)."""
+    problems = []
+    for node, trip in sorted((state.get("memory_guard") or {}).items()):
+        at = trip.get("at") if isinstance(trip, dict) else None
+        if isinstance(at, int | float) and isinstance(now, int | float) and now - at > config.health.window_s:
+            continue
+        done = "stopped" if trip.get("acted") else "would have stopped (report mode)"
+        problems.append(
+            Problem(
+                node,
+                f"the memory guard {done} the serving containers {_when(at, now)}: {trip.get('message')}",
+                f"find what held {node}'s memory (the watchdog's /state `last_diagnosis`: kernel OOM "
+                "kills, OOMKilled); the watchdog restarts the cluster within its budget; "
+                "health.memory_floor_gb sets the floor",
+            )
+        )
+    return problems
 
 
 def _watchdog_state(config: StackConfig, cluster: dict, state: dict, now: Any) -> list[Problem]:

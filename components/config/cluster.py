@@ -171,6 +171,10 @@ class ContainerConfig(_Model):
     # GPUs requested from the NVIDIA runtime; false in the lab, which has none.
     gpu_runtime: bool = True
     shm_size_mb: int = Field(default=16384, ge=64)
+    # host: the node's /dev/shm and IPC, as NCCL and vLLM's shared-memory queues expect on a Spark.
+    # private: each container its own, for nodes that share one kernel (the lab): vLLM tells whether two
+    # ranks share a node by whether one sees the other's /dev/shm segment.
+    ipc: Literal["host", "private"] = "host"
     # The memlock ulimit of every container (-1: unlimited, what RDMA's pinned unified memory needs).
     # A node whose dockerd cannot grant it (the lab's 8 MiB hard limit) fails at container start.
     memlock_bytes: int = Field(default=-1, ge=-1)

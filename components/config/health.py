@@ -44,6 +44,14 @@ class HealthConfig(_Model):
     ready_s: float = Field(default=1800, gt=0)
     # How long MemAvailable may take to reach the memory fit's need before a restart.
     memory_wait_s: float = Field(default=300, ge=0)
+    # The memory guard (docs/health.md): MemAvailable below memory_floor_gb (GB, 10^9) for memory_floor_s
+    # on a node stops the stack's serving containers there, once, before the kernel's OOM killer or a
+    # wedged unified-memory node does; one restart of the budget. 0 turns it off.
+    memory_floor_gb: float = Field(default=2, ge=0, le=1024)
+    memory_floor_s: float = Field(default=5, gt=0, le=3600)
+    # Let the watchdog and the agents read the kernel's log (/dev/kmsg and CAP_SYSLOG) so a diagnosis
+    # names the kernel's OOM kills and NVRM Xids; off: Docker's OOMKilled only (docs/health.md).
+    kernel_log: bool = False
     # At most this many restarts per window; then everything is stopped for an operator.
     max_restarts: int = Field(default=3, ge=0, le=1000)
     window_s: float = Field(default=3600, gt=0)

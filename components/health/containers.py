@@ -108,6 +108,8 @@ def health_config(
         "startup_s": h.startup_s,
         "ready_s": h.ready_s,
         "memory_wait_s": h.memory_wait_s,
+        "memory_floor_bytes": int(round(h.memory_floor_gb * GB)) or None,
+        "memory_floor_s": h.memory_floor_s,
         "max_restarts": h.max_restarts,
         "window_s": h.window_s,
         "port": h.port,
@@ -155,9 +157,11 @@ def _spec(
         secret_env=secret_env,
         # The per-stack secret as a file in the container, never in its environment (health_wire).
         secret_files={health_wire.SECRET_FILE: "health_secret"},
-        devices=(),
+        # health.kernel_log: the kernel's log, read-only by use (the programs only read it), and the
+        # capability reading it needs where kernel.dmesg_restrict is 1 (Ubuntu's, DGX OS's default).
+        devices=(health_wire.DEFAULT_KERNEL_LOG,) if cfg.health.kernel_log else (),
         ulimits=(),
-        capabilities=(),
+        capabilities=("CAP_SYSLOG",) if cfg.health.kernel_log else (),
         privileged=False,
         mounts=tuple(mounts),
         # Always back after a reboot, whatever containers.restart says: it is what decides whether the

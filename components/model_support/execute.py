@@ -149,7 +149,7 @@ def prove_model(
 ) -> dict:
     """The behaviour proof (prove_model.py) in a throwaway container; the report fields it records."""
     result = transport.run(
-        proof_argv(props, container_name(props, "model-support")),
+        proof_argv(props, container_name(props, "model-support"), shards=True),
         stdin=proof_source(payload, deadline),
         timeout=deadline + TRANSPORT_SLACK_S,
     )

@@ -111,8 +111,9 @@ def throwaway_run(container_name: str, role: str, *options: str) -> list[str]:
     ]  # fmt: skip
 
 
-def proof_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
-    """`docker run` of the proof in a throwaway container of the image (by ID), offline, no network."""
+def proof_argv(props: Mapping[str, Any], container_name: str, shards: bool = False) -> list[str]:
+    """`docker run` of the proof in a throwaway container of the image (by ID), offline, no network;
+    `shards`: the behaviour proof also reads every shard's header (the argument proof needs none)."""
     # Nothing to fetch: the proof uses the checkpoint on disk or its own fixture configs.
     argv = throwaway_run(
         container_name, "model-support", "--env", "HF_HUB_OFFLINE=1", "--env", "TRANSFORMERS_OFFLINE=1"
@@ -122,7 +123,7 @@ def proof_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
     if snapshot:
         host, inside = checkpoint_mount(snapshot)
         argv += ["--volume", f"{host}:{CONTAINER_REPO}:ro"]
-        program_args += ["--checkpoint", inside]
+        program_args += ["--checkpoint", inside, *(["--shards"] if shards else [])]
     return [*argv, str(props["image_id"]), *program_args]
 
 

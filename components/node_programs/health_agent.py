@@ -7,6 +7,12 @@ the stack's secret (`health_wire.check_signature`); any other is refused with 40
 changes nothing. It reads this node's MemAvailable and its stack containers' states and logs, and
 stops or starts one of them: only a name in its config (this node's containers of the stack's
 prefix), never anything else on the node. Its one privilege is the node's Docker socket mount.
+
+Its memory guard (issue 41 item 6) reads MemAvailable every second: below `memory_floor_bytes` for
+`memory_floor_s` it stops this node's serving containers, once (under report: records that it would),
+before the kernel's OOM killer or a wedged node does. Each trip is in every /containers answer, where
+the watchdog reads it and answers with a world restart within its budget. /kernel gives the kernel's
+OOM kills and NVRM Xid lines where this node's log can be read.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ class AgentSettings:
     port: int
     containers: tuple[str, ...]
     stop_timeout_s: dict[str, int]
+    mode: str = "enforce"
+    memory_floor_bytes: int | None = None
+    memory_floor_s: float = 5.0
 
     @staticmethod
     def from_json(text: str) -> AgentSettings:
@@ -51,7 +60,14 @@ class AgentSettings:
             t["name"]: int(t.get("stop_timeout_s", 30)) for t in raw["cluster"] if t["node"] == me["name"]
         }
         return AgentSettings(
-            me["name"], me["fabric_ip"], int(raw["agent_port"]), tuple(me["containers"]), timeouts
+            me["name"],
+            me["fabric_ip"],
+            int(raw["agent_port"]),
+            tuple(me["containers"]),
+            timeouts,
+            raw.get("mode", "enforce"),
+            raw.get("memory_floor_bytes"),
+            float(raw.get("memory_floor_s", 5)),
         )
 
 
@@ -71,10 +87,21 @@ class Agent:
         docker: Callable[..., Any],
         meminfo: Callable[[], tuple[int | None, str | None]],
         clock: Callable[[], float] = time.time,
+        kernel_log: str = wire.DEFAULT_KERNEL_LOG,
     ):
         self.s, self.secret, self.docker, self.meminfo, self.clock = settings, secret, docker, meminfo, clock
+        self.kernel_log = kernel_log
         self.refusals = 0
         self.actions = 0
+        self.guard = wire.MemoryGuard(
+            settings.node,
+            settings.memory_floor_bytes,
+            settings.memory_floor_s,
+            settings.mode == wire.Mode.ENFORCE.value,
+            meminfo,
+            self._running,
+            self._guard_stop,
+        )
         self.nonces: dict[str, int] = {}  # nonce -> until when a replay of it would pass the time check
         self.lock = threading.Lock()
 
@@ -119,7 +146,12 @@ class Agent:
             available, error = self.meminfo()
             return Answer(200, {"available_bytes": available, "error": error})
         if path == wire.AGENT_CONTAINERS:
-            return Answer(200, {"containers": [self.docker("inspect", name) for name in self.s.containers]})
+            found = [self.docker("inspect", name) for name in self.s.containers]
+            return Answer(200, {"containers": found, "guard": self.guard.report()})
+        if path == wire.AGENT_KERNEL:
+            since = payload.get("since")
+            since = float(since) if isinstance(since, int | float) else 0.0
+            return Answer(200, wire.recent_kernel_faults(self.kernel_log, since))
         name = payload.get("name")
         if path not in (*wire.AGENT_ACTIONS, wire.AGENT_LOGS):
             return Answer(404, {"error": f"no endpoint {path}"})
@@ -135,6 +167,18 @@ class Agent:
         log(f"{action} {name}: {'done' if done.get('ok') else done.get('error')}")
         return Answer(200 if done.get("ok") else 502, done)
 
+    def _running(self) -> list[str]:
+        """This node's stack containers that run, in stop order (the reverse of the start order)."""
+        names = reversed(self.s.containers)
+        return [name for name in names if self.docker("inspect", name).get("state") == "running"]
+
+    def _guard_stop(self, name: str) -> dict:
+        with self.lock:
+            self.actions += 1
+        done = self.docker("stop", name, self.s.stop_timeout_s.get(name, 30))
+        log(f"memory guard: stop {name}: {'done' if done.get('ok') else done.get('error')}")
+        return done
+
     def metrics(self) -> str:
         return (
             "# HELP qwen35_health_agent_refusals_total Requests refused: absent or wrong signature.\n"
@@ -143,6 +187,10 @@ class Agent:
             "# HELP qwen35_health_agent_actions_total Containers stopped, started or restarted.\n"
             "# TYPE qwen35_health_agent_actions_total counter\n"
             f'qwen35_health_agent_actions_total{{node="{self.s.node}"}} {self.actions}\n'
+            "# HELP qwen35_health_agent_memory_guard_trips_total Times the memory guard stopped (report "
+            "mode: would have stopped) this node's serving containers.\n"
+            "# TYPE qwen35_health_agent_memory_guard_trips_total counter\n"
+            f'qwen35_health_agent_memory_guard_trips_total{{node="{self.s.node}"}} {self.guard.trips}\n'
         )
 
 
@@ -219,7 +267,11 @@ def main(argv: list[str]) -> int:
         return wire.Exit.NO_SECRET
     meminfo = os.environ.get(wire.MEMINFO_ENV, wire.DEFAULT_MEMINFO)
     agent = Agent(
-        settings, secret, docker_on(wire.DOCKER_SOCKET_MOUNT), lambda: wire.read_mem_available(meminfo)
+        settings,
+        secret,
+        docker_on(wire.DOCKER_SOCKET_MOUNT),
+        lambda: wire.read_mem_available(meminfo),
+        kernel_log=os.environ.get(wire.KERNEL_LOG_ENV, wire.DEFAULT_KERNEL_LOG),
     )
     try:
         server = serve(agent, settings.host, settings.port)
@@ -227,6 +279,7 @@ def main(argv: list[str]) -> int:
         log(f"cannot listen on {settings.host}:{settings.port}: {exc}")
         return wire.Exit.CANNOT_LISTEN
     log(f"{settings.node}: serving on {settings.host}:{settings.port} for {', '.join(settings.containers)}")
+    wire.guard_thread(agent.guard, log)
     server.serve_forever()
     return wire.Exit.OK
 

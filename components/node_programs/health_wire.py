@@ -21,7 +21,12 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable
 
 from components.node_programs import engine_api
 
@@ -54,6 +59,8 @@ DEFAULT_MEMINFO = "/proc/meminfo"
 STATE_DIR = "/var/lib/qwen35-health"  # the watchdog's state volume: the budget survives its container
 STATE_FILE = "state.json"
 MEMINFO_MOUNT = "/run/qwen35-health/meminfo"  # lab only: where a crafted meminfo is mounted
+KERNEL_LOG_ENV = "QWEN35_KERNEL_LOG"  # where the kernel's log is read (a test: a crafted file)
+DEFAULT_KERNEL_LOG = "/dev/kmsg"
 DOCKER_SOCKET_MOUNT = "/var/run/docker.sock"  # where the node's Docker socket is mounted inside
 
 # ---- HTTP --------------------------------------------------------------------------------------------
@@ -67,6 +74,7 @@ AGENT_STOP = "/stop"
 AGENT_START = "/start"
 AGENT_RESTART = "/restart"
 AGENT_LOGS = "/logs"  # {"name", "tail"} -> {"lines": [...]}
+AGENT_KERNEL = "/kernel"  # {} -> {"faults": [...], "error": str | None}: the kernel's OOM kills and Xids
 AGENT_ACTIONS = (AGENT_STOP, AGENT_START, AGENT_RESTART)
 TIME_HEADER = "X-Qwen35-Time"
 NONCE_HEADER = "X-Qwen35-Nonce"
@@ -118,6 +126,7 @@ STATE_KEYS = (
     "hang_bound_s",
     "agent_clock_skew_s",
     "clock_skew",
+    "memory_guard",
 )
 
 
@@ -228,6 +237,324 @@ def held_message(node: str, available: int, need: int) -> str:
     return f"{node}: MemAvailable {gb(available)}, {gb(need)} needed: unified memory is held; reboot {node}"
 
 
+# ---- the memory guard --------------------------------------------------------------------------------
+
+GUARD_PERIOD_S = 1.0  # how often each node's guard reads MemAvailable (a file read: cheap)
+
+
+def gb1(value: int | float) -> str:
+    """Bytes as GB (10^9) with one decimal: the guard's floor is a few GB, whole GB would hide it."""
+    return f"{value / 1e9:.1f} GB"
+
+
+class MemoryGuard:
+    """One node's guard (issue 41 item 6): MemAvailable below `floor_bytes` for `floor_s` stops this
+    stack's serving containers that run on the node, once, before the kernel's OOM killer or a hung
+    unified-memory node does; under report it records what it would stop. It re-arms when
+    MemAvailable is back above the floor. The watchdog sees each trip (`trips`, `last`) and answers it
+    with a world restart within its budget. The node's MemAvailable, its running containers and the
+    stop are given: tests drive it with a fake clock."""
+
+    def __init__(
+        self,
+        node: str,
+        floor_bytes: int | None,
+        floor_s: float,
+        enforce: bool,
+        read: Callable[[], tuple[int | None, str | None]],
+        running: Callable[[], list[str]],
+        stop: Callable[[str], dict],
+    ):
+        self.node, self.floor_bytes, self.floor_s, self.enforce = node, floor_bytes, floor_s, enforce
+        self.read, self.running, self.stop = read, running, stop
+        self.below_since: float | None = None
+        self.armed = True
+        self.trips = 0
+        self.last: dict | None = None
+        self.available: int | None = None
+        self.lock = threading.Lock()
+
+    def check(self, now: float) -> dict | None:
+        """One reading; the trip's record when the guard trips now, else None. A check while another
+        runs (the periodic thread and the watchdog's tick) returns at once."""
+        if not self.floor_bytes or not self.lock.acquire(blocking=False):
+            return None
+        try:
+            return self._check(now)
+        finally:
+            self.lock.release()
+
+    def _check(self, now: float) -> dict | None:
+        available, _ = self.read()
+        self.available = available
+        if available is None or available >= self.floor_bytes:
+            self.below_since = None
+            self.armed = self.armed or available is not None
+            return None
+        self.below_since = now if self.below_since is None else self.below_since
+        if not self.armed or now - self.below_since < self.floor_s:
+            return None
+        names = self.running()
+        if not names:  # nothing of this stack runs here: nothing to stop, and nothing spent
+            return None
+        self.armed = False
+        errors = {}
+        for name in names if self.enforce else ():
+            done = self.stop(name)
+            if not done.get("ok"):
+                errors[name] = done.get("error")
+        self.trips += 1
+        self.last = self._record(now, available, names, errors)
+        return self.last
+
+    def _record(self, now: float, available: int, names: list[str], errors: dict) -> dict:
+        below = now - (self.below_since or now)
+        done = "stopped" if self.enforce else "report mode: would stop"
+        message = (
+            f"{self.node}: MemAvailable {gb1(available)} below the memory floor "
+            f"{gb1(self.floor_bytes or 0)} for {below:.0f} s: {done} {', '.join(names)} before the "
+            "kernel's OOM killer or a hang"
+        )
+        return {
+            "node": self.node,
+            "at": now,
+            "available_bytes": available,
+            "floor_bytes": self.floor_bytes,
+            "below_s": below,
+            "acted": self.enforce,
+            "stopped": names,
+            "errors": errors,
+            "message": message,
+        }
+
+    def report(self) -> dict:
+        """What the watchdog reads: trips so far, the last one, and the figures now."""
+        return {
+            "trips": self.trips,
+            "last": self.last,
+            "floor_bytes": self.floor_bytes,
+            "available_bytes": self.available,
+            "below_since": self.below_since,
+        }
+
+
+def guard_thread(guard: MemoryGuard, log: Callable[[str], None]) -> threading.Thread | None:
+    """Check `guard` every GUARD_PERIOD_S in a thread of its own: a tick that waits on a completion's
+    deadline must not delay it. None when the guard is off."""
+    if not guard.floor_bytes:
+        return None
+
+    def run() -> None:
+        while True:
+            try:
+                guard.check(time.time())
+            except Exception as exc:  # a failed check is logged and the next one runs: never exit
+                log(f"memory guard check failed: {type(exc).__name__}: {exc}")
+            time.sleep(GUARD_PERIOD_S)
+
+    thread = threading.Thread(target=run, name="memory-guard", daemon=True)
+    thread.start()
+    return thread
+
+
+# ---- the kernel's log: OOM kills and NVRM Xids (what a diagnosis names) -------------------------------
+
+KERNEL_LOG_LIMIT = 1 << 20  # bytes of the kernel's log read at most
+KERNEL_RECORDS_LIMIT = 20_000  # /dev/kmsg records read at most (one a read)
+KERNEL_FAULTS_KEPT = 10  # the newest faults kept in a diagnosis
+# A record's prefix: /dev/kmsg's `prio,seq,usec,flags[,…];` or dmesg's `[  123.456789] `.
+_KMSG = re.compile(r"^\d+,\d+,(?P<usec>\d+),[^;]*;(?P<text>.*)$")
+_DMESG = re.compile(r"^\[\s*(?P<sec>\d+\.\d+)\]\s?(?P<text>.*)$")
+_OOM = re.compile(
+    r"(?P<scope>Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?): "
+    r"Killed process (?P<pid>\d+) \((?P<process>[^)]*)\)(?:.*?anon-rss:(?P<anon_kb>\d+)kB)?"
+)
+_OOM_TASK = re.compile(r"oom-kill:.*?task_memcg=(?P<memcg>[^,]*),task=(?P<process>[^,]*),pid=(?P<pid>\d+)")
+_XID = re.compile(
+    r"NVRM: Xid \((?P<device>[^)]*)\): (?P<xid>\d+), (?:pid=(?P<pid>'?[^,]*?'?), )?"
+    r"(?:name=(?P<process>[^,]*), )?(?P<text>.*)$"
+)
+# What the Xids a serving GPU meets most mean (NVIDIA's Xid catalogue), for a person reading `status`.
+XID_MEANING = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup after an earlier error",
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    109: "context switch timeout",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+
+
+def kernel_record(line: str) -> tuple[float | None, str]:
+    """(seconds since boot or None, the message) of one /dev/kmsg record or one dmesg line."""
+    found = _KMSG.match(line)
+    if found:
+        return int(found["usec"]) / 1e6, found["text"]
+    found = _DMESG.match(line)
+    if found:
+        return float(found["sec"]), found["text"]
+    return None, line
+
+
+def kernel_fault(line: str) -> dict | None:
+    """One kernel log line as a fault ({kind: oom_kill | xid, uptime_s, pid, process, …}) or None."""
+    uptime, text = kernel_record(line.rstrip("\n"))
+    found = _OOM.search(text)
+    if found:
+        fault = {
+            "kind": "oom_kill",
+            "uptime_s": uptime,
+            "pid": int(found["pid"]),
+            "process": found["process"],
+        }
+        fault["scope"] = "cgroup" if found["scope"].startswith("Memory cgroup") else "node"
+        if found["anon_kb"]:
+            fault["anon_rss_bytes"] = int(found["anon_kb"]) * 1024
+        return fault
+    found = _OOM_TASK.search(text)
+    if found:
+        return {"kind": "oom_task", "uptime_s": uptime, "pid": int(found["pid"]), "process": found["process"],
+                "memcg": found["memcg"]}  # fmt: skip
+    found = _XID.search(text)
+    if found:
+        xid, pid = int(found["xid"]), (found["pid"] or "").strip("'")
+        return {
+            "kind": "xid",
+            "uptime_s": uptime,
+            "xid": xid,
+            "device": found["device"],
+            "pid": int(pid) if pid.isdigit() else None,
+            "process": found["process"],
+            "meaning": XID_MEANING.get(xid, "see NVIDIA's Xid catalogue"),
+            "text": found["text"].strip()[:200],
+        }
+    return None
+
+
+def kernel_faults(text: str, keep: int = KERNEL_FAULTS_KEPT) -> list[dict]:
+    """The newest `keep` OOM kills and Xids in a kernel log's text. An `oom-kill:` line (which names the
+    killed task's memory cgroup: its container) is merged into the `Killed process` line of its pid."""
+    faults: list[dict] = []
+    tasks: dict[int, dict] = {}
+    for line in text.splitlines():
+        fault = kernel_fault(line)
+        if fault is None:
+            continue
+        if fault["kind"] == "oom_task":
+            tasks[fault["pid"]] = fault
+            continue
+        if fault["kind"] == "oom_kill" and fault["pid"] in tasks:
+            fault["memcg"] = tasks.pop(fault["pid"])["memcg"]
+        faults.append(fault)
+    return faults[-keep:]
+
+
+def read_kernel_log(path: str, limit: int = KERNEL_LOG_LIMIT) -> tuple[str | None, str | None]:
+    """(text, None) of the kernel's log at `path`, or (None, why not): never raises. /dev/kmsg (a
+    character device) is read record by record without blocking, up to `limit` bytes and
+    KERNEL_RECORDS_LIMIT records; a plain file (a saved dmesg, a test's) its last `limit` bytes.
+    Reading /dev/kmsg needs the device in the container and, where kernel.dmesg_restrict is 1,
+    CAP_SYSLOG (docs/health.md)."""
+    try:
+        if stat.S_ISCHR(os.stat(path).st_mode):
+            return _read_kmsg(path, limit), None
+        with open(path, "rb") as handle:
+            start = max(os.fstat(handle.fileno()).st_size - limit, 0)
+            handle.seek(start)
+            data = handle.read(limit)
+        if start:  # the first line is cut: leave it out
+            data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+        return data.decode(errors="replace"), None
+    except OSError as exc:
+        return None, f"cannot read the kernel's log at {path}: {exc.strerror or exc}"
+
+
+def _read_kmsg(path: str, limit: int) -> str:
+    records, size = [], 0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    deadline = time.monotonic() + 2.0
+    try:
+        for _ in range(KERNEL_RECORDS_LIMIT):
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:  # no record left: the buffer's end
+                break
+            except BrokenPipeError:  # the record was overwritten while read: the next one
+                continue
+            if not record or time.monotonic() > deadline:
+                break
+            records.append(record.decode(errors="replace").split("\n", 1)[0])
+            size += len(record)
+            while size > limit and records:
+                size -= len(records.pop(0)) + 1
+    finally:
+        os.close(fd)
+    return "\n".join(records)
+
+
+def faults_since(faults: list[dict], boot: float | None, since: float) -> list[dict]:
+    """The faults from `since` on (unix seconds, each given `at` from the boot time); every one when
+    the boot time or a fault's time is unknown (the log holds this boot only)."""
+    kept = []
+    for fault in faults:
+        at = None if boot is None or fault.get("uptime_s") is None else boot + fault["uptime_s"]
+        if at is None or at >= since:
+            kept.append({**fault, "at": at})
+    return kept
+
+
+def boot_time(path: str = "/proc/stat") -> float | None:
+    """When this node booted (unix seconds, /proc/stat's btime), None when unknown."""
+    try:
+        with open(path) as handle:
+            return next(float(line.split()[1]) for line in handle if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def recent_kernel_faults(path: str, since: float) -> dict:
+    """{faults, error}: this node's kernel OOM kills and Xids from `since` on; never raises."""
+    text, why = read_kernel_log(path)
+    if text is None:
+        return {"faults": [], "error": why}
+    return {"faults": faults_since(kernel_faults(text), boot_time(), since), "error": None}
+
+
+def fault_summary(diagnosis: dict) -> dict | None:
+    """{kind: memory | gpu, says} from a diagnosis: a GPU's Xid, a container Docker saw OOM-killed, the
+    kernel's OOM kills, the memory guard's stop; None when none is recorded (a plain crash)."""
+    says: list[tuple[str, str]] = []
+    for node, faults in sorted((diagnosis.get("kernel") or {}).items()):
+        for fault in (faults or {}).get("faults") or []:
+            if fault.get("kind") == "xid":
+                says.append(("gpu", f"{node}: NVRM Xid {fault['xid']} ({fault['meaning']})"))
+            elif fault.get("kind") == "oom_kill":
+                says.append(("memory", f"{node}: the kernel's OOM killer killed {fault['process']} "
+                                       f"(pid {fault['pid']})"))  # fmt: skip
+    for node, found in sorted((diagnosis.get("containers") or {}).items()):
+        for container in found or []:
+            if container.get("oom_killed"):
+                says.append(
+                    ("memory", f"{node}: {container.get('name')} was OOM-killed (Docker's OOMKilled)")
+                )
+    guard = diagnosis.get("memory_guard")
+    if guard:
+        says.append(("memory", str(guard.get("message"))))
+    if not says:
+        return None
+    kind = "gpu" if any(k == "gpu" for k, _ in says) else "memory"
+    return {"kind": kind, "says": "; ".join(dict.fromkeys(s for _, s in says))}
+
+
 # ---- Docker's multiplexed log stream -----------------------------------------------------------------
 
 
@@ -267,6 +594,8 @@ def inspect(socket_path: str, name: str, timeout: float = 10.0) -> dict:
         "started_at": state.get("StartedAt"),
         "restarts": found.get("RestartCount"),
         "id": found.get("Id"),
+        # Docker saw the container's memory cgroup kill one of its processes (the kernel's OOM killer).
+        "oom_killed": bool(state.get("OOMKilled")),
     }
 
 

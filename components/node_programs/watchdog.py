@@ -23,7 +23,12 @@ row:
      stopped; Ray head, workers, server started; mp: every rank, the headless ones before the head).
 
 A node whose memory does not come back blocks the restart (`memory_held`) and the watchdog stops
-acting. Every restart spends one of `max_restarts` per `window_s`; a recovery that finds the budget
+acting. The memory guard (issue 41 item 6; `health_wire.MemoryGuard`): MemAvailable on a node below
+`memory_floor_bytes` for `memory_floor_s` stops that node's serving containers once (the head's by this
+program, read every second in a thread; the others' by their agents); the watchdog answers each trip
+with a cluster restart, reason `memory_floor`, within the budget. A diagnosis names a memory or GPU
+fault: Docker's OOMKilled, the kernel's OOM kills and NVRM Xids where the kernel's log can be read.
+Every restart spends one of `max_restarts` per `window_s`; a recovery that finds the budget
 spent stops the server and the cluster's containers (their memory is freed), records why and waits
 for an operator: `budget_spent` is kept in the state volume, so neither a reboot nor a replaced
 watchdog container restarts such a cluster. It resets when the watchdog sees every container it
@@ -103,6 +108,8 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     port: int = 29592
     stall_s: float = 300.0
+    memory_floor_bytes: int | None = None  # the memory guard's floor (None: off)
+    memory_floor_s: float = 5.0
 
     @staticmethod
     def from_json(text: str) -> Settings:
@@ -139,6 +146,8 @@ class Settings:
             metrics_host=raw.get("metrics_host", "127.0.0.1"),
             port=int(raw.get("port", 29592)),
             stall_s=float(raw.get("stall_s", 300)),
+            memory_floor_bytes=raw.get("memory_floor_bytes"),
+            memory_floor_s=float(raw.get("memory_floor_s", 5)),
         )
 
     def node(self, name: str) -> NodeSettings:
@@ -170,8 +179,8 @@ class Probe:
     detail: str = ""
 
 
-# A failed probe's kind as a restart's reason (`restarts_total{reason}`); `stall`, `not_ready` and
-# `docker_restart` are the others.
+# A failed probe's kind as a restart's reason (`restarts_total{reason}`); `stall`, `not_ready`,
+# `docker_restart` and `memory_floor` (a node's memory guard stopped its serving containers) are the others.
 REASONS = {"timeout": "hang", "refused": "down", "status": "error", "error": "error"}
 # Docker states of a container that `pulumi up` (or an operator) is replacing: no verdict meanwhile.
 REPLACING = ("missing", "created", "removing")
@@ -239,6 +248,14 @@ class World:
     def agent_clock_skew(self) -> dict[str, float]:
         """Each agent's clock minus the head's (seconds), as last measured."""
         return {}
+
+    def memory_guards(self) -> dict[str, dict]:
+        """Each agent's memory guard report (`MemoryGuard.report`), as its last answer gave it."""
+        return {}
+
+    def kernel_faults(self, node: str, since: float) -> dict:
+        """{faults, error}: the node's kernel OOM kills and Xids from `since` on (best effort)."""
+        return {"faults": [], "error": "not read"}
 
 
 @dataclass
@@ -312,6 +329,19 @@ class Watchdog:
         self.held: dict | None = None
         self.diagnosis: dict | None = None
         self.would: dict | None = None
+        self.guard = wire.MemoryGuard(
+            settings.head,
+            settings.memory_floor_bytes,
+            settings.memory_floor_s,
+            settings.mode == wire.Mode.ENFORCE.value,
+            lambda: world.mem_available(settings.head),
+            self._head_running,
+            self._guard_stop,
+        )
+        self.guard_seen: dict[str, int] = {settings.head: 0}  # each node's guard trips already answered
+        self.guard_trips: dict[str, int] = {}  # trips seen since this watchdog started, by node
+        self.memory_guard: dict[str, dict] = {}  # each node's last trip (/state `memory_guard`)
+        self.tripped: dict | None = None  # the trip a recovery answers (its diagnosis names it)
         self.next_step = "wait: no verdict before the server is first ready or startup_s has passed"
         if self.p.spent:
             self.next_step = self._spent_next_step()
@@ -345,7 +375,10 @@ class Watchdog:
     def _tick(self, now: float) -> None:
         self.world_refusals = self.world.agent_refusals()
         self._read_skew()
+        self.guard.check(now)
         if self._observe(now):
+            return
+        if self._guard_trips(now):
             return
         if self.state is wire.State.BUDGET_SPENT:
             self._check_reset(now)
@@ -556,6 +589,49 @@ class Watchdog:
         self._set(wire.State.RECOVERING, now)
         return False
 
+    # -- the memory guard: the head's own, and each agent's (read with its containers) --
+
+    def _head_running(self) -> list[str]:
+        """The head's serving containers that run, in stop order (the reverse of the start order)."""
+        running = {c.get("name") for c in self.world.containers(self.s.head) if c.get("state") == "running"}
+        return [t.name for t in reversed(self.s.serving()) if t.node == self.s.head and t.name in running]
+
+    def _guard_stop(self, name: str) -> dict:
+        target = next(t for t in self.s.serving() if t.node == self.s.head and t.name == name)
+        return self._do("stop", target)
+
+    def _guard_trips(self, now: float) -> bool:
+        """A node's guard stopped its serving containers (or would have, under report): the world is
+        broken (a Ray node or a rank gone), so the answer is a cluster restart, memory-checked, one of
+        the budget (reason `memory_floor`); a spent budget stops everything. True when the tick ends."""
+        tripped = []
+        for node, report in {self.s.head: self.guard.report(), **self.world.memory_guards()}.items():
+            if isinstance(report.get("available_bytes"), int):
+                self.mem[node] = report["available_bytes"]
+            trips, seen = report.get("trips"), self.guard_seen.get(node)
+            if not isinstance(trips, int):
+                continue
+            self.guard_seen[node] = (
+                trips  # first sight of an agent: trips before this watchdog are shown only
+            )
+            if report.get("last"):
+                self.memory_guard[node] = report["last"]
+            if seen is not None and trips > seen and report.get("last"):
+                self.guard_trips[node] = self.guard_trips.get(node, 0) + trips - seen
+                tripped.append(report["last"])
+        for event in tripped:
+            log(f"memory guard: {event.get('message')}")
+        busy = (
+            self.state in (wire.State.BUDGET_SPENT, wire.State.MEMORY_HELD)
+            or self.step is wire.Step.MEMORY_WAIT
+        )
+        if not tripped or busy:
+            return False
+        self.tripped = tripped[0]
+        self._recover(now, "memory_floor", wire.Step.RESTART_CLUSTER)
+        self.tripped = None
+        return True
+
     def _read_skew(self) -> None:
         """Each agent's clock against the head's: beyond the signature window every request is refused."""
         skew = self.world.agent_clock_skew()
@@ -692,6 +768,12 @@ class Watchdog:
             f"not in /state: the watchdog's own log on {self.s.head}, "
             f"or `docker logs {self.s.server.name}` on {self.s.server.node}"
         )
+        found["kernel"] = {
+            n.name: self.world.kernel_faults(n.name, now - self.s.window_s) for n in self.s.nodes
+        }
+        if self.tripped:
+            found["memory_guard"] = self.tripped
+        found["fault"] = wire.fault_summary(found)
         unchecked = [n.name for n in self.s.nodes if n.need_bytes is None]
         if unchecked:
             found["memory_check"] = (
@@ -743,6 +825,8 @@ class Watchdog:
             "last_ttft_s": self.last_ttft,
             "agent_refusals": dict(getattr(self, "world_refusals", {}) or {}),
             "agent_clock_skew_s": dict(self.skew),
+            "memory_guard": dict(self.memory_guard),
+            "memory_guard_trips": dict(self.guard_trips),
             "clock_skew": [
                 wire.skew_message(node, value)
                 for node, value in sorted(self.skew.items())
@@ -763,8 +847,6 @@ def metrics_text(state: dict) -> str:
     """/state as Prometheus text (version 0.0.4)."""
     probe = state.get("last_probe") or {}
     by_node = sorted((state.get("mem_available_bytes") or {}).items())
-    refusals = sorted((state.get("agent_refusals") or {}).items())
-    skew = sorted((state.get("agent_clock_skew_s") or {}).items())
     progress = state.get("progress") or {}
     totals = sorted((state.get("restarts_total") or {}).items()) or [("none", 0)]
     families = [
@@ -808,6 +890,23 @@ def metrics_text(state: dict) -> str:
             "The last one-token completion's time to its token.",
             [("", state.get("last_ttft_s"))],
         ),
+        *_node_families(state),
+        (
+            "state",
+            "gauge",
+            "1 for the watchdog's current state.",
+            [(f'{{state="{s.value}"}}', int(state["state"] == s.value)) for s in wire.State],
+        ),
+    ]
+    return _prometheus(families)
+
+
+def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
+    """The families labelled by node that the agents and the memory guards feed."""
+    refusals = sorted((state.get("agent_refusals") or {}).items())
+    skew = sorted((state.get("agent_clock_skew_s") or {}).items())
+    trips = sorted((state.get("memory_guard_trips") or {}).items())
+    return [
         (
             "agent_refusals_total",
             "counter",
@@ -821,13 +920,12 @@ def metrics_text(state: dict) -> str:
             [(f'{{node="{node}"}}', value) for node, value in skew],
         ),
         (
-            "state",
-            "gauge",
-            "1 for the watchdog's current state.",
-            [(f'{{state="{s.value}"}}', int(state["state"] == s.value)) for s in wire.State],
+            "memory_guard_trips_total",
+            "counter",
+            "Times a node's memory guard stopped (report mode: would have stopped) its serving containers.",
+            [(f'{{node="{node}"}}', count) for node, count in trips],
         ),
     ]
-    return _prometheus(families)
 
 
 def _prometheus(families: list[tuple[str, str, str, list]]) -> str:
@@ -913,6 +1011,8 @@ class RealWorld(World):
         self.s, self.api_key, self.meminfo, self.socket = settings, api_key, meminfo, socket_path
         self.agents = {n.name: Agent(n.agent, secret, n.name) for n in settings.nodes if n.agent}
         self.refusals: dict[str, int] = {}
+        self.guards: dict[str, dict] = {}  # each agent's memory guard report, from its /containers answer
+        self.kernel_log = os.environ.get(wire.KERNEL_LOG_ENV, wire.DEFAULT_KERNEL_LOG)
 
     def probe_health(self, deadline_s: float) -> Probe:
         return timed_probe(lambda: http_call(f"{self.s.vllm_url}/health", timeout=deadline_s))
@@ -953,7 +1053,10 @@ class RealWorld(World):
         if node not in self.agents:
             return [wire.inspect(self.socket, name) for name in self.s.node(node).containers]
         try:
-            return self._agent(node, wire.AGENT_CONTAINERS, {})["containers"]
+            answer = self._agent(node, wire.AGENT_CONTAINERS, {})
+            if isinstance(answer.get("guard"), dict):
+                self.guards[node] = answer["guard"]
+            return answer["containers"]
         except (OSError, ValueError, KeyError) as exc:
             return [
                 {"name": name, "state": "unknown", "error": str(exc)} for name in self.s.node(node).containers
@@ -1003,11 +1106,19 @@ class RealWorld(World):
             return {"error": f"{type(exc).__name__}: {exc}"}
 
     def boot_time(self) -> float | None:
+        return wire.boot_time()
+
+    def memory_guards(self) -> dict[str, dict]:
+        return dict(self.guards)
+
+    def kernel_faults(self, node: str, since: float) -> dict:
+        if node not in self.agents:
+            return wire.recent_kernel_faults(self.kernel_log, since)
         try:
-            with open("/proc/stat") as handle:
-                return next(float(line.split()[1]) for line in handle if line.startswith("btime "))
-        except (OSError, StopIteration, ValueError, IndexError):
-            return None
+            answer = self._agent(node, wire.AGENT_KERNEL, {"since": since})
+        except (OSError, ValueError) as exc:
+            return {"faults": [], "error": f"its agent did not answer: {exc}"}
+        return {"faults": answer.get("faults") or [], "error": answer.get("error")}
 
     def agent_refusals(self) -> dict[str, int]:
         return dict(self.refusals)
@@ -1112,6 +1223,7 @@ def main(argv: list[str]) -> int:
         return wire.Exit.CANNOT_LISTEN
     where = f"{settings.metrics_host}:{settings.port}"
     log(f"watching {settings.vllm_url} ({settings.mode}); /metrics and /state on {where}")
+    wire.guard_thread(dog.guard, log)
     while True:
         started = time.monotonic()
         try:

@@ -233,14 +233,16 @@ def real_hub(tmp_path_factory) -> Iterator[StandinHub]:
 
 @dataclass
 class RealStack:
-    """The real-engine stack after its first `up`, shared by the modules that test it."""
+    """The real-engine stack after its first `up`."""
 
     stack: Stack
     first_up: list[dict]
     api_key: str
 
 
-@pytest.fixture(scope="session")
-def real_stack(engine, lab_nodes, real_image, real_hub, secrets) -> Iterator[RealStack]:
-    with secret_stack(engine, REAL_STACK, real_engine_config(real_image, real_hub.endpoint), secrets) as made:
+@contextlib.contextmanager
+def real_stack_up(engine: Engine, name: str, image: str, hub: StandinHub, secrets: dict, **sections):
+    """A real-engine stack of its own (destroyed after: its two ranks each hold a core while up)."""
+    config = real_engine_config(image, hub.endpoint, **sections)
+    with secret_stack(engine, name, config, secrets) as made:
         yield RealStack(made, up_or_fail(made), secrets["api_key"])

@@ -8,19 +8,31 @@ undoes, and the world serves again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import lab
 from engine.lab_stack import real_engine_config, write_config
-from tests.engine.conftest import CONTAINER, changes, errors, finished
+from tests.engine.conftest import (
+    CONTAINER,
+    RealStack,
+    changed_steps,
+    changes,
+    errors,
+    finished,
+    real_stack_up,
+)
 from tests.engine.conftest import up_or_fail as up
 
 pytestmark = pytest.mark.engine
@@ -28,6 +40,12 @@ pytestmark = pytest.mark.engine
 NS = "qwen35-spark"
 HEAD, RANK1 = "qwen35-vllm", "qwen35-vllm-rank1"
 R_RANK1 = "qwen35-vllm-headless-node-b"
+
+
+@pytest.fixture(scope="module")
+def real_stack(engine, lab_nodes, real_image, real_hub, secrets) -> Iterator[RealStack]:
+    with real_stack_up(engine, "engine-real", real_image, real_hub, secrets) as made:
+        yield made
 
 
 def request(url: str, api_key: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -78,6 +96,23 @@ def test_the_model_support_check_ran_the_image_s_vllm_in_enforce_and_passed(real
     )
 
 
+def test_the_bench_measured_vllm_s_own_speed_after_the_gate(real_stack):
+    bench = real_stack.stack.run("stack", "output", "serve_bench", "--json").json()
+    figures = bench["figures"]
+    assert bench["error"] is None and figures["counted"] == "usage", bench
+    for key in ("decode_tps", "ttft_s", "prefill_tps", "aggregate_tps"):
+        assert figures[key] > 0, (key, bench)
+    assert figures["concurrency"] == 2 and 200 <= figures["prompt_tokens"] <= 300, bench
+    print(f"real engine bench: {json.dumps(figures)}")
+
+
+def test_a_no_op_up_changes_nothing_and_measures_nothing(real_stack):
+    before = real_stack.stack.run("stack", "output", "serve_bench", "--json").json()
+    run = up(real_stack.stack)
+    assert changed_steps(run) == [], changed_steps(run)
+    assert real_stack.stack.run("stack", "output", "serve_bench", "--json").json() == before
+
+
 def test_refresh_after_the_first_up_is_clean(real_stack):
     clean = real_stack.stack.run(
         "refresh", "--yes", "--skip-preview", "--expect-no-changes", "--json", check=False
@@ -122,16 +157,19 @@ def test_prometheus_scrapes_vllm_s_own_metrics_from_scrape_targets(real_stack, t
 
 
 def test_status_shows_each_rank_and_the_serving_engine(real_stack):
-    done = subprocess.run(
-        [sys.executable, "-m", "status", "--file", str(real_stack.stack.config), "--json",
-         "--connect-timeout", "5"],
-        capture_output=True, text=True, timeout=180, env=real_stack.stack.engine.env(),
-        cwd=Path(__file__).resolve().parents[2],
-    )  # fmt: skip
-    report = json.loads(done.stdout)
+    argv = [sys.executable, "-m", "status", "--file", str(real_stack.stack.config), "--connect-timeout", "5"]
+    env = {**real_stack.stack.engine.env(), "QWEN35_API_KEY": real_stack.api_key}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, cwd=root)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-2000:])
-    text = json.dumps(report)
-    assert HEAD in text and RANK1 in text, text[:3000]
+    table = done.stdout
+    for line in ("0 (serves the API)", "1 (headless)", HEAD, RANK1):
+        assert line in table, table[-3000:]
+    # The engine answered what status asks of it: /health, the model list and a completion.
+    assert "completion" in table and "executor mp" in table, table[-3000:]
+    report = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=180,
+                                       env=env, cwd=root).stdout)  # fmt: skip
+    assert HEAD in json.dumps(report) and RANK1 in json.dumps(report)
 
 
 def test_a_rank_stopped_by_hand_is_drift_and_up_brings_the_world_back(real_stack, lab_nodes):
@@ -148,11 +186,137 @@ def test_a_rank_stopped_by_hand_is_drift_and_up_brings_the_world_back(real_stack
     completion(real_stack)
 
 
+# ---- the watchdog against vLLM itself (health.mode enforce from here on) ---------------------------
+
+# Real starts take one to three minutes on one core each; a completion of 4 tokens well under a second.
+HEALTH = {
+    "mode": "enforce",
+    "interval_s": 2,
+    "deadline_s": 1,
+    "completion_every": 1,
+    "completion_deadline_s": 15,
+    "failures": 2,
+    "startup_s": 400,
+    "ready_s": 400,
+    "memory_wait_s": 10,
+    "max_restarts": 6,
+    "window_s": 3600,
+}
+
+
+def state_of(real_stack) -> dict:
+    url = real_stack.stack.run("stack", "output", "--json").json()["health"]["state_url"]
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return json.loads(answer.read())
+
+
+def wait_state(real_stack, ok, timeout: float, what: str) -> dict:
+    last: dict = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            last = state_of(real_stack)
+            if ok(last):
+                return last
+        except (OSError, ValueError) as exc:
+            last = {"error": str(exc)}
+        time.sleep(1)
+    pytest.fail(f"the watchdog did not reach {what} in {timeout:g} s: {last}", pytrace=False)
+
+
+def health_status(real_stack) -> int:
+    endpoint = real_stack.stack.run("stack", "output", "--json").json()["endpoint"]
+    with urllib.request.urlopen(endpoint.removesuffix("/v1") + "/health", timeout=2) as answer:
+        return answer.status
+
+
+def engine_pids(node: lab.LabNode, container: str, name: str) -> list[int]:
+    """Host pids of `container`'s processes named `name` (the lab's nodes share this machine's kernel)."""
+    top = lab.docker(node, "top", container, "-eo", "pid,comm").out.splitlines()[1:]
+    return [int(line.split()[0]) for line in top if line.split()[1:] and line.split()[1].startswith(name)]
+
+
+def test_the_watchdog_takes_over_without_touching_the_serving_containers(real_stack, real_image, real_hub):
+    stack = real_stack.stack
+    write_config(stack.config, real_engine_config(real_image, real_hub.endpoint, health=HEALTH))
+    run = up(stack)
+    touched = {n for t, n, op in finished(run) if t == CONTAINER and op not in ("same", "read", "refresh")}
+    assert touched and not touched & {HEAD, R_RANK1}, touched
+    wait_state(
+        real_stack, lambda s: s.get("state") == "healthy" and s.get("mode") == "enforce", 120, "healthy"
+    )
+
+
+def test_a_hung_engine_behind_a_healthy_health_endpoint_is_found_and_the_world_restarted(
+    real_stack, lab_nodes
+):
+    before = state_of(real_stack)
+    bound = before["hang_bound_s"]
+    (worker,) = engine_pids(lab_nodes["node-a"], HEAD, "VLLM::Worker")
+    os.kill(worker, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        # What the review found and vLLM shows: /health still answers while the engine cannot.
+        assert [health_status(real_stack) for _ in range(3)] == [200, 200, 200]
+        found = wait_state(
+            real_stack, lambda s: len(s["restarts"]) > len(before["restarts"]), bound + 30, "a recovery"
+        )
+        detected = time.monotonic() - stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGCONT)
+    assert found["restarts"][-1]["reason"] in ("hang", "stall", "error"), found["restarts"][-1]
+    assert detected <= bound + 2 * HEALTH["interval_s"] + 5, (detected, bound)
+    print(f"real engine: hang behind /health 200 detected in {detected:.1f} s (bound {bound:.0f} s)")
+    wait_state(real_stack, lambda s: s["state"] == "healthy", 600, "healthy after the world restart")
+    completion(real_stack)
+
+
+def test_a_killed_headless_rank_is_recovered_as_a_world(real_stack, lab_nodes):
+    before = state_of(real_stack)
+    head_id = lab.docker(lab_nodes["node-a"], "inspect", "--format", "{{.State.StartedAt}}", HEAD).out
+    lab.docker(lab_nodes["node-b"], "kill", RANK1)
+    found = wait_state(real_stack, lambda s: len(s["restarts"]) > len(before["restarts"]), 120, "a recovery")
+    wait_state(real_stack, lambda s: s["state"] == "healthy", 600, "healthy after the world restart")
+    completion(real_stack)
+    # The world, not the rank alone: the head was restarted too.
+    after = lab.docker(lab_nodes["node-a"], "inspect", "--format", "{{.State.StartedAt}}", HEAD).out
+    assert after != head_id, (found["restarts"][-1], head_id, after)
+
+
+def test_a_serving_setting_changed_by_up_spends_no_budget(real_stack, real_image, real_hub):
+    stack = real_stack.stack
+    before = state_of(real_stack)
+    config = real_engine_config(real_image, real_hub.endpoint, health=HEALTH)
+    config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
+    write_config(stack.config, config)
+    run = up(stack)
+    replaced = {n for t, n, op in finished(run) if t == CONTAINER and op == "create-replacement"}
+    assert {HEAD, R_RANK1} <= replaced, replaced
+    completion(real_stack)
+    time.sleep(3 * HEALTH["interval_s"])
+    after = wait_state(real_stack, lambda s: s["state"] == "healthy", 120, "healthy after the up")
+    assert after["restarts"] == before["restarts"] and after["budget_left"] == before["budget_left"], after
+
+
+def test_a_speed_below_a_floor_fails_up_under_enforce_naming_the_figure(real_stack, real_image, real_hub):
+    stack = real_stack.stack
+    config = real_engine_config(real_image, real_hub.endpoint, health=HEALTH)
+    config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
+    config[f"{NS}:bench"] = {**config[f"{NS}:bench"], "mode": "enforce", "min_decode_tps": 100000}
+    write_config(stack.config, config)
+    failed = stack.run("up", "--yes", "--skip-preview", "--json", check=False, timeout=1800)
+    assert failed.returncode != 0, "up passed with a decode floor no CPU reaches"
+    message = "\n".join(errors(failed.events()))
+    assert "below bench.min_decode_tps 100000" in message, message[-3000:]
+
+
 def test_flags_vllm_cannot_serve_with_fail_up_at_the_gate_naming_vllm_s_error(
     real_stack, real_image, real_hub
 ):
     """The recipe's fp8 KV cache, MTP and prefix caching on the CPU build: /health answers, the first
-    completion fails inside vLLM. `up` fails at the gate with vLLM's line; the good config serves again."""
+    completion fails inside vLLM, and `up` fails at the gate with vLLM's own error line. Last in the
+    module: the stack is destroyed after it."""
     stack = real_stack.stack
     recipe = real_engine_config(real_image, real_hub.endpoint)
     recipe[f"{NS}:serve"] = {
@@ -162,13 +326,9 @@ def test_flags_vllm_cannot_serve_with_fail_up_at_the_gate_naming_vllm_s_error(
         "prefix_caching": True,
     }
     write_config(stack.config, recipe)
-    try:
-        failed = stack.run("up", "--yes", "--skip-preview", "--json", check=False, timeout=1800)
-        assert failed.returncode != 0, "up passed with flags vLLM cannot complete with"
-        message = "\n".join(errors(failed.events()))
-        assert "ReadinessGate" in message or "readiness" in message.lower(), message[-3000:]
-        assert "Traceback" in message or "Error" in message, message[-3000:]
-    finally:
-        write_config(stack.config, real_engine_config(real_image, real_hub.endpoint))
-    up(stack)
-    completion(real_stack)
+    failed = stack.run("up", "--yes", "--skip-preview", "--json", check=False, timeout=1800)
+    assert failed.returncode != 0, "up passed with flags vLLM cannot complete with"
+    message = "\n".join(errors(failed.events()))
+    assert "qwen35-ready" in message or "readiness" in message.lower(), message[-4000:]
+    # vLLM's own words from the server's log: its engine failed on the completion.
+    assert "EngineCore" in message or "Traceback" in message, message[-4000:]

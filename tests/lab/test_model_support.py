@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -286,4 +287,51 @@ def test_the_check_through_the_provider_host_runs_once_until_the_image_changes(
         assert replaced.op == "replace" and replaced.diff.delete_before_replace
         assert len(check_containers_created(node_a, before_new)) == 2  # the argument proof and the proof
         engine.delete(replaced.state)
+    assert leftover_containers(node_a) == []
+
+
+# ---- against the real vLLM: vLLM's CPU build in the lab image (lab/vllm_cpu_image.py) --------------------
+
+
+@pytest.fixture(scope="module")
+def real_vllm_image(node_a) -> str:
+    """The image ID of the real-vLLM lab image on node-a (loaded from the cache, or built once)."""
+    from lab.vllm_cpu_image import vllm_cpu_image
+
+    return vllm_cpu_image(node_a)[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_snapshot(tmp_path_factory) -> Path:
+    """The tiny real Qwen3.5-MoE checkpoint (lab/tiny_qwen35.py), as a plain folder of its files."""
+    from lab import tiny_qwen35
+
+    return tiny_qwen35.write(tmp_path_factory.mktemp("tiny-qwen35") / "snapshot")
+
+
+def real_props(node: lab.LabNode, image_id: str, snapshot: Path) -> dict:
+    # vLLM's CPU build on one core builds and loads both tiny architectures in about a minute.
+    return {**check_props(node, image_id, snapshot), "image": "lab-vllm-cpu", "deadline_s": 600}
+
+
+def test_the_real_vllm_proves_the_tiny_checkpoint_in_enforce(node_a, real_vllm_image, tiny_snapshot):
+    created = ModelSupportCheckProvider().create(real_props(node_a, real_vllm_image, tiny_snapshot))
+    outs = created.outs
+    assert outs["verdict"] == "pass", outs
+    assert outs["vllm"] == "0.32.0" and outs["architecture"] == "Qwen3_5MoeForConditionalGeneration", outs
+    assert outs["quantization"] is None and outs["memory_fit"]["fits"] is True, outs
+    assert leftover_containers(node_a) == []
+
+
+def test_the_real_vllm_check_refuses_a_checkpoint_with_a_missing_shard(
+    node_a, real_vllm_image, tiny_snapshot, tmp_path
+):
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_snapshot, cut)
+    (cut / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ModelSupportError) as info:
+        ModelSupportCheckProvider().create(real_props(node_a, real_vllm_image, cut))
+    message = str(info.value)
+    assert "failed at stage 'load'" in message, message
+    assert "MissingShard" in message and "model-00002-of-00002.safetensors" in message, message
     assert leftover_containers(node_a) == []

@@ -234,3 +234,201 @@ def test_the_watchdog_s_client_measures_an_agent_s_clock_skew_from_a_refusal():
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ---- the memory guard on an agent's node (issue 41 item 6) --------------------------------------------
+
+
+class Node:
+    """A fake node for the guard: MemAvailable, which of its containers run, a clock."""
+
+    def __init__(self, available: int | None = 100 * 10**9) -> None:
+        self.available, self.now, self.running = available, NOW, {"qwen35-ray-worker": True}
+
+    def meminfo(self):
+        return self.available, None if self.available is not None else "unreadable"
+
+
+def guarded_agent(mode: str = "enforce", **health) -> tuple[Agent, Node, list[tuple]]:
+    cfg = config_from("dev", health={"mode": mode, **health})
+    node = Node()
+    calls: list[tuple] = []
+
+    def docker(what: str, name: str, *args):
+        if what == "inspect":
+            return {"name": name, "state": "running" if node.running.get(name) else "exited"}
+        calls.append((what, name, *args))
+        node.running[name] = what != "stop"
+        return {"ok": True}
+
+    settings = AgentSettings.from_json(health_config(cfg, cfg.nodes[1]))
+    return Agent(settings, SECRET, docker, node.meminfo, clock=lambda: node.now), node, calls
+
+
+def test_the_agent_s_guard_stops_its_serving_container_once_and_reports_the_trip():
+    agent, node, calls = guarded_agent()
+    assert (agent.s.memory_floor_bytes, agent.s.memory_floor_s) == (2 * 10**9, 5)
+    node.available = int(1.2 * 10**9)
+    for second in range(12):  # one check a second, as its thread makes them
+        agent.guard.check(NOW + second)
+    assert calls == [("stop", "qwen35-ray-worker", 30)]
+    answer = request(agent, health_wire.AGENT_CONTAINERS, {})
+    guard = answer.body["guard"]
+    assert guard["trips"] == 1 and guard["last"]["at"] == NOW + 5 and guard["last"]["acted"]
+    assert guard["last"]["message"] == (
+        "spark-2: MemAvailable 1.2 GB below the memory floor 2.0 GB for 5 s: stopped qwen35-ray-worker "
+        "before the kernel's OOM killer or a hang"
+    )
+    assert 'qwen35_health_agent_memory_guard_trips_total{node="spark-2"} 1' in agent.metrics()
+    assert 'qwen35_health_agent_actions_total{node="spark-2"} 1' in agent.metrics()
+
+
+@pytest.mark.parametrize(
+    ("samples", "trip_at"),
+    [
+        # (second, MemAvailable GB) -> when the guard trips (None: it does not)
+        ([(0, 1.0), (4, 1.0), (5, 1.0)], 5),
+        ([(0, 1.0), (4, 1.0)], None),
+        ([(0, 1.0), (3, 3.0), (4, 1.0), (8, 1.0), (9, 1.0)], 9),  # back above restarts the clock
+        ([(0, 1.0), (3, None), (4, 1.0), (9, 1.0)], 9),  # an unreadable sample restarts it too
+        ([(0, 2.0), (10, 2.0)], None),  # at the floor is not below it
+    ],
+)
+def test_the_guard_trips_after_memory_floor_s_below_the_floor(samples, trip_at):
+    agent, node, calls = guarded_agent()
+    tripped = []
+    for second, value in samples:
+        node.available = None if value is None else int(value * 10**9)
+        if agent.guard.check(NOW + second):
+            tripped.append(second)
+    assert tripped == ([] if trip_at is None else [trip_at])
+
+
+def test_the_guard_stops_nothing_when_nothing_of_the_stack_runs_and_stays_armed():
+    agent, node, calls = guarded_agent()
+    node.running["qwen35-ray-worker"] = False
+    node.available = 10**9
+    assert [agent.guard.check(NOW + s) for s in range(8)] == [None] * 8 and calls == []
+    node.running["qwen35-ray-worker"] = True  # started again while memory is still short
+    assert agent.guard.check(NOW + 9) and calls == [("stop", "qwen35-ray-worker", 30)]
+
+
+def test_under_report_the_agent_s_guard_records_and_stops_nothing():
+    agent, node, calls = guarded_agent("report")
+    node.available = 10**9
+    for second in range(10):
+        agent.guard.check(NOW + second)
+    assert calls == [] and agent.guard.trips == 1
+    assert "report mode: would stop qwen35-ray-worker" in agent.guard.last["message"]
+
+
+def test_a_floor_of_0_turns_the_agent_s_guard_off():
+    agent, node, calls = guarded_agent(memory_floor_gb=0)
+    node.available = 0
+    assert [agent.guard.check(NOW + s) for s in range(10)] == [None] * 10 and calls == []
+
+
+# ---- what a diagnosis records: Docker's OOMKilled, the kernel's OOM kills and Xids (item 8) ----------
+
+OOM_LINE = (
+    "Out of memory: Killed process 1234 (python3) total-vm:131234567kB, anon-rss:98765432kB, "
+    "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:196608kB oom_score_adj:0"
+)
+OOM_TASK = (
+    "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=docker-0af3.scope,mems_allowed=0,"
+    "global_oom,task_memcg=/system.slice/docker-0af3.scope,task=python3,pid=1234,uid=0"
+)
+XID_79 = "NVRM: Xid (PCI:000f:01:00): 79, pid=2345, name=python3, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            f"6,1201,5678901234,-;{OOM_LINE}",
+            {"kind": "oom_kill", "uptime_s": 5678.901234, "pid": 1234, "process": "python3", "scope": "node",
+             "anon_rss_bytes": 98765432 * 1024},
+        ),
+        (
+            f"[ 5678.901234] {OOM_LINE}",
+            {"kind": "oom_kill", "uptime_s": 5678.901234, "pid": 1234, "process": "python3", "scope": "node",
+             "anon_rss_bytes": 98765432 * 1024},
+        ),
+        (
+            "[   12.500000] Memory cgroup out of memory: Killed process 77 (vllm) total-vm:1kB, "
+            "anon-rss:2kB, file-rss:0kB",
+            {"kind": "oom_kill", "uptime_s": 12.5, "pid": 77, "process": "vllm", "scope": "cgroup",
+             "anon_rss_bytes": 2048},
+        ),
+        (
+            f"[ 5679.000001] {XID_79}",
+            {"kind": "xid", "uptime_s": 5679.000001, "xid": 79, "device": "PCI:000f:01:00", "pid": 2345,
+             "process": "python3", "meaning": "GPU has fallen off the bus",
+             "text": "GPU has fallen off the bus."},
+        ),
+        (
+            "4,99,1500000,-;NVRM: Xid (PCI:0000:01:00): 31, pid='<unknown>', name=<unknown>, Ch 00000008, "
+            "intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f12_34560000",
+            {"kind": "xid", "uptime_s": 1.5, "xid": 31, "device": "PCI:0000:01:00", "pid": None,
+             "process": "<unknown>", "meaning": "GPU memory page fault",
+             "text": "Ch 00000008, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ "
+             "0x7f12_34560000"},
+        ),
+        (
+            "NVRM: Xid (PCI:0000:01:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): "
+            "Out Of Range",
+            {"kind": "xid", "uptime_s": None, "xid": 13, "device": "PCI:0000:01:00", "pid": None,
+             "process": None, "meaning": "graphics engine exception",
+             "text": "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range"},
+        ),
+        ("6,1,2,-;NET: Registered PF_INET6 protocol family", None),
+        ("[    0.000000] Linux version 6.11.0-1016-nvidia", None),
+    ],
+)  # fmt: skip
+def test_kernel_lines_parse_as_faults(line, expected):
+    assert health_wire.kernel_fault(line) == expected
+
+
+def test_an_oom_kill_names_the_killed_task_s_container_cgroup():
+    text = f"6,1,5000000,-;{OOM_TASK}\n6,2,5000001,-;{OOM_LINE}\n6,3,6000000,-;{XID_79}\n"
+    (oom, xid) = health_wire.kernel_faults(text)
+    assert oom["memcg"] == "/system.slice/docker-0af3.scope" and oom["pid"] == 1234 and xid["xid"] == 79
+
+
+def test_the_kernel_log_is_read_bounded_and_never_fails(tmp_path):
+    missing = tmp_path / "kmsg"
+    text, why = health_wire.read_kernel_log(str(missing))
+    assert text is None and why.startswith(f"cannot read the kernel's log at {missing}")
+    assert health_wire.recent_kernel_faults(str(missing), 0) == {"faults": [], "error": why}
+    missing.write_text("x" * 100 + f"\n[ 10.0] {OOM_LINE}\n")
+    text, why = health_wire.read_kernel_log(str(missing), limit=len(OOM_LINE) + 20)
+    assert why is None and text.startswith("[ 10.0] Out of memory") and "x" not in text
+
+
+def test_faults_are_kept_from_since_on_with_their_unix_time():
+    faults = [{"kind": "xid", "uptime_s": 100.0}, {"kind": "xid", "uptime_s": 900.0}, {"kind": "xid"}]
+    kept = health_wire.faults_since(faults, boot=1000.0, since=1500.0)
+    assert [f.get("at") for f in kept] == [1900.0, None]
+    assert len(health_wire.faults_since(faults, boot=None, since=1500.0)) == 3
+
+
+def test_the_agent_answers_its_node_s_kernel_faults(tmp_path):
+    log = tmp_path / "kmsg"
+    log.write_text(f"[ 5.0] {XID_79}\n")
+    agent, _, _ = guarded_agent()
+    agent.kernel_log = str(log)
+    answer = request(agent, health_wire.AGENT_KERNEL, {"since": 0})
+    assert answer.status == 200 and answer.body["error"] is None
+    assert [f["xid"] for f in answer.body["faults"]] == [79]
+    agent.kernel_log = str(tmp_path / "absent")
+    answer = request(agent, health_wire.AGENT_KERNEL, {"since": "not a time"})
+    assert answer.status == 200 and answer.body["faults"] == [] and "cannot read" in answer.body["error"]
+
+
+@pytest.mark.parametrize("oom", [True, False])
+def test_inspect_reports_docker_s_oom_killed(monkeypatch, oom):
+    from components.node_programs import engine_api
+
+    found = {"Id": "abc", "RestartCount": 0, "State": {"Status": "exited", "ExitCode": 137, "OOMKilled": oom}}
+    monkeypatch.setattr(engine_api, "get_json", lambda socket, url, timeout: (200, found))
+    assert health_wire.inspect("/var/run/docker.sock", "qwen35-vllm")["oom_killed"] is oom

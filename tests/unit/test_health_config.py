@@ -29,6 +29,7 @@ def test_defaults():
     assert (h.startup_s, h.ready_s, h.memory_wait_s) == (3600, 1800, 300)
     assert (h.max_restarts, h.window_s, h.port, h.agent_port) == (3, 3600, 29592, 29593)
     assert h.stall_s == 300
+    assert (h.memory_floor_gb, h.memory_floor_s) == (2, 5)
     node = parse().nodes[0]
     assert node.docker_socket == "/var/run/docker.sock" and node.meminfo_path is None
 
@@ -65,6 +66,9 @@ def test_under_off_the_node_health_keys_are_refused():
         ({"stal_s": 600}, "health.stal_s", "did you mean 'stall_s'"),
         ({"interval_s": 30, "deadline_s": 5, "stall_s": 30}, "health.stall_s", "not above health.interval_s"),
         ({"stall_s": 0}, "health.stall_s", "greater than 0"),
+        ({"memory_flor_gb": 4}, "health.memory_flor_gb", "did you mean 'memory_floor_gb'"),
+        ({"memory_floor_gb": -1}, "health.memory_floor_gb", "greater than or equal to 0"),
+        ({"memory_floor_s": 0}, "health.memory_floor_s", "greater than 0"),
     ],
 )
 def test_bad_values_name_the_field(health, field, says):
@@ -127,3 +131,15 @@ def test_containers_restart_always_is_refused_while_the_watchdog_acts():
     raw = dev_raw()
     raw["containers"] = {**raw.get("containers", {}), "restart": "always"}
     assert parse({"mode": "off"}, raw).containers.restart.value == "always"
+
+
+@pytest.mark.parametrize(("floor_gb", "floor_bytes"), [(None, 2 * 10**9), (4.5, 4_500_000_000), (0, None)])
+def test_the_memory_floor_reaches_every_health_program_in_bytes(floor_gb, floor_bytes):
+    import json
+
+    from components.health.containers import health_config
+
+    cfg = parse({} if floor_gb is None else {"memory_floor_gb": floor_gb, "memory_floor_s": 3})
+    body = json.loads(health_config(cfg, cfg.nodes[1]))
+    assert body["memory_floor_bytes"] == floor_bytes
+    assert body["memory_floor_s"] == (5 if floor_gb is None else 3)

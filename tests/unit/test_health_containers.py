@@ -71,6 +71,17 @@ def test_the_agent_spec_has_the_node_s_socket_and_no_api_key():
         agent_container_spec(cfg, cfg.head, "sha256:abc", "{}")
 
 
+@pytest.mark.parametrize("kernel_log", [False, True])
+def test_health_kernel_log_gives_both_programs_the_kernel_s_log_and_nothing_else(kernel_log):
+    cfg = config_from("dev", health={"kernel_log": kernel_log})
+    for spec in (
+        watchdog_container_spec(cfg, "sha256:abc", "{}"),
+        agent_container_spec(cfg, cfg.nodes[1], "sha256:abc", "{}"),
+    ):
+        assert spec.devices == (("/dev/kmsg",) if kernel_log else ())
+        assert spec.capabilities == (("CAP_SYSLOG",) if kernel_log else ()) and not spec.privileged
+
+
 def test_no_spec_under_mode_off():
     cfg = config_from("dev", health={"mode": "off"})
     with pytest.raises(ValueError, match="off"):

@@ -180,6 +180,9 @@ def test_the_checkpoints_repo_folder_is_mounted_read_only():
         == f"/home/aurora/.cache/huggingface/hub/models--Qwen--Qwen3.5-122B-A10B-FP8:{CONTAINER_REPO}:ro"
     )
     assert argv[-4:] == [IMAGE_ID, "-", "--checkpoint", f"{CONTAINER_REPO}/snapshots/0123abc"]
+    # The behaviour proof also reads every shard's header; the argument proof's argv has no such flag.
+    shards = proof_argv(props(snapshot_path=snapshot), "x", shards=True)
+    assert shards[-5:] == [IMAGE_ID, "-", "--checkpoint", f"{CONTAINER_REPO}/snapshots/0123abc", "--shards"]
 
 
 @pytest.mark.parametrize(

@@ -222,3 +222,33 @@ def test_failing_completions_and_a_skewed_clock_are_named(config):
     assert verdict.cluster["watchdog"].startswith("failing (2 of 3 completions in a row")
     step = "synchronise the nodes' clocks (chrony or systemd-timesyncd)"
     assert ("cluster", skew, step) in problems(verdict)
+
+
+def test_a_memory_guard_trip_is_named_with_its_node_and_figures(config):
+    message = (
+        "node-b: MemAvailable 1.5 GB below the memory floor 2.0 GB for 6 s: stopped qwen35-ray-worker "
+        "before the kernel's OOM killer or a hang"
+    )
+    trip = {"node": "node-b", "at": NOW - 65, "acted": True, "message": message}
+    verdict = judge(config, with_state(memory_guard={"node-b": trip}))
+    ((node, what, step),) = problems(verdict)
+    assert node == "node-b" and "the memory guard stopped the serving containers" in what
+    assert "(1m05s ago)" in what and message in what and "health.memory_floor_gb" in step
+    old = {**trip, "at": NOW - 2 * 86400}  # outside the budget's window: history, not a problem
+    assert problems(judge(config, with_state(memory_guard={"node-b": old}))) == []
+
+
+@pytest.mark.parametrize(
+    ("fault", "cell", "next_says"),
+    [
+        ({"kind": "memory", "says": "node-b: qwen35-ray-worker was OOM-killed (Docker's OOMKilled)"},
+         "memory fault", "serve.gpu_memory_utilization"),
+        ({"kind": "gpu", "says": "node-b: NVRM Xid 79 (GPU has fallen off the bus)"}, "gpu fault", "Xid 79"),
+    ],
+)  # fmt: skip
+def test_a_diagnosed_memory_or_gpu_fault_is_named_instead_of_a_crash(config, fault, cell, next_says):
+    state = {"state": "recovering", "step": "restart_cluster", "since": NOW - 5, "budget_left": 2}
+    verdict = judge(config, with_state(**state, last_diagnosis={"fault": fault}))
+    assert verdict.cluster["watchdog"].endswith(f"; {cell}")
+    named = [p for p in problems(verdict) if "last diagnosis names" in p[1]]
+    assert named and fault["says"] in named[0][1] and next_says in named[0][2]

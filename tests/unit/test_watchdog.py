@@ -60,6 +60,8 @@ class FakeWorld(World):
         self.actions: list[tuple[str, str, str]] = []
         self.booted: float | None = None
         self.skew: dict[str, float] = {}
+        self.guards: dict[str, dict] = {}  # each agent's memory guard report
+        self.kernel: dict[str, dict] = {}  # each node's kernel faults ({faults, error})
 
     def facts(self, key: tuple[str, str], **facts) -> None:
         self.box.setdefault(key, {}).update(facts)
@@ -69,6 +71,12 @@ class FakeWorld(World):
 
     def agent_clock_skew(self) -> dict[str, float]:
         return dict(self.skew)
+
+    def memory_guards(self) -> dict[str, dict]:
+        return {node: dict(report) for node, report in self.guards.items()}
+
+    def kernel_faults(self, node: str, since: float) -> dict:
+        return self.kernel.get(node, {"faults": [], "error": None})
 
     def probe_health(self, deadline_s: float) -> Probe:
         return self.health.pop(0) if self.health else self.default
@@ -652,3 +660,189 @@ def test_state_carries_no_server_log_line():
     ticks(watchdog, clock, 4)
     state = watchdog.snapshot()
     assert state["last_diagnosis"] and "secret-looking line" not in json.dumps(state)
+
+
+# ---- the memory guard (issue 41 item 6) and what a diagnosis names (item 8) ---------------------------
+
+RAY_HEAD = ("spark-1", "qwen35-ray-head")
+RAY_WORKER = ("spark-2", "qwen35-ray-worker")
+NEED = {"spark-1": 70 * GB, "spark-2": 70 * GB}
+
+
+def ray_world(clock: Clock) -> FakeWorld:
+    world = FakeWorld(clock)
+    for key in (RAY_HEAD, RAY_WORKER, SERVER):
+        world.facts(key, id=f"id-{key[1]}", restarts=0)
+    return world
+
+
+def test_the_head_s_memory_guard_stops_its_serving_containers_once_and_the_world_restarts():
+    """MemAvailable below memory_floor_gb (2 GB) for memory_floor_s (5 s) on the head: its guard stops
+    the head's serving containers (server first), once; the watchdog answers with a cluster restart,
+    memory-checked, one of the budget (`memory_floor`), and /state says why."""
+    world, clock = ray_world(Clock()), Clock()
+    watchdog, _ = dog(world, clock, need=NEED, memory_wait_s=60)
+    ticks(watchdog, clock, 3)
+    world.memory["spark-1"] = int(1.5 * GB)
+    ticks(watchdog, clock, 1)  # below the floor for 0 s: nothing yet
+    assert world.actions == [] and watchdog.snapshot()["state"] == "healthy"
+    ticks(watchdog, clock, 1)  # 10 s below: the guard trips
+    assert world.actions == [
+        ("stop", "spark-1", "qwen35-vllm"),
+        ("stop", "spark-1", "qwen35-ray-head"),  # the guard's own stop, then the recovery's (a no-op)
+        ("stop", "spark-1", "qwen35-vllm"),
+        ("stop", "spark-2", "qwen35-ray-worker"),
+        ("stop", "spark-1", "qwen35-ray-head"),
+    ]
+    state = watchdog.snapshot()
+    assert state["step"] == "memory_wait" and state["state"] == "recovering"
+    trip = state["memory_guard"]["spark-1"]
+    assert trip["acted"] and trip["stopped"] == ["qwen35-vllm", "qwen35-ray-head"]
+    assert trip["message"] == (
+        "spark-1: MemAvailable 1.5 GB below the memory floor 2.0 GB for 10 s: stopped qwen35-vllm, "
+        "qwen35-ray-head before the kernel's OOM killer or a hang"
+    )
+    assert state["last_diagnosis"]["fault"] == {"kind": "memory", "says": trip["message"]}
+    world.memory["spark-1"] = 100 * GB  # the stop gave the memory back
+    ticks(watchdog, clock, 1)
+    assert [a for a in world.actions if a[0] == "start"] == [
+        ("start", "spark-1", "qwen35-ray-head"),
+        ("start", "spark-2", "qwen35-ray-worker"),
+        ("start", "spark-1", "qwen35-vllm"),
+    ]
+    state = watchdog.snapshot()
+    assert state["restarts_total"] == {"memory_floor": 1} and state["budget_left"] == 1
+    assert state["memory_guard_trips"] == {"spark-1": 1}
+    text = metrics_text(state)
+    assert 'qwen35_health_restarts_total{reason="memory_floor"} 1' in text
+    assert 'qwen35_health_memory_guard_trips_total{node="spark-1"} 1' in text
+
+
+@pytest.mark.parametrize(
+    ("memory_gb", "trips"),
+    [
+        # (MemAvailable each tick of 10 s, in GB) -> the guard's trips
+        ([50, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5], 1),  # low and staying low: once, not every tick
+        ([50, 1.5, 1.5, 50, 1.5, 1.5], 2),  # back above the floor re-arms it
+        ([50, 1.5, 50, 1.5, 50, 1.5], 0),  # dips shorter than memory_floor_s (5 s; 0 s seen here)
+        ([50, 2.0, 2.0, 2.0], 0),  # at the floor is not below it
+        ([50, None, None, None], 0),  # unreadable: nothing judged
+        ([50, 1.5, None, 1.5, 1.5], 1),  # an unreadable sample restarts the clock, does not re-arm
+    ],
+)
+def test_the_memory_guard_trips_once_per_episode_below_the_floor(memory_gb, trips):
+    world, clock = ray_world(Clock()), Clock()
+    watchdog, _ = dog(world, clock, max_restarts=5)
+    for value in memory_gb:
+        world.memory["spark-1"] = None if value is None else int(value * GB)
+        ticks(watchdog, clock, 1)
+    state = watchdog.snapshot()
+    assert state["memory_guard_trips"].get("spark-1", 0) == trips, state["memory_guard"]
+    assert state["restarts_total"].get("memory_floor", 0) == trips
+
+
+@pytest.mark.parametrize(("health", "acts"), [({}, True), ({"memory_floor_gb": 0}, False)])
+def test_memory_floor_gb_0_turns_the_guard_off(health, acts):
+    world, clock = ray_world(Clock()), Clock()
+    watchdog, _ = dog(world, clock, **health)
+    world.memory["spark-1"] = 0
+    ticks(watchdog, clock, 3)
+    assert bool(world.actions) is acts
+
+
+def test_under_report_the_memory_guard_records_what_it_would_do_and_stops_nothing():
+    world, clock = ray_world(Clock()), Clock()
+    watchdog, _ = dog(world, clock, mode="report")
+    ticks(watchdog, clock, 2)
+    world.memory["spark-1"] = GB
+    ticks(watchdog, clock, 3)
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["restarts_total"] == {}
+    assert state["would"] == {"at": clock.now - 20, "step": "restart_cluster", "reason": "memory_floor"}
+    trip = state["memory_guard"]["spark-1"]
+    assert not trip["acted"] and "report mode: would stop qwen35-vllm, qwen35-ray-head" in trip["message"]
+
+
+def guard_report(trips: int, node: str = "spark-2", name: str = "qwen35-vllm-rank1", at: float = 0.0) -> dict:
+    last = {"node": node, "at": at, "available_bytes": GB, "floor_bytes": 2 * GB, "acted": True,
+            "stopped": [name], "message": f"{node}: MemAvailable 1.0 GB below the memory floor"}  # fmt: skip
+    return {"trips": trips, "last": last if trips else None, "available_bytes": GB, "floor_bytes": 2 * GB}
+
+
+def test_under_mp_a_rank_stopped_by_its_node_s_guard_means_a_world_restart_within_the_budget():
+    """Stopping one rank breaks the world: the watchdog stops the rest and starts the world again,
+    headless ranks first, one restart of the budget (reason memory_floor)."""
+    world, clock = FakeWorld(clock=None), Clock()
+    for key in (SERVER, RANK1):
+        world.facts(key, id=f"id-{key[1]}", restarts=0)
+    world.guards = {"spark-2": guard_report(0)}
+    watchdog, _ = dog(world, clock, executor="mp", max_restarts=2)
+    ticks(watchdog, clock, 3)
+    world.guards = {"spark-2": guard_report(1, at=clock.now)}
+    world.running[RANK1] = False  # the agent's guard stopped it
+    ticks(watchdog, clock, 1)
+    assert world.actions == [
+        ("stop", "spark-1", "qwen35-vllm"),
+        ("stop", "spark-2", "qwen35-vllm-rank1"),
+        ("start", "spark-2", "qwen35-vllm-rank1"),
+        ("start", "spark-1", "qwen35-vllm"),
+    ]
+    state = watchdog.snapshot()
+    assert state["restarts_total"] == {"memory_floor": 1} and state["budget_left"] == 1
+    assert state["memory_guard"]["spark-2"]["stopped"] == ["qwen35-vllm-rank1"]
+    assert state["last_diagnosis"]["fault"]["kind"] == "memory"
+    ticks(watchdog, clock, 5)
+    assert len(world.actions) == 4, "the same trip was answered twice"
+
+
+def test_under_mp_a_guard_trip_that_finds_the_budget_spent_stops_the_world():
+    world, clock = FakeWorld(), Clock()
+    world.guards = {"spark-2": guard_report(0)}
+    watchdog, _ = dog(world, clock, executor="mp", max_restarts=0)
+    ticks(watchdog, clock, 2)
+    world.guards = {"spark-2": guard_report(1)}
+    ticks(watchdog, clock, 1)
+    state = watchdog.snapshot()
+    assert state["state"] == "budget_spent" and "(restart cluster, memory_floor)" in state["spent"]["why"]
+    assert [a[0] for a in world.actions] == ["stop", "stop"]
+
+
+def test_an_agent_s_trip_from_before_the_watchdog_started_is_shown_not_answered():
+    world, clock = FakeWorld(), Clock()
+    world.guards = {"spark-2": guard_report(3, name="qwen35-ray-worker")}
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["memory_guard"]["spark-2"]["stopped"] == ["qwen35-ray-worker"]
+    assert state["memory_guard_trips"] == {}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "box", "fault"),
+    [
+        ({}, {}, None),  # a plain crash: nothing names a cause
+        ({}, {"oom_killed": True}, ("memory", "spark-1: qwen35-vllm was OOM-killed (Docker's OOMKilled)")),
+        (
+            {"spark-2": {"faults": [{"kind": "xid", "xid": 79, "meaning": "GPU has fallen off the bus"}]}},
+            {},
+            ("gpu", "spark-2: NVRM Xid 79 (GPU has fallen off the bus)"),
+        ),
+        (
+            {"spark-1": {"faults": [{"kind": "oom_kill", "pid": 4242, "process": "python3"}]}},
+            {},
+            ("memory", "spark-1: the kernel's OOM killer killed python3 (pid 4242)"),
+        ),
+        ({"spark-2": {"faults": [], "error": "cannot read the kernel's log at /dev/kmsg"}}, {}, None),
+    ],
+)
+def test_a_diagnosis_names_a_memory_or_gpu_fault(kernel, box, fault):
+    world, clock = FakeWorld(), Clock()
+    world.kernel = kernel
+    world.health = [Probe(True, 0.1)] + [DOWN] * 3
+    world.facts(SERVER, **box)
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 4)
+    diagnosis = watchdog.snapshot()["last_diagnosis"]
+    assert diagnosis["kernel"]["spark-2"] == kernel.get("spark-2", {"faults": [], "error": None})
+    found = diagnosis["fault"]
+    assert (found and (found["kind"], found["says"])) == (fault or None)
