@@ -5,8 +5,9 @@ docker provider per node → FabricCheck per node (the head's first: its MTU is 
 reference; none under `fabric.check: off`) → the image on the head (strategy `prebuilt`: already
 there, nothing built; `hybrid` or `graft`: BuiltImage builds it) → NodeImage per node →
 model-support check on the head → Ray head → Ray workers → vLLM server on the head → readiness
-gate (every container after every node's FabricCheck) → health (none under `health.mode: off`): the
-watchdog's state volume on the head, an agent on every worker, then the watchdog on the head. Under
+gate (every container after every node's FabricCheck) → serve bench on the head (none under
+`bench.mode: off`) and health (none under `health.mode: off`): the watchdog's state volume on the
+head, an agent on every worker, then the watchdog on the head. Under
 `cluster.executor: mp` no Ray runs: the
 headless vLLM ranks (one per worker) → the serving rank on the head → readiness gate (see
 components/mp_executor.py). Every container runs the `sha256:` image ID its node's NodeImage
@@ -24,7 +25,15 @@ import pulumi
 import pulumi_docker as docker
 
 from components.checkpoint import Checkpoint, checkpoint_tree
-from components.config import Executor, FabricCheckMode, HealthMode, ImageStrategy, NodeConfig, StackConfig
+from components.config import (
+    BenchMode,
+    Executor,
+    FabricCheckMode,
+    HealthMode,
+    ImageStrategy,
+    NodeConfig,
+    StackConfig,
+)
 from components.fabric_check import FabricCheck, probe_after
 from components.health import HealthSecret
 from components.health.containers import (
@@ -61,6 +70,7 @@ from components.ray_cluster import (
     ray_tmp_volume_name,
 )
 from components.readiness_gate import ReadinessGate
+from components.serve_bench import ServeBench
 from components.stack_claim import StackClaim, claimed_ports
 from components.vllm_server import (
     endpoint_url,
@@ -84,6 +94,18 @@ MODEL_SUPPORT_OUTPUTS = (
     "cluster_layer",
 )
 
+
+# ServeBench's outputs that the stack exports (`serve_bench`).
+SERVE_BENCH_OUTPUTS = (
+    "figures",
+    "verdict",
+    "shortfalls",
+    "causes",
+    "nccl_network",
+    "measured_at",
+    "elapsed_s",
+    "error",
+)
 
 # FabricCheck's outputs that the stack exports per node (`fabric`).
 FABRIC_OUTPUTS = ("ib_hca", "gid_index", "gids", "mtu", "verdict", "problems", "throughput")
@@ -295,6 +317,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             self.ray_tmp, self.ray_containers = self._ray_cluster(name, secrets)
             self.server = self._vllm_server(name, secrets)
         self.ready = self._readiness_gate(name, args.api_key)
+        self.bench: ServeBench | None = self._serve_bench(name, args.api_key)
         self.health_volume: docker.Volume | None = None
         self.health_agents: dict[str, docker.Container] = {}
         self.watchdog: docker.Container | None = None
@@ -592,6 +615,43 @@ class Qwen35Deployment(pulumi.ComponentResource):
             ),
         )
 
+    def _serve_bench(self, name: str, api_key: pulumi.Output[str] | None) -> ServeBench | None:
+        """After the gate, on the head: the served speed measured (none under `bench.mode: off`). It
+        measures again when every node's image ID, the server's argv, the node set or the bench
+        settings change; FabricCheck's outputs only explain a figure below its floor."""
+        cfg, head = self.config, self.config.head
+        if cfg.bench.mode is BenchMode.OFF:
+            return None
+        return ServeBench(
+            f"{name}-bench",
+            node=self.access[head.name].node_image_dict(),
+            url=local_url(cfg.serve),
+            model=cfg.serve.model_name,
+            mode=cfg.bench.mode.value,
+            settings=cfg.bench.settings(),
+            floors=cfg.bench.floors(),
+            image_ids={n.name: self._image_id(n.name) for n in cfg.nodes},
+            server_argv=server_argv(cfg, self._served_revision()),
+            nodes=[n.name for n in cfg.nodes],
+            log_container=vllm_container_name(cfg),
+            api_key=api_key,
+            fabric=self._fabric_outputs(),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.ready]),
+        )
+
+    def _bench_output(self) -> dict[str, Any]:
+        """The stack output `serve_bench`: the mode, the settings and floors, and what the last run
+        measured (figures, verdict, the floors missed and their likely causes)."""
+        bench = self.config.bench
+        if self.bench is None:
+            return {"mode": bench.mode.value}
+        return {
+            "mode": bench.mode.value,
+            "settings": bench.settings(),
+            "floors": bench.floors(),
+            **{key: getattr(self.bench, key) for key in SERVE_BENCH_OUTPUTS},
+        }
+
     def _health(
         self, name: str, secrets: dict[str, Any]
     ) -> tuple[docker.Volume, dict[str, docker.Container], docker.Container]:
@@ -679,6 +739,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
             "scrape_targets": scrape_targets(cfg),
             "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
             "fabric": self._fabric_outputs(),
+            # The served speed as the last `up` measured it (ServeBench; `status` shows it).
+            "serve_bench": self._bench_output(),
             # How many replaced images each node keeps for a rollback (image.keep_previous).
             "keep_previous": cfg.image.keep_previous,
             "head": cfg.head.name,

@@ -70,6 +70,8 @@ def recipe_flags(serve: ServeConfig) -> list[str]:
         flags.append("--language-model-only")
     if serve.enforce_eager:
         flags.append("--enforce-eager")
+    if serve.load_format != "auto":
+        flags += ["--load-format", serve.load_format]
     return flags
 
 

@@ -21,6 +21,7 @@ import yaml
 from components.checkpoint.fan_out import node_cache_dir
 from components.config import (
     NAMESPACE,
+    BenchMode,
     ConfigError,
     Executor,
     FabricCheckMode,
@@ -209,38 +210,55 @@ def fabric_facts(config: StackConfig, transport: SshTransport, node_name: str) -
         return {"error": exc.hint or str(exc)}
 
 
+def stack_output(
+    name: str, stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
+) -> dict[str, Any]:
+    """The stack output `name` as the last `pulumi up` recorded it ({"output": …}), or {"error": why}
+    (no Pulumi CLI, no such stack, nothing deployed)."""
+    cli = which("pulumi")
+    if not cli:
+        return {"error": f"no Pulumi CLI here to read the stack output `{name}`"}
+    argv = [cli, "stack", "output", name, "--json", "--stack", stack]
+    try:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"`pulumi stack output {name}` did not answer in 60 s"}
+    if done.returncode != 0:
+        why = stderr_tail(done.stderr.decode(errors="replace"), 1) or f"exit {done.returncode}"
+        return {"error": f"`pulumi stack output {name} --stack {stack}`: {why}"}
+    try:
+        output = json.loads(done.stdout)
+    except ValueError:
+        return {"error": f"`pulumi stack output {name}` printed no JSON"}
+    return {"output": output} if isinstance(output, dict) else {"error": f"no stack output `{name}`"}
+
+
 def stack_fabric(
     stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
 ) -> dict[str, Any]:
     """The stack output `fabric` ({"output": …}: per node what FabricCheck recorded, the probe's
-    `throughput` among it), or {"error": why} (no Pulumi CLI, no such stack, nothing deployed)."""
-    cli = which("pulumi")
-    if not cli:
-        return {"error": "no Pulumi CLI here to read the stack output `fabric`"}
-    argv = [cli, "stack", "output", "fabric", "--json", "--stack", stack]
-    try:
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=60, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": "`pulumi stack output fabric` did not answer in 60 s"}
-    if done.returncode != 0:
-        why = stderr_tail(done.stderr.decode(errors="replace"), 1) or f"exit {done.returncode}"
-        return {"error": f"`pulumi stack output fabric --stack {stack}`: {why}"}
-    try:
-        output = json.loads(done.stdout)
-    except ValueError:
-        return {"error": "`pulumi stack output fabric` printed no JSON"}
-    return {"output": output} if isinstance(output, dict) else {"error": "no stack output `fabric`"}
+    `throughput` among it), or {"error": why}."""
+    return stack_output("fabric", stack, cwd, which)
+
+
+def stack_bench(
+    stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
+) -> dict[str, Any]:
+    """The stack output `serve_bench` ({"output": …}: the figures the last `up` measured), or
+    {"error": why}. `status` sends no bench of its own: a minute of the server's time is `up`'s call."""
+    return stack_output("serve_bench", stack, cwd, which)
 
 
 def gather(
     config: StackConfig, key: str | None, connect_timeout: int = 10, stack: str | None = None
 ) -> dict[str, Any]:
     """Every node's report and the server's answers, all at once (a dead node costs its connect timeout);
-    with FabricCheck on and `stack` given, the stack output `fabric` (the last probe's figures)."""
+    with `stack` given, the stack outputs `fabric` (FabricCheck on: the last probe's figures) and
+    `serve_bench` (the bench on: the last `up`'s figures)."""
     requests = node_requests(config)
     access = node_access(config)
     # Every job at once: the server, each node's ask and fabric read, the stack output.
-    with ThreadPoolExecutor(max_workers=2 * len(access) + 2) as pool:
+    with ThreadPoolExecutor(max_workers=2 * len(access) + 3) as pool:
         server = pool.submit(server_facts, server_base(config), config.serve.model_name, key)
         asked = {
             name: pool.submit(
@@ -263,6 +281,8 @@ def gather(
                 for name, acc in access.items()
             }
         recorded = pool.submit(stack_fabric, stack) if fabric and stack else None
+        bench_on = config.bench.mode is not BenchMode.OFF
+        bench = pool.submit(stack_bench, stack) if bench_on and stack else None
         nodes = {name: future.result() for name, future in asked.items()}
         for name, future in fabric.items():
             if nodes[name].get("reachable"):
@@ -270,4 +290,6 @@ def gather(
         gathered = {"nodes": nodes, "server": server.result(), "image": deployment_image(config)}
         if recorded is not None:
             gathered["fabric_output"] = recorded.result()
+        if bench is not None:
+            gathered["bench_output"] = bench.result()
         return gathered

@@ -57,7 +57,9 @@ def text(verdict: Verdict, stack: str) -> str:
             [(name, *(cells.get(c, "-") for c in columns)) for name, cells in verdict.nodes.items()],
         )
     )
-    parts.append(table(("cluster", "state"), [(k, verdict.cluster.get(k, "-")) for k in CLUSTER_ROWS]))
+    # The bench row only where the bench is on (its figures are the last `up`'s, from the stack output).
+    rows = [*CLUSTER_ROWS, *(["bench"] if "bench" in verdict.cluster else [])]
+    parts.append(table(("cluster", "state"), [(k, verdict.cluster.get(k, "-")) for k in rows]))
     if verdict.retention:
         kept = verdict.retention.get("previous") or {}
         parts.append(

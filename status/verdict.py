@@ -11,7 +11,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.config import Executor, FabricCheckMode, HealthMode, ImageStrategy, NodeConfig, StackConfig
+from components.config import (
+    BenchMode,
+    Executor,
+    FabricCheckMode,
+    HealthMode,
+    ImageStrategy,
+    NodeConfig,
+    StackConfig,
+)
 from components.deployment import fabric_check_inputs, memory_inputs, node_container_names
 from components.fabric_check import FabricCheckError, decide, parse_report, settings
 from components.fabric_check.plan import Decision, floor_warning
@@ -22,6 +30,7 @@ from components.mp_executor import mp_container_name, node_rank
 from components.node_programs.health_wire import gb
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
+from components.serve_bench import figures_line, shortfalls
 from components.vllm_server import vllm_container_name
 
 OK = "ok"
@@ -95,6 +104,9 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
     verdict.problems += _watchdog(config, verdict.cluster, head_report)
+    if config.bench.mode is not BenchMode.OFF:
+        verdict.cluster["bench"], slow = bench_line(config, facts.get("bench_output") or {})
+        verdict.warnings += slow
     return verdict
 
 
@@ -684,6 +696,32 @@ def fabric_lines(
         lines[node.name] = f"{node.name}: {found.get(node.name, 'fabric facts not read')}; {speed}"
         warnings += [slow] if slow else []
     return lines, warnings
+
+
+BENCH_NEXT = (
+    "see docs/bench.md (the likely causes are in the stack output `serve_bench`); `pulumi up` measures "
+    "again once the image, the serving flags or a bench key change"
+)
+
+
+def bench_line(config: StackConfig, recorded: dict[str, Any]) -> tuple[str, list[Problem]]:
+    """The `bench` row: the figures the last `pulumi up` measured (the stack output `serve_bench`;
+    `status` sends no bench of its own), and a warning per figure below a floor set now."""
+    output = recorded.get("output")
+    if recorded.get("error") or not isinstance(output, dict):
+        return f"last figures unknown ({_first_line(recorded.get('error') or 'not asked')})", []
+    if output.get("mode") == "off" or "figures" not in output:
+        return "no figures recorded (the last `pulumi up` ran with bench.mode off)", []
+    figures = output.get("figures")
+    when = _when(output.get("measured_at"), None)
+    if not isinstance(figures, dict):
+        why = _first_line(output.get("error")) if output.get("error") else "nothing measured yet"
+        return f"not measured by the last `pulumi up`: {why}", []
+    line = f"{figures_line(figures)} (measured by `pulumi up` {when}, not now)"
+    if output.get("settings") not in (None, config.bench.settings()):
+        line += "; bench settings changed since: the next `up` measures again"
+    missed = shortfalls(figures, config.bench.floors())
+    return line, [Problem("cluster", f"serve bench: {m}", BENCH_NEXT) for m in missed]
 
 
 def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from components.config.bench import BenchConfig
 from components.config.checkpoint import ModelConfig
 from components.config.cluster import ClusterConfig, ContainerConfig, FabricConfig, RayConfig
 from components.config.fields import PROJECT_DIR, _CrossFieldErrors
@@ -49,6 +50,7 @@ SECTIONS: dict[str, type[BaseModel] | None] = {
     "copy": CopyConfig,
     "model": ModelConfig,
     "health": HealthConfig,
+    "bench": BenchConfig,
 }
 SECRET_KEYS = ("hf_token", "api_key")
 

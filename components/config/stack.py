@@ -8,6 +8,7 @@ import difflib
 
 from pydantic import Field, model_validator
 
+from components.config.bench import BenchConfig, BenchMode
 from components.config.checkpoint import HUB_REPO, ModelConfig
 from components.config.cluster import (
     LEGACY_IB_HCA,
@@ -46,6 +47,7 @@ class StackConfig(_Model):
     copy_: CopyConfig = Field(default=CopyConfig(), alias="copy")
     model: ModelConfig = ModelConfig()
     health: HealthConfig = HealthConfig()
+    bench: BenchConfig = BenchConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StackConfig:
@@ -102,6 +104,7 @@ class StackConfig(_Model):
         problems += self._mp_problems()
         problems += self._cpu_problems()
         problems += self._health_problems()
+        problems += self._bench_problems()
         if problems:
             raise _CrossFieldErrors(problems)
         return self
@@ -152,6 +155,25 @@ class StackConfig(_Model):
                          "choose another port")
                     )  # fmt: skip
         return problems
+
+    def _bench_problems(self) -> list[tuple[str, str]]:
+        """The bench's longest request (its prompt, or a short prompt and its output) fits
+        `serve.max_model_len`, when that is set."""
+        bench, limit = self.bench, self.serve.max_model_len
+        if bench.mode is BenchMode.OFF or limit is None:
+            return []
+        requests = {
+            "bench.prompt_tokens": bench.prompt_tokens + 8,
+            "bench.output_tokens": bench.output_tokens + 32,
+        }
+        return [
+            (
+                key,
+                f"a bench request of about {tokens} tokens exceeds serve.max_model_len {limit}: lower it",
+            )
+            for key, tokens in requests.items()
+            if tokens > limit
+        ]
 
     def _mp_problems(self) -> list[tuple[str, str]]:
         """Under executor mp: no Ray key is set (nothing would read it), and the world splits evenly

@@ -20,6 +20,7 @@ CHECK = "pulumi-python:dynamic/qwen35:ModelSupportCheck"
 CHECKPOINT = "pulumi-python:dynamic/qwen35:Checkpoint"
 FABRIC = "pulumi-python:dynamic/qwen35:FabricCheck"
 HEALTH_SECRET = "pulumi-python:dynamic/qwen35:HealthSecret"
+BENCH = "pulumi-python:dynamic/qwen35:ServeBench"
 SECRETS = {"hf_token": "hf_token_value_123", "api_key": "sk-api-key-value-456"}
 
 
@@ -139,6 +140,7 @@ DEV_RESOURCES = {
     (CONTAINER, "qwen35-ray-worker-spark-2"),
     (CONTAINER, "qwen35-vllm"),
     (GATE, "qwen35-ready"),
+    (BENCH, "qwen35-bench"),
     (CLAIM, "qwen35-claim-spark-1"),
     (CLAIM, "qwen35-claim-spark-2"),
     (FABRIC, "qwen35-fabric-spark-1"),

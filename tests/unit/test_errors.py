@@ -129,6 +129,7 @@ def test_every_dynamic_provider_explains_its_errors():
     import components.model_support
     import components.node_image
     import components.readiness_gate
+    import components.serve_bench
     import components.stack_claim  # noqa: F401  (each registers its provider class)
 
     def providers(cls):
@@ -146,6 +147,7 @@ def test_every_dynamic_provider_explains_its_errors():
         "ModelSupportCheckProvider",
         "NodeImageProvider",
         "ReadinessGateProvider",
+        "ServeBenchProvider",
         "StackClaimProvider",
     }
     assert [name for name, cls in ours.items() if not issubclass(cls, ExplainedErrors)] == []

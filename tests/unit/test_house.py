@@ -50,6 +50,7 @@ SHAPES = {
     "fabric_check": NODE_RESOURCE_FILES,
     "image_build": NODE_RESOURCE_FILES,
     "stack_claim": NODE_RESOURCE_FILES,
+    "serve_bench": NODE_RESOURCE_FILES,
     "health": ("plan.py", "provider.py", "resource.py"),
 }
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.config import ServeConfig
+from components.config import ConfigError, ServeConfig, parse_stack_config
+from components.config.serve import LOAD_FORMATS
 from components.ray_cluster import RAY_TMP, Mount
 from components.vllm_server import (
     API_KEY_ENV,
@@ -13,7 +14,7 @@ from components.vllm_server import (
     serve_argv,
     vllm_container_spec,
 )
-from tests.support.program import config_from
+from tests.support.program import config_from, dev_raw
 
 IMAGE_ID = "sha256:" + "d" * 64
 
@@ -94,6 +95,8 @@ def test_options_at_vllm_s_defaults_add_no_flag():
         ({"tool_call_parser": "hermes"}, "--tool-call-parser", "hermes"),
         ({"max_num_seqs": 16}, "--max-num-seqs", "16"),
         ({"max_num_batched_tokens": 4096}, "--max-num-batched-tokens", "4096"),
+        ({"load_format": "fastsafetensors"}, "--load-format", "fastsafetensors"),
+        ({"load_format": "instanttensor"}, "--load-format", "instanttensor"),
     ],
 )
 def test_each_serve_setting_changes_the_command(change, flag, value):
@@ -135,3 +138,28 @@ def test_urls(host, local, endpoint):
     cfg = config_from(serve={"host": host})
     assert local_url(cfg.serve) == local
     assert endpoint_url(cfg) == endpoint
+
+
+def test_load_format_auto_is_vllm_s_default_and_adds_no_flag():
+    assert config_from().serve.load_format == "auto"
+    assert "--load-format" not in serve_argv(config_from().serve)
+    assert "--load-format" not in serve_argv(ServeConfig(load_format="auto"))
+
+
+def test_load_format_takes_vllm_s_choices_only():
+    # vLLM's LoadFormats (model_loader/__init__.py), among them the two fast loaders operators use.
+    assert {"fastsafetensors", "instanttensor", "safetensors", "runai_streamer", "dummy"} <= set(LOAD_FORMATS)
+    raw = dev_raw()
+    raw["serve"] = {**raw["serve"], "load_format": "fastsafetensor"}
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config(raw)
+    assert "serve.load_format:" in str(info.value) and "'fastsafetensors'" in str(info.value)
+
+
+@pytest.mark.parametrize("extra", [["--load-format", "instanttensor"], ["--load-format=instanttensor"]])
+def test_load_format_in_extra_args_is_refused_naming_the_key(extra):
+    raw = dev_raw()
+    raw["serve"] = {**raw["serve"], "extra_args": extra}
+    with pytest.raises(ConfigError) as info:
+        parse_stack_config(raw)
+    assert "--load-format is a typed option: set serve.load_format" in str(info.value)

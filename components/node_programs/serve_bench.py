@@ -1,0 +1,331 @@
+"""Serve bench: how fast does the deployed server answer? Runs ON THE HEAD, standard library only.
+
+After one unmeasured warm-up request, three measurements against `/v1/completions`, each streamed
+(`stream_options.include_usage`, so tokens are counted from the server's own usage, not from chunks)
+with `ignore_eos` and `max_tokens`, so lengths are what was asked:
+- decode: one stream of `--output-tokens` after a short prompt: time to first token (TTFT) and
+  decode tokens/s (the tokens after the first over the time after the first);
+- prefill: one prompt of about `--prompt-tokens`, one token generated: prompt tokens / TTFT;
+- aggregate: `--concurrency` such streams at once: every generated token over the wall time.
+Every prompt starts with a fresh nonce, so prefix caching never serves one from an earlier request.
+Everything ends by `--deadline` seconds; a request cut by it fails the bench (exit 3) naming the stage.
+
+With `--log-container`, the server's log is read for NCCL's `Using network …` line (printed with
+NCCL_DEBUG=INFO), so a slow figure can say whether NCCL ran over sockets.
+
+Shipped like the readiness probe (`python3 -` with the program on stdin); the API key comes from
+$QWEN35_API_KEY (`wire.PROBE_API_KEY_ENV`, set by the stdin prelude), never from argv. Progress lines
+(`BENCH_PROGRESS_PREFIX`) go to stderr; the report is one JSON line on stdout.
+
+(No `from __future__` import here: it may run after a prelude, see `node_programs.program_stdin`.)
+"""
+
+import argparse
+import binascii
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import IntEnum
+
+from components.node_programs.wire import PROBE_API_KEY_ENV
+
+BENCH_PROGRESS_PREFIX = "bench "  # the stderr lines ServeBench relays to the operator
+SHORT_PROMPT = "Write a long story about a lighthouse keeper and the sea."
+# Common English words that Qwen's (and most BPE) tokenizers keep as one token each with their space.
+FILLER = ("the", "of", "and", "to", "in", "is", "it", "that", "was", "for", "on", "with", "as", "at", "by")
+WARMUP_TOKENS = 8
+# NCCL prints `NCCL INFO Using network IB` (or Socket) at init (src/init.cc).
+_NCCL_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+LOG_SCAN_LINES = 200_000
+LOG_SCAN_S = 20.0
+
+
+class Exit(IntEnum):
+    OK = 0
+    FAILED = 3  # a request failed or the deadline passed (the stage is named on stderr)
+    REJECTED = 4  # the server refused the API key
+
+
+class BenchError(RuntimeError):
+    """One measurement failed: its stage and why."""
+
+    def __init__(self, stage: str, detail: str, rejected: bool = False):
+        self.stage = stage
+        self.rejected = rejected
+        super().__init__(f"serve bench: {stage}: {detail}")
+
+
+@dataclass(frozen=True)
+class StreamFigures:
+    """One streamed request, timed: seconds from its start, and its tokens as counted."""
+
+    ttft_s: float | None
+    elapsed_s: float
+    completion_tokens: int
+    prompt_tokens: int | None
+    # "usage": the server's own counts; "chunks": chunks carrying a choice (no usage was sent).
+    counted: str
+    started_at: float = 0.0
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Tokens after the first over the time after the first (the first is the prefill's)."""
+        if self.ttft_s is None or self.completion_tokens < 2 or self.elapsed_s <= self.ttft_s:
+            return None
+        return (self.completion_tokens - 1) / (self.elapsed_s - self.ttft_s)
+
+    @property
+    def prefill_tps(self) -> float | None:
+        """Prompt tokens over the time to the first token (TTFT-based: includes the queue and one step)."""
+        if not self.prompt_tokens or not self.ttft_s:
+            return None
+        return self.prompt_tokens / self.ttft_s
+
+
+def parse_sse(lines: Iterable[tuple[float, bytes]]) -> list[tuple[float, dict]]:
+    """Server-sent events as (time, JSON payload): `data:` lines only, up to `data: [DONE]`."""
+    events = []
+    for at, raw in lines:
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            break
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            raise BenchError("stream", f"an event that is not JSON: {data[:120]!r}") from None
+        if isinstance(payload, dict) and payload.get("error"):
+            raise BenchError("stream", f"the server sent an error: {str(payload['error'])[:300]}")
+        if isinstance(payload, dict):
+            events.append((at, payload))
+    return events
+
+
+def stream_figures(started: float, events: list[tuple[float, dict]]) -> StreamFigures:
+    """A stream's figures from its events (times on the clock `started` was read from)."""
+    token_times = [at for at, payload in events if payload.get("choices")]
+    usage = next((p["usage"] for _, p in reversed(events) if isinstance(p.get("usage"), dict)), None)
+    end = events[-1][0] if events else started
+    if usage and usage.get("completion_tokens") is not None:
+        tokens, prompt, counted = int(usage["completion_tokens"]), usage.get("prompt_tokens"), "usage"
+    else:
+        tokens, prompt, counted = len(token_times), None, "chunks"
+    return StreamFigures(
+        ttft_s=(token_times[0] - started) if token_times else None,
+        elapsed_s=end - started,
+        completion_tokens=tokens,
+        prompt_tokens=int(prompt) if prompt is not None else None,
+        counted=counted,
+        started_at=started,
+    )
+
+
+def aggregate_tps(streams: list[StreamFigures]) -> float | None:
+    """Every stream's generated tokens over the wall time from the first start to the last end."""
+    if not streams:
+        return None
+    first = min(s.started_at for s in streams)
+    last = max(s.started_at + s.elapsed_s for s in streams)
+    tokens = sum(s.completion_tokens for s in streams)
+    return tokens / (last - first) if last > first and tokens else None
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def figures(decode: StreamFigures, prefill: StreamFigures, streams: list[StreamFigures]) -> dict:
+    """The bench's figures, as the stack output records them."""
+    counted = {s.counted for s in (decode, prefill, *streams)}
+    return {
+        "decode_tps": _round(decode.decode_tps),
+        "ttft_s": _round(decode.ttft_s, 3),
+        "output_tokens": decode.completion_tokens,
+        "prefill_tps": _round(prefill.prefill_tps, 1),
+        "prefill_ttft_s": _round(prefill.ttft_s, 3),
+        "prompt_tokens": prefill.prompt_tokens,
+        "aggregate_tps": _round(aggregate_tps(streams)),
+        "concurrency": len(streams),
+        # "usage" unless some stream carried no usage (its tokens were counted from chunks).
+        "counted": "usage" if counted == {"usage"} else "chunks",
+    }
+
+
+def nccl_network(lines: Iterable[str]) -> str | None:
+    """The networks NCCL said it used (`IB`, `Socket`, several joined by `,`), None if it never said."""
+    seen: list[str] = []
+    for line in lines:
+        match = _NCCL_NETWORK.search(line)
+        if match and match.group(1) not in seen:
+            seen.append(match.group(1))
+    return ",".join(seen) or None
+
+
+def nonce() -> str:
+    return binascii.hexlify(os.urandom(6)).decode()
+
+
+def long_prompt(tokens: int) -> str:
+    """A prompt of about `tokens` tokens (a nonce first: no cached prefix serves it)."""
+    words = [FILLER[i % len(FILLER)] for i in range(max(tokens - 8, 1))]
+    return f"[{nonce()}] " + " ".join(words)
+
+
+def body(model: str, prompt: str, max_tokens: int) -> dict:
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        # vLLM's extension: generate max_tokens whatever the model would end with.
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+class Client:
+    """Streams completions from one server, every read bounded by the bench's deadline."""
+
+    def __init__(self, base: str, api_key: str | None, end: float, clock: Callable[[], float]):
+        self.url = base.rstrip("/") + "/v1/completions"
+        self.api_key = api_key
+        self.end = end
+        self.clock = clock
+
+    def stream(self, stage: str, payload: dict) -> StreamFigures:
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url, json.dumps(payload).encode(), headers, method="POST")
+        started = self.clock()
+        left = self.end - started
+        if left <= 0:
+            raise BenchError(stage, "the bench's deadline passed before it started")
+        try:
+            with urllib.request.urlopen(request, timeout=left) as answer:
+                events = parse_sse(self._lines(stage, answer))
+        except urllib.error.HTTPError as exc:
+            text = exc.read()[:300].decode(errors="replace")
+            if exc.code in (401, 403):
+                detail = f"the server answered {exc.code}: the API key does not match the server's"
+                raise BenchError(stage, detail, rejected=True) from None
+            raise BenchError(stage, f"the server answered {exc.code}: {text}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise BenchError(stage, f"{self.url}: {getattr(exc, 'reason', exc)}") from None
+        figures = stream_figures(started, events)
+        if figures.ttft_s is None:
+            raise BenchError(stage, f"the stream carried no token ({len(events)} events)")
+        return figures
+
+    def _lines(self, stage: str, answer) -> Iterable[tuple[float, bytes]]:
+        for raw in answer:
+            now = self.clock()
+            if now > self.end:
+                raise BenchError(stage, "the bench's deadline passed during the stream")
+            yield now, raw
+
+
+def concurrent(client: Client, model: str, count: int, tokens: int) -> list[StreamFigures]:
+    """`count` streams of `tokens` each, all started together; the first failure is raised."""
+    results: list[StreamFigures | None] = [None] * count
+    failures: list[BenchError] = []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = client.stream("concurrent", body(model, f"[{nonce()}] {SHORT_PROMPT}", tokens))
+        except BenchError as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(client.end - client.clock(), 0) + 5)
+    if failures:
+        raise failures[0]
+    if any(r is None for r in results):
+        raise BenchError("concurrent", "a stream did not end by the bench's deadline")
+    return [r for r in results if r is not None]
+
+
+def run(
+    client: Client, model: str, output_tokens: int, prompt_tokens: int, count: int, say: Callable[[str], None]
+) -> dict:
+    """The warm-up, then decode, prefill and aggregate; their figures."""
+    say(f"{BENCH_PROGRESS_PREFIX}warm-up ({WARMUP_TOKENS} tokens)")
+    client.stream("warm-up", body(model, f"[{nonce()}] {SHORT_PROMPT}", WARMUP_TOKENS))
+    say(f"{BENCH_PROGRESS_PREFIX}decode: one stream of {output_tokens} tokens")
+    decode = client.stream("decode", body(model, f"[{nonce()}] {SHORT_PROMPT}", output_tokens))
+    say(f"{BENCH_PROGRESS_PREFIX}prefill: a prompt of about {prompt_tokens} tokens")
+    prefill = client.stream("prefill", body(model, long_prompt(prompt_tokens), 1))
+    say(f"{BENCH_PROGRESS_PREFIX}aggregate: {count} streams of {output_tokens} tokens at once")
+    streams = concurrent(client, model, count, output_tokens)
+    return figures(decode, prefill, streams)
+
+
+def log_network(container: str) -> str | None:
+    """NCCL's network from the container's log (its first LOG_SCAN_LINES lines, LOG_SCAN_S at most)."""
+    try:
+        reader = subprocess.Popen(
+            ["docker", "logs", container], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    except OSError:
+        return None
+    timer = threading.Timer(LOG_SCAN_S, reader.kill)
+    timer.start()
+    try:
+        heads = zip(range(LOG_SCAN_LINES), reader.stdout, strict=False)
+        lines = (raw.decode(errors="replace") for _, raw in heads)
+        return nccl_network(lines)
+    finally:
+        timer.cancel()
+        reader.kill()
+        reader.wait()
+
+
+def main(argv: list | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="serve_bench", description="Measure the served speed.")
+    parser.add_argument("--url", required=True, help="server base URL as seen from here")
+    parser.add_argument("--model", required=True, help="served model name")
+    parser.add_argument("--output-tokens", type=int, required=True)
+    parser.add_argument("--prompt-tokens", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--deadline", type=float, required=True, help="seconds for the whole bench")
+    parser.add_argument("--log-container", help="the server's container (NCCL's network from its log)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    client = Client(
+        args.url, os.environ.get(PROBE_API_KEY_ENV) or None, started + args.deadline, time.monotonic
+    )
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        measured = run(client, args.model, args.output_tokens, args.prompt_tokens, args.concurrency, say)
+    except BenchError as exc:
+        print(str(exc), file=sys.stderr)
+        return Exit.REJECTED if exc.rejected else Exit.FAILED
+    report = {
+        "figures": measured,
+        "nccl_network": log_network(args.log_container) if args.log_container else None,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "measured_at": round(time.time()),
+    }
+    print(json.dumps(report))
+    return Exit.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
