@@ -175,10 +175,23 @@ def nonce() -> str:
     return binascii.hexlify(os.urandom(6)).decode()
 
 
-def long_prompt(tokens: int) -> str:
-    """A prompt of about `tokens` tokens (a nonce first: no cached prefix serves it)."""
-    words = [FILLER[i % len(FILLER)] for i in range(max(tokens - 8, 1))]
+def long_prompt(tokens: int, words_per_token: float = 1.0) -> str:
+    """A prompt of about `tokens` tokens at `words_per_token` (a nonce first: no cached prefix serves it)."""
+    words = [FILLER[i % len(FILLER)] for i in range(max(int((tokens - 8) * words_per_token), 1))]
     return f"[{nonce()}] " + " ".join(words)
+
+
+def sized_prompt(client: "Client", model: str, tokens: int) -> str:
+    """A prompt of about `tokens` tokens as the server's own tokenizer counts them (vLLM's /tokenize;
+    a word a token where the server has none): tokenizers differ several-fold in words per token."""
+    prompt = long_prompt(tokens)
+    for _ in range(2):
+        counted = client.count_tokens(model, prompt)
+        if not counted or abs(counted - tokens) <= max(tokens // 20, 2):
+            return prompt
+        words = len(prompt.split()) - 1
+        prompt = long_prompt(tokens, words_per_token=max(words, 1) / max(counted - 8, 1))
+    return prompt
 
 
 def body(model: str, prompt: str, max_tokens: int) -> dict:
@@ -228,6 +241,23 @@ class Client:
             raise BenchError(stage, f"the stream carried no token ({len(events)} events)")
         return figures
 
+    def count_tokens(self, model: str, prompt: str) -> int | None:
+        """The prompt's token count by the server's tokenizer (vLLM's /tokenize), None without one."""
+        url = self.url.removesuffix("/v1/completions") + "/tokenize"
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        payload = json.dumps({"model": model, "prompt": prompt, "add_special_tokens": True}).encode()
+        try:
+            timeout = max(min(self.end - self.clock(), 30.0), 1.0)
+            with urllib.request.urlopen(
+                urllib.request.Request(url, payload, headers), timeout=timeout
+            ) as answer:
+                count = json.loads(answer.read()).get("count")
+        except (OSError, ValueError):
+            return None
+        return int(count) if isinstance(count, int) else None
+
     def _lines(self, stage: str, answer) -> Iterable[tuple[float, bytes]]:
         for raw in answer:
             now = self.clock()
@@ -268,7 +298,7 @@ def run(
     say(f"{BENCH_PROGRESS_PREFIX}decode: one stream of {output_tokens} tokens")
     decode = client.stream("decode", body(model, f"[{nonce()}] {SHORT_PROMPT}", output_tokens))
     say(f"{BENCH_PROGRESS_PREFIX}prefill: a prompt of about {prompt_tokens} tokens")
-    prefill = client.stream("prefill", body(model, long_prompt(prompt_tokens), 1))
+    prefill = client.stream("prefill", body(model, sized_prompt(client, model, prompt_tokens), 1))
     say(f"{BENCH_PROGRESS_PREFIX}aggregate: {count} streams of {output_tokens} tokens at once")
     streams = concurrent(client, model, count, output_tokens)
     return figures(decode, prefill, streams)

@@ -202,6 +202,12 @@ class Streamer(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         server = self.server
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":  # vLLM's: the prompt's count by the server's tokenizer (a word a token)
+            server.counted.append(body)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps({"count": len(str(body["prompt"]).split())}).encode())
+            return
         server.seen.append({"auth": self.headers.get("Authorization"), "body": body})
         if self.headers.get("Authorization") != f"Bearer {server.key}":
             self.send_response(401)
@@ -224,7 +230,7 @@ class Streamer(BaseHTTPRequestHandler):
 @pytest.fixture
 def streamer():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Streamer)
-    server.seen, server.key = [], KEY
+    server.seen, server.counted, server.key = [], [], KEY
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -260,6 +266,8 @@ def test_the_shipped_program_measures_with_its_key_from_stdin(streamer):
         b["stream"] and b["ignore_eos"] and b["stream_options"] == {"include_usage": True} for b in bodies
     )
     assert {seen["auth"] for seen in streamer.seen} == {f"Bearer {KEY}"}
+    # The prefill prompt was sized by the server's own count (once: it was within 5 %).
+    assert len(streamer.counted) == 1 and streamer.counted[0]["model"] == MODEL
     # Every prompt is new to the prefix cache.
     assert len({b["prompt"] for b in bodies}) == len(bodies)
     assert b"bench decode" in done.stderr and b"bench aggregate" in done.stderr
@@ -519,3 +527,26 @@ def test_enforce_passes_at_or_above_every_floor(runs):
     answers.append(REPORT)
     outs = ServeBenchProvider().create({**RECORDED, "mode": "enforce", "floors": {"min_decode_tps": 12}}).outs
     assert outs["verdict"] == "pass" and outs["shortfalls"] == [] and outs["causes"] == []
+
+
+class CountingClient:
+    """A server whose tokenizer makes one token of every byte (the lab's tiny checkpoint's)."""
+
+    def __init__(self, per_token: float | None):
+        self.per_token = per_token
+        self.asked = 0
+
+    def count_tokens(self, model: str, prompt: str) -> int | None:
+        self.asked += 1
+        return None if self.per_token is None else int(len(prompt.encode()) / self.per_token)
+
+
+def test_the_prefill_prompt_is_sized_by_the_server_s_own_tokenizer():
+    from components.node_programs.serve_bench import sized_prompt
+
+    byte_level = CountingClient(per_token=1.0)
+    prompt = sized_prompt(byte_level, "m", 256)
+    assert abs(byte_level.count_tokens("m", prompt) - 256) <= 12, len(prompt)
+    # A word a token where the server cannot count: the old estimate, asked once.
+    none = CountingClient(per_token=None)
+    assert len(sized_prompt(none, "m", 256).split()) == 249 and none.asked == 1
