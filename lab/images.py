@@ -9,11 +9,12 @@ import shutil
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lab.engines import debian_mirror, find_binary
 from lab.layout import LabError, LabNode, cache_dir
-from lab.remote import docker
+from lab.remote import docker, ssh_argv
 
 BUSYBOX_TAG = "lab-busybox:1"
 DEBIAN_TAG = "lab-debian:bookworm"
@@ -166,3 +167,47 @@ def debian_image(node: LabNode, tag: str = DEBIAN_TAG, suite: str = DEBIAN_SUITE
     if not imported:
         raise LabError(f"lab: {node.name}: docker import reported success but {tag} is missing")
     return imported
+
+
+def save_image(node: LabNode, tag: str, saved: Path, stale: str, timeout: float = 600) -> None:
+    """`docker save` of `tag` on the node into `saved` (whole or not at all); other tarballs matching
+    `stale` beside it (images for inputs that no longer exist) are removed, with their .json records."""
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
+    with open(partial, "wb") as out:
+        done = subprocess.run(
+            ssh_argv(node, ["docker", "save", tag]), stdout=out, stderr=subprocess.PIPE, timeout=timeout
+        )
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise LabError(
+            f"lab: {node.name}: docker save {tag} failed: {done.stderr.decode(errors='replace')[-500:]}"
+        )
+    partial.replace(saved)
+    for old in saved.parent.glob(stale):
+        if old != saved:
+            old.unlink(missing_ok=True)
+            old.with_suffix(".json").unlink(missing_ok=True)
+
+
+def cached_image(
+    node: LabNode, tag: str, saved: Path, build: Callable[[], None], timeout: float = 600
+) -> str:
+    """The ID of image `tag` on the node: present, loaded from its tarball `saved`, or made by `build`
+    (which leaves it on the node and saved)."""
+    existing = image_id(node, tag)
+    if existing:
+        return existing
+    started = time.monotonic()
+    if saved.exists():
+        with open(saved, "rb") as stream:
+            docker(node, "load", stdin=stream, timeout=timeout)
+        how = f"loaded from {saved}"
+    else:
+        build()
+        how = f"built and saved to {saved}"
+    found = image_id(node, tag)
+    if not found:
+        raise LabError(f"lab: {node.name}: {tag} is missing after it was {how}")
+    print(f"lab: {node.name}: {tag} {how} in {time.monotonic() - started:.0f}s")
+    return found

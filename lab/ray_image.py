@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import platform
 import subprocess
 import sys
@@ -19,9 +18,16 @@ import tarfile
 import time
 from pathlib import Path
 
-from lab.images import DEBIAN_TAG, FIXED_MTIME, debian_image, debian_rootfs_tarball, image_id
+from lab.images import (
+    DEBIAN_TAG,
+    FIXED_MTIME,
+    cached_image,
+    debian_image,
+    debian_rootfs_tarball,
+    save_image,
+)
 from lab.layout import LabError, LabNode, cache_dir
-from lab.remote import docker, ssh_argv
+from lab.remote import docker
 
 RAY_VERSION = "2.60.0"
 RAY_REQUIREMENT = f"ray[default]=={RAY_VERSION}"
@@ -197,16 +203,9 @@ def ray_image(node: LabNode) -> tuple[str, str]:
     """(tag, image ID) of the lab Ray image on `node`: present, loaded from the cache, or built."""
     context = build_context(ensure_wheels(), STANDIN_SOURCE.read_bytes())
     tag = image_tag(context, rootfs_identity(debian_rootfs_tarball()))
-    existing = image_id(node, tag)
-    if existing:
-        return tag, existing
     saved = saved_image(tag)
-    started = time.monotonic()
-    if saved.exists():
-        with open(saved, "rb") as stream:
-            docker(node, "load", stdin=stream, timeout=600)
-        how = f"loaded from {saved}"
-    else:
+
+    def build() -> None:
         debian_image(node)
         built = docker(
             node, "build", "--network", "host", "--tag", tag, "-", input=context, timeout=900, check=False
@@ -214,32 +213,10 @@ def ray_image(node: LabNode) -> tuple[str, str]:
         if built.returncode != 0:
             tail = "\n".join(built.err.splitlines()[-15:] or built.out.splitlines()[-15:])
             raise LabError(f"lab: {node.name}: building {tag} failed (exit {built.returncode}):\n{tail}")
-        _save(node, tag, saved)
+        save_image(node, tag, saved, f"{IMAGE_NAME}-*.tar")
         docker(node, "image", "prune", "--force", "--filter", f"label={INSTALL_STAGE_LABEL}", check=False)
-        how = f"built and saved to {saved}"
-    found = image_id(node, tag)
-    if not found:
-        raise LabError(f"lab: {node.name}: {tag} is missing after it was {how}")
-    print(f"lab: {node.name}: {tag} {how} in {time.monotonic() - started:.0f}s")
-    return tag, found
 
-
-def _save(node: LabNode, tag: str, saved: Path) -> None:
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
-    with open(partial, "wb") as out:
-        done = subprocess.run(
-            ssh_argv(node, ["docker", "save", tag]), stdout=out, stderr=subprocess.PIPE, timeout=600
-        )
-    if done.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise LabError(
-            f"lab: {node.name}: docker save {tag} failed: {done.stderr.decode(errors='replace')[-500:]}"
-        )
-    partial.replace(saved)
-    for stale in saved.parent.glob(f"{IMAGE_NAME}-*.tar"):
-        if stale != saved:
-            stale.unlink(missing_ok=True)  # an image for inputs that no longer exist
+    return tag, cached_image(node, tag, saved, build)
 
 
 def ray_images(nodes: list[LabNode]) -> dict[str, str]:

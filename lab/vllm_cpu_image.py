@@ -23,15 +23,22 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 import zipfile
 from pathlib import Path
 
-from lab.images import DEBIAN_TAG, FIXED_MTIME, debian_image, debian_rootfs_tarball, image_id
+from lab.images import (
+    DEBIAN_TAG,
+    FIXED_MTIME,
+    cached_image,
+    debian_image,
+    debian_rootfs_tarball,
+    image_id,
+    save_image,
+)
 from lab.layout import LabError, LabNode, cache_dir
 from lab.ray_image import check_host_python, rootfs_identity
-from lab.remote import docker, ssh_argv
+from lab.remote import docker
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -183,32 +190,27 @@ def build_record(tag: str) -> dict | None:
 
 
 def vllm_cpu_image(node: LabNode) -> tuple[str, str]:
-    """(tag, image ID) of the real-vLLM lab image on `node`: present, loaded from the cache, or built."""
+    """(tag, image ID) of the real-vLLM lab image on `node`: present, loaded from the cache, or built
+    (its build's seconds and size recorded beside the tarball, for `make bench`)."""
     wheels = ensure_wheels()
     install = install_tag(wheels, rootfs_identity(debian_rootfs_tarball()))
     tag = image_tag(install)
-    existing = image_id(node, tag)
-    if existing:
-        return tag, existing
     saved = saved_image(tag)
-    started = time.monotonic()
-    if saved.exists():
-        with open(saved, "rb") as stream:
-            docker(node, "load", stdin=stream, timeout=1200)
-        how = f"loaded from {saved}"
-    else:
+
+    def build() -> None:
+        started = time.monotonic()
         if not image_id(node, install):
             _install(node, install, wheels)
-        docker(
-            node, "build", "--network", "none", "--tag", tag, "-", input=_context(config_dockerfile(install))
-        )
-        _save(node, tag, saved)
-        how = f"built and saved to {saved}"
-    found = image_id(node, tag)
-    if not found:
-        raise LabError(f"lab: {node.name}: {tag} is missing after it was {how}")
-    print(f"lab: {node.name}: {tag} {how} in {time.monotonic() - started:.0f}s")
-    return tag, found
+        dockerfile = config_dockerfile(install)
+        docker(node, "build", "--network", "none", "--tag", tag, "-", input=_context(dockerfile))
+        built = time.monotonic()
+        save_image(node, tag, saved, f"{IMAGE_NAME}-*.tar", timeout=1800)
+        size = int(docker(node, "image", "inspect", "--format", "{{.Size}}", tag).out)
+        seconds = {"build_s": round(built - started, 1), "save_s": round(time.monotonic() - built, 1)}
+        record = {"tag": tag, "built_on": time.strftime("%Y-%m-%d"), "size_bytes": size, **seconds}
+        build_record_path(saved).write_text(json.dumps(record) + "\n")
+
+    return tag, cached_image(node, tag, saved, build, timeout=1200)
 
 
 def _context(dockerfile: str) -> bytes:
@@ -236,24 +238,6 @@ def _install(node: LabNode, tag: str, wheels: Path) -> None:
         docker(node, "commit", name, tag, timeout=1200)
     finally:
         docker(node, "rm", "--force", name, check=False)
-
-
-def _save(node: LabNode, tag: str, saved: Path) -> None:
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=saved.parent, prefix=saved.name, delete=False) as out:
-        done = subprocess.run(
-            ssh_argv(node, ["docker", "save", tag]), stdout=out, stderr=subprocess.PIPE, timeout=1800
-        )
-    if done.returncode != 0:
-        Path(out.name).unlink(missing_ok=True)
-        raise LabError(
-            f"lab: {node.name}: docker save {tag} failed: {done.stderr.decode(errors='replace')[-500:]}"
-        )
-    Path(out.name).replace(saved)
-    for stale in saved.parent.glob(f"{IMAGE_NAME}-*.tar"):
-        if stale != saved:
-            stale.unlink(missing_ok=True)
-            build_record_path(stale).unlink(missing_ok=True)
 
 
 def vllm_cpu_images(nodes: list[LabNode]) -> dict[str, str]:
