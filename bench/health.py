@@ -134,7 +134,7 @@ def main(nodes: dict[str, lab.LabNode] | None = None) -> int:
             f"{statistics.median(detect):.2f} s median of {HANGS} ({min(detect):.2f}-{max(detect):.2f})",
         ),
         (
-            "hang -> server ready again (restart_server)",
+            "hang -> world ready again (restart_cluster: mp restarts every rank)",
             f"{statistics.median(ready):.2f} s median of {HANGS} ({min(ready):.2f}-{max(ready):.2f})",
         ),
         ("plain: Docker's restart policy on the same hang", plain),
