@@ -3,8 +3,10 @@ and a sysfs tree per node (`nodes[].sysfs_root`, written onto the node: the lab'
 machine's filesystem) whose ACTIVE port names differ between the nodes.
 
 After `up` each node's Ray container has NCCL_IB_HCA of its own node's ACTIVE ports and no
-NCCL_IB_GID_INDEX; an MTU changed in node-b's tree shows on node-b's FabricCheck only in `pulumi
-refresh`; with the tree restored, `up` repairs it and replaces nothing. A changed fabric.probe_port
+NCCL_IB_GID_INDEX; an MTU dropped below `fabric.mtu` in node-b's tree shows on node-b's FabricCheck
+only in `pulumi refresh`; with the tree restored, `up` repairs it and replaces nothing. (An MTU that
+only differs between the ends is a warning, as NCCL runs at the smaller end's: refresh records it
+in the outputs and shows no change.) A changed fabric.probe_port
 updates the head's StackClaim and node-b's check in place and moves no container.
 """
 
@@ -56,7 +58,8 @@ def fabric_config(lab_config, roots: dict[str, str]) -> dict:
     for node in nodes:
         node.pop("ib_hca", None)
         node["sysfs_root"] = roots[node["name"]]
-    fabric = {"socket_ifname": "lo", "check": "enforce", "gid_index": "unset"}
+    # fabric.mtu is the floor that makes node-b's 1500 a refusal (a mere difference only warns).
+    fabric = {"socket_ifname": "lo", "check": "enforce", "gid_index": "unset", "mtu": 9000}
     return lab_config(fabric=fabric, nodes=nodes)
 
 
