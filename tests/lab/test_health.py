@@ -19,8 +19,19 @@ import pytest
 import lab
 from components.health.containers import watchdog_container_name
 from components.node_programs import health_wire
+from status.verdict import _guard_trips
 from tests.lab.test_mp_standin import standin_image
-from tests.support.health_lab import DEADLINE, FAILURES, GB, INTERVAL, Stack, free_ports, http, wait_for
+from tests.support.health_lab import (
+    DEADLINE,
+    FAILURES,
+    GB,
+    INTERVAL,
+    MEMINFO,
+    Stack,
+    free_ports,
+    http,
+    wait_for,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -179,6 +190,35 @@ def test_memavailable_below_the_need_blocks_the_restart(stack):
     assert stack.inspect("node-a", stack.server)[0] == "exited", "restarted despite the held memory"
     metrics = http(f"{stack.watchdog_url}/metrics")[1].decode()
     assert f'qwen35_health_mem_available_bytes{{node="node-a"}} {60 * GB}' in metrics, metrics
+
+
+@pytest.mark.health(memory_floor_gb=2, memory_floor_s=2)
+def test_the_memory_guard_stops_the_rank_below_the_floor_once_and_status_says_why(stack):
+    stack.up(rejoin=True)
+    before = stack.inspect("node-b", stack.rank)[1]
+    # node-b's MemAvailable falls to 1.5 GB and stays there: the guard stops its rank once (it re-arms
+    # only when memory is back above the floor), and the watchdog restarts the world for it, once.
+    stack.meminfo["node-b"].write_text(MEMINFO.format(kb=int(1.5 * GB) // 1024))
+    tripped = stack.wait_state(lambda s: "node-b" in (s.get("memory_guard") or {}), 30, "no guard trip")
+    trip = tripped["memory_guard"]["node-b"]
+    assert trip["acted"] is True and stack.rank in trip["stopped"], trip
+    assert trip["message"].startswith("node-b: MemAvailable 1.5 GB below the memory floor 2.0 GB"), trip
+    state = stack.wait_state(
+        lambda s: s["state"] == "healthy" and s["restarts"], 60, "no world restart for the trip"
+    )
+    assert [r["reason"] for r in state["restarts"]] == ["memory_floor"], state["restarts"]
+    assert stack.inspect("node-b", stack.rank)[1] != before, "the rank was not started again"
+    time.sleep(4 * INTERVAL)  # still below the floor: no second trip, no second restart
+    again = stack.state()
+    assert [r["reason"] for r in again["restarts"]] == ["memory_floor"], again["restarts"]
+    assert stack.inspect("node-b", stack.rank)[0] == "running"
+    agent = http(f"{stack.agent_url}/metrics")[1].decode()
+    assert 'qwen35_health_agent_memory_guard_trips_total{node="node-b"} 1' in agent, agent
+    watchdog = http(f"{stack.watchdog_url}/metrics")[1].decode()
+    assert 'restarts_total{reason="memory_floor"} 1' in watchdog, watchdog
+    (problem,) = _guard_trips(stack.cfg, again, time.time())  # status's problem line for the trip
+    assert problem.node == "node-b" and "the memory guard stopped the serving containers" in problem.what
+    assert trip["message"] in problem.what and "health.memory_floor_gb" in problem.next, problem
 
 
 @pytest.mark.health(completion_every=1)
