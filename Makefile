@@ -47,9 +47,9 @@ lab-packages:
 	@command -v go >/dev/null 2>&1 || command -v pulumi >/dev/null 2>&1 \
 	  || echo "setup: the engine tier (make engine, make up) needs Go 1.26+ to build the Pulumi CLI, or a pulumi v3.274.1+ on PATH"
 
-# The release tier runs beside the lab and engine tiers at the lowest priority (tests/tiers.py says why);
-# its output follows theirs, and any tier's failure fails `make test`.
-test: lint unit
+# The unit and release tiers run beside the lab and engine tiers at the lowest priority (tests/tiers.py
+# says why); their output follows, and any tier's failure fails `make test`.
+test: lint venv
 	$(PY) -m tests.tiers $(MAKE)
 
 # Shell scripts shipped to nodes must pass shellcheck (the node programs are Python today: none yet).

@@ -1,4 +1,4 @@
-"""tests/tiers.py: the release tier beside the others, its output after theirs, every failure counted."""
+"""tests/tiers.py: the unit and release tiers beside the others, their output after, every failure counted."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests import tiers
 FAKE_MAKE = """#!{python}
 import os, sys, time
 targets = [a for a in sys.argv[1:] if not a.startswith("-")]
-if targets == ["releasetest"]:
+if targets == ["unit", "releasetest"]:
     time.sleep(0.5)
     print("release ran at nice", os.nice(0))
     sys.exit(int(os.environ.get("RELEASE_RC", "0")))
@@ -41,4 +41,4 @@ def test_any_tier_failing_fails_and_the_release_output_follows(
     out = capfd.readouterr().out
     assert out.index("ran labtest enginetest") < out.index("release ran at nice"), out
     assert f"release ran at nice {min(19, os.nice(0) + 19)}" in out, out
-    assert f"release tier exit {release}" in out, out
+    assert f"unit and release tiers exit {release}" in out, out
