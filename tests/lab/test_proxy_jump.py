@@ -102,7 +102,13 @@ def test_both_hops_are_checked_against_the_pinned_known_hosts(node_e, node_a, tm
 
 def test_node_image_copies_onto_node_e_through_the_jump(node_a, door, node_e):
     image_id = lab.busybox_image(node_a, TAG)
-    lab.docker(node_e, "image", "rm", "--force", image_id, check=False)  # every tag of it
+    # node-e must lack the layer, not only this image: another busybox image there (the lab's own, as
+    # `python -m lab images` places it) holds the same layer, and the copy would rightly send nothing.
+    layer = lab.docker(node_a, "image", "inspect", "--format", "{{index .RootFS.Layers 0}}", image_id).out
+    for other in set(lab.docker(node_e, "image", "ls", "--all", "--quiet", "--no-trunc").out.split()):
+        layers = lab.docker(node_e, "image", "inspect", "--format", "{{json .RootFS.Layers}}", other).out
+        if layer.strip() in layers:
+            lab.docker(node_e, "image", "rm", "--force", other, check=False)  # every tag of it
     source = node_dict(door)
     destination = node_dict(node_e)
     assert "proxy_jump" in destination and "proxy_jump" not in source
