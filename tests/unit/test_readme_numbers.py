@@ -93,7 +93,7 @@ def table(text: str, header: str) -> list[str]:
 
 
 def test_the_readme_s_side_by_side_bench_is_the_upgrades_page_s():
-    header = "| case | ray | mp |"
+    header = "| case | ray | mp | mp, real vLLM |"
     readme = table((ROOT / "README.md").read_text(), header)
     upgrades = table((ROOT / "docs/upgrades.md").read_text(), header)
     assert len(readme) == 7 and readme == upgrades
