@@ -105,9 +105,11 @@ def test_node_image_copies_onto_node_e_through_the_jump(node_a, door, node_e):
     # node-e must lack the layer, not only this image: another busybox image there (the lab's own, as
     # `python -m lab images` places it) holds the same layer, and the copy would rightly send nothing.
     layer = lab.docker(node_a, "image", "inspect", "--format", "{{index .RootFS.Layers 0}}", image_id).out
-    for other in set(lab.docker(node_e, "image", "ls", "--all", "--quiet", "--no-trunc").out.split()):
-        layers = lab.docker(node_e, "image", "inspect", "--format", "{{json .RootFS.Layers}}", other).out
-        if layer.strip() in layers:
+    for other in set(lab.docker(node_e, "image", "ls", "--quiet", "--no-trunc").out.split()):
+        # check=False: removing one image may take another (its untagged parent) with it.
+        layers = "{{json .RootFS.Layers}}"
+        found = lab.docker(node_e, "image", "inspect", "--format", layers, other, check=False)
+        if layer.strip() in found.out:
             lab.docker(node_e, "image", "rm", "--force", other, check=False)  # every tag of it
     source = node_dict(door)
     destination = node_dict(node_e)
