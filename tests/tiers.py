@@ -109,11 +109,9 @@ def main(argv: list[str]) -> int:
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
         if foreground is not None:
             finish(foreground, signum)
-        if background is not None:
-            stop(background)
-        print(f"tiers: stopped by signal {signum}; the unit and release tiers were stopped", file=sys.stderr)
+        print(f"tiers: stopped by signal {signum}; the unit and release tiers are stopped", file=sys.stderr)
         return 128 + signum
-    finally:
+    finally:  # on every way out: the background tiers end with this run
         if background is not None:
             stop(background)
         for sig, handler in previous.items():

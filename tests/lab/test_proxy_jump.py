@@ -105,12 +105,12 @@ def test_node_image_copies_onto_node_e_through_the_jump(node_a, door, node_e):
     # node-e must lack the layer, not only this image: another busybox image there (the lab's own, as
     # `python -m lab images` places it) holds the same layer, and the copy would rightly send nothing.
     layer = lab.docker(node_a, "image", "inspect", "--format", "{{index .RootFS.Layers 0}}", image_id).out
-    for other in set(lab.docker(node_e, "image", "ls", "--quiet", "--no-trunc").out.split()):
-        # check=False: removing one image may take another (its untagged parent) with it.
-        layers = "{{json .RootFS.Layers}}"
-        found = lab.docker(node_e, "image", "inspect", "--format", layers, other, check=False)
-        if layer.strip() in found.out:
-            lab.docker(node_e, "image", "rm", "--force", other, check=False)  # every tag of it
+    tagged = set(lab.docker(node_e, "image", "ls", "--quiet", "--no-trunc").out.split())
+    if tagged:  # read every image's layers at once, before any removal takes an untagged parent along
+        listing = "{{.Id}} {{range .RootFS.Layers}}{{.}} {{end}}"
+        for line in lab.docker(node_e, "image", "inspect", "--format", listing, *tagged).out.splitlines():
+            if layer.strip() in line.split()[1:]:
+                lab.docker(node_e, "image", "rm", "--force", line.split()[0], check=False)  # every tag of it
     source = node_dict(door)
     destination = node_dict(node_e)
     assert "proxy_jump" in destination and "proxy_jump" not in source

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import tiers
+from tests.support.health_lab import wait_for
 
 FAKE_MAKE = """#!{python}
 import os, sys, time
@@ -53,6 +54,7 @@ def test_any_tier_failing_fails_and_the_release_output_follows(
 
 
 def alive(pid: int) -> bool:
+    """Portable, as the unit tier runs on laptops too (lab.nodes.pid_alive reads Linux's /proc)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -65,14 +67,10 @@ def test_a_sigterm_stops_the_background_tiers_with_their_group(make, tmp_path, m
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     run = subprocess.Popen([sys.executable, "-m", "tests.tiers", make], cwd=tmp_path, env=env)
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "background.pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    background = int((tmp_path / "background.pid").read_text())
+    pidfile = tmp_path / "background.pid"
+    wait_for(lambda: pidfile.exists() and pidfile.read_text(), 30, "the background tiers never started")
+    background = int(pidfile.read_text())
     time.sleep(0.5)
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=60) == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 10
-    while alive(background) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(background), "the background tiers outlived make test"
+    wait_for(lambda: not alive(background), 10, "the background tiers outlived make test")
