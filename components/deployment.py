@@ -739,6 +739,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
             "scrape_targets": scrape_targets(cfg),
             "model_support": {key: getattr(self.model_support, key) for key in MODEL_SUPPORT_OUTPUTS},
             "fabric": self._fabric_outputs(),
+            # The serving start the gate waited for: seconds from the container's start to the weights
+            # loaded, the engine and the API ready, and its first completion (docs/bench.md).
+            "cold_start": self.ready.report.apply(lambda report: (report or {}).get("cold_start")),
             # The served speed as the last `up` measured it (ServeBench; `status` shows it).
             "serve_bench": self._bench_output(),
             # How many replaced images each node keeps for a rollback (image.keep_previous).

@@ -249,12 +249,20 @@ def stack_bench(
     return stack_output("serve_bench", stack, cwd, which)
 
 
+def stack_cold_start(
+    stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
+) -> dict[str, Any]:
+    """The stack output `cold_start` ({"output": …}: the serving start the readiness gate last waited
+    for, `node_programs/cold_start.py`), or {"error": why}."""
+    return stack_output("cold_start", stack, cwd, which)
+
+
 def gather(
     config: StackConfig, key: str | None, connect_timeout: int = 10, stack: str | None = None
 ) -> dict[str, Any]:
     """Every node's report and the server's answers, all at once (a dead node costs its connect timeout);
     with `stack` given, the stack outputs `fabric` (FabricCheck on: the last probe's figures) and
-    `serve_bench` (the bench on: the last `up`'s figures)."""
+    `serve_bench` (the bench on: the last `up`'s figures) and `cold_start` (the gate's last start)."""
     requests = node_requests(config)
     access = node_access(config)
     # Every job at once: the server, each node's ask and fabric read, the stack output.
@@ -283,6 +291,7 @@ def gather(
         recorded = pool.submit(stack_fabric, stack) if fabric and stack else None
         bench_on = config.bench.mode is not BenchMode.OFF
         bench = pool.submit(stack_bench, stack) if bench_on and stack else None
+        started = pool.submit(stack_cold_start, stack) if stack else None
         nodes = {name: future.result() for name, future in asked.items()}
         for name, future in fabric.items():
             if nodes[name].get("reachable"):
@@ -292,4 +301,6 @@ def gather(
             gathered["fabric_output"] = recorded.result()
         if bench is not None:
             gathered["bench_output"] = bench.result()
+        if started is not None:
+            gathered["cold_start_output"] = started.result()
         return gathered

@@ -57,8 +57,9 @@ def text(verdict: Verdict, stack: str) -> str:
             [(name, *(cells.get(c, "-") for c in columns)) for name, cells in verdict.nodes.items()],
         )
     )
-    # The bench row only where the bench is on (its figures are the last `up`'s, from the stack output).
-    rows = [*CLUSTER_ROWS, *(["bench"] if "bench" in verdict.cluster else [])]
+    # The bench row only where the bench is on (its figures are the last `up`'s, from the stack output);
+    # the cold start's where the stack's outputs were read.
+    rows = [*CLUSTER_ROWS, *(k for k in ("bench", "cold start") if k in verdict.cluster)]
     parts.append(table(("cluster", "state"), [(k, verdict.cluster.get(k, "-")) for k in rows]))
     if verdict.retention:
         kept = verdict.retention.get("previous") or {}

@@ -27,6 +27,7 @@ from components.health.containers import watchdog_container_name
 from components.model_support import serve_memory
 from components.model_support.memory_fit import NodeMemory, memory_fit, model_shape
 from components.mp_executor import mp_container_name, node_rank
+from components.node_programs.cold_start import summary as cold_start_summary
 from components.node_programs.health_wire import gb
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
@@ -107,6 +108,11 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     if config.bench.mode is not BenchMode.OFF:
         verdict.cluster["bench"], slow = bench_line(config, facts.get("bench_output") or {})
         verdict.warnings += slow
+    if "cold_start_output" in facts:
+        watched = ((head_report.get("watchdog") or {}).get("state") or {}).get("cold_start")
+        verdict.cluster["cold start"] = cold_start_line(
+            facts["cold_start_output"], watched, head_report.get("now")
+        )
     return verdict
 
 
@@ -696,6 +702,23 @@ def fabric_lines(
         lines[node.name] = f"{node.name}: {found.get(node.name, 'fabric facts not read')}; {speed}"
         warnings += [slow] if slow else []
     return lines, warnings
+
+
+def cold_start_line(recorded: dict[str, Any], watched: Any, now: Any) -> str:
+    """The `cold start` row: the server's last start as measured, the newest of the readiness gate's
+    (the stack output `cold_start`, with the first completion it waited for) and the watchdog's (a
+    restart `up` did not see)."""
+    gate = recorded.get("output") if isinstance(recorded.get("output"), dict) else None
+    watchdog = watched if isinstance(watched, dict) and watched.get("started_at") else None
+    if gate is not None and gate.get("error"):
+        gate = None
+    if gate is None and watchdog is None:
+        why = recorded.get("error") or (recorded.get("output") or {}).get("error") or "not recorded"
+        return f"not measured ({_first_line(why)})"
+    newest, by = (gate, "the readiness gate of `pulumi up`")
+    if watchdog is not None and (gate is None or watchdog["started_at"] > (gate.get("started_at") or 0)):
+        newest, by = (watchdog, "the watchdog")
+    return f"{cold_start_summary(newest)}; started {_when(newest.get('started_at'), now)}, measured by {by}"
 
 
 BENCH_NEXT = (

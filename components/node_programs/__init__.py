@@ -41,11 +41,11 @@ def program_text(name: str) -> str:
     return (FOLDER / f"{name}.py").read_text()
 
 
-# The two ways a program imports a library: `from components.node_programs import NAME` and
-# `from components.node_programs.NAME import …`, each at the start of a line.
+# The two ways a program imports libraries: `from components.node_programs import NAME[, NAME…]` and
+# `from components.node_programs.NAME import …`, each on one line, at the start of it.
 _LIBRARY_IMPORT = re.compile(
     r"^from components\.node_programs"
-    r"(?: import ([a-z][a-z0-9_]*)\s*(?:#.*)?|\.([a-z][a-z0-9_]*) import .*)$",
+    r"(?: import ([a-z][a-z0-9_]*(?:, [a-z][a-z0-9_]*)*)\s*(?:#.*)?|\.([a-z][a-z0-9_]*) import .*)$",
     re.M,
 )
 _ANY_IMPORT = re.compile(r"^\s*(?:from|import)\s+components\.node_programs\b", re.M)
@@ -74,12 +74,12 @@ def libraries(name: str) -> tuple[str, ...]:
     imports = _LIBRARY_IMPORT.findall(text)
     if len(_ANY_IMPORT.findall(text)) != len(imports):
         raise ValueError(
-            f"node program {name}: import a library as `from components.node_programs import NAME` "
+            f"node program {name}: import a library as `from components.node_programs import NAME[, NAME]` "
             "or `from components.node_programs.NAME import …`, at the start of a line: other forms "
             "are not shipped to the node"
         )
     found: list[str] = []
-    for library in (first or second for first, second in imports):
+    for library in (one for first, second in imports for one in (first or second).split(", ")):
         for needed in (*libraries(library), library):
             if needed not in found:
                 found.append(needed)

@@ -127,6 +127,7 @@ STATE_KEYS = (
     "agent_clock_skew_s",
     "clock_skew",
     "memory_guard",
+    "cold_start",
 )
 
 
@@ -558,9 +559,11 @@ def fault_summary(diagnosis: dict) -> dict | None:
 # ---- Docker's multiplexed log stream -----------------------------------------------------------------
 
 
-def demux_logs(raw: bytes) -> list[str]:
+def demux_logs(raw: bytes, newlines_only: bool = False) -> list[str]:
     """The lines of `GET /containers/{id}/logs` for a container without a TTY (8-byte frame headers:
-    stream, 0, 0, 0, big-endian length); a stream without such headers is taken as plain text."""
+    stream, 0, 0, 0, big-endian length); a stream without such headers is taken as plain text.
+    `newlines_only`: split at `\n` alone, as Docker does when it timestamps a line (a progress bar's
+    `\r` stays inside its line)."""
     out, at = [], 0
     if raw[:1] in (b"\x00", b"\x01", b"\x02") and raw[1:4] == b"\x00\x00\x00":
         while at + 8 <= len(raw):
@@ -568,7 +571,8 @@ def demux_logs(raw: bytes) -> list[str]:
             out.append(raw[at + 8 : at + 8 + size])
             at += 8 + size
         raw = b"".join(out)
-    return raw.decode(errors="replace").splitlines()
+    text = raw.decode(errors="replace")
+    return text.rstrip("\n").split("\n") if newlines_only else text.splitlines()
 
 
 # ---- the node's own Docker (the mounted socket) ------------------------------------------------------
@@ -614,6 +618,22 @@ def act(socket_path: str, action: str, name: str, stop_timeout_s: int, timeout: 
     except (ValueError, AttributeError):
         message = body[:200].decode(errors="replace")
     return {"ok": False, "status": status, "error": message}
+
+
+def stamped_logs(
+    socket_path: str, name: str, since: float, until: float, limit: int, timeout: float = 30.0
+) -> list[str]:
+    """The container's log lines between `since` and `until` (unix seconds), at most the first `limit`,
+    each led by Docker's timestamp; OSError when the daemon cannot give them."""
+    window = f"since={int(since)}&until={int(until) + 1}"
+    url = f"/containers/{engine_api.quote(name)}/logs?stdout=1&stderr=1&timestamps=1&{window}"
+    try:
+        status, body = engine_api.call(socket_path, "GET", url, timeout)
+    except engine_api.FAILED as exc:
+        raise OSError(f"{type(exc).__name__}: {exc}") from None
+    if status != 200:
+        raise OSError(f"the daemon answered {status} for the logs of {name}")
+    return demux_logs(body, newlines_only=True)[: int(limit)]
 
 
 def logs(socket_path: str, name: str, tail: int, timeout: float = 10.0) -> list[str]:

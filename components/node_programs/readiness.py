@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 
+from components.node_programs import cold_start
 from components.node_programs.wire import PROBE_API_KEY_ENV, PROBE_PROGRESS_PREFIX, PROGRESS_DIR
 
 LOG_TAIL_LINES = 30
@@ -370,6 +372,41 @@ def _docker(argv: list[str], timeout: float = 60.0) -> str:
     return text
 
 
+def milestone_lines(container: str, started_at: str, timeout: float = 60.0) -> list[str]:
+    """The server's log lines since its start that mark a cold-start milestone (`docker logs
+    --timestamps --since`), read as a stream: a server that has logged for weeks costs no memory."""
+    argv = ["docker", "logs", "--timestamps", "--since", started_at, container]
+    marks = (cold_start.WEIGHTS, cold_start.ENGINE, cold_start.API, cold_start.MODEL_MEMORY)
+    kept: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                if any(mark.search(line) for mark in marks):
+                    kept.append(line)
+        finally:
+            timer.cancel()
+    if proc.returncode != 0:
+        raise OSError(f"docker logs exited {proc.returncode}")
+    return kept
+
+
+def start_record(container: str, waited_from: float, completion_at: float) -> dict:
+    """This server start's cold-start record (`cold_start.cold_start`): its container's start, vLLM's
+    milestones from its log, and this completion as the first when the wait began before the API
+    was ready; {"error": why} when Docker could not say."""
+    try:
+        started = _docker(["inspect", "--format", "{{.State.StartedAt}}", container]).strip()
+        record = cold_start.cold_start(
+            started, milestone_lines(container, started), completion_at, waited_from
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return record if record is not None else {"error": f"no start time for {container}: {started!r}"}
+
+
 class ProgressFile:
     """This wait's stage on stderr (the gate relays it) and in `~/.qwen35/progress/<operation>.json`.
 
@@ -440,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         state_format = "{{.State.Status}} {{.State.ExitCode}}"
         server_state = lambda: _docker(["inspect", "--format", state_format, logs])  # noqa: E731
     progress_file = ProgressFile("readiness", args.node)
+    waited_from = time.time()
     try:
         report = wait_ready(
             args.url,
@@ -461,7 +499,10 @@ def main(argv: list[str] | None = None) -> int:
         return Exit.REJECTED if exc.rejected else Exit.TIMEOUT
     finally:
         progress_file.remove()
-    print(json.dumps(asdict(report)))
+    out = asdict(report)
+    if args.log_container:
+        out["cold_start"] = start_record(args.log_container, waited_from, time.time())
+    print(json.dumps(out))
     return Exit.OK
 
 

@@ -47,12 +47,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.node_programs import health_wire
+from components.node_programs import cold_start, health_wire
 
 wire = health_wire  # the short name below
 
 LOG_TAIL = 20  # server log lines kept in a diagnosis
 CALL_TIMEOUT_S = 10.0  # any one call to an agent, the daemon or Ray (the stop's own wait is added)
+# A start's log read once it answers: its milestones are among the first lines (vLLM's per-request and
+# 10-second stats lines come after).
+START_LOG_LINES = 20000
 RESTART_KEEP = 50  # restarts kept in /state's history (the window's count is what the budget reads)
 
 
@@ -235,6 +238,11 @@ class World:
     def logs(self, target: Target, tail: int) -> list[str]:
         raise NotImplementedError
 
+    def start_lines(self, target: Target, since: float, until: float) -> list[str]:
+        """The target's log lines between `since` and `until`, each with Docker's timestamp
+        (`cold_start.stamped`); OSError when they cannot be read."""
+        raise OSError("no log with timestamps in this world")
+
     def ray_nodes(self) -> dict:
         raise NotImplementedError
 
@@ -342,6 +350,8 @@ class Watchdog:
         self.guard_trips: dict[str, int] = {}  # trips seen since this watchdog started, by node
         self.memory_guard: dict[str, dict] = {}  # each node's last trip (/state `memory_guard`)
         self.tripped: dict | None = None  # the trip a recovery answers (its diagnosis names it)
+        # The server's last start as vLLM's log tells it (`cold_start.cold_start`), once it is ready.
+        self.cold_start: dict | None = None
         self.next_step = "wait: no verdict before the server is first ready or startup_s has passed"
         if self.p.spent:
             self.next_step = self._spent_next_step()
@@ -422,6 +432,27 @@ class Watchdog:
     def _healthy(self, now: float) -> None:
         self.last_ready, self.next_step = now, "nothing to do"
         self._set(wire.State.HEALTHY, now)
+        self._measure_start()
+
+    def _measure_start(self) -> None:
+        """Once per start of the server (its container's `started_at`), when it first answers: the
+        start's milestones from vLLM's log (weights loaded, engine and API ready). The first
+        completion is the readiness gate's to time: the watchdog's completions run on their own
+        schedule, so it records none."""
+        server = self.seen.get((self.s.server.node, self.s.server.name)) or {}
+        text = str(server.get("started_at") or "")
+        started = cold_start.parse_stamp(text)
+        if started is None or (self.cold_start or {}).get("started_at") == round(started, 3):
+            return
+        try:
+            # A start's milestones fall within the wait any start is given: the log after it is not read.
+            window = max(self.s.startup_s, self.s.ready_s) + CALL_TIMEOUT_S
+            lines = self.world.start_lines(self.s.server, started, started + window)
+        except OSError as exc:
+            self.cold_start = {"started_at": round(started, 3), "error": str(exc)}
+            return
+        self.cold_start = cold_start.cold_start(text, lines)
+        log(f"server start {text}: {cold_start.summary(self.cold_start)}")
 
     def _answered(self, now: float, probe: Probe) -> None:
         """/health answered: the server is ready (the first time, or after a restart); while it serves,
@@ -823,6 +854,7 @@ class Watchdog:
                 "latency_s": self.last_probe.latency_s,
             },
             "last_ttft_s": self.last_ttft,
+            "cold_start": None if self.cold_start is None else dict(self.cold_start),
             "agent_refusals": dict(getattr(self, "world_refusals", {}) or {}),
             "agent_clock_skew_s": dict(self.skew),
             "memory_guard": dict(self.memory_guard),
@@ -891,6 +923,7 @@ def metrics_text(state: dict) -> str:
             [("", state.get("last_ttft_s"))],
         ),
         *_node_families(state),
+        *_start_families(state),
         (
             "state",
             "gauge",
@@ -924,6 +957,26 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
             "counter",
             "Times a node's memory guard stopped (report mode: would have stopped) its serving containers.",
             [(f'{{node="{node}"}}', count) for node, count in trips],
+        ),
+    ]
+
+
+def _start_families(state: dict) -> list[tuple[str, str, str, list]]:
+    """The server's last start (`cold_start` in /state): when, and each milestone's seconds."""
+    start = state.get("cold_start") or {}
+    milestones = [(name, start.get(f"{name}_s")) for name in cold_start.MILESTONES[:3]]
+    return [
+        (
+            "server_started_timestamp_seconds",
+            "gauge",
+            "When the server's container last started.",
+            [("", start.get("started_at"))],
+        ),
+        (
+            "server_start_seconds",
+            "gauge",
+            "Seconds from the server container's last start to each of vLLM's milestones (its log lines).",
+            [(f'{{milestone="{name}"}}', value) for name, value in milestones],
         ),
     ]
 
@@ -1093,6 +1146,11 @@ class RealWorld(World):
         except (OSError, ValueError, KeyError) as exc:
             return [f"(no logs: {exc})"]
 
+    def start_lines(self, target: Target, since: float, until: float) -> list[str]:
+        if target.node in self.agents:
+            raise OSError(f"{target.name} runs on {target.node}: its log is read on the head only")
+        return wire.stamped_logs(self.socket, target.name, since, until, START_LOG_LINES)
+
     def ray_nodes(self) -> dict:
         """Ray's live nodes from its dashboard (best effort, bounded)."""
         if not self.s.ray_dashboard:
@@ -1129,14 +1187,7 @@ class RealWorld(World):
 
 def parse_started_at(text: str) -> float | None:
     """Docker's `State.StartedAt` (RFC 3339, UTC, nanoseconds) as unix seconds; None for none."""
-    import calendar
-
-    if not text or text.startswith("0001-"):
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")))
-    except ValueError:
-        return None
+    return cold_start.parse_stamp(text or "")
 
 
 # ---- the process -------------------------------------------------------------------------------------

@@ -43,6 +43,19 @@ def probes_again(change: Change) -> bool:
     return any(key in PROBE_KEYS for key in change.updates)
 
 
+def kept_cold_start(old_report: Mapping[str, Any] | None, report: Mapping[str, Any]) -> dict[str, Any]:
+    """The probe's report, its `cold_start` kept from `old_report` when both are one start of the
+    server (same `started_at`) and the new probe did not see it from before the API was ready: a
+    re-probe of a server that has long answered (a Ray worker recreated behind it) loses nothing
+    its first probe measured."""
+    old = (old_report or {}).get("cold_start") or {}
+    new = report.get("cold_start") or {}
+    same = old.get("started_at") is not None and old.get("started_at") == new.get("started_at")
+    if same and new.get("first_completion_s") is None and old.get("first_completion_s") is not None:
+        return {**report, "cold_start": dict(old)}
+    return dict(report)
+
+
 def refresh_deadline(props: Mapping[str, Any]) -> float:
     """The deadline of refresh's one probe: the gate's own, at most REFRESH_DEADLINE_S."""
     return min(REFRESH_DEADLINE_S, float(props.get("deadline_s") or REFRESH_DEADLINE_S))

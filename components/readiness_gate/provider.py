@@ -10,7 +10,7 @@ import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
 from components.readiness_gate.execute import ensure, observe
-from components.readiness_gate.plan import plan_change, probes_again
+from components.readiness_gate.plan import kept_cold_start, plan_change, probes_again
 
 
 class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
@@ -33,7 +33,10 @@ class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
         if not probes_again(plan_change(olds, news)):
             return dynamic.UpdateResult(outs={**olds, **news})
         # A failed probe leaves the state as it was: `deployed` stays what last served.
-        return dynamic.UpdateResult(outs=ensure(news, previous=olds.get("deployed")))
+        outs = ensure(news, previous=olds.get("deployed"))
+        return dynamic.UpdateResult(
+            outs={**outs, "report": kept_cold_start(olds.get("report"), outs["report"])}
+        )
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         if observe(props) is None:

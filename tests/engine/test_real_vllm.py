@@ -106,6 +106,24 @@ def test_the_bench_measured_vllm_s_own_speed_after_the_gate(real_stack):
     print(f"real engine bench: {json.dumps(figures)}")
 
 
+def started_at(node: lab.LabNode, name: str) -> str:
+    return lab.docker(node, "inspect", "--format", "{{.State.StartedAt}}", name).out.strip()
+
+
+def test_the_gate_recorded_the_start_s_cold_start_from_vllm_s_own_log(real_stack, lab_nodes):
+    from components.node_programs.cold_start import parse_stamp
+
+    record = real_stack.stack.run("stack", "output", "cold_start", "--json").json()
+    assert record["missing"] == [] and "error" not in record, record
+    assert record["started_at"] == round(parse_stamp(started_at(lab_nodes["node-a"], HEAD)), 3), record
+    # vLLM's order: the weights, then the engine (KV cache, warm-up), then the API; the gate waited
+    # from before the API was ready, so its completion is the start's first.
+    figures = [record[k] for k in ("weights_loaded_s", "engine_ready_s", "api_ready_s", "first_completion_s")]
+    assert 0 < figures[0] <= figures[1] <= figures[2] <= figures[3], record
+    assert record["vllm"]["load_weights_s"] >= 0 and record["vllm"]["init_engine_s"] > 0, record
+    print(f"real engine cold start: {json.dumps(record)}")
+
+
 def test_a_no_op_up_changes_nothing_and_measures_nothing(real_stack):
     before = real_stack.stack.run("stack", "output", "serve_bench", "--json").json()
     run = up(real_stack.stack)
@@ -167,6 +185,8 @@ def test_status_shows_each_rank_and_the_serving_engine(real_stack):
         assert line in table, table[-3000:]
     # The engine answered what status asks of it: /health, the model list and a completion.
     assert "completion" in table and "executor mp" in table, table[-3000:]
+    # The gate's cold start of this server, from vLLM's own lines.
+    assert "measured by the readiness gate of `pulumi up`" in table and "first completion" in table, table
     report = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=180,
                                        env=env, cwd=root).stdout)  # fmt: skip
     assert HEAD in json.dumps(report) and RANK1 in json.dumps(report)
@@ -289,6 +309,20 @@ def test_a_killed_headless_rank_is_recovered_as_a_world(real_stack, lab_nodes):
     # The world, not the rank alone: the head was restarted too.
     after = lab.docker(lab_nodes["node-a"], "inspect", "--format", "{{.State.StartedAt}}", HEAD).out
     assert after != head_id, (found["restarts"][-1], head_id, after)
+    # A start `up` never saw: the watchdog read its milestones from vLLM's log once it answered.
+    from components.node_programs.cold_start import parse_stamp
+
+    started = round(parse_stamp(after.strip()), 3)
+    seen = wait_state(
+        real_stack,
+        lambda s: (s.get("cold_start") or {}).get("started_at") == started,
+        60,
+        "the restart's start",
+    )["cold_start"]
+    assert seen["missing"] == [] and 0 < seen["weights_loaded_s"] <= seen["api_ready_s"], seen
+    metrics = urllib.request.urlopen(state_url(real_stack).replace("/state", "/metrics"), timeout=10).read()
+    assert b'qwen35_health_server_start_seconds{milestone="engine_ready"}' in metrics, metrics[-2000:]
+    print(f"real engine: the watchdog's record of a world restart: {json.dumps(seen)}")
 
 
 def test_a_serving_setting_changed_by_up_spends_no_budget(real_stack, real_image, real_hub):

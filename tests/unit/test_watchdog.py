@@ -224,7 +224,7 @@ def test_docker_s_restarts_are_recorded_but_never_acted_on_in_report_mode():
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("2026-12-02T01:40:56.123456789Z", 1796175656.0), ("0001-01-01T00:00:00Z", None), ("", None)],
+    [("2026-12-02T01:40:56.123456789Z", 1796175656.123456), ("0001-01-01T00:00:00Z", None), ("", None)],
 )
 def test_docker_start_times(text, expected):
     assert parse_started_at(text) == expected
