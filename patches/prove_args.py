@@ -11,9 +11,15 @@ and `--speculative-config`, it builds vLLM's `SpeculativeConfig` for this checkp
 (as `create_engine_config` does) and, for the `mtp` method, requires `mtp.*` tensors in the
 checkpoint's safetensors index.
 
-Stages, in order: environment (vLLM imports), parse, validate, engine_args, speculative. The last
-stdout line is one JSON report: verdict, failed_stage, flag (the flag at fault, when known), error
-(vLLM's own message), vllm. Exit 0 when every stage passes, 1 when one fails, 2 on a usage error.
+The `loader` stage then checks that the image has the Python package its `--load-format` loads with:
+vLLM imports `fastsafetensors`, `instanttensor`, `runai_model_streamer`, `tensorizer` or `gguf` only
+once it loads the weights (a placeholder module until then), so without the package every stage
+above passes and the server fails minutes into its start.
+
+Stages, in order: environment (vLLM imports), parse, validate, engine_args, loader, speculative. The
+last stdout line is one JSON report: verdict, failed_stage, flag (the flag at fault, when known),
+error (vLLM's own message), vllm, loader (the package the load format needs, when it needs one).
+Exit 0 when every stage passes, 1 when one fails, 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -29,7 +35,18 @@ import sys
 import tempfile
 import traceback
 
-STAGES = ("environment", "parse", "validate", "engine_args", "speculative")
+STAGES = ("environment", "parse", "validate", "engine_args", "loader", "speculative")
+# The module each load format's loader imports when it loads (vLLM's model_loader/weight_utils.py and
+# tensorizer.py; tests/release/test_serve_args.py reads each release's sources for these imports), and
+# the distribution that provides it.
+LOADER_PACKAGES = {
+    "fastsafetensors": ("fastsafetensors", "fastsafetensors"),
+    "instanttensor": ("instanttensor", "instanttensor"),
+    "runai_streamer": ("runai_model_streamer", "runai-model-streamer"),
+    "runai_streamer_sharded": ("runai_model_streamer", "runai-model-streamer"),
+    "tensorizer": ("tensorizer", "tensorizer"),
+    "gguf": ("gguf", "gguf"),
+}
 INDEX = "model.safetensors.index.json"
 # What argparse puts before the message: `vllm serve: error: …`.
 ARGPARSE_ERROR = re.compile(r"error: (.*)$", re.DOTALL)
@@ -95,6 +112,27 @@ def engine_args_of(args):
         return AsyncEngineArgs.from_cli_args(args)
     except Exception as exc:
         raise StageFailed("engine_args", _one_line(exc)) from None
+
+
+def prove_loader(engine_args) -> str | None:
+    """The package `--load-format` loads with (None for a format that needs none), or StageFailed
+    when this image's python cannot find it."""
+    import importlib.util
+
+    chosen = getattr(engine_args, "load_format", "auto")
+    chosen = str(getattr(chosen, "value", chosen))
+    if chosen not in LOADER_PACKAGES:
+        return None
+    module, distribution = LOADER_PACKAGES[chosen]
+    if importlib.util.find_spec(module) is None:
+        raise StageFailed(
+            "loader",
+            f"--load-format {chosen} loads the weights with the Python package `{module}`, which this "
+            f"image does not have: vLLM would fail only once it loads them (install `{distribution}` "
+            "in the image, or leave serve.load_format at auto)",
+            "--load-format",
+        )
+    return module
 
 
 def _cpu_platform() -> None:
@@ -189,7 +227,9 @@ def serve_from_cache(argv: list[str], checkpoint: str | None) -> str | None:
 
 
 def prove(argv: list[str], checkpoint: str | None) -> dict:
-    report: dict = {"verdict": "fail", "failed_stage": None, "flag": None, "error": "", "vllm": None}
+    report: dict = {
+        "verdict": "fail", "failed_stage": None, "flag": None, "error": "", "vllm": None, "loader": None
+    }  # fmt: skip
     stage = "environment"
     try:
         try:
@@ -206,6 +246,8 @@ def prove(argv: list[str], checkpoint: str | None) -> dict:
         validate(args, command)
         stage = "engine_args"
         engine_args = engine_args_of(args)
+        stage = "loader"
+        report["loader"] = prove_loader(engine_args)
         report["speculative"] = None
         stage = "speculative"
         if engine_args.speculative_config:

@@ -18,7 +18,7 @@ from components.remote import Result, stderr_tail
 
 ARGS_PROGRAM = "prove_args.py"
 # What the stack outputs carry of the argument proof's report.
-REPORT_FIELDS = ("verdict", "failed_stage", "flag", "error", "vllm", "speculative")
+REPORT_FIELDS = ("verdict", "failed_stage", "flag", "error", "vllm", "loader", "speculative")
 HINTS = {
     "environment": "the image's python3 cannot import vLLM: use an image with vLLM >= 0.17",
     "parse": (
@@ -27,6 +27,10 @@ HINTS = {
     ),
     "validate": "vLLM's own start-up checks refuse this combination: see the error above",
     "engine_args": "vLLM could not build its engine arguments from these flags: see the error above",
+    "loader": (
+        "serve.load_format needs a Python package this image lacks: install it in the image (an "
+        "image.strategy build's pip install), or set serve.load_format: auto"
+    ),
     "speculative": (
         "this vLLM cannot speculate with this checkpoint as configured: set serve.speculative to a "
         "method it supports (mtp needs the checkpoint's mtp.* tensors), or serve.speculative: null"

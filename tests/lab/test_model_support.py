@@ -335,3 +335,26 @@ def test_the_real_vllm_check_refuses_a_checkpoint_with_a_missing_shard(
     assert "failed at stage 'load'" in message, message
     assert "MissingShard" in message and "model-00002-of-00002.safetensors" in message, message
     assert leftover_containers(node_a) == []
+
+
+@pytest.mark.parametrize("load_format", ["fastsafetensors", "instanttensor"])
+def test_the_real_vllm_check_refuses_a_load_format_whose_package_the_image_lacks(
+    node_a, real_vllm_image, tiny_snapshot, load_format
+):
+    """vLLM 0.32.0 takes both formats at every stage of its own and imports their package only once
+    it loads the weights; the lab image has neither package, so `up` stops before any server starts."""
+    from components.config import ServeConfig
+    from components.vllm_server import serve_argv
+
+    argv = serve_argv(ServeConfig(model="/models/qwen35", speculative=None, load_format=load_format))
+    started = time.time()
+    with pytest.raises(ModelSupportError) as info:
+        ModelSupportCheckProvider().create(
+            {**real_props(node_a, real_vllm_image, tiny_snapshot), "serve_argv": argv}
+        )
+    message = str(info.value)
+    assert "'loader'" in message and "(--load-format)" in message, message
+    assert f"`{load_format}`, which this image does not have" in message, message
+    assert "serve.load_format: auto" in message, message
+    print(f"the loader refusal took {time.time() - started:.1f} s")
+    assert leftover_containers(node_a) == []

@@ -117,6 +117,55 @@ def test_a_model_path_that_is_not_mounted_still_parses(prebuilt):
     assert proof.report["speculative"] is None
 
 
+# ---- serve.load_format: the package its loader imports only once it loads ----------------
+
+
+def test_a_load_format_whose_package_the_image_lacks_is_refused_at_the_loader_stage(prebuilt):
+    """vLLM 0.17.1 takes `--load-format fastsafetensors` at every stage of its own (the package is a
+    placeholder until the weights load); the proof refuses it at `loader`, naming the package."""
+    argv = serve_argv(ServeConfig(model="/models/qwen35", speculative=None, load_format="fastsafetensors"))
+    proof = run_args_proof(prebuilt, argv)
+    assert proof.returncode == 1 and proof.report["failed_stage"] == "loader", proof.why()
+    assert proof.report["flag"] == "--load-format", proof.why()
+    assert "`fastsafetensors`, which this image does not have" in proof.report["error"], proof.why()
+
+
+def test_a_load_format_whose_package_the_image_has_passes_naming_it(prebuilt):
+    argv = serve_argv(ServeConfig(model="/models/qwen35", speculative=None, load_format="gguf"))
+    proof = run_args_proof(prebuilt, argv)
+    assert proof.returncode == 0 and proof.report["loader"] == "gguf", proof.why()
+
+
+def vllm_folder(python: Path) -> Path:
+    """Where this python's vLLM is installed (found without importing it)."""
+    where = "import importlib.util; print(importlib.util.find_spec('vllm').submodule_search_locations[0])"
+    return Path(
+        subprocess.run([str(python), "-c", where], capture_output=True, text=True, check=True).stdout.strip()
+    )
+
+
+@pytest.mark.parametrize("release", ["prebuilt", "seed_base"])
+def test_the_loader_table_is_what_vllm_imports(release, request):
+    """Each release's model loaders: every package they import lazily (a `PlaceholderModule`) is in
+    patches/prove_args.py's table, and every module of the table that this vLLM has a loader for is
+    imported there."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(PATCHES))
+    try:
+        from prove_args import LOADER_PACKAGES
+    finally:
+        sys.path.remove(str(PATCHES))
+    loaders = vllm_folder(request.getfixturevalue(release)) / "model_executor" / "model_loader"
+    source = "\n".join(path.read_text() for path in sorted(loaders.glob("*.py")))
+    lazy = set(re.findall(r'PlaceholderModule\("([a-z_]+)"\)', source))
+    modules = {module for module, _ in LOADER_PACKAGES.values()}
+    assert lazy and lazy <= modules, (lazy, modules)
+    imported = set(re.findall(r"^\s*(?:from|import) ([a-z_]+)", source, re.M))
+    assert {"fastsafetensors", "runai_model_streamer", "tensorizer", "gguf"} <= imported & modules, imported
+
+
 # ---- executor mp: every rank's command line, through vLLM 0.17.1's own checks ------------
 
 
