@@ -9,7 +9,10 @@ Then the committed hybrid (Pulumi.lab.yaml): a first `up` that builds it on node
 rebuild after a one-file change under patches/, and the plain alternative, `docker build` over SSH
 after the same kind of change, with the ratio of ImageBuild's build step to it.
 Last, the real engine (rows "real …"): the real-vLLM image's size and first build, and the same cases
-on engine/real_vllm.yaml, where every load, outage and completion is vLLM's own.
+on engine/real_vllm.yaml, where every load, outage and completion is vLLM's own; with, from the
+readiness gate's stack output `cold_start` (vLLM's own log lines), the cold start of a first start
+(the compile cache volume new), of a second start of the same image and flags (`up --replace` of the
+serving containers: every cache kept), of the upgrade and of the rollback.
 
 Each `up --json` is read line by line, every engine event stamped on arrival (the events' own
 timestamps are whole seconds)."""
@@ -172,10 +175,10 @@ class Prober:
         return max(later - earlier for earlier, later in zip(stamps, stamps[1:], strict=False))
 
 
-def up(engine: Engine, stack: str, timeout: float = 1800) -> Run:
+def up(engine: Engine, stack: str, timeout: float = 1800, extra: tuple[str, ...] = ()) -> Run:
     """`pulumi up --yes --skip-preview --json`, read line by line so each event carries its time."""
     argv = [str(engine.pulumi), "up", "--yes", "--skip-preview", "--json", "--non-interactive"]
-    argv += ["--stack", stack]
+    argv += ["--stack", stack, *extra]
     started = time.monotonic()
     proc = subprocess.Popen(
         argv, cwd=ROOT, env=engine.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -300,8 +303,11 @@ def measure_real(engine: Engine, nodes: dict[str, lab.LabNode], folder: Path) ->
     )]  # fmt: skip
     with StandinHub({tiny_qwen35.REPO_ID: tiny_qwen35.write(folder / "tiny")}) as hub:
         config = real_engine_config(image, hub.endpoint)
+        for node in nodes.values():  # the first start's compile cache is new (a destroy keeps the volume)
+            lab.docker(node, "volume", "rm", f"{name_prefix(config)}-compile-cache", check=False)
         with bench_stack(engine, REAL_STACK, config) as api_key:
-            rows += measure(engine, nodes, config, image, Bench(REAL_STACK, "real mp", api_key))
+            bench = Bench(REAL_STACK, "real mp", api_key, cold_start=True)
+            rows += measure(engine, nodes, config, image, bench)
     return rows
 
 
@@ -372,11 +378,77 @@ def measure_hybrid(engine: Engine, nodes: dict[str, lab.LabNode], config: dict) 
 
 @dataclass(frozen=True)
 class Bench:
-    """One benched stack: its name, the executor it runs (the table's row prefix), its API key."""
+    """One benched stack: its name, the executor it runs (the table's row prefix), its API key, and
+    whether its server is vLLM itself (its log gives the cold start)."""
 
     stack: str
     executor: str
     api_key: str
+    cold_start: bool = False
+
+
+def cold_start_of(engine: Engine, stack: str) -> dict:
+    """The stack output `cold_start`: the start the readiness gate last waited for."""
+    done = engine.run("stack", "output", "cold_start", "--json", stack=stack, check=False)
+    try:
+        record = json.loads(done.out)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def start_figures(record: dict, first: dict | None = None) -> str:
+    """`weights 28.2 s, engine 29.7 s, API 31.3 s, first completion 33.0 s` (after the container's
+    start), with each figure's ratio to `first`'s when given."""
+    names = (("weights_loaded_s", "weights"), ("engine_ready_s", "engine"), ("api_ready_s", "API"),
+             ("first_completion_s", "first completion"))  # fmt: skip
+    parts = []
+    for key, label in names:
+        value = record.get(key)
+        if not isinstance(value, (int, float)):
+            parts.append(f"{label} -")
+            continue
+        base = (first or {}).get(key)
+        ratio = f" ({value / base:.2f}x the first)" if isinstance(base, (int, float)) and base > 0 else ""
+        parts.append(f"{label} {value:.1f} s{ratio}")
+    return ", ".join(parts) or "not measured"
+
+
+def serving_urns(engine: Engine, stack: str, prefix: str) -> list[str]:
+    """The URNs of the serving containers (the server and every rank: resource names from `prefix`)."""
+    state = json.loads(engine.run("stack", "export", stack=stack).out)
+    return [
+        r["urn"]
+        for r in state["deployment"].get("resources") or []
+        if r["type"] == CONTAINER and not r.get("delete") and r["urn"].rsplit("::", 1)[-1].startswith(prefix)
+    ]
+
+
+def measure_starts(engine: Engine, config: dict, bench: Bench) -> list[tuple]:
+    """The cold start of the first `up` (recorded before this), then of a second start of the same
+    image and flags: every serving container replaced by `up --replace`, the compile cache volume,
+    the HF cache and the nodes' page cache kept."""
+    first = cold_start_of(engine, bench.stack)
+    rows = [("cold start, first (compile cache volume new)", _api(first), start_figures(first))]
+    urns = serving_urns(engine, bench.stack, f"{name_prefix(config)}-vllm")
+    again = up(engine, bench.stack, extra=tuple(arg for urn in urns for arg in ("--replace", urn)))
+    if again.returncode:
+        raise SystemExit(f"bench engine: the second start's up failed:\n{again.err[-3000:]}")
+    second = cold_start_of(engine, bench.stack)
+    rows.append((
+        f"cold start, second (same image and flags; {len(urns)} containers replaced)", _api(second),
+        start_figures(second, first) + f"; up {again.seconds:.1f} s",
+    ))  # fmt: skip
+    return rows
+
+
+def name_prefix(config: dict) -> str:
+    return (config.get("qwen35-spark:containers") or {}).get("name_prefix", "qwen35")
+
+
+def _api(record: dict) -> str:
+    value = record.get("first_completion_s") or record.get("api_ready_s")
+    return f"{value:.1f}" if isinstance(value, (int, float)) else "nan"
 
 
 def probed_up(engine: Engine, bench: Bench) -> tuple[Run, float]:
@@ -403,16 +475,24 @@ def measure(
     rows.append(("first up", f"{first.seconds:.1f}", f"{len(first.steps)} steps"))
     noop = up(engine, bench.stack)
     rows.append(("no-op up", f"{noop.seconds:.1f}", f"{len(noop.steps)} changed steps"))
+    if bench.cold_start:
+        rows += measure_starts(engine, config, bench)
     new = top_layer_image(nodes["node-a"], image)
     try:
         write_config(stack_file(bench.stack), {**config, "qwen35-spark:image": prebuilt(new)})
         upgrade, outage = probed_up(engine, bench)
         sent = sum(o.get("bytes_sent") or 0 for o in node_images(engine, bench.stack).values())
+        started = (
+            f"; cold start: {start_figures(cold_start_of(engine, bench.stack))}" if bench.cold_start else ""
+        )
         rows.append(("upgrade (new top layer)", f"{upgrade.seconds:.1f}",
-                     f"{sent / 1e6:.1f} MB image bytes sent; outage {outage:.1f} s"))  # fmt: skip
+                     f"{sent / 1e6:.1f} MB image bytes sent; outage {outage:.1f} s{started}"))  # fmt: skip
         write_config(stack_file(bench.stack), config)
         back, outage = probed_up(engine, bench)
-        rows.append(("rollback: up -> containers restarted", *rollback_figures(engine, bench, back, outage)))
+        seconds, figure = rollback_figures(engine, bench, back, outage)
+        if bench.cold_start:
+            figure += f"; cold start: {start_figures(cold_start_of(engine, bench.stack))}"
+        rows.append(("rollback: up -> containers restarted", seconds, figure))
     finally:
         for node in nodes.values():
             lab.docker(node, "image", "rm", new, check=False)

@@ -37,3 +37,25 @@ def test_outage_is_the_window_around_the_first_failure_after_a_moment():
     assert prober(answers).outage(after=2.2) == (2.0, 4.0)
     assert prober(answers[:6]).outage(after=2.2) == (2.0, math.inf)
     assert prober([(0.0, True), (1.0, True)]).outage() is None
+
+
+def test_the_bench_s_start_figures_and_their_ratio_to_the_first():
+    from bench.engine import start_figures
+
+    first = {
+        "weights_loaded_s": 40.0,
+        "engine_ready_s": 42.0,
+        "api_ready_s": 44.0,
+        "first_completion_s": 50.0,
+    }
+    second = {
+        "weights_loaded_s": 30.0,
+        "engine_ready_s": 31.5,
+        "api_ready_s": None,
+        "first_completion_s": 40.0,
+    }
+    assert start_figures(first) == "weights 40.0 s, engine 42.0 s, API 44.0 s, first completion 50.0 s"
+    assert start_figures(second, first) == (
+        "weights 30.0 s (0.75x the first), engine 31.5 s (0.75x the first), API -, "
+        "first completion 40.0 s (0.80x the first)"
+    )
