@@ -177,6 +177,8 @@ def test_prometheus_scrapes_vllm_s_own_metrics_from_scrape_targets(real_stack, t
 def test_status_shows_each_rank_and_the_serving_engine(real_stack):
     argv = [sys.executable, "-m", "status", "--file", str(real_stack.stack.config), "--connect-timeout", "5"]
     env = {**real_stack.stack.engine.env(), "QWEN35_API_KEY": real_stack.api_key}
+    # The operator's `pulumi` on PATH: status reads the stack outputs (`serve_bench`, `cold_start`) with it.
+    env["PATH"] = f"{real_stack.stack.engine.pulumi.parent}{os.pathsep}{env.get('PATH', os.environ['PATH'])}"
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, cwd=root)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-2000:])
@@ -185,8 +187,9 @@ def test_status_shows_each_rank_and_the_serving_engine(real_stack):
         assert line in table, table[-3000:]
     # The engine answered what status asks of it: /health, the model list and a completion.
     assert "completion" in table and "executor mp" in table, table[-3000:]
-    # The gate's cold start of this server, from vLLM's own lines.
+    # The gate's cold start of this server, from vLLM's own lines, and the bench's figures.
     assert "measured by the readiness gate of `pulumi up`" in table and "first completion" in table, table
+    assert "measured by `pulumi up`" in table and "decode" in table, table
     report = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=180,
                                        env=env, cwd=root).stdout)  # fmt: skip
     assert HEAD in json.dumps(report) and RANK1 in json.dumps(report)
