@@ -282,7 +282,9 @@ def serve_from_cache(argv: list[str], checkpoint: str | None) -> str | None:
     return cache
 
 
-def prove(argv: list[str], checkpoint: str | None) -> dict:
+def prove(argv: list[str], checkpoint: str | None, model_here: bool = True) -> dict:
+    """Every stage on `argv`. `model_here`: the model's files are in this container (the checkpoint
+    mounted, or the model a path that exists): the `parallel` stage reads its config."""
     report: dict = {
         "verdict": "fail", "failed_stage": None, "flag": None, "error": "", "vllm": None,
         "parallel": None, "loader": None,
@@ -304,7 +306,10 @@ def prove(argv: list[str], checkpoint: str | None) -> dict:
         stage = "engine_args"
         engine_args = engine_args_of(args)
         stage = "parallel"
-        report["parallel"] = prove_parallel(args, engine_args)
+        if model_here:
+            report["parallel"] = prove_parallel(args, engine_args)
+        elif int(getattr(args, "nnodes", 1) or 1) > 1:
+            report["parallel"] = "not proved: the model's files are not mounted here"
         stage = "loader"
         report["loader"] = prove_loader(engine_args)
         report["speculative"] = None
@@ -334,14 +339,16 @@ def main(argv: list[str]) -> int:
     elif options:
         print(f"prove_args.py: unknown options {options}", file=sys.stderr)
         return 2
+    model_here = True
     if serve_from_cache(serve, checkpoint) is None:
         model = model_of(serve) or ""
-        if not os.path.exists(model):
+        model_here = os.path.exists(model)
+        if not model_here:
             # Nothing here to resolve the model against (a path on the nodes, not mounted; no
             # checkpoint): keep vLLM's offline mode from looking the model up in an empty cache. The
             # container has no network, so nothing is fetched either way.
             os.environ["HF_HUB_OFFLINE"] = "0"
-    report = prove(serve, checkpoint)
+    report = prove(serve, checkpoint, model_here)
     sys.stdout.flush()
     print(json.dumps(report, default=str))
     return 0 if report["verdict"] == "pass" else 1

@@ -218,6 +218,17 @@ def test_a_wrong_multi_node_layout_is_refused_by_vllm(prebuilt, checkpoint, case
     assert expected in proof.report["error"], f"{case}: {proof.why()}"
 
 
+def test_a_rank_whose_model_is_not_mounted_is_not_proved_over_nodes(prebuilt):
+    """serve.model a path on the nodes and no checkpoint: vLLM's engine config needs the model's
+    config, so the layout is said unproved, not refused."""
+    raw = mp_raw(2)
+    raw["serve"] = {**raw["serve"], "model": "/models/qwen35"}
+    cfg = parse_stack_config(raw)
+    proof = run_args_proof(prebuilt, mp_serve_argv(cfg, cfg.nodes[1]))
+    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
+    assert proof.report["parallel"] == "not proved: the model's files are not mounted here", proof.why()
+
+
 def test_one_node_builds_no_parallel_layout(prebuilt, checkpoint):
     proof = run_args_proof(prebuilt, recipe_argv(checkpoint.name), checkpoint)
     assert proof.returncode == 0 and proof.report["parallel"] is None, proof.why()
