@@ -437,6 +437,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             container_prefix=cfg.containers.name_prefix,
             # The server's exact command line (with the pinned revision): the image's vLLM parses it.
             serve_argv=server_argv(cfg, self._served_revision()),
+            rank_argvs=rank_argvs(cfg, self._served_revision()),
             cluster=cluster_proof(cfg),
             expect=cfg.image.model_check_expects.model_dump() if cfg.image.model_check_expects else None,
             opts=pulumi.ResourceOptions(
@@ -916,11 +917,25 @@ def cluster_proof(cfg: StackConfig) -> dict[str, Any]:
 
 def server_argv(cfg: StackConfig, revision: pulumi.Output[str] | None) -> pulumi.Input[list[str]]:
     """The server's final argument list, as its container runs it (`--revision` the pinned commit):
-    under executor mp the head's rank 0 (the headless ranks differ only in their rank flags)."""
+    under executor mp the head's rank 0 (each headless rank's is `rank_argvs`)."""
     argv = mp_serve_argv(cfg, cfg.head) if cfg.cluster.executor is Executor.MP else serve_argv(cfg.serve)
     if revision is None:
         return argv
     return revision.apply(lambda sha: [*argv, "--revision", sha])
+
+
+def rank_argvs(cfg: StackConfig, revision: pulumi.Output[str] | None) -> dict[str, Any] | None:
+    """Under executor mp, each headless rank's final argument list by node (its node rank and
+    `--headless` differ from the head's); None under Ray, where one server runs."""
+    if cfg.cluster.executor is not Executor.MP:
+        return None
+    argvs = {n.name: mp_serve_argv(cfg, n) for n in cfg.workers}
+    if revision is None:
+        return argvs
+    return {
+        name: revision.apply(lambda sha, argv=argv: [*argv, "--revision", sha])
+        for name, argv in argvs.items()
+    }
 
 
 def memory_inputs(cfg: StackConfig) -> dict[str, Any]:

@@ -11,14 +11,22 @@ and `--speculative-config`, it builds vLLM's `SpeculativeConfig` for this checkp
 (as `create_engine_config` does) and, for the `mtp` method, requires `mtp.*` tensors in the
 checkpoint's safetensors index.
 
+Over several nodes (`--nnodes` > 1, executor mp) the `parallel` stage runs vLLM's
+`EngineArgs.create_engine_config(headless=…)` as `vllm serve` does, up to the `ParallelConfig` it
+builds: vLLM's own checks of the rank's layout (the world size divisible by `--nnodes`, `--node-rank`
+below it, the backend), reported as `parallel`. The rest of that engine config needs the node's GPU
+platform, so the stage stops once the ParallelConfig exists. Each rank's command line is proved on
+its own: the head's and every headless rank's.
+
 The `loader` stage then checks that the image has the Python package its `--load-format` loads with:
 vLLM imports `fastsafetensors`, `instanttensor`, `runai_model_streamer`, `tensorizer` or `gguf` only
 once it loads the weights (a placeholder module until then), so without the package every stage
 above passes and the server fails minutes into its start.
 
-Stages, in order: environment (vLLM imports), parse, validate, engine_args, loader, speculative. The
-last stdout line is one JSON report: verdict, failed_stage, flag (the flag at fault, when known),
-error (vLLM's own message), vllm, loader (the package the load format needs, when it needs one).
+Stages, in order: environment (vLLM imports), parse, validate, engine_args, parallel, loader,
+speculative. The last stdout line is one JSON report: verdict, failed_stage, flag (the flag at fault,
+when known), error (vLLM's own message), vllm, parallel (the layout vLLM built, over several nodes),
+loader (the package the load format needs, when it needs one).
 Exit 0 when every stage passes, 1 when one fails, 2 on a usage error.
 """
 
@@ -35,7 +43,7 @@ import sys
 import tempfile
 import traceback
 
-STAGES = ("environment", "parse", "validate", "engine_args", "loader", "speculative")
+STAGES = ("environment", "parse", "validate", "engine_args", "parallel", "loader", "speculative")
 # The module each load format's loader imports when it loads (vLLM's model_loader/weight_utils.py and
 # tensorizer.py; tests/release/test_serve_args.py reads each release's sources for these imports), and
 # the distribution that provides it.
@@ -112,6 +120,54 @@ def engine_args_of(args):
         return AsyncEngineArgs.from_cli_args(args)
     except Exception as exc:
         raise StageFailed("engine_args", _one_line(exc)) from None
+
+
+class _Built(Exception):
+    """create_engine_config built its ParallelConfig: the `parallel` stage has what it proves."""
+
+
+class _CaptureParallel:
+    """Stands for vLLM's ParallelConfig in arg_utils while the stage runs: builds the real one (its
+    validation runs), keeps it, then stops create_engine_config."""
+
+    def __init__(self, real: type):
+        self.real, self.made = real, None
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)  # class defaults create_engine_config reads
+
+    def __call__(self, **kwargs):
+        self.made = self.real(**kwargs)
+        raise _Built
+
+
+def prove_parallel(args, engine_args) -> dict | None:
+    """Over several nodes: the rank's layout as vLLM builds it (None on one node), or StageFailed with
+    vLLM's own message."""
+    if int(getattr(args, "nnodes", 1) or 1) <= 1:
+        return None
+    import vllm.engine.arg_utils as arg_utils
+
+    capture = _CaptureParallel(arg_utils.ParallelConfig)
+    arg_utils.ParallelConfig = capture
+    try:
+        engine_args.create_engine_config(headless=bool(getattr(args, "headless", False)))
+    except _Built:
+        made = capture.made
+        return {
+            "world_size": made.world_size,
+            "nnodes": made.nnodes,
+            "node_rank": made.node_rank,
+            "master_addr": made.master_addr,
+            "master_port": made.master_port,
+            "backend": made.distributed_executor_backend,
+            "headless": bool(getattr(args, "headless", False)),
+        }
+    except Exception as exc:  # vLLM's refusals: AssertionError / ValueError with its message
+        raise StageFailed("parallel", _one_line(exc), flag_of(str(exc))) from None
+    finally:
+        arg_utils.ParallelConfig = capture.real
+    raise StageFailed("parallel", "create_engine_config returned without building a ParallelConfig")
 
 
 def prove_loader(engine_args) -> str | None:
@@ -226,9 +282,12 @@ def serve_from_cache(argv: list[str], checkpoint: str | None) -> str | None:
     return cache
 
 
-def prove(argv: list[str], checkpoint: str | None) -> dict:
+def prove(argv: list[str], checkpoint: str | None, model_here: bool = True) -> dict:
+    """Every stage on `argv`. `model_here`: the model's files are in this container (the checkpoint
+    mounted, or the model a path that exists): the `parallel` stage reads its config."""
     report: dict = {
-        "verdict": "fail", "failed_stage": None, "flag": None, "error": "", "vllm": None, "loader": None
+        "verdict": "fail", "failed_stage": None, "flag": None, "error": "", "vllm": None,
+        "parallel": None, "loader": None,
     }  # fmt: skip
     stage = "environment"
     try:
@@ -246,6 +305,11 @@ def prove(argv: list[str], checkpoint: str | None) -> dict:
         validate(args, command)
         stage = "engine_args"
         engine_args = engine_args_of(args)
+        stage = "parallel"
+        if model_here:
+            report["parallel"] = prove_parallel(args, engine_args)
+        elif int(getattr(args, "nnodes", 1) or 1) > 1:
+            report["parallel"] = "not proved: the model's files are not mounted here"
         stage = "loader"
         report["loader"] = prove_loader(engine_args)
         report["speculative"] = None
@@ -275,14 +339,16 @@ def main(argv: list[str]) -> int:
     elif options:
         print(f"prove_args.py: unknown options {options}", file=sys.stderr)
         return 2
+    model_here = True
     if serve_from_cache(serve, checkpoint) is None:
         model = model_of(serve) or ""
-        if not os.path.exists(model):
+        model_here = os.path.exists(model)
+        if not model_here:
             # Nothing here to resolve the model against (a path on the nodes, not mounted; no
             # checkpoint): keep vLLM's offline mode from looking the model up in an empty cache. The
             # container has no network, so nothing is fetched either way.
             os.environ["HF_HUB_OFFLINE"] = "0"
-    report = prove(serve, checkpoint)
+    report = prove(serve, checkpoint, model_here)
     sys.stdout.flush()
     print(json.dumps(report, default=str))
     return 0 if report["verdict"] == "pass" else 1

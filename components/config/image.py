@@ -78,7 +78,7 @@ class ModelCheckMode(str, Enum):
 # prove_args.py, prove_cluster.py), keyed as the check's outputs name the proofs.
 PROOF_STAGES: dict[str, tuple[str, ...]] = {
     "behaviour": ("environment", "config", "construct", "load"),
-    "serve_args": ("environment", "parse", "validate", "engine_args", "loader", "speculative"),
+    "serve_args": ("environment", "parse", "validate", "engine_args", "parallel", "loader", "speculative"),
     "cluster_layer": ("ray", "cluster", "executor"),
 }
 

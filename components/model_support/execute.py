@@ -123,9 +123,41 @@ def prove_serve_args(
     deadline: float,
     expected: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The image's vLLM parses the server's exact argv; a refusal stops `up` (mode enforce)."""
+    """The image's vLLM takes the server's exact argv, and under executor mp each headless rank's
+    (`rank_argvs`: its own node rank and `--headless`); a refusal stops `up` (mode enforce). The
+    head's report, or the first refused rank's (`node` names it), with every rank's verdict."""
+    head = props["node"]["name"]
+    proofs = [(head, "the server's", props["serve_argv"])]
+    proofs += [
+        (node, f"{node}'s headless rank's", argv)
+        for node, argv in sorted((props.get("rank_argvs") or {}).items())
+    ]
+    reports = {
+        node: _prove_argv(transport, props, payload, deadline, whose, argv, expected)
+        for node, whose, argv in proofs
+    }
+    refused = [node for node, report in reports.items() if report["verdict"] != "pass"]
+    chosen = dict(reports[refused[0] if refused else head])
+    if len(reports) > 1:
+        chosen["node"] = refused[0] if refused else head
+        chosen["ranks"] = {
+            node: {"verdict": r["verdict"], "failed_stage": r["failed_stage"]} for node, r in reports.items()
+        }
+    return chosen
+
+
+def _prove_argv(
+    transport: SshTransport,
+    props: Mapping[str, Any],
+    payload: str,
+    deadline: float,
+    whose: str,
+    argv: list[str],
+    expected: dict[str, str] | None,
+) -> dict[str, Any]:
+    """One command line through prove_args.py in a throwaway container of the image."""
     result = transport.run(
-        serve_args_argv(props, container_name(props, "model-args")),
+        serve_args_argv({**props, "serve_argv": argv}, container_name(props, "model-args")),
         stdin=serve_args_source(payload, deadline),
         timeout=deadline + TRANSPORT_SLACK_S,
     )
@@ -135,7 +167,7 @@ def prove_serve_args(
     except ServeArgsError as exc:
         raise ModelSupportError(str(exc)) from None
     if report["verdict"] != "pass":
-        message = args_failure_message(node, image_label(props, report), report)
+        message = args_failure_message(node, image_label(props, report), report, whose)
         refuse_or_record(props, message, "serve_args", report, expected)
     return report
 

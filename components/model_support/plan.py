@@ -52,7 +52,7 @@ CLUSTER_FIELDS = ("verdict", "failed_stage", "error", "ray", "wanted", "vllm", "
 # Everything create records beside the inputs (update and read return it as recorded).
 OUTPUT_KEYS = (*REPORT_FIELDS, "memory_fit", "serve_args", "cluster_layer")
 # A change of any of these asks for a new proof; anything else is updated in place.
-RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv", "cluster")
+RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv", "rank_argvs", "cluster")
 SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix", "expect")
 
 

@@ -42,6 +42,7 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
         container_prefix: str = "qwen35",
         deadline_s: float = DEFAULT_DEADLINE_S,
         serve_argv: list[str] | None = None,
+        rank_argvs: dict[str, Any] | None = None,
         cluster: dict[str, Any] | None = None,
         expect: dict[str, Any] | None = None,
         opts: pulumi.ResourceOptions | None = None,
@@ -58,6 +59,8 @@ class ModelSupportCheck(dynamic.Resource, module="qwen35", name="ModelSupportChe
             "deadline_s": deadline_s,
             # The server's final argument list: the image's vLLM must parse it (prove_args.py).
             "serve_argv": serve_argv,
+            # Executor mp: each headless rank's argument list, by node (proved as the head's is).
+            "rank_argvs": rank_argvs,
             "cluster": cluster,
             # image.model_check_expects: refusals said in one line, not warned (mode report).
             "expect": expect,

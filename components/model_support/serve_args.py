@@ -18,7 +18,7 @@ from components.remote import Result, stderr_tail
 
 ARGS_PROGRAM = "prove_args.py"
 # What the stack outputs carry of the argument proof's report.
-REPORT_FIELDS = ("verdict", "failed_stage", "flag", "error", "vllm", "loader", "speculative")
+REPORT_FIELDS = ("verdict", "failed_stage", "flag", "error", "vllm", "parallel", "loader", "speculative")
 HINTS = {
     "environment": "the image's python3 cannot import vLLM: use an image with vLLM >= 0.17",
     "parse": (
@@ -27,6 +27,10 @@ HINTS = {
     ),
     "validate": "vLLM's own start-up checks refuse this combination: see the error above",
     "engine_args": "vLLM could not build its engine arguments from these flags: see the error above",
+    "parallel": (
+        "vLLM refuses this rank's multi-node layout: check nodes (their order gives each node's rank), "
+        "serve.tensor_parallel_size and serve.pipeline_parallel_size against the node count"
+    ),
     "loader": (
         "serve.load_format needs a Python package this image lacks: install it in the image (an "
         "image.strategy build's pip install), or set serve.load_format: auto"
@@ -54,12 +58,13 @@ def parse_report(node: str, result: Result, report: Mapping[str, Any] | None) ->
     )
 
 
-def failure_message(node: str, image: str, report: Mapping[str, Any]) -> str:
-    """vLLM refused the command line: the flag, its own message, what to do."""
+def failure_message(node: str, image: str, report: Mapping[str, Any], whose: str = "the server's") -> str:
+    """vLLM refused the command line (`whose`: the server's, or a headless rank's): the flag, its own
+    message, what to do."""
     stage = report.get("failed_stage") or "unknown"
     flag = f" ({report['flag']})" if report.get("flag") else ""
     return (
-        f"{node}: vLLM {report.get('vllm') or 'unknown'} in image {image} refuses the server's command "
+        f"{node}: vLLM {report.get('vllm') or 'unknown'} in image {image} refuses {whose} command "
         f"line at '{stage}'{flag}\n"
         f"  vLLM says: {report.get('error') or '(no message)'}\n"
         f"  next: {HINTS.get(stage, 'read the error above')}"

@@ -358,3 +358,30 @@ def test_the_real_vllm_check_refuses_a_load_format_whose_package_the_image_lacks
     assert "serve.load_format: auto" in message, message
     print(f"the loader refusal took {time.time() - started:.1f} s")
     assert leftover_containers(node_a) == []
+
+
+def test_the_real_vllm_check_refuses_a_headless_rank_s_layout_naming_the_rank(
+    node_a, real_vllm_image, tiny_snapshot
+):
+    """Under executor mp each rank's own command line is proved: the head's passes, and vLLM 0.32.0's
+    create_engine_config refuses a headless rank whose node rank is not below `--nnodes`."""
+    from components.config import parse_stack_config
+    from components.mp_executor import mp_serve_argv
+    from tests.support.program import mp_raw
+
+    raw = mp_raw(2)
+    # The tiny checkpoint, mounted at the check's checkpoint path, with the lab engine's serving flags.
+    raw["serve"] = {**raw["serve"], "model": "/qwen35/checkpoint", "speculative": None,
+                    "kv_cache_dtype": "auto", "max_model_len": 512, "language_model_only": True}  # fmt: skip
+    raw["bench"] = {"mode": "off"}
+    cfg = parse_stack_config(raw)
+    head, rank = (mp_serve_argv(cfg, node) for node in cfg.nodes)
+    rank[rank.index("--node-rank") + 1] = "2"
+    props = {**real_props(node_a, real_vllm_image, tiny_snapshot), "serve_argv": head}
+    with pytest.raises(ModelSupportError) as info:
+        ModelSupportCheckProvider().create({**props, "rank_argvs": {"spark-2": rank}})
+    message = str(info.value)
+    assert "refuses spark-2's headless rank's command line at 'parallel'" in message, message
+    # vLLM 0.32.0's own words (0.17.1 says `node_rank=2 must be less than nnodes=2`).
+    assert "`--node-rank` must be between 0 and 1; got `--node-rank 2`" in message, message
+    assert leftover_containers(node_a) == []

@@ -23,7 +23,6 @@ from tests.support.program import mp_raw
 pytestmark = pytest.mark.release
 
 PROVE_ARGS = PATCHES / "prove_args.py"
-PROVE_PARALLEL = Path(__file__).with_name("prove_parallel.py")
 
 
 def run_args_proof(
@@ -190,7 +189,8 @@ def test_each_mp_rank_s_command_line_passes_the_args_proof(prebuilt, checkpoint,
 
 @pytest.mark.parametrize("rank", [0, 1], ids=["head", "headless"])
 def test_each_mp_rank_gets_vllm_s_parallel_config(prebuilt, checkpoint, rank):
-    proof = run_args_proof(prebuilt, mp_argv(2, rank, checkpoint.name), checkpoint, PROVE_PARALLEL)
+    """The `parallel` stage: vLLM's create_engine_config builds the rank's ParallelConfig."""
+    proof = run_args_proof(prebuilt, mp_argv(2, rank, checkpoint.name), checkpoint)
     assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
     assert proof.report["parallel"] == {
         "world_size": 2,
@@ -213,6 +213,22 @@ def test_each_mp_rank_gets_vllm_s_parallel_config(prebuilt, checkpoint, rank):
 )
 def test_a_wrong_multi_node_layout_is_refused_by_vllm(prebuilt, checkpoint, case, flag, value, expected):
     argv = with_flag(mp_argv(2, 1, checkpoint.name), flag, value)
-    proof = run_args_proof(prebuilt, argv, checkpoint, PROVE_PARALLEL)
-    assert proof.returncode == 1 and proof.report["verdict"] == "fail", f"{case}: {proof.why()}"
+    proof = run_args_proof(prebuilt, argv, checkpoint)
+    assert proof.returncode == 1 and proof.report["failed_stage"] == "parallel", f"{case}: {proof.why()}"
     assert expected in proof.report["error"], f"{case}: {proof.why()}"
+
+
+def test_a_rank_whose_model_is_not_mounted_is_not_proved_over_nodes(prebuilt):
+    """serve.model a path on the nodes and no checkpoint: vLLM's engine config needs the model's
+    config, so the layout is said unproved, not refused."""
+    raw = mp_raw(2)
+    raw["serve"] = {**raw["serve"], "model": "/models/qwen35"}
+    cfg = parse_stack_config(raw)
+    proof = run_args_proof(prebuilt, mp_serve_argv(cfg, cfg.nodes[1]))
+    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
+    assert proof.report["parallel"] == "not proved: the model's files are not mounted here", proof.why()
+
+
+def test_one_node_builds_no_parallel_layout(prebuilt, checkpoint):
+    proof = run_args_proof(prebuilt, recipe_argv(checkpoint.name), checkpoint)
+    assert proof.returncode == 0 and proof.report["parallel"] is None, proof.why()

@@ -704,3 +704,86 @@ def test_the_bootstrap_runs_the_named_program(tmp_path):
     payload = proof_payload(tmp_path, ARGS_PROGRAM, configs=False)
     done = run_shipped(serve_args_source(payload, 60), "--", "vllm", "serve", '{"a": 1}')
     assert json.loads(done.stdout.decode().splitlines()[-1]) == {"argv": ["--", "vllm", "serve", '{"a": 1}']}
+
+
+# ---- executor mp: every rank's own command line --------------------------------------------------------
+
+HEADLESS_ARGV = [*SERVE_ARGV, "--nnodes", "2", "--node-rank", "1", "--headless"]
+LAYOUT_REFUSED = {
+    "verdict": "fail",
+    "failed_stage": "parallel",
+    "flag": None,
+    "error": "ValueError: node_rank=2 must be less than nnodes=2.",
+    "vllm": "0.17.1",
+}
+
+
+class RankScripted(FakeHead):
+    """The argument proof answers by the argv it was given: a headless one (`--headless`) gets
+    `headless`, the head's passes."""
+
+    def __init__(self, headless: Result):
+        super().__init__()
+        self.headless = headless
+
+    def run(self, argv, stdin=None, timeout=None) -> Result:
+        if argv[:2] == ["docker", "run"] and "--headless" in argv:
+            self.calls.append(list(argv))
+            return Result(tuple(argv), self.headless.returncode, self.headless.stdout, b"", "spark-1")
+        return super().run(argv, stdin, timeout)
+
+
+def test_each_headless_rank_s_argv_is_proved_in_its_own_run(monkeypatch, proof_dir):
+    fake = head(monkeypatch)
+    outs = execute.ensure(props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}), proof_dir)
+    proved = [call[call.index("--") + 1 :] for call in fake.calls if "--" in call]
+    assert proved == [SERVE_ARGV, HEADLESS_ARGV]
+    assert outs["serve_args"]["ranks"] == {
+        "spark-1": {"verdict": "pass", "failed_stage": None},
+        "spark-2": {"verdict": "pass", "failed_stage": None},
+    }
+
+
+def test_a_headless_argv_vllm_refuses_stops_up_naming_the_rank(monkeypatch, proof_dir):
+    fake = RankScripted(report_result(LAYOUT_REFUSED, 1))
+    monkeypatch.setattr(nodes, "SshTransport", fake)
+    with pytest.raises(ModelSupportError) as info:
+        execute.ensure(props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}), proof_dir)
+    message = str(info.value)
+    assert "refuses spark-2's headless rank's command line at 'parallel'" in message, message
+    assert "vLLM says: ValueError: node_rank=2 must be less than nnodes=2." in message, message
+    assert "multi-node layout" in message, message
+    assert fake.docker_runs() == 2  # the model proof never ran
+
+
+def test_report_mode_records_the_refused_rank(monkeypatch, proof_dir):
+    monkeypatch.setattr(nodes, "SshTransport", RankScripted(report_result(LAYOUT_REFUSED, 1)))
+    outs = execute.ensure(
+        props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}, mode="report"), proof_dir
+    )
+    recorded = outs["serve_args"]
+    assert recorded["node"] == "spark-2" and recorded["failed_stage"] == "parallel", recorded
+    assert recorded["ranks"]["spark-1"]["verdict"] == "pass", recorded
+
+
+def test_a_changed_rank_argv_asks_for_a_new_proof():
+    provider = model_support.ModelSupportCheckProvider()
+    old = props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV})
+    new = props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": [*HEADLESS_ARGV[:-1], "--max-num-seqs", "8"]})
+    assert "rank_argvs" in provider.diff("x", old, new).replaces
+
+
+def test_the_mp_graph_gives_the_check_every_headless_rank_s_argv(monkeypatch):
+    from tests.support.program import mp_stack_config, stack_config
+    from tests.unit.test_deployment import run_graph
+
+    inputs = run_graph(monkeypatch, mp_stack_config(3)).run.named("qwen35-model-support").inputs
+    ranks = inputs["rank_argvs"]
+    assert sorted(ranks) == ["spark-2", "spark-3"]
+    for rank, node in enumerate(sorted(ranks), start=1):
+        argv = ranks[node]
+        assert argv[argv.index("--node-rank") + 1] == str(rank) and "--headless" in argv
+        assert argv[-2] == "--revision" and argv[-1] == inputs["serve_argv"][-1]
+    assert "--headless" not in inputs["serve_argv"]
+    ray = run_graph(monkeypatch, stack_config("dev")).run.named("qwen35-model-support").inputs
+    assert ray.get("rank_argvs") is None
