@@ -673,6 +673,28 @@ def _unwritten(mask) -> str:
     return f"{', '.join(parts)}; {int(mask.sum())} of {mask.numel()} values never written"
 
 
+def incomplete_load(
+    absent: list[str], nowhere: list[str], unwritten: dict[str, str], missing: list[str]
+) -> str:
+    """`IncompleteLoad: …` naming what did not land (tensors absent from the checkpoint, names that
+    landed nowhere, parameters not filled), or "" when everything landed."""
+    parts = []
+    if absent:
+        parts.append(absent_tensors(absent))
+    if nowhere:
+        parts.append(f"{len(nowhere)} name(s) landed in no parameter: {', '.join(nowhere[:8])}")
+    if unwritten:
+        parts.append(
+            f"{len(unwritten)} parameter(s) not filled: "
+            + ", ".join(f"{name} ({where})" for name, where in list(unwritten.items())[:8])
+        )
+    if missing:
+        parts.append(f"{len(missing)} parameter(s) not filled: {', '.join(missing[:8])}")
+    if not parts:
+        return ""
+    return "IncompleteLoad: " + "; ".join(parts) + (f"; {REFETCH}" if absent else "")
+
+
 def prove_load(
     env: Environment, report: Report, target: str, tiny: dict, head: str, names: list[str], model
 ) -> None:
@@ -719,21 +741,9 @@ def prove_load(
             unwritten[name] = _unwritten(mask)
     # What the sentinel cannot watch (non-float parameters): they must at least have been named.
     missing = sorted(set(params) - watched - defaulted - filled)
-    if absent or nowhere or unwritten or missing:
-        parts = []
-        if absent:
-            parts.append(absent_tensors(absent))
-        if nowhere:
-            parts.append(f"{len(nowhere)} name(s) landed in no parameter: {', '.join(nowhere[:8])}")
-        if unwritten:
-            parts.append(
-                f"{len(unwritten)} parameter(s) not filled: "
-                + ", ".join(f"{name} ({where})" for name, where in list(unwritten.items())[:8])
-            )
-        if missing:
-            parts.append(f"{len(missing)} parameter(s) not filled: {', '.join(missing[:8])}")
-        hint = f"; {REFETCH}" if absent else ""
-        raise report.fail("load", target, "IncompleteLoad: " + "; ".join(parts) + hint)
+    incomplete = incomplete_load(absent, nowhere, unwritten, missing)
+    if incomplete:
+        raise report.fail("load", target, incomplete)
     text = text_config(tiny)
     scales = sum(1 for n in names if n.endswith("weight_scale_inv"))
     experts = f" and {text['num_experts']} experts" if "num_experts" in text else ""

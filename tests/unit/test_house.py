@@ -1,7 +1,6 @@
 """The house rules a reader relies on, checked over the tree rather than one module:
 
-- no function over 70 lines in components/, status/ or patches/ (one function of the image build's
-  context waits, named below with the reason);
+- no function over 70 lines in components/, status/ or patches/;
 - every node resource package in the one shape: the same files, `plan_change` in plan.py, `ensure` in
   execute.py, and each provider class's `__module__` pinned to a path it is importable from;
 - every dynamic provider pickles (as the SDK stores it in a stack's state) by reference to (module,
@@ -26,10 +25,6 @@ from pulumi.dynamic.dynamic import serialize_provider
 ROOT = Path(__file__).resolve().parents[2]
 LONGEST_FUNCTION = 70  # lines, from `def` to its last line, docstring included
 SHIPPED = ("components", "status", "patches")
-# patches/ is the image build's context: the built image's content tag hashes every file in it, so
-# any edit there, a comment included, gives every stack a new image tag and a rebuild on its next
-# `up` (the registration record shows it). These wait until the file changes for a reason of its own.
-WAITS_FOR_A_REBUILD = {"patches/prove_model.py": {"prove_load"}}
 
 # The files of a resource that runs programs on a node, and the job of each:
 NODE_RESOURCE_FILES = (
@@ -68,21 +63,9 @@ def long_functions(roots: tuple[str, ...], limit: int) -> list[str]:
     return found
 
 
-def _waits(offender: str) -> bool:
-    path, rest = offender.split(":", 1)
-    return rest.split(" ")[1] in WAITS_FOR_A_REBUILD.get(path, set())
-
-
 def test_no_function_over_70_lines_in_what_ships():
-    offenders = [o for o in long_functions(SHIPPED, LONGEST_FUNCTION) if not _waits(o)]
+    offenders = long_functions(SHIPPED, LONGEST_FUNCTION)
     assert offenders == [], f"functions over {LONGEST_FUNCTION} lines (split them):\n" + "\n".join(offenders)
-
-
-def test_what_waits_for_a_rebuild_is_still_long():
-    """An entry of WAITS_FOR_A_REBUILD that was split must leave the list, or it would hide a new one."""
-    waiting = [o for o in long_functions(SHIPPED, LONGEST_FUNCTION) if _waits(o)]
-    named = sorted(f"{path} {name}" for path, names in WAITS_FOR_A_REBUILD.items() for name in names)
-    assert sorted(f"{o.split(':')[0]} {o.split(' ')[1]}" for o in waiting) == named
 
 
 def test_the_length_check_sees_a_long_function(tmp_path, monkeypatch):
