@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from components.image_build.errors import FactsError
+from components.image_ref import familiar_reference
 from components.remote import Result
 
 IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -40,17 +41,6 @@ class HeadImage:
 
 
 # How Docker Hub's default registry and namespace may be spelled; the daemon lists the short form.
-_HUB_PREFIXES = ("docker.io/library/", "index.docker.io/library/", "docker.io/", "index.docker.io/")
-
-
-def short_ref(ref: str) -> str:
-    """`ref` as the daemon lists it in RepoTags: Docker Hub's registry and `library/` left out."""
-    for prefix in _HUB_PREFIXES:
-        if ref.startswith(prefix):
-            return ref[len(prefix) :]
-    return ref
-
-
 def parse_head_image(result: Result, ref: str, recorded_id: str | None) -> HeadImage:
     """`docker image inspect --format '{{.Id}} {{json .RepoTags}}' REF [ID]`: one line per object
     found; exit 1 with `No such image` for each one missing (that is an answer, not a failure)."""
@@ -64,7 +54,7 @@ def parse_head_image(result: Result, ref: str, recorded_id: str | None) -> HeadI
         image_id, _, tags = line.strip().partition(" ")
         if not IMAGE_ID.match(image_id):
             raise FactsError(f"docker image inspect printed {line[:120]!r}, not an image ID")
-        if short_ref(ref) in {short_ref(t) for t in json.loads(tags or "null") or []}:
+        if familiar_reference(ref) in {familiar_reference(t) for t in json.loads(tags or "null") or []}:
             tag_id = image_id
         present = present or image_id == recorded_id
     return HeadImage(tag_id, present)
