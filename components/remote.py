@@ -283,6 +283,17 @@ def _run_local(
     return Result(tuple(argv), proc.returncode, proc.stdout, proc.stderr, node)
 
 
+def lines_marked(prefix: str, relay: Callable[[str], None], strip: bool = False) -> Callable[[str], None]:
+    """A relay for `run_relaying` that hands on only the lines that start with `prefix` (a node
+    program's progress lines among its other stderr), with the prefix taken off when `strip`."""
+
+    def marked(line: str) -> None:
+        if line.startswith(prefix):
+            relay(line.removeprefix(prefix) if strip else line)
+
+    return marked
+
+
 def run_relaying(
     node: str,
     local_argv: Sequence[str],

@@ -22,7 +22,7 @@ pickle it by reference to this module.
 """
 
 from components.readiness_gate.errors import GateFailed
-from components.readiness_gate.execute import TRANSPORT_SLACK_S, ensure, observe, run_relaying
+from components.readiness_gate.execute import TRANSPORT_SLACK_S, ensure, observe
 from components.readiness_gate.facts import parse_report
 from components.readiness_gate.plan import (
     PROBE_KEYS,
@@ -50,5 +50,4 @@ __all__ = [
     "probe_program",
     "probes_again",
     "rollback_hint",
-    "run_relaying",
 ]

@@ -5,7 +5,7 @@ leaves nothing on the node, so there is no release."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from components.node_programs.wire import PROBE_PROGRESS_PREFIX
@@ -15,29 +15,11 @@ from components.readiness_gate.errors import GateFailed
 from components.readiness_gate.facts import parse_report
 from components.readiness_gate.plan import failure_hint, refresh_deadline
 from components.readiness_gate.programs import EXIT_HINTS, probe_argv, probe_program
-from components.remote import RemoteError, Result, require_ssh, ssh_argv
-from components.remote import run_relaying as relay_lines
+from components.remote import RemoteError, lines_marked, require_ssh, run_relaying, ssh_argv
 
 # Extra seconds beyond the probe's own deadline: SSH, plus the probe's last round of docker
 # calls (ray status, node list, inspect, logs: up to 60 s each) and its log tail.
 TRANSPORT_SLACK_S = 300
-
-
-def run_relaying(
-    node: str,
-    local_argv: Sequence[str],
-    argv: Sequence[str],
-    stdin: bytes,
-    timeout: float,
-    relay: Callable[[str], None],
-) -> Result:
-    """Run the probe (ssh … argv) relaying only its progress lines (`PROBE_PROGRESS_PREFIX`) as they come."""
-
-    def progress_only(line: str) -> None:
-        if line.startswith(PROBE_PROGRESS_PREFIX):
-            relay(line)
-
-    return relay_lines(node, local_argv, argv, stdin, timeout, progress_only)
 
 
 def _probe(
@@ -57,7 +39,10 @@ def _probe(
         argv,
         probe_program(props.get("api_key")),
         deadline_s + TRANSPORT_SLACK_S,
-        lambda line: tell_operator(f"readiness on {target.label}: {line}"),
+        # Only the probe's progress lines (the stage it waits on) reach the operator as they come.
+        lines_marked(
+            PROBE_PROGRESS_PREFIX, lambda line: tell_operator(f"readiness on {target.label}: {line}")
+        ),
     )
     if result.ok:
         return parse_report(result.text)

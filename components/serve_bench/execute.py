@@ -11,7 +11,7 @@ from typing import Any
 from components.node_programs.serve_bench import BENCH_PROGRESS_PREFIX, LOG_SCAN_S
 from components.nodes import checked_target
 from components.provider_kit.progress import tell_operator
-from components.remote import RemoteError, require_ssh, run_relaying, ssh_argv
+from components.remote import RemoteError, lines_marked, require_ssh, run_relaying, ssh_argv
 from components.serve_bench.errors import BelowFloor, BenchFailed
 from components.serve_bench.facts import figures_line, parse_report
 from components.serve_bench.plan import ENFORCE, judged
@@ -27,17 +27,17 @@ def _run(props: Mapping[str, Any]) -> dict[str, Any]:
     require_ssh(target.label)
     argv = bench_argv(props)
 
-    def progress(line: str) -> None:
-        if line.startswith(BENCH_PROGRESS_PREFIX):
-            tell_operator(f"serve bench on {target.label}: {line.removeprefix(BENCH_PROGRESS_PREFIX)}")
-
     result = run_relaying(
         target.label,
         ssh_argv(target, argv, dial_with=sys.executable),
         argv,
         bench_program(props.get("api_key")),
         float(props["settings"]["deadline_s"]) + TRANSPORT_SLACK_S,
-        progress,
+        lines_marked(
+            BENCH_PROGRESS_PREFIX,
+            lambda line: tell_operator(f"serve bench on {target.label}: {line}"),
+            strip=True,
+        ),
     )
     if not result.ok:
         hint = EXIT_HINTS.get(result.returncode, "")

@@ -482,7 +482,8 @@ def test_the_gate_relays_progress_lines_while_the_probe_still_runs():
     import sys
     import time
 
-    from components.readiness_gate import run_relaying
+    from components.node_programs.wire import PROBE_PROGRESS_PREFIX
+    from components.remote import lines_marked, run_relaying
 
     script = (
         "import sys, time\n"
@@ -495,7 +496,7 @@ def test_the_gate_relays_progress_lines_while_the_probe_still_runs():
     started = time.monotonic()
     result = run_relaying(
         "spark-1", [sys.executable, "-c", script], ["probe"], b"report", 30,
-        lambda line: relayed.append((line, time.monotonic() - started)),
+        lines_marked(PROBE_PROGRESS_PREFIX, lambda line: relayed.append((line, time.monotonic() - started))),
     )  # fmt: skip
     finished = time.monotonic() - started
     assert result.ok and result.out == "REPORT"
@@ -508,8 +509,7 @@ def test_the_gate_relays_progress_lines_while_the_probe_still_runs():
 def test_the_gate_gives_up_on_a_probe_past_its_timeout():
     import sys
 
-    from components.readiness_gate import run_relaying
-    from components.remote import RemoteError
+    from components.remote import RemoteError, run_relaying
 
     with pytest.raises(RemoteError, match="timed out after 0.5 s"):
         run_relaying(
