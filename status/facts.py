@@ -28,9 +28,9 @@ from components.config import (
     StackConfig,
     parse_stack_config,
 )
-from components.deployment import fabric_check_inputs, health_output, node_container_names
 from components.fabric_check import facts_report
 from components.image_build.component import image_ref
+from components.layout import fabric_check_inputs, health_output, node_container_names
 from components.node_programs import program_argv, readiness
 from components.node_programs.wire import PROBE_API_KEY_ENV, PROGRESS_DIR
 from components.nodes import node_access

@@ -20,10 +20,10 @@ from components.config import (
     NodeConfig,
     StackConfig,
 )
-from components.deployment import fabric_check_inputs, memory_inputs, node_container_names
 from components.fabric_check import FabricCheckError, decide, parse_report, settings
 from components.fabric_check.plan import Decision, floor_warning
 from components.health.containers import watchdog_container_name
+from components.layout import fabric_check_inputs, memory_inputs, node_container_names
 from components.model_support import serve_memory
 from components.model_support.memory_fit import NodeMemory, memory_fit, model_shape
 from components.mp_executor import mp_container_name, node_rank

@@ -243,3 +243,26 @@ def test_a_provider_pickled_by_value_is_told_apart():
     assert done.returncode == 0, done.stderr[-2000:]
     pairs = pickled_globals(base64.b64decode(done.stdout))
     assert ("dill._dill", "_create_type") in pairs and ("__main__", "Unimportable") not in pairs
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports (`import x.y`, `from x.y import z`), by its dotted name."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_status_reads_the_layout_not_the_graph():
+    """`status` needs the containers' names and the resources' inputs from config: components/layout.py
+    gives them without the Pulumi graph (components/deployment.py), which declares resources."""
+    for path in sorted((ROOT / "status").rglob("*.py")):
+        graph = {m for m in imported_modules(path) if m.startswith("components.deployment")}
+        assert not graph, f"{path.relative_to(ROOT)} imports {sorted(graph)}: take it from components.layout"
+    layout = imported_modules(ROOT / "components" / "layout.py")
+    assert not {m for m in layout if m.split(".")[0] in ("pulumi", "pulumi_docker")}, sorted(layout)
+    assert not {m for m in layout if m.startswith("components.deployment")}, sorted(layout)

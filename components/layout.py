@@ -1,0 +1,179 @@
+"""The deployment's layout from config alone: what each resource is given, the containers' names on
+each node, and the shapes of the stack's outputs. Pure: no Pulumi resource is declared or imported
+here, so `status` reads the same layout as the graph (`components/deployment.py`) without the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from components.config import Executor, HealthMode, NodeConfig, StackConfig
+from components.health.containers import (
+    agent_container_name,
+    health_volume_name,
+    metrics_host,
+    watchdog_container_name,
+)
+from components.mp_executor import mp_container_name
+from components.ray_cluster import ray_container_name
+from components.vllm_server import vllm_container_name
+
+# The model-support check's outputs that the stack exports (`model_support`).
+MODEL_SUPPORT_OUTPUTS = (
+    "verdict",
+    "failed_stage",
+    "vllm",
+    "transformers",
+    "architecture",
+    "model_type",
+    "quantization",
+    "memory_fit",
+    "serve_args",
+    "cluster_layer",
+)
+
+
+# ServeBench's outputs that the stack exports (`serve_bench`).
+SERVE_BENCH_OUTPUTS = (
+    "figures",
+    "verdict",
+    "shortfalls",
+    "causes",
+    "nccl_network",
+    "measured_at",
+    "elapsed_s",
+    "error",
+)
+
+# FabricCheck's outputs that the stack exports per node (`fabric`).
+FABRIC_OUTPUTS = ("ib_hca", "gid_index", "gids", "mtu", "verdict", "problems", "throughput")
+
+
+def node_container_names(config: StackConfig) -> dict[str, list[str]]:
+    """The deployment's containers on each node, by name: its Ray container, and the server on the head
+    (under executor mp: the node's one vLLM rank); then the watchdog on the head and an agent on every
+    worker (none under `health.mode: off`)."""
+    if config.cluster.executor is Executor.MP:
+        names = {node.name: [mp_container_name(config, node)] for node in config.nodes}
+    else:
+        names = {
+            node.name: [ray_container_name(config, node)]
+            + ([vllm_container_name(config)] if node is config.head else [])
+            for node in config.nodes
+        }
+    for node, health in health_container_names(config).items():
+        names[node].append(health)
+    return names
+
+
+def health_container_names(config: StackConfig) -> dict[str, str]:
+    """The health program's container on each node: the watchdog on the head, an agent elsewhere."""
+    if config.health.mode is HealthMode.OFF:
+        return {}
+    return {
+        node.name: watchdog_container_name(config) if node is config.head else agent_container_name(config)
+        for node in config.nodes
+    }
+
+
+def health_output(config: StackConfig) -> dict[str, Any]:
+    """The stack output `health`: the mode, the containers, and where the watchdog answers."""
+    h = config.health
+    if h.mode is HealthMode.OFF:
+        return {"mode": h.mode.value, "watchdog": None, "agents": {}, "state_url": None, "volume": None}
+    base = f"http://{metrics_host(config)}:{h.port}"
+    return {
+        "mode": h.mode.value,
+        "watchdog": watchdog_container_name(config),
+        "agents": {n.name: agent_container_name(config) for n in config.workers},
+        "state_url": f"{base}/state",
+        "volume": health_volume_name(config),
+    }
+
+
+def scrape_targets(config: StackConfig) -> list[dict[str, Any]]:
+    """Prometheus file_sd targets: the watchdog's /metrics (not under `health.mode: off`), vLLM's own
+    /metrics at the address clients use, and Ray's metrics export port on every node that sets it
+    (Ray picks a random port otherwise, which no file can name)."""
+    prefix = config.containers.name_prefix
+    targets = []
+    if config.health.mode is not HealthMode.OFF:
+        targets.append(
+            {
+                "targets": [f"{metrics_host(config)}:{config.health.port}"],
+                "labels": {"job": "qwen35-watchdog", "stack": prefix, "node": config.head.name},
+            }
+        )
+    serve = config.serve
+    host = config.head.host if serve.host in ("0.0.0.0", "::") else serve.host
+    targets.append(
+        {
+            "targets": [f"{host}:{serve.port}"],
+            "labels": {"job": "vllm", "stack": prefix, "node": config.head.name},
+        }
+    )
+    if config.cluster.executor is Executor.RAY:
+        for node in config.nodes:
+            port = node.ray_ports.metrics_export_port
+            if port:
+                targets.append(
+                    {
+                        "targets": [f"{node.fabric_ip}:{port}"],
+                        "labels": {"job": "ray", "stack": prefix, "node": node.name},
+                    }
+                )
+    return targets
+
+
+def fabric_check_inputs(cfg: StackConfig, node: NodeConfig, node_dict: dict[str, Any]) -> dict[str, Any]:
+    """A node's FabricCheck inputs from config (all but the head's `reference`); `status` reads the
+    same facts with the same inputs."""
+    pin = cfg.hca_pin(node)
+    return {
+        "node": node_dict,
+        "fabric_ip": node.fabric_ip,
+        "socket_ifname": cfg.socket_ifname(node),
+        "mode": cfg.fabric.check.value,
+        "pin": list(pin) if pin is not None else None,
+        "gid": cfg.fabric.gid,
+        "mtu_expected": cfg.fabric.mtu,
+        "sysfs_root": node.sysfs_root,
+    }
+
+
+def probe_input(cfg: StackConfig, head_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker's FabricCheck `probe`: where the head listens for it, and the floor it is held to."""
+    return {
+        "head": dict(head_dict),
+        "head_name": cfg.head.name,
+        "host": cfg.head.fabric_ip,
+        "port": cfg.fabric.probe_port,
+        "min_gbps": cfg.fabric.min_gbps,
+    }
+
+
+def cluster_proof(cfg: StackConfig) -> dict[str, Any]:
+    """The model-support check's `cluster` input: the Ray cluster layer to prove (every strategy: the
+    Ray containers need Ray beside vLLM, at the version the stack needs), or, under executor mp, the
+    note that no Ray runs (the check records that the proof was not run)."""
+    if cfg.cluster.executor is Executor.MP:
+        return {"executor": "mp"}
+    return {"ray_version": cfg.image.ray_version, "stages": "ray,cluster,executor"}
+
+
+def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
+    """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism,
+    and the serving options that change what a rank holds (components/model_support/memory_fit.py)."""
+    serve = cfg.serve
+    return {
+        "nodes": [{"name": n.name, "memory_gb": n.memory_gb, "gpus": n.gpus} for n in cfg.nodes],
+        "tensor_parallel_size": serve.tensor_parallel_size,
+        "pipeline_parallel_size": serve.pipeline_parallel_size,
+        "gpu_memory_utilization": serve.gpu_memory_utilization,
+        "max_model_len": serve.max_model_len,
+        "kv_cache_dtype": serve.kv_cache_dtype,
+        "speculative_tokens": serve.speculative.num_speculative_tokens if serve.speculative else 0,
+        "speculative_method": serve.speculative.method if serve.speculative else None,
+        "language_model_only": serve.language_model_only,
+    }
