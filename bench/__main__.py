@@ -11,7 +11,8 @@ A containerd-store destination leaves out the layers whose blobs its content sto
 Last, the slow-login-shell case: both nodes' homes get a `~/.bashrc` that costs 0.1 s (as `conda
 init` or `pyenv init` do), and the SSH sessions each create opens on the nodes are counted.
 Then the checkpoint, the engine and the health watchdog (`python -m bench checkpoint|engine|health`
-runs one alone; `python -m bench real` the engine's real-vLLM rows alone).
+runs one alone; `python -m bench real` the engine's real-vLLM rows alone, `python -m bench
+health-real` the watchdog's against the real engine alone).
 """
 
 from __future__ import annotations
@@ -275,6 +276,8 @@ def main() -> int:
         return engine_bench.main_real()
     if sys.argv[1:] == ["health"]:
         return health_bench.main()
+    if sys.argv[1:] == ["health-real"]:
+        return health_bench.main_real()
     nodes = lab.up([name for pair in PAIRS for name in pair[:2]])
     rows = []
     cases = [

@@ -5,15 +5,26 @@
 - with the lab's small intervals (a probe every 1 s, 2 failures, a 0.8 s deadline): the time from a
   hang (SIGSTOP of the serving process) to its detection and to the server ready again, median of 3;
 - the plain alternative: Docker's restart policy alone on the same hang: the container stays "Up",
-  its RestartCount 0, /health unanswered: the policy acts on an exit, never on a hang.
+  its RestartCount 0, /health unanswered: the policy acts on an exit, never on a hang;
+- beside them, the real engine (`python -m bench health` runs both; `python -m bench health-real`
+  the real rows alone): vLLM's CPU build serving the tiny Qwen3.5-MoE under `mp` on node-a and node-b
+  through the real Pulumi engine (engine/real_vllm.yaml), its `VLLM::Worker` stopped (SIGSTOP) while
+  `/health` still answers 200: the time to detection (from completions and vLLM's own /metrics) and
+  to the world serving again, median of REAL_HANGS, with the bound the watchdog computes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import statistics
 import sys
+import tempfile
 import time
+import urllib.request
+from pathlib import Path
 
 import lab
 from components.health.containers import watchdog_container_name
@@ -22,6 +33,11 @@ from tests.lab.test_mp_standin import standin_image
 from tests.support.health_lab import Stack, http
 
 SPARK_DEFAULTS = {"interval_s": 10, "deadline_s": 5, "completion_every": 6, "failures": 3}
+REAL_HANGS = 2
+# The real engine's watchdog, as tests/engine/test_real_vllm.py runs it (a completion every probe).
+REAL_HEALTH = {"mode": "enforce", "interval_s": 2, "deadline_s": 1, "completion_every": 1,
+               "completion_deadline_s": 15, "failures": 2, "startup_s": 400, "ready_s": 400,
+               "memory_wait_s": 10, "max_restarts": 6, "window_s": 3600}  # fmt: skip
 CPU_WINDOW_S = 60.0
 HANGS = 3
 PLAIN_WATCH_S = 20.0
@@ -113,6 +129,120 @@ def plain_hang(node_a: lab.LabNode, node_b: lab.LabNode, images: dict[str, str])
         stack.remove()
 
 
+def state(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return json.loads(answer.read())
+
+
+def wait_for_state(url: str, ok, timeout: float, what: str) -> dict:
+    deadline, last = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        try:
+            last = state(url)
+            if ok(last):
+                return last
+        except (OSError, ValueError) as exc:
+            last = {"error": str(exc)}
+        time.sleep(0.5)
+    raise SystemExit(f"bench health: the watchdog did not reach {what} in {timeout:g} s: {last}")
+
+
+def worker_pid(node: lab.LabNode, container: str) -> int:
+    """The host pid of the container's `VLLM::Worker` (the lab's nodes share this machine's kernel)."""
+    top = lab.docker(node, "top", container, "-eo", "pid,comm").out.splitlines()[1:]
+    return next(
+        int(line.split()[0])
+        for line in top
+        if line.split()[1:] and line.split()[1].startswith("VLLM::Worker")
+    )
+
+
+def real_hang_times(nodes: dict[str, lab.LabNode]) -> tuple[list[tuple[float, float]], float]:
+    """(seconds to detection, seconds to the world serving again) of REAL_HANGS hangs of the real
+    engine, and the watchdog's own bound, on one stack deployed by the real Pulumi engine."""
+    from bench.engine import REAL_STACK, bench_stack, up
+    from engine import ensure_engine
+    from engine.lab_stack import real_engine_config
+    from lab import tiny_qwen35
+    from lab.standin_hub import StandinHub
+    from lab.vllm_cpu_image import vllm_cpu_image
+
+    times, bound = [], float("nan")
+    with tempfile.TemporaryDirectory() as folder:
+        engine = ensure_engine(backend=Path(folder))
+        (image,) = {vllm_cpu_image(node)[0] for node in nodes.values()}
+        with StandinHub({tiny_qwen35.REPO_ID: tiny_qwen35.write(Path(folder) / "tiny")}) as hub:
+            config = real_engine_config(image, hub.endpoint, health=REAL_HEALTH, bench={"mode": "off"})
+            with bench_stack(engine, f"{REAL_STACK}-health", config):
+                first = up(engine, f"{REAL_STACK}-health")
+                if first.returncode:
+                    raise SystemExit(f"bench health: the real stack's up failed:\n{first.err[-3000:]}")
+                outputs = json.loads(
+                    engine.run("stack", "output", "--json", stack=f"{REAL_STACK}-health").out
+                )
+                url = outputs["health"]["state_url"]
+                before = wait_for_state(url, lambda s: s.get("state") == "healthy", 300, "healthy")
+                bound = before["hang_bound_s"]
+                for _ in range(REAL_HANGS):
+                    times.append(real_hang(nodes["node-a"], url, bound))
+    return times, bound
+
+
+def real_hang(node: lab.LabNode, url: str, bound: float) -> tuple[float, float]:
+    """One SIGSTOP of the head's engine worker: (to detection, to the world serving again)."""
+    before = state(url)
+    pid = worker_pid(node, "qwen35-vllm")
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.time()  # the watchdog stamps its records with this machine's clock
+    try:
+        found = wait_for_state(
+            url, lambda s: len(s["restarts"]) > len(before["restarts"]), bound + 60, "a recovery"
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    ready = wait_for_state(
+        url,
+        lambda s: s["state"] == "healthy" and (s.get("last_ready") or 0) > found["restarts"][-1]["at"],
+        600,
+        "ready",
+    )
+    return found["last_diagnosis"]["at"] - stopped, ready["last_ready"] - stopped
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} s median of {len(values)} ({min(values):.2f}-{max(values):.2f})"
+
+
+def real_rows(nodes: dict[str, lab.LabNode]) -> list[tuple[str, str]]:
+    times, bound = real_hang_times(nodes)
+    detect, ready = [t[0] for t in times], [t[1] for t in times]
+    return [
+        (
+            f"real vLLM: engine hung, /health 200 -> detected (2 s probes, a completion each, 2 failures; "
+            f"bound {bound:.0f} s)",
+            spread(detect),
+        ),
+        (
+            "real vLLM: hang -> world serving again (every rank restarted, weights loaded again)",
+            spread(ready),
+        ),
+    ]
+
+
+def print_table(rows: list[tuple[str, str]]) -> None:
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"{name.ljust(width)} | {value}")
+
+
+def main_real() -> int:
+    """`python -m bench health-real`: the real engine's rows alone."""
+    with lab_session(["node-a", "node-b"]) as nodes:
+        print_table(real_rows(nodes))
+    return 0
+
+
 def main(nodes: dict[str, lab.LabNode] | None = None) -> int:
     with lab_session(["node-a", "node-b"]) as session:
         nodes = nodes or session
@@ -124,6 +254,8 @@ def main(nodes: dict[str, lab.LabNode] | None = None) -> int:
         times = hang_times(node_a, node_b, images)
         print("bench health: the plain alternative ...", file=sys.stderr, flush=True)
         plain = plain_hang(node_a, node_b, images)
+        print("bench health: the real engine's hangs ...", file=sys.stderr, flush=True)
+        real = real_rows(nodes)
     detect = [t[0] for t in times]
     ready = [t[1] for t in times]
     rows = [
@@ -139,10 +271,9 @@ def main(nodes: dict[str, lab.LabNode] | None = None) -> int:
         ),
         ("plain: Docker's restart policy on the same hang", plain),
         ("Sparks' defaults: detection bound", "interval 10 s x 3 failures + 5 s deadline = 35 s"),
+        *real,
     ]
-    width = max(len(r[0]) for r in rows)
-    for name, value in rows:
-        print(f"{name.ljust(width)} | {value}")
+    print_table(rows)
     return 0
 
 
