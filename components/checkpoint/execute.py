@@ -273,9 +273,12 @@ def _inputs(props: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in props.items() if key not in OUTPUT_KEYS and not key.startswith("__")}
 
 
-def ensure(props: Mapping[str, Any], copy_likely: bool = True) -> dict[str, Any]:
-    """create()/update(): the node holds the checkpoint, intact, afterwards."""
+def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """create()/update(): the node holds the checkpoint, intact, afterwards. A copy is likely on a
+    create, and on an update whose recorded state (`olds`) listed problems: then the source's
+    session opens while the node is inventoried (`copy_to_node`'s `early`)."""
     started = time.monotonic()
+    copy_likely = olds is None or bool(olds.get("problems"))
     if props.get("source"):
         manifest = Manifest.from_state(
             props["repo"], props["source_revision"], props["source_manifest"], props.get("source_refs") or {}

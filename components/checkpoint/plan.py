@@ -14,6 +14,7 @@ from components.checkpoint.errors import CheckpointError
 from components.node_programs.hf_checkpoint import files_digest
 from components.nodes import same_node
 from components.provider_kit.change import Change
+from components.provider_kit.inputs import node_problems
 
 GIB = 1 << 30
 # Inputs whose change means another checkpoint on that node (a new resource).
@@ -141,3 +142,8 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     if olds.get("problems"):
         updates.append("problems")
     return Change(tuple(replaces), tuple(updates))
+
+
+def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, reason) for each input `check` refuses: no I/O; a value not known yet passes."""
+    return node_problems(props, "node")

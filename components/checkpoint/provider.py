@@ -12,7 +12,7 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.checkpoint.execute import ensure, observe, release
-from components.checkpoint.plan import plan_change
+from components.checkpoint.plan import plan_change, validate
 from components.errors import ExplainedErrors
 
 
@@ -22,6 +22,10 @@ class CheckpointProvider(ExplainedErrors, dynamic.ResourceProvider):
     # Stacks pickled this class by reference as `components.checkpoint.provider.CheckpointProvider`:
     # keep that its path whatever file it lives in.
     __module__ = "components.checkpoint.provider"
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
+        return dynamic.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         outs = ensure(props)
@@ -45,7 +49,7 @@ class CheckpointProvider(ExplainedErrors, dynamic.ResourceProvider):
         # A node that held everything at the last refresh most likely still does: its source's
         # session is opened only once the inventory shows something missing. (Another manifest is a
         # replacement, never an update.)
-        return dynamic.UpdateResult(outs=ensure(news, copy_likely=bool(olds.get("problems"))))
+        return dynamic.UpdateResult(outs=ensure(news, olds))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         release(props)

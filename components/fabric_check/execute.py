@@ -91,7 +91,9 @@ def _checked(props: Mapping[str, Any], transport: Transport | None = None) -> De
     return decision
 
 
-def ensure(props: Mapping[str, Any], transport: Transport | None = None) -> dict[str, Any]:
+def ensure(
+    props: Mapping[str, Any], olds: Mapping[str, Any] | None = None, *, transport: Transport | None = None
+) -> dict[str, Any]:
     """Check the node's fabric (`_checked`), tell the operator what it found, and return the check's
     outputs (the inputs and the decision's); FabricCheckError when refused (mode enforce)."""
     decision = _checked(props, transport)
@@ -104,8 +106,13 @@ def ensure(props: Mapping[str, Any], transport: Transport | None = None) -> dict
     return {**props, **decision.outputs()}
 
 
-def observe(props: Mapping[str, Any], transport: Transport | None = None) -> dict[str, Any]:
+def observe(props: Mapping[str, Any], *, transport: Transport | None = None) -> dict[str, Any]:
     """The check's outputs as the node shows them now (a port gone DOWN, a new MTU, a GID index that
     moved), never refused: the next `up` does (plan_change). No probe runs."""
     decision = decide(settings(props), read_facts(props, transport))
     return {**props, **decision.outputs()}
+
+
+def release(props: Mapping[str, Any]) -> None:
+    """delete: nothing to do; a check leaves nothing on the node (its probe's listener ends with it)."""
+    return None

@@ -13,7 +13,7 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.fabric_check.execute import ensure, observe
+from components.fabric_check.execute import ensure, observe, release
 from components.fabric_check.plan import check_id, plan_change, validate
 
 
@@ -44,5 +44,4 @@ class FabricCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.ReadResult(id_=id_, outs=observe(props))
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        # A check leaves nothing on the node.
-        return None
+        release(_props)

@@ -11,6 +11,16 @@ from typing import Any
 from components.health.plan import SECRET_BYTES, SECRET_KEY, UPDATE_KEYS
 
 
-def ensure(props: Mapping[str, Any]) -> dict[str, Any]:
+def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Create's outputs: the inputs recorded in place and a new random secret (`SECRET_BYTES`, hex)."""
     return {**{k: props.get(k) for k in UPDATE_KEYS}, SECRET_KEY: secrets.token_hex(SECRET_BYTES)}
+
+
+def observe(props: Mapping[str, Any]) -> dict[str, Any]:
+    """refresh: the recorded secret and inputs (it lives in the stack's state alone: nothing to read)."""
+    return dict(props)
+
+
+def release(props: Mapping[str, Any]) -> None:
+    """delete: nothing to do; the secret lives in the stack's state alone."""
+    return None

@@ -8,7 +8,7 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.health.execute import ensure
+from components.health.execute import ensure, observe, release
 from components.health.plan import kept_outputs, plan_change, validate
 
 
@@ -21,10 +21,7 @@ class HealthSecretProvider(ExplainedErrors, dynamic.ResourceProvider):
     __module__ = "components.health"
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        failures = [
-            dynamic.CheckFailure(problem.split(":", 1)[0], problem.split(":", 1)[1].strip())
-            for problem in validate(news)
-        ]
+        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
         return dynamic.CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
@@ -39,7 +36,7 @@ class HealthSecretProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.UpdateResult(outs=kept_outputs(olds, news))
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        return dynamic.ReadResult(id_=id_, outs=props)
+        return dynamic.ReadResult(id_=id_, outs=observe(props))
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        return None
+        release(_props)

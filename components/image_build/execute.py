@@ -160,3 +160,10 @@ def observe(props: Mapping[str, Any]) -> dict[str, Any]:
     """read: the recorded outputs with the image the tag points at now ("" when it is gone)."""
     found = head_image(head_transport(props), str(props["ref"]), None)
     return {**props, "observed_image_id": found.tag_id or ""}
+
+
+def release(props: Mapping[str, Any]) -> None:
+    """delete: nothing to do. As pulumi_docker.Image did, the image stays on the head under its tag:
+    the previous image a rollback re-tags instead of rebuilding. NodeImage's records decide what the
+    nodes keep."""
+    return None

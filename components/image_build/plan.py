@@ -35,26 +35,28 @@ def _known(value: Any) -> bool:
     return value is not None and value != UNKNOWN and not isinstance(value, Unknown)
 
 
-def _problem(field: str, value: Any, pattern: re.Pattern[str], what: str) -> list[str]:
+def _problem(field: str, value: Any, pattern: re.Pattern[str], what: str) -> list[tuple[str, str]]:
     if not _known(value) or (isinstance(value, str) and pattern.match(value)):
         return []
-    return [f"{field}: {value!r} is not {what}"]
+    return [(field, f"{value!r} is not {what}")]
 
 
-def validate(props: Mapping[str, Any]) -> list[str]:
+def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Problems with the inputs, each naming its field (no I/O; values not known yet pass)."""
     problems = []
     node = props.get("node")
     if not isinstance(node, Mapping) or not node.get("host") or not node.get("known_hosts"):
-        problems.append("node: the head's access details (host, known_hosts) are required")
+        problems.append(("node", "the head's access details (host, known_hosts) are required"))
     ref = props.get("ref")
     if _known(ref):
         try:
             parsed = parse_image_ref(ref)
             if not parsed.tag or parsed.digest:
-                problems.append(f"ref: {ref!r} must be name:tag (a build is tagged, never pinned by digest)")
+                problems.append(
+                    ("ref", f"{ref!r} must be name:tag (a build is tagged, never pinned by digest)")
+                )
         except ImageRefError as exc:
-            problems.append(f"ref: {exc}")
+            problems.append(("ref", f"{exc}"))
     problems += _problem("platform", props.get("platform"), PLATFORM, "os/arch (linux/arm64)")
     problems += _problem("dockerfile", props.get("dockerfile"), DOCKERFILE, "a file name in the context")
     problems += _problem("context_digest", props.get("context_digest"), DIGEST, "a sha256: digest")
@@ -62,16 +64,16 @@ def validate(props: Mapping[str, Any]) -> list[str]:
         problems += _problem("network", props.get("network"), NETWORK, "a Docker network name")
     context = props.get("context")
     if _known(context) and not (isinstance(context, str) and context.startswith("/")):
-        problems.append(f"context: {context!r} is not an absolute path")
+        problems.append(("context", f"{context!r} is not an absolute path"))
     args = props.get("build_args") or {}
     if _known(args) and not isinstance(args, Mapping):
-        problems.append(f"build_args: a map of build-arg names to strings, not {str(args)[:40]!r}")
+        problems.append(("build_args", f"a map of build-arg names to strings, not {str(args)[:40]!r}"))
     elif _known(args):
         for key, value in args.items():
             if not BUILD_ARG.match(str(key)):
-                problems.append(f"build_args: {key!r} is not a build-arg name")
+                problems.append(("build_args", f"{key!r} is not a build-arg name"))
             elif _known(value) and (not isinstance(value, str) or "\n" in value or "\0" in value):
-                problems.append(f"build_args.{key}: a one-line string, not {str(value)[:40]!r}")
+                problems.append((f"build_args.{key}", f"a one-line string, not {str(value)[:40]!r}"))
     return problems
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.image_build.execute import ensure, observe
+from components.image_build.execute import ensure, observe, release
 from components.image_build.plan import build_id, plan_change, validate
 
 
@@ -21,10 +21,7 @@ class ImageBuildProvider(ExplainedErrors, dynamic.ResourceProvider):
     __module__ = "components.image_build"
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        failures = [
-            dynamic.CheckFailure(problem.split(":", 1)[0], problem.split(":", 1)[1].strip())
-            for problem in validate(news)
-        ]
+        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
         return dynamic.CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
@@ -46,6 +43,4 @@ class ImageBuildProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.ReadResult(id_=id_, outs=observe(props))
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        # As pulumi_docker.Image did: the image stays on the head under its tag, the previous image a
-        # rollback re-tags instead of rebuilding. NodeImage's records decide what the nodes keep.
-        return None
+        release(_props)

@@ -191,7 +191,9 @@ def prove_model(
     return {key: report.get(key) for key in REPORT_FIELDS}
 
 
-def ensure(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[str, Any]:
+def ensure(
+    props: Mapping[str, Any], olds: Mapping[str, Any] | None = None, *, proof_dir: Path | None = None
+) -> dict[str, Any]:
     """create(): the whole check on the head; the outputs. ModelSupportError when it fails (mode
     enforce) or cannot run."""
     problems = create_problems(props)
@@ -216,3 +218,14 @@ def ensure(props: Mapping[str, Any], proof_dir: Path | None = None) -> dict[str,
         # Not news (the stack declared them): one line, where a refusal would show three warnings.
         pulumi.log.info(expected_summary(props, expected))
     return outs
+
+
+def observe(props: Mapping[str, Any]) -> dict[str, Any]:
+    """refresh: the recorded outputs. A proof about an image ID and a checkpoint digest does not
+    drift: those are its inputs, and their own resources are refreshed."""
+    return dict(props)
+
+
+def release(props: Mapping[str, Any]) -> None:
+    """delete: nothing to do; the proofs' containers were `--rm`, nothing is left on the head."""
+    return None

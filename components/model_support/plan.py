@@ -114,27 +114,27 @@ def _known(value: Any) -> bool:
     return value is not None and value != UNKNOWN and not isinstance(value, Unknown)
 
 
-def validate(props: Mapping[str, Any]) -> list[str]:
+def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Problems with the inputs, each naming its field (no I/O; unknown values pass)."""
     problems = []
     node = props.get("node")
     if not isinstance(node, Mapping) or not node.get("host") or not node.get("known_hosts"):
-        problems.append("node: the head's access details (host, known_hosts) are required")
+        problems.append(("node", "the head's access details (host, known_hosts) are required"))
     image = props.get("image")
     if _known(image):
         try:
             parse_image_ref(image)
         except ImageRefError as exc:
-            problems.append(f"image: {exc}")
+            problems.append(("image", f"{exc}"))
     image_id = props.get("image_id")
     if _known(image_id) and not (isinstance(image_id, str) and IMAGE_ID.match(image_id)):
-        problems.append(f"image_id: {image_id!r} is not a sha256: image ID")
+        problems.append(("image_id", f"{image_id!r} is not a sha256: image ID"))
     snapshot = props.get("snapshot_path")
     if _known(snapshot) and snapshot != "" and not (isinstance(snapshot, str) and HOST_PATH.match(snapshot)):
-        problems.append(f"snapshot_path: {snapshot!r}: an absolute path without ':', ',' or spaces")
+        problems.append(("snapshot_path", f"{snapshot!r}: an absolute path without ':', ',' or spaces"))
     mode = props.get("mode", Mode.ENFORCE.value)
     if mode not in {m.value for m in Mode}:
-        problems.append(f"mode: {mode!r}: one of {', '.join(m.value for m in Mode)}")
+        problems.append(("mode", f"{mode!r}: one of {', '.join(m.value for m in Mode)}"))
     memory = props.get("memory")
     if _known(memory) and memory is not None:
         try:
@@ -143,14 +143,14 @@ def validate(props: Mapping[str, Any]) -> list[str]:
             float(memory["gpu_memory_utilization"])
             serve_memory(memory)
         except (KeyError, TypeError, ValueError) as exc:
-            problems.append(f"memory: {exc!r}: nodes, tensor/pipeline parallel sizes and utilization")
+            problems.append(("memory", f"{exc!r}: nodes, tensor/pipeline parallel sizes and utilization"))
     return problems
 
 
 def create_problems(props: Mapping[str, Any]) -> list[str]:
     """What `validate` says, and an image ID still unknown: check() lets one through (preview);
     create needs the head's real one."""
-    problems = validate(props)
+    problems = [f"{key}: {reason}" for key, reason in validate(props)]
     if not IMAGE_ID.match(str(props.get("image_id") or "")) and not _known(props.get("image_id")):
         problems.append(f"image_id: {props.get('image_id')!r} is not a sha256: image ID")
     return problems

@@ -13,7 +13,7 @@ import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
 from components.model_support.errors import ModelSupportError
-from components.model_support.execute import ensure
+from components.model_support.execute import ensure, observe, release
 from components.model_support.plan import (
     check_id,
     plan_change,
@@ -31,10 +31,7 @@ class ModelSupportCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
     __module__ = "components.model_support"
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        failures = [
-            dynamic.CheckFailure(problem.split(":", 1)[0], problem.split(":", 1)[1].strip())
-            for problem in validate(news)
-        ]
+        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
         return dynamic.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
@@ -53,9 +50,7 @@ class ModelSupportCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.UpdateResult(outs={**news, **recorded_outputs(olds)})
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        # A proof about an image ID and a checkpoint digest does not drift: those are its inputs.
-        return dynamic.ReadResult(id_=id_, outs=props)
+        return dynamic.ReadResult(id_=id_, outs=observe(props))
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        # The containers were `--rm`: nothing is left on the head.
-        return None
+        release(_props)

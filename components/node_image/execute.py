@@ -71,7 +71,7 @@ class CopyJob:
     times: PhaseTimes
 
 
-def ensure(props: Mapping[str, Any]) -> dict[str, Any]:
+def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """create(): make `image` present and verified on the destination; the outputs."""
     times = PhaseTimes(f"NodeImage {props.get('image')}")
     try:

@@ -14,6 +14,7 @@ from components.node_image.inputs import Node, clean_node, keep_previous
 from components.node_programs.wire import chain_ids
 from components.nodes import same_address, same_node
 from components.provider_kit.change import Change
+from components.provider_kit.inputs import node_problems
 from components.transfer import GIB, Tuning
 
 # Inputs recorded in place when they change (unless they also replace): how nodes are reached, tuning.
@@ -209,3 +210,8 @@ def can_export(tuning: Tuning, source: Daemon, destination: Daemon) -> bool:
     """Read layers straight from the source's store: a classic overlay2 source (to a containerd
     destination as an OCI layout, whose blobs are named by digest)."""
     return tuning.source_export == "auto" and source.store == "classic" and source.driver == "overlay2"
+
+
+def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, reason) for each input `check` refuses: no I/O; a value not known yet passes."""
+    return node_problems(props, "destination")

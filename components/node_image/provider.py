@@ -10,7 +10,7 @@ import pulumi.dynamic as dynamic
 from components.errors import ExplainedErrors
 from components.node_image.execute import ensure, observe, release
 from components.node_image.inputs import inputs
-from components.node_image.plan import plan_change
+from components.node_image.plan import plan_change, validate
 
 
 class NodeImageProvider(ExplainedErrors, dynamic.ResourceProvider):
@@ -19,6 +19,10 @@ class NodeImageProvider(ExplainedErrors, dynamic.ResourceProvider):
     # Existing stacks pickled this class as `components.node_image.NodeImageProvider` (by reference):
     # keep that its path whatever file it lives in.
     __module__ = "components.node_image"
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
+        return dynamic.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         outs = ensure(props)

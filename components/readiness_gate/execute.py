@@ -51,10 +51,11 @@ def _probe(
     raise GateFailed(props["node"]["name"], argv, result.returncode, result.stderr, hint)
 
 
-def ensure(props: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Wait (up to `deadline_s`) until the server answers; the gate's outputs (the inputs, `ready`,
-    the probe's `report`), or GateFailed. `previous`: what the gate last passed with (`deployed`)."""
-    report = _probe(props, float(props["deadline_s"]), previous)
+    the probe's `report`), or GateFailed. `olds`: the recorded state, whose `deployed` is what the gate
+    last passed with (a failure's rollback hint)."""
+    report = _probe(props, float(props["deadline_s"]), (olds or {}).get("deployed"))
     return {**props, "ready": True, "report": report}
 
 
@@ -66,3 +67,8 @@ def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
     except (RemoteError, ValueError):
         return None
     return dict(props)
+
+
+def release(props: Mapping[str, Any]) -> None:
+    """delete: nothing to do; a gate leaves nothing on the node."""
+    return None

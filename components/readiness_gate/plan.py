@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.provider_kit.change import Change
+from components.provider_kit.inputs import node_problems
 
 # How long `pulumi refresh` waits for a server that answered before.
 REFRESH_DEADLINE_S = 60
@@ -86,3 +87,8 @@ def failure_hint(
 ) -> str:
     """What a failed probe tells the operator: what its exit status means, then how to go back."""
     return "; ".join(hint for hint in (exit_hint, rollback_hint(previous, current)) if hint)
+
+
+def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, reason) for each input `check` refuses: no I/O; a value not known yet passes."""
+    return node_problems(props, "node")

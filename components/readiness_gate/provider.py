@@ -9,8 +9,8 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.readiness_gate.execute import ensure, observe
-from components.readiness_gate.plan import kept_cold_start, plan_change, probes_again
+from components.readiness_gate.execute import ensure, observe, release
+from components.readiness_gate.plan import kept_cold_start, plan_change, probes_again, validate
 
 
 class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
@@ -19,6 +19,10 @@ class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
     # Existing stacks pickled this class as `components.readiness_gate.ReadinessGateProvider` (by
     # reference): keep that its path whatever file it lives in.
     __module__ = "components.readiness_gate"
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
+        return dynamic.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         outs = ensure(props)
@@ -33,7 +37,7 @@ class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
         if not probes_again(plan_change(olds, news)):
             return dynamic.UpdateResult(outs={**olds, **news})
         # A failed probe leaves the state as it was: `deployed` stays what last served.
-        outs = ensure(news, previous=olds.get("deployed"))
+        outs = ensure(news, olds)
         return dynamic.UpdateResult(
             outs={**outs, "report": kept_cold_start(olds.get("report"), outs["report"])}
         )
@@ -45,5 +49,4 @@ class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.ReadResult(id_=id_, outs=props)
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        # A gate leaves nothing on the node.
-        return None
+        release(_props)

@@ -45,7 +45,7 @@ def _run(props: Mapping[str, Any]) -> dict[str, Any]:
     return parse_report(result.text)
 
 
-def ensure(props: Mapping[str, Any]) -> dict[str, Any]:
+def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Measure, then judge against the floors: the bench's outputs (the inputs, the figures, the
     verdict). Under enforce, a bench that could not measure or a figure below its floor fails `up`;
     under report both are recorded and `up` goes on."""
@@ -71,3 +71,8 @@ def observe(props: Mapping[str, Any]) -> dict[str, Any]:
     """Refresh: the recorded inputs and figures, unchanged (a bench is run by `up` alone: it costs
     a minute of the server's time, and a figure read now would not be what `up` measured)."""
     return dict(props)
+
+
+def release(props: Mapping[str, Any]) -> None:
+    """delete: nothing to do; a bench leaves nothing on the node."""
+    return None

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from components.provider_kit.change import Change
+from components.provider_kit.inputs import node_problems
 
 ENFORCE, REPORT = "enforce", "report"
 # Inputs whose change means "measure again": what is measured (the image on every node, the
@@ -159,3 +160,8 @@ def judged(props: Mapping[str, Any], report: Mapping[str, Any] | None, error: st
         "causes": causes,
         "error": error,
     }
+
+
+def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, reason) for each input `check` refuses: no I/O; a value not known yet passes."""
+    return node_problems(props, "node")

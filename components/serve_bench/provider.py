@@ -8,8 +8,8 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.serve_bench.execute import ensure, observe
-from components.serve_bench.plan import OUTPUT_KEYS, measures_again, plan_change
+from components.serve_bench.execute import ensure, observe, release
+from components.serve_bench.plan import OUTPUT_KEYS, measures_again, plan_change, validate
 
 
 class ServeBenchProvider(ExplainedErrors, dynamic.ResourceProvider):
@@ -19,6 +19,10 @@ class ServeBenchProvider(ExplainedErrors, dynamic.ResourceProvider):
     # Stacks pickle this class by reference to `components.serve_bench.ServeBenchProvider`: keep
     # that its path whatever file it lives in.
     __module__ = "components.serve_bench"
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
+        return dynamic.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         return dynamic.CreateResult(id_=f"{props['node']['name']}-bench", outs=ensure(props))
@@ -38,5 +42,4 @@ class ServeBenchProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.ReadResult(id_=id_, outs=observe(props))
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        # A bench leaves nothing on the node.
-        return None
+        release(_props)

@@ -27,7 +27,7 @@ def _run(props: Mapping[str, Any], mode: str) -> tuple[int, dict[str, Any]]:
     return result.returncode, parse_report(result.text)
 
 
-def ensure(props: Mapping[str, Any]) -> dict[str, Any]:
+def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Take the claim on the node; its outputs (the inputs), or ClaimRefused naming the other stack."""
     code, report = _run(props, "take")
     if code == ClaimExit.CLAIMED:

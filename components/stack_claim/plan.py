@@ -17,6 +17,7 @@ from components.config import (
 )
 from components.node_programs.wire import STACK_RECORDS
 from components.provider_kit.change import Change
+from components.provider_kit.inputs import node_problems
 
 # Inputs whose change is an update: the claim taken again. Never a replacement: a new claim created
 # before the old one's delete would be dropped by it.
@@ -92,3 +93,8 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     """From recorded state and new inputs, no I/O: an update (the claim taken again) for any changed
     input, never a replacement."""
     return Change(replaces=(), updates=tuple(key for key in CLAIM_KEYS if olds.get(key) != news.get(key)))
+
+
+def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, reason) for each input `check` refuses: no I/O; a value not known yet passes."""
+    return node_problems(props, "node")

@@ -9,7 +9,7 @@ import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
 from components.stack_claim.execute import ensure, observe, release
-from components.stack_claim.plan import plan_change
+from components.stack_claim.plan import plan_change, validate
 
 
 class StackClaimProvider(ExplainedErrors, dynamic.ResourceProvider):
@@ -18,6 +18,10 @@ class StackClaimProvider(ExplainedErrors, dynamic.ResourceProvider):
     # Stacks pickle this class as `components.stack_claim.StackClaimProvider` (by reference): keep that
     # its path whatever file it lives in.
     __module__ = "components.stack_claim"
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
+        return dynamic.CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         ensure(props)

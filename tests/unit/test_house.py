@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import base64
 import importlib
+import inspect
 import pickletools
 import subprocess
 import sys
@@ -266,3 +267,47 @@ def test_status_reads_the_layout_not_the_graph():
     layout = imported_modules(ROOT / "components" / "layout.py")
     assert not {m for m in layout if m.split(".")[0] in ("pulumi", "pulumi_docker")}, sorted(layout)
     assert not {m for m in layout if m.startswith("components.deployment")}, sorted(layout)
+
+
+# ---- the node resource contract: one signature per role -------------------------------------------------
+
+CONTRACT_PACKAGES = [name for name in SHAPES]
+
+
+def parameters(function) -> list[inspect.Parameter]:
+    return list(inspect.signature(function).parameters.values())
+
+
+@pytest.mark.parametrize("name", CONTRACT_PACKAGES)
+def test_every_node_resource_package_keeps_the_contract(name):
+    """execute: `ensure(props, olds=None) -> dict` (what else it takes, keyword-only), `observe(props)
+    -> dict | None`, `release(props)`; plan: `validate(props) -> list[tuple[str, str]]`,
+    `plan_change(olds, news) -> Change`."""
+    execute = importlib.import_module(f"components.{name}.execute")
+    plan = importlib.import_module(f"components.{name}.plan")
+    ensure = parameters(execute.ensure)
+    assert [p.name for p in ensure[:2]] == ["props", "olds"] and ensure[1].default is None, ensure
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ensure[2:]), ensure
+    assert inspect.signature(execute.ensure).return_annotation == "dict[str, Any]"
+    observe = parameters(execute.observe)
+    assert observe[0].name == "props" and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in observe[1:])
+    assert inspect.signature(execute.observe).return_annotation in ("dict[str, Any]", "dict[str, Any] | None")
+    assert [p.name for p in parameters(execute.release)] == ["props"]
+    assert [p.name for p in parameters(plan.validate)] == ["props"]
+    assert inspect.signature(plan.validate).return_annotation == "list[tuple[str, str]]"
+    assert [p.name for p in parameters(plan.plan_change)] == ["olds", "news"]
+    assert inspect.signature(plan.plan_change).return_annotation == "Change"
+
+
+@pytest.mark.parametrize("name", CONTRACT_PACKAGES)
+def test_every_provider_calls_the_package_s_verbs(name):
+    """The provider is the engine's face of the package: check runs `validate`, read `observe`, delete
+    `release` (their names in each method's code, read from the source)."""
+    provider = package(name) / "provider.py"
+    methods = {
+        node.name: ast.unparse(node)
+        for node in ast.walk(ast.parse(provider.read_text()))
+        if isinstance(node, ast.FunctionDef)
+    }
+    for method, verb in (("check", "validate("), ("read", "observe("), ("delete", "release(")):
+        assert verb in methods.get(method, ""), f"{provider.relative_to(ROOT)}: {method} does not call {verb}"

@@ -247,7 +247,7 @@ def report_result(report: dict, code: int) -> Result:
 
 def test_a_passing_proof_gives_the_report_fields(monkeypatch, proof_dir):
     fake = head(monkeypatch)
-    outs = execute.ensure(props(), proof_dir)
+    outs = execute.ensure(props(), proof_dir=proof_dir)
     assert outs["verdict"] == "pass" and outs["vllm"] == "0.17.1"
     assert (
         outs["architecture"] == "Qwen3_5MoeForConditionalGeneration" and outs["model_type"] == "qwen3_5_moe"
@@ -261,7 +261,7 @@ def test_a_passing_proof_gives_the_report_fields(monkeypatch, proof_dir):
 def test_a_failed_proof_stops_up_naming_stage_error_image_and_vllm(monkeypatch, proof_dir):
     fake = head(monkeypatch, run_result=report_result(CONSTRUCT_FAIL, 1))
     with pytest.raises(ModelSupportError) as info:
-        execute.ensure(props(), proof_dir)
+        execute.ensure(props(), proof_dir=proof_dir)
     message = str(info.value)
     for part in (
         "spark-1",
@@ -392,7 +392,7 @@ def test_a_usage_error_is_named_as_one():
 
 def test_report_mode_records_the_failure_and_goes_on(monkeypatch, proof_dir):
     head(monkeypatch, run_result=report_result({**CONSTRUCT_FAIL, "failed_stage": "environment"}, 1))
-    outs = execute.ensure(props(mode="report"), proof_dir)
+    outs = execute.ensure(props(mode="report"), proof_dir=proof_dir)
     assert outs["verdict"] == "fail" and outs["failed_stage"] == "environment"
 
 
@@ -410,7 +410,7 @@ def test_report_mode_records_the_failure_and_goes_on(monkeypatch, proof_dir):
 def test_a_proof_without_a_sound_report_is_an_error(monkeypatch, proof_dir, code, stdout, expected):
     head(monkeypatch, run_result=Result((), code, stdout, b"docker: Error response from daemon"))
     with pytest.raises(ModelSupportError, match=re.escape(expected)):
-        execute.ensure(props(mode="report"), proof_dir)
+        execute.ensure(props(mode="report"), proof_dir=proof_dir)
 
 
 def hf_snapshot(root: Path, total_size: int | None, shard_bytes: list[int], layers: int = 48) -> Path:
@@ -448,7 +448,8 @@ def test_the_memory_fit_runs_before_any_container_and_stops_a_model_that_cannot_
     one_node = {**MEMORY, "nodes": MEMORY["nodes"][:1], "tensor_parallel_size": 1}
     with pytest.raises(MemoryFitError) as info:
         execute.ensure(
-            props(snapshot_path=str(snapshot), memory=one_node, checkpoint_digest="sha256:1"), proof_dir
+            props(snapshot_path=str(snapshot), memory=one_node, checkpoint_digest="sha256:1"),
+            proof_dir=proof_dir,
         )
     assert "126.0 GB of weights" in str(info.value) and "spark-1: needs 132.0 GB per GPU" in str(info.value)
     assert fake.docker_runs() == 0
@@ -457,7 +458,9 @@ def test_the_memory_fit_runs_before_any_container_and_stops_a_model_that_cannot_
 def test_a_model_that_fits_reports_the_numbers(monkeypatch, proof_dir, tmp_path):
     fake = head(monkeypatch)
     snapshot = hf_snapshot(tmp_path, total_size=126 * GB, shard_bytes=[10, 20])
-    outs = execute.ensure(props(snapshot_path=str(snapshot), checkpoint_digest="sha256:1"), proof_dir)
+    outs = execute.ensure(
+        props(snapshot_path=str(snapshot), checkpoint_digest="sha256:1"), proof_dir=proof_dir
+    )
     fit = outs["memory_fit"]
     assert fit["fits"] is True and fit["weights_gb"] == 126.0 and fit["weights_from"] == "index"
     assert fit["layers"] == 48 and fit["per_rank"]["spark-2"]["weights_gb"] == 63.0
@@ -467,7 +470,9 @@ def test_a_model_that_fits_reports_the_numbers(monkeypatch, proof_dir, tmp_path)
 def test_without_an_index_the_shard_sizes_count(monkeypatch, proof_dir, tmp_path):
     head(monkeypatch)
     snapshot = hf_snapshot(tmp_path, total_size=None, shard_bytes=[1000, 2345])
-    outs = execute.ensure(props(snapshot_path=str(snapshot), checkpoint_digest="sha256:1"), proof_dir)
+    outs = execute.ensure(
+        props(snapshot_path=str(snapshot), checkpoint_digest="sha256:1"), proof_dir=proof_dir
+    )
     assert outs["memory_fit"]["weights_from"] == "shards"
     assert outs["memory_fit"]["weights_gb"] == round(3345 / GB, 1)
 
@@ -476,7 +481,7 @@ def test_a_snapshot_without_weights_is_named(monkeypatch, proof_dir, tmp_path):
     fake = head(monkeypatch)
     with pytest.raises(ModelSupportError, match="does-not-exist is not a directory"):
         execute.ensure(
-            props(snapshot_path=str(tmp_path / "does-not-exist"), checkpoint_digest="x"), proof_dir
+            props(snapshot_path=str(tmp_path / "does-not-exist"), checkpoint_digest="x"), proof_dir=proof_dir
         )
     assert fake.docker_runs() == 0
 
@@ -485,11 +490,11 @@ def test_a_pinned_reference_must_match_the_heads_repo_digest(monkeypatch, proof_
     pinned = f"nvcr.io/nvidia/vllm:26.03-py3@{PIN}"
     fake = head(monkeypatch, repo_digests=["nvcr.io/nvidia/vllm@sha256:" + "00" * 32])
     with pytest.raises(ModelSupportError) as info:
-        execute.ensure(props(image=pinned), proof_dir)
+        execute.ensure(props(image=pinned), proof_dir=proof_dir)
     assert PIN in str(info.value) and "docker pull nvcr.io/nvidia/vllm@" in str(info.value)
     assert fake.docker_runs() == 0
     fake = head(monkeypatch, repo_digests=[f"nvcr.io/nvidia/vllm@{PIN}"])
-    assert execute.ensure(props(image=pinned), proof_dir)["verdict"] == "pass"
+    assert execute.ensure(props(image=pinned), proof_dir=proof_dir)["verdict"] == "pass"
 
 
 # ---- diff, check, read, update: no I/O ----------------------------------------------------------------
@@ -611,7 +616,7 @@ def test_the_fit_sizes_the_kv_cache_from_the_checkpoint_config(monkeypatch, proo
     memory = {**MEMORY, "max_model_len": 32768, "kv_cache_dtype": "fp8", "speculative_tokens": 1}
     memory["language_model_only"] = True
     outs = execute.ensure(
-        props(snapshot_path=str(snapshot), memory=memory, checkpoint_digest="sha256:1"), proof_dir
+        props(snapshot_path=str(snapshot), memory=memory, checkpoint_digest="sha256:1"), proof_dir=proof_dir
     )
     fit = outs["memory_fit"]
     # The MTP head is loaded (speculative decoding on), the vision encoder is not (language model only).
@@ -631,7 +636,8 @@ def test_one_max_model_len_request_that_does_not_fit_stops_before_any_container(
     memory = {**MEMORY, "gpu_memory_utilization": 0.55, "max_model_len": 131072}
     with pytest.raises(MemoryFitError) as info:
         execute.ensure(
-            props(snapshot_path=str(snapshot), memory=memory, checkpoint_digest="sha256:1"), proof_dir
+            props(snapshot_path=str(snapshot), memory=memory, checkpoint_digest="sha256:1"),
+            proof_dir=proof_dir,
         )
     message = str(info.value)
     assert "one request of max_model_len 131072 tokens: 17.18 GB" in message
@@ -654,7 +660,8 @@ MISSPELLED = {
 def test_the_server_argv_is_proved_in_its_own_container_after_the_argument_list(monkeypatch, proof_dir):
     fake = head(monkeypatch)
     outs = execute.ensure(
-        props(serve_argv=SERVE_ARGV, snapshot_path="/c/hub/models--a--b/snapshots/s1", memory=None), proof_dir
+        props(serve_argv=SERVE_ARGV, snapshot_path="/c/hub/models--a--b/snapshots/s1", memory=None),
+        proof_dir=proof_dir,
     )
     assert outs["serve_args"]["verdict"] == "pass" and outs["verdict"] == "pass"
     assert fake.docker_runs() == 2
@@ -668,7 +675,7 @@ def test_the_server_argv_is_proved_in_its_own_container_after_the_argument_list(
 def test_a_refused_flag_stops_up_before_the_model_proof_quoting_vllm(monkeypatch, proof_dir):
     fake = head(monkeypatch, args_result=report_result(MISSPELLED, 1))
     with pytest.raises(ModelSupportError) as info:
-        execute.ensure(props(serve_argv=SERVE_ARGV), proof_dir)
+        execute.ensure(props(serve_argv=SERVE_ARGV), proof_dir=proof_dir)
     message = str(info.value)
     assert "at 'parse' (--kv-cahce-dtype)" in message
     assert "vLLM says: unrecognized arguments: --kv-cahce-dtype fp8" in message
@@ -678,14 +685,14 @@ def test_a_refused_flag_stops_up_before_the_model_proof_quoting_vllm(monkeypatch
 
 def test_report_mode_records_a_refused_flag(monkeypatch, proof_dir):
     head(monkeypatch, args_result=report_result(MISSPELLED, 1))
-    outs = execute.ensure(props(serve_argv=SERVE_ARGV, mode="report"), proof_dir)
+    outs = execute.ensure(props(serve_argv=SERVE_ARGV, mode="report"), proof_dir=proof_dir)
     assert outs["serve_args"]["flag"] == "--kv-cahce-dtype" and outs["verdict"] == "pass"
 
 
 def test_an_argument_proof_without_a_report_is_an_error(monkeypatch, proof_dir):
     head(monkeypatch, args_result=Result((), 139, b"", b"Segmentation fault"))
     with pytest.raises(ModelSupportError, match="argument proof ended without a report"):
-        execute.ensure(props(serve_argv=SERVE_ARGV, mode="report"), proof_dir)
+        execute.ensure(props(serve_argv=SERVE_ARGV, mode="report"), proof_dir=proof_dir)
 
 
 def test_a_changed_command_line_asks_for_a_new_proof():
@@ -735,7 +742,9 @@ class RankScripted(FakeHead):
 
 def test_each_headless_rank_s_argv_is_proved_in_its_own_run(monkeypatch, proof_dir):
     fake = head(monkeypatch)
-    outs = execute.ensure(props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}), proof_dir)
+    outs = execute.ensure(
+        props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}), proof_dir=proof_dir
+    )
     proved = [call[call.index("--") + 1 :] for call in fake.calls if "--" in call]
     assert proved == [SERVE_ARGV, HEADLESS_ARGV]
     assert outs["serve_args"]["ranks"] == {
@@ -748,7 +757,9 @@ def test_a_headless_argv_vllm_refuses_stops_up_naming_the_rank(monkeypatch, proo
     fake = RankScripted(report_result(LAYOUT_REFUSED, 1))
     monkeypatch.setattr(nodes, "SshTransport", fake)
     with pytest.raises(ModelSupportError) as info:
-        execute.ensure(props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}), proof_dir)
+        execute.ensure(
+            props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}), proof_dir=proof_dir
+        )
     message = str(info.value)
     assert "refuses spark-2's headless rank's command line at 'parallel'" in message, message
     assert "vLLM says: ValueError: node_rank=2 must be less than nnodes=2." in message, message
@@ -759,7 +770,8 @@ def test_a_headless_argv_vllm_refuses_stops_up_naming_the_rank(monkeypatch, proo
 def test_report_mode_records_the_refused_rank(monkeypatch, proof_dir):
     monkeypatch.setattr(nodes, "SshTransport", RankScripted(report_result(LAYOUT_REFUSED, 1)))
     outs = execute.ensure(
-        props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}, mode="report"), proof_dir
+        props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}, mode="report"),
+        proof_dir=proof_dir,
     )
     recorded = outs["serve_args"]
     assert recorded["node"] == "spark-2" and recorded["failed_stage"] == "parallel", recorded

@@ -528,7 +528,7 @@ def test_ensure_returns_the_gates_outputs_and_observe_none_once_it_no_longer_ans
 
     monkeypatch.setattr(execute, "_probe", answering)
     props = {**PROPS, "deadline_s": 900}
-    assert ensure(props, previous={"image": "app:1"}) == {
+    assert ensure(props, {"deployed": {"image": "app:1"}}) == {
         **props,
         "ready": True,
         "report": {"completion_tokens": 2},
