@@ -58,6 +58,9 @@ from components.model_support.execute import (
     verify_pin,
 )
 from components.model_support.facts import (
+    STAGE_HINTS,
+    ProofExit,
+    image_label,
     last_json_line,
     parse_checkpoint_facts,
     parse_cluster,
@@ -78,9 +81,7 @@ from components.model_support.plan import (
     REPORT_FIELDS,
     RERUN_KEYS,
     SOFT_KEYS,
-    STAGE_HINTS,
     Change,
-    ProofExit,
     Steps,
     check_fit,
     check_id,
@@ -89,7 +90,6 @@ from components.model_support.plan import (
     create_problems,
     enforced,
     failure_message,
-    image_label,
     next_step,
     pin_mismatch,
     plan_change,

@@ -9,12 +9,54 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any
 
-from components.model_support import programs
 from components.model_support.errors import ModelSupportError
-from components.model_support.plan import STAGE_HINTS, ProofExit, image_label
+from components.node_programs.proof_bootstrap import Exit as BootstrapExit
 from components.remote import RemoteError, Result, stderr_tail
+
+
+class ProofExit(int, Enum):
+    """The proof program's exit statuses (its contract), and the bootstrap's deadline."""
+
+    PASS = 0
+    FAILED = 1
+    USAGE = 2
+    DEADLINE = int(BootstrapExit.DEADLINE)
+
+
+# What to do when a stage fails: docs/troubleshooting.md's rows say the same.
+STAGE_HINTS = {
+    "environment": (
+        "the image's python3 cannot run the proof (vLLM, transformers or torch missing or broken): "
+        "use an image with vLLM >= 0.17 (image.strategy: prebuilt, image.prebuilt)"
+    ),
+    "config": (
+        "the image's vLLM/transformers cannot load this checkpoint's config.json: use an image whose "
+        "vLLM knows this model_type (vLLM >= 0.17 for qwen3_5 / qwen3_5_moe), or pin transformers "
+        "to what that vLLM expects"
+    ),
+    "construct": (
+        "the image's vLLM cannot build this architecture (the seed's hybrid stops here at "
+        "_mark_tower_model): use a prebuilt image with vLLM >= 0.17 (image.strategy: prebuilt)"
+    ),
+    "load": (
+        "an error naming tensors missing from the checkpoint index (IncompleteLoad, "
+        "IncompleteCheckpoint) means the checkpoint on the head is incomplete or not the revision its "
+        "config.json belongs to: `pulumi up --refresh` re-sends it; otherwise its tensor names do not "
+        "land in the model's parameters: the image's vLLM and this checkpoint (or revision) do not "
+        "match; use a vLLM that supports this checkpoint"
+    ),
+}
+
+
+def image_label(props: Mapping[str, Any], report: Mapping[str, Any] | None = None) -> str:
+    """The image as messages name it: reference, image ID, and the versions the proof found."""
+    image_id = str(props.get("image_id") or "")
+    vllm = (report or {}).get("vllm") or "unknown"
+    transformers = (report or {}).get("transformers") or "unknown"
+    return f"{props.get('image')} ({image_id[:19]}…, vLLM {vllm}, transformers {transformers})"
 
 
 def parse_checkpoint_facts(node: str, snapshot_path: str, result: Result) -> dict[str, Any]:
@@ -23,7 +65,7 @@ def parse_checkpoint_facts(node: str, snapshot_path: str, result: Result) -> dic
     report = last_json_line(result.text) if result.ok else None
     if report is None:
         raise RemoteError(
-            node, programs.model_facts_argv(snapshot_path), result.returncode, result.stderr,
+            node, list(result.argv), result.returncode, result.stderr,
             "the head needs python3 (it already runs the readiness probe and NodeImage's helpers)",
         )  # fmt: skip
     if report.get("error") or not report.get("weight_bytes"):

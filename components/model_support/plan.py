@@ -12,7 +12,6 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from pulumi.output import Unknown
@@ -20,6 +19,7 @@ from pulumi.runtime.rpc import UNKNOWN
 
 from components.config import ModelCheckMode as Mode
 from components.image_ref import ImageRefError, parse_image_ref
+from components.model_support.facts import STAGE_HINTS, image_label
 from components.model_support.memory_fit import (
     NodeMemory,
     ServeMemory,
@@ -27,7 +27,6 @@ from components.model_support.memory_fit import (
     memory_fit,
     model_shape,
 )
-from components.node_programs.proof_bootstrap import Exit as BootstrapExit
 from components.provider_kit.change import Change
 
 DEFAULT_DEADLINE_S = 900
@@ -54,40 +53,6 @@ OUTPUT_KEYS = (*REPORT_FIELDS, "memory_fit", "serve_args", "cluster_layer")
 # A change of any of these asks for a new proof; anything else is updated in place.
 RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv", "rank_argvs", "cluster")
 SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix", "expect")
-
-
-class ProofExit(int, Enum):
-    """The proof program's exit statuses (its contract), and the bootstrap's deadline."""
-
-    PASS = 0
-    FAILED = 1
-    USAGE = 2
-    DEADLINE = int(BootstrapExit.DEADLINE)
-
-
-# What to do when a stage fails: docs/troubleshooting.md's rows say the same.
-STAGE_HINTS = {
-    "environment": (
-        "the image's python3 cannot run the proof (vLLM, transformers or torch missing or broken): "
-        "use an image with vLLM >= 0.17 (image.strategy: prebuilt, image.prebuilt)"
-    ),
-    "config": (
-        "the image's vLLM/transformers cannot load this checkpoint's config.json: use an image whose "
-        "vLLM knows this model_type (vLLM >= 0.17 for qwen3_5 / qwen3_5_moe), or pin transformers "
-        "to what that vLLM expects"
-    ),
-    "construct": (
-        "the image's vLLM cannot build this architecture (the seed's hybrid stops here at "
-        "_mark_tower_model): use a prebuilt image with vLLM >= 0.17 (image.strategy: prebuilt)"
-    ),
-    "load": (
-        "an error naming tensors missing from the checkpoint index (IncompleteLoad, "
-        "IncompleteCheckpoint) means the checkpoint on the head is incomplete or not the revision its "
-        "config.json belongs to: `pulumi up --refresh` re-sends it; otherwise its tensor names do not "
-        "land in the model's parameters: the image's vLLM and this checkpoint (or revision) do not "
-        "match; use a vLLM that supports this checkpoint"
-    ),
-}
 
 
 # The first vLLM with Qwen3.5 built in, and the architectures the proof knows as Qwen3.5.
@@ -358,14 +323,6 @@ def next_step(report: Mapping[str, Any]) -> str:
             f"{CHECKPOINT_AT_FAULT}"
         )
     return STAGE_HINTS.get(stage, "read the error above")
-
-
-def image_label(props: Mapping[str, Any], report: Mapping[str, Any] | None = None) -> str:
-    """The image as messages name it: reference, image ID, and the versions the proof found."""
-    image_id = str(props.get("image_id") or "")
-    vllm = (report or {}).get("vllm") or "unknown"
-    transformers = (report or {}).get("transformers") or "unknown"
-    return f"{props.get('image')} ({image_id[:19]}…, vLLM {vllm}, transformers {transformers})"
 
 
 def failure_message(props: Mapping[str, Any], report: Mapping[str, Any]) -> str:

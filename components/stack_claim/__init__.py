@@ -26,14 +26,13 @@ from components.stack_claim.facts import held_as_claimed, parse_report
 from components.stack_claim.plan import (
     CLAIM_KEYS,
     RAY_CLIENT_SERVER_PORT,
-    claim_spec,
     claimed_ports,
     health_ports,
     plan_change,
     probe_ports,
     refusal,
 )
-from components.stack_claim.programs import claim_argv
+from components.stack_claim.programs import claim_argv, claim_spec
 from components.stack_claim.provider import StackClaimProvider
 from components.stack_claim.resource import StackClaim
 

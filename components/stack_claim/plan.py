@@ -65,13 +65,6 @@ def health_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     return [[port, port]]
 
 
-def claim_spec(props: Mapping[str, Any]) -> dict[str, Any]:
-    """What the claim program is given: the owner, the prefix and the ports as integers (numbers come
-    back from the engine as floats; the records hold ports as integers)."""
-    ports = [[int(low), int(high)] for low, high in props.get("ports") or []]
-    return {"owner": props["owner"], "prefix": props["prefix"], "ports": ports}
-
-
 def refusal(node: str, owner: str, clashes: list[dict]) -> str:
     """The message for a claim another stack's claim collides with: who, what, and what to do."""
     lines = [f"{node}: stack {owner} cannot deploy here: this node already holds"]

@@ -10,10 +10,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.node_programs import program_argv
-from components.stack_claim.plan import claim_spec
 
 # What the program does: take the claim (refused on a collision), say whether it is held, drop it.
 MODES = ("take", "held", "drop")
+
+
+def claim_spec(props: Mapping[str, Any]) -> dict[str, Any]:
+    """What the claim program is given: the owner, the prefix and the ports as integers (numbers come
+    back from the engine as floats; the records hold ports as integers)."""
+    ports = [[int(low), int(high)] for low, high in props.get("ports") or []]
+    return {"owner": props["owner"], "prefix": props["prefix"], "ports": ports}
 
 
 def claim_argv(props: Mapping[str, Any], mode: str) -> list[str]:

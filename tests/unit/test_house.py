@@ -311,3 +311,29 @@ def test_every_provider_calls_the_package_s_verbs(name):
     }
     for method, verb in (("check", "validate("), ("read", "observe("), ("delete", "release(")):
         assert verb in methods.get(method, ""), f"{provider.relative_to(ROOT)}: {method} does not call {verb}"
+
+
+# Inside a node resource package the modules import one way: facts.py (reports parsed into values)
+# imports neither programs.py nor plan.py; programs.py (argv, from facts' values) does not import
+# plan.py; plan.py (the decisions) may import both; execute.py imports whatever it runs.
+MAY_NOT_IMPORT = {
+    "facts": ("programs", "plan", "execute"),
+    "programs": ("plan", "execute"),
+    "plan": ("execute",),
+}
+
+
+@pytest.mark.parametrize("name", [n for n, files in SHAPES.items() if files == NODE_RESOURCE_FILES])
+def test_a_package_s_modules_import_one_way(name):
+    for module, forbidden in MAY_NOT_IMPORT.items():
+        path = package(name) / f"{module}.py"
+        imported = imported_modules(path)
+        wrong = sorted(m for m in imported if any(m.startswith(f"components.{name}.{f}") for f in forbidden))
+        wrong += sorted(
+            f"components.{name}.{m.rsplit('.', 1)[1]}"
+            for m in imported
+            if m.startswith(f"components.{name}.") and m.rsplit(".", 1)[1] in forbidden
+        )
+        assert not wrong, (
+            f"components/{name}/{module}.py imports {sorted(set(wrong))}: facts -> programs -> plan"
+        )
