@@ -34,6 +34,7 @@ from components.config import (
     NodeConfig,
     StackConfig,
 )
+from components.containers import ContainerSpec, NodeFabric, compile_cache_volume_name, configured_fabric
 from components.fabric_check import FabricCheck, probe_after
 from components.health import HealthSecret
 from components.health.containers import (
@@ -69,16 +70,7 @@ from components.mp_executor import (
 )
 from components.node_image import NodeImage, copy_tree
 from components.nodes import NodeAccess, node_access
-from components.ray_cluster import (
-    ContainerSpec,
-    NodeFabric,
-    compile_cache_volume_name,
-    configured_fabric,
-    dashboard_host,
-    ray_container_name,
-    ray_container_spec,
-    ray_tmp_volume_name,
-)
+from components.ray_cluster import dashboard_host, ray_container_name, ray_container_spec, ray_tmp_volume_name
 from components.readiness_gate import ReadinessGate
 from components.serve_bench import ServeBench
 from components.stack_claim import StackClaim, claimed_ports

@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from components.config import NodeConfig, StackConfig
-from components.ray_cluster import ContainerSpec, ImageId, NodeFabric, fabric_env, node_container_spec
+from components.containers import ContainerSpec, ImageId, NodeFabric, fabric_env, node_container_spec
 from components.vllm_server import API_KEY_ENV, serve_argv, vllm_container_name
 
 

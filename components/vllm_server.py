@@ -7,17 +7,8 @@ only the server: the Ray containers, and the model weights they cache, stay up.
 from __future__ import annotations
 
 from components.config import ServeConfig, StackConfig
-from components.ray_cluster import (
-    RAY_TMP,
-    ContainerSpec,
-    ImageId,
-    Mount,
-    NodeFabric,
-    fabric_env,
-    head_address,
-    node_container_spec,
-    ray_tmp_volume_name,
-)
+from components.containers import ContainerSpec, ImageId, Mount, NodeFabric, fabric_env, node_container_spec
+from components.ray_cluster import RAY_TMP, head_address, ray_tmp_volume_name
 
 # The API key reaches vLLM through this variable, never on the command line (`ps` shows argv).
 API_KEY_ENV = "VLLM_API_KEY"

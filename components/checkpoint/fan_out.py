@@ -8,10 +8,10 @@ import pulumi
 
 from components.checkpoint.resource import Checkpoint
 from components.config import StackConfig
+from components.containers import host_path
 from components.node_programs.wire import PROGRESS_DIR
 from components.nodes import NodeAccess
 from components.provider_kit.copy_plan import copy_plan
-from components.ray_cluster import host_path
 
 
 def node_cache_dir(config: StackConfig, name: str) -> str:

@@ -11,17 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.config import Executor, HealthMode, NodeConfig, RestartPolicy, StackConfig
+from components.containers import ContainerSpec, ImageId, Mount
 from components.model_support.memory_fit import GB, MIN_KV_CACHE_GB, RUNTIME_RESERVE_GB
 from components.mp_executor import mp_container_name, ranked_nodes
 from components.node_programs import health_wire, program_argv
-from components.ray_cluster import (
-    ContainerSpec,
-    ImageId,
-    Mount,
-    dashboard_host,
-    head_container_name,
-    worker_container_name,
-)
+from components.ray_cluster import dashboard_host, head_container_name, worker_container_name
 from components.vllm_server import local_url, vllm_container_name
 
 # How long `docker stop` may take per container when the watchdog stops it (as their specs declare).

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 import lab
-from components.ray_cluster import ContainerSpec, compile_cache_volume_name, ray_container_spec
+from components.containers import ContainerSpec, compile_cache_volume_name
+from components.ray_cluster import ray_container_spec
 from tests.support.program import config_from
 
 pytestmark = pytest.mark.lab

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import lab
 from components.config import parse_stack_config
+from components.containers import ContainerSpec
 from components.health.containers import (
     agent_container_name,
     agent_container_spec,
@@ -26,7 +27,6 @@ from components.health.containers import (
     watchdog_container_spec,
 )
 from components.mp_executor import mp_container_name, mp_serve_argv
-from components.ray_cluster import ContainerSpec
 from lab.layout import node_paths
 from lab.nodes import bind_error
 from lab.standin_vllm import FAULT_PATH, LEAK_ENV, MEMINFO_ENV, REJOIN_ENV

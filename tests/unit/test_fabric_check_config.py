@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from components.config import LEGACY_IB_HCA, ConfigError, FabricCheckMode
-from components.ray_cluster import NodeFabric, configured_fabric, fabric_env
+from components.containers import NodeFabric, configured_fabric, fabric_env
 from tests.support.program import config_from, dev_raw
 
 

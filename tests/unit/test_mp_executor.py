@@ -8,6 +8,7 @@ import json
 import pytest
 
 from components.config import parse_stack_config
+from components.containers import COMPILE_CACHE, COMPILE_CACHE_ENV, fabric_env
 from components.mp_executor import (
     mp_container_name,
     mp_container_spec,
@@ -16,7 +17,6 @@ from components.mp_executor import (
     ranked_nodes,
     world_digest,
 )
-from components.ray_cluster import COMPILE_CACHE, COMPILE_CACHE_ENV, fabric_env
 from components.vllm_server import API_KEY_ENV, serve_argv
 from tests.support.program import mp_raw
 

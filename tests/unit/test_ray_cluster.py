@@ -5,16 +5,8 @@ from __future__ import annotations
 import pytest
 
 from components.config import RestartPolicy
-from components.ray_cluster import (
-    COMPILE_CACHE,
-    CONTAINER_HF_HOME,
-    RAY_TMP,
-    Mount,
-    fabric_env,
-    host_path,
-    ray_container_spec,
-    ray_start_argv,
-)
+from components.containers import COMPILE_CACHE, CONTAINER_HF_HOME, Mount, fabric_env, host_path
+from components.ray_cluster import RAY_TMP, ray_container_spec, ray_start_argv
 from tests.support.program import config_from
 
 IMAGE_ID = "sha256:" + "c" * 64

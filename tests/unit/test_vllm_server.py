@@ -6,7 +6,8 @@ import pytest
 
 from components.config import ConfigError, ServeConfig, parse_stack_config
 from components.config.serve import LOAD_FORMATS
-from components.ray_cluster import RAY_TMP, Mount
+from components.containers import Mount
+from components.ray_cluster import RAY_TMP
 from components.vllm_server import (
     API_KEY_ENV,
     endpoint_url,
