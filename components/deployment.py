@@ -243,7 +243,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         return {
             node.name: StackClaim(
                 f"{name}-claim-{node.name}",
-                node=self.access[node.name].node_image_dict(),
+                node=self.access[node.name].node_dict(),
                 owner=owner,
                 prefix=cfg.containers.name_prefix,
                 ports=claimed_ports(cfg, node),
@@ -287,9 +287,9 @@ class Qwen35Deployment(pulumi.ComponentResource):
             )
             checks[node.name] = FabricCheck(
                 f"{name}-fabric-{node.name}",
-                **fabric_check_inputs(cfg, node, dict(self.access[node.name].node_image_dict())),
+                **fabric_check_inputs(cfg, node, dict(self.access[node.name].node_dict())),
                 reference=reference,
-                probe=probe_input(cfg, self.access[cfg.head.name].node_image_dict()) if head else None,
+                probe=probe_input(cfg, self.access[cfg.head.name].node_dict()) if head else None,
                 # After the claims: a worker's probe listens on the head's claimed fabric.probe_port;
                 # after the previous worker's check: one probe at a time holds that port.
                 opts=pulumi.ResourceOptions(
@@ -308,7 +308,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         image = self.config.image
         if image.strategy is ImageStrategy.PREBUILT:
             return None
-        head = self.access[self.config.head.name].node_image_dict()
+        head = self.access[self.config.head.name].node_dict()
         # Built by the head's own Docker over the project's SSH transport (not a docker provider).
         return BuiltImage(
             f"{name}-image", BuiltImageArgs(image=image, node=head), opts=pulumi.ResourceOptions(parent=self)
@@ -320,7 +320,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         head_checkpoint = self.checkpoints.get(head)
         return ModelSupportCheck(
             f"{name}-model-support",
-            node=self.access[head].node_image_dict(),
+            node=self.access[head].node_dict(),
             image=self.image_ref if self.image else cfg.image.prebuilt,
             image_id=self.node_images[head].image_id,
             memory=memory_inputs(cfg),
@@ -492,7 +492,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         head_checkpoint = self.checkpoints.get(head.name)
         return ReadinessGate(
             f"{name}-ready",
-            node=self.access[head.name].node_image_dict(),
+            node=self.access[head.name].node_dict(),
             server_id=self.server.id,
             url=local_url(cfg.serve),
             model=cfg.serve.model_name,
@@ -521,7 +521,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             return None
         return ServeBench(
             f"{name}-bench",
-            node=self.access[head.name].node_image_dict(),
+            node=self.access[head.name].node_dict(),
             url=local_url(cfg.serve),
             model=cfg.serve.model_name,
             mode=cfg.bench.mode.value,

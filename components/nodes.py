@@ -80,7 +80,7 @@ class NodeAccess:
         """Options the docker provider hands to its ssh: the same pinned-key options we use."""
         return ssh_options(self.target)
 
-    def node_image_dict(self) -> NodeDict:
+    def node_dict(self) -> NodeDict:
         """The node dict node resources take (NodeDict)."""
         return NodeDict(
             name=self.node.name,
@@ -113,7 +113,7 @@ def node_access(config: StackConfig) -> dict[str, NodeAccess]:
 
 
 def checked_target(role: str, raw: Any, connect_timeout: int = 10) -> SshTarget:
-    """The SshTarget of a node dict (as `NodeAccess.node_image_dict` writes it and state keeps it), or
+    """The SshTarget of a node dict (as `NodeAccess.node_dict` writes it and state keeps it), or
     NodeDictError naming `role` when it lacks what SSH needs."""
     if not isinstance(raw, Mapping) or not raw.get("host") or not raw.get("known_hosts"):
         raise NodeDictError(f"{role}: give a node dict with host, user, known_hosts (got {raw!r})")

@@ -58,7 +58,7 @@ def checkpoint_tree(
     placed: dict[str, Checkpoint] = {
         head: Checkpoint(
             f"{name}-{head}",
-            node=access[head].node_image_dict(),
+            node=access[head].node_dict(),
             cache_dir=node_cache_dir(config, head),
             fetch=fetch,
             hf_token=hf_token if model.source == "hub" else None,
@@ -71,9 +71,9 @@ def checkpoint_tree(
         for source, destination in round_:
             placed[destination] = Checkpoint(
                 f"{name}-{destination}",
-                node=access[destination].node_image_dict(),
+                node=access[destination].node_dict(),
                 cache_dir=node_cache_dir(config, destination),
-                source=access[source].node_image_dict(),
+                source=access[source].node_dict(),
                 source_cache_dir=node_cache_dir(config, source),
                 source_checkpoint=placed[source],
                 opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[placed[source]])),

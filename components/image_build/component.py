@@ -95,7 +95,7 @@ def built_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
 
 @dataclass(frozen=True)
 class BuiltImageArgs:
-    """The image section, the head's node dict (`NodeAccess.node_image_dict()`), the build context."""
+    """The image section, the head's node dict (`NodeAccess.node_dict()`), the build context."""
 
     image: ImageConfig
     node: Mapping[str, Any]

@@ -25,13 +25,13 @@ def copy_tree(
 ) -> dict[str, resource.NodeImage]:
     """One NodeImage per node, sources arranged as a tree (`copy_plan`); node name -> NodeImage.
 
-    `accesses`: node name -> NodeAccess (or its `node_image_dict()`); `head` holds the image already.
+    `accesses`: node name -> NodeAccess (or its `node_dict()`); `head` holds the image already.
     Each copy depends on the NodeImage of its source and takes the image that one observed as an
     input, so a node serves only once it has the image, and a source whose image changed (seen by a
     refresh) replaces the copies made from it.
     """
     nodes = {
-        key: (value.node_image_dict() if hasattr(value, "node_image_dict") else dict(value))
+        key: (value.node_dict() if hasattr(value, "node_dict") else dict(value))
         for key, value in accesses.items()
     }
     if head not in nodes:

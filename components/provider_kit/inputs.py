@@ -16,7 +16,7 @@ def known(value: Any) -> bool:
 
 
 def node_problems(props: Mapping[str, Any], key: str = "node") -> list[tuple[str, str]]:
-    """(key, reason) when `props[key]`, a node dict (`NodeAccess.node_image_dict`), lacks what an SSH
+    """(key, reason) when `props[key]`, a node dict (`NodeAccess.node_dict`), lacks what an SSH
     connection needs: its name, host and pinned host keys."""
     node = props.get(key)
     if not known(node):

@@ -196,7 +196,7 @@ def test_dev_stack_access_resolves_the_jump_through_the_head():
     assert access["spark-1"].target.proxy_jump is None
     assert access["spark-2"].target.proxy_jump == "aurora@10.1.230.180:22"
     assert access["spark-2"].docker_host == "ssh://aurora@192.168.200.13:22"
-    assert access["spark-2"].node_image_dict()["fabric_host"] == "192.168.200.13"
+    assert access["spark-2"].node_dict()["fabric_host"] == "192.168.200.13"
 
 
 def test_remote_error_names_node_and_stderr_tail():
