@@ -12,7 +12,7 @@ The same parts as every node resource:
 - `provider.py`: `CheckpointProvider` (stacks pickle it by reference as
   `components.checkpoint.provider.CheckpointProvider`);
 - `resource.py`: the `Checkpoint` dynamic resource (type `qwen35:Checkpoint`);
-- `fan_out.py`: one Checkpoint per node along `copy_plan`'s tree.
+- `fan_out.py`: one Checkpoint per node along `fan_out_tree`'s tree.
 """
 
 from components.checkpoint.errors import CheckpointError

@@ -11,7 +11,7 @@ from components.config import StackConfig
 from components.containers import host_path
 from components.node_programs.wire import PROGRESS_DIR
 from components.nodes import NodeAccess
-from components.provider_kit.copy_plan import copy_plan
+from components.provider_kit.fan_out_tree import fan_out_tree
 
 
 def node_cache_dir(config: StackConfig, name: str) -> str:
@@ -67,7 +67,7 @@ def checkpoint_tree(
         )
     }
     workers = [n.name for n in config.workers]
-    for round_ in copy_plan(head, workers):
+    for round_ in fan_out_tree(head, workers):
         for source, destination in round_:
             placed[destination] = Checkpoint(
                 f"{name}-{destination}",

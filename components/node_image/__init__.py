@@ -20,7 +20,7 @@ Files, by job (the shape every node resource has):
     resource.py   the NodeImage resource (type qwen35:NodeImage)
     errors.py     the package's errors
     inputs.py     the resource inputs parsed: image reference, node dicts, tuning
-    fan_out.py    copy_tree: one NodeImage per node along copy_plan's tree
+    fan_out.py    copy_tree: one NodeImage per node along fan_out_tree's tree
 Code run on the nodes: components/node_programs/ (docker_facts.py, image_tag.py, layer_filter.py,
 transfer_source.py).
 

@@ -1,4 +1,4 @@
-"""One NodeImage per node, copied along `copy_plan`'s tree from the head."""
+"""One NodeImage per node, copied along `fan_out_tree`'s tree from the head."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pulumi
 
 from components.node_image import resource
 from components.node_image.errors import NodeImageError
-from components.provider_kit.copy_plan import copy_plan
+from components.provider_kit.fan_out_tree import fan_out_tree
 
 
 def copy_tree(
@@ -23,7 +23,7 @@ def copy_tree(
     trigger: pulumi.Input[str] | None = None,
     keep_previous: int | None = None,
 ) -> dict[str, resource.NodeImage]:
-    """One NodeImage per node, sources arranged as a tree (`copy_plan`); node name -> NodeImage.
+    """One NodeImage per node, sources arranged as a tree (`fan_out_tree`); node name -> NodeImage.
 
     `accesses`: node name -> NodeAccess (or its `node_dict()`); `head` holds the image already.
     Each copy depends on the NodeImage of its source and takes the image that one observed as an
@@ -50,7 +50,7 @@ def copy_tree(
         )
     }
     workers = [node for node in nodes if node != head]
-    for round_ in copy_plan(head, workers, can_reexport):
+    for round_ in fan_out_tree(head, workers, can_reexport):
         for src, dst in round_:
             child = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[made[src]]))
             made[dst] = resource.NodeImage(

@@ -1,4 +1,4 @@
 """What every dynamic provider here shares, and nothing else: the `Change` a plan returns
-(`change`), the fan-out of copies across nodes (`copy_plan`), the progress lines a long step
+(`change`), the fan-out of copies across nodes (`fan_out_tree`), the progress lines a long step
 prints (`progress`), and a node program's JSON report read off its stdout (`reports`). No import of
 any resource package: each resource imports these."""

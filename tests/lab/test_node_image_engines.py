@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 import lab
-from components.provider_kit.copy_plan import copy_plan
+from components.provider_kit.fan_out_tree import fan_out_tree
 from tests.support.node_image_lab import PROVIDER, build, image_id, no_temporary_tags, props, remove, runs
 
 
@@ -135,7 +135,7 @@ def test_containerd_source_to_classic_destination(node_d, node_a, node_c, images
 
 def test_fan_out_never_uses_a_node_that_cannot_reexport(node_c, node_d, node_a, node_b, images_on_c):
     stores = {n.name: n.store for n in (node_a, node_b, node_c, node_d)}
-    rounds = copy_plan("node-c", ["node-d", "node-a", "node-b"], lambda n: stores[n] != "containerd")
+    rounds = fan_out_tree("node-c", ["node-d", "node-a", "node-b"], lambda n: stores[n] != "containerd")
     sources = {src for round_ in rounds for src, _ in round_}
     assert "node-d" not in sources and len(rounds) == 2
     # Stores as the daemons report them drive the plan: every worker still gets the image.

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 Rounds = list[list[tuple[str, str]]]
 
 
-def copy_plan(
+def fan_out_tree(
     head: str,
     workers: Sequence[str],
     can_reexport: Callable[[str], bool] | Collection[str] | None = None,
@@ -31,7 +31,7 @@ def copy_plan(
         serves = allowed.__contains__
     if len(set(workers)) != len(workers) or head in workers:
         raise ValueError(
-            f"copy_plan: workers must be distinct and exclude the head {head!r}: {list(workers)}"
+            f"fan_out_tree: workers must be distinct and exclude the head {head!r}: {list(workers)}"
         )
     # Nodes that can serve receive first, so the tree widens as early as possible.
     waiting = [w for w in workers if serves(w)] + [w for w in workers if not serves(w)]
