@@ -30,7 +30,7 @@ import lab
 from components.health.containers import watchdog_container_name
 from lab.sessions import lab_session
 from tests.lab.test_mp_standin import standin_image
-from tests.support.health_lab import Stack, http
+from tests.support.health_lab import Stack, http, wait_for
 
 SPARK_DEFAULTS = {"interval_s": 10, "deadline_s": 5, "completion_every": 6, "failures": 3}
 REAL_HANGS = 2
@@ -135,16 +135,21 @@ def state(url: str) -> dict:
 
 
 def wait_for_state(url: str, ok, timeout: float, what: str) -> dict:
-    deadline, last = time.monotonic() + timeout, {}
-    while time.monotonic() < deadline:
+    """The watchdog's /state once `ok` holds (read every 0.2 s), or Timeout naming the last seen."""
+    seen: dict = {}
+
+    def reached() -> bool:
         try:
-            last = state(url)
-            if ok(last):
-                return last
+            seen["last"] = state(url)
         except (OSError, ValueError) as exc:
-            last = {"error": str(exc)}
-        time.sleep(0.5)
-    raise SystemExit(f"bench health: the watchdog did not reach {what} in {timeout:g} s: {last}")
+            seen["last"] = {"error": str(exc)}
+            return False
+        return bool(ok(seen["last"]))
+
+    wait_for(
+        reached, timeout, lambda: f"the watchdog did not reach {what} in {timeout:g} s: {seen.get('last')}"
+    )
+    return seen["last"]
 
 
 def worker_pid(node: lab.LabNode, container: str) -> int:
