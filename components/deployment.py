@@ -39,7 +39,6 @@ from components.fabric_check import FabricCheck, probe_after
 from components.health import HealthSecret
 from components.health.containers import (
     agent_container_spec,
-    bench_metrics,
     health_config,
     health_volume_name,
     node_need_bytes,
@@ -571,37 +570,27 @@ class Qwen35Deployment(pulumi.ComponentResource):
             )
             for worker in cfg.workers
         }
-        # After the bench, where it runs: the watchdog's /metrics carry its last figures.
         watchdog = self._container(
             f"{name}-watchdog",
-            self._health_specs(
-                head, lambda j: watchdog_container_spec(cfg, self._image_id(head.name), j), self.bench
-            ),
+            self._health_specs(head, lambda j: watchdog_container_spec(cfg, self._image_id(head.name), j)),
             head.name,
             secrets,
-            depends_on=[self.ready, volume, *agents.values(), *([self.bench] if self.bench else [])],
+            depends_on=[self.ready, volume, *agents.values()],
         )
         return volume, agents, watchdog
 
     def _health_specs(
-        self, node: NodeConfig, build: Callable[[str], ContainerSpec], bench: ServeBench | None = None
+        self, node: NodeConfig, build: Callable[[str], ContainerSpec]
     ) -> tuple[ContainerSpec, pulumi.Output[list[str]]]:
         """A health container's spec and its environment: the config JSON carries each node's memory
-        need, known once the model-support check recorded its memory fit, and with `bench` the serve
-        bench's last figures."""
+        need, known once the model-support check recorded its memory fit."""
         cfg = self.config
 
-        def env(fit: Any, figures: Any = None, verdict: Any = None, measured_at: Any = None) -> list[str]:
+        def env(fit: Any) -> list[str]:
             needs = {n.name: node_need_bytes(fit, n.name, n.gpus) for n in cfg.nodes}
-            measured = bench_metrics(figures, verdict, measured_at)
-            return build(health_config(cfg, node, needs, measured)).env_list()
+            return build(health_config(cfg, node, needs)).env_list()
 
-        if bench is None:
-            return build(health_config(cfg, node)), self.model_support.memory_fit.apply(env)
-        inputs = pulumi.Output.all(
-            self.model_support.memory_fit, bench.figures, bench.verdict, bench.measured_at
-        )
-        return build(health_config(cfg, node)), inputs.apply(lambda values: env(*values))
+        return build(health_config(cfg, node)), self.model_support.memory_fit.apply(env)
 
     def _gate_container_ids(self) -> dict[str, pulumi.Output[str]]:
         """`node/container` -> ID of what the gate watches: a recreated container (a worker started

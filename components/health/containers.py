@@ -78,27 +78,11 @@ def cluster_order(cfg: StackConfig) -> list[dict[str, Any]]:
     return [head[0], *workers, head[1]]
 
 
-# What the watchdog's /metrics carries of the serve bench's last figures (ServeBench's `figures`).
-BENCH_FIGURES = ("decode_tps", "prefill_tps", "aggregate_tps", "ttft_s")
-
-
-def bench_metrics(figures: Any, verdict: Any, measured_at: Any) -> dict[str, Any] | None:
-    """The serve bench's last figures as the watchdog exports them; None when nothing was measured."""
-    if not isinstance(figures, Mapping):
-        return None
-    kept = {key: figures.get(key) for key in BENCH_FIGURES if isinstance(figures.get(key), (int, float))}
-    return {"figures": kept, "verdict": verdict, "measured_at": measured_at}
-
-
 def health_config(
-    cfg: StackConfig,
-    node: NodeConfig,
-    need_bytes: Mapping[str, int | None] | None = None,
-    serve_bench: Mapping[str, Any] | None = None,
+    cfg: StackConfig, node: NodeConfig, need_bytes: Mapping[str, int | None] | None = None
 ) -> str:
     """QWEN35_HEALTH_CONFIG for the health program on `node` (the watchdog on the head, an agent
-    elsewhere); `need_bytes`: each node's memory need (`node_need_bytes`), None where none is known;
-    `serve_bench`: the serve bench's last figures (`bench_metrics`), which the watchdog exports."""
+    elsewhere); `need_bytes`: each node's memory need (`node_need_bytes`), None where none is known."""
     h = cfg.health
     needs = need_bytes or {}
     dashboard = None
@@ -131,7 +115,6 @@ def health_config(
         "ray_dashboard": dashboard,
         "head": cfg.head.name,
         "server": server,
-        **({"serve_bench": dict(serve_bench)} if serve_bench else {}),
         "cluster": cluster_order(cfg),
         "nodes": [
             {

@@ -113,8 +113,6 @@ class Settings:
     stall_s: float = 300.0
     memory_floor_bytes: int | None = None  # the memory guard's floor (None: off)
     memory_floor_s: float = 5.0
-    # The serve bench's last figures as `pulumi up` measured them ({figures, verdict, measured_at}).
-    serve_bench: dict | None = None
 
     @staticmethod
     def from_json(text: str) -> Settings:
@@ -153,7 +151,6 @@ class Settings:
             stall_s=float(raw.get("stall_s", 300)),
             memory_floor_bytes=raw.get("memory_floor_bytes"),
             memory_floor_s=float(raw.get("memory_floor_s", 5)),
-            serve_bench=raw.get("serve_bench") if isinstance(raw.get("serve_bench"), dict) else None,
         )
 
     def node(self, name: str) -> NodeSettings:
@@ -858,7 +855,6 @@ class Watchdog:
             },
             "last_ttft_s": self.last_ttft,
             "cold_start": None if self.cold_start is None else dict(self.cold_start),
-            "serve_bench": self.s.serve_bench,
             "agent_refusals": dict(getattr(self, "world_refusals", {}) or {}),
             "agent_clock_skew_s": dict(self.skew),
             "memory_guard": dict(self.memory_guard),
@@ -928,7 +924,6 @@ def metrics_text(state: dict) -> str:
         ),
         *_node_families(state),
         *_start_families(state),
-        *_bench_families(state),
         (
             "state",
             "gauge",
@@ -962,42 +957,6 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
             "counter",
             "Times a node's memory guard stopped (report mode: would have stopped) its serving containers.",
             [(f'{{node="{node}"}}', count) for node, count in trips],
-        ),
-    ]
-
-
-def _bench_families(state: dict) -> list[tuple[str, str, str, list]]:
-    """The serve bench's last figures (`serve_bench` in /state: what `pulumi up` measured, not now)."""
-    bench = state.get("serve_bench") or {}
-    figures = bench.get("figures") or {}
-    rates = [
-        (name.removesuffix("_tps"), figures.get(name))
-        for name in ("decode_tps", "prefill_tps", "aggregate_tps")
-    ]
-    return [
-        (
-            "serve_bench_tokens_per_second",
-            "gauge",
-            "The serve bench's last figures, by step, as `pulumi up` measured them.",
-            [(f'{{step="{step}"}}', value) for step, value in rates],
-        ),
-        (
-            "serve_bench_ttft_seconds",
-            "gauge",
-            "The serve bench's last time to first token.",
-            [("", figures.get("ttft_s"))],
-        ),
-        (
-            "serve_bench_below_floor",
-            "gauge",
-            "1 when a figure of the serve bench's last run missed its floor.",
-            [("", None if not bench.get("verdict") else int(bench.get("verdict") == "below"))],
-        ),
-        (
-            "serve_bench_measured_timestamp_seconds",
-            "gauge",
-            "When `pulumi up` last ran the serve bench.",
-            [("", bench.get("measured_at"))],
         ),
     ]
 

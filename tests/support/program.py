@@ -131,9 +131,6 @@ IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 
 FABRIC_CHECK = "pulumi-python:dynamic/qwen35:FabricCheck"
 HEALTH_SECRET = "pulumi-python:dynamic/qwen35:HealthSecret"
-SERVE_BENCH = "pulumi-python:dynamic/qwen35:ServeBench"
-FAKE_BENCH_FIGURES = {"decode_tps": 19.5, "ttft_s": 0.21, "prefill_tps": 860.0, "aggregate_tps": 61.0,
-                      "counted": "usage"}  # fmt: skip
 FAKE_HEALTH_SECRET = "5ec7e7" + "0123456789abcdef" * 3 + "0a1b2c3d4e"
 
 
@@ -201,9 +198,6 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
         }
     if args.typ == FABRIC_CHECK:
         return fake_fabric(args.inputs)
-    if args.typ == SERVE_BENCH:
-        # What a bench that measured reports (the provider itself is tested in test_serve_bench.py).
-        return {"figures": dict(FAKE_BENCH_FIGURES), "verdict": "measured", "measured_at": 1796537908.0}
     if args.typ == HEALTH_SECRET:
         # What create draws (a real one is random); tests look for this value where it must not be.
         return {"secret": FAKE_HEALTH_SECRET}

@@ -146,20 +146,3 @@ def test_a_serve_setting_changes_the_bench_s_argv_input(monkeypatch):
     assert {k: v for k, v in before.items() if k != "server_argv"} == {
         k: v for k, v in after.items() if k != "server_argv"
     }
-
-
-def test_the_watchdog_follows_the_bench_and_carries_its_last_figures(monkeypatch):
-    """The watchdog's /metrics export the figures `up` measured: its config carries them, so it is
-    declared after the bench (and replaced only when the bench measured again)."""
-    from tests.support.program import FAKE_BENCH_FIGURES
-    from tests.unit.test_health_deployment import health_config_of
-
-    graph = run_graph(monkeypatch, bench_config())
-    assert "qwen35-bench" in graph.deps["qwen35-watchdog"]
-    carried = health_config_of(graph, "qwen35-watchdog")["serve_bench"]
-    kept = {k: v for k, v in FAKE_BENCH_FIGURES.items() if k != "counted"}
-    assert carried == {"figures": kept, "verdict": "measured", "measured_at": 1796537908.0}
-    for worker in graph.run.outputs["nodes"][1:]:
-        assert "serve_bench" not in health_config_of(graph, f"qwen35-health-agent-{worker}")
-    off = run_graph(monkeypatch, bench_config({"mode": "off"}))
-    assert "serve_bench" not in health_config_of(off, "qwen35-watchdog")

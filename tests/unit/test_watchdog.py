@@ -846,29 +846,3 @@ def test_a_diagnosis_names_a_memory_or_gpu_fault(kernel, box, fault):
     assert diagnosis["kernel"]["spark-2"] == kernel.get("spark-2", {"faults": [], "error": None})
     found = diagnosis["fault"]
     assert (found and (found["kind"], found["says"])) == (fault or None)
-
-
-def test_the_serve_bench_s_last_figures_are_exported_as_up_measured_them():
-    world, clock = FakeWorld(), Clock()
-    built = Settings.from_json(
-        json.dumps(
-            {
-                **json.loads(health_config(config_from("dev"), config_from("dev").head)),
-                "serve_bench": {
-                    "figures": {"decode_tps": 19.5, "prefill_tps": 860.0, "ttft_s": 0.21},
-                    "verdict": "below",
-                    "measured_at": 1796537908.0,
-                },
-            }
-        )  # fmt: skip
-    )
-    watchdog = Watchdog(built, world, clock)
-    watchdog.tick()
-    text = metrics_text(watchdog.snapshot())
-    assert 'qwen35_health_serve_bench_tokens_per_second{step="decode"} 19.5' in text
-    assert 'qwen35_health_serve_bench_tokens_per_second{step="prefill"} 860' in text
-    assert 'step="aggregate"' not in text, "a figure not measured is left out"
-    assert "qwen35_health_serve_bench_ttft_seconds 0.21" in text
-    assert "qwen35_health_serve_bench_below_floor 1" in text
-    assert "qwen35_health_serve_bench_measured_timestamp_seconds 1796537908" in text
-    assert "serve_bench_below_floor 0" not in metrics_text(Watchdog(settings(), world, clock).snapshot())
