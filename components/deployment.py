@@ -774,8 +774,8 @@ def server_argv(cfg: StackConfig, revision: pulumi.Output[str] | None) -> pulumi
 
 def rank_argvs(cfg: StackConfig, revision: pulumi.Output[str] | None) -> dict[str, Any] | None:
     """Under executor mp, each headless rank's final argument list by node (its node rank and
-    `--headless` differ from the head's); None under Ray, where one server runs."""
-    if cfg.cluster.executor is not Executor.MP:
+    `--headless` differ from the head's); None under Ray, where one server runs, and on one node."""
+    if cfg.cluster.executor is not Executor.MP or not cfg.workers:
         return None
     argvs = {n.name: mp_serve_argv(cfg, n) for n in cfg.workers}
     if revision is None:

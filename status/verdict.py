@@ -718,7 +718,10 @@ def cold_start_line(recorded: dict[str, Any], watched: Any, now: Any) -> str:
     newest, by = (gate, "the readiness gate of `pulumi up`")
     if watchdog is not None and (gate is None or watchdog["started_at"] > (gate.get("started_at") or 0)):
         newest, by = (watchdog, "the watchdog")
-    return f"{cold_start_summary(newest)}; started {_when(newest.get('started_at'), now)}, measured by {by}"
+    when = _when(newest.get("started_at"), now)
+    if newest.get("error"):
+        return f"not measured ({_first_line(newest['error'])}); started {when}, read by {by}"
+    return f"{cold_start_summary(newest)}; started {when}, measured by {by}"
 
 
 BENCH_NEXT = (

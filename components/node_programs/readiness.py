@@ -372,10 +372,19 @@ def _docker(argv: list[str], timeout: float = 60.0) -> str:
     return text
 
 
+# A start's milestones fall within the longest wait a gate gives (serve.ready_timeout, at most 6 h):
+# the log after that is never read.
+START_WINDOW_S = 6 * 3600 + 60
+
+
 def milestone_lines(container: str, started_at: str, timeout: float = 60.0) -> list[str]:
-    """The server's log lines since its start that mark a cold-start milestone (`docker logs
-    --timestamps --since`), read as a stream: a server that has logged for weeks costs no memory."""
-    argv = ["docker", "logs", "--timestamps", "--since", started_at, container]
+    """The server's log lines of its start's window (`docker logs --timestamps --since --until`)
+    that mark a cold-start milestone, read as a stream that keeps only those lines."""
+    started = cold_start.parse_stamp(started_at)
+    if started is None:
+        return []
+    until = f"{started + START_WINDOW_S:.3f}"
+    argv = ["docker", "logs", "--timestamps", "--since", started_at, "--until", until, container]
     marks = (cold_start.WEIGHTS, cold_start.ENGINE, cold_start.API, cold_start.MODEL_MEMORY)
     kept: list[str] = []
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:

@@ -238,3 +238,31 @@ def test_the_library_travels_with_the_gate_s_probe_and_the_watchdog():
 
     assert "cold_start" in libraries("readiness")
     assert {"cold_start", "health_wire", "engine_api"} <= set(libraries("watchdog"))
+
+
+def test_status_says_why_the_watchdog_could_not_measure_a_newer_start():
+    watched = {"started_at": 1796539000.0, "error": "OSError: the daemon answered 500"}
+    line = cold_start_line(GATE, watched, None)
+    assert line.startswith("not measured (OSError: the daemon answered 500); started 2026-12-06"), line
+    assert line.endswith("read by the watchdog"), line
+
+
+def test_the_gate_reads_only_the_start_s_window_of_the_log(tmp_path, monkeypatch):
+    """`docker logs --since <start> --until <start + the longest wait>`: a server that has logged
+    for weeks is not read whole; only the milestone lines are kept."""
+    from components.node_programs import readiness
+
+    called = tmp_path / "argv"
+    docker = tmp_path / "docker"
+    docker.write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {called}\ncat {LOGS / "vllm-0.32.0-cpu-lab-head-2026-12-06.log"}\n'
+    )
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    lines = readiness.milestone_lines("qwen35-vllm", HEAD_STARTED)
+    argv = called.read_text().split("\n")
+    until = float(argv[argv.index("--until") + 1])
+    assert argv[argv.index("--since") + 1] == HEAD_STARTED
+    assert until == pytest.approx(at(HEAD_STARTED) + readiness.START_WINDOW_S, abs=0.01)
+    assert len(lines) == 3 and all(cold_start.stamped(line)[0] for line in lines), lines
+    assert cold_start.cold_start(HEAD_STARTED, lines)["api_ready_s"] == 31.3
