@@ -10,8 +10,8 @@ or the Engine API's `logs?timestamps=1&since=`):
                     KV cache sized, the model warmed up or compiled)
     api_ready       `Application startup complete.` (the API server listens; vLLM logs `Starting
                     vLLM server on …` just before)
-    first_completion  given by whoever sent it (the readiness gate, the watchdog): only when it
-                    waited from before `api_ready`, else it is not the start's first
+    first_completion  given by the readiness gate, from its own completion: only when it waited
+                    from before `api_ready`, else it is not the start's first (the watchdog gives none)
 
 Every figure is seconds after the container's start, all read on one host's clock (the daemon's
 timestamps and the caller's `time.time()` on the same node). vLLM's own durations come beside them
@@ -32,6 +32,8 @@ ENGINE = re.compile(
 API = re.compile(r"Application startup complete\.")
 MODEL_MEMORY = re.compile(r"Model loading took ([0-9.]+) GiB memory and ([0-9.]+) seconds")
 MILESTONES = ("weights_loaded", "engine_ready", "api_ready", "first_completion")
+# Every line `milestones` reads: a reader of a long log keeps these alone.
+MARKS = (WEIGHTS, ENGINE, API, MODEL_MEMORY)
 
 
 def parse_stamp(text: str) -> float | None:

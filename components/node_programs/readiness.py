@@ -385,7 +385,6 @@ def milestone_lines(container: str, started_at: str, timeout: float = 60.0) -> l
         return []
     until = f"{started + START_WINDOW_S:.3f}"
     argv = ["docker", "logs", "--timestamps", "--since", started_at, "--until", until, container]
-    marks = (cold_start.WEIGHTS, cold_start.ENGINE, cold_start.API, cold_start.MODEL_MEMORY)
     kept: list[str] = []
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
         timer = threading.Timer(timeout, proc.kill)
@@ -393,7 +392,7 @@ def milestone_lines(container: str, started_at: str, timeout: float = 60.0) -> l
         try:
             for raw in proc.stdout:
                 line = raw.decode(errors="replace").rstrip("\n")
-                if any(mark.search(line) for mark in marks):
+                if any(mark.search(line) for mark in cold_start.MARKS):
                     kept.append(line)
         finally:
             timer.cancel()
