@@ -9,13 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pulumi.output import Unknown
-from pulumi.runtime.rpc import UNKNOWN
-
 from components.image_build.facts import IMAGE_ID, HeadImage
 from components.image_ref import ImageRefError, parse_image_ref
 from components.nodes import same_address, same_node
 from components.provider_kit.change import Change
+from components.provider_kit.inputs import known
 
 # Inputs that make another image: a change builds anew (the content tag changes with most of them).
 REPLACE_KEYS = ("ref", "context_digest", "dockerfile", "platform", "build_args")
@@ -31,12 +29,8 @@ DOCKERFILE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-def _known(value: Any) -> bool:
-    return value is not None and value != UNKNOWN and not isinstance(value, Unknown)
-
-
 def _problem(field: str, value: Any, pattern: re.Pattern[str], what: str) -> list[tuple[str, str]]:
-    if not _known(value) or (isinstance(value, str) and pattern.match(value)):
+    if not known(value) or (isinstance(value, str) and pattern.match(value)):
         return []
     return [(field, f"{value!r} is not {what}")]
 
@@ -48,7 +42,7 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     if not isinstance(node, Mapping) or not node.get("host") or not node.get("known_hosts"):
         problems.append(("node", "the head's access details (host, known_hosts) are required"))
     ref = props.get("ref")
-    if _known(ref):
+    if known(ref):
         try:
             parsed = parse_image_ref(ref)
             if not parsed.tag or parsed.digest:
@@ -60,19 +54,19 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     problems += _problem("platform", props.get("platform"), PLATFORM, "os/arch (linux/arm64)")
     problems += _problem("dockerfile", props.get("dockerfile"), DOCKERFILE, "a file name in the context")
     problems += _problem("context_digest", props.get("context_digest"), DIGEST, "a sha256: digest")
-    if _known(props.get("network")) and props.get("network"):
+    if known(props.get("network")) and props.get("network"):
         problems += _problem("network", props.get("network"), NETWORK, "a Docker network name")
     context = props.get("context")
-    if _known(context) and not (isinstance(context, str) and context.startswith("/")):
+    if known(context) and not (isinstance(context, str) and context.startswith("/")):
         problems.append(("context", f"{context!r} is not an absolute path"))
     args = props.get("build_args") or {}
-    if _known(args) and not isinstance(args, Mapping):
+    if known(args) and not isinstance(args, Mapping):
         problems.append(("build_args", f"a map of build-arg names to strings, not {str(args)[:40]!r}"))
-    elif _known(args):
+    elif known(args):
         for key, value in args.items():
             if not BUILD_ARG.match(str(key)):
                 problems.append(("build_args", f"{key!r} is not a build-arg name"))
-            elif _known(value) and (not isinstance(value, str) or "\n" in value or "\0" in value):
+            elif known(value) and (not isinstance(value, str) or "\n" in value or "\0" in value):
                 problems.append((f"build_args.{key}", f"a one-line string, not {str(value)[:40]!r}"))
     return problems
 

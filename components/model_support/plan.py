@@ -14,9 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pulumi.output import Unknown
-from pulumi.runtime.rpc import UNKNOWN
-
 from components.config import ModelCheckMode as Mode
 from components.image_ref import ImageRefError, parse_image_ref
 from components.model_support.facts import STAGE_HINTS, image_label
@@ -28,6 +25,7 @@ from components.model_support.memory_fit import (
     model_shape,
 )
 from components.provider_kit.change import Change
+from components.provider_kit.inputs import known
 
 DEFAULT_DEADLINE_S = 900
 IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -73,12 +71,6 @@ CLUSTER_HINT = (
 # ---- the inputs ----------------------------------------------------------------------------------------
 
 
-def _known(value: Any) -> bool:
-    # The engine's preview sends a not-yet-known input to `check` as an `Unknown` (the provider host
-    # of the mock-runtime tests sent the UNKNOWN marker string instead).
-    return value is not None and value != UNKNOWN and not isinstance(value, Unknown)
-
-
 def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Problems with the inputs, each naming its field (no I/O; unknown values pass)."""
     problems = []
@@ -86,22 +78,22 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     if not isinstance(node, Mapping) or not node.get("host") or not node.get("known_hosts"):
         problems.append(("node", "the head's access details (host, known_hosts) are required"))
     image = props.get("image")
-    if _known(image):
+    if known(image):
         try:
             parse_image_ref(image)
         except ImageRefError as exc:
             problems.append(("image", f"{exc}"))
     image_id = props.get("image_id")
-    if _known(image_id) and not (isinstance(image_id, str) and IMAGE_ID.match(image_id)):
+    if known(image_id) and not (isinstance(image_id, str) and IMAGE_ID.match(image_id)):
         problems.append(("image_id", f"{image_id!r} is not a sha256: image ID"))
     snapshot = props.get("snapshot_path")
-    if _known(snapshot) and snapshot != "" and not (isinstance(snapshot, str) and HOST_PATH.match(snapshot)):
+    if known(snapshot) and snapshot != "" and not (isinstance(snapshot, str) and HOST_PATH.match(snapshot)):
         problems.append(("snapshot_path", f"{snapshot!r}: an absolute path without ':', ',' or spaces"))
     mode = props.get("mode", Mode.ENFORCE.value)
     if mode not in {m.value for m in Mode}:
         problems.append(("mode", f"{mode!r}: one of {', '.join(m.value for m in Mode)}"))
     memory = props.get("memory")
-    if _known(memory) and memory is not None:
+    if known(memory) and memory is not None:
         try:
             _memory_nodes(memory)
             int(memory["tensor_parallel_size"]), int(memory["pipeline_parallel_size"])
@@ -116,7 +108,7 @@ def create_problems(props: Mapping[str, Any]) -> list[str]:
     """What `validate` says, and an image ID still unknown: check() lets one through (preview);
     create needs the head's real one."""
     problems = [f"{key}: {reason}" for key, reason in validate(props)]
-    if not IMAGE_ID.match(str(props.get("image_id") or "")) and not _known(props.get("image_id")):
+    if not IMAGE_ID.match(str(props.get("image_id") or "")) and not known(props.get("image_id")):
         problems.append(f"image_id: {props.get('image_id')!r} is not a sha256: image ID")
     return problems
 

@@ -11,7 +11,8 @@ from pulumi.runtime.rpc import UNKNOWN
 
 
 def known(value: Any) -> bool:
-    """Whether `value` is known (not preview's placeholder, as the SDK hands it to check)."""
+    """Whether `value` is known. The engine's preview sends a not-yet-known input to `check` as an
+    `Unknown`; the provider host of the mock-runtime tests sends the UNKNOWN marker string instead."""
     return value is not None and value != UNKNOWN and not isinstance(value, Unknown)
 
 
