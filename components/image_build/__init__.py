@@ -4,13 +4,16 @@ create() reads where the tag points on the head, then builds: `docker build … 
 context (this machine's `patches/`) streamed as a tar on ssh's stdin, every line of the build
 relayed to the operator, the image tagged under a temporary name and given its real tag only once
 the build (and every proof in it) passed. A content tag already on the head is that image (the tag
-is a hash of the inputs) and is kept without a build. read() (`pulumi refresh`) reads the tag back:
-gone or moved is drift, which `up` restores by a re-tag when the image is still there, else a
-build. diff() and check() touch no node. delete() leaves the head alone. Nothing is pushed.
+is a hash of the inputs) and is kept without a build, if its labels say it was built from the source
+images (base, donor) the head holds now. read() (`pulumi refresh`) reads the tag back: gone or moved
+is drift, which `up` restores by a re-tag when the image is still there, else a build; and it reads
+the source images' IDs: a base rebuilt under its reference is drift, which `up` builds again.
+diff() and check() touch no node. delete() leaves the head alone. Nothing is pushed.
 
 Files, by job:
-    facts.py     what the head's Docker says (the tag's image, a recorded ID's presence, the build
-                 log's last step and refusing proof), parsed into values
+    facts.py     what the head's Docker says (the tag's image and the source images it was built
+                 from, a recorded ID's presence, each source's ID now, the build log's last step and
+                 refusing proof), parsed into values
     programs.py  the commands run on the head (docker build / image inspect / tag / image rm) and the
                  build's stdin (the context tar)
     plan.py      the pure decisions: validate, plan_change -> Change, keep / re-tag / build
@@ -40,6 +43,7 @@ from components.image_build.facts import (
     parse_build_log,
     parse_head_image,
     parse_image_id,
+    source_label,
 )
 from components.image_build.plan import (
     OUTPUT_KEYS,
@@ -50,6 +54,7 @@ from components.image_build.plan import (
     Retag,
     build_id,
     drifted,
+    moved_sources,
     plan_change,
     plan_create,
     plan_restore,
@@ -62,6 +67,7 @@ from components.image_build.programs import (
     context_digest,
     context_files,
     inspect_argv,
+    source_refs,
     tag_argv,
     untag_argv,
     write_context,
@@ -91,13 +97,16 @@ __all__ = [
     "context_digest",
     "context_files",
     "drifted",
+    "moved_sources",
     "ensure",
     "head_image",
     "inspect_argv",
+    "source_refs",
     "observe",
     "parse_build_log",
     "parse_head_image",
     "parse_image_id",
+    "source_label",
     "plan_change",
     "plan_create",
     "plan_restore",

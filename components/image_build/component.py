@@ -35,6 +35,9 @@ DOCKERFILES = {ImageStrategy.HYBRID: "Dockerfile", ImageStrategy.GRAFT: "Dockerf
 BEHAVIOUR_PROOFS = "config,construct,load"
 CLUSTER_PROOFS = "ray,cluster,executor"
 CLUSTER_PROOFS_WITHOUT_TORCH = "ray,cluster"
+# The build args naming the images a build starts from: the build follows their IDs on the head, so
+# `vllm-node:latest` rebuilt with a new NCCL rebuilds this image at the next `up --refresh`.
+SOURCE_ARGS = ("BASE_IMAGE", "DONOR_IMAGE")
 
 
 def dockerfile(image: ImageConfig) -> str:
@@ -124,6 +127,7 @@ class BuiltImage(pulumi.ComponentResource):
             build_args=bargs,
             network=cfg.build_network,
             content_addressed=not cfg.tag,
+            sources=SOURCE_ARGS,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.image_id = self.image.image_id

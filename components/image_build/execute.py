@@ -52,12 +52,15 @@ def head_transport(props: Mapping[str, Any]) -> SshTransport:
     return transport_to("ImageBuild node", props["node"])
 
 
-def head_image(transport: SshTransport, ref: str, recorded: str | None) -> HeadImage:
-    """Where `ref` points on the head, and whether the recorded image ID is still there."""
-    argv = programs.inspect_argv(ref, recorded)
+def head_image(
+    transport: SshTransport, ref: str, recorded: str | None, sources: Mapping[str, str] | None = None
+) -> HeadImage:
+    """Where `ref` points on the head, whether the recorded image ID is still there, and the ID of
+    each source image (`sources`: build arg -> reference) and of those the tag's image was built from."""
+    argv = programs.inspect_argv(ref, recorded, (sources or {}).values())
     result = transport.run(argv, timeout=INSPECT_TIMEOUT_S)
     try:
-        return parse_head_image(result, ref, recorded)
+        return parse_head_image(result, ref, recorded, sources)
     except FactsError as exc:
         raise RemoteError(transport.name, argv, result.returncode, result.stderr, str(exc)) from None
 
@@ -74,13 +77,16 @@ def check_context(props: Mapping[str, Any]) -> Path:
     return context
 
 
-def build(transport: SshTransport, props: Mapping[str, Any]) -> str:
-    """`docker build` on the head under a temporary tag, then the real tag; the new image ID.
-    A failure leaves the real tag as it was and no temporary tag behind."""
+def build(
+    transport: SshTransport, props: Mapping[str, Any], source_ids: Mapping[str, str] | None = None
+) -> str:
+    """`docker build` on the head under a temporary tag, then the real tag; the new image ID,
+    labelled with the source images' IDs (`source_ids`). A failure leaves the real tag as it was
+    and no temporary tag behind."""
     context, ref, node = check_context(props), str(props["ref"]), transport.name
     require_ssh(node)
     tag = programs.build_ref(ref, secrets.token_hex(4))
-    argv = programs.build_argv(props, tag)
+    argv = programs.build_argv(props, tag, source_ids)
     lines: list[str] = []
 
     def relay(raw: str) -> None:
@@ -119,8 +125,10 @@ def build(transport: SshTransport, props: Mapping[str, Any]) -> str:
     return image_id
 
 
-def carry_out(transport: SshTransport, props: Mapping[str, Any], action: Action) -> dict[str, Any]:
-    """Keep, re-tag or build as planned; the outputs."""
+def carry_out(
+    transport: SshTransport, props: Mapping[str, Any], action: Action, head: HeadImage
+) -> dict[str, Any]:
+    """Keep, re-tag or build as planned (`head`: what the head held when planned); the outputs."""
     started = time.monotonic()
     ref, node = str(props["ref"]), transport.name
     if isinstance(action, Keep):
@@ -133,33 +141,50 @@ def carry_out(transport: SshTransport, props: Mapping[str, Any], action: Action)
         )
         image_id, built = action.image_id, False
     elif isinstance(action, Build):
-        image_id, built = build(transport, props), True
+        image_id, built = build(transport, props, head.sources), True
     else:
         raise TypeError(f"not an ImageBuild action: {action!r}")
+    sources = dict(head.sources)
+    if built and not all(sources.values()):
+        # A source the head lacked was pulled by the build: its ID is what the build ran on.
+        sources = dict(head_image(transport, ref, None, programs.source_refs(props)).sources)
     return {"image_id": image_id, "observed_image_id": image_id, "built": built,
+            "source_ids": sources, "observed_source_ids": sources,
             "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
 
 
 def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """create (no `olds`): the image under `ref` on the head, kept when a content tag is there
-    already. update: new access details recorded; a tag refresh found gone or moved is restored."""
+    """create (no `olds`): the image under `ref` on the head, kept when a content tag built from the
+    head's source images is there already. update: new access details recorded; a tag refresh found
+    gone or moved is restored; a source image rebuilt since the build (refresh saw it) builds again."""
     transport = head_transport(props)
-    ref = str(props["ref"])
+    ref, sources = str(props["ref"]), programs.source_refs(props)
     if olds is None:
-        action = plan_create(props, head_image(transport, ref, None))
-        return {**props, **carry_out(transport, props, action)}
+        head = head_image(transport, ref, None, sources)
+        return {**props, **carry_out(transport, props, plan_create(props, head), head)}
     recorded = recorded_id(olds)
-    action = plan_restore(recorded, head_image(transport, ref, recorded))
-    outs = carry_out(transport, props, action)
+    head = head_image(transport, ref, recorded, sources)
+    built_from = olds.get("source_ids") if isinstance(olds.get("source_ids"), Mapping) else None
+    action = plan_restore(recorded, head, built_from)
+    outs = carry_out(transport, props, action, head)
+    if not isinstance(action, Build) and built_from is not None:
+        # Kept or re-tagged: still the image built from the recorded sources (a source gone from the
+        # head since shows as "" in observed_source_ids). A stack recorded before sources were
+        # followed records the head's sources now.
+        outs["source_ids"] = {arg: built_from.get(arg) or now for arg, now in head.sources.items()}
     if isinstance(action, Keep):
         outs = {**outs, "built": olds.get("built"), "seconds": olds.get("seconds")}
     return {**props, **outs}
 
 
 def observe(props: Mapping[str, Any]) -> dict[str, Any]:
-    """read: the recorded outputs with the image the tag points at now ("" when it is gone)."""
-    found = head_image(head_transport(props), str(props["ref"]), None)
-    return {**props, "observed_image_id": found.tag_id or ""}
+    """read: the recorded outputs with the image the tag points at now ("" when it is gone) and, once
+    the build recorded its sources, the ID of each source image now ("" when it is gone)."""
+    found = head_image(head_transport(props), str(props["ref"]), None, programs.source_refs(props))
+    outs = {**props, "observed_image_id": found.tag_id or ""}
+    if isinstance(props.get("source_ids"), Mapping):
+        outs["observed_source_ids"] = dict(found.sources)
+    return outs
 
 
 def release(props: Mapping[str, Any]) -> None:

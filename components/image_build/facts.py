@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from components.image_build.errors import FactsError
-from components.image_ref import familiar_reference
+from components.image_ref import ImageRefError, familiar_reference, parse_image_ref
 from components.remote import Result
 
 IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -31,33 +31,76 @@ def plain(line: str) -> str:
     return _ANSI.sub("", line)
 
 
+# The label a build puts on its image for each source image (a build arg naming an image: the base,
+# the donor): the ID that source had when the build ran. A content tag's image is kept only while
+# every source still has that ID.
+SOURCE_LABEL_PREFIX = "qwen35.source."
+
+
+def source_label(arg: str) -> str:
+    """The label key recording the source image of build arg `arg`: `qwen35.source.base_image`."""
+    return SOURCE_LABEL_PREFIX + arg.lower()
+
+
 @dataclass(frozen=True)
 class HeadImage:
-    """The head's Docker: the ID the tag points at (None: no such tag), and whether the recorded
-    image ID is still there (a re-tag can restore the tag without a build)."""
+    """The head's Docker: the ID the tag points at (None: no such tag), whether the recorded image
+    ID is still there (a re-tag can restore the tag without a build), the sources the tag's image
+    was built from (its labels: build arg -> image ID), and each source's ID now ("": not there)."""
 
     tag_id: str | None
     recorded_present: bool
+    tag_sources: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
 
 
-# How Docker Hub's default registry and namespace may be spelled; the daemon lists the short form.
-def parse_head_image(result: Result, ref: str, recorded_id: str | None) -> HeadImage:
-    """`docker image inspect --format '{{.Id}} {{json .RepoTags}}' REF [ID]`: one line per object
-    found; exit 1 with `No such image` for each one missing (that is an answer, not a failure)."""
+def _names(reference: str) -> set[str]:
+    """How `docker image inspect` may list `reference` in RepoTags or RepoDigests (`:latest` implied)."""
+    try:
+        parsed = parse_image_ref(reference)
+    except ImageRefError:
+        return {familiar_reference(reference)}
+    tagged = reference if parsed.tag or parsed.digest else f"{reference}:latest"
+    return {familiar_reference(tagged)}
+
+
+def _inspected(line: str) -> tuple[str, set[str], dict[str, str]]:
+    """One line of INSPECT_FORMAT: the ID, every name it is listed under, its labels."""
+    image_id, tags, digests, labels = (line.strip().split(" ", 3) + ["null"] * 3)[:4]
+    if not IMAGE_ID.match(image_id):
+        raise FactsError(f"docker image inspect printed {line[:120]!r}, not an image ID")
+    try:
+        names = {familiar_reference(n) for n in (json.loads(tags) or []) + (json.loads(digests) or [])}
+        found = json.loads(labels) or {}
+    except (ValueError, TypeError) as exc:
+        raise FactsError(f"docker image inspect printed {line[:120]!r}: {exc}") from None
+    return image_id, names, {str(k): str(v) for k, v in found.items()}
+
+
+def parse_head_image(
+    result: Result, ref: str, recorded_id: str | None, sources: Mapping[str, str] | None = None
+) -> HeadImage:
+    """`docker image inspect --format INSPECT_FORMAT REF [ID] [SOURCE…]` (programs.inspect_argv):
+    one line per object found; exit 1 with `No such image` for each one missing (that is an answer,
+    not a failure). `sources`: build arg -> the image reference it names."""
     other = [line for line in result.err.splitlines() if line.strip() and not _MISSING.match(line.strip())]
     if result.returncode not in (0, 1) or other:
         raise FactsError(f"docker image inspect failed (exit {result.returncode}): {' '.join(other)[-300:]}")
-    tag_id, present = None, False
+    sources = dict(sources or {})
+    tag_id, present, labels = None, False, {}
+    found = dict.fromkeys(sources, "")
     for line in result.text.splitlines():
         if not line.strip():
             continue
-        image_id, _, tags = line.strip().partition(" ")
-        if not IMAGE_ID.match(image_id):
-            raise FactsError(f"docker image inspect printed {line[:120]!r}, not an image ID")
-        if familiar_reference(ref) in {familiar_reference(t) for t in json.loads(tags or "null") or []}:
-            tag_id = image_id
+        image_id, names, image_labels = _inspected(line)
+        if _names(ref) & names:
+            tag_id, labels = image_id, image_labels
         present = present or image_id == recorded_id
-    return HeadImage(tag_id, present)
+        for arg, source in sources.items():
+            if source == image_id or _names(source) & names:
+                found[arg] = image_id
+    built_from = {arg: labels[source_label(arg)] for arg in sources if source_label(arg) in labels}
+    return HeadImage(tag_id, present, built_from, found)
 
 
 def parse_image_id(result: Result) -> str:

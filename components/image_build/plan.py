@@ -17,11 +17,15 @@ from components.provider_kit.inputs import known
 
 # Inputs that make another image: a change builds anew (the content tag changes with most of them).
 REPLACE_KEYS = ("ref", "context_digest", "dockerfile", "platform", "build_args")
-# Inputs recorded in place: how the head is reached, the build's network, how the tag was chosen.
+# Inputs recorded in place: how the head is reached, the build's network, how the tag was chosen,
+# which build args name the images the build follows (`sources`: a stack made before they were
+# followed records its sources' IDs on its first `up`, building nothing).
 # Not `context`: it is where this checkout is on the operator's machine, and an `up` from another
 # clone must change nothing (`context_digest` says what is in it).
-UPDATE_KEYS = ("node", "network", "content_addressed")
-OUTPUT_KEYS = ("image_id", "observed_image_id", "built", "seconds")
+UPDATE_KEYS = ("node", "network", "content_addressed", "sources")
+# `source_ids`: each source image's ID the build ran on; `observed_source_ids`: as the last read
+# found them on the head ("" where gone).
+OUTPUT_KEYS = ("image_id", "observed_image_id", "source_ids", "observed_source_ids", "built", "seconds")
 PLATFORM = re.compile(r"^[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?$")
 NETWORK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 BUILD_ARG = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -56,6 +60,7 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     problems += _problem("context_digest", props.get("context_digest"), DIGEST, "a sha256: digest")
     if known(props.get("network")) and props.get("network"):
         problems += _problem("network", props.get("network"), NETWORK, "a Docker network name")
+    problems += _sources_problems(props.get("sources"), props.get("build_args"))
     context = props.get("context")
     if known(context) and not (isinstance(context, str) and context.startswith("/")):
         problems.append(("context", f"{context!r} is not an absolute path"))
@@ -71,9 +76,43 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
+def _sources_problems(sources: Any, args: Any) -> list[tuple[str, str]]:
+    if not known(sources) or sources is None:
+        return []
+    if not isinstance(sources, list | tuple) or not all(isinstance(s, str) for s in sources):
+        return [("sources", f"a list of build-arg names, not {str(sources)[:40]!r}")]
+    if not known(args) or not isinstance(args, Mapping):
+        return []
+    return [
+        ("sources", f"{name!r} is not one of the build args ({', '.join(sorted(args)) or 'none'})")
+        for name in sources
+        if name not in args
+    ]
+
+
 def drifted(props: Mapping[str, Any]) -> bool:
     """A refresh found the head's tag gone or pointing at another image than the one built."""
     return bool(props.get("image_id")) and props.get("observed_image_id") != props.get("image_id")
+
+
+def moved_sources(built_from: Any, now: Any) -> list[str]:
+    """The source images (build args) the head now holds under another ID than the build ran on.
+    A source gone from the head is not one: nothing could be built from it, and the image stands."""
+    if not isinstance(built_from, Mapping) or not isinstance(now, Mapping):
+        return []
+    return sorted(arg for arg, was in built_from.items() if was and now.get(arg) and now[arg] != was)
+
+
+def sources_drifted(props: Mapping[str, Any]) -> bool:
+    """A refresh found a base or donor image rebuilt under its reference since the build."""
+    return bool(moved_sources(props.get("source_ids"), props.get("observed_source_ids")))
+
+
+def built_from_current(head: HeadImage, sources: Any) -> bool:
+    """The tag's image was built from every source image the head holds now (its labels say so)."""
+    return all(
+        head.sources.get(arg) and head.tag_sources.get(arg) == head.sources[arg] for arg in sources or ()
+    )
 
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
@@ -87,6 +126,10 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     updates = [key for key in UPDATE_KEYS if olds.get(key) != news.get(key) and key not in replaces]
     if drifted(olds):
         updates.append("observed_image_id")
+    # A base or donor rebuilt under the same reference: the same inputs, another image; `up` builds
+    # under the same tag, and what runs the image follows its new ID.
+    if sources_drifted(olds):
+        updates.append("observed_source_ids")
     return Change(tuple(replaces), tuple(updates))
 
 
@@ -114,15 +157,21 @@ Action = Build | Retag | Keep
 
 def plan_create(props: Mapping[str, Any], head: HeadImage) -> Action:
     """create: a content tag already on the head names an image built from these very inputs (it is
-    their hash), so it is kept, not built again; a pinned tag says nothing about content: build."""
-    if props.get("content_addressed") and head.tag_id:
+    their hash) and, its labels say, from the source images the head holds now: it is kept, not built
+    again. A pinned tag says nothing about content, and a source rebuilt since is another input: build."""
+    if props.get("content_addressed") and head.tag_id and built_from_current(head, props.get("sources")):
         return Keep(head.tag_id)
     return Build()
 
 
-def plan_restore(recorded_id: str | None, head: HeadImage) -> Action:
-    """update: the tag as built (keep), re-pointed at the recorded image (retag), or built again when
-    that image is gone from the head too."""
+def plan_restore(
+    recorded_id: str | None, head: HeadImage, built_from: Mapping[str, str] | None = None
+) -> Action:
+    """update: a source image rebuilt since the build (`built_from`: the recorded source IDs) builds
+    again; otherwise the tag as built (keep), re-pointed at the recorded image (retag), or built again
+    when that image is gone from the head too."""
+    if moved_sources(built_from, head.sources):
+        return Build()
     if recorded_id and head.tag_id == recorded_id:
         return Keep(recorded_id)
     if recorded_id and head.recorded_present:

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from components.image_build.facts import source_label
 
 _IGNORED = {"__pycache__", ".pytest_cache"}
 # The build's own tag until the image is proven and tagged as `ref`: a refused or broken build
 # never moves the real tag.
 BUILD_TAG_PREFIX = "qwen35-build-"
-# One line per object: its ID and its tags (the tag's image, and whether a recorded ID is there).
-INSPECT_FORMAT = "{{.Id}} {{json .RepoTags}}"
+# One line per object: its ID, tags, digests and labels (the tag's image and the sources it was
+# built from, whether a recorded ID is there, each source image's ID).
+INSPECT_FORMAT = "{{.Id}} {{json .RepoTags}} {{json .RepoDigests}} {{json .Config.Labels}}"
 
 
 def context_files(context: Path) -> list[Path]:
@@ -55,28 +58,32 @@ def build_ref(ref: str, token: str) -> str:
     return f"{ref.rpartition(':')[0]}:{BUILD_TAG_PREFIX}{token}"
 
 
-def build_argv(props: Mapping[str, Any], tag: str) -> list[str]:
-    """`docker build` on the head's daemon of the context read from stdin, tagged `tag` only."""
+def source_refs(props: Mapping[str, Any]) -> dict[str, str]:
+    """The images the build follows: each build arg named in `sources` -> the reference it passes."""
+    args = props.get("build_args") or {}
+    return {arg: str(args[arg]) for arg in props.get("sources") or () if args.get(arg)}
+
+
+def build_argv(props: Mapping[str, Any], tag: str, source_ids: Mapping[str, str] | None = None) -> list[str]:
+    """`docker build` on the head's daemon of the context read from stdin, tagged `tag` only, labelled
+    with the ID of each source image it builds from (`source_ids`, build arg -> ID)."""
     argv = ["docker", "build", "--file", str(props["dockerfile"]), "--platform", str(props["platform"])]
     if props.get("network"):
         argv += ["--network", str(props["network"])]
     for key, value in sorted((props.get("build_args") or {}).items()):
         argv += ["--build-arg", f"{key}={value}"]
+    for key, value in sorted((source_ids or {}).items()):
+        if value:
+            argv += ["--label", f"{source_label(key)}={value}"]
     # The legacy builder keeps a failed step's container unless told: a refused build leaves none.
     return [*argv, "--tag", tag, "--rm", "--force-rm", "-"]
 
 
-def inspect_argv(ref: str, recorded_id: str | None = None) -> list[str]:
-    """Where `ref` points, and whether the recorded image ID is still on the head, in one call."""
-    return [
-        "docker",
-        "image",
-        "inspect",
-        "--format",
-        INSPECT_FORMAT,
-        ref,
-        *([recorded_id] if recorded_id else []),
-    ]
+def inspect_argv(ref: str, recorded_id: str | None = None, sources: Iterable[str] = ()) -> list[str]:
+    """Where `ref` points, whether the recorded image ID is still on the head, and the ID of each
+    source image, in one call."""
+    objects = [ref, *([recorded_id] if recorded_id else []), *dict.fromkeys(sources)]
+    return ["docker", "image", "inspect", "--format", INSPECT_FORMAT, *objects]
 
 
 def image_id_argv(ref: str) -> list[str]:

@@ -17,7 +17,9 @@ from components.image_build.provider import ImageBuildProvider
 class ImageBuild(dynamic.Resource, module="qwen35", name="ImageBuild"):
     """`ref` built on the head's Docker from `context` (this machine's folder), never pushed.
 
-    `content_addressed`: the tag is a hash of every input (a tag already there is that image)."""
+    `content_addressed`: the tag is a hash of every input (a tag already there is that image).
+    `sources`: the build args that name images the build follows (the base, the donor): their IDs on
+    the head are recorded and read back, so one rebuilt under its reference builds this again."""
 
     image_id: pulumi.Output[str]
     ref: pulumi.Output[str]
@@ -35,6 +37,7 @@ class ImageBuild(dynamic.Resource, module="qwen35", name="ImageBuild"):
         build_args: Mapping[str, str],
         network: str | None = None,
         content_addressed: bool = True,
+        sources: tuple[str, ...] = (),
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -47,6 +50,7 @@ class ImageBuild(dynamic.Resource, module="qwen35", name="ImageBuild"):
             "build_args": dict(build_args),
             "network": network,
             "content_addressed": content_addressed,
+            "sources": list(sources),
             **{key: None for key in OUTPUT_KEYS},
         }
         super().__init__(ImageBuildProvider(), name, props, opts)

@@ -4,10 +4,12 @@
 node-a's daemon over SSH, the context (patches/) streamed from this machine, nothing pushed. For the
 hybrid (Pulumi.lab.yaml as committed): the first `up` builds once, proves, copies to node-b and
 serves; a no-op `up` builds nothing; a changed file under patches/ rebuilds and replaces what runs
-the image; refresh is clean. The graft's stack builds and serves once and refreshes clean, and a proof
-that fails (the cluster-layer proof, for a Ray other than the base's) stops `up` at the build, with no
-tag and no container touched. (The lab's hybrid has no config-reachable failing proof: its stand-ins
-carry no torch, so only the compatibility proof runs, and the lab's trees pass it.)
+the image; a base image rebuilt under the same reference is drift to refresh, and `up` builds it
+again and replaces what runs it; refresh is clean. The graft's stack builds and serves once and
+refreshes clean, and a proof that fails (the cluster-layer proof, for a Ray other than the base's)
+stops `up` at the build, with no tag and no container touched. (The lab's hybrid has no
+config-reachable failing proof: its stand-ins carry no torch, so only the compatibility proof runs,
+and the lab's trees pass it.)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tests.engine.conftest import (
     Stack,
     answers,
     changed_steps,
+    changes,
     errors,
     finished,
     outputs_of,
@@ -172,6 +175,55 @@ def test_a_changed_file_under_patches_rebuilds_and_replaces_what_runs_the_image(
     assert set(after) == set(before) and all(after[k] != before[k] for k in before), (before, after)
     answers(hybrid, secrets["api_key"])
     assert_clean(hybrid)
+
+
+def recorded_build(stack: Stack) -> dict:
+    """The ImageBuild's outputs as the stack's state holds them."""
+    resources = json.loads(stack.run("stack", "export", "--show-secrets").out)["deployment"]["resources"]
+    (build,) = [r for r in resources if r["type"] == IMAGE_BUILD]
+    return build["outputs"]
+
+
+def test_a_base_rebuilt_under_its_reference_is_seen_by_refresh_and_up_rebuilds(
+    first_up, hybrid, hybrid_config, lab_nodes, secrets
+):
+    # `vllm-node:latest` rebuilt with a new NCCL or Ray, as an operator does: the same reference, another
+    # image. The build's inputs (files, args) are unchanged, so only the base's ID can tell.
+    node, base = lab_nodes["node-a"], lab_image_config(hybrid_config).base_ref
+    old_base = lab.docker(node, "image", "inspect", "--format", "{{.Id}}", base).out.strip()
+    before = recorded_build(hybrid)
+    assert before["source_ids"]["BASE_IMAGE"] == old_base, before
+    rebuilt = f"FROM {base}\nLABEL qwen35.engine-test.rebuilt={secrets_token()}\n".encode()
+    lab.docker(node, "build", "--tag", base, "-", input=rebuilt, timeout=300)
+    new_base = lab.docker(node, "image", "inspect", "--format", "{{.Id}}", base).out.strip()
+    try:
+        assert new_base != old_base
+        done = hybrid.run("refresh", "--yes", "--skip-preview", "--json", check=False)
+        assert done.returncode == 0, done.err[-3000:]
+        # refresh sees the new base as drift of the build, and records it.
+        assert changes(done.events()).get(R_BUILD) == "update", changes(done.events())
+        refreshed = recorded_build(hybrid)
+        assert refreshed["observed_source_ids"]["BASE_IMAGE"] == new_base, refreshed
+        assert refreshed["source_ids"]["BASE_IMAGE"] == old_base, refreshed
+        container_before = container_ids(lab_nodes)
+        events = up(hybrid)
+        ops = {(t, n): op for t, n, op in finished(events)}
+        assert ops[(IMAGE_BUILD, R_BUILD)] == "update", ops
+        built = outputs_of(events, R_BUILD)
+        # Built again under the same tag, from the new base; what runs the image follows its ID.
+        assert built["built"] is True and built["ref"] == before["ref"], built
+        assert built["image_id"] != before["image_id"] and built["source_ids"]["BASE_IMAGE"] == new_base
+        for name in ("node-a", "node-b"):
+            assert outputs_of(events, f"qwen35-image-{name}")["image_id"] == built["image_id"], name
+        running = lab.docker(node, "inspect", "--format", "{{.Image}}", "qwen35-vllm").out.strip()
+        assert running == built["image_id"]
+        after = container_ids(lab_nodes)
+        assert all(after[k] != container_before[k] for k in container_before), (container_before, after)
+        answers(hybrid, secrets["api_key"])
+        assert_clean(hybrid)
+    finally:
+        # The lab's base as the other modules know it (the rebuilt one stays as the new build's parent).
+        lab.docker(node, "tag", old_base, base)
 
 
 def test_the_hybrid_stack_destroys_cleanly(first_up, hybrid, lab_nodes):

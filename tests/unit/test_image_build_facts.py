@@ -138,3 +138,37 @@ def test_another_registry_is_not_shortened():
     assert parse_head_image(answer(0, f'{A} ["qwen35-hybrid:h-1"]\n'), "ghcr.io/qwen35-hybrid:h-1", None) == (
         HeadImage(None, False)
     )
+
+
+X, Y = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+SOURCES = {"BASE_IMAGE": "vllm-node:latest", "DONOR_IMAGE": f"donor@{Y}"}
+
+
+def test_the_sources_the_tag_was_built_from_and_their_ids_now():
+    # The tag's image labelled with the base it was built from (X); the base now is Y (rebuilt);
+    # the donor, pinned by digest, is listed under RepoDigests.
+    out = (
+        f'{A} ["img:t"] [] {{"qwen35.source.base_image":"{X}","maintainer":"a b"}}\n'
+        f'{Y} ["vllm-node:latest"] [] null\n'
+        f'{B} [] ["donor@{Y}"] {{}}\n'
+    )
+    assert parse_head_image(answer(0, out), "img:t", None, SOURCES) == HeadImage(
+        A, False, {"BASE_IMAGE": X}, {"BASE_IMAGE": Y, "DONOR_IMAGE": B}
+    )
+
+
+def test_a_source_missing_on_the_head_is_empty_and_no_failure():
+    out = f'{A} ["img:t"] [] null\n'
+    found = parse_head_image(answer(1, out, "Error: No such image: vllm-node:latest"), "img:t", None, SOURCES)
+    assert found == HeadImage(A, False, {}, {"BASE_IMAGE": "", "DONOR_IMAGE": ""})
+
+
+def test_a_source_named_without_a_tag_is_latest():
+    out = f'{X} ["docker.io/library/base:latest"] [] null\n'
+    found = parse_head_image(answer(0, out), "img:t", None, {"BASE_IMAGE": "base"})
+    assert found.sources == {"BASE_IMAGE": X} and found.tag_id is None
+
+
+def test_labels_that_are_not_json_are_an_error():
+    with pytest.raises(FactsError, match="not an image ID|Expecting"):
+        parse_head_image(answer(0, f'{A} ["img:t"] [] {{broken\n'), "img:t", None, SOURCES)

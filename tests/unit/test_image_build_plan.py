@@ -132,3 +132,77 @@ def test_plan_create(content_addressed, head, expected):
 )
 def test_plan_restore(recorded, head, expected):
     assert plan_restore(recorded, head) == expected
+
+
+# ---- the source images (base, donor) the build follows -------------------------------------------
+
+X, Y = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+FOLLOWING = {**PROPS, "sources": ["BASE_IMAGE"]}
+BUILT_FROM_X = {
+    **BUILT,
+    **FOLLOWING,
+    "source_ids": {"BASE_IMAGE": X},
+    "observed_source_ids": {"BASE_IMAGE": X},
+}
+
+
+@pytest.mark.parametrize(
+    ("sources", "problem"),
+    [
+        (["DONOR_IMAGE"], "'DONOR_IMAGE' is not one of the build args (BASE_IMAGE, SMOKE)"),
+        ("BASE_IMAGE", "a list of build-arg names, not 'BASE_IMAGE'"),
+    ],
+)
+def test_a_source_that_is_not_a_build_arg_is_refused(sources, problem):
+    assert validate({**PROPS, "sources": sources}) == [("sources", problem)]
+    assert validate(FOLLOWING) == []
+
+
+@pytest.mark.parametrize(
+    ("observed", "expected"),
+    [
+        ({"BASE_IMAGE": X}, Change((), ())),
+        # The base rebuilt under the same reference: the same inputs, another image; `up` builds.
+        ({"BASE_IMAGE": Y}, Change((), ("observed_source_ids",))),
+        # The base gone from the head: nothing could be built from it, and the image stands.
+        ({"BASE_IMAGE": ""}, Change((), ())),
+    ],
+)
+def test_a_source_rebuilt_under_its_reference_is_drift_that_up_builds(observed, expected):
+    olds = {**BUILT_FROM_X, "observed_source_ids": observed}
+    assert plan_change(olds, FOLLOWING) == expected
+
+
+def test_a_stack_recorded_before_sources_were_followed_records_them_in_place():
+    assert plan_change(BUILT, FOLLOWING) == Change((), ("sources",))
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        # The content tag's image was built from the base the head holds now: kept.
+        (HeadImage(A, False, {"BASE_IMAGE": X}, {"BASE_IMAGE": X}), Keep(A)),
+        # Built from a base since rebuilt under its reference: another input, built.
+        (HeadImage(A, False, {"BASE_IMAGE": X}, {"BASE_IMAGE": Y}), Build()),
+        # An image that records no sources (built before they were followed): built.
+        (HeadImage(A, False, {}, {"BASE_IMAGE": X}), Build()),
+        # The base is not on the head: the build pulls it or says it is missing.
+        (HeadImage(A, False, {"BASE_IMAGE": X}, {"BASE_IMAGE": ""}), Build()),
+    ],
+)
+def test_a_content_tag_is_kept_only_if_built_from_the_sources_there_now(head, expected):
+    assert plan_create(FOLLOWING, head) == expected
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        (HeadImage(A, True, {}, {"BASE_IMAGE": X}), Keep(A)),
+        (HeadImage(A, True, {}, {"BASE_IMAGE": Y}), Build()),
+        (HeadImage(B, True, {}, {"BASE_IMAGE": Y}), Build()),
+        # Gone from the head since the build: the image as built stays.
+        (HeadImage(A, True, {}, {"BASE_IMAGE": ""}), Keep(A)),
+    ],
+)
+def test_up_builds_again_when_a_source_moved_since_the_build(head, expected):
+    assert plan_restore(A, head, {"BASE_IMAGE": X}) == expected

@@ -13,6 +13,7 @@ from components.image_build import (
     context_digest,
     context_files,
     inspect_argv,
+    source_refs,
     tag_argv,
     untag_argv,
     write_context,
@@ -54,6 +55,27 @@ def test_build_argv(props, expected):
     assert build_argv(props, "img:qwen35-build-ab12") == expected
 
 
+def test_the_build_labels_its_image_with_each_source_image_s_id():
+    argv = build_argv(PROPS, "img:t", {"BASE_IMAGE": ID, "DONOR_IMAGE": ""})
+    # A source the head lacked (the build pulls it) is not labelled: the build's own read records it.
+    assert argv[-7:] == [
+        "--label",
+        f"qwen35.source.base_image={ID}",
+        "--tag",
+        "img:t",
+        "--rm",
+        "--force-rm",
+        "-",
+    ]
+
+
+def test_the_sources_are_the_build_args_named_in_sources():
+    props = {**PROPS, "sources": ["BASE_IMAGE", "DONOR_IMAGE"]}
+    # DONOR_IMAGE is not a build arg here: nothing to follow for it.
+    assert source_refs(props) == {"BASE_IMAGE": "vllm-node:latest"}
+    assert source_refs(PROPS) == {}
+
+
 def test_a_build_arg_with_spaces_stays_one_argument_on_the_head():
     line = shell_join(build_argv(PROPS, "img:t"))
     assert "'PIP_ARGS=--no-index --find-links /w'" in line
@@ -70,7 +92,10 @@ def test_the_build_tag_is_in_the_same_repository(ref, token, expected):
     assert build_ref(ref, token) == expected
 
 
-INSPECT = ["docker", "image", "inspect", "--format", "{{.Id}} {{json .RepoTags}}"]
+INSPECT = [
+    "docker", "image", "inspect", "--format",
+    "{{.Id}} {{json .RepoTags}} {{json .RepoDigests}} {{json .Config.Labels}}",
+]  # fmt: skip
 ID = "sha256:" + "a" * 64
 
 
@@ -79,6 +104,11 @@ ID = "sha256:" + "a" * 64
     [
         (lambda: inspect_argv("img:t"), [*INSPECT, "img:t"]),
         (lambda: inspect_argv("img:t", ID), [*INSPECT, "img:t", ID]),
+        # The source images in the same call; one named twice is asked for once.
+        (
+            lambda: inspect_argv("img:t", None, ["vllm-node:latest", "donor:1", "vllm-node:latest"]),
+            [*INSPECT, "img:t", "vllm-node:latest", "donor:1"],
+        ),
         (lambda: tag_argv(ID, "img:t"), ["docker", "tag", ID, "img:t"]),
         (
             lambda: untag_argv("img:qwen35-build-1"),

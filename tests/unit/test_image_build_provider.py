@@ -9,8 +9,12 @@ import pytest
 
 from components import remote
 from components.image_build import ImageBuildError, ImageBuildProvider, execute
+from components.image_build.facts import source_label
+from components.image_build.programs import INSPECT_FORMAT
 from components.remote import Result
-from tests.unit.test_image_build_plan import BUILT, PROPS, A
+from tests.unit.test_image_build_plan import BUILT, BUILT_FROM_X, FOLLOWING, PROPS, A, X, Y
+
+LABEL = source_label("BASE_IMAGE")
 
 
 @pytest.fixture
@@ -113,6 +117,54 @@ def test_a_passing_build_tags_its_image_then_drops_the_temporary_tag(monkeypatch
     assert ":qwen35-build-" in inspect[-1]
     assert tag == ["docker", "tag", A, PROPS["ref"]]
     assert drop[:4] == ["docker", "image", "rm", "--no-prune"] and drop[4] == inspect[-1]
+
+
+def inspect_answer(tag_labels: str, base_now: str) -> tuple[int, bytes, bytes]:
+    """The head's answer to the build's one inspect: the tag's image (labelled) and the base now."""
+    out = f'{A} ["{PROPS["ref"]}"] [] {tag_labels}\n{base_now} ["vllm-node:latest"] [] null\n'
+    return (0, out.encode(), b"")
+
+
+def test_up_after_the_base_was_rebuilt_builds_again_and_records_the_new_base(monkeypatch, context):
+    olds = {**BUILT_FROM_X, "context": str(context)}
+    built = "sha256:" + "e" * 64
+    head = Head({
+        f"docker image inspect --format {INSPECT_FORMAT}": inspect_answer(f'{{"{LABEL}":"{X}"}}', Y),
+        "docker image inspect --format {{.Id}}": (0, f"{built}\n".encode(), b""),
+    })  # fmt: skip
+    ran = []
+
+    def run_relaying(node, local_argv, argv, stdin, timeout, relay, relay_stdout=False):
+        ran.append(argv)
+        return Result(tuple(argv), 0, b"", b"", node)
+
+    monkeypatch.setattr(execute, "run_relaying", run_relaying)
+    monkeypatch.setattr(execute, "head_transport", lambda _props: head)
+    outs = execute.ensure({**FOLLOWING, "context": str(context)}, olds)
+    # Built from the base as it is now, and labelled so: a later create keeps this tag.
+    (argv,) = ran
+    assert ["--label", f"{LABEL}={Y}"] == argv[argv.index("--label") : argv.index("--label") + 2]
+    assert outs["image_id"] == built and outs["built"] is True
+    assert outs["source_ids"] == outs["observed_source_ids"] == {"BASE_IMAGE": Y}
+    assert ["docker", "tag", built, PROPS["ref"]] in head.ran
+
+
+def test_read_reports_the_sources_as_the_head_holds_them(monkeypatch):
+    head = Head({f"docker image inspect --format {INSPECT_FORMAT}": inspect_answer("null", Y)})
+    monkeypatch.setattr(execute, "head_transport", lambda _props: head)
+    found = execute.observe(BUILT_FROM_X)
+    assert found["observed_image_id"] == A and found["observed_source_ids"] == {"BASE_IMAGE": Y}
+    assert found["source_ids"] == {"BASE_IMAGE": X}
+    # A stack recorded before sources were followed: read adds nothing (refresh stays clean).
+    assert "observed_source_ids" not in execute.observe({**PROPS, "image_id": A})
+
+
+def test_up_records_the_sources_of_a_stack_made_before_they_were_followed(monkeypatch, context):
+    head = Head({f"docker image inspect --format {INSPECT_FORMAT}": inspect_answer("null", X)})
+    monkeypatch.setattr(execute, "head_transport", lambda _props: head)
+    outs = execute.ensure({**FOLLOWING, "context": str(context)}, BUILT)
+    assert outs["image_id"] == A and outs["built"] is True and outs["source_ids"] == {"BASE_IMAGE": X}
+    assert not [argv for argv in head.ran if argv[:2] in (["docker", "build"], ["docker", "tag"])]
 
 
 def test_a_missing_context_fails_before_anything_runs(monkeypatch, tmp_path):
