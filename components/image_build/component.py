@@ -22,7 +22,7 @@ from typing import Any
 import pulumi
 
 from components.config import ImageConfig, ImageStrategy
-from components.image_build.programs import context_files
+from components.image_build.programs import context_digest
 from components.image_build.resource import ImageBuild
 
 PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
@@ -38,6 +38,11 @@ CLUSTER_PROOFS_WITHOUT_TORCH = "ray,cluster"
 # The build args naming the images a build starts from: the build follows their IDs on the head, so
 # `vllm-node:latest` rebuilt with a new NCCL rebuilds this image at the next `up --refresh`.
 SOURCE_ARGS = ("BASE_IMAGE", "DONOR_IMAGE")
+# Wheels for a build without a package index: patches/wheels/ (ignored by git and left out of the
+# context by patches/.dockerignore) is sent, and lands at this path, only when `image.pip_args`
+# name the path; otherwise stray wheels there neither change the tag nor reach the image.
+WHEELS_DIR = "wheels"
+WHEELS_IN_IMAGE = "/opt/qwen35/wheels"
 
 
 def dockerfile(image: ImageConfig) -> str:
@@ -73,14 +78,27 @@ def build_args(image: ImageConfig) -> dict[str, str]:
     }
 
 
-def content_tag(context: Path, args: dict[str, str], platform: str) -> str:
-    """A tag that changes exactly when a build input changes: files, build args, platform."""
-    digest = hashlib.sha256()
-    for path in context_files(context):
-        digest.update(str(path.relative_to(context)).encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    digest.update(json.dumps({"args": args, "platform": platform}, sort_keys=True).encode())
-    return "h-" + digest.hexdigest()[:16]
+def context_rules(args: Mapping[str, str]) -> list[str]:
+    """The `.dockerignore` rules this build adds to the context's own: the wheels folder back in when
+    the build's pip flags install from it."""
+    return [f"!{WHEELS_DIR}"] if WHEELS_IN_IMAGE in args.get("PIP_ARGS", "") else []
+
+
+def check_wheels(context: Path, args: Mapping[str, str]) -> None:
+    """pip flags that install from the context's wheels need wheels there: said before any build."""
+    if context_rules(args) and not any((context / WHEELS_DIR).glob("*.whl")):
+        raise ValueError(
+            f"image.pip_args name {WHEELS_IN_IMAGE} but {context / WHEELS_DIR} holds no wheel: put the "
+            f"wheels there (`pip download -d {context / WHEELS_DIR} …`), or drop the path from image.pip_args"
+        )
+
+
+def content_tag(context: Path, args: dict[str, str], platform: str, digest: str | None = None) -> str:
+    """A tag that changes exactly when a build input changes: the files the build sends (`digest`,
+    their context_digest, when already made), build args, platform."""
+    files = digest or context_digest(context, context_rules(args))
+    inputs = json.dumps({"context": files, "args": args, "platform": platform}, sort_keys=True)
+    return "h-" + hashlib.sha256(inputs.encode()).hexdigest()[:16]
 
 
 def image_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
@@ -91,9 +109,9 @@ def image_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
     return built_ref(image, context)
 
 
-def built_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
+def built_ref(image: ImageConfig, context: Path = PATCH_DIR, digest: str | None = None) -> str:
     """The build's reference (hybrid or graft): `name:tag` (the content hash unless pinned)."""
-    return f"{image.name}:{image.tag or content_tag(context, build_args(image), image.platform)}"
+    return f"{image.name}:{image.tag or content_tag(context, build_args(image), image.platform, digest)}"
 
 
 @dataclass(frozen=True)
@@ -113,7 +131,11 @@ class BuiltImage(pulumi.ComponentResource):
         super().__init__("qwen35:index:HybridImage", name, None, opts)
         cfg = args.image
         bargs = build_args(cfg)
-        self.ref = built_ref(cfg, args.context)
+        check_wheels(args.context, bargs)
+        # The context read once per run, a file at a time: its digest makes the tag and is the build's input.
+        rules = context_rules(bargs)
+        digest = context_digest(args.context, rules)
+        self.ref = built_ref(cfg, args.context, digest)
         self.tag = self.ref.rpartition(":")[2]
         # Named as the pulumi_docker.Image child was: a stack built with that one sees it deleted
         # (which does nothing on the head) and this one created (docs/image-build.md).
@@ -128,6 +150,8 @@ class BuiltImage(pulumi.ComponentResource):
             network=cfg.build_network,
             content_addressed=not cfg.tag,
             sources=SOURCE_ARGS,
+            context_rules=rules,
+            context_digest=digest,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.image_id = self.image.image_id

@@ -101,7 +101,7 @@ def build(
             node,
             ssh_argv(transport.target, argv, dial_with=sys.executable),
             argv,
-            lambda out: programs.write_context(context, out),
+            lambda out: programs.write_context(context, out, props.get("context_rules") or ()),
             BUILD_TIMEOUT_S,
             relay,
             relay_stdout=True,

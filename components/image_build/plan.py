@@ -61,6 +61,16 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     if known(props.get("network")) and props.get("network"):
         problems += _problem("network", props.get("network"), NETWORK, "a Docker network name")
     problems += _sources_problems(props.get("sources"), props.get("build_args"))
+    rules = props.get("context_rules")
+    if (
+        known(rules)
+        and rules is not None
+        and (
+            not isinstance(rules, list | tuple)
+            or not all(isinstance(r, str) and "\n" not in r for r in rules)
+        )
+    ):
+        problems.append(("context_rules", f"a list of one-line .dockerignore rules, not {str(rules)[:40]!r}"))
     context = props.get("context")
     if known(context) and not (isinstance(context, str) and context.startswith("/")):
         problems.append(("context", f"{context!r} is not an absolute path"))

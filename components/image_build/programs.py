@@ -5,6 +5,8 @@ machine's files)."""
 from __future__ import annotations
 
 import hashlib
+import posixpath
+import re
 import tarfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -12,7 +14,12 @@ from typing import Any, BinaryIO
 
 from components.image_build.facts import source_label
 
+# Never build inputs, whatever `.dockerignore` says.
 _IGNORED = {"__pycache__", ".pytest_cache"}
+# Docker's own file of context exclusions (its syntax: one pattern a line, `#` comments, `!` an
+# exception, `*` `?` `[…]` within a path segment, `**` across segments; a match of a folder is a
+# match of everything in it; the last pattern that matches decides).
+DOCKERIGNORE = ".dockerignore"
 # The build's own tag until the image is proven and tagged as `ref`: a refused or broken build
 # never moves the real tag.
 BUILD_TAG_PREFIX = "qwen35-build-"
@@ -21,30 +28,98 @@ BUILD_TAG_PREFIX = "qwen35-build-"
 INSPECT_FORMAT = "{{.Id}} {{json .RepoTags}} {{json .RepoDigests}} {{json .Config.Labels}}"
 
 
-def context_files(context: Path) -> list[Path]:
-    """The files that make up the build context, in a stable order."""
+def _segment_regex(pattern: str) -> str:
+    """A `.dockerignore` pattern as a regular expression over a `/`-separated relative path."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[" and "]" in pattern[i + 1 :]:
+            end = pattern.index("]", i + 2 if pattern[i + 1 : i + 2] in ("!", "^") else i + 1)
+            body = pattern[i + 1 : end]
+            out.append("[" + ("^" + body[1:] if body[:1] in ("!", "^") else body).replace("\\", "\\\\") + "]")
+            i = end
+        elif c == "\\" and i + 1 < len(pattern):
+            i += 1
+            out.append(re.escape(pattern[i]))
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def ignore_rules(context: Path, extra: Iterable[str] = ()) -> list[tuple[re.Pattern[str], bool]]:
+    """The context's `.dockerignore` patterns, then `extra` (the same syntax), each compiled with
+    whether it is an exception (`!`)."""
+    path = context / DOCKERIGNORE
+    lines = path.read_text().splitlines() if path.is_file() else []
+    rules = []
+    for raw in [*lines, *extra]:
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        keep = line.startswith("!")
+        cleaned = posixpath.normpath(line.removeprefix("!").strip()).lstrip("/")
+        if cleaned in ("", "."):
+            continue
+        rules.append((re.compile(f"^{_segment_regex(cleaned)}$"), keep))
+    return rules
+
+
+def ignored(relative: str, rules: list[tuple[re.Pattern[str], bool]]) -> bool:
+    """Whether the rules leave `relative` (a file, `/`-separated) out: a pattern matches the file or
+    a folder above it, and the last that matches decides."""
+    parts = relative.split("/")
+    candidates = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+    left_out = False
+    for pattern, keep in rules:
+        if any(pattern.match(candidate) for candidate in candidates):
+            left_out = not keep
+    return left_out
+
+
+def context_files(context: Path, extra: Iterable[str] = ()) -> list[Path]:
+    """The files the build sends, in a stable order: the context's files less those `.dockerignore`
+    (and the `extra` rules after it) leaves out."""
+    rules = ignore_rules(context, extra)
     return sorted(
         p
         for p in context.rglob("*")
-        if p.is_file() and not (_IGNORED & set(p.relative_to(context).parts)) and p.suffix != ".pyc"
+        if p.is_file()
+        and not (_IGNORED & set(p.relative_to(context).parts))
+        and p.suffix != ".pyc"
+        and not ignored(p.relative_to(context).as_posix(), rules)
     )
 
 
-def context_digest(context: Path) -> str:
-    """A digest of the context's files (names, contents, run bits): a new one is a new image."""
+def context_digest(context: Path, extra: Iterable[str] = ()) -> str:
+    """A digest of the files the build sends (names, contents, run bits): a new one is a new image.
+    Each file is hashed as it is read, a block at a time."""
     digest = hashlib.sha256()
-    for path in context_files(context):
+    for path in context_files(context, extra):
         mode = b"x" if path.stat().st_mode & 0o111 else b"-"
         digest.update(str(path.relative_to(context)).encode() + b"\0" + mode)
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        with path.open("rb") as data:
+            digest.update(hashlib.file_digest(data, "sha256").digest())
     return "sha256:" + digest.hexdigest()
 
 
-def write_context(context: Path, out: BinaryIO) -> None:
-    """The context as `docker build -` reads it: a tar with fixed owners and times, written as it is
-    made (the head reads it from ssh's stdin; nothing lands on either machine's disk)."""
+def write_context(context: Path, out: BinaryIO, extra: Iterable[str] = ()) -> None:
+    """The context as `docker build -` reads it: a tar with fixed owners and times, written file by
+    file as it is made (the head reads it from ssh's stdin; nothing lands on either machine's disk)."""
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for path in context_files(context):
+        for path in context_files(context, extra):
             info = tarfile.TarInfo(path.relative_to(context).as_posix())
             info.size = path.stat().st_size
             info.mode = 0o755 if path.stat().st_mode & 0o111 else 0o644

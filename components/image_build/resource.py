@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +10,7 @@ import pulumi
 import pulumi.dynamic as dynamic
 
 from components.image_build.plan import OUTPUT_KEYS
-from components.image_build.programs import context_digest
+from components.image_build.programs import context_digest as digest_of
 from components.image_build.provider import ImageBuildProvider
 
 
@@ -18,6 +18,8 @@ class ImageBuild(dynamic.Resource, module="qwen35", name="ImageBuild"):
     """`ref` built on the head's Docker from `context` (this machine's folder), never pushed.
 
     `content_addressed`: the tag is a hash of every input (a tag already there is that image).
+    `context_rules`: `.dockerignore` rules after the context's own (what the build sends and hashes);
+    `context_digest`: their digest when the caller made it already.
     `sources`: the build args that name images the build follows (the base, the donor): their IDs on
     the head are recorded and read back, so one rebuilt under its reference builds this again."""
 
@@ -38,13 +40,16 @@ class ImageBuild(dynamic.Resource, module="qwen35", name="ImageBuild"):
         network: str | None = None,
         content_addressed: bool = True,
         sources: tuple[str, ...] = (),
+        context_rules: Sequence[str] = (),
+        context_digest: str | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
             "node": dict(node),
             "ref": ref,
             "context": str(Path(context).resolve()),
-            "context_digest": context_digest(Path(context)),
+            "context_digest": context_digest or digest_of(Path(context), context_rules),
+            "context_rules": list(context_rules),
             "dockerfile": dockerfile,
             "platform": platform,
             "build_args": dict(build_args),

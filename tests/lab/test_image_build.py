@@ -15,7 +15,15 @@ from pulumi.dynamic import CreateResult
 import lab
 from components.config import ImageConfig
 from components.image_build import BUILD_TAG_PREFIX, ImageBuildError, ImageBuildProvider, context_digest
-from components.image_build.component import BuiltImage, BuiltImageArgs, build_args, content_tag, dockerfile
+from components.image_build.component import (
+    SOURCE_ARGS,
+    BuiltImage,
+    BuiltImageArgs,
+    build_args,
+    content_tag,
+    context_rules,
+    dockerfile,
+)
 from lab.images import busybox_image, image_id
 from tests.lab.test_hybrid_build import lab_context, lab_image_config, standins
 from tests.support.program import registered_by
@@ -44,7 +52,9 @@ def props_for(node: lab.LabNode, cfg: ImageConfig, context: Path, **extra_args: 
         "node": {**lab.node_config(node), "name": node.name},
         "ref": f"{REPO}:{content_tag(context, args, cfg.platform)}",
         "context": str(context),
-        "context_digest": context_digest(context),
+        "context_digest": context_digest(context, context_rules(args)),
+        "context_rules": context_rules(args),
+        "sources": list(SOURCE_ARGS),
         "dockerfile": dockerfile(cfg),
         "platform": cfg.platform,
         "build_args": args,
@@ -52,6 +62,8 @@ def props_for(node: lab.LabNode, cfg: ImageConfig, context: Path, **extra_args: 
         "content_addressed": True,
         "image_id": None,
         "observed_image_id": None,
+        "source_ids": None,
+        "observed_source_ids": None,
         "built": None,
         "seconds": None,
     }

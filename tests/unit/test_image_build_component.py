@@ -8,13 +8,16 @@ import pulumi
 import pytest
 
 from components.config import ImageConfig, parse_stack_config
-from components.image_build import context_digest
+from components.image_build import context_digest, context_files
 from components.image_build.component import (
     PATCH_DIR,
+    WHEELS_IN_IMAGE,
     BuiltImage,
     BuiltImageArgs,
     build_args,
+    check_wheels,
     content_tag,
+    context_rules,
     dockerfile,
 )
 from tests.support.program import RecordingMocks, dev_raw
@@ -71,6 +74,33 @@ def test_tag_ignores_where_the_checkout_lives(context, tmp_path_factory):
     assert content_tag(other, args, "linux/arm64") == content_tag(context, args, "linux/arm64")
 
 
+def test_stray_wheels_change_nothing_unless_the_pip_flags_install_from_them(context):
+    (context / ".dockerignore").write_text((PATCH_DIR / ".dockerignore").read_text())
+    (context / "wheels").mkdir()
+    plain = build_args(ImageConfig(strategy="hybrid"))
+    flags = ["--no-index", "--find-links", WHEELS_IN_IMAGE]
+    offline = build_args(ImageConfig(strategy="hybrid", pip_args=flags))
+    assert context_rules(plain) == [] and context_rules(offline) == ["!wheels"]
+    # No wheel yet where the flags install from: said before anything is built.
+    with pytest.raises(
+        ValueError, match=r"image.pip_args name /opt/qwen35/wheels but .*wheels holds no wheel"
+    ):
+        check_wheels(context, offline)
+    check_wheels(context, plain)
+    before = {
+        "plain": content_tag(context, plain, "linux/arm64"),
+        "offline": content_tag(context, offline, "linux/arm64"),
+    }
+    (context / "wheels" / "transformers-5.2.0-py3-none-any.whl").write_bytes(b"wheel")
+    check_wheels(context, offline)
+    # A wheel left in patches/wheels/ neither changes the tag nor reaches the image of a build that
+    # does not install from it; one that does follows it.
+    assert content_tag(context, plain, "linux/arm64") == before["plain"]
+    assert content_tag(context, offline, "linux/arm64") != before["offline"]
+    # patches/ itself: its README is no build input.
+    assert "README.md" not in [p.name for p in context_files(PATCH_DIR)]
+
+
 def test_build_args_from_config():
     raw = dev_raw()
     raw["image"] = {"strategy": "hybrid"}
@@ -118,6 +148,9 @@ def test_image_resource_inputs_under_mocks():
     assert image.inputs["context_digest"] == context_digest(PATCH_DIR)
     assert image.inputs["dockerfile"] == "Dockerfile"
     assert image.inputs["build_args"] == build_args(cfg)
+    # The base and donor followed by ID; no pip flags from the context's wheels: no rule added.
+    assert image.inputs["sources"] == ["BASE_IMAGE", "DONOR_IMAGE"]
+    assert image.inputs["context_rules"] == []
     # Built by the head's own Docker over SSH: the head's node dict, no docker provider.
     assert image.inputs["node"]["name"] == "spark-1" and image.inputs["node"]["known_hosts"] == "/kh"
     assert "docker" not in (image.provider or "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from components.image_build import (
     build_ref,
     context_digest,
     context_files,
+    ignore_rules,
+    ignored,
     inspect_argv,
     source_refs,
     tag_argv,
@@ -158,3 +161,63 @@ def test_the_context_digest_follows_contents_names_and_run_bits_only(context):
     (context / "proof.py").chmod(0o644)
     assert context_digest(context) != changed
     assert [p.name for p in context_files(context)] == ["Dockerfile", "proof.py", "b.txt"]
+
+
+# ---- what the build sends: .dockerignore, file by file -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rules", "path", "left_out"),
+    [
+        (["README.md"], "README.md", True),
+        (["README.md"], "sub/README.md", False),
+        (["**/README.md"], "sub/README.md", True),
+        (["**/*.pyc"], "a/b/c.pyc", True),
+        (["*.whl"], "wheels/a.whl", False),
+        (["wheels"], "wheels/a.whl", True),
+        (["/wheels/"], "wheels/deep/a.whl", True),
+        (["wheels", "!wheels"], "wheels/a.whl", False),
+        (["wheels", "!wheels/keep.whl"], "wheels/keep.whl", False),
+        (["wheels", "!wheels/keep.whl"], "wheels/other.whl", True),
+        (["!wheels", "wheels"], "wheels/a.whl", True),
+        (["proof_?.py"], "proof_1.py", True),
+        (["proof_[0-3].py"], "proof_4.py", False),
+        (["proof_[^0-3].py"], "proof_4.py", True),
+        (["# wheels", ""], "wheels/a.whl", False),
+    ],
+)
+def test_dockerignore_rules_as_docker_applies_them(tmp_path, rules, path, left_out):
+    assert ignored(path, ignore_rules(tmp_path, rules)) is left_out
+
+
+def test_the_context_s_dockerignore_leaves_files_out_of_the_stream_and_the_digest(context):
+    (context / "wheels").mkdir()
+    (context / "wheels" / "a-1-py3-none-any.whl").write_bytes(b"wheel")
+    (context / "README.md").write_text("docs")
+    everything = context_digest(context)
+    (context / ".dockerignore").write_text("README.md\nwheels\n")
+    assert [p.name for p in context_files(context)] == [".dockerignore", "Dockerfile", "proof.py", "b.txt"]
+    without = context_digest(context)
+    assert without != everything
+    # What is left out changes nothing: the tag and the image stay.
+    (context / "wheels" / "b-1-py3-none-any.whl").write_bytes(b"another")
+    assert context_digest(context) == without
+    # A rule after the file's own brings the wheels back (a build whose pip flags use them).
+    assert "a-1-py3-none-any.whl" in [p.name for p in context_files(context, ["!wheels"])]
+    out = io.BytesIO()
+    write_context(context, out, ["!wheels"])
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        assert sorted(tar.getnames()) == [
+            ".dockerignore", "Dockerfile", "proof.py", "sub/b.txt",
+            "wheels/a-1-py3-none-any.whl", "wheels/b-1-py3-none-any.whl",
+        ]  # fmt: skip
+
+
+def test_the_digest_reads_each_file_a_block_at_a_time(context, monkeypatch):
+    expected = context_digest(context)
+
+    def whole(_path):
+        raise AssertionError("a context file was read whole into memory")
+
+    monkeypatch.setattr(Path, "read_bytes", whole)
+    assert context_digest(context) == expected
