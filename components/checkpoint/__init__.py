@@ -10,7 +10,8 @@ The same parts as every node resource:
   inventory, what the Hub says a branch points at), `release` (remove), and the outputs state keeps;
 - `errors.py`: `CheckpointError`;
 - `provider.py`: `CheckpointProvider` (stacks pickle it by reference as
-  `components.checkpoint.provider.CheckpointProvider`);
+  `components.checkpoint.CheckpointProvider`; those made before as
+  `components.checkpoint.provider.CheckpointProvider`, which still imports);
 - `resource.py`: the `Checkpoint` dynamic resource (type `qwen35:Checkpoint`);
 - `fan_out.py`: one Checkpoint per node along `fan_out_tree`'s tree.
 """

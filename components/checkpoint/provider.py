@@ -1,8 +1,10 @@
 """The Checkpoint dynamic provider: create/read/update/delete carry out `execute`; diff and check
 never touch a node (`plan.plan_change` compares inputs with recorded state).
 
-Keep `CheckpointProvider` importable as `components.checkpoint.provider.CheckpointProvider`, with no
-import-time side effects: stacks pickle it by reference to that path.
+Keep `CheckpointProvider` importable as `components.checkpoint.CheckpointProvider` (where stacks now
+pickle it by reference, as every provider is pickled: to its package) and as
+`components.checkpoint.provider.CheckpointProvider` (where stacks made before pickled it), with no
+import-time side effects.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from components.errors import ExplainedErrors
 class CheckpointProvider(ExplainedErrors, dynamic.ResourceProvider):
     """CRUD for Checkpoint; every method but diff/check talks to nodes over SSH."""
 
-    # Stacks pickled this class by reference as `components.checkpoint.provider.CheckpointProvider`:
-    # keep that its path whatever file it lives in.
-    __module__ = "components.checkpoint.provider"
+    # Stacks pickle this class by reference as `components.checkpoint.CheckpointProvider`: keep that
+    # its path whatever file it lives in (and this file's name, which older stacks' pickles hold).
+    __module__ = "components.checkpoint"
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
         failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]

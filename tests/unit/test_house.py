@@ -143,6 +143,30 @@ def test_each_provider_pins_its_module_to_a_path_it_imports_from(name):
         )
 
 
+# Where stacks made before the one rule below pickled a provider: each must still import, as the class.
+EARLIER_PICKLE_PATHS = {"components.checkpoint.provider": "CheckpointProvider"}
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_every_provider_is_pickled_by_reference_to_its_package(name):
+    module = importlib.import_module(f"components.{name}.provider")
+    for cls in vars(module).values():
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, dynamic.ResourceProvider)
+            and cls.__module__ != "pulumi.dynamic.dynamic"
+        ):
+            assert cls.__module__ == f"components.{name}", (
+                f"{cls.__name__} pins {cls.__module__}: every provider pins its package, components.{name}"
+            )
+
+
+@pytest.mark.parametrize(("module", "name"), EARLIER_PICKLE_PATHS.items())
+def test_what_earlier_stacks_pickled_still_imports_as_the_class(module, name):
+    cls = getattr(importlib.import_module(module), name)
+    assert cls is resolve(cls.__module__, cls.__qualname__)
+
+
 def providers() -> list[type]:
     """Every dynamic provider class the program defines (its packages imported first)."""
     importlib.import_module("components.deployment")
