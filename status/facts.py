@@ -34,6 +34,7 @@ from components.layout import fabric_check_inputs, health_output, node_container
 from components.node_programs import program_argv, readiness
 from components.node_programs.wire import PROBE_API_KEY_ENV, PROGRESS_DIR
 from components.nodes import node_access
+from components.provider_kit.reports import read_report
 from components.ray_cluster import head_container_name
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTransport, stderr_tail
 from components.vllm_server import vllm_container_name
@@ -143,9 +144,8 @@ def ask_node(transport: SshTransport, request: dict[str, Any], timeout: float) -
     if not result.ok:
         why = stderr_tail(result.stderr, 3) or f"exit {result.returncode}"
         return {"reachable": True, "error": f"the status program failed on the node: {why}"}
-    try:
-        report = json.loads(result.text.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    report = read_report(result)
+    if report is None:
         return {"reachable": True, "error": f"the status program printed no report: {result.text[:120]!r}"}
     return {"reachable": True, **report, "seconds": _since(started)}
 

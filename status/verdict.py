@@ -20,7 +20,7 @@ from components.config import (
     NodeConfig,
     StackConfig,
 )
-from components.fabric_check import FabricCheckError, decide, parse_report, settings
+from components.fabric_check import FabricCheckError, decide, node_facts, settings
 from components.fabric_check.plan import Decision, floor_warning
 from components.health.containers import watchdog_container_name
 from components.layout import fabric_check_inputs, memory_inputs, node_container_names
@@ -633,7 +633,7 @@ def _fabric(
             continue
         props = {**fabric_check_inputs(config, node, {"name": node.name}), "reference": reference}
         try:
-            decision = decide(settings(props), parse_report(node.name, fabric["report"]))
+            decision = decide(settings(props), node_facts(node.name, fabric["report"]))
         except FabricCheckError as exc:
             cells[node.name]["fabric"] = "unknown"
             what, _, step = str(exc).removeprefix(f"{node.name}: ").partition("\n  next: ")

@@ -19,7 +19,7 @@ from typing import Any
 from components import transfer
 from components.checkpoint import programs
 from components.checkpoint.errors import CheckpointError
-from components.checkpoint.facts import RECEIVE_EXITS, parse_report, program_report
+from components.checkpoint.facts import RECEIVE_EXITS, program_report
 from components.checkpoint.plan import (
     OUTPUT_KEYS,
     Manifest,
@@ -31,6 +31,7 @@ from components.checkpoint.plan import (
 from components.node_programs.wire import PROGRESS_MARKER
 from components.nodes import transport_to
 from components.provider_kit.progress import tell_operator, transfer_line
+from components.provider_kit.reports import last_json_object
 from components.remote import SSH_TRANSPORT_FAILURE, RemoteError, SshTransport, require_ssh, ssh_argv
 
 FETCH_DEADLINE_S = 6 * 3600.0  # 126 GB at ~10 MB/s is 3.5 h
@@ -42,7 +43,7 @@ def node_transport(raw: Mapping[str, Any]) -> SshTransport:
     return transport_to("Checkpoint node", raw, CheckpointError)
 
 
-def run_program(
+def checkpoint_program(
     transport: SshTransport, argv: list[str], what: str, stdin: bytes | None = None, timeout: float = 600
 ) -> tuple[int, dict[str, Any]]:
     """Run a node program; its exit status and JSON report, or an error naming the node."""
@@ -64,7 +65,7 @@ def inventory(props: Mapping[str, Any], manifest: Manifest | None, full: bool) -
         manifest.as_state() if manifest else None,
         full,
     )
-    status, report = run_program(transport, argv, "checkpoint inventory")
+    status, report = checkpoint_program(transport, argv, "checkpoint inventory")
     if status != 0:
         raise CheckpointError(f"{transport.name}: checkpoint inventory failed: {report.get('error')}")
     return report
@@ -79,7 +80,7 @@ def upstream_revision(props: Mapping[str, Any]) -> str | None:
         return requested
     try:
         token = props.get("hf_token") or ""
-        status, report = run_program(
+        status, report = checkpoint_program(
             node_transport(props["node"]),
             programs.head_fetch_argv(props, None, resolve_only=True),
             "the Hub look-up",
@@ -116,7 +117,7 @@ def fetch_on_head(props: Mapping[str, Any], owner: tuple[int, int] | None) -> st
         say=say,
         stdin=(token + "\n").encode(),
     )
-    report = parse_report(outcome.stdout)
+    report = last_json_object(outcome.stdout)
     if report is None or outcome.killed:
         lines = [line for line in outcome.stderr.splitlines() if not line.startswith(PROGRESS_MARKER)]
         why = outcome.killed or (
@@ -322,7 +323,7 @@ def release(props: Mapping[str, Any]) -> None:
     argv = programs.remove_argv(
         props.get("python") or "python3", props["cache_dir"], props["repo"], props["revision"]
     )
-    status, report = run_program(transport, argv, "checkpoint removal")
+    status, report = checkpoint_program(transport, argv, "checkpoint removal")
     if status != 0:
         raise CheckpointError(
             f"{transport.name}: removing {props['repo']}@{props['revision']}: {report.get('error')}"

@@ -11,7 +11,7 @@ from typing import Any
 
 from components.checkpoint.errors import CheckpointError
 from components.node_programs import hf_checkpoint
-from components.provider_kit.reports import last_json_object
+from components.provider_kit.reports import read_report
 from components.remote import SSH_TRANSPORT_FAILURE, Result, stderr_tail
 
 # What a receive's exit status means (declared once, in the node program).
@@ -23,15 +23,10 @@ RECEIVE_EXITS = {
 }
 
 
-def parse_report(text: str) -> dict[str, Any] | None:
-    """The program's JSON report: the last line of its stdout that parses as an object."""
-    return last_json_object(text)
-
-
 def program_report(node: str, what: str, done: Result) -> tuple[int, dict[str, Any]]:
     """A node program's exit status and JSON report; CheckpointError naming the node when SSH could
     not reach it or the program gave no report."""
-    report = parse_report(done.text)
+    report = read_report(done)
     if done.returncode == SSH_TRANSPORT_FAILURE and report is None:
         raise CheckpointError(
             f"{node}: could not be reached over SSH for {what} (exit 255):\n"

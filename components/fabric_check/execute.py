@@ -11,7 +11,7 @@ from typing import Any
 import pulumi
 
 from components.fabric_check.errors import FabricCheckError
-from components.fabric_check.facts import NodeFacts, parse_report, parse_stdout
+from components.fabric_check.facts import NodeFacts, node_facts
 from components.fabric_check.plan import Decision, Probe, decide, probe_verdict, refusal, settings, with_probe
 from components.fabric_check.programs import (
     EXIT_HINTS,
@@ -21,6 +21,7 @@ from components.fabric_check.programs import (
     probe_argv,
 )
 from components.nodes import transport_to
+from components.provider_kit.reports import read_report, run_program
 from components.remote import RemoteError, Transport
 
 FACTS_TIMEOUT_S = 60
@@ -34,20 +35,15 @@ def node_transport(node: Mapping[str, Any]) -> Transport:
 def facts_report(props: Mapping[str, Any], transport: Transport | None = None) -> dict[str, Any]:
     """The facts program's report from the node (plain JSON values); RemoteError when it gave none."""
     transport = transport or node_transport(props["node"])
-    argv = facts_argv(props)
-    result = transport.run(argv, timeout=FACTS_TIMEOUT_S)
-    report = parse_stdout(result.out) if result.returncode in (0, *EXIT_HINTS) else None
-    if report is None:
-        raise RemoteError(
-            props["node"]["name"], argv, result.returncode, result.stderr,
-            EXIT_HINTS.get(result.returncode, "the node needs python3 (every node program runs on it)"),
-        )  # fmt: skip
+    _, report = run_program(
+        transport, facts_argv(props), timeout=FACTS_TIMEOUT_S, hints=EXIT_HINTS, accept=(0, *EXIT_HINTS)
+    )
     return report
 
 
 def read_facts(props: Mapping[str, Any], transport: Transport | None = None) -> NodeFacts:
     """The node's fabric facts, read on the node."""
-    return parse_report(props["node"]["name"], facts_report(props, transport))
+    return node_facts(props["node"]["name"], facts_report(props, transport))
 
 
 def _probe_end(transport: Transport, argv: list[str], into: dict[str, Any], hints: Mapping) -> None:
@@ -57,7 +53,7 @@ def _probe_end(transport: Transport, argv: list[str], into: dict[str, Any], hint
     except RemoteError as exc:  # a transport failure: no report, the verdict says unreachable
         into["report"] = {"exit": None, "hint": str(exc).splitlines()[0]}
         return
-    report = parse_stdout(result.out) or {"exit": result.returncode}
+    report = read_report(result) or {"exit": result.returncode}
     hint = hints.get(result.returncode)
     into["report"] = {**report, **({"hint": hint} if hint else {})}
 

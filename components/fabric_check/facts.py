@@ -1,7 +1,7 @@
 """A node's fabric as `node_programs/fabric_facts.py` reports it, as frozen values (pure: no I/O).
 
-`parse_stdout` finds a program's JSON report in its stdout (the facts program's and the probe's);
-`parse_report` turns the facts program's report into `NodeFacts`; `parse_nccl_log` turns NCCL's own
+The programs' reports are read by `provider_kit.reports`; `node_facts` turns the facts program's
+report into `NodeFacts`; `parse_nccl_log` turns NCCL's own
 INFO lines (NCCL_DEBUG=INFO) into `NcclFacts`: the network it used, the HCAs, GID index and socket
 interface it took. The decisions on these facts are in `plan.py`.
 """
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.fabric_check.errors import FabricCheckError
-from components.provider_kit.reports import last_json_object
 
 ROCE_V2 = "RoCE v2"
 
@@ -143,12 +142,7 @@ def _ports(device: Mapping[str, Any]) -> list[Port]:
     ]
 
 
-def parse_stdout(stdout: str) -> dict[str, Any] | None:
-    """The report: the last stdout line that is a JSON object, None when there is none."""
-    return last_json_object(stdout)
-
-
-def parse_report(node: str, report: Mapping[str, Any]) -> NodeFacts:
+def node_facts(node: str, report: Mapping[str, Any]) -> NodeFacts:
     """The facts program's report as NodeFacts; FabricCheckError when it says it could not read them."""
     if report.get("error") or "devices" not in report:
         raise FabricCheckError(

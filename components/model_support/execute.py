@@ -15,7 +15,6 @@ import pulumi
 from components.model_support import programs
 from components.model_support.errors import ModelSupportError, ServeArgsError
 from components.model_support.facts import (
-    last_json_line,
     parse_checkpoint_facts,
     parse_cluster,
     parse_proof,
@@ -51,6 +50,7 @@ from components.model_support.serve_args import ARGS_PROGRAM
 from components.model_support.serve_args import failure_message as args_failure_message
 from components.model_support.serve_args import parse_report as parse_args_report
 from components.nodes import transport_to
+from components.provider_kit.reports import read_report
 from components.remote import SshTransport
 
 # Beyond the proof's own deadline: SSH, `docker run` start-up and removal.
@@ -163,7 +163,7 @@ def _prove_argv(
     )
     node = props["node"]["name"]
     try:
-        report = parse_args_report(node, result, last_json_line(result.text))
+        report = parse_args_report(node, result, read_report(result))
     except ServeArgsError as exc:
         raise ModelSupportError(str(exc)) from None
     if report["verdict"] != "pass":

@@ -14,6 +14,7 @@ from typing import Any
 
 from components.model_support.errors import ModelSupportError
 from components.node_programs.proof_bootstrap import Exit as BootstrapExit
+from components.provider_kit.reports import read_report
 from components.remote import RemoteError, Result, stderr_tail
 
 
@@ -62,7 +63,7 @@ def image_label(props: Mapping[str, Any], report: Mapping[str, Any] | None = Non
 def parse_checkpoint_facts(node: str, snapshot_path: str, result: Result) -> dict[str, Any]:
     """The facts program's report; RemoteError when it gave none, ModelSupportError when the snapshot
     holds no weights the check can size."""
-    report = last_json_line(result.text) if result.ok else None
+    report = read_report(result) if result.ok else None
     if report is None:
         raise RemoteError(
             node, list(result.argv), result.returncode, result.stderr,
@@ -82,24 +83,10 @@ def parse_repo_digests(out: str) -> list[str]:
     return list(json.loads(out or "null") or [])
 
 
-def last_json_line(text: str) -> dict[str, Any] | None:
-    """The report: the last non-empty stdout line, when it is a JSON object."""
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
-    return None
-
-
 def parse_proof(props: Mapping[str, Any], result: Result) -> dict[str, Any]:
     """The proof's report from its container run; ModelSupportError when it gave none."""
     node = props["node"]["name"]
-    report = last_json_line(result.text)
+    report = read_report(result)
     if result.returncode in (ProofExit.PASS, ProofExit.FAILED, ProofExit.USAGE) and report is not None:
         if report.get("verdict") not in ("pass", "fail"):
             raise ModelSupportError(f"{node}: the proof's report has no verdict: {json.dumps(report)[:300]}")
@@ -129,7 +116,7 @@ def parse_proof(props: Mapping[str, Any], result: Result) -> dict[str, Any]:
 def parse_cluster(props: Mapping[str, Any], result: Result) -> dict[str, Any]:
     """The cluster proof's report from its container run (an image without python3 fails at 'ray');
     ModelSupportError when it gave none."""
-    report = last_json_line(result.text)
+    report = read_report(result)
     if report is not None and report.get("verdict") in ("pass", "fail"):
         return report
     if result.returncode in (126, 127):

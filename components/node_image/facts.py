@@ -11,6 +11,7 @@ from components.node_image.inputs import Node
 from components.node_programs.wire import INFO_FORMAT as INFO_FORMAT  # (re-exported)
 from components.node_programs.wire import INSPECT_FORMAT as INSPECT_FORMAT  # (re-exported)
 from components.node_programs.wire import image_store
+from components.provider_kit.reports import last_json_object
 
 # `docker info`'s line (INFO_FORMAT): the store's kind, Docker's root, version and storage driver.
 # One image per line (INSPECT_FORMAT): its ID, its layer list, its size.
@@ -93,8 +94,10 @@ def parse_blobs(text: str) -> frozenset[str]:
 
 
 def parse_facts(node: Node, ref: str, text: str, history: bool, inventory: bool, python: bool) -> Facts:
-    """The Facts in `docker_facts`' report."""
-    report = json.loads(text.strip().splitlines()[-1])
+    """The Facts in `docker_facts`' report (ValueError when it printed none)."""
+    report = last_json_object(text)
+    if report is None:
+        raise ValueError(f"docker_facts printed no report: {text.strip()[-200:]!r}")
     found = parse_images(report.get("image") or "")
     facts = Facts(node, ref, parse_daemon(report["info"]), found[0] if found else None)
     facts.history = report.get("history") or ""
@@ -108,15 +111,9 @@ def parse_facts(node: Node, ref: str, text: str, history: bool, inventory: bool,
 
 def facts_stderr(stdout: str, stderr: str) -> str:
     """What went wrong in a failed `docker_facts`: the stderr its report carries, else the session's."""
-    try:
-        return str(json.loads(stdout.strip().splitlines()[-1]).get("stderr") or stderr)
-    except (ValueError, IndexError, AttributeError):
-        return stderr
+    return str((last_json_object(stdout) or {}).get("stderr") or stderr)
 
 
 def parse_tag_report(stdout: str) -> dict:
     """`image_tag`'s report (its last stdout line); {} when there is none."""
-    try:
-        return json.loads(stdout.splitlines()[-1]) if stdout else {}
-    except ValueError:
-        return {}
+    return last_json_object(stdout) or {}

@@ -23,7 +23,7 @@ pickle it by reference to this module.
 
 from components.readiness_gate.errors import GateFailed
 from components.readiness_gate.execute import TRANSPORT_SLACK_S, ensure, observe
-from components.readiness_gate.facts import parse_report
+from components.readiness_gate.facts import probe_report
 from components.readiness_gate.plan import (
     PROBE_KEYS,
     REFRESH_DEADLINE_S,
@@ -44,10 +44,10 @@ __all__ = [
     "ReadinessGateProvider",
     "ensure",
     "observe",
-    "parse_report",
     "plan_change",
     "probe_argv",
     "probe_program",
+    "probe_report",
     "probes_again",
     "rollback_hint",
 ]

@@ -12,7 +12,7 @@ from components.node_programs.wire import PROBE_PROGRESS_PREFIX
 from components.nodes import checked_target
 from components.provider_kit.progress import tell_operator
 from components.readiness_gate.errors import GateFailed
-from components.readiness_gate.facts import parse_report
+from components.readiness_gate.facts import probe_report
 from components.readiness_gate.plan import failure_hint, refresh_deadline
 from components.readiness_gate.programs import EXIT_HINTS, probe_argv, probe_program
 from components.remote import RemoteError, lines_marked, require_ssh, run_relaying, ssh_argv
@@ -45,7 +45,7 @@ def _probe(
         ),
     )
     if result.ok:
-        return parse_report(result.text)
+        return probe_report(result, target.label)
     # The probe's own message (stage, last error, 30 log lines) is the useful part: keep all of it.
     hint = failure_hint(EXIT_HINTS.get(result.returncode, ""), previous, props.get("deployed"))
     raise GateFailed(props["node"]["name"], argv, result.returncode, result.stderr, hint)

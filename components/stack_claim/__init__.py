@@ -22,7 +22,7 @@ pickle it by reference to this module.
 
 from components.stack_claim.errors import ClaimRefused
 from components.stack_claim.execute import SSH_TIMEOUT_S, ensure, observe, release
-from components.stack_claim.facts import held_as_claimed, parse_report
+from components.stack_claim.facts import claim_report, held_as_claimed
 from components.stack_claim.plan import (
     CLAIM_KEYS,
     RAY_CLIENT_SERVER_PORT,
@@ -45,12 +45,12 @@ __all__ = [
     "StackClaimProvider",
     "claim_argv",
     "claim_spec",
+    "claim_report",
     "claimed_ports",
     "ensure",
     "health_ports",
     "held_as_claimed",
     "observe",
-    "parse_report",
     "plan_change",
     "probe_ports",
     "refusal",

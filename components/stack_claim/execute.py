@@ -10,7 +10,7 @@ from components.node_programs.stack_claim import Exit as ClaimExit
 from components.nodes import transport_to
 from components.remote import with_retries
 from components.stack_claim.errors import ClaimRefused
-from components.stack_claim.facts import held_as_claimed, parse_report
+from components.stack_claim.facts import claim_report, held_as_claimed
 from components.stack_claim.plan import refusal
 from components.stack_claim.programs import claim_argv
 
@@ -24,7 +24,7 @@ def _run(props: Mapping[str, Any], mode: str) -> tuple[int, dict[str, Any]]:
     result = with_retries(lambda: transport.run(argv, timeout=SSH_TIMEOUT_S), deadline_s=20.0)
     if result.returncode not in (ClaimExit.OK, ClaimExit.CLAIMED):
         result.check(f"check that {transport.target.label} is reachable over SSH (`make status`)")
-    return result.returncode, parse_report(result.text)
+    return result.returncode, claim_report(result)
 
 
 def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:

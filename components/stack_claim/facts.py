@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from components.provider_kit.reports import read_report
+from components.remote import Result
 
-def parse_report(stdout: str) -> dict[str, Any]:
-    """The program's report: the last line of its stdout (a JSON object), empty when it printed none."""
-    lines = stdout.strip().splitlines()
-    return json.loads(lines[-1]) if lines else {}
+
+def claim_report(result: Result) -> dict[str, Any]:
+    """The claim program's report (provider_kit.reports), empty when it printed none."""
+    return read_report(result) or {}
 
 
 def held_as_claimed(report: Mapping[str, Any], props: Mapping[str, Any]) -> bool:

@@ -7,7 +7,6 @@ bytes sent, a stage's own JSON report, the consumer's JSON report, and the failu
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from components.config import CopyConfig
 from components.node_programs import program_argv
 from components.node_programs.wire import PROGRESS_MARKER
+from components.provider_kit.reports import last_json_object
 from components.remote import SSH_TRANSPORT_FAILURE, ssh_argv
 from components.transfer.endpoints import Endpoint
 from components.transfer.peer import Peer, peer_unreachable
@@ -89,12 +89,7 @@ def interpret(
     outcome: Watched, source: Endpoint, destination: Endpoint, peer: Peer | None, transfer: Transfer
 ) -> TransferResult:
     """The program's report and the session's exit status as a TransferResult (pure)."""
-    report = None
-    for line in reversed(outcome.stdout.splitlines()):
-        if line.strip().startswith("{"):
-            with contextlib.suppress(ValueError):
-                report = json.loads(line)
-            break
+    report = last_json_object(outcome.stdout)
     other = [
         line for line in outcome.stderr.splitlines() if line.strip() and not line.startswith(PROGRESS_MARKER)
     ]

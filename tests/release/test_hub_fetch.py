@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from components.checkpoint import facts, programs
+from components.checkpoint import programs
 from components.node_programs import hf_checkpoint
+from components.provider_kit.reports import last_json_object
 from lab.standin_hub import StandinHub
 from tests.support.hub_fixture import hub_fixture
 
@@ -53,7 +54,7 @@ def fetch(python: Path, cache: Path, hub: StandinHub, token: str = "", **args) -
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(cache / "hf-home")}
     env.pop("HF_TOKEN", None)
     done = subprocess.run(argv, input=f"{token}\n", capture_output=True, text=True, env=env, timeout=300)
-    report = facts.parse_report(done.stdout)
+    report = last_json_object(done.stdout)
     assert report is not None, f"no report (exit {done.returncode}):\n{done.stderr[-2000:]}"
     if token:
         assert token not in done.stdout + done.stderr, "the token was printed"

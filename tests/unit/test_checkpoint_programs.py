@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from components.checkpoint import facts, programs
+from components.checkpoint import programs
 from components.checkpoint.plan import Manifest, manifest_from_inventory, plan_copy
 from components.node_programs import hf_checkpoint, hub_fetch
+from components.provider_kit.reports import last_json_object
 from lab.standin_hub import StandinHub, generate_repo, load_repo
 from tests.support.hub_fixture import hub_fixture
 
@@ -33,7 +34,7 @@ def fetch(cache: Path, hub: StandinHub, revision: str = "main", token: str = "",
         sys.executable, str(cache), repo, revision, [], [], str(cache / "progress.json")
     )
     done = run(argv, stdin=(token + "\n").encode(), env={"HF_ENDPOINT": hub.endpoint})
-    return done, facts.parse_report(done.stdout.decode())
+    return done, last_json_object(done.stdout.decode())
 
 
 hub = hub_fixture(REPO, shards=3, shard_bytes=3 << 20)
@@ -72,7 +73,7 @@ def copy(source: Path, destination: Path, manifest: Manifest, blobs, cut_at: int
         None,
     )
     done = run(receive, stdin=sent)
-    return done, facts.parse_report(done.stdout.decode())
+    return done, last_json_object(done.stdout.decode())
 
 
 def test_fetch_writes_the_standard_cache_layout(hub, fetched):
@@ -142,7 +143,7 @@ def test_a_hub_that_does_not_answer_is_a_network_error_not_a_traceback(tmp_path)
         port = probe.getsockname()[1]
     argv = programs.fetch_argv(sys.executable, str(tmp_path), REPO, "main", [], [], None)
     done = run(argv, stdin=b"\n", env={"HF_ENDPOINT": f"http://127.0.0.1:{port}"})
-    report = facts.parse_report(done.stdout.decode())
+    report = last_json_object(done.stdout.decode())
     assert done.returncode == hub_fetch.Exit.FETCH and report["kind"] == "network", done.stderr[-2000:]
     assert f"the Hub at http://127.0.0.1:{port} did not answer" in report["error"]
     assert REPO in report["error"] and "run pulumi up again" in report["error"]

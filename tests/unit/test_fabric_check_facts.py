@@ -11,17 +11,18 @@ import sys
 
 import pytest
 
-from components.fabric_check import facts_argv, parse_report, parse_stdout
+from components.fabric_check import facts_argv, node_facts
 from components.fabric_check.errors import FabricCheckError
 from components.node_programs import fabric_facts
 from components.node_programs.fabric_facts import Exit
+from components.provider_kit.reports import last_json_object
 from tests.support.fabric_trees import DOWN, ROCE_V2, PortSpec, ipv4_gid, spark_tree, write_tree
 
 
 def run_facts(root, socket="enp1s0f0np0") -> tuple[int, dict | None]:
     props = {"sysfs_root": str(root), "socket_ifname": socket}
     proc = subprocess.run(facts_argv(props, sys.executable), capture_output=True, text=True, timeout=60)
-    return proc.returncode, parse_stdout(proc.stdout)
+    return proc.returncode, last_json_object(proc.stdout)
 
 
 def test_a_spark_tree_read_through_its_symlinks(tmp_path):
@@ -36,7 +37,7 @@ def test_a_spark_tree_read_through_its_symlinks(tmp_path):
     assert (root / "class/infiniband/rocep1s0f0").is_symlink()
     code, report = run_facts(root)
     assert code == Exit.OK, report
-    facts = parse_report("spark-1", report)
+    facts = node_facts("spark-1", report)
     assert [p.hca for p in facts.ports] == ["roceP2p1s0f0:1", "rocep1s0f0:1", "rocep1s0f1:1"]
     port = facts.port("rocep1s0f0:1")
     assert port.active and port.link_layer == "Ethernet" and port.phys_state == "5: LinkUp"
@@ -105,7 +106,7 @@ def test_unreadable_addresses_exit_with_their_own_code_and_refuse(tmp_path):
     assert code == Exit.ADDRESSES
     assert "addresses could not be read" in report["error"]
     with pytest.raises(FabricCheckError, match="spark-1: the fabric facts could not be read"):
-        parse_report("spark-1", report)
+        node_facts("spark-1", report)
 
 
 def test_a_bad_spec_is_a_usage_error():

@@ -14,11 +14,11 @@ from components.fabric_check import (
     Settings,
     decide,
     facts_argv,
-    parse_report,
-    parse_stdout,
+    node_facts,
     plan_change,
     refusal,
 )
+from components.provider_kit.reports import last_json_object
 from tests.support.fabric_trees import (
     DOWN,
     LINK_LOCAL,
@@ -41,7 +41,7 @@ def facts_of(
     root = write_tree(tmp_path / node, spark_tree(ports, socket=socket, **kwargs))
     argv = facts_argv({"sysfs_root": str(root), "socket_ifname": ask or socket}, sys.executable)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
-    return parse_report(node, parse_stdout(proc.stdout))
+    return node_facts(node, last_json_object(proc.stdout))
 
 
 def spark1_ports(**first) -> list[PortSpec]:

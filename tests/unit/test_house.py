@@ -282,6 +282,49 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
+# Functions that read JSON line by line but no node program's report, each with why.
+NOT_REPORTS = {("components/node_image/facts.py", "parse_images"): "docker's tab-separated image lines"}
+
+
+def line_readers(paths) -> set[tuple[str, str]]:
+    """(file, function) of each function that calls both json.loads and .splitlines(): a reader of
+    a program's report off its stdout."""
+    found = set()
+    for path in paths:
+        for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            calls = set()
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    calls.add(node.func.attr)
+                    if isinstance(node.func.value, ast.Name):
+                        calls.add(f"{node.func.value.id}.{node.func.attr}")
+            if {"json.loads", "splitlines"} <= calls:
+                found.add((path.relative_to(ROOT).as_posix(), fn.name))
+    return found
+
+
+def test_one_reader_of_node_programs_reports():
+    # node_programs/ run on the nodes with the standard library only: they cannot import provider_kit.
+    paths = [
+        p for top in ("components", "status", "bench") for p in (ROOT / top).rglob("*.py")
+        if "node_programs" not in p.parts
+    ]  # fmt: skip
+    readers = line_readers(paths) - set(NOT_REPORTS)
+    assert readers == {("components/provider_kit/reports.py", "last_json_object")}, (
+        "read a node program's report with components.provider_kit.reports (read_report, "
+        f"require_report, run_program), not a parser of its own: {sorted(readers)}"
+    )
+
+
+def test_the_report_reader_check_sees_a_parser_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    own = tmp_path / "own.py"
+    own.write_text("import json\ndef parse(out):\n    return json.loads(out.strip().splitlines()[-1])\n")
+    assert line_readers([own]) == {("own.py", "parse")}
+
+
 def test_status_reads_the_layout_not_the_graph():
     """`status` needs the containers' names and the resources' inputs from config: components/layout.py
     gives them without the Pulumi graph (components/deployment.py), which declares resources."""
