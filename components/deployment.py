@@ -36,7 +36,6 @@ from components.config import (
 )
 from components.containers import ContainerSpec, NodeFabric, compile_cache_volume_name, configured_fabric
 from components.fabric_check import FabricCheck, probe_after
-from components.health import HealthSecret
 from components.health.containers import (
     agent_container_spec,
     health_config,
@@ -44,6 +43,7 @@ from components.health.containers import (
     node_need_bytes,
     watchdog_container_spec,
 )
+from components.health_secret import HealthSecret
 from components.image_build.component import BuiltImage, BuiltImageArgs, image_ref
 from components.layout import (
     FABRIC_OUTPUTS,

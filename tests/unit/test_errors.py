@@ -124,7 +124,7 @@ def test_every_dynamic_provider_explains_its_errors():
 
     import components.checkpoint
     import components.fabric_check
-    import components.health
+    import components.health_secret
     import components.image_build
     import components.model_support
     import components.node_image

@@ -9,7 +9,7 @@ import pulumi
 import pulumi.dynamic as dynamic
 import pytest
 
-from components.health import (
+from components.health_secret import (
     HealthSecret,
     HealthSecretProvider,
     SecretMissing,
@@ -91,7 +91,12 @@ def test_the_secret_output_is_registered_secret(monkeypatch):
 def test_provider_pickles_by_reference_without_state():
     provider = pickle.loads(pickle.dumps(HealthSecretProvider()))
     assert isinstance(provider, HealthSecretProvider)
-    assert b"components.health" in pickle.dumps(HealthSecretProvider())
+    assert b"components.health_secret" in pickle.dumps(HealthSecretProvider())
+    # What stacks made before the package was split pickled still loads as the class.
+    text = pickle.dumps(HealthSecretProvider(), protocol=0)
+    legacy = text.replace(b"components.health_secret\n", b"components.health\n")
+    assert legacy != text
+    assert type(pickle.loads(legacy)) is HealthSecretProvider
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ NODE_RESOURCE_FILES = (
     "resource.py",  # the Pulumi resource
     "errors.py",  # the package's errors, in one place
 )
-# HealthSecret touches no node (create draws a secret here): no facts, programs or execute.
+# HealthSecret touches no node (create draws a secret here): no facts or programs.
 SHAPES = {
     "node_image": NODE_RESOURCE_FILES,
     "checkpoint": NODE_RESOURCE_FILES,
@@ -47,7 +47,7 @@ SHAPES = {
     "image_build": NODE_RESOURCE_FILES,
     "stack_claim": NODE_RESOURCE_FILES,
     "serve_bench": NODE_RESOURCE_FILES,
-    "health": ("plan.py", "provider.py", "resource.py"),
+    "health_secret": ("plan.py", "execute.py", "provider.py", "resource.py", "errors.py"),
 }
 
 
@@ -144,7 +144,10 @@ def test_each_provider_pins_its_module_to_a_path_it_imports_from(name):
 
 
 # Where stacks made before the one rule below pickled a provider: each must still import, as the class.
-EARLIER_PICKLE_PATHS = {"components.checkpoint.provider": "CheckpointProvider"}
+EARLIER_PICKLE_PATHS = {
+    "components.checkpoint.provider": "CheckpointProvider",
+    "components.health": "HealthSecretProvider",
+}
 
 
 @pytest.mark.parametrize("name", SHAPES)

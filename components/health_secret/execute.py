@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from components.health.plan import SECRET_BYTES, SECRET_KEY, UPDATE_KEYS
+from components.health_secret.plan import SECRET_BYTES, SECRET_KEY, UPDATE_KEYS
 
 
 def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:

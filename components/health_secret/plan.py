@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from components.health.errors import SecretMissing
+from components.health_secret.errors import SecretMissing
 from components.provider_kit.change import Change
 
 # Inputs recorded in place: which stack the secret belongs to (for the state's reader).

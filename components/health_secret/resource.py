@@ -5,8 +5,8 @@ from __future__ import annotations
 import pulumi
 import pulumi.dynamic as dynamic
 
-from components.health.plan import PLACEHOLDER, SECRET_KEY
-from components.health.provider import HealthSecretProvider
+from components.health_secret.plan import PLACEHOLDER, SECRET_KEY
+from components.health_secret.provider import HealthSecretProvider
 
 
 class HealthSecret(dynamic.Resource, module="qwen35", name="HealthSecret"):

@@ -8,17 +8,18 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.health.execute import ensure, observe, release
-from components.health.plan import kept_outputs, plan_change, validate
+from components.health_secret.execute import ensure, observe, release
+from components.health_secret.plan import kept_outputs, plan_change, validate
 
 
 class HealthSecretProvider(ExplainedErrors, dynamic.ResourceProvider):
     """create: a new random secret; diff: never a replacement; update: the inputs, the same secret;
     read: the recorded state (nothing outside the state holds it); delete: nothing to remove."""
 
-    # Stacks pickle this class by reference as `components.health.HealthSecretProvider`: keep that its
-    # path whatever file it lives in.
-    __module__ = "components.health"
+    # Stacks pickle this class by reference as `components.health_secret.HealthSecretProvider`: keep
+    # that its path whatever file it lives in. Stacks made before the package was split from health/
+    # hold `components.health.HealthSecretProvider`, which components/health re-exports.
+    __module__ = "components.health_secret"
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
         failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
