@@ -224,6 +224,10 @@ def test_a_base_rebuilt_under_its_reference_is_seen_by_refresh_and_up_rebuilds(
     finally:
         # The lab's base as the other modules know it (the rebuilt one stays as the new build's parent).
         lab.docker(node, "tag", old_base, base)
+        # The image built before, untagged on every node now (the tag moved to the new build): gone,
+        # so no later module finds its layers on node-b already.
+        for each in lab_nodes.values():
+            lab.docker(each, "image", "rm", before["image_id"], check=False)
 
 
 def test_the_hybrid_stack_destroys_cleanly(first_up, hybrid, lab_nodes):

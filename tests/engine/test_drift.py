@@ -111,6 +111,9 @@ def before(lab_nodes, lab_image) -> dict[str, dict[str, set[str]]]:
         if name.startswith("qwen35-"):
             lab.docker(node_b, "rm", "-f", name)
     lab.docker(node_b, "rmi", "-f", lab_image, check=False)
+    # An untagged image an earlier module left there (one built on the lab image) would hold its
+    # layers, and the copy would have nothing to send.
+    lab.docker(node_b, "image", "prune", "--force", check=False)
     lab.busybox_image(node_b)  # the image a drift case re-points the tag to, there before the stack
     for node in lab_nodes.values():  # a compile cache an earlier stack kept (keep_on_destroy)
         lab.docker(node, "volume", "rm", "-f", COMPILE_CACHE_VOLUME, check=False)
