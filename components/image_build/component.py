@@ -22,7 +22,7 @@ from typing import Any
 import pulumi
 
 from components.config import ImageConfig, ImageStrategy
-from components.image_build.programs import context_digest
+from components.image_build.programs import WHEELS_DIR, WHEELS_IN_IMAGE, context_digest
 from components.image_build.resource import ImageBuild
 
 PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
@@ -38,11 +38,6 @@ CLUSTER_PROOFS_WITHOUT_TORCH = "ray,cluster"
 # The build args naming the images a build starts from: the build follows their IDs on the head, so
 # `vllm-node:latest` rebuilt with a new NCCL rebuilds this image at the next `up --refresh`.
 SOURCE_ARGS = ("BASE_IMAGE", "DONOR_IMAGE")
-# Wheels for a build without a package index: patches/wheels/ (ignored by git and left out of the
-# context by patches/.dockerignore) is sent, and lands at this path, only when `image.pip_args`
-# name the path; otherwise stray wheels there neither change the tag nor reach the image.
-WHEELS_DIR = "wheels"
-WHEELS_IN_IMAGE = "/opt/qwen35/wheels"
 
 
 def dockerfile(image: ImageConfig) -> str:
@@ -84,15 +79,6 @@ def context_rules(args: Mapping[str, str]) -> list[str]:
     return [f"!{WHEELS_DIR}"] if WHEELS_IN_IMAGE in args.get("PIP_ARGS", "") else []
 
 
-def check_wheels(context: Path, args: Mapping[str, str]) -> None:
-    """pip flags that install from the context's wheels need wheels there: said before any build."""
-    if context_rules(args) and not any((context / WHEELS_DIR).glob("*.whl")):
-        raise ValueError(
-            f"image.pip_args name {WHEELS_IN_IMAGE} but {context / WHEELS_DIR} holds no wheel: put the "
-            f"wheels there (`pip download -d {context / WHEELS_DIR} …`), or drop the path from image.pip_args"
-        )
-
-
 def content_tag(context: Path, args: dict[str, str], platform: str, digest: str | None = None) -> str:
     """A tag that changes exactly when a build input changes: the files the build sends (`digest`,
     their context_digest, when already made), build args, platform."""
@@ -131,7 +117,6 @@ class BuiltImage(pulumi.ComponentResource):
         super().__init__("qwen35:index:HybridImage", name, None, opts)
         cfg = args.image
         bargs = build_args(cfg)
-        check_wheels(args.context, bargs)
         # The context read once per run, a file at a time: its digest makes the tag and is the build's input.
         rules = context_rules(bargs)
         digest = context_digest(args.context, rules)

@@ -74,6 +74,13 @@ def check_context(props: Mapping[str, Any]) -> Path:
             f"{context / str(props['dockerfile'])} is not a file",
             "the build context ships with this repository (patches/): restore it, or run from the project",
         )  # fmt: skip
+    missing = programs.missing_wheels(context, props.get("context_rules") or ())
+    if missing:
+        raise ImageBuildError(
+            str(props["node"].get("name")), str(props["ref"]), "the build context", missing,
+            f"put the wheels there (`pip download -d {context / programs.WHEELS_DIR} …`), or drop "
+            f"{programs.WHEELS_IN_IMAGE} from image.pip_args; nothing was built",
+        )  # fmt: skip
     return context
 
 

@@ -14,6 +14,12 @@ from typing import Any, BinaryIO
 
 from components.image_build.facts import source_label
 
+# Wheels for a build without a package index: patches/wheels/ (ignored by git and left out of the
+# context by patches/.dockerignore) is sent, and lands at this path, only when `image.pip_args`
+# name the path (component.context_rules); otherwise stray wheels there neither change the tag nor
+# reach the image.
+WHEELS_DIR = "wheels"
+WHEELS_IN_IMAGE = "/opt/qwen35/wheels"
 # Never build inputs, whatever `.dockerignore` says.
 _IGNORED = {"__pycache__", ".pytest_cache"}
 # Docker's own file of context exclusions (its syntax: one pattern a line, `#` comments, `!` an
@@ -101,6 +107,13 @@ def context_files(context: Path, extra: Iterable[str] = ()) -> list[Path]:
         and p.suffix != ".pyc"
         and not ignored(p.relative_to(context).as_posix(), rules)
     )
+
+
+def missing_wheels(context: Path, extra: Iterable[str] = ()) -> str | None:
+    """Why a build whose rules send the wheels folder cannot install from it (None: it can)."""
+    if f"!{WHEELS_DIR}" in list(extra) and not any((context / WHEELS_DIR).glob("*.whl")):
+        return f"image.pip_args name {WHEELS_IN_IMAGE} but {context / WHEELS_DIR} holds no wheel"
+    return None
 
 
 def context_digest(context: Path, extra: Iterable[str] = ()) -> str:

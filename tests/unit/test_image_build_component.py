@@ -11,15 +11,14 @@ from components.config import ImageConfig, parse_stack_config
 from components.image_build import context_digest, context_files
 from components.image_build.component import (
     PATCH_DIR,
-    WHEELS_IN_IMAGE,
     BuiltImage,
     BuiltImageArgs,
     build_args,
-    check_wheels,
     content_tag,
     context_rules,
     dockerfile,
 )
+from components.image_build.programs import WHEELS_IN_IMAGE, missing_wheels
 from tests.support.program import RecordingMocks, dev_raw
 
 IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
@@ -81,18 +80,18 @@ def test_stray_wheels_change_nothing_unless_the_pip_flags_install_from_them(cont
     flags = ["--no-index", "--find-links", WHEELS_IN_IMAGE]
     offline = build_args(ImageConfig(strategy="hybrid", pip_args=flags))
     assert context_rules(plain) == [] and context_rules(offline) == ["!wheels"]
-    # No wheel yet where the flags install from: said before anything is built.
-    with pytest.raises(
-        ValueError, match=r"image.pip_args name /opt/qwen35/wheels but .*wheels holds no wheel"
-    ):
-        check_wheels(context, offline)
-    check_wheels(context, plain)
+    # No wheel yet where the flags install from: the build says so before it sends anything
+    # (test_image_build_provider.py); the program itself, and preview, need no wheel there.
+    assert missing_wheels(context, context_rules(offline)).startswith(
+        "image.pip_args name /opt/qwen35/wheels"
+    )
+    assert missing_wheels(context, context_rules(plain)) is None
     before = {
         "plain": content_tag(context, plain, "linux/arm64"),
         "offline": content_tag(context, offline, "linux/arm64"),
     }
     (context / "wheels" / "transformers-5.2.0-py3-none-any.whl").write_bytes(b"wheel")
-    check_wheels(context, offline)
+    assert missing_wheels(context, context_rules(offline)) is None
     # A wheel left in patches/wheels/ neither changes the tag nor reaches the image of a build that
     # does not install from it; one that does follows it.
     assert content_tag(context, plain, "linux/arm64") == before["plain"]

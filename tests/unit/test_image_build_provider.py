@@ -167,6 +167,15 @@ def test_up_records_the_sources_of_a_stack_made_before_they_were_followed(monkey
     assert not [argv for argv in head.ran if argv[:2] in (["docker", "build"], ["docker", "tag"])]
 
 
+def test_pip_flags_for_wheels_with_none_there_fail_before_anything_runs(monkeypatch, context):
+    head = Head({})
+    props = {**PROPS, "context": str(context), "context_rules": ["!wheels"]}
+    with pytest.raises(ImageBuildError, match="holds no wheel") as refused:
+        execute.build(head, props)
+    assert "drop /opt/qwen35/wheels from image.pip_args" in str(refused.value)
+    assert head.ran == []
+
+
 def test_a_missing_context_fails_before_anything_runs(monkeypatch, tmp_path):
     head = Head({})
     with pytest.raises(ImageBuildError, match="failed at the build context"):
