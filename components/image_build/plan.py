@@ -61,16 +61,7 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     if known(props.get("network")) and props.get("network"):
         problems += _problem("network", props.get("network"), NETWORK, "a Docker network name")
     problems += _sources_problems(props.get("sources"), props.get("build_args"))
-    rules = props.get("context_rules")
-    if (
-        known(rules)
-        and rules is not None
-        and (
-            not isinstance(rules, list | tuple)
-            or not all(isinstance(r, str) and "\n" not in r for r in rules)
-        )
-    ):
-        problems.append(("context_rules", f"a list of one-line .dockerignore rules, not {str(rules)[:40]!r}"))
+    problems += _rules_problems(props.get("context_rules"))
     context = props.get("context")
     if known(context) and not (isinstance(context, str) and context.startswith("/")):
         problems.append(("context", f"{context!r} is not an absolute path"))
@@ -98,6 +89,14 @@ def _sources_problems(sources: Any, args: Any) -> list[tuple[str, str]]:
         for name in sources
         if name not in args
     ]
+
+
+def _rules_problems(rules: Any) -> list[tuple[str, str]]:
+    if not known(rules) or rules is None:
+        return []
+    if isinstance(rules, list | tuple) and all(isinstance(r, str) and "\n" not in r for r in rules):
+        return []
+    return [("context_rules", f"a list of one-line .dockerignore rules, not {str(rules)[:40]!r}")]
 
 
 def drifted(props: Mapping[str, Any]) -> bool:

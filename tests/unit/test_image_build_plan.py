@@ -54,6 +54,8 @@ def test_valid_inputs_have_no_problems():
         ({"build_args": {"BAD-NAME": "x"}}, "build_args:"),
         ({"build_args": {"PIP_ARGS": "a\nb"}}, "build_args.PIP_ARGS:"),
         ({"build_args": ["SMOKE=1"]}, "build_args:"),
+        ({"context_rules": ["!wheels\nREADME.md"]}, "context_rules:"),
+        ({"context_rules": "!wheels"}, "context_rules:"),
     ],
 )
 def test_each_bad_input_is_named(change, field):
