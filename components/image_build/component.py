@@ -22,7 +22,7 @@ from typing import Any
 import pulumi
 
 from components.config import ImageConfig, ImageStrategy
-from components.image_build.programs import WHEELS_DIR, WHEELS_IN_IMAGE, context_digest
+from components.image_build.programs import context_digest, context_rules
 from components.image_build.resource import ImageBuild
 
 PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
@@ -71,12 +71,6 @@ def build_args(image: ImageConfig) -> dict[str, str]:
         "PROOFS": BEHAVIOUR_PROOFS if image.smoke else "",
         "SMOKE": "1" if image.smoke else "0",
     }
-
-
-def context_rules(args: Mapping[str, str]) -> list[str]:
-    """The `.dockerignore` rules this build adds to the context's own: the wheels folder back in when
-    the build's pip flags install from it."""
-    return [f"!{WHEELS_DIR}"] if WHEELS_IN_IMAGE in args.get("PIP_ARGS", "") else []
 
 
 def content_tag(context: Path, args: dict[str, str], platform: str, digest: str | None = None) -> str:

@@ -16,7 +16,7 @@ from components.image_build.facts import source_label
 
 # Wheels for a build without a package index: patches/wheels/ (ignored by git and left out of the
 # context by patches/.dockerignore) is sent, and lands at this path, only when `image.pip_args`
-# name the path (component.context_rules); otherwise stray wheels there neither change the tag nor
+# name the path (context_rules); otherwise stray wheels there neither change the tag nor
 # reach the image.
 WHEELS_DIR = "wheels"
 WHEELS_IN_IMAGE = "/opt/qwen35/wheels"
@@ -109,8 +109,15 @@ def context_files(context: Path, extra: Iterable[str] = ()) -> list[Path]:
     )
 
 
+def context_rules(args: Mapping[str, str]) -> list[str]:
+    """The `.dockerignore` rules a build adds to the context's own: the wheels folder back in when
+    its pip flags (the PIP_ARGS build arg) install from it."""
+    return [f"!{WHEELS_DIR}"] if WHEELS_IN_IMAGE in args.get("PIP_ARGS", "") else []
+
+
 def missing_wheels(context: Path, extra: Iterable[str] = ()) -> str | None:
-    """Why a build whose rules send the wheels folder cannot install from it (None: it can)."""
+    """Why a build whose rules send the wheels folder (context_rules) cannot install from it (None:
+    it can)."""
     if f"!{WHEELS_DIR}" in list(extra) and not any((context / WHEELS_DIR).glob("*.whl")):
         return f"image.pip_args name {WHEELS_IN_IMAGE} but {context / WHEELS_DIR} holds no wheel"
     return None
