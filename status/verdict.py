@@ -28,6 +28,7 @@ from components.model_support import serve_memory
 from components.model_support.memory_fit import NodeMemory, memory_fit, model_shape
 from components.mp_executor import mp_container_name, node_rank
 from components.node_programs.cold_start import summary as cold_start_summary
+from components.node_programs.gpu_memory import DROP_CACHES
 from components.node_programs.health_wire import gb
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
@@ -343,7 +344,16 @@ def _memory_held(cluster: dict, held: dict) -> list[Problem]:
     node = held.get("node") or "a node"
     message = held.get("message") or f"{node}: MemAvailable below what the memory fit needs"
     cluster["watchdog"] = f"memory held on {node}: {_figures(held)}"
-    if held.get("available_bytes") is None:  # not read at all: the node or its agent is the matter
+    rule = held.get("rule")
+    if isinstance(rule, dict):  # vLLM's start-up rule refused the node (the image's own figures)
+        if rule.get("page_cache"):
+            step = f"free {node}'s page cache: `{DROP_CACHES}` there, then `pulumi up --refresh`"
+        else:
+            step = (
+                f"find what holds {node}'s memory (`nvidia-smi`, `docker ps`) or reboot it, or lower "
+                "serve.gpu_memory_utilization; then `pulumi up --refresh`"
+            )
+    elif held.get("available_bytes") is None:  # not read at all: the node or its agent is the matter
         step = (
             f"check {node} and its health agent (`docker logs <prefix>-health-agent` there): its "
             "MemAvailable could not be read; once it answers, `pulumi up --refresh`"
@@ -355,6 +365,13 @@ def _memory_held(cluster: dict, held: dict) -> list[Problem]:
 
 def _figures(held: dict) -> str:
     """`MemAvailable 61.0 GB, 70.0 GB needed` from a watchdog's `held`."""
+    rule = held.get("rule")
+    if isinstance(rule, dict) and isinstance(rule.get("free_bytes"), int):
+        counted = "as vLLM counts it" if rule.get("free_from") == "vllm" else "as CUDA reports it"
+        return (
+            f"{gb(rule['free_bytes'])} free {counted}, {gb(rule['requested_bytes'])} vLLM requests "
+            f"(gpu_memory_utilization {rule.get('utilization')})"
+        )
     available, need = held.get("available_bytes"), held.get("need_bytes")
     if not isinstance(available, int | float) or not isinstance(need, int | float):
         return str(held.get("message") or "figures unknown")

@@ -57,14 +57,19 @@ def engine_socket() -> str | None:
     return "/var/run/docker.sock"
 
 
-def call(path: str, method: str, url: str, timeout: float | None = None) -> tuple[int, bytes]:
-    """One request without a body to the engine on unix socket `path`: its status and body. No time
-    limit by default, as the CLI has none (removing an image can be slow)."""
+def call(
+    path: str, method: str, url: str, timeout: float | None = None, body: object = None
+) -> tuple[int, bytes]:
+    """One request to the engine on unix socket `path`: its status and body. `body`, when given, is
+    sent as JSON. No time limit by default, as the CLI has none (removing an image can be slow)."""
+    data = b"" if body is None else json.dumps(body).encode()
+    kind = "" if body is None else "Content-Type: application/json\r\n"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
         sock.connect(path)
-        sock.sendall(f"{method} {url} HTTP/1.0\r\nHost: docker\r\nContent-Length: 0\r\n\r\n".encode())
+        head = f"{method} {url} HTTP/1.0\r\nHost: docker\r\n{kind}Content-Length: {len(data)}\r\n\r\n"
+        sock.sendall(head.encode() + data)
         chunks, size = [], 0
         while True:
             data = sock.recv(65536)

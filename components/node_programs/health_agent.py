@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from components.node_programs import health_wire
+from components.node_programs import gpu_memory, health_wire
 
 wire = health_wire  # the short name below
 
@@ -104,6 +104,7 @@ class Agent:
         )
         self.nonces: dict[str, int] = {}  # nonce -> until when a replay of it would pass the time check
         self.lock = threading.Lock()
+        self.probing = threading.Lock()  # one memory probe at a time on this node
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
         if method == "GET" and path == wire.METRICS_PATH:
@@ -153,19 +154,32 @@ class Agent:
             since = float(since) if isinstance(since, int | float) else 0.0
             return Answer(200, wire.recent_kernel_faults(self.kernel_log, since))
         name = payload.get("name")
-        if path not in (*wire.AGENT_ACTIONS, wire.AGENT_LOGS):
+        if path not in (*wire.AGENT_ACTIONS, wire.AGENT_LOGS, wire.AGENT_MEMORY_PROBE):
             return Answer(404, {"error": f"no endpoint {path}"})
         if name not in self.s.containers:
             log(f"refused {path} of {name!r}: not one of this stack's containers on {self.s.node}")
             return Answer(403, {"error": f"{name!r} is not one of this stack's containers on {self.s.node}"})
         if path == wire.AGENT_LOGS:
             return Answer(200, {"lines": self.docker("logs", name, int(payload.get("tail") or 20))})
+        if path == wire.AGENT_MEMORY_PROBE:
+            return self._memory_probe(name)
         action = path.lstrip("/")
         with self.lock:
             self.actions += 1
             done = self.docker(action, name, self.s.stop_timeout_s.get(name, 30))
         log(f"{action} {name}: {'done' if done.get('ok') else done.get('error')}")
         return Answer(200 if done.get("ok") else 502, done)
+
+    def _memory_probe(self, name: str) -> Answer:
+        """vLLM's start-up figures from the image of `name`, in a short-lived container beside it."""
+        if not self.probing.acquire(blocking=False):
+            return Answer(409, {"error": f"a memory probe already runs on {self.s.node}"})
+        try:
+            done = self.docker("memory_probe", name)
+        finally:
+            self.probing.release()
+        log(f"memory probe beside {name}: {done.get('error') or done.get('report')}")
+        return Answer(200, done)
 
     def _running(self) -> list[str]:
         """This node's stack containers that run, in stop order (the reverse of the start order)."""
@@ -202,6 +216,8 @@ def docker_on(socket_path: str) -> Callable[..., Any]:
             return wire.inspect(socket_path, name)
         if what == "logs":
             return wire.logs(socket_path, name, args[0])
+        if what == "memory_probe":
+            return gpu_memory.run_probe(socket_path, name)
         return wire.act(socket_path, what, name, args[0], CALL_TIMEOUT_S + args[0])
 
     return docker

@@ -75,6 +75,8 @@ AGENT_START = "/start"
 AGENT_RESTART = "/restart"
 AGENT_LOGS = "/logs"  # {"name", "tail"} -> {"lines": [...]}
 AGENT_KERNEL = "/kernel"  # {} -> {"faults": [...], "error": str | None}: the kernel's OOM kills and Xids
+# {"name"} -> gpu_memory.run_probe beside that container: {"report", "error", "took_s"}
+AGENT_MEMORY_PROBE = "/memory_probe"
 AGENT_ACTIONS = (AGENT_STOP, AGENT_START, AGENT_RESTART)
 TIME_HEADER = "X-Qwen35-Time"
 NONCE_HEADER = "X-Qwen35-Nonce"

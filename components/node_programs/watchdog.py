@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.node_programs import cold_start, health_wire
+from components.node_programs import cold_start, gpu_memory, health_wire
 
 wire = health_wire  # the short name below
 
@@ -57,6 +57,7 @@ CALL_TIMEOUT_S = 10.0  # any one call to an agent, the daemon or Ray (the stop's
 # 10-second stats lines come after).
 START_LOG_LINES = 20000
 RESTART_KEEP = 50  # restarts kept in /state's history (the window's count is what the budget reads)
+RULE_RETRY_S = 15.0  # a node vLLM's start-up rule refused is probed again after this, within the wait
 
 
 def log(message: str) -> None:
@@ -113,6 +114,8 @@ class Settings:
     stall_s: float = 300.0
     memory_floor_bytes: int | None = None  # the memory guard's floor (None: off)
     memory_floor_s: float = 5.0
+    # serve.gpu_memory_utilization: vLLM's start-up rule is checked before a restart (None: not)
+    gpu_memory_utilization: float | None = None
 
     @staticmethod
     def from_json(text: str) -> Settings:
@@ -151,6 +154,7 @@ class Settings:
             stall_s=float(raw.get("stall_s", 300)),
             memory_floor_bytes=raw.get("memory_floor_bytes"),
             memory_floor_s=float(raw.get("memory_floor_s", 5)),
+            gpu_memory_utilization=raw.get("gpu_memory_utilization"),
         )
 
     def node(self, name: str) -> NodeSettings:
@@ -228,6 +232,10 @@ class World:
 
     def containers(self, node: str) -> list[dict]:
         raise NotImplementedError
+
+    def memory_probe(self, node: str) -> dict:
+        """`gpu_memory.run_probe` on `node` beside its first stack container: {report, error, took_s}."""
+        return {"report": None, "error": "no memory probe in this world"}
 
     def stop(self, target: Target) -> dict:
         raise NotImplementedError
@@ -323,6 +331,9 @@ class Watchdog:
         self.step_deadline = 0.0
         self.pending: list[Target] = []  # what a memory wait starts, in order
         self.memory_nodes: list[str] = []
+        self.rules: dict[str, dict] = {}  # vLLM's start-up rule per node, as last probed
+        self.rule_passed: set[str] = set()  # nodes this memory wait's probe passed (or could not judge)
+        self.rule_next: dict[str, float] = {}  # when a refused node is probed again, in this wait
         self.reason = ""
         self.failures = 0  # failed /health probes in a row
         self.completion_failures = 0  # failed completions in a row: a passing /health does not clear them
@@ -701,6 +712,7 @@ class Watchdog:
             self._do("stop", target)
         self.pending, self.after = targets, step
         self.memory_nodes = [n.name for n in self.s.nodes]  # what the stop frees
+        self.rule_passed, self.rule_next = set(), {}
         self.step, self.step_deadline = wire.Step.MEMORY_WAIT, now + self.s.memory_wait_s
         self._memory_wait(now)
 
@@ -717,7 +729,8 @@ class Watchdog:
             self.mem[name] = available
             if need is not None and (available is None or available < need):
                 short.append((name, available, need, why))
-        if not short:
+        refused = [] if short else self._startup_rule(now)
+        if not short and not refused:
             for target in self.pending:
                 self._do("start", target)
             self.completion_failures, self.stall_since, self.progress = 0, None, None
@@ -726,19 +739,66 @@ class Watchdog:
             self.next_step = f"{self.after.value}: waiting up to {self.s.ready_s:g} s for ready"
             self.pending = []
             return
-        name, available, need, why = short[0]
         if now < self.step_deadline:
-            self.next_step = f"waiting for memory on {', '.join(s[0] for s in short)} before the restart"
+            names = ", ".join(item[0] for item in short or refused)
+            rule = "" if short else " (vLLM's start-up rule)"
+            self.next_step = f"waiting for memory on {names} before the restart{rule}"
             return
-        message = (
-            wire.held_message(name, available, need)
-            if available is not None
-            else f"{name}: MemAvailable unknown ({why}), {wire.gb(need)} needed: check the node"
-        )
+        if short:
+            name, available, need, why = short[0]
+            message = (
+                wire.held_message(name, available, need)
+                if available is not None
+                else f"{name}: MemAvailable unknown ({why}), {wire.gb(need)} needed: check the node"
+            )
+            held = {"node": name, "available_bytes": available, "need_bytes": need, "message": message}
+        else:
+            name, rule = refused[0]
+            message = gpu_memory.rule_message(name, rule)
+            held = {
+                "node": name,
+                "available_bytes": rule.get("mem_available_bytes"),
+                "need_bytes": None,
+                "rule": rule,
+                "message": message,
+            }
         log(message)
-        self.held = {"node": name, "available_bytes": available, "need_bytes": need, "message": message}
+        self.held = held
         self.step, self.pending, self.next_step = None, [], message
         self._set(wire.State.MEMORY_HELD, now)
+
+    def _startup_rule(self, now: float) -> list[tuple[str, dict]]:
+        """The nodes whose probe says vLLM would refuse to start now (`gpu_memory.startup_rule`), each
+        probed once its MemAvailable passed, and again every RULE_RETRY_S while refused. A node whose
+        probe cannot judge (no CUDA device in the image, no report) is recorded and not held."""
+        util = self.s.gpu_memory_utilization
+        refused: list[tuple[str, dict]] = []
+        for name in self.memory_nodes:
+            if util is None or name in self.rule_passed:
+                continue
+            if now < self.rule_next.get(name, 0.0):
+                refused.append((name, self.rules[name]))
+                continue
+            done = self.world.memory_probe(name)
+            rule = gpu_memory.startup_rule(done.get("report"), float(util), self.mem.get(name))
+            if done.get("error"):
+                rule = {"checked": False, "why": str(done["error"])}
+            rule.update(at=now, took_s=done.get("took_s"))
+            self.rules[name] = rule
+            if rule.get("checked") and not rule.get("ok"):
+                log(gpu_memory.rule_message(name, rule))
+                self.rule_next[name] = now + RULE_RETRY_S
+                refused.append((name, rule))
+                continue
+            if rule.get("checked"):
+                log(
+                    f"{name}: vLLM's start-up rule passes: {wire.gb1(rule['free_bytes'])} free "
+                    f"({rule['free_from']}), {wire.gb1(rule['requested_bytes'])} requested"
+                )
+            else:
+                log(f"{name}: vLLM's start-up rule not checked: {rule['why']}")
+            self.rule_passed.add(name)
+        return refused
 
     def _record_restart(self, now: float, reason: str, step: wire.Step) -> None:
         self.p.restarts.append({"at": now, "reason": reason, "step": step.value})
@@ -846,6 +906,7 @@ class Watchdog:
             "would": self.would,
             "next_step": self.next_step,
             "mem_available_bytes": dict(self.mem),
+            "memory_rule": {node: dict(rule) for node, rule in self.rules.items()},
             "last_probe": None
             if self.last_probe is None
             else {
@@ -939,6 +1000,7 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
     refusals = sorted((state.get("agent_refusals") or {}).items())
     skew = sorted((state.get("agent_clock_skew_s") or {}).items())
     trips = sorted((state.get("memory_guard_trips") or {}).items())
+    rules = sorted((node, r) for node, r in (state.get("memory_rule") or {}).items() if r.get("checked"))
     return [
         (
             "agent_refusals_total",
@@ -957,6 +1019,18 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
             "counter",
             "Times a node's memory guard stopped (report mode: would have stopped) its serving containers.",
             [(f'{{node="{node}"}}', count) for node, count in trips],
+        ),
+        (
+            "memory_rule_free_bytes",
+            "gauge",
+            "Free memory as vLLM's start-up rule counts it on the node (its image's probe, last run).",
+            [(f'{{node="{node}"}}', rule.get("free_bytes")) for node, rule in rules],
+        ),
+        (
+            "memory_rule_requested_bytes",
+            "gauge",
+            "What vLLM needs free to start there: gpu_memory_utilization × total (the same probe).",
+            [(f'{{node="{node}"}}', rule.get("requested_bytes")) for node, rule in rules],
         ),
     ]
 
@@ -1101,6 +1175,16 @@ class RealWorld(World):
         except (OSError, ValueError) as exc:
             return None, f"its agent did not answer: {exc}"
         return answer.get("available_bytes"), answer.get("error")
+
+    def memory_probe(self, node: str) -> dict:
+        template = self.s.node(node).containers[0]
+        if node not in self.agents:
+            return gpu_memory.run_probe(self.socket, template)
+        try:
+            timeout = gpu_memory.PROBE_TIMEOUT_S + CALL_TIMEOUT_S
+            return self._agent(node, wire.AGENT_MEMORY_PROBE, {"name": template}, timeout)
+        except (OSError, ValueError) as exc:
+            return {"report": None, "error": f"its agent did not answer: {exc}"}
 
     def containers(self, node: str) -> list[dict]:
         if node not in self.agents:

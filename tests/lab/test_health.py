@@ -11,6 +11,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 import lab
 from components.health.containers import watchdog_container_name
-from components.node_programs import health_wire
+from components.node_programs import gpu_memory, health_wire
 from status.verdict import _guard_trips
 from tests.lab.test_mp_standin import standin_image
 from tests.support.health_lab import (
@@ -145,6 +146,15 @@ def test_a_crashed_head_restarts_the_world_the_headless_rank_first(stack):
     assert [(r["step"], r["reason"]) for r in state["restarts"]] == [("restart_cluster", "down")], state
     status, started = stack.inspect("node-b", stack.rank)
     assert status == "running" and started != rank_before[1], "the agent did not restart the rank"
+    # Before the start, vLLM's start-up rule was asked of each node's image (issue 41 item 4): the
+    # head's by the watchdog through its socket, node-b's by its agent. The stand-in image has no
+    # torch: the probe says so, the rule is not checked, the restart went on; no probe is left.
+    rules = state["memory_rule"]
+    assert set(rules) == {"node-a", "node-b"}, rules
+    for node, rule in rules.items():
+        assert rule["checked"] is False and rule["why"].startswith("torch does not import"), (node, rule)
+        left = stack.docker(node, "ps", "-a", "--filter", "label=qwen35.memory-probe", "-q").out.strip()
+        assert left == "", f"a probe container left on {node}"
 
 
 @pytest.mark.health(max_restarts=1)
@@ -171,6 +181,36 @@ def test_a_spent_budget_stops_everything_says_why_and_survives_the_watchdog_s_re
     reset = stack.wait_state(lambda s: s["state"] == "healthy", 40, "no reset after the operator's start")
     assert reset["spent"] is None and reset["budget_left"] == 1
     assert reset["budget_resets"] and "run again" in reset["budget_resets"][-1]["why"]
+
+
+@pytest.fixture(scope="module")
+def real_vllm_image(node_a) -> str:
+    """The real-vLLM lab image on node-a (lab/vllm_cpu_image.py; loaded from its cache)."""
+    from lab.vllm_cpu_image import vllm_cpu_image
+
+    return vllm_cpu_image(node_a)[1]
+
+
+def test_the_memory_probe_asks_the_real_vllm_image_s_own_torch(node_a, real_vllm_image):
+    """vLLM's start-up rule's probe (issue 41 item 4) run for real beside a container of the lab's
+    vLLM image, with its environment: the image's own torch answers. The lab has no GPU, so it sees
+    no CUDA device and the rule is not checked (the GPU side is tests/unit/test_gpu_memory.py's).
+    The probe container is gone afterwards."""
+    template = f"qwen35-probe-template-{uuid.uuid4().hex[:8]}"
+    lab.docker(node_a, "create", "--name", template, "--entrypoint", "true", real_vllm_image)
+    try:
+        done = gpu_memory.run_probe(node_a.docker_host.removeprefix("unix://"), template, 120)
+    finally:
+        lab.docker(node_a, "rm", "-f", template)
+    assert done["error"] is None, done
+    report = done["report"]
+    # PyPI's torch for vLLM 0.32.0 is a CUDA build (cu130): on a node without a GPU it finds none.
+    assert report["torch"].startswith("2.13.0") and report["cuda"] is False, report
+    assert report["python"].startswith("3.11"), report
+    rule = gpu_memory.startup_rule(report, 0.85, 100 * GB)
+    assert rule["checked"] is False and "sees no CUDA device" in rule["why"], rule
+    left = lab.docker(node_a, "ps", "-a", "--filter", f"name={gpu_memory.probe_name(template)}", "-q")
+    assert left.out.strip() == ""
 
 
 def test_memavailable_below_the_need_blocks_the_restart(stack):

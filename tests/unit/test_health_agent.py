@@ -432,3 +432,20 @@ def test_inspect_reports_docker_s_oom_killed(monkeypatch, oom):
     found = {"Id": "abc", "RestartCount": 0, "State": {"Status": "exited", "ExitCode": 137, "OOMKilled": oom}}
     monkeypatch.setattr(engine_api, "get_json", lambda socket, url, timeout: (200, found))
     assert health_wire.inspect("/var/run/docker.sock", "qwen35-vllm")["oom_killed"] is oom
+
+
+def test_the_memory_probe_runs_beside_a_stack_container_only_and_one_at_a_time():
+    """`/memory_probe` (issue 41 item 4): the image of one of this stack's containers on this node,
+    nothing else (a probe container takes the server's GPU access); a second one while one runs: 409."""
+    agent, calls = agent_for()
+    answer = request(agent, health_wire.AGENT_MEMORY_PROBE, {"name": "someone-elses"})
+    assert answer.status == 403 and calls == []
+    answer = request(agent, health_wire.AGENT_MEMORY_PROBE, {"name": "qwen35-ray-worker"})
+    assert answer.status == 200 and calls == [("memory_probe", "qwen35-ray-worker")]
+    assert agent.probing.acquire(blocking=False)  # a probe in flight
+    try:
+        answer = request(agent, health_wire.AGENT_MEMORY_PROBE, {"name": "qwen35-ray-worker"})
+    finally:
+        agent.probing.release()
+    assert answer.status == 409 and "already runs on spark-2" in answer.body["error"]
+    assert calls == [("memory_probe", "qwen35-ray-worker")]

@@ -222,6 +222,17 @@ def test_a_request_is_one_http_1_0_exchange_and_a_dropped_one_is_a_failure(tmp_p
         engine_api.call(str(tmp_path / "none.sock"), "GET", "/info", timeout=10)
 
 
+def test_a_request_with_a_body_sends_it_as_json_with_its_length(tmp_path):
+    path = str(tmp_path / "engine.sock")
+    thread, asked = serve_once(path, b'HTTP/1.0 201 Created\r\n\r\n{"Id": "c1"}')
+    body = {"Image": "sha256:ab", "Cmd": ["print('é')"]}
+    assert engine_api.call(path, "POST", "/containers/create?name=p", 10, body) == (201, b'{"Id": "c1"}')
+    thread.join(5)
+    head, _, sent = asked[0].partition(b"\r\n\r\n")
+    assert b"Content-Type: application/json" in head.split(b"\r\n")
+    assert f"Content-Length: {len(sent)}".encode() in head.split(b"\r\n") and json.loads(sent) == body
+
+
 def test_the_lines_built_from_the_apis_answers_are_the_formats_lines():
     found = {"Id": "sha256:ab", "RootFS": {"Layers": ["sha256:1", "sha256:2"]}, "Size": 7}
     assert engine_api.image_line(found) == '"sha256:ab"\t["sha256:1","sha256:2"]\t7'
