@@ -307,6 +307,13 @@ def test_a_killed_headless_rank_is_recovered_as_a_world(real_stack, lab_nodes):
     head_id = lab.docker(lab_nodes["node-a"], "inspect", "--format", "{{.State.StartedAt}}", HEAD).out
     lab.docker(lab_nodes["node-b"], "kill", RANK1)
     found = wait_state(real_stack, lambda s: len(s["restarts"]) > len(before["restarts"]), 120, "a recovery")
+    # Before it started the world again, it asked each node's image for vLLM's start-up figures
+    # (issue 41 item 4): node-b through the deployed agent, node-a itself. The lab's torch (a CUDA
+    # build) finds no GPU: recorded, not held.
+    rules = found["memory_rule"]
+    assert set(rules) == {"node-a", "node-b"}, rules
+    for node, rule in rules.items():
+        assert rule["checked"] is False and "sees no CUDA device" in rule["why"], (node, rule)
     wait_state(real_stack, lambda s: s["state"] == "healthy", 600, "healthy after the world restart")
     completion(real_stack)
     # The world, not the rank alone: the head was restarted too.
