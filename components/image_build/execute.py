@@ -196,6 +196,7 @@ def observe(props: Mapping[str, Any]) -> dict[str, Any]:
 
 def release(props: Mapping[str, Any]) -> None:
     """delete: nothing to do. As pulumi_docker.Image did, the image stays on the head under its tag:
-    the previous image a rollback re-tags instead of rebuilding. NodeImage's records decide what the
-    nodes keep."""
+    the previous image a rollback re-tags instead of rebuilding (another content tag; one built again
+    under the same tag is gone with its NodeImage, node-image.md). NodeImage's records decide what
+    the nodes keep."""
     return None

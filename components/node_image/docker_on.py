@@ -71,7 +71,7 @@ class DockerOn:
         )
 
     def tags(self, mode: str, spec: dict, python: str = "python3", end: DestinationEnd | None = None) -> dict:
-        """Run `image_tag MODE SPEC` on the node (retag, join, leave); its report. `end`: the
+        """Run `image_tag MODE SPEC` on the node (retag, join, leave, drop); its report. `end`: the
         destination's end, with nothing to serve, runs it in its session (no new one)."""
         argv = tag_argv(mode, spec, python)
         ran = end.run(argv) if end is not None else None

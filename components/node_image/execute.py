@@ -511,18 +511,51 @@ def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
 def release(props: Mapping[str, Any]) -> None:
     """delete(): give up this resource's hold on the tag. The tag goes only when this resource held it,
     no other NodeImage holds it now (a replacement's successor does), and it still points at the image
-    that was placed. A resource that never placed or shared the tag never contacts the node."""
+    that was placed; an image it placed that the tag no longer names (a build under the same tag) goes
+    when nothing else names or uses it. A resource that never placed or shared the tag contacts the
+    node only for a built image (its `trigger` is the build's ID), to remove that image the same way:
+    on the head, a build under the same tag displaced it. That removal is best effort: a node it cannot
+    reach gets a warning, never a failed delete."""
     claim = props.get("claim") or ""
     legacy = not claim and props.get("placed_tag")  # state written before tag records existed
-    if not claim and not legacy:
+    built = bool(props.get("trigger")) and props.get("trigger") == props.get("image_id")
+    if not claim and not legacy and not built:
         return
     image, _, destination, _ = parse(props)
+    if not claim and not legacy:
+        try:
+            with ssh_sessions() as control:
+                left = DockerOn(destination, "destination", control("d")).tags(
+                    "drop", {"ref": image, "placed_id": props["image_id"]}
+                )
+        except (NodeImageError, RemoteError) as exc:
+            tell_operator(
+                f"NodeImage {image} on {destination.label}: the build's previous image "
+                f"{props['image_id']} was not checked for removal ({exc}); "
+                "`docker image prune` there frees it"
+            )
+            return
+        _say_kept(image, destination.label, left)
+        return
     spec = {
         "ref": image,
         "claim": claim,
         "legacy_placed_id": (props.get("placed_image_id") or props.get("image_id") or "") if legacy else "",
+        # What this resource placed or verified at its creation (never what a refresh saw later):
+        # removed should the tag have moved on to another image and left it untagged.
+        "placed_id": props.get("placed_image_id") or props.get("verified_image_id") or "",
         # The tag stays as a previous image (bounded): a rollback to it copies nothing.
         "keep": keep_previous(props),
     }
     with ssh_sessions() as control:
-        DockerOn(destination, "destination", control("d")).tags("leave", spec)
+        report = DockerOn(destination, "destination", control("d")).tags("leave", spec)
+    _say_kept(image, destination.label, report)
+
+
+def _say_kept(image: str, node: str, report: Mapping[str, Any]) -> None:
+    """An image the tag moved away from that Docker would not remove (a container or a tag uses it)."""
+    if report.get("displaced_kept"):
+        tell_operator(
+            f"NodeImage {image} on {node}: the previous image {report['displaced_kept']} stays "
+            f"({report.get('displaced_why')})"
+        )

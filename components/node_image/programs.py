@@ -41,7 +41,7 @@ def facts_argv(ref: str, history: bool = False, inventory: bool = False, python:
 
 
 def tag_argv(mode: str, spec: dict, python: str = "python3") -> list[str]:
-    """`image_tag MODE SPEC` (retag, join, leave): the tag and its record of holders."""
+    """`image_tag MODE SPEC` (retag, join, leave, drop): the tag and its record of holders."""
     return program_argv("image_tag", [mode, _spec(spec)], python)
 
 

@@ -17,7 +17,13 @@ record of which NodeImage resources hold a tag.
                            repository is held here (a replacement) keeps the tag as a previous image
                            (rollback is then a retag, not a copy); of the repository's previous
                            images only the SPEC.keep newest stay tagged, older ones are removed; with
-                           none held any more (a destroy) the tag and every previous image go
+                           none held any more (a destroy) the tag and every previous image go.
+                           SPEC.placed_id: the image this claim placed or verified; when the tag now
+                           points elsewhere (a build under the same tag placed its successor) and
+                           nothing tags that image and no container uses it, it is removed too
+    image_tag drop SPEC    only that: SPEC.placed_id removed when SPEC.ref points elsewhere, nothing
+                           tags it and nothing uses it (the head's copy of a build, which no claim
+                           placed: the build under the same tag displaced it)
 
 Why a record on the node: Pulumi replaces a resource by creating the new one, then deleting the old
 one. Both stand for the same tag; the record lets the old one's delete see that the tag is still held.
@@ -58,7 +64,7 @@ OUTCOMES = {
     Exit.INSPECT_FAILED: "the loaded image could not be inspected on the destination",
     Exit.MISMATCH: "the loaded image does not match the source",
     Exit.TAG_FAILED: "docker tag / docker image rm failed on the destination",
-    Exit.USAGE: "usage: image_tag load|retag|join|leave SPEC",
+    Exit.USAGE: "usage: image_tag load|retag|join|leave|drop SPEC",
 }
 
 
@@ -292,7 +298,8 @@ def leave(spec: dict) -> tuple[Exit, dict]:
                     os.unlink(path)
                 return Exit.OK, {"removed": False, "holders": len(holders)}
             if claim not in holders:
-                return Exit.OK, {"removed": False, "holders": len(holders)}
+                # A successor placed the tag anew (on another image: a build under the same tag).
+                return Exit.OK, {"removed": False, "holders": len(holders), **drop_displaced(spec, ref)}
             holders.remove(claim)
             if holders:
                 write_record(path, {**record, "holders": holders})
@@ -300,7 +307,7 @@ def leave(spec: dict) -> tuple[Exit, dict]:
             placed = record.get("image_id")
             if image_id(ref) != placed:  # re-pointed by someone else since: not ours to remove
                 os.unlink(path)
-                return Exit.OK, {"removed": False, "holders": 0}
+                return Exit.OK, {"removed": False, "holders": 0, **drop_displaced(spec, ref)}
             keep = int(spec.get("keep") or 0)
             if keep > 0 and newer_held(folder, ref):
                 write_record(path, {**record, "holders": [], "waiting": waiting, "retained_at": time.time()})
@@ -312,6 +319,29 @@ def leave(spec: dict) -> tuple[Exit, dict]:
         if removed.returncode and b"conflict" not in removed.stderr.lower():
             return Exit.TAG_FAILED, {"removed": False, "holders": 0, "stderr": tail(removed.stderr)}
         return Exit.OK, {"removed": removed.returncode == 0, "holders": 0}
+
+
+def drop_displaced(spec: dict, ref: str) -> dict:
+    """Remove the image this claim placed (SPEC.placed_id) once `ref` points elsewhere and nothing
+    else tags it: without this every build under the same tag left a whole image behind, untagged, on
+    every node. `docker image rm` by ID refuses an image a container (even a stopped one) or a child
+    image uses: it is then kept and the report says why."""
+    placed = spec.get("placed_id") or ""
+    if not placed or image_id(ref) == placed:
+        return {}
+    tags = docker("image", "inspect", "--format", "{{json .RepoTags}}", placed)
+    if tags.returncode:  # gone already
+        return {}
+    try:
+        tagged = json.loads(tags.stdout or b"null")
+    except ValueError:
+        return {}
+    if tagged:  # another tag names it: it is not displaced, only no longer this one
+        return {}
+    removed = docker("image", "rm", placed)
+    if removed.returncode:
+        return {"displaced_kept": placed, "displaced_why": tail(removed.stderr, 2)}
+    return {"displaced_removed": placed}
 
 
 def repo_records(folder: str, ref: str) -> list[tuple[str, dict]]:
@@ -347,7 +377,12 @@ def prune(folder: str, ref: str, keep: int) -> dict:
     return {"previous": [record["ref"] for _, _, record in kept[:keep]], "pruned": pruned}
 
 
-MODES = {"load": load, "retag": retag, "join": join, "leave": leave}
+def drop(spec: dict) -> tuple[Exit, dict]:
+    with records():  # one writer at a time: no tag of ours appears while it is checked and removed
+        return Exit.OK, {"removed": False, **drop_displaced(spec, spec["ref"])}
+
+
+MODES = {"load": load, "retag": retag, "join": join, "leave": leave, "drop": drop}
 
 
 def main(argv: list[str]) -> int:

@@ -221,11 +221,15 @@ def test_a_base_rebuilt_under_its_reference_is_seen_by_refresh_and_up_rebuilds(
         assert all(after[k] != container_before[k] for k in container_before), (container_before, after)
         answers(hybrid, secrets["api_key"])
         assert_clean(hybrid)
+        # The build before is gone from every node, the head included: once no container ran it, the
+        # old NodeImages' deletes removed the image the tag no longer names.
+        for each in lab_nodes.values():
+            found = lab.docker(each, "image", "inspect", before["image_id"], check=False)
+            assert found.returncode != 0, f"the previous build is still on {each.name}"
     finally:
         # The lab's base as the other modules know it (the rebuilt one stays as the new build's parent).
         lab.docker(node, "tag", old_base, base)
-        # The image built before, untagged on every node now (the tag moved to the new build): gone,
-        # so no later module finds its layers on node-b already.
+        # Should the test have failed before the deletes: no later module finds its layers on node-b.
         for each in lab_nodes.values():
             lab.docker(each, "image", "rm", before["image_id"], check=False)
 

@@ -355,6 +355,45 @@ def test_replacement_for_a_new_trigger_keeps_the_image(pair):
     assert image_id(dst, "ni-own:1") is None
 
 
+def image_exists(node: lab.LabNode, image: str) -> bool:
+    return lab.docker(node, "image", "inspect", image, check=False).returncode == 0
+
+
+@pytest.mark.parametrize("held_by", [None, "tag", "container"])
+def test_a_build_under_the_same_tag_leaves_no_image_behind_on_the_node(pair, held_by):
+    """A rebuild under the same tag (a moved base, a pinned image.tag) re-places the tag on node-b;
+    the old copy's delete then removes the image it had placed, now untagged. Unless something else
+    still names or uses it: another tag, or a container (a stopped one too)."""
+    src, dst = pair
+    ref = f"ni-same-{held_by or 'free'}:1"
+    first_id = build(src, ref, "lab-busybox:1", os.urandom(25_000))
+    remove(dst, ref)
+    first = {**props(ref, src, dst), "trigger": first_id}
+    old = PROVIDER.create(first).outs
+    assert old["placed_tag"] is True and image_id(dst, ref) == first_id
+    # The head's own NodeImage of the build: it placed nothing (the build did), it finds the image.
+    at_head = {**props(ref, src, src), "trigger": first_id}
+    old_head = PROVIDER.create(at_head).outs
+    assert old_head["skipped"] is True and old_head["placed_tag"] is False
+    holder = f"ni-same-holder-{os.getpid()}"
+    if held_by == "tag":
+        lab.docker(dst, "tag", first_id, f"{ref}-kept")
+    elif held_by == "container":
+        lab.docker(dst, "create", "--name", holder, first_id, "true")
+    try:
+        second_id = build(src, ref, "lab-busybox:1", os.urandom(25_000))  # the same tag, a new image
+        assert second_id != first_id
+        replace(first, old, {**first, "trigger": second_id}, f"node-b/{ref}")
+        assert image_id(dst, ref) == second_id
+        assert image_exists(dst, first_id) is (held_by is not None), held_by
+        replace(at_head, old_head, {**at_head, "trigger": second_id}, f"node-a/{ref}")
+        assert image_id(src, ref) == second_id and not image_exists(src, first_id)
+    finally:
+        lab.docker(dst, "rm", "-f", holder, check=False)
+        remove(dst, ref, f"{ref}-kept", first_id)
+        remove(src, ref, first_id)
+
+
 @contextlib.contextmanager
 def listening(addresses: list[str], port: int):
     """Another service on the machine, listening at `address:port` for each of `addresses`: ours,

@@ -331,35 +331,47 @@ class _RecordingDestination:
         return {"exit": 0}
 
 
+def left(claim: str, keep: int = 1, legacy: str = "") -> list[tuple[str, dict]]:
+    """The `leave` a delete runs: its claim, the image it placed (removed if the tag moved on)."""
+    spec = {"ref": "app:1", "claim": claim, "legacy_placed_id": legacy, "placed_id": "sha256:x", "keep": keep}
+    return [("leave", spec)]
+
+
 @pytest.mark.parametrize(
-    ("state", "spec"),
+    ("state", "calls"),
     [
         (
-            {"claim": "c1", "placed_tag": True},
-            {"ref": "app:1", "claim": "c1", "legacy_placed_id": "", "keep": 1},
+            {"claim": "c1", "placed_tag": True, "placed_image_id": "sha256:x"},
+            left("c1"),
         ),
+        # joined: what it verified at its creation, never what a refresh saw later
         (
-            {"claim": "c2", "holds_tag": True},
-            {"ref": "app:1", "claim": "c2", "legacy_placed_id": "", "keep": 1},
-        ),  # joined
+            {"claim": "c2", "holds_tag": True, "verified_image_id": "sha256:x", "image_id": "sha256:later"},
+            left("c2"),
+        ),
         # from before tag records: what it placed, never what a refresh saw later
         (
             {"placed_tag": True, "placed_image_id": "sha256:x", "image_id": "sha256:drifted"},
-            {"ref": "app:1", "claim": "", "legacy_placed_id": "sha256:x", "keep": 1},
+            left("", legacy="sha256:x"),
         ),
         (
-            {"claim": "c3", "placed_tag": True, "keep_previous": 0},
-            {"ref": "app:1", "claim": "c3", "legacy_placed_id": "", "keep": 0},
+            {"claim": "c3", "placed_tag": True, "keep_previous": 0, "verified_image_id": "sha256:x"},
+            left("c3", keep=0),
         ),
+        # the head's copy of a build (no claim: the build placed the tag): only its image, if displaced
+        ({"trigger": "sha256:x"}, [("drop", {"ref": "app:1", "placed_id": "sha256:x"})]),
+        # found in place and not built here (a prebuilt image): the node is not contacted
+        ({}, []),
+        ({"trigger": "sha256:older"}, []),
     ],
-    ids=["placed", "joined", "legacy", "keep-none"],
-)
-def test_delete_gives_up_its_hold_on_the_node(monkeypatch, state, spec):
+    ids=["placed", "joined", "legacy", "keep-none", "built-on-the-head", "prebuilt", "trigger-elsewhere"],
+)  # fmt: skip
+def test_delete_gives_up_its_hold_on_the_node(monkeypatch, state, calls):
     fake = _RecordingDestination()
     monkeypatch.setattr(execute, "DockerOn", fake)
     monkeypatch.setattr(execute, "ssh_sessions", lambda: contextlib.nullcontext(lambda name: None))
     NodeImageProvider().delete("b/app:1", olds(**state))
-    assert fake.calls == [("leave", spec)]
+    assert fake.calls == calls
 
 
 @pytest.mark.parametrize(
@@ -574,3 +586,31 @@ def test_a_reference_splits_into_repository_and_tag_at_the_last_colon_after_the_
         "qwen35-abc",
     )
     assert split_ref("registry.lan:5000/team/vllm-node") == ("registry.lan:5000/team/vllm-node", "latest")
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        ({"exit": 0, "displaced_kept": "sha256:x", "displaced_why": "image is being used by container 1f"},
+         "the previous image sha256:x stays (image is being used by container 1f)"),
+        (NodeImageError("destination b (h2): ssh: connect to host h2 port 22: No route to host"),
+         "the build's previous image sha256:x was not checked for removal"),
+    ],
+    ids=["kept-in-use", "head-unreachable"],
+)  # fmt: skip
+def test_a_displaced_image_kept_or_unchecked_is_told_and_the_delete_goes_on(monkeypatch, answer, said):
+    told: list[str] = []
+
+    class Destination(_RecordingDestination):
+        def tags(self, mode, spec, python="python3", end=None):
+            super().tags(mode, spec)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    fake = Destination()
+    monkeypatch.setattr(execute, "DockerOn", fake)
+    monkeypatch.setattr(execute, "ssh_sessions", lambda: contextlib.nullcontext(lambda name: None))
+    monkeypatch.setattr(execute, "tell_operator", told.append)
+    NodeImageProvider().delete("a/app:1", olds(trigger="sha256:x"))  # the head's copy of a build
+    assert [mode for mode, _ in fake.calls] == ["drop"] and len(told) == 1 and said in told[0], told
