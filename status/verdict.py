@@ -28,7 +28,7 @@ from components.model_support import serve_memory
 from components.model_support.memory_fit import NodeMemory, memory_fit, model_shape
 from components.mp_executor import mp_container_name, node_rank
 from components.node_programs.cold_start import summary as cold_start_summary
-from components.node_programs.gpu_memory import DROP_CACHES
+from components.node_programs.gpu_memory import COUNTED, DROP_CACHES
 from components.node_programs.health_wire import gb
 from components.node_programs.readiness import parse_alive_ips, parse_ray_status
 from components.ray_cluster import head_container_name, worker_container_name
@@ -367,7 +367,7 @@ def _figures(held: dict) -> str:
     """`MemAvailable 61.0 GB, 70.0 GB needed` from a watchdog's `held`."""
     rule = held.get("rule")
     if isinstance(rule, dict) and isinstance(rule.get("free_bytes"), int):
-        counted = "as vLLM counts it" if rule.get("free_from") == "vllm" else "as CUDA reports it"
+        counted = COUNTED.get(str(rule.get("free_from")), "")
         return (
             f"{gb(rule['free_bytes'])} free {counted}, {gb(rule['requested_bytes'])} vLLM requests "
             f"(gpu_memory_utilization {rule.get('utilization')})"

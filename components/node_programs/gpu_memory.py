@@ -18,6 +18,7 @@ memory something else holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -26,22 +27,26 @@ from components.node_programs import engine_api, health_wire
 
 PROBE_SUFFIX = "-memory-probe"  # the probe container's name: the template's, with this after it
 PROBE_LABEL = "qwen35.memory-probe"  # on the probe container: the serving container it copies
-PROBE_TIMEOUT_S = 180.0  # create, start (torch and vLLM import, CUDA initialises), wait, logs, remove
+PROBE_TIMEOUT_S = 180.0  # inspect, create, start (torch and vLLM import, CUDA initialises), wait, logs
+REMOVE_S = 15.0  # the probe container's removal, after PROBE_TIMEOUT_S: it always runs
+MARKER = "QWEN35_MEMORY_PROBE "  # leads the probe's report line (a library's JSON log line is not it)
 # What frees the page cache on a node (root): NVIDIA's DGX Spark guides give the same line.
 DROP_CACHES = "sudo sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'"
 # From the serving container's HostConfig: what gives the probe the same GPU, nothing else.
 _HOST_KEYS = ("Runtime", "DeviceRequests", "Devices", "DeviceCgroupRules", "Privileged", "Ulimits")
 
 # Run by the image's python3 (site packages on: the image's torch and vLLM are what is asked). One
-# JSON line on stdout, last; every failure is a field of it, never a traceback alone.
+# line on stdout, MARKER and JSON, last; every failure is a field of it, never a traceback alone.
 PROBE = r"""
 import json, sys
+def say(out):
+    print("QWEN35_MEMORY_PROBE " + json.dumps(out), flush=True)
 out = {"python": sys.version.split()[0]}
 try:
     import torch
 except Exception as exc:
     out["error"] = f"torch does not import: {type(exc).__name__}: {exc}"
-    print(json.dumps(out)); raise SystemExit(0)
+    say(out); raise SystemExit(0)
 out["torch"] = torch.__version__
 try:
     out["cuda"] = bool(torch.cuda.is_available())
@@ -53,7 +58,7 @@ try:
                    cuda_free_bytes=int(free), cuda_total_bytes=int(total))
 except Exception as exc:
     out["error"] = f"CUDA: {type(exc).__name__}: {exc}"
-    print(json.dumps(out)); raise SystemExit(0)
+    say(out); raise SystemExit(0)
 if out["cuda"]:
     try:
         import vllm
@@ -69,7 +74,7 @@ if out["cuda"]:
         out.update(vllm_free_bytes=int(snap.free_memory), vllm_total_bytes=int(snap.total_memory))
     except Exception as exc:
         out["vllm_error"] = f"{type(exc).__name__}: {exc}"[:300]
-print(json.dumps(out))
+say(out)
 """
 
 
@@ -98,16 +103,14 @@ def probe_body(template: dict, program: str = PROBE) -> dict:
 
 
 def last_report(lines: list[str]) -> dict | None:
-    """The probe's JSON line: the last line of its output that is a JSON object."""
+    """The probe's report: the last line of its output led by MARKER, when it holds a JSON object."""
     for line in reversed(lines):
-        line = line.strip()
-        if line.startswith("{"):
+        if line.startswith(MARKER):
             try:
-                found = json.loads(line)
+                found = json.loads(line[len(MARKER) :])
             except ValueError:
-                continue
-            if isinstance(found, dict):
-                return found
+                return None
+            return found if isinstance(found, dict) else None
     return None
 
 
@@ -120,42 +123,44 @@ def _message(body: bytes) -> str:
 
 def run_probe(socket_path: str, template: str, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
     """Run `PROBE` on this node beside `template` (a container of the stack): {report, error, took_s}.
-    Bounded by `timeout_s` in all; the probe container is removed whatever happens."""
+    Every step within `timeout_s` in all; then the probe container is removed whatever happened (at
+    most REMOVE_S more)."""
     started = time.monotonic()
     name = probe_name(template)
+    quoted = engine_api.quote(name)
 
-    def left() -> float:
-        return max(1.0, timeout_s - (time.monotonic() - started))
+    def call(method: str, url: str, cap: float, body: object = None) -> tuple[int, bytes]:
+        left = timeout_s - (time.monotonic() - started)
+        if left <= 0:
+            raise TimeoutError(f"{name}: {timeout_s:g} s spent before {method} {url.split('?')[0]}")
+        return engine_api.call(socket_path, method, url, min(cap, left), body)
 
     def done(report: dict | None, error: str | None) -> dict:
         return {"report": report, "error": error, "took_s": round(time.monotonic() - started, 3)}
 
-    quoted = engine_api.quote(name)
+    lines: list[str] = []
+    code = None
     try:
-        url = f"/containers/{engine_api.quote(template)}/json"
-        status, found = engine_api.get_json(socket_path, url, 10.0)
-        if status != 200 or not isinstance(found, dict):
+        status, found = call("GET", f"/containers/{engine_api.quote(template)}/json", 10.0)
+        if status != 200:
             return done(None, f"cannot inspect {template}: the daemon answered {status}")
-        engine_api.call(socket_path, "DELETE", f"/containers/{quoted}?force=1", 30.0)  # a leftover
-        status, body = engine_api.call(
-            socket_path, "POST", f"/containers/create?name={quoted}", 30.0, probe_body(found)
-        )
+        call("DELETE", f"/containers/{quoted}?force=1", 30.0)  # a leftover of an earlier probe
+        status, body = call("POST", f"/containers/create?name={quoted}", 30.0, probe_body(json.loads(found)))
         if status != 201:
             return done(None, f"cannot create {name}: {_message(body)}")
         try:
-            status, body = engine_api.call(socket_path, "POST", f"/containers/{quoted}/start", left())
+            status, body = call("POST", f"/containers/{quoted}/start", timeout_s)
             if status not in (204, 304):
                 return done(None, f"cannot start {name}: {_message(body)}")
-            try:
-                status, body = engine_api.call(socket_path, "POST", f"/containers/{quoted}/wait", left())
-            except TimeoutError:
-                return done(None, f"{name} did not finish within {timeout_s:g} s")
+            status, body = call("POST", f"/containers/{quoted}/wait", timeout_s)
             code = json.loads(body).get("StatusCode") if status == 200 else None
-            url = f"/containers/{quoted}/logs?stdout=1&stderr=1"
-            status, raw = engine_api.call(socket_path, "GET", url, 30.0)
+            status, raw = call("GET", f"/containers/{quoted}/logs?stdout=1&stderr=1", 30.0)
             lines = health_wire.demux_logs(raw) if status == 200 else []
         finally:
-            engine_api.call(socket_path, "DELETE", f"/containers/{quoted}?force=1", 30.0)
+            with contextlib.suppress(*engine_api.FAILED):
+                engine_api.call(socket_path, "DELETE", f"/containers/{quoted}?force=1", REMOVE_S)
+    except TimeoutError:
+        return done(None, f"{name} did not finish within {timeout_s:g} s")
     except engine_api.FAILED as exc:
         return done(None, f"the probe on {template}'s image failed: {type(exc).__name__}: {exc}")
     report = last_report(lines)
@@ -163,17 +168,6 @@ def run_probe(socket_path: str, template: str, timeout_s: float = PROBE_TIMEOUT_
         tail = " | ".join(lines[-3:]) or "no output"
         return done(None, f"{name} exited {code} without a report: {tail[:300]}")
     return done(report, None)
-
-
-def meminfo_bytes(text: str, key: str) -> int | None:
-    """One /proc/meminfo field in bytes (the kernel says kB, which is KiB)."""
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == key:
-            parts = value.split()
-            if parts and parts[0].isdigit():
-                return int(parts[0]) * (1024 if parts[1:2] in (["kB"], []) else 1)
-    return None
 
 
 def startup_rule(report: dict | None, utilization: float, mem_available: int | None) -> dict:
@@ -190,12 +184,22 @@ def startup_rule(report: dict | None, utilization: float, mem_available: int | N
             "checked": False,
             "why": f"the image's torch ({report.get('torch')}) sees no CUDA device: no start-up rule applies",
         }
-    total = int(report["cuda_total_bytes"])
+    try:
+        total, cuda_free = int(report["cuda_total_bytes"]), int(report["cuda_free_bytes"])
+    except (KeyError, TypeError, ValueError):
+        return {"checked": False, "why": f"the probe's report has no CUDA figures: {sorted(report)}"}
     if isinstance(report.get("vllm_free_bytes"), int):
         free, source = int(report["vllm_free_bytes"]), "vllm"
         total = int(report.get("vllm_total_bytes") or total)
+    elif not report.get("integrated"):
+        free, source = cuda_free, "cuda"  # a discrete GPU: every release counts CUDA's figure
+    elif mem_available is not None:
+        # A unified-memory GPU and no figure from vLLM: a release counts CUDA's free or MemAvailable.
+        # Judged by the larger, so only what every release would refuse is held.
+        free, source = max(cuda_free, mem_available), "cuda_or_memavailable"
     else:
-        free, source = int(report["cuda_free_bytes"]), "cuda"
+        why = "no figure from vLLM, and MemAvailable unknown on a unified-memory GPU"
+        return {"checked": False, "why": why}
     requested = math.ceil(total * utilization)
     ok = free >= requested
     return {
@@ -208,11 +212,22 @@ def startup_rule(report: dict | None, utilization: float, mem_available: int | N
         "utilization": utilization,
         "cuda_free_bytes": report.get("cuda_free_bytes"),
         "mem_available_bytes": mem_available,
-        "page_cache": bool(not ok and mem_available is not None and mem_available >= requested),
+        # Only on a unified-memory GPU is MemAvailable the GPU's memory too.
+        "page_cache": bool(
+            not ok and report.get("integrated") and mem_available is not None and mem_available >= requested
+        ),
         "device": report.get("device"),
         "vllm": report.get("vllm"),
         "vllm_error": report.get("vllm_error"),
     }
+
+
+# How each `free_from` is said: whose figure vLLM's rule was judged on.
+COUNTED = {
+    "vllm": "as vLLM counts it",
+    "cuda": "as CUDA reports it",
+    "cuda_or_memavailable": "by both CUDA's figure and MemAvailable (vLLM gave none)",
+}
 
 
 def _gb(value: int | float) -> str:
@@ -221,7 +236,7 @@ def _gb(value: int | float) -> str:
 
 def rule_message(node: str, rule: dict) -> str:
     """What the watchdog says when the rule holds a restart off: both figures, and what to do."""
-    counted = "as vLLM counts it" if rule["free_from"] == "vllm" else "as CUDA reports it"
+    counted = COUNTED.get(rule["free_from"], "")
     said = (
         f"{node}: vLLM would refuse to start: {_gb(rule['free_bytes'])} free {counted}, below "
         f"{rule['utilization']:g} × {_gb(rule['total_bytes'])} = {_gb(rule['requested_bytes'])} "

@@ -769,18 +769,26 @@ class Watchdog:
 
     def _startup_rule(self, now: float) -> list[tuple[str, dict]]:
         """The nodes whose probe says vLLM would refuse to start now (`gpu_memory.startup_rule`), each
-        probed once its MemAvailable passed, and again every RULE_RETRY_S while refused. A node whose
-        probe cannot judge (no CUDA device in the image, no report) is recorded and not held."""
+        probed once every node's MemAvailable passed, and again every RULE_RETRY_S while refused; the
+        nodes due are probed at once, side by side. A node whose probe cannot judge (no CUDA device in
+        the image, no report) is recorded and not held."""
         util = self.s.gpu_memory_utilization
+        if util is None:
+            return []
         refused: list[tuple[str, dict]] = []
+        due = []
         for name in self.memory_nodes:
-            if util is None or name in self.rule_passed:
+            if name in self.rule_passed:
                 continue
             if now < self.rule_next.get(name, 0.0):
                 refused.append((name, self.rules[name]))
-                continue
-            done = self.world.memory_probe(name)
-            rule = gpu_memory.startup_rule(done.get("report"), float(util), self.mem.get(name))
+            else:
+                due.append(name)
+        for name, done in self._probe_all(due).items():
+            try:
+                rule = gpu_memory.startup_rule(done.get("report"), float(util), self.mem.get(name))
+            except Exception as exc:  # a report of an unforeseen shape: not judged, never held
+                rule = {"checked": False, "why": f"the probe's report could not be read: {exc!r}"[:300]}
             if done.get("error"):
                 rule = {"checked": False, "why": str(done["error"])}
             rule.update(at=now, took_s=done.get("took_s"))
@@ -799,6 +807,26 @@ class Watchdog:
                 log(f"{name}: vLLM's start-up rule not checked: {rule['why']}")
             self.rule_passed.add(name)
         return refused
+
+    def _probe_all(self, nodes: list[str]) -> dict[str, dict]:
+        """`World.memory_probe` of each node, in threads of their own (each is bounded by itself)."""
+        found: dict[str, dict] = {}
+
+        def one(name: str) -> None:
+            try:
+                found[name] = self.world.memory_probe(name)
+            except Exception as exc:  # the World's own bound failed: recorded as not judged
+                found[name] = {"report": None, "error": f"{type(exc).__name__}: {exc}"}
+
+        threads = [threading.Thread(target=one, args=(name,), daemon=True) for name in nodes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(gpu_memory.PROBE_TIMEOUT_S + gpu_memory.REMOVE_S + 2 * CALL_TIMEOUT_S)
+        return {
+            name: found.get(name) or {"report": None, "error": "the probe did not answer in time"}
+            for name in nodes
+        }
 
     def _record_restart(self, now: float, reason: str, step: wire.Step) -> None:
         self.p.restarts.append({"at": now, "reason": reason, "step": step.value})
@@ -1118,14 +1146,16 @@ class Agent:
         self.address, self.secret, self.node = address, secret, node
         self.skew_s: float | None = None  # the agent's clock minus this one's, from its last answer
 
-    def call(self, path: str, payload: dict, timeout: float = CALL_TIMEOUT_S) -> dict:
+    def call(self, path: str, payload: dict, timeout: float = CALL_TIMEOUT_S, skew: bool = True) -> dict:
+        """`skew`: measure the agent's clock from this answer (not from one that took long: the agent
+        stamps its clock when the request arrives, so half the wait would read as skew)."""
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
         sent = time.time()
         headers.update(wire.signed_headers(self.secret, "POST", path, body, sent, node=self.node))
         status, data = http_call(f"http://{self.address}{path}", "POST", body, headers, timeout)
         answer = json.loads(data) if data else {}
-        if isinstance(answer.get("clock"), int | float):
+        if skew and isinstance(answer.get("clock"), int | float):
             # Half the round trip is the measure's error: seconds matter here, not milliseconds.
             self.skew_s = float(answer["clock"]) - (sent + time.time()) / 2
         if status != 200:
@@ -1161,8 +1191,10 @@ class RealWorld(World):
             return None
         return data.decode(errors="replace") if status == 200 else None
 
-    def _agent(self, node: str, path: str, payload: dict, timeout: float = CALL_TIMEOUT_S) -> dict:
-        answer = self.agents[node].call(path, payload, timeout)
+    def _agent(
+        self, node: str, path: str, payload: dict, timeout: float = CALL_TIMEOUT_S, skew: bool = True
+    ) -> dict:
+        answer = self.agents[node].call(path, payload, timeout, skew)
         if "refusals" in answer:
             self.refusals[node] = int(answer["refusals"])
         return answer
@@ -1181,8 +1213,8 @@ class RealWorld(World):
         if node not in self.agents:
             return gpu_memory.run_probe(self.socket, template)
         try:
-            timeout = gpu_memory.PROBE_TIMEOUT_S + CALL_TIMEOUT_S
-            return self._agent(node, wire.AGENT_MEMORY_PROBE, {"name": template}, timeout)
+            timeout = gpu_memory.PROBE_TIMEOUT_S + gpu_memory.REMOVE_S + CALL_TIMEOUT_S
+            return self._agent(node, wire.AGENT_MEMORY_PROBE, {"name": template}, timeout, skew=False)
         except (OSError, ValueError) as exc:
             return {"report": None, "error": f"its agent did not answer: {exc}"}
 

@@ -32,7 +32,7 @@ def report(**over) -> dict:
     base = {"python": "3.12.3", "torch": "2.11.0+cu130", "cuda": True, "device": "NVIDIA GB10",
             "capability": "12.1", "integrated": True, "cuda_free_bytes": 60 * GIB,
             "cuda_total_bytes": TOTAL}  # fmt: skip
-    return {**base, **over}
+    return {**base, **(over or {})}
 
 
 @pytest.mark.parametrize(
@@ -41,10 +41,14 @@ def report(**over) -> dict:
         # vLLM's own snapshot (a release that reads MemAvailable on a UMA GPU): it is what is compared.
         (snapshot(110), 110 * GIB, True, "vllm", False),
         (snapshot(90), 90 * GIB, False, "vllm", False),
-        # No vLLM figure (it did not import): CUDA's free; MemAvailable above the request: page cache.
-        (report(vllm_error="ImportError: no vllm"), 110 * GIB, False, "cuda", True),
-        (report(vllm_error="ImportError: no vllm"), 95 * GIB, False, "cuda", False),
-        (report(cuda_free_bytes=105 * GIB), 110 * GIB, True, "cuda", False),
+        # No vLLM figure (it did not import) on a unified-memory GPU: a release counts CUDA's free or
+        # MemAvailable, so only both short is held.
+        (report(vllm_error="ImportError: no vllm"), 110 * GIB, True, "cuda_or_memavailable", False),
+        (report(vllm_error="ImportError: no vllm"), 95 * GIB, False, "cuda_or_memavailable", False),
+        (report(cuda_free_bytes=105 * GIB), 90 * GIB, True, "cuda_or_memavailable", False),
+        # A discrete GPU: CUDA's figure, whatever the host's MemAvailable (not the GPU's memory).
+        (report(integrated=False), 110 * GIB, False, "cuda", False),
+        (report(integrated=False, cuda_free_bytes=105 * GIB), 10 * GIB, True, "cuda", False),
         # A release whose snapshot keeps CUDA's figure on GB10 (vllm #35313): refused for page cache.
         (snapshot(60, "0.11.0"), 112 * GIB, False, "vllm", True),
     ],
@@ -73,13 +77,13 @@ def test_a_probe_that_cannot_judge_says_why_and_is_not_checked(probe, why):
 
 
 def test_the_message_names_both_figures_and_what_frees_the_page_cache():
-    rule = gpu_memory.startup_rule(report(), 0.85, 110 * GIB)
+    rule = gpu_memory.startup_rule(snapshot(60, "0.11.0"), 0.85, 110 * GIB)
     said = gpu_memory.rule_message("spark-2", rule)
-    assert said.startswith("spark-2: vLLM would refuse to start: 64.4 GB free as CUDA reports it, below ")
+    assert said.startswith("spark-2: vLLM would refuse to start: 64.4 GB free as vLLM counts it, below ")
     assert "0.85 × 127.8 GB = 108.6 GB (serve.gpu_memory_utilization)" in said
     assert "MemAvailable is 118.1 GB: the page cache holds the difference" in said
     assert gpu_memory.DROP_CACHES in said
-    held = gpu_memory.rule_message("spark-2", gpu_memory.startup_rule(report(), 0.85, 70 * GIB))
+    held = gpu_memory.rule_message("spark-2", gpu_memory.startup_rule(snapshot(60), 0.85, 70 * GIB))
     assert "something else holds the memory" in held and gpu_memory.DROP_CACHES not in held
 
 
@@ -150,7 +154,9 @@ def run_probe_program(tmp_path: Path, vllm: dict[str, str] | None) -> dict:
         capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    found = gpu_memory.last_report(done.stdout.splitlines())
+    assert found is not None, done.stdout
+    return found
 
 
 @pytest.mark.parametrize(
@@ -174,13 +180,26 @@ def test_the_probe_program_reports_torch_s_and_vllm_s_own_figures(tmp_path, vllm
     assert {key: found.get(key) for key in expect} == expect
 
 
-def test_the_probe_program_without_torch_says_so(tmp_path):
+def test_the_probe_program_without_torch_says_so():
+    # -S: no site packages, so no torch whatever this machine has.
     done = subprocess.run(
-        [sys.executable, "-I", "-c", gpu_memory.PROBE], capture_output=True, text=True, timeout=60
+        [sys.executable, "-I", "-S", "-c", gpu_memory.PROBE], capture_output=True, text=True, timeout=60
     )
     found = gpu_memory.last_report(done.stdout.splitlines())
-    assert done.returncode == 0 and found is not None
-    assert found.get("error", "").startswith("torch does not import") or found.get("torch"), found
+    assert done.returncode == 0 and found is not None, done
+    assert found["error"].startswith("torch does not import: ModuleNotFoundError"), found
+    assert gpu_memory.startup_rule(found, 0.85, GB)["checked"] is False
+
+
+def test_only_the_marked_line_is_the_report():
+    lines = [
+        '{"level": "info", "msg": "a library logs JSON"}',
+        gpu_memory.MARKER + '{"cuda": false}',
+        '{"x": 1}',
+    ]
+    assert gpu_memory.last_report(lines) == {"cuda": False}
+    assert gpu_memory.last_report(lines[:1]) is None
+    assert gpu_memory.last_report([gpu_memory.MARKER + "not json"]) is None
 
 
 # ---- the watchdog with the rule ------------------------------------------------------------------------
@@ -242,8 +261,7 @@ def test_a_node_vllm_would_refuse_holds_the_restart_and_says_page_cache():
 
 def test_a_refused_node_freed_within_the_wait_lets_the_restart_go_on():
     clock = Clock()
-    world = ProbedWorld(clock, {"spark-1": [report(cuda_free_bytes=110 * GIB)],
-                                "spark-2": [report(), report(cuda_free_bytes=110 * GIB)]})  # fmt: skip
+    world = ProbedWorld(clock, {"spark-1": [snapshot(110)], "spark-2": [snapshot(60), snapshot(110)]})
     world.memory = {"spark-1": 112 * GIB, "spark-2": 112 * GIB}
     hung(world)
     watchdog, _ = dog(world, clock, need={"spark-1": 70 * GB, "spark-2": 70 * GB}, memory_wait_s=60)
@@ -265,3 +283,144 @@ def test_a_probe_that_cannot_judge_never_holds_a_restart():
     rules = watchdog.snapshot()["memory_rule"]
     assert set(rules) == {"spark-1", "spark-2"} and all(r["checked"] is False for r in rules.values())
     assert "sees no CUDA device" in rules["spark-2"]["why"]
+
+
+# ---- run_probe against a stand-in Docker Engine on a unix socket ---------------------------------------
+
+
+class FakeEngine:
+    """Answers the Engine API's requests from `routes` ((method, path) -> (status, body) or a callable
+    of the request body), one connection per request as HTTP/1.0; every request recorded."""
+
+    def __init__(self, path: str, routes: dict) -> None:
+        import socketserver
+        import threading
+
+        self.routes, self.asked = routes, []
+        engine = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = self.request.recv(65536)
+                    if not chunk:
+                        return
+                    head += chunk
+                head, _, body = head.partition(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                size = next(
+                    (int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")), 0
+                )
+                while len(body) < size:
+                    body += self.request.recv(65536)
+                method, url = lines[0].split()[:2]
+                path = url.split("?")[0]
+                engine.asked.append((method, path))
+                answer = engine.routes.get((method, path), (404, b'{"message": "no such route"}'))
+                status, data = answer(body) if callable(answer) else answer
+                reason = {200: "OK", 201: "Created", 204: "No Content"}.get(status, "Error")
+                self.request.sendall(f"HTTP/1.0 {status} {reason}\r\n\r\n".encode() + data)
+
+        self.server = socketserver.ThreadingUnixStreamServer(path, Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+TEMPLATE = {
+    "Name": "/qwen35-vllm",
+    "Image": "sha256:" + "b" * 64,
+    "Config": {"Env": ["A=1"]},
+    "HostConfig": {},
+}
+PROBE_C = "/containers/qwen35-vllm-memory-probe"
+
+
+def frame(text: str) -> bytes:
+    """One stdout frame of Docker's multiplexed log stream."""
+    data = text.encode()
+    return b"\x01\x00\x00\x00" + len(data).to_bytes(4, "big") + data
+
+
+def routes(over: dict | None = None) -> dict:
+    base = {
+        ("GET", "/containers/qwen35-vllm/json"): (200, json.dumps(TEMPLATE).encode()),
+        ("DELETE", PROBE_C): (204, b""),
+        ("POST", "/containers/create"): (201, b'{"Id": "p1"}'),
+        ("POST", f"{PROBE_C}/start"): (204, b""),
+        ("POST", f"{PROBE_C}/wait"): (200, b'{"StatusCode": 0}'),
+        ("GET", f"{PROBE_C}/logs"): (
+            200,
+            frame("importing torch\n" + gpu_memory.MARKER + '{"cuda": false}\n'),
+        ),
+    }
+    return {**base, **(over or {})}
+
+
+@pytest.fixture
+def engine(tmp_path):
+    made: list[FakeEngine] = []
+
+    def start(over: dict | None = None) -> tuple[str, FakeEngine]:
+        path = str(tmp_path / f"engine{len(made)}.sock")
+        made.append(FakeEngine(path, routes(over)))
+        return path, made[-1]
+
+    yield start
+    for each in made:
+        each.close()
+
+
+def test_a_probe_creates_runs_reads_and_removes_its_container(engine):
+    created: list[dict] = []
+
+    def create(body: bytes):
+        created.append(json.loads(body))
+        return 201, b'{"Id": "p1"}'
+
+    path, fake = engine({("POST", "/containers/create"): create})
+    done = gpu_memory.run_probe(path, "qwen35-vllm", 30)
+    assert done["error"] is None and done["report"] == {"cuda": False}
+    assert created[0]["Image"] == TEMPLATE["Image"] and created[0]["Env"] == ["A=1"]
+    assert [m for m, _ in fake.asked] == ["GET", "DELETE", "POST", "POST", "POST", "GET", "DELETE"]
+    assert fake.asked[-1] == ("DELETE", PROBE_C)
+
+
+@pytest.mark.parametrize(
+    ("over", "said", "removed"),
+    [
+        ({("GET", "/containers/qwen35-vllm/json"): (404, b'{"message": "No such container"}')},
+         "cannot inspect qwen35-vllm: the daemon answered 404", False),
+        ({("POST", "/containers/create"): (500, b'{"message": "unknown runtime: nvidia"}')},
+         "cannot create qwen35-vllm-memory-probe: unknown runtime: nvidia", False),
+        ({("POST", f"{PROBE_C}/start"): (500, b'{"message": "could not select device driver"}')},
+         "cannot start qwen35-vllm-memory-probe: could not select device driver", True),
+        ({("GET", f"{PROBE_C}/logs"): (200, frame("Traceback (most recent call last):\nSegfault\n"))},
+         "exited 0 without a report: Traceback (most recent call last): | Segfault", True),
+    ],
+    ids=["no-template", "create-refused", "start-refused", "no-report"],
+)  # fmt: skip
+def test_a_probe_that_fails_says_where_and_leaves_no_container(engine, over, said, removed):
+    path, fake = engine(over)
+    done = gpu_memory.run_probe(path, "qwen35-vllm", 30)
+    assert done["report"] is None and said in done["error"], done
+    assert (fake.asked[-1] == ("DELETE", PROBE_C) and fake.asked.count(("DELETE", PROBE_C)) == 2) is removed
+
+
+def test_a_probe_that_hangs_is_cut_at_its_bound_and_still_removed(engine):
+    import time as clock
+
+    def hang(body: bytes):
+        clock.sleep(5)
+        return 200, b'{"StatusCode": 0}'
+
+    path, fake = engine({("POST", f"{PROBE_C}/wait"): hang})
+    started = clock.monotonic()
+    done = gpu_memory.run_probe(path, "qwen35-vllm", 1.5)
+    assert clock.monotonic() - started < 4
+    assert done["error"] == "qwen35-vllm-memory-probe did not finish within 1.5 s", done
+    assert fake.asked[-1] == ("DELETE", PROBE_C)
