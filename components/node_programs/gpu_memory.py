@@ -25,6 +25,8 @@ import time
 
 from components.node_programs import engine_api, health_wire
 
+gb1 = health_wire.gb1  # GB with one decimal, as the memory guard says them
+
 PROBE_SUFFIX = "-memory-probe"  # the probe container's name: the template's, with this after it
 PROBE_LABEL = "qwen35.memory-probe"  # on the probe container: the serving container it copies
 PROBE_TIMEOUT_S = 180.0  # inspect, create, start (torch and vLLM import, CUDA initialises), wait, logs
@@ -230,25 +232,21 @@ COUNTED = {
 }
 
 
-def _gb(value: int | float) -> str:
-    return f"{value / 1e9:.1f} GB"
-
-
 def rule_message(node: str, rule: dict) -> str:
     """What the watchdog says when the rule holds a restart off: both figures, and what to do."""
     counted = COUNTED.get(rule["free_from"], "")
     said = (
-        f"{node}: vLLM would refuse to start: {_gb(rule['free_bytes'])} free {counted}, below "
-        f"{rule['utilization']:g} × {_gb(rule['total_bytes'])} = {_gb(rule['requested_bytes'])} "
+        f"{node}: vLLM would refuse to start: {gb1(rule['free_bytes'])} free {counted}, below "
+        f"{rule['utilization']:g} × {gb1(rule['total_bytes'])} = {gb1(rule['requested_bytes'])} "
         "(serve.gpu_memory_utilization)"
     )
     available = rule.get("mem_available_bytes")
     if rule.get("page_cache"):
         return (
-            f"{said}; MemAvailable is {_gb(available)}: the page cache holds the difference; free it "
+            f"{said}; MemAvailable is {gb1(available)}: the page cache holds the difference; free it "
             f"on {node} with `{DROP_CACHES}`"
         )
-    also = f"; MemAvailable is {_gb(available)}" if isinstance(available, int) else ""
+    also = f"; MemAvailable is {gb1(available)}" if isinstance(available, int) else ""
     return (
         f"{said}{also}: something else holds the memory; find it (`nvidia-smi`, `docker ps`) or reboot "
         f"{node}, or lower serve.gpu_memory_utilization"

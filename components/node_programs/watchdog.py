@@ -785,12 +785,13 @@ class Watchdog:
             else:
                 due.append(name)
         for name, done in self._probe_all(due).items():
-            try:
-                rule = gpu_memory.startup_rule(done.get("report"), float(util), self.mem.get(name))
-            except Exception as exc:  # a report of an unforeseen shape: not judged, never held
-                rule = {"checked": False, "why": f"the probe's report could not be read: {exc!r}"[:300]}
             if done.get("error"):
                 rule = {"checked": False, "why": str(done["error"])}
+            else:
+                try:
+                    rule = gpu_memory.startup_rule(done.get("report"), float(util), self.mem.get(name))
+                except Exception as exc:  # a report of an unforeseen shape: not judged, never held
+                    rule = {"checked": False, "why": f"the probe's report could not be read: {exc!r}"[:300]}
             rule.update(at=now, took_s=done.get("took_s"))
             self.rules[name] = rule
             if rule.get("checked") and not rule.get("ok"):
