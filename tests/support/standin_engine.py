@@ -1,25 +1,32 @@
 """A stand-in Docker Engine API on a unix socket, for the node programs that ask it before the CLI
-(`node_programs/docker_facts.py`, `image_tag.py`, through `engine_api.py`)."""
+(`node_programs/docker_facts.py`, `image_tag.py`, through `engine_api.py`) or only ask it
+(`gpu_memory.run_probe`: `routes`)."""
 
 from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
+
+# An answer: (status, raw body), or a callable of the request's body that gives one.
+Route = tuple[int, bytes] | Callable[[bytes], tuple[int, bytes]]
 
 
 class StandinEngine:
     """A stand-in Docker Engine API on a unix socket: one image under `tmp_ref`; records each request
     and what the tag and untag requests changed."""
 
-    def __init__(self, folder: Path, tmp_ref: str, loaded: dict):
+    def __init__(self, folder: Path, tmp_ref: str = "", loaded: dict | None = None):
         import http.server
         import socketserver
         import threading
 
         self.path = str(folder / "engine.sock")
         self.requests: list[str] = []
-        self.refs = {tmp_ref: loaded}
+        self.refs = {tmp_ref: loaded} if tmp_ref else {}
+        # (method, path without its query) -> Route: answered before anything else (containers).
+        self.routes: dict[tuple[str, str], Route] = {}
         self.drop_delete_answer = False
         self.info: dict | None = None  # GET /info's answer (404 when None)
         self.histories: dict[str, list] = {}  # GET /images/<ref>/history's answers
@@ -41,8 +48,22 @@ class StandinEngine:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def routed(self, method: str) -> bool:
+                route = engine.routes.get((method, self.path.partition("?")[0]))
+                if route is None:
+                    return False
+                size = int(self.headers.get("Content-Length") or 0)
+                status, data = route(self.rfile.read(size)) if callable(route) else route
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return True
+
             def do_GET(self):
                 engine.requests.append(f"GET {self.path}")
+                if self.routed("GET"):
+                    return
                 if self.path in engine.broken:
                     return self.answer(500, {"message": "broken"})
                 if self.path == "/info":
@@ -61,6 +82,8 @@ class StandinEngine:
 
             def do_POST(self):
                 engine.requests.append(f"POST {self.path}")
+                if self.routed("POST"):
+                    return
                 path, _, query = self.path.partition("?")
                 ref = urllib.parse.unquote(path.removeprefix("/images/").removesuffix("/tag"))
                 asked = dict(urllib.parse.parse_qsl(query))
@@ -69,6 +92,8 @@ class StandinEngine:
 
             def do_DELETE(self):
                 engine.requests.append(f"DELETE {self.path}")
+                if self.routed("DELETE"):
+                    return
                 gone = engine.refs.pop(urllib.parse.unquote(self.path.removeprefix("/images/")), None)
                 if engine.drop_delete_answer:  # removed, but the answer is lost
                     self.close_connection = True

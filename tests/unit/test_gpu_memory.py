@@ -15,6 +15,7 @@ import pytest
 from components.node_programs import gpu_memory
 from components.node_programs.watchdog import Probe, metrics_text
 from status.verdict import _memory_held
+from tests.support.standin_engine import StandinEngine
 from tests.unit.test_watchdog import GB, HANG, Clock, FakeWorld, dog, ticks
 
 GIB = 1 << 30
@@ -288,49 +289,6 @@ def test_a_probe_that_cannot_judge_never_holds_a_restart():
 # ---- run_probe against a stand-in Docker Engine on a unix socket ---------------------------------------
 
 
-class FakeEngine:
-    """Answers the Engine API's requests from `routes` ((method, path) -> (status, body) or a callable
-    of the request body), one connection per request as HTTP/1.0; every request recorded."""
-
-    def __init__(self, path: str, routes: dict) -> None:
-        import socketserver
-        import threading
-
-        self.routes, self.asked = routes, []
-        engine = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = self.request.recv(65536)
-                    if not chunk:
-                        return
-                    head += chunk
-                head, _, body = head.partition(b"\r\n\r\n")
-                lines = head.decode().split("\r\n")
-                size = next(
-                    (int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")), 0
-                )
-                while len(body) < size:
-                    body += self.request.recv(65536)
-                method, url = lines[0].split()[:2]
-                path = url.split("?")[0]
-                engine.asked.append((method, path))
-                answer = engine.routes.get((method, path), (404, b'{"message": "no such route"}'))
-                status, data = answer(body) if callable(answer) else answer
-                reason = {200: "OK", 201: "Created", 204: "No Content"}.get(status, "Error")
-                self.request.sendall(f"HTTP/1.0 {status} {reason}\r\n\r\n".encode() + data)
-
-        self.server = socketserver.ThreadingUnixStreamServer(path, Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 TEMPLATE = {
     "Name": "/qwen35-vllm",
     "Image": "sha256:" + "b" * 64,
@@ -363,16 +321,23 @@ def routes(over: dict | None = None) -> dict:
 
 @pytest.fixture
 def engine(tmp_path):
-    made: list[FakeEngine] = []
+    made: list[StandinEngine] = []
 
-    def start(over: dict | None = None) -> tuple[str, FakeEngine]:
-        path = str(tmp_path / f"engine{len(made)}.sock")
-        made.append(FakeEngine(path, routes(over)))
-        return path, made[-1]
+    def start(over: dict | None = None) -> tuple[str, StandinEngine]:
+        folder = tmp_path / str(len(made))
+        folder.mkdir()
+        made.append(StandinEngine(folder))
+        made[-1].routes.update(routes(over))
+        return made[-1].path, made[-1]
 
     yield start
     for each in made:
         each.close()
+
+
+def asked(engine: StandinEngine) -> list[tuple[str, str]]:
+    """The requests the engine answered, as (method, path without its query)."""
+    return [(method, url.partition("?")[0]) for method, url in (r.split(" ", 1) for r in engine.requests)]
 
 
 def test_a_probe_creates_runs_reads_and_removes_its_container(engine):
@@ -386,8 +351,8 @@ def test_a_probe_creates_runs_reads_and_removes_its_container(engine):
     done = gpu_memory.run_probe(path, "qwen35-vllm", 30)
     assert done["error"] is None and done["report"] == {"cuda": False}
     assert created[0]["Image"] == TEMPLATE["Image"] and created[0]["Env"] == ["A=1"]
-    assert [m for m, _ in fake.asked] == ["GET", "DELETE", "POST", "POST", "POST", "GET", "DELETE"]
-    assert fake.asked[-1] == ("DELETE", PROBE_C)
+    assert [m for m, _ in asked(fake)] == ["GET", "DELETE", "POST", "POST", "POST", "GET", "DELETE"]
+    assert asked(fake)[-1] == ("DELETE", PROBE_C)
 
 
 @pytest.mark.parametrize(
@@ -408,7 +373,8 @@ def test_a_probe_that_fails_says_where_and_leaves_no_container(engine, over, sai
     path, fake = engine(over)
     done = gpu_memory.run_probe(path, "qwen35-vllm", 30)
     assert done["report"] is None and said in done["error"], done
-    assert (fake.asked[-1] == ("DELETE", PROBE_C) and fake.asked.count(("DELETE", PROBE_C)) == 2) is removed
+    requests = asked(fake)
+    assert (requests[-1] == ("DELETE", PROBE_C) and requests.count(("DELETE", PROBE_C)) == 2) is removed
 
 
 def test_a_probe_that_hangs_is_cut_at_its_bound_and_still_removed(engine):
@@ -423,4 +389,4 @@ def test_a_probe_that_hangs_is_cut_at_its_bound_and_still_removed(engine):
     done = gpu_memory.run_probe(path, "qwen35-vllm", 1.5)
     assert clock.monotonic() - started < 4
     assert done["error"] == "qwen35-vllm-memory-probe did not finish within 1.5 s", done
-    assert fake.asked[-1] == ("DELETE", PROBE_C)
+    assert asked(fake)[-1] == ("DELETE", PROBE_C)
