@@ -1,4 +1,4 @@
-"""`python -m lab up|down|status|images`: the lab from the command line (make lab-up / lab-down)."""
+"""`python -m lab up|down|status|images|clear`: the lab from the command line (make lab-up / lab-down)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from lab.images import busybox_image, debian_image
+from lab.images import busybox_image, clear_left_images, debian_image
 from lab.layout import NODE_NAMES, LabError, LabNode
 from lab.nodes import down, purge, running_nodes, status, up
 
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("status", help="what runs now")
     images = commands.add_parser("images", help="make sure the stand-in images are on the running nodes")
     images.add_argument("--debian", action="store_true", help="also import the Debian image (slow once)")
+    commands.add_parser("clear", help="remove the images tests left on the running nodes (sessions do it)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{node.name}: busybox {busybox_image(node)}")
                 if args.debian:
                     print(f"{node.name}: debian {debian_image(node)}")
+        elif args.command == "clear":
+            for node in running_nodes().values():
+                print(f"{node.name}: removed {len(clear_left_images(node))} images tests left")
     except LabError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -26,6 +26,23 @@ TAG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}:[A-Za-z0-9_][A-Za-z0-9_.
 
 BUSYBOX_DOCKERFILE = b'FROM scratch\nCOPY rootfs/ /\nCMD ["/bin/sh"]\n'
 
+# What the lab makes once and keeps across test runs: each costs a build, a debootstrap or a 6.5 GB
+# load to make again. Everything else on a node is a test's (a stack's build, a copy under a test
+# tag) and `clear_left_images` removes it when a session starts the node.
+KEPT_REPOSITORIES = frozenset(
+    {
+        "lab-busybox",
+        "lab-debian",
+        "lab-ray",
+        "lab-standin-mp",
+        "lab-vllm-base",
+        "lab-vllm-cpu",
+        "lab-vllm-cpu-install",
+        "lab-vllm-donor",
+        "lab-vllm-graft-donor",
+    }
+)
+
 
 def check_tag(tag: str) -> str:
     if not TAG_PATTERN.match(tag):
@@ -37,6 +54,32 @@ def image_id(node: LabNode, tag: str) -> str | None:
     """The image's ID on the node, or None when absent."""
     found = docker(node, "image", "inspect", "--format", "{{.Id}}", check_tag(tag), check=False)
     return found.out if found.returncode == 0 and found.out else None
+
+
+def left_images(listing: str) -> list[str]:
+    """From `docker image ls --format '{{.Repository}}:{{.Tag}}'`: the references a test left (not
+    one of KEPT_REPOSITORIES, not untagged)."""
+    refs = []
+    for line in listing.splitlines():
+        ref = line.strip()
+        repository, _, tag = ref.rpartition(":")
+        if ref and repository and tag != "<none>" and repository not in KEPT_REPOSITORIES:
+            refs.append(ref)
+    return refs
+
+
+def clear_left_images(node: LabNode) -> list[str]:
+    """Remove what earlier test runs left on a node no session used yet: every image a test tagged,
+    then the dangling ones. Builds under a new content tag each run would otherwise fill the disk
+    (about 1 GB a run on node-a) until NodeImage's disk preflight refuses a copy. An image a
+    container uses stays (no force); what is removed is returned."""
+    listing = docker(node, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", timeout=60).out
+    removed = []
+    for ref in left_images(listing):
+        if docker(node, "image", "rm", ref, timeout=120, check=False).returncode == 0:
+            removed.append(ref)
+    docker(node, "image", "prune", "--force", timeout=300, check=False)
+    return removed
 
 
 def static_busybox() -> Path:

@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from lab.images import clear_left_images
 from lab.layout import LabNode, lab_dir, with_jumps
 from lab.nodes import down_locked, lab_lock, pid_alive, running_nodes, up_locked
 
@@ -76,10 +77,14 @@ def lab_session(wanted: list[str]) -> Iterator[dict[str, LabNode]]:
     wanted = with_jumps(wanted)  # a node behind a jump is reached through it: both come up
     lease = {"id": f"{os.getpid()}-{secrets.token_hex(4)}", "pid": os.getpid(), "nodes": sorted(wanted)}
     with lab_lock():
-        state = joined(_load(), running=set(running_nodes()), lease=lease, alive=pid_alive)
+        running = set(running_nodes())
+        state = joined(_load(), running=running, lease=lease, alive=pid_alive)
         _save(state)  # recorded before up, so a failed up is still cleaned up below
         try:
             nodes = up_locked(wanted)
+            for name in sorted(set(wanted) - running):  # no session uses it: what is there is left over
+                if removed := clear_left_images(nodes[name]):
+                    print(f"lab: {name}: removed {len(removed)} images earlier test runs left")
         except BaseException:
             _leave(lease["id"])
             raise

@@ -225,23 +225,41 @@ def test_a_nested_session_in_one_process_leaves_the_outer_ones_nodes_running(pri
         stopped.append(sorted(names))
         running.difference_update(names)
 
+    cleared: list[str] = []
     monkeypatch.setattr(sessions, "up_locked", up)
     monkeypatch.setattr(sessions, "down_locked", down)
     monkeypatch.setattr(sessions, "running_nodes", lambda: sorted(running))
+    monkeypatch.setattr(sessions, "clear_left_images", lambda node: cleared.append(node) or [])
     with sessions.lab_session(["node-a", "node-b"]):
         with sessions.lab_session(["node-c", "node-d"]):
             assert running == {"node-a", "node-b", "node-c", "node-d"}
+            with sessions.lab_session(["node-a", "node-c"]):  # both in use: nothing of theirs is cleared
+                pass
         assert stopped == [["node-c", "node-d"]] and running == {"node-a", "node-b"}
     assert stopped == [["node-c", "node-d"], ["node-a", "node-b"]] and not running
+    assert cleared == ["node-a", "node-b", "node-c", "node-d"]  # each once, as its session started it
 
 
 def test_a_session_never_stops_a_lab_brought_up_by_hand(private_lab, monkeypatch):
     (private_lab / "run").mkdir(parents=True)
     monkeypatch.setattr(sessions, "up_locked", lambda wanted: {})
     monkeypatch.setattr(sessions, "down_locked", lambda names: pytest.fail(f"stopped {names}"))
+    monkeypatch.setattr(sessions, "clear_left_images", lambda node: pytest.fail(f"cleared {node}"))
     monkeypatch.setattr(sessions, "running_nodes", lambda: ["node-a", "node-b"])
     with sessions.lab_session(["node-a"]), sessions.lab_session(["node-b"]):
         pass
+
+
+def test_only_what_tests_tag_is_left_over():
+    listing = "\n".join([
+        "lab-vllm-qwen35:h-8b3bf50f8d7736b1", "lab-vllm-qwen35-graft:h-ca87ac2a140ad6de", "ni-eng:1",
+        "<none>:<none>", "lab-vllm-cpu:0.32.0-0dc8bed37a7b", "lab-busybox:1", "lab-debian:bookworm",
+        "lab-vllm-graft-donor:0.17.1-py313", "localhost:5000/lab-busybox:1", "",
+    ])  # fmt: skip
+    assert images.left_images(listing) == [
+        "lab-vllm-qwen35:h-8b3bf50f8d7736b1", "lab-vllm-qwen35-graft:h-ca87ac2a140ad6de", "ni-eng:1",
+        "localhost:5000/lab-busybox:1",
+    ]  # fmt: skip
 
 
 def test_sessions_read_the_older_format_of_bare_pids(private_lab):
