@@ -146,6 +146,7 @@ def test_every_dynamic_provider_explains_its_errors():
         "HealthSecretProvider",
         "ModelSupportCheckProvider",
         "NodeImageProvider",
+        "NodeProofProvider",
         "ReadinessGateProvider",
         "ServeBenchProvider",
         "StackClaimProvider",

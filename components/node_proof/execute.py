@@ -1,0 +1,116 @@
+"""The node proof carried out: one short-lived container per node, all at once (they form one
+group), over each node's SSH transport; the package's only I/O. `ensure` (create, update) runs
+it; `observe` (refresh) never does. Every container is removed whatever happens (`--rm`, and a
+forced removal after a run that did not end), so a proof leaves nothing on a node."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pulumi
+
+from components.node_proof.errors import NodeProofError
+from components.node_proof.facts import nccl_said
+from components.node_proof.plan import ENFORCE, judged, refusal
+from components.node_proof.programs import EXIT_HINTS, proof_argv, proof_program, remove_argv
+from components.nodes import transport_to
+from components.provider_kit.reports import read_report
+from components.remote import RemoteError, Transport
+
+# Beyond the proof's own deadline (and the program's 15 s of grace): SSH, `docker run`, the removal.
+TRANSPORT_SLACK_S = 60
+REMOVE_TIMEOUT_S = 30
+
+
+def _remove(transport: Transport, props: Mapping[str, Any]) -> None:
+    # Nothing there, or the node is gone: the next run removes it first.
+    with contextlib.suppress(RemoteError):
+        transport.run(remove_argv(props), timeout=REMOVE_TIMEOUT_S)
+
+
+def run_node(props: Mapping[str, Any], entry: Mapping[str, Any], transport: Transport) -> dict[str, Any]:
+    """One node's proof: its combined output and exit, or the error that kept it from running."""
+    _remove(transport, props)  # a container a killed run left would refuse this one by name
+    try:
+        result = transport.run(
+            proof_argv(props, entry),
+            stdin=proof_program(),
+            timeout=float(props["deadline_s"]) + TRANSPORT_SLACK_S,
+        )
+    except RemoteError as exc:
+        _remove(transport, props)
+        said = f"{exc.node}: {exc.hint}" if exc.hint else str(exc).splitlines()[0]
+        return {"text": "", "report": None, "error": said, "exit": None}
+    text = result.text + "\n" + result.stderr.decode(errors="replace")
+    return {
+        "report": read_report(result),
+        "text": text,
+        "exit": result.returncode,
+        "stderr": result.err,
+        "hint": EXIT_HINTS.get(result.returncode),
+    }
+
+
+def run_all(props: Mapping[str, Any], transports: Mapping[str, Transport] | None = None) -> dict[str, dict]:
+    """Every node's proof at once (rank 0 on the head holds the group's store); node -> run."""
+    runs: dict[str, dict] = {}
+    threads = []
+    for entry in props["nodes"]:
+        name = str(entry["name"])
+        transport = (transports or {}).get(name) or transport_to(
+            "NodeProof node", entry["node"], NodeProofError
+        )
+
+        def one(entry: Mapping[str, Any] = entry, transport: Transport = transport, name: str = name) -> None:
+            try:
+                runs[name] = run_node(props, entry, transport)
+            except Exception as exc:  # noqa: BLE001 -- a thread's failure is that node's finding
+                runs[name] = {"text": "", "error": f"{type(exc).__name__}: {exc}", "exit": None}
+
+        threads.append(threading.Thread(target=one, daemon=True, name=f"node-proof-{name}"))
+    for thread in threads:
+        thread.start()
+    bound = float(props["deadline_s"]) + TRANSPORT_SLACK_S + 2 * REMOVE_TIMEOUT_S + 10
+    for thread in threads:
+        thread.join(bound)  # each run is bounded by its own timeout; this only guards the guard
+    for entry in props["nodes"]:
+        runs.setdefault(
+            str(entry["name"]), {"text": "", "error": f"no answer within {bound:.0f}s", "exit": None}
+        )
+    return runs
+
+
+def ensure(
+    props: Mapping[str, Any],
+    olds: Mapping[str, Any] | None = None,
+    *,
+    transports: Mapping[str, Transport] | None = None,
+) -> dict[str, Any]:
+    """Run the proof on every node and judge it: its outputs; NodeProofError under enforce when a
+    node is refused (nothing recorded: the next `up` proves again)."""
+    runs = run_all(props, transports)
+    outs = judged(props, runs, {name: nccl_said(run.get("text") or "") for name, run in runs.items()})
+    if outs["problems"] and props["mode"] == ENFORCE:
+        raise NodeProofError(refusal(outs["problems"]))
+    for line in outs["problems"]:
+        pulumi.log.warn(f"node proof: {line} (fabric.node_proof: report: continuing)")
+    for line in outs["warnings"]:
+        pulumi.log.warn(f"node proof: {line}")
+    figure = outs["busbw_gbs"]
+    said = f"{figure:.2f} GB/s bus bandwidth" if figure is not None else "no bandwidth measured"
+    pulumi.log.info(f"node proof: {outs['verdict']} on {len(runs)} node(s) over {outs['backend']}; {said}")
+    return {**props, **outs}
+
+
+def observe(props: Mapping[str, Any]) -> dict[str, Any]:
+    """Refresh: what `up` proved, unchanged (a proof is run by `up` alone: it claims the head's
+    port and a GPU for seconds)."""
+    return dict(props)
+
+
+def release(props: Mapping[str, Any]) -> None:
+    """delete: nothing to do; a proof leaves nothing on a node."""
+    return None

@@ -1,0 +1,153 @@
+"""The node proof's pure decisions: validate the inputs, what a change does (`plan_change`), and the
+verdict on every node's report and NCCL lines (`judged`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from components.fabric_check.facts import NcclFacts
+from components.fabric_check.plan import nccl_problems
+from components.node_proof.facts import busbw, failed_steps
+from components.provider_kit.change import Change
+
+ENFORCE, REPORT = "enforce", "report"
+MODES = (ENFORCE, REPORT)
+GPU_STEPS = ("gpu", "bf16_matmul", "fp8_scaled_mm", "vllm_op", "gpu_memory")
+# Every input: a change to any proves again (a proof is not live state; nothing stays on a node).
+INPUT_KEYS = (
+    "nodes", "master_addr", "port", "mode", "gpu", "run", "bytes", "iterations", "deadline_s",
+    "min_busbw_gbs", "container_prefix",
+)  # fmt: skip
+OUTPUT_KEYS = ("verdict", "problems", "warnings", "results", "busbw_gbs", "backend")
+GPU_NEXT = (
+    'an image built for this GPU ("no kernel image is available": its kernels were not built for '
+    "this device's compute capability; GB10 is sm_121)"
+)
+NO_GPU_NEXT = (
+    "give the containers the GPU: containers.gpu_runtime true and the NVIDIA container toolkit on "
+    "the node (`docker run --rm --gpus all IMAGE nvidia-smi` lists it)"
+)
+
+
+def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(input, reason) for each bad input, no I/O."""
+    problems = []
+    if props.get("mode") not in MODES:
+        problems.append(("mode", f"{props.get('mode')!r}: give one of {', '.join(MODES)}"))
+    nodes = props.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        problems.append(("nodes", "give every node of the stack, the head first"))
+    elif [entry.get("rank") for entry in nodes] != list(range(len(nodes))):
+        problems.append(("nodes", "ranks must be 0..n-1 in order, the head's 0"))
+    if not isinstance(props.get("port"), int) or not 1024 <= props["port"] <= 65535:
+        problems.append(("port", f"{props.get('port')!r}: give a port from 1024 to 65535"))
+    if not isinstance(props.get("deadline_s"), int | float) or props["deadline_s"] <= 0:
+        problems.append(("deadline_s", f"{props.get('deadline_s')!r}: give a positive number of seconds"))
+    return problems
+
+
+def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
+    """From recorded state and new inputs, no I/O: an update (the proof runs again) for each changed
+    input, never a replacement."""
+    return Change(replaces=(), updates=tuple(key for key in INPUT_KEYS if olds.get(key) != news.get(key)))
+
+
+def _step_problem(node: str, step: str, error: str, props: Mapping[str, Any]) -> str:
+    head = props["nodes"][0]["name"]
+    if step == "gpu":
+        return f"{node}: {error}; next: {NO_GPU_NEXT}"
+    if step in GPU_STEPS:
+        return f"{node}: the GPU step {step} failed: {error}; next: {GPU_NEXT}"
+    if step == "join":
+        return (
+            f"{node}: could not join the group of {head} at {props['master_addr']}:{props['port']} "
+            f"within {float(props['deadline_s']):.0f}s: {error}; next: check that {node} reaches "
+            f"{head}'s fabric_ip on fabric.probe_port (firewall, route, nodes[].fabric_ip)"
+        )
+    return f"{node}: the {step} step failed: {error}"
+
+
+def node_problems(
+    props: Mapping[str, Any], entry: Mapping[str, Any], run: Mapping[str, Any], nccl: NcclFacts
+) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of one node's proof: its run (`report`, or `error`/`exit`/`stderr` when
+    it gave none), its steps and, under NCCL, the transport NCCL used against the HCAs it was given."""
+    node, report = str(entry["name"]), run.get("report")
+    if report is None:
+        said = run.get("error") or f"exit {run.get('exit')}: {run.get('stderr', '')[-600:].strip()}"
+        return [f"{node}: the proof gave no report ({said}); next: {run.get('hint') or 'see the error'}"], []
+    if report.get("error"):
+        return [f"{node}: {report['error']}; next: deploy an image with torch and vLLM"], []
+    problems = [_step_problem(node, step, error, props) for step, error in failed_steps(report)]
+    if report.get("deadline") and not problems:
+        problems.append(f"{node}: {report['deadline']}; next: see the NCCL lines of {node}")
+    if problems or not props["gpu"] or len(props["nodes"]) < 2:
+        return problems, []
+    return nccl_problems(node, nccl, list(entry.get("ib_hca") or []))
+
+
+def node_result(entry: Mapping[str, Any], run: Mapping[str, Any], nccl: NcclFacts, gpu: bool) -> dict:
+    """What the `fabric` output and `status` show of one node's proof."""
+    report = run.get("report") or {}
+    steps = report.get("steps") or {}
+    device, memory = steps.get("gpu") or {}, steps.get("gpu_memory") or {}
+    return {
+        "backend": (steps.get("join") or {}).get("backend") or ("nccl" if gpu else "gloo"),
+        # gloo: no NCCL ran (no GPU in the stack's containers); None: NCCL named none.
+        "network": nccl.network if gpu else "gloo",
+        "hcas": list(nccl.ib_hcas),
+        "gid_index": dict(nccl.gid_index),
+        "gpu": (
+            {
+                "name": device.get("name"),
+                "capability": device.get("capability"),
+                "free_bytes": memory.get("free_bytes"),
+                "total_bytes": memory.get("total_bytes"),
+            }
+            if device.get("ok")
+            else None
+        ),  # fmt: skip
+        "failed": [step for step, _ in failed_steps(report)],
+        "busbw_gbs": busbw(report),
+        "torch": report.get("torch"),
+        "nccl_lines": list(nccl.lines[:20]),
+    }
+
+
+def judged(
+    props: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]], nccl: Mapping[str, NcclFacts]
+) -> dict:
+    """The proof's outputs from every node's run and NCCL facts: the verdict, problems, warnings,
+    per node results, the group's bus bandwidth (the head's figure) against fabric.min_busbw_gbps."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    results = {}
+    for entry in props["nodes"]:
+        name = str(entry["name"])
+        found, warned = node_problems(props, entry, runs[name], nccl[name])
+        problems += found
+        warnings += warned
+        results[name] = node_result(entry, runs[name], nccl[name], bool(props["gpu"]))
+    head = str(props["nodes"][0]["name"])
+    figure = results[head]["busbw_gbs"]
+    floor = props.get("min_busbw_gbs")
+    if floor is not None and len(props["nodes"]) > 1 and figure is not None and figure < float(floor):
+        problems.append(
+            f"the all-reduce's bus bandwidth {figure:.2f} GB/s ({figure * 8:.1f} Gb/s) is below "
+            f"fabric.min_busbw_gbps {float(floor):g} GB/s; next: see each node's NCCL network and "
+            "HCAs (`status`), the MTU and the cabling"
+        )
+    verdict = "passed" if not problems else ("refused" if props["mode"] == ENFORCE else "problems recorded")
+    return {
+        "verdict": verdict, "problems": problems, "warnings": warnings, "results": results,
+        "busbw_gbs": figure, "backend": "nccl" if props["gpu"] else "gloo",
+    }  # fmt: skip
+
+
+def refusal(problems: Sequence[str]) -> str:
+    return (
+        f"node proof: {len(problems)} problem(s) before any serving container:\n"
+        + "\n".join(f"  - {p}" for p in problems)
+        + "\n  (fabric.node_proof: enforce stops here; `report` records these and goes on)"
+    )
