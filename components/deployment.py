@@ -4,15 +4,16 @@ Order, enforced by dependencies (and reversed by `pulumi destroy`):
 docker provider per node → FabricCheck per node (the head's first: its MTU is every worker's
 reference; none under `fabric.check: off`) → the image on the head (strategy `prebuilt`: already
 there, nothing built; `hybrid` or `graft`: BuiltImage builds it) → NodeImage per node →
-model-support check on the head → Ray head → Ray workers → vLLM server on the head → readiness
-gate (every container after every node's FabricCheck) → serve bench on the head (none under
-`bench.mode: off`) and health (none under `health.mode: off`): the watchdog's state volume on the
-head, an agent on every worker, then the watchdog on the head. Under
-`cluster.executor: mp` no Ray runs: the
-headless vLLM ranks (one per worker) → the serving rank on the head → readiness gate (see
-components/mp_executor.py). Every container runs the `sha256:` image ID its node's NodeImage
-reports and the NCCL settings its node's FabricCheck decided, so a rebuilt image or a changed GID
-index replaces exactly the containers it concerns (under mp: every rank, as the ranks are one world).
+model-support check on the head, and the node proof on every node (after every NodeImage and
+FabricCheck; none under `fabric.node_proof: off`) → Ray head → Ray workers → vLLM server on the
+head → readiness gate (every container after every node's FabricCheck and the node proof) → serve
+bench on the head (none under `bench.mode: off`) and health (none under `health.mode: off`): the
+watchdog's state volume on the head, an agent on every worker, then the watchdog on the head. Under
+`cluster.executor: mp` no Ray runs: the headless vLLM ranks (one per worker) → the serving rank on
+the head → readiness gate (see components/mp_executor.py). Every container runs the `sha256:` image
+ID its node's NodeImage reports and the NCCL settings its node's FabricCheck decided, so a rebuilt
+image or a changed GID index replaces exactly the containers it concerns (under mp: every rank, as
+the ranks are one world).
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ from components.config import (
     NodeConfig,
     StackConfig,
 )
-from components.containers import ContainerSpec, NodeFabric, compile_cache_volume_name, configured_fabric
+from components.containers import (
+    ContainerSpec,
+    NodeFabric,
+    compile_cache_volume_name,
+    configured_fabric,
+    fabric_env,
+)
 from components.fabric_check import FabricCheck, probe_after
 from components.health.containers import (
     agent_container_spec,
@@ -48,12 +55,14 @@ from components.image_build.component import BuiltImage, BuiltImageArgs, image_r
 from components.layout import (
     FABRIC_OUTPUTS,
     MODEL_SUPPORT_OUTPUTS,
+    NODE_PROOF_OUTPUTS,
     SERVE_BENCH_OUTPUTS,
     cluster_proof,
     fabric_check_inputs,
     health_output,
     memory_inputs,
     node_container_names,
+    node_proof_inputs,
     probe_input,
     scrape_targets,
 )
@@ -68,6 +77,7 @@ from components.mp_executor import (
     world_digest,
 )
 from components.node_image import NodeImage, copy_tree
+from components.node_proof import NodeProof
 from components.nodes import NodeAccess, node_access
 from components.ray_cluster import dashboard_host, ray_container_name, ray_container_spec, ray_tmp_volume_name
 from components.readiness_gate import ReadinessGate
@@ -199,6 +209,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         self.node_images: dict[str, NodeImage] = place_images(name, self, self.image_ref, self.image)
         self.checkpoints: dict[str, Checkpoint] = place_checkpoints(name, self, args.hf_token)
         self.model_support = self._model_support_check(name)
+        self.node_proof: NodeProof | None = self._node_proof(name)
         self.compile_caches: dict[str, docker.Volume] = self._compile_caches(name)
         self.ray_tmp: docker.Volume | None = None
         self.ray_containers: dict[str, docker.Container] = {}
@@ -337,6 +348,41 @@ class Qwen35Deployment(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.node_images[head], *([head_checkpoint] if head_checkpoint else [])],
+            ),
+        )
+
+    def _node_proof(self, name: str) -> NodeProof | None:
+        """Before any serving container, on every node at once: the image's GPU step and one group
+        over the fabric whose transport NCCL names (none under `fabric.node_proof: off`)."""
+        cfg = self.config
+        if cfg.fabric.proof is FabricCheckMode.OFF:
+            return None
+        nodes = []
+        for rank, node in enumerate([cfg.head, *cfg.workers]):
+            fabric = self._fabric(node)
+            nodes.append(
+                {
+                    "name": node.name,
+                    "node": self.access[node.name].node_dict(),
+                    "rank": rank,
+                    "image_id": self._image_id(node.name),
+                    # What that node's serving containers get: its own interface, HCAs and GID index.
+                    "env": fabric.apply(lambda f, n=node: fabric_env(cfg, n, f))
+                    if fabric
+                    else fabric_env(cfg, node),
+                    "ib_hca": fabric.apply(lambda f: list(f.ib_hca))
+                    if fabric
+                    else list(configured_fabric(cfg, node).ib_hca),
+                }
+            )
+        return NodeProof(
+            f"{name}-node-proof",
+            nodes=nodes,
+            **node_proof_inputs(cfg),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # After every node's image and fabric check (whose probes free the head's port).
+                depends_on=[*self.claims.values(), *self.node_images.values(), *self.fabric_checks.values()],
             ),
         )
 
@@ -657,14 +703,22 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 }
                 for n in cfg.nodes
             }
-            return {"check": cfg.fabric.check.value, "nodes": nodes}
+            return {"check": cfg.fabric.check.value, "nodes": nodes, **self._proof_output()}
         return {
             "check": cfg.fabric.check.value,
             "nodes": {
                 node: {key: getattr(check, key) for key in FABRIC_OUTPUTS}
                 for node, check in self.fabric_checks.items()
             },
+            **self._proof_output(),
         }
+
+    def _proof_output(self) -> dict[str, Any]:
+        """`fabric.proof`: the node proof's mode and verdict (none under `fabric.node_proof: off`)."""
+        if self.node_proof is None:
+            return {}
+        proof = {key: getattr(self.node_proof, key) for key in NODE_PROOF_OUTPUTS}
+        return {"proof": {"mode": self.config.fabric.proof.value, **proof}}
 
     # ---- shared by the steps --------------------------------------------------------------------------
 
@@ -736,6 +790,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                     self.model_support,
                     # Every node's fabric before any container on any node (NCCL spans them all).
                     *self.fabric_checks.values(),
+                    *([self.node_proof] if self.node_proof else []),
                     *depends_on,
                 ],
                 additional_secret_outputs=["envs", *(["uploads"] if spec.secret_files else [])],

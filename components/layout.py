@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.config import Executor, HealthMode, NodeConfig, StackConfig
+from components.containers import CAPABILITIES, ulimits
 from components.health.containers import (
     agent_container_name,
     health_volume_name,
@@ -150,6 +151,44 @@ def probe_input(cfg: StackConfig, head_dict: Mapping[str, Any]) -> dict[str, Any
         "host": cfg.head.fabric_ip,
         "port": cfg.fabric.probe_port,
         "min_gbps": cfg.fabric.min_gbps,
+    }
+
+
+# The node proof's outputs that the stack exports (`fabric.proof`).
+NODE_PROOF_OUTPUTS = ("verdict", "backend", "busbw_gbs", "problems", "warnings", "results")
+# The node proof's sized all-reduce: NCCL's over the fabric, or gloo's over sockets (the lab, no GPU).
+NODE_PROOF_SIZES = {True: (256 << 20, 20), False: (16 << 20, 5)}
+# Each rank's bound, from its start to its report: importing torch and vLLM in the image, the GPU
+# step, joining the group and the all-reduces.
+NODE_PROOF_DEADLINE_S = 180.0
+
+
+def node_proof_inputs(cfg: StackConfig) -> dict[str, Any]:
+    """The node proof's inputs from config alone (the per-node image IDs and NCCL settings come from
+    the graph): the group's address and port, the mode, the serving containers' runtime settings."""
+    c = cfg.containers
+    size, iterations = NODE_PROOF_SIZES[c.gpu_runtime]
+    return {
+        "master_addr": cfg.head.fabric_ip,
+        # FabricCheck's probes are done when the proof starts: the head's claimed probe port is free.
+        "port": cfg.fabric.probe_port,
+        "mode": cfg.fabric.proof.value,
+        "gpu": c.gpu_runtime,
+        "run": {
+            "devices": list(c.devices),
+            "gpus": "all" if c.gpu_runtime else None,
+            "privileged": c.privileged,
+            # Privileged grants every capability already.
+            "capabilities": [] if c.privileged else list(CAPABILITIES),
+            "ulimits": [list(limit) for limit in ulimits(c.memlock_bytes)],
+            "ipc": c.ipc,
+            "shm_size_mb": c.shm_size_mb,
+        },
+        "container_prefix": c.name_prefix,
+        "bytes_": size,
+        "iterations": iterations,
+        "deadline_s": NODE_PROOF_DEADLINE_S,
+        "min_busbw_gbs": cfg.fabric.min_busbw_gbps,
     }
 
 

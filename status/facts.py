@@ -288,7 +288,9 @@ def gather(
                 )
                 for name, acc in access.items()
             }
-        recorded = pool.submit(stack_fabric, stack) if fabric and stack else None
+        # The stack output `fabric`: the probes' figures, and the node proof's verdict.
+        proof_on = config.fabric.proof is not FabricCheckMode.OFF
+        recorded = pool.submit(stack_fabric, stack) if (fabric or proof_on) and stack else None
         bench_on = config.bench.mode is not BenchMode.OFF
         bench = pool.submit(stack_bench, stack) if bench_on and stack else None
         started = pool.submit(stack_cold_start, stack) if stack else None

@@ -59,7 +59,7 @@ def text(verdict: Verdict, stack: str) -> str:
     )
     # The bench row only where the bench is on (its figures are the last `up`'s, from the stack output);
     # the cold start's where the stack's outputs were read.
-    rows = [*CLUSTER_ROWS, *(k for k in ("bench", "cold start") if k in verdict.cluster)]
+    rows = [*CLUSTER_ROWS, *(k for k in ("node proof", "bench", "cold start") if k in verdict.cluster)]
     parts.append(table(("cluster", "state"), [(k, verdict.cluster.get(k, "-")) for k in rows]))
     if verdict.retention:
         kept = verdict.retention.get("previous") or {}

@@ -102,6 +102,9 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     if config.fabric.check is not FabricCheckMode.OFF:
         verdict.fabric, slow = fabric_lines(config, facts, found)
         verdict.warnings = warned + slow
+    if config.fabric.proof is not FabricCheckMode.OFF:
+        verdict.cluster["node proof"], recorded = proof_line(facts.get("fabric_output") or {})
+        verdict.warnings += recorded
     verdict.problems += _ray(config, verdict.cluster, head_report)
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
@@ -719,6 +722,34 @@ def fabric_lines(
         lines[node.name] = f"{node.name}: {found.get(node.name, 'fabric facts not read')}; {speed}"
         warnings += [slow] if slow else []
     return lines, warnings
+
+
+PROOF_NEXT = (
+    "see docs/fabric.md (the node proof); `pulumi up` proves again once an image or a node's NCCL "
+    "settings change"
+)
+
+
+def proof_line(recorded: dict[str, Any]) -> tuple[str, list[Problem]]:
+    """The `node proof` row: the verdict the last `pulumi up` recorded (the stack output
+    `fabric.proof`: each node's transport as NCCL named it, the group's bus bandwidth), and a warning
+    per problem it recorded (under `fabric.node_proof: report`)."""
+    output = recorded.get("output")
+    proof = output.get("proof") if isinstance(output, dict) else None
+    if recorded.get("error") or not isinstance(proof, dict):
+        return f"not recorded ({_first_line(recorded.get('error') or 'no proof in the stack output')})", []
+    if not proof.get("verdict"):
+        return "not run yet (the next `pulumi up` runs it before any serving container)", []
+    results = proof.get("results") or {}
+    nets = ", ".join(
+        f"{name} {r.get('network') or '?'}" + (f" ({', '.join(r['hcas'])})" if r.get("hcas") else "")
+        for name, r in results.items()
+    )
+    figure = proof.get("busbw_gbs")
+    speed = f"{figure:.2f} GB/s bus bandwidth" if isinstance(figure, int | float) else "no bandwidth measured"
+    line = f"{proof['verdict']} over {proof.get('backend')}: {nets}; {speed} (proved by `pulumi up`, not now)"
+    problems = [Problem("cluster", f"node proof: {p}", PROOF_NEXT) for p in proof.get("problems") or []]
+    return line, problems
 
 
 def cold_start_line(recorded: dict[str, Any], watched: Any, now: Any) -> str:

@@ -69,13 +69,21 @@ class FabricConfig(_Model):
     # The probe's floor in Gb/s (gigabits per second, a link's rate: a Spark port is 200); the probe
     # reports GB/s (gigabytes), so 11.8 GB/s is 94.4 Gb/s. Below it `up` and `status` warn.
     min_gbps: float | None = Field(default=None, gt=0)
+    # Before any serving container, on every node at once (components/node_proof): the image's GPU
+    # step and one torch.distributed group over the fabric (NCCL; gloo without containers.gpu_runtime)
+    # on the head's probe_port, judged from NCCL's own lines. unset: as `check` says.
+    node_proof: FabricCheckMode | None = None
+    # The node proof's floor on its all-reduce's bus bandwidth, in GB/s (gigabytes per second, as
+    # nccl-tests prints busbw: NVIDIA's two-Spark setup shows about 21.9). Below it: refused under
+    # enforce, recorded under report.
+    min_busbw_gbps: float | None = Field(default=None, gt=0)
 
     @field_validator("socket_ifname")
     @classmethod
     def _ifname(cls, v: str) -> str:
         return _check_ifname(v)
 
-    @field_validator("check", mode="before")
+    @field_validator("check", "node_proof", mode="before")
     @classmethod
     def _check_off(cls, v: Any) -> Any:
         # YAML 1.1 (Pulumi's stack files) reads an unquoted `off` as false.
@@ -99,11 +107,21 @@ class FabricConfig(_Model):
                 "fabric.ib_gid_index and fabric.gid_index are both set: ib_gid_index is the old name "
                 f"of gid_index; keep only `gid_index: {self.ib_gid_index}` (or resolve, or unset)"
             )
+        if self.min_busbw_gbps is not None and self.proof is FabricCheckMode.OFF:
+            raise ValueError(
+                "fabric.min_busbw_gbps is the node proof's floor, and the proof is off: set "
+                "fabric.node_proof to enforce or report, or remove fabric.min_busbw_gbps"
+            )
         if self.gid_index == "resolve" and self.check is FabricCheckMode.OFF:
             raise ValueError(
                 "fabric.gid_index: resolve needs the check: set fabric.check to enforce or report"
             )
         return self
+
+    @property
+    def proof(self) -> FabricCheckMode:
+        """The node proof's mode: `node_proof`, or the check's when unset."""
+        return self.node_proof if self.node_proof is not None else self.check
 
     @property
     def gid(self) -> str | int:

@@ -259,7 +259,10 @@ class StackConfig(_Model):
     def _probe_port_problems(self) -> list[tuple[str, str]]:
         """fabric.probe_port is none of the head's other ports: a container holding it would make the
         next probe (a drift repaired by `up`) fail as an unreachable head."""
-        if self.fabric.check is FabricCheckMode.OFF or len(self.nodes) < 2:
+        fabric = self.fabric
+        if (fabric.check is FabricCheckMode.OFF and fabric.proof is FabricCheckMode.OFF) or len(
+            self.nodes
+        ) < 2:
             return []
         port = self.fabric.probe_port
         rp = self.head.ray_ports
@@ -279,8 +282,8 @@ class StackConfig(_Model):
         return [
             (
                 "fabric.probe_port",
-                f"{port} is {key} too: each worker's fabric probe listens there on the head; choose "
-                "another fabric.probe_port",
+                f"{port} is {key} too: each worker's fabric probe and the node proof's group listen "
+                "there on the head; choose another fabric.probe_port",
             )
             for key in taken
         ]

@@ -26,8 +26,12 @@ CLAIM_KEYS = ("owner", "prefix", "ports", "node")
 
 def probe_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     """The head's `fabric.probe_port`, where each worker's FabricCheck probe reaches a short-lived
-    listener; none without the check or without a worker (no probe runs)."""
-    if node is not config.head or not config.workers or config.fabric.check is FabricCheckMode.OFF:
+    listener, and then the node proof's group meets; none without a worker, or with neither the check
+    nor the proof (nothing listens there)."""
+    fabric = config.fabric
+    if node is not config.head or not config.workers:
+        return []
+    if fabric.check is FabricCheckMode.OFF and fabric.proof is FabricCheckMode.OFF:
         return []
     return [[config.fabric.probe_port] * 2]
 

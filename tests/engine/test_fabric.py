@@ -59,7 +59,14 @@ def fabric_config(lab_config, roots: dict[str, str]) -> dict:
         node.pop("ib_hca", None)
         node["sysfs_root"] = roots[node["name"]]
     # fabric.mtu is the floor that makes node-b's 1500 a refusal (a mere difference only warns).
-    fabric = {"socket_ifname": "lo", "check": "enforce", "gid_index": "unset", "mtu": 9000}
+    # node_proof off: these stand-in images hold no torch (test_real_vllm.py runs the proof).
+    fabric = {
+        "socket_ifname": "lo",
+        "check": "enforce",
+        "gid_index": "unset",
+        "mtu": 9000,
+        "node_proof": "off",
+    }
     return lab_config(fabric=fabric, nodes=nodes)
 
 

@@ -96,6 +96,22 @@ def test_the_model_support_check_ran_the_image_s_vllm_in_enforce_and_passed(real
     )
 
 
+def test_the_node_proof_ran_the_image_s_torch_on_both_nodes_before_any_serving_container(real_stack):
+    done = finished(real_stack.first_up)
+    names = [n for _, n, _ in done]
+    first_container = min(i for i, (t, _, op) in enumerate(done) if t == CONTAINER and op == "create")
+    assert names.index("qwen35-node-proof") < first_container, done
+    proof = real_stack.stack.run("stack", "output", "fabric", "--json").json()["proof"]
+    # The lab's exact verdict: no GPU step (containers.gpu_runtime false), gloo over loopback.
+    assert (proof["mode"], proof["verdict"], proof["backend"], proof["problems"]) == (
+        "enforce", "passed", "gloo", []
+    ), proof  # fmt: skip
+    assert set(proof["results"]) == {"node-a", "node-b"} and proof["busbw_gbs"] > 0, proof
+    for name, result in proof["results"].items():
+        assert (result["network"], result["gpu"], result["failed"]) == ("gloo", None, []), (name, result)
+        assert result["torch"].startswith("2."), (name, result)
+
+
 def test_the_bench_measured_vllm_s_own_speed_after_the_gate(real_stack):
     bench = real_stack.stack.run("stack", "output", "serve_bench", "--json").json()
     figures = bench["figures"]
@@ -190,6 +206,7 @@ def test_status_shows_each_rank_and_the_serving_engine(real_stack):
     # The gate's cold start of this server, from vLLM's own lines, and the bench's figures.
     assert "measured by the readiness gate of `pulumi up`" in table and "first completion" in table, table
     assert "measured by `pulumi up`" in table and "decode" in table, table
+    assert "passed over gloo: node-a gloo, node-b gloo; " in table, table
     report = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=180,
                                        env=env, cwd=root).stdout)  # fmt: skip
     assert HEAD in json.dumps(report) and RANK1 in json.dumps(report)

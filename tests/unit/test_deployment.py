@@ -124,6 +124,7 @@ def envs(graph: Graph, name: str) -> dict[str, str]:
 
 
 CLAIM = "pulumi-python:dynamic/qwen35:StackClaim"
+PROOF = "pulumi-python:dynamic/qwen35:NodeProof"
 DEV_RESOURCES = {
     ("qwen35:index:Deployment", "qwen35"),
     ("pulumi:providers:docker", "qwen35-docker-spark-1"),
@@ -136,6 +137,7 @@ DEV_RESOURCES = {
     (CHECKPOINT, "qwen35-checkpoint-spark-1"),
     (CHECKPOINT, "qwen35-checkpoint-spark-2"),
     (CHECK, "qwen35-model-support"),
+    (PROOF, "qwen35-node-proof"),
     (CONTAINER, "qwen35-ray-head"),
     (CONTAINER, "qwen35-ray-worker-spark-2"),
     (CONTAINER, "qwen35-vllm"),
@@ -275,10 +277,13 @@ def test_dependency_order(request, graph_name):
     # The model-support check runs on the head's image, once it is placed; every container waits for it.
     assert node_image_of(graph, "spark-1").name in deps["qwen35-model-support"]
     fabric = {f"qwen35-fabric-{node}" for node in graph.run.outputs["nodes"]}
+    # The node proof after every node's image and fabric check (its port is the probes' own).
+    images = {node_image_of(graph, node).name for node in graph.run.outputs["nodes"]}
+    assert images | fabric <= deps["qwen35-node-proof"]
     for container in graph.run.by_type(CONTAINER):
         assert "qwen35-model-support" in deps[container.name], container.name
-        # Every node's fabric check before any container on any node.
-        assert fabric <= deps[container.name], container.name
+        # Every node's fabric check and the node proof before any container on any node.
+        assert fabric | {"qwen35-node-proof"} <= deps[container.name], container.name
     # The head's check first: its recorded MTU is every worker's reference.
     for check in fabric - {"qwen35-fabric-spark-1"}:
         assert "qwen35-fabric-spark-1" in deps[check]
