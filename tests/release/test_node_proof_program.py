@@ -1,7 +1,7 @@
 """The node proof's program (components/node_programs/node_proof.py) under a real torch (vLLM
-0.17.1's venv, as a prebuilt image holds it), two ranks on loopback over gloo as the lab runs it:
-the group forms and measures, a peer that never joins ends within the bound, and a GPU step asked
-for where there is none fails at the GPU, naming it, without joining."""
+0.17.1's venv, as a prebuilt image holds it), two and three ranks on loopback over gloo as the lab
+runs it: the group forms and measures, a peer that never joins ends within the bound, and a GPU step
+asked for where there is none fails at the GPU, naming it, without joining."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import json
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from components.node_programs import program_stdin
 from components.node_programs.node_proof import Exit
@@ -44,9 +46,10 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, dict]:
     return proc.returncode, report
 
 
-def test_two_ranks_form_the_group_and_measure_its_bus_bandwidth(prebuilt):
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_ranks_form_the_group_and_measure_its_bus_bandwidth(prebuilt, world):
     port = free_port()
-    procs = [start(prebuilt, spec(rank, 2, port)) for rank in (0, 1)]
+    procs = [start(prebuilt, spec(rank, world, port)) for rank in range(world)]
     done = [finish(proc, 180) for proc in procs]
     for rank, (code, report) in enumerate(done):
         assert code == Exit.OK and failed_steps(report) == [], report
