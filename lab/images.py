@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lab.engines import debian_mirror, find_binary
-from lab.layout import LabError, LabNode, cache_dir
+from lab.layout import LabError, LabNode, cache_dir, data_dir
 from lab.remote import docker, ssh_argv
 
 BUSYBOX_TAG = "lab-busybox:1"
@@ -28,7 +28,7 @@ BUSYBOX_DOCKERFILE = b'FROM scratch\nCOPY rootfs/ /\nCMD ["/bin/sh"]\n'
 
 # What the lab makes once and keeps across test runs: each costs a build, a debootstrap or a 6.5 GB
 # load to make again. Everything else on a node is a test's (a stack's build, a copy under a test
-# tag) and `clear_left_images` removes it when a session starts the node.
+# tag): `clear_left_images` removes it when a session starts the node and the disk is short.
 KEPT_REPOSITORIES = frozenset(
     {
         "lab-busybox",
@@ -66,6 +66,19 @@ def left_images(listing: str) -> list[str]:
         if ref and repository and tag != "<none>" and repository not in KEPT_REPOSITORIES:
             refs.append(ref)
     return refs
+
+
+# Below this much free space under the lab's data root, a session clears what earlier runs left. Above
+# it, their builds stay: a content-tagged build found again is not built again (minutes a run).
+CLEAR_BELOW_BYTES = 12 << 30
+
+
+def disk_short(free_bytes: int | None = None) -> bool:
+    """Whether the lab's data root has less than CLEAR_BELOW_BYTES free (`free_bytes`: as measured)."""
+    if free_bytes is None:
+        found = os.statvfs(data_dir() if data_dir().exists() else "/")
+        free_bytes = found.f_bavail * found.f_frsize
+    return free_bytes < CLEAR_BELOW_BYTES
 
 
 def clear_left_images(node: LabNode) -> list[str]:

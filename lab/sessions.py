@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from lab.images import clear_left_images
+from lab.images import clear_left_images, disk_short
 from lab.layout import LabNode, lab_dir, with_jumps
 from lab.nodes import down_locked, lab_lock, pid_alive, running_nodes, up_locked
 
@@ -82,7 +82,9 @@ def lab_session(wanted: list[str]) -> Iterator[dict[str, LabNode]]:
         _save(state)  # recorded before up, so a failed up is still cleaned up below
         try:
             nodes = up_locked(wanted)
-            for name in sorted(set(wanted) - running):  # no session uses it: what is there is left over
+            # A node no session uses holds only what earlier runs left: cleared when the disk is short.
+            fresh = sorted(set(wanted) - running) if disk_short() else []
+            for name in fresh:
                 if removed := clear_left_images(nodes[name]):
                     print(f"lab: {name}: removed {len(removed)} images earlier test runs left")
         except BaseException:

@@ -230,6 +230,7 @@ def test_a_nested_session_in_one_process_leaves_the_outer_ones_nodes_running(pri
     monkeypatch.setattr(sessions, "down_locked", down)
     monkeypatch.setattr(sessions, "running_nodes", lambda: sorted(running))
     monkeypatch.setattr(sessions, "clear_left_images", lambda node: cleared.append(node) or [])
+    monkeypatch.setattr(sessions, "disk_short", lambda: True)
     with sessions.lab_session(["node-a", "node-b"]):
         with sessions.lab_session(["node-c", "node-d"]):
             assert running == {"node-a", "node-b", "node-c", "node-d"}
@@ -248,6 +249,18 @@ def test_a_session_never_stops_a_lab_brought_up_by_hand(private_lab, monkeypatch
     monkeypatch.setattr(sessions, "running_nodes", lambda: ["node-a", "node-b"])
     with sessions.lab_session(["node-a"]), sessions.lab_session(["node-b"]):
         pass
+
+
+def test_a_session_clears_nothing_while_the_disk_has_room(private_lab, monkeypatch):
+    (private_lab / "run").mkdir(parents=True)
+    monkeypatch.setattr(sessions, "up_locked", lambda wanted: {name: name for name in wanted})
+    monkeypatch.setattr(sessions, "down_locked", lambda names: None)
+    monkeypatch.setattr(sessions, "running_nodes", lambda: [])
+    monkeypatch.setattr(sessions, "clear_left_images", lambda node: pytest.fail(f"cleared {node}"))
+    monkeypatch.setattr(sessions, "disk_short", lambda: False)
+    with sessions.lab_session(["node-a"]):
+        pass
+    assert images.disk_short(images.CLEAR_BELOW_BYTES - 1) and not images.disk_short(images.CLEAR_BELOW_BYTES)
 
 
 def test_only_what_tests_tag_is_left_over():
