@@ -1,0 +1,88 @@
+"""The node proof in the lab, through NodeProofProvider as the engine runs it: real containers of the
+real-vLLM lab image (its own torch) on node-a and node-b, with the lab stack's serving settings
+(Pulumi.lab.yaml: no GPU, no devices, its memlock) and each node's own NCCL/gloo variables. There is
+no GPU and no RDMA here: the group is gloo's over loopback, and that is exactly the verdict expected.
+(Three nodes would need the 6.5 GB image on node-c too: the program's world of three is proven in
+tests/release/test_node_proof_program.py.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import lab
+from components.config import parse_stack_config
+from components.containers import fabric_env
+from components.layout import node_proof_inputs
+from components.node_proof import NodeProofError, NodeProofProvider, container_name
+from lab.images import DEBIAN_TAG, debian_image
+from lab.vllm_cpu_image import vllm_cpu_images
+from tests.support.lab_nodes import node_dict
+from tests.support.ports import free_port
+from tests.support.program import dev_raw
+
+PROVIDER = NodeProofProvider()
+
+
+@pytest.fixture(scope="module")
+def images(node_a, node_b) -> dict[str, str]:
+    return vllm_cpu_images([node_a, node_b])
+
+
+def proof_props(nodes: list[lab.LabNode], images: dict[str, str], deadline_s: float = 120.0) -> dict:
+    """The NodeProof inputs the lab stack's config gives, on these nodes, with these images."""
+    config = parse_stack_config(dev_raw("lab"))
+    declared = {n.name: n for n in config.nodes}
+    inputs = node_proof_inputs(config)
+    inputs = {**inputs, "bytes": inputs.pop("bytes_"), "deadline_s": deadline_s, "mode": "enforce"}
+    inputs["port"] = free_port(nodes[0].host)  # nothing else of the lab's listens there now
+    inputs["master_addr"] = declared[nodes[0].name].fabric_ip
+    entries = [
+        {
+            "name": node.name,
+            "node": node_dict(node),
+            "rank": rank,
+            "image_id": images[node.name],
+            "env": fabric_env(config, declared[node.name]),
+            "ib_hca": [],
+        }
+        for rank, node in enumerate(nodes)
+    ]
+    return {**inputs, "nodes": entries, "min_busbw_gbs": None}
+
+
+def left_containers(nodes: list[lab.LabNode], props: dict) -> list[str]:
+    name = container_name(props)
+    return [n.name for n in nodes if name in lab.docker(n, "ps", "-a", "--format", "{{.Names}}").out.split()]
+
+
+def test_two_lab_nodes_prove_over_gloo_with_the_images_torch_and_leave_nothing(node_a, node_b, images):
+    props = proof_props([node_a, node_b], images)
+    outs = PROVIDER.create(props).outs
+    assert (outs["verdict"], outs["backend"], outs["problems"]) == ("passed", "gloo", []), outs
+    assert outs["busbw_gbs"] > 0
+    for name in ("node-a", "node-b"):
+        result = outs["results"][name]
+        assert (result["network"], result["gpu"], result["failed"]) == ("gloo", None, []), result
+        assert result["torch"].startswith("2."), result
+    assert left_containers([node_a, node_b], props) == []
+    # Refresh reads nothing: what `up` proved stays.
+    assert PROVIDER.read("qwen35-node-proof", outs).outs == outs
+
+
+def test_a_proof_that_cannot_reach_the_head_is_refused_within_its_bound_naming_both(node_a, node_b, images):
+    # The head's group never opens: its image has no torch (Debian's python3 alone), so node-b's
+    # proof waits for a head that is not there until its bound.
+    debian = debian_image(node_a, DEBIAN_TAG)
+    props = proof_props([node_a, node_b], {"node-a": debian, "node-b": images["node-b"]}, deadline_s=15)
+    started = time.monotonic()
+    with pytest.raises(NodeProofError) as refused:
+        PROVIDER.create(props)
+    elapsed = time.monotonic() - started
+    message = str(refused.value)
+    assert "node-a: the image's python3 cannot import torch" in message, message
+    head = f"{props['master_addr']}:{props['port']}"
+    assert f"node-b: could not join the group of node-a at {head} within 15s" in message, message
+    assert elapsed < 15 + 15 + 60, elapsed  # the bound, the program's grace, torch's import
+    assert left_containers([node_a, node_b], props) == []
