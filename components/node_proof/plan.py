@@ -40,7 +40,9 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
         problems.append(("nodes", "give every node of the stack, the head first"))
     elif [entry.get("rank") for entry in nodes] != list(range(len(nodes))):
         problems.append(("nodes", "ranks must be 0..n-1 in order, the head's 0"))
-    if not isinstance(props.get("port"), int) or not 1024 <= props["port"] <= 65535:
+    port = props.get("port")
+    # (a dynamic resource's numbers reach check as floats: 29590.0 is the port 29590)
+    if not isinstance(port, int | float) or not float(port).is_integer() or not 1024 <= port <= 65535:
         problems.append(("port", f"{props.get('port')!r}: give a port from 1024 to 65535"))
     if not isinstance(props.get("deadline_s"), int | float) or props["deadline_s"] <= 0:
         problems.append(("deadline_s", f"{props.get('deadline_s')!r}: give a positive number of seconds"))

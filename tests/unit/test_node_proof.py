@@ -120,6 +120,9 @@ def test_bad_inputs_are_named():
     bad["nodes"][1]["rank"] = 5
     assert {key for key, _ in validate(bad)} == {"mode", "port", "nodes"}
     assert validate(props()) == []
+    # As the engine hands them to check: every number a float.
+    assert validate(props(port=29590.0, deadline_s=30)) == []
+    assert [key for key, _ in validate(props(port=29590.5))] == ["port"]
 
 
 def test_any_changed_input_proves_again_and_nothing_replaces():
