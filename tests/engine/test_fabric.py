@@ -1,12 +1,13 @@
 """FabricCheck under the real Pulumi engine, on the lab: `fabric.check: enforce`, `gid_index: unset`,
 and a sysfs tree per node (`nodes[].sysfs_root`, written onto the node: the lab's nodes share this
-machine's filesystem) whose ACTIVE port names differ between the nodes.
+machine's filesystem) whose ACTIVE port names, and socket interfaces (`nodes[].socket_ifname`), differ
+between the nodes.
 
-After `up` each node's Ray container has NCCL_IB_HCA of its own node's ACTIVE ports and no
-NCCL_IB_GID_INDEX; an MTU dropped below `fabric.mtu` in node-b's tree shows on node-b's FabricCheck
-only in `pulumi refresh`; with the tree restored, `up` repairs it and replaces nothing. (An MTU that
-only differs between the ends is a warning, as NCCL runs at the smaller end's: refresh records it
-in the outputs and shows no change.) A changed fabric.probe_port
+After `up` each node's Ray container has NCCL_IB_HCA of its own node's ACTIVE ports, its own
+NCCL_SOCKET_IFNAME and no NCCL_IB_GID_INDEX; an MTU dropped below `fabric.mtu` in node-b's tree
+shows on node-b's FabricCheck only in `pulumi refresh`; with the tree restored, `up` repairs it and
+replaces nothing. (An MTU that only differs between the ends is a warning, as NCCL runs at the
+smaller end's: refresh records it in the outputs and shows no change.) A changed fabric.probe_port
 updates the head's StackClaim and node-b's check in place and moves no container.
 """
 
@@ -38,6 +39,9 @@ RAY = {"node-a": "qwen35-ray-head", "node-b": "qwen35-ray-worker"}
 # node-a's in one order (device, port) on every read, so refresh and a no-op up change nothing.
 ACTIVE_PORTS = {"node-a": ["rocep1s0f0", "roceP2p1s0f1"], "node-b": ["roceP2p1s0f0"]}
 NCCL_IB_HCA = {"node-a": "roceP2p1s0f1:1,rocep1s0f0:1", "node-b": "roceP2p1s0f0:1"}
+# Cabled on different ports, as two Sparks can be: each node's fabric_ip is on its own netdev, and
+# each node's nodes[].socket_ifname names it (the trees stand in for the interfaces).
+SOCKET = {"node-a": "enp1s0f0np0", "node-b": "enP2p1s0f0np0"}
 
 
 def tree(node: str, fabric_ip: str, mtu: int = 9000) -> Tree:
@@ -48,8 +52,9 @@ def tree(node: str, fabric_ip: str, mtu: int = 9000) -> Tree:
         for i, name in enumerate(ACTIVE_PORTS[node])
     ]
     ports.append(PortSpec(down, state=DOWN, phys_state="3: Disabled"))
-    # `lo` holds the node's fabric_ip (127.0.0.x/8) in the lab: the stand-in for `ip -j addr` says so.
-    return spark_tree(ports, socket="lo", socket_address=fabric_ip)
+    # The node's own socket interface holds its fabric_ip (127.0.0.x in the lab): the stand-in for
+    # `ip -j addr` says so.
+    return spark_tree(ports, socket=SOCKET[node], socket_address=fabric_ip)
 
 
 def fabric_config(lab_config, roots: dict[str, str]) -> dict:
@@ -58,6 +63,7 @@ def fabric_config(lab_config, roots: dict[str, str]) -> dict:
     for node in nodes:
         node.pop("ib_hca", None)
         node["sysfs_root"] = roots[node["name"]]
+        node["socket_ifname"] = SOCKET[node["name"]]
     # fabric.mtu is the floor that makes node-b's 1500 a refusal (a mere difference only warns).
     # node_proof off: these stand-in images hold no torch (test_real_vllm.py runs the proof).
     fabric = {
@@ -118,11 +124,12 @@ def test_each_node_gets_its_own_ports_then_drift_on_node_b_only(stack, lab_nodes
     for name, container in RAY.items():
         env = env_of(lab_nodes[name], container)
         assert env.get("NCCL_IB_HCA") == NCCL_IB_HCA[name], (name, env)
+        assert env.get("NCCL_SOCKET_IFNAME") == env.get("GLOO_SOCKET_IFNAME") == SOCKET[name], (name, env)
         assert "NCCL_IB_GID_INDEX" not in env, (name, env)
     outputs = stack.run("stack", "output", "--json").json()
     assert outputs["fabric"]["nodes"]["node-b"]["throughput"]["line"].startswith("node-b → node-a ")
     speed = status_speeds(stack, monkeypatch)["node-b"].split("; ", 1)[1]
-    assert speed.startswith("node-b → node-a ") and speed.endswith(" GB/s over lo"), speed
+    assert speed.startswith("node-b → node-a ") and speed.endswith(" GB/s over enP2p1s0f0np0"), speed
     # The head's StackClaim holds the probe's port (fabric.probe_port, 29590 by default).
     assert [29590, 29590] in claim_record(stack, "node-a")["ports"]
     assert [29590, 29590] not in claim_record(stack, "node-b")["ports"]
