@@ -51,8 +51,9 @@ def run_options(run: Mapping[str, Any]) -> list[str]:
         options.append("--privileged")
     for capability in run.get("capabilities") or ():
         options += ["--cap-add", str(capability)]
+    # (numbers come back from the engine as floats: Docker parses `8388608`, never `8388608.0`)
     for name, soft, hard in run.get("ulimits") or ():
-        options += ["--ulimit", f"{name}={soft}:{hard}"]
+        options += ["--ulimit", f"{name}={int(soft)}:{int(hard)}"]
     if run.get("ipc"):
         options += ["--ipc", str(run["ipc"])]
     if run.get("shm_size_mb"):

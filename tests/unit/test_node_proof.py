@@ -110,6 +110,12 @@ def test_each_node_runs_its_own_image_rank_and_nccl_settings_with_the_serving_ru
     assert "NCCL_SOCKET_IFNAME=enp1s0f0np0" in first and "NCCL_SOCKET_IFNAME=enp1s0f1np1" in second
     assert "NCCL_DEBUG=INFO" in first and "NCCL_DEBUG_SUBSYS=INIT,NET,ENV" in first
     assert first[-3:-1] == ["sha256:0", "-"] and second[-3:-1] == ["sha256:1", "-"]
+    # As the engine hands the inputs back: every number a float.
+    floats = props(run={**p["run"], "ulimits": [["memlock", 8388608.0, 8388608.0]], "shm_size_mb": 256.0})
+    floats["nodes"][0]["rank"], floats["port"] = 0.0, 29590.0
+    again = proof_argv(floats, floats["nodes"][0])
+    assert "memlock=8388608:8388608" in again and "256m" in again
+    assert json.loads(again[-1])["rank"] == 0 and json.loads(again[-1])["port"] == 29590
     spec = json.loads(second[-1])
     assert spec == proof_spec(p, p["nodes"][1])
     assert (spec["rank"], spec["world"], spec["master_addr"], spec["port"]) == (1, 2, "10.0.0.1", 29590)
