@@ -1,4 +1,5 @@
-"""The fabric probe for real over SSH: the listener on node-a (the head), the sender on node-b.
+"""The fabric probe for real over SSH: the listener on node-a (the head), the sender on node-b (and
+node-c, one after the other, as a three-node stack runs them).
 
 The lab's nodes share this machine's loopback, so node-a's fabric address is 127.0.0.2. A wrong
 fabric_ip is a TEST-NET-1 address (RFC 5737): every 127/8 address, SPARE_HOSTS included, is local
@@ -13,7 +14,7 @@ import socket
 import pytest
 
 import lab
-from components.fabric_check import FabricCheckError, ensure, probe_head
+from components.fabric_check import FabricCheckError, ensure, probe_after, probe_head
 from tests.lab.test_fabric_check import props, spark, write_on_node
 from tests.support.ports import free_port
 
@@ -58,3 +59,17 @@ def test_a_head_fabric_ip_nothing_listens_on_refuses_the_worker(node_a, node_b, 
     text = str(raised.value)
     assert f"node-b: cannot reach node-a's fabric address {WRONG_IP}:29590" in text
     assert "the head does not hold that address: correct nodes[].fabric_ip" in text
+
+
+def test_a_three_node_stacks_probes_all_pass_one_after_another_on_the_heads_one_port(node_a, node_b, node_c):
+    # The order the deployment gives the workers' checks (each after the previous worker's): their
+    # listeners share the head's claimed port, so run together all but one were refused as "busy".
+    after = probe_after(["node-b", "node-c"])
+    assert after == {"node-b": None, "node-c": "node-b"}, after
+    head_probe = probe(node_a, node_a.host, free_port(node_a.host))
+    lines = []
+    for worker in (node_b, node_c):
+        verdict = probe_head(worker_props(worker, "/unused", head_probe))
+        assert not verdict.problems and verdict.gbytes_s and verdict.gbytes_s > 0, verdict
+        lines.append(verdict.line.split(" ", 3)[:3])
+    assert lines == [["node-b", "→", "node-a"], ["node-c", "→", "node-a"]]
