@@ -108,7 +108,8 @@ def test_the_node_proof_ran_the_image_s_torch_on_both_nodes_before_any_serving_c
     ), proof  # fmt: skip
     assert set(proof["results"]) == {"node-a", "node-b"} and proof["busbw_gbs"] > 0, proof
     for name, result in proof["results"].items():
-        assert (result["network"], result["gpu"], result["failed"]) == ("gloo", None, []), (name, result)
+        # (the engine keeps no null output: `gpu` is absent where no GPU step ran)
+        assert (result["network"], result.get("gpu"), result["failed"]) == ("gloo", None, []), (name, result)
         assert result["torch"].startswith("2."), (name, result)
 
 
