@@ -161,6 +161,11 @@ NODE_PROOF_SIZES = {True: (256 << 20, 20), False: (16 << 20, 5)}
 # Each rank's bound, from its start to its report: importing torch and vLLM in the image, the GPU
 # step, joining the group and the all-reduces.
 NODE_PROOF_DEADLINE_S = 180.0
+# With the GPU step: the memory every node must have available (MemAvailable: on unified memory the
+# GPU's too) for the proof to run. Its footprint (torch and vLLM imported, a CUDA context, NCCL's
+# buffers, the 256 MiB all-reduce) is about 4 GB; below this the serving containers hold the memory
+# and the proof is not run (`skipped`), rather than compete with them.
+NODE_PROOF_MIN_AVAILABLE_BYTES = 12 << 30
 
 
 def node_proof_inputs(cfg: StackConfig) -> dict[str, Any]:
@@ -189,6 +194,7 @@ def node_proof_inputs(cfg: StackConfig) -> dict[str, Any]:
         "iterations": iterations,
         "deadline_s": NODE_PROOF_DEADLINE_S,
         "min_busbw_gbs": cfg.fabric.min_busbw_gbps,
+        "min_available_bytes": NODE_PROOF_MIN_AVAILABLE_BYTES if c.gpu_runtime else None,
     }
 
 

@@ -740,6 +740,9 @@ def proof_line(recorded: dict[str, Any]) -> tuple[str, list[Problem]]:
         return f"not recorded ({_first_line(recorded.get('error') or 'no proof in the stack output')})", []
     if not proof.get("verdict"):
         return "not run yet (the next `pulumi up` runs it before any serving container)", []
+    if proof["verdict"] == "skipped":  # the serving containers held the memory at the last `up`
+        said = "; ".join(str(w).split(" (the serving containers")[0] for w in proof.get("warnings") or [])
+        return f"skipped by the last `pulumi up` ({said}): nothing proved then", []
     results = proof.get("results") or {}
     nets = ", ".join(
         f"{name} {r.get('network') or '?'}" + (f" ({', '.join(r['hcas'])})" if r.get("hcas") else "")

@@ -48,6 +48,11 @@ LEGACY_IB_HCA = ("rocep1s0f0", "roceP2p1s0f0")
 GidIndex = Literal["unset", "resolve"] | Annotated[int, Field(ge=0, le=255)]
 
 
+# Above any bus bandwidth two ConnectX-7 ports (2 x 200 Gb/s, 50 GB/s) can carry: a floor set higher
+# was written in Gb/s.
+MAX_BUSBW_GBPS = 100.0
+
+
 class FabricConfig(_Model):
     """The RoCE/InfiniBand link: interface for sockets, the per-node check, GID index and MTU."""
 
@@ -106,6 +111,12 @@ class FabricConfig(_Model):
             raise ValueError(
                 "fabric.ib_gid_index and fabric.gid_index are both set: ib_gid_index is the old name "
                 f"of gid_index; keep only `gid_index: {self.ib_gid_index}` (or resolve, or unset)"
+            )
+        if self.min_busbw_gbps is not None and self.min_busbw_gbps > MAX_BUSBW_GBPS:
+            raise ValueError(
+                f"fabric.min_busbw_gbps {self.min_busbw_gbps:g} is in GB/s (gigabytes, as nccl-tests "
+                f"prints busbw), and no RoCE pair of Sparks reaches {MAX_BUSBW_GBPS:g}: a link rate in "
+                "Gb/s divided by 8 is GB/s (two Sparks show about 21.9)"
             )
         if self.min_busbw_gbps is not None and self.proof is FabricCheckMode.OFF:
             raise ValueError(

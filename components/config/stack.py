@@ -290,6 +290,13 @@ class StackConfig(_Model):
 
     def _fabric_problems(self) -> list[tuple[str, str]]:
         problems = self._probe_port_problems()
+        if self.fabric.min_busbw_gbps is not None and len(self.nodes) < 2:
+            problems.append(
+                (
+                    "fabric.min_busbw_gbps",
+                    "one node forms no group, so the node proof measures no bus bandwidth: remove it",
+                )
+            )
         for i, node in enumerate(self.nodes):
             if node.ib_hca is not None and self.fabric.ib_hca is not None:
                 problems.append(

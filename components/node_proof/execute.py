@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import pulumi
 
 from components.node_proof.errors import NodeProofError
-from components.node_proof.facts import nccl_said
-from components.node_proof.plan import ENFORCE, judged, refusal
+from components.node_proof.facts import mem_available, nccl_said
+from components.node_proof.plan import ENFORCE, judged, refusal, skipped
 from components.node_proof.programs import EXIT_HINTS, proof_argv, proof_program, remove_argv
 from components.nodes import transport_to
 from components.provider_kit.reports import read_report
@@ -23,6 +24,7 @@ from components.remote import RemoteError, Transport
 # Beyond the proof's own deadline (and the program's 15 s of grace): SSH, `docker run`, the removal.
 TRANSPORT_SLACK_S = 60
 REMOVE_TIMEOUT_S = 30
+MEMINFO_TIMEOUT_S = 30
 
 
 def _remove(transport: Transport, props: Mapping[str, Any]) -> None:
@@ -54,6 +56,29 @@ def run_node(props: Mapping[str, Any], entry: Mapping[str, Any], transport: Tran
     }
 
 
+def memory_short(
+    props: Mapping[str, Any], transports: Mapping[str, Transport] | None = None
+) -> dict[str, int]:
+    """Node -> MemAvailable for each node below `min_available_bytes` (none without the GPU step or
+    that floor). Read with `cat /proc/meminfo`: on unified memory it is what the GPU has left too."""
+    floor = props.get("min_available_bytes")
+    if not props.get("gpu") or not floor:
+        return {}
+    short = {}
+    for entry in props["nodes"]:
+        name = str(entry["name"])
+        transport = (transports or {}).get(name) or transport_to(
+            "NodeProof node", entry["node"], NodeProofError
+        )
+        try:
+            found = mem_available(transport.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S).text)
+        except RemoteError:
+            found = None  # unknown: the proof's own steps will say what is wrong with the node
+        if found is not None and found < float(floor):
+            short[name] = found
+    return short
+
+
 def run_all(props: Mapping[str, Any], transports: Mapping[str, Transport] | None = None) -> dict[str, dict]:
     """Every node's proof at once (rank 0 on the head holds the group's store); node -> run."""
     runs: dict[str, dict] = {}
@@ -74,8 +99,10 @@ def run_all(props: Mapping[str, Any], transports: Mapping[str, Transport] | None
     for thread in threads:
         thread.start()
     bound = float(props["deadline_s"]) + TRANSPORT_SLACK_S + 2 * REMOVE_TIMEOUT_S + 10
+    end = time.monotonic() + bound
     for thread in threads:
-        thread.join(bound)  # each run is bounded by its own timeout; this only guards the guard
+        # Each run is bounded by its own timeout; this only guards the guard, one deadline for all.
+        thread.join(max(0.0, end - time.monotonic()))
     for entry in props["nodes"]:
         runs.setdefault(
             str(entry["name"]), {"text": "", "error": f"no answer within {bound:.0f}s", "exit": None}
@@ -91,6 +118,12 @@ def ensure(
 ) -> dict[str, Any]:
     """Run the proof on every node and judge it: its outputs; NodeProofError under enforce when a
     node is refused (nothing recorded: the next `up` proves again)."""
+    short = memory_short(props, transports)
+    if short:  # the serving containers hold the memory: the proof would compete with them
+        outs = skipped(props, short)
+        for line in outs["warnings"]:
+            pulumi.log.warn(f"node proof: {line}")
+        return {**props, **outs}
     runs = run_all(props, transports)
     outs = judged(props, runs, {name: nccl_said(run.get("text") or "") for name, run in runs.items()})
     if outs["problems"] and props["mode"] == ENFORCE:

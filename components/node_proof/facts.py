@@ -38,3 +38,12 @@ def failed_steps(report: dict[str, Any] | None) -> list[tuple[str, str]]:
     steps = (report or {}).get("steps") or {}
     ordered = [name for name in STEPS if name in steps] + sorted(set(steps) - set(STEPS))
     return [(name, str(steps[name].get("error", "failed"))) for name in ordered if not steps[name].get("ok")]
+
+
+def mem_available(meminfo: str) -> int | None:
+    """MemAvailable in bytes from /proc/meminfo's text, or None when it has no such line."""
+    for line in meminfo.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "MemAvailable:" and parts[1].isdigit():
+            return int(parts[1]) * 1024
+    return None

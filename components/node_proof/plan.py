@@ -17,7 +17,7 @@ GPU_STEPS = ("gpu", "bf16_matmul", "fp8_scaled_mm", "vllm_op", "gpu_memory")
 # Every input: a change to any proves again (a proof is not live state; nothing stays on a node).
 INPUT_KEYS = (
     "nodes", "master_addr", "port", "mode", "gpu", "run", "bytes", "iterations", "deadline_s",
-    "min_busbw_gbs", "container_prefix",
+    "min_busbw_gbs", "container_prefix", "min_available_bytes",
 )  # fmt: skip
 OUTPUT_KEYS = ("verdict", "problems", "warnings", "results", "busbw_gbs", "backend")
 GPU_NEXT = (
@@ -63,7 +63,7 @@ def _step_problem(node: str, step: str, error: str, props: Mapping[str, Any]) ->
         return f"{node}: the GPU step {step} failed: {error}; next: {GPU_NEXT}"
     if step == "join":
         return (
-            f"{node}: could not join the group of {head} at {props['master_addr']}:{props['port']} "
+            f"{node}: could not join the group of {head} at {props['master_addr']}:{int(props['port'])} "
             f"within {float(props['deadline_s']):.0f}s: {error}; next: check that {node} reaches "
             f"{head}'s fabric_ip on fabric.probe_port (firewall, route, nodes[].fabric_ip)"
         )
@@ -144,6 +144,24 @@ def judged(
     return {
         "verdict": verdict, "problems": problems, "warnings": warnings, "results": results,
         "busbw_gbs": figure, "backend": "nccl" if props["gpu"] else "gloo",
+    }  # fmt: skip
+
+
+def skipped(props: Mapping[str, Any], short: Mapping[str, int]) -> dict:
+    """The outputs of a proof not run: on these nodes the memory left (MemAvailable) is below
+    `min_available_bytes`, as when the serving containers still hold it (an update runs before they
+    are replaced). Never a refusal: nothing was judged, and the serving engine is left alone."""
+    floor = float(props["min_available_bytes"])
+    warnings = [
+        f"{node}: not run: {free / 1e9:.1f} GB of memory available, below the proof's "
+        f"{floor / 1e9:.1f} GB (the serving containers hold the rest); its CUDA context, NCCL buffers "
+        "and all-reduce would compete with them. It runs in full when they are stopped (a first `up`, "
+        "or `pulumi up` after `make down`)"
+        for node, free in short.items()
+    ]
+    return {
+        "verdict": "skipped", "problems": [], "warnings": warnings, "results": {},
+        "busbw_gbs": None, "backend": "nccl" if props["gpu"] else "gloo",
     }  # fmt: skip
 
 

@@ -37,6 +37,7 @@ class NodeProof(dynamic.Resource, module="qwen35", name="NodeProof"):
         iterations: int,
         deadline_s: float,
         min_busbw_gbs: float | None = None,
+        min_available_bytes: int | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -55,6 +56,8 @@ class NodeProof(dynamic.Resource, module="qwen35", name="NodeProof"):
             "iterations": iterations,
             "deadline_s": deadline_s,
             "min_busbw_gbs": min_busbw_gbs,
+            # With the GPU step: below this MemAvailable on any node the proof is not run (`skipped`).
+            "min_available_bytes": min_available_bytes,
             **{key: None for key in OUTPUT_KEYS},
         }
         super().__init__(NodeProofProvider(), name, props, opts)

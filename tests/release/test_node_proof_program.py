@@ -70,3 +70,9 @@ def test_a_gpu_step_without_a_gpu_fails_there_and_joins_nothing(prebuilt):
     assert code == Exit.FAILED, report
     assert failed_steps(report)[0][0] == "gpu" and "sees no CUDA device" in failed_steps(report)[0][1]
     assert report["steps"]["join"] == {"ok": False, "error": "not joined: NCCL needs the GPU this node lacks"}
+
+
+def test_one_node_forms_no_group_and_listens_on_no_port(prebuilt):
+    code, report = finish(start(prebuilt, spec(0, 1, free_port())), 120)
+    assert code == Exit.OK and failed_steps(report) == [], report
+    assert report["steps"]["join"] == {"ok": True, "backend": "gloo", "world": 1, "skipped": "one node"}

@@ -21,6 +21,7 @@ from components.node_proof import (
     proof_spec,
     validate,
 )
+from components.node_proof.facts import mem_available
 from components.remote import RemoteError, Result
 from components.stack_claim import claimed_ports
 from status.verdict import proof_line
@@ -337,3 +338,73 @@ def test_status_shows_the_recorded_verdict_transport_and_bandwidth_and_warns_per
     assert [w.what.split(":", 2)[1].strip() for w in warned] == ["spark-2"]
     assert proof_line({"error": "no stack"})[0] == "not recorded (no stack)"
     assert proof_line({"output": {"proof": {"verdict": None}}})[0].startswith("not run yet")
+
+
+# ---- the serving containers hold the memory: not run --------------------------------------------------
+
+
+MEMINFO = "MemTotal:       127000000 kB\nMemFree:         1000000 kB\nMemAvailable:    {} kB\n"
+
+
+class Meminfo(Canned):
+    """A node whose /proc/meminfo says `available_kb`; its proof answers as Canned."""
+
+    def __init__(self, name: str, available_kb: int, stdout: str = ""):
+        super().__init__(name, stdout)
+        self.available_kb = available_kb
+
+    def run(self, argv, stdin=None, timeout=None):
+        if argv == ["cat", "/proc/meminfo"]:
+            self.argvs.append(list(argv))
+            return Result(tuple(argv), 0, MEMINFO.format(self.available_kb).encode(), b"", self.name)
+        return super().run(argv, stdin, timeout)
+
+
+def test_a_node_whose_memory_the_serving_containers_hold_is_not_proved_and_nothing_runs(monkeypatch):
+    warned = []
+    monkeypatch.setattr("pulumi.log.warn", lambda line, *a, **k: warned.append(line))
+    monkeypatch.setattr("pulumi.log.info", lambda *a, **k: None)
+    transports = {"spark-1": Meminfo("spark-1", 100_000_000), "spark-2": Meminfo("spark-2", 9_000_000)}
+    outs = ensure(props(min_available_bytes=12 << 30), transports=transports)  # enforce: not refused
+    assert (outs["verdict"], outs["problems"], outs["results"]) == ("skipped", [], {})
+    (line,) = outs["warnings"]
+    assert line.startswith("spark-2: not run: 9.2 GB of memory available, below the proof's 12.9 GB")
+    assert warned == [f"node proof: {line}"]
+    shown, _ = proof_line({"output": {"proof": {"mode": "enforce", **outs}}})
+    assert shown == (
+        "skipped by the last `pulumi up` (spark-2: not run: 9.2 GB of memory available, below the "
+        "proof's 12.9 GB): nothing proved then"
+    )
+    # Only /proc/meminfo was read: no container ran on either node.
+    assert [argv for t in transports.values() for argv in t.argvs] == [["cat", "/proc/meminfo"]] * 2
+
+
+def test_with_room_on_every_node_the_proof_runs(monkeypatch):
+    monkeypatch.setattr("pulumi.log.warn", lambda *a, **k: None)
+    monkeypatch.setattr("pulumi.log.info", lambda *a, **k: None)
+    ib = log("spark_roce_v2.28.9.log")
+    transports = {
+        name: Meminfo(name, 100_000_000, ib + "\n" + json.dumps(report(name, rank)))
+        for rank, name in enumerate(("spark-1", "spark-2"))
+    }
+    outs = ensure(props(min_available_bytes=12 << 30), transports=transports)
+    assert outs["verdict"] == "passed", outs["problems"]
+    assert mem_available(MEMINFO.format(4)) == 4096 and mem_available("MemFree: 1 kB") is None
+
+
+def test_the_join_problem_names_the_port_as_an_integer_whatever_the_engine_hands_back():
+    p = props(gpu=False, port=29590.0)
+    failed = {"ok": False, "error": "TimeoutError"}
+    reports = {"spark-1": report("spark-1", 0, "gloo"), "spark-2": report("spark-2", 1, "gloo", join=failed)}
+    (problem,) = judged(p, runs_of(p, reports), nccl_of(p, {}))["problems"]
+    assert "at 10.0.0.1:29590 within 30s" in problem, problem
+
+
+def test_a_floor_in_gbits_and_a_floor_for_one_node_are_refused():
+    with pytest.raises(ValueError, match="is in GB/s .* divided by 8 is GB/s"):
+        config(fabric={"min_busbw_gbps": 176})
+    raw = dev_raw()
+    raw["nodes"] = raw["nodes"][:1]
+    raw["fabric"] = {**raw.get("fabric", {}), "min_busbw_gbps": 20}
+    with pytest.raises(ValueError, match="fabric.min_busbw_gbps: one node forms no group"):
+        parse_stack_config(raw)
