@@ -172,7 +172,7 @@ def group_steps(torch, spec, backend):
         sync()
         seconds = (time.perf_counter() - started) / iterations
         size = count * 4
-        factor = 2 * (world - 1) / world if world > 1 else 1.0
+        factor = 2 * (world - 1) / world  # a world of one returned before any group
         return {"bytes": size, "iterations": iterations, "seconds": seconds,
                 "algbw_gbs": size / seconds / 1e9, "busbw_gbs": size * factor / seconds / 1e9}  # fmt: skip
 

@@ -32,8 +32,8 @@ pickle it by reference to this module.
 """
 
 from components.node_proof.errors import NodeProofError
-from components.node_proof.execute import ensure, observe, run_all, run_node
-from components.node_proof.facts import STEPS, busbw, failed_steps, nccl_said
+from components.node_proof.execute import ensure, node_transports, observe, run_all, run_node
+from components.node_proof.facts import STEPS, busbw, failed_steps
 from components.node_proof.plan import (
     ENFORCE,
     INPUT_KEYS,
@@ -62,7 +62,7 @@ __all__ = [
     "ensure",
     "failed_steps",
     "judged",
-    "nccl_said",
+    "node_transports",
     "observe",
     "plan_change",
     "proof_argv",

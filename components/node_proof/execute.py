@@ -13,8 +13,9 @@ from typing import Any
 
 import pulumi
 
+from components.fabric_check.facts import parse_nccl_log
+from components.node_programs.health_wire import mem_available
 from components.node_proof.errors import NodeProofError
-from components.node_proof.facts import mem_available, nccl_said
 from components.node_proof.plan import ENFORCE, judged, refusal, skipped
 from components.node_proof.programs import EXIT_HINTS, proof_argv, proof_program, remove_argv
 from components.nodes import transport_to
@@ -56,20 +57,25 @@ def run_node(props: Mapping[str, Any], entry: Mapping[str, Any], transport: Tran
     }
 
 
-def memory_short(
-    props: Mapping[str, Any], transports: Mapping[str, Transport] | None = None
-) -> dict[str, int]:
+def node_transports(
+    props: Mapping[str, Any], given: Mapping[str, Transport] | None = None
+) -> dict[str, Transport]:
+    """Node -> its SSH transport (or the one `given`, in tests), made once for every step."""
+    return {
+        str(entry["name"]): (given or {}).get(str(entry["name"]))
+        or transport_to("NodeProof node", entry["node"], NodeProofError)
+        for entry in props["nodes"]
+    }
+
+
+def memory_short(props: Mapping[str, Any], transports: Mapping[str, Transport]) -> dict[str, int]:
     """Node -> MemAvailable for each node below `min_available_bytes` (none without the GPU step or
     that floor). Read with `cat /proc/meminfo`: on unified memory it is what the GPU has left too."""
     floor = props.get("min_available_bytes")
     if not props.get("gpu") or not floor:
         return {}
     short = {}
-    for entry in props["nodes"]:
-        name = str(entry["name"])
-        transport = (transports or {}).get(name) or transport_to(
-            "NodeProof node", entry["node"], NodeProofError
-        )
+    for name, transport in transports.items():
         try:
             found = mem_available(transport.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S).text)
         except RemoteError:
@@ -79,15 +85,13 @@ def memory_short(
     return short
 
 
-def run_all(props: Mapping[str, Any], transports: Mapping[str, Transport] | None = None) -> dict[str, dict]:
+def run_all(props: Mapping[str, Any], transports: Mapping[str, Transport]) -> dict[str, dict]:
     """Every node's proof at once (rank 0 on the head holds the group's store); node -> run."""
     runs: dict[str, dict] = {}
     threads = []
     for entry in props["nodes"]:
         name = str(entry["name"])
-        transport = (transports or {}).get(name) or transport_to(
-            "NodeProof node", entry["node"], NodeProofError
-        )
+        transport = transports[name]
 
         def one(entry: Mapping[str, Any] = entry, transport: Transport = transport, name: str = name) -> None:
             try:
@@ -118,6 +122,7 @@ def ensure(
 ) -> dict[str, Any]:
     """Run the proof on every node and judge it: its outputs; NodeProofError under enforce when a
     node is refused (nothing recorded: the next `up` proves again)."""
+    transports = node_transports(props, transports)
     short = memory_short(props, transports)
     if short:  # the serving containers hold the memory: the proof would compete with them
         outs = skipped(props, short)
@@ -125,7 +130,7 @@ def ensure(
             pulumi.log.warn(f"node proof: {line}")
         return {**props, **outs}
     runs = run_all(props, transports)
-    outs = judged(props, runs, {name: nccl_said(run.get("text") or "") for name, run in runs.items()})
+    outs = judged(props, runs, {name: parse_nccl_log(run.get("text") or "") for name, run in runs.items()})
     if outs["problems"] and props["mode"] == ENFORCE:
         raise NodeProofError(refusal(outs["problems"]))
     for line in outs["problems"]:

@@ -1,16 +1,10 @@
 """What a node's proof printed, parsed into values (pure): its report's findings (the report itself
-is read by provider_kit's `read_report`) and NCCL's own INFO lines (fabric_check's parser)."""
+is read by provider_kit's `read_report`; NCCL's own INFO lines by fabric_check's `parse_nccl_log`;
+a node's /proc/meminfo by health_wire's `mem_available`)."""
 
 from __future__ import annotations
 
 from typing import Any
-
-from components.fabric_check.facts import NcclFacts, parse_nccl_log
-
-
-def nccl_said(text: str) -> NcclFacts:
-    """What NCCL said about its transport, from the proof's stdout and stderr."""
-    return parse_nccl_log(text)
 
 
 def busbw(report: dict[str, Any] | None) -> float | None:
@@ -38,12 +32,3 @@ def failed_steps(report: dict[str, Any] | None) -> list[tuple[str, str]]:
     steps = (report or {}).get("steps") or {}
     ordered = [name for name in STEPS if name in steps] + sorted(set(steps) - set(STEPS))
     return [(name, str(steps[name].get("error", "failed"))) for name in ordered if not steps[name].get("ok")]
-
-
-def mem_available(meminfo: str) -> int | None:
-    """MemAvailable in bytes from /proc/meminfo's text, or None when it has no such line."""
-    for line in meminfo.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] == "MemAvailable:" and parts[1].isdigit():
-            return int(parts[1]) * 1024
-    return None

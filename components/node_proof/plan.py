@@ -8,6 +8,7 @@ from typing import Any
 
 from components.fabric_check.facts import NcclFacts
 from components.fabric_check.plan import nccl_problems
+from components.node_programs.health_wire import gb1
 from components.node_proof.facts import busbw, failed_steps
 from components.provider_kit.change import Change
 
@@ -55,6 +56,11 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     return Change(replaces=(), updates=tuple(key for key in INPUT_KEYS if olds.get(key) != news.get(key)))
 
 
+def backend(gpu: bool) -> str:
+    """The group's backend: NCCL with the GPU step, gloo without (the lab)."""
+    return "nccl" if gpu else "gloo"
+
+
 def _step_problem(node: str, step: str, error: str, props: Mapping[str, Any]) -> str:
     head = props["nodes"][0]["name"]
     if step == "gpu":
@@ -95,7 +101,7 @@ def node_result(entry: Mapping[str, Any], run: Mapping[str, Any], nccl: NcclFact
     steps = report.get("steps") or {}
     device, memory = steps.get("gpu") or {}, steps.get("gpu_memory") or {}
     return {
-        "backend": (steps.get("join") or {}).get("backend") or ("nccl" if gpu else "gloo"),
+        "backend": (steps.get("join") or {}).get("backend") or backend(gpu),
         # gloo: no NCCL ran (no GPU in the stack's containers); None: NCCL named none.
         "network": nccl.network if gpu else "gloo",
         "hcas": list(nccl.ib_hcas),
@@ -143,7 +149,7 @@ def judged(
     verdict = "passed" if not problems else ("refused" if props["mode"] == ENFORCE else "problems recorded")
     return {
         "verdict": verdict, "problems": problems, "warnings": warnings, "results": results,
-        "busbw_gbs": figure, "backend": "nccl" if props["gpu"] else "gloo",
+        "busbw_gbs": figure, "backend": backend(props["gpu"]),
     }  # fmt: skip
 
 
@@ -153,15 +159,15 @@ def skipped(props: Mapping[str, Any], short: Mapping[str, int]) -> dict:
     are replaced). Never a refusal: nothing was judged, and the serving engine is left alone."""
     floor = float(props["min_available_bytes"])
     warnings = [
-        f"{node}: not run: {free / 1e9:.1f} GB of memory available, below the proof's "
-        f"{floor / 1e9:.1f} GB (the serving containers hold the rest); its CUDA context, NCCL buffers "
+        f"{node}: not run: {gb1(free)} of memory available, below the proof's "
+        f"{gb1(floor)} (the serving containers hold the rest); its CUDA context, NCCL buffers "
         "and all-reduce would compete with them. It runs in full when they are stopped (a first `up`, "
         "or `pulumi up` after `make down`)"
         for node, free in short.items()
     ]
     return {
         "verdict": "skipped", "problems": [], "warnings": warnings, "results": {},
-        "busbw_gbs": None, "backend": "nccl" if props["gpu"] else "gloo",
+        "busbw_gbs": None, "backend": backend(props["gpu"]),
     }  # fmt: skip
 
 

@@ -9,19 +9,19 @@ from pathlib import Path
 import pytest
 
 from components.config import parse_stack_config
+from components.fabric_check.facts import parse_nccl_log
 from components.layout import node_proof_inputs
+from components.node_programs.health_wire import mem_available
 from components.node_proof import (
     NodeProofError,
     ensure,
     failed_steps,
     judged,
-    nccl_said,
     plan_change,
     proof_argv,
     proof_spec,
     validate,
 )
-from components.node_proof.facts import mem_available
 from components.remote import RemoteError, Result
 from components.stack_claim import claimed_ports
 from status.verdict import proof_line
@@ -95,7 +95,7 @@ def runs_of(p: dict, reports: dict, text: dict | None = None) -> dict:
 
 
 def nccl_of(p: dict, text: dict) -> dict:
-    return {e["name"]: nccl_said(text.get(e["name"], "")) for e in p["nodes"]}
+    return {e["name"]: parse_nccl_log(text.get(e["name"], "")) for e in p["nodes"]}
 
 
 # ---- what each node runs -------------------------------------------------------------------------------
