@@ -62,8 +62,10 @@ def last_line(exc):
 
 
 def step(name, run):
-    """Run one step; its result (or its error line) lands in REPORT['steps'][name]."""
+    """Run one step; its result (or its error line) lands in REPORT['steps'][name]. While it runs,
+    REPORT['running'] names it: a deadline report says which step the bound cut."""
     started = time.monotonic()
+    REPORT["running"] = name
     try:
         found = run()
         REPORT["steps"][name] = {"ok": True, "s": round(time.monotonic() - started, 3), **(found or {})}
@@ -71,6 +73,8 @@ def step(name, run):
     except Exception as exc:  # the error line is the finding
         REPORT["steps"][name] = {"ok": False, "error": last_line(exc)}
         return False
+    finally:
+        REPORT.pop("running", None)
 
 
 def gpu_steps(torch):

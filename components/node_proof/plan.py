@@ -89,7 +89,13 @@ def node_problems(
         return [f"{node}: {report['error']}; next: deploy an image with torch and vLLM"], []
     problems = [_step_problem(node, step, error, props) for step, error in failed_steps(report)]
     if report.get("deadline") and not problems:
-        problems.append(f"{node}: {report['deadline']}; next: see the NCCL lines of {node}")
+        # The bound cut a step: the one that ran says what it was waiting for (a join: the head).
+        cut = report.get("running")
+        problems.append(
+            _step_problem(node, cut, report["deadline"], props)
+            if cut
+            else f"{node}: {report['deadline']}; next: see the NCCL lines of {node}"
+        )
     if problems or not props["gpu"] or len(props["nodes"]) < 2:
         return problems, []
     return nccl_problems(node, nccl, list(entry.get("ib_hca") or []))

@@ -217,6 +217,18 @@ def test_the_lab_verdict_is_gloo_without_a_gpu_step_and_no_nccl_judgement():
     assert {r["gpu"] is None for r in outs["results"].values()} == {True}
 
 
+def test_a_join_the_deadline_cut_names_the_head_it_waited_for():
+    p = props(gpu=False)
+    cut = {"node": "spark-2", "rank": 1, "steps": {}, "running": "join",
+           "deadline": "the proof did not finish within 30s"}  # fmt: skip
+    outs = judged(p, runs_of(p, {"spark-1": report("spark-1", 0, "gloo"), "spark-2": cut}), nccl_of(p, {}))
+    assert outs["problems"] == [
+        "spark-2: could not join the group of spark-1 at 10.0.0.1:29590 within 30s: the proof did not "
+        "finish within 30s; next: check that spark-2 reaches spark-1's fabric_ip on fabric.probe_port "
+        "(firewall, route, nodes[].fabric_ip)"
+    ]
+
+
 def test_no_torch_and_no_report_are_problems_naming_the_node():
     p = props()
     runs = runs_of(p, {"spark-1": {"error": "the image's python3 cannot import torch: ModuleNotFoundError"}})
