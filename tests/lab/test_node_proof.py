@@ -57,6 +57,10 @@ def left_containers(nodes: list[lab.LabNode], props: dict) -> list[str]:
     return [n.name for n in nodes if name in lab.docker(n, "ps", "-a", "--format", "{{.Names}}").out.split()]
 
 
+# node-b's bound when the head never opens its group.
+JOIN_BOUND_S = 60
+
+
 def test_two_lab_nodes_prove_over_gloo_with_the_images_torch_and_leave_nothing(node_a, node_b, images):
     props = proof_props([node_a, node_b], images)
     outs = PROVIDER.create(props).outs
@@ -75,7 +79,11 @@ def test_a_proof_that_cannot_reach_the_head_is_refused_within_its_bound_naming_b
     # The head's group never opens: its image has no torch (Debian's python3 alone), so node-b's
     # proof waits for a head that is not there until its bound.
     debian = debian_image(node_a, DEBIAN_TAG)
-    props = proof_props([node_a, node_b], {"node-a": debian, "node-b": images["node-b"]}, deadline_s=15)
+    # The bound covers node-b's start and torch's import as well as the join: generous enough that a
+    # machine loaded beside the lab still reaches the join, which is what this test judges.
+    props = proof_props(
+        [node_a, node_b], {"node-a": debian, "node-b": images["node-b"]}, deadline_s=JOIN_BOUND_S
+    )
     started = time.monotonic()
     with pytest.raises(NodeProofError) as refused:
         PROVIDER.create(props)
@@ -83,6 +91,8 @@ def test_a_proof_that_cannot_reach_the_head_is_refused_within_its_bound_naming_b
     message = str(refused.value)
     assert "node-a: the image's python3 cannot import torch" in message, message
     head = f"{props['master_addr']}:{props['port']}"
-    assert f"node-b: could not join the group of node-a at {head} within 15s" in message, message
-    assert elapsed < 15 + 15 + 60, elapsed  # the bound, the program's grace, torch's import
+    assert f"node-b: could not join the group of node-a at {head} within {JOIN_BOUND_S}s" in message, message
+    # `up` never waits past the bound and its own grace after it (components/node_proof/execute.py),
+    # plus the SSH round trips that start and remove the containers.
+    assert elapsed < JOIN_BOUND_S + 60 + 120, elapsed
     assert left_containers([node_a, node_b], props) == []
