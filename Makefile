@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 # python3-venv: Debian's python3 cannot make a virtualenv without it.
 LAB_DEBS := python3-venv docker.io openssh-server busybox-static debootstrap iproute2 ca-certificates xz-utils shellcheck rsync prometheus
 
-.PHONY: setup venv lab-packages test lint unit labtest releasetest enginetest engine up down lab-up lab-down lab-status bench status clean
+.PHONY: setup venv lab-packages test lint unit labtest releasetest enginetest engine up down lab-up lab-down lab-status lab-fetch bench status clean
 
 # `make status STACK=dev` (add STATUS_ARGS=--json for scripts): the deployed cluster against its stack file.
 STACK ?= dev
@@ -47,8 +47,9 @@ lab-packages:
 	@command -v go >/dev/null 2>&1 || command -v pulumi >/dev/null 2>&1 \
 	  || echo "setup: the engine tier (make engine, make up) needs Go 1.26+ to build the Pulumi CLI, or a pulumi v3.274.1+ on PATH"
 
-# The unit and release tiers run beside the lab and engine tiers at the lowest priority (tests/tiers.py
-# says why); their output follows, and any tier's failure fails `make test`.
+# The unit and release tiers run beside the lab and engine tiers at the lowest priority, and `make engine`
+# and `make lab-fetch` beside the lab tier (tests/tiers.py says why); their output follows, and any
+# tier's failure fails `make test`.
 test: lint venv
 	$(PY) -m tests.tiers $(MAKE)
 
@@ -95,6 +96,11 @@ lab-down: venv
 
 lab-status: venv
 	$(PY) -m lab status
+
+# What the lab downloads or debootstraps (wheels, root filesystems, trixie's Docker), made once into the
+# cache; `make test` runs it beside the lab tier so a fresh machine downloads while tests run.
+lab-fetch: venv
+	$(PY) -m lab fetch
 
 bench: venv
 	$(PY) -m bench

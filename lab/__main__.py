@@ -1,4 +1,4 @@
-"""`python -m lab up|down|status|images|clear`: the lab from the command line (make lab-up / lab-down)."""
+"""`python -m lab up|down|status|images|clear|fetch`: the lab from the command line (make lab-up, …)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     images = commands.add_parser("images", help="make sure the stand-in images are on the running nodes")
     images.add_argument("--debian", action="store_true", help="also import the Debian image (slow once)")
     commands.add_parser("clear", help="remove the images tests left on the running nodes (sessions do it)")
+    commands.add_parser("fetch", help="download what the lab builds from (wheels, root filesystems), once")
     args = parser.parse_args(argv)
+    if args.command == "fetch":
+        from lab.fetch import main as fetch
+
+        return fetch()
     started = time.monotonic()
     try:
         if args.command == "up":

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from lab.layout import Engine, LabError, cache_dir
+from lab.layout import Engine, LabError, cache_dir, cache_lock
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -94,9 +94,15 @@ def ensure_trixie_engine() -> Path:
     """Unpacked trixie docker.io under the cache (fetched once); returns the tree's root."""
     base = trixie_dir()
     root = base / "root"
-    marker = root / ".complete"
-    if marker.exists():
+    if (root / ".complete").exists():
         return root
+    with cache_lock("trixie-engine"):
+        if not (root / ".complete").exists():  # or another process made it while this one waited
+            _fetch_trixie_engine(base, root)
+    return root
+
+
+def _fetch_trixie_engine(base: Path, root: Path) -> None:
     for name in ("apt-get", "dpkg"):
         find_binary(name)
     if not Path(KEYRING).exists():
@@ -118,8 +124,7 @@ def ensure_trixie_engine() -> Path:
         _run_apt(["dpkg", "-x", str(deb), str(root)], cwd=debs, what=f"dpkg -x {deb.name}")
     if not (root / "usr" / "sbin" / "dockerd").exists():
         raise LabError(f"lab: trixie docker.io unpacked into {root} has no usr/sbin/dockerd")
-    marker.write_text("\n".join(p.name for p in sorted(debs.glob("*.deb"))) + "\n")
-    return root
+    (root / ".complete").write_text("\n".join(p.name for p in sorted(debs.glob("*.deb"))) + "\n")
 
 
 def _newest_deb(debs: Path, package: str) -> Path:

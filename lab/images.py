@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lab.engines import debian_mirror, find_binary
-from lab.layout import LabError, LabNode, cache_dir, data_dir
+from lab.layout import LabError, LabNode, cache_dir, cache_lock, data_dir
 from lab.remote import docker, ssh_argv
 
 BUSYBOX_TAG = "lab-busybox:1"
@@ -176,6 +176,14 @@ def debian_rootfs_tarball(suite: str = DEBIAN_SUITE) -> Path:
     tarball = cache / f"debian-{suite}-minbase.tar"
     if tarball.exists():
         return tarball
+    with cache_lock(tarball.name):
+        if tarball.exists():  # made by another process while this one waited
+            return tarball
+        return _debootstrap(suite, tarball)
+
+
+def _debootstrap(suite: str, tarball: Path) -> Path:
+    cache = tarball.parent
     debootstrap = find_binary("debootstrap")
     find_binary("tar")
     if os.geteuid() != 0:

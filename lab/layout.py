@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import fcntl
 import os
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -115,6 +119,37 @@ def cache_dir() -> Path:
     """Slow-to-make things (trixie engine, Debian rootfs) that survive clean clones."""
     base = os.environ.get("QWEN35_CACHE") or "~/.cache/qwen35-spark"
     return Path(base).expanduser() / "lab"
+
+
+# How long a process waits for another that is making the same cached thing (a 3 GB download, a
+# debootstrap) before it says so: longer than the slowest such step has taken on a fresh machine.
+CACHE_LOCK_DEADLINE_S = 2400.0
+
+
+@contextlib.contextmanager
+def cache_lock(name: str, deadline_s: float = CACHE_LOCK_DEADLINE_S) -> Iterator[None]:
+    """Hold `<cache>/locks/<name>.lock` while making a cached thing: `make test` fetches the lab's
+    downloads beside the lab tier, which may ask for the same ones; the second waits for the first and
+    then finds it made."""
+    folder = cache_dir() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.lock", "a+") as handle:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LabError(
+                        f"lab: another process held {handle.name} for {deadline_s:.0f}s while making {name}:"
+                        " if none runs now (`ps -ef | grep -e lab -e pytest`), remove the file and run again"
+                    ) from None
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from lab.images import (
     debian_rootfs_tarball,
     save_image,
 )
-from lab.layout import LabError, LabNode, cache_dir
+from lab.layout import LabError, LabNode, cache_dir, cache_lock
 from lab.remote import docker
 
 RAY_VERSION = "2.60.0"
@@ -112,9 +112,15 @@ def _glibc() -> tuple[int, ...]:
 def ensure_wheels() -> Path:
     """Ray and its dependencies as wheels in the cache (one `pip download`, ~15 s, ~110 MB)."""
     target = wheels_dir()
-    marker = target / ".complete"
-    if marker.exists():
+    if (target / ".complete").exists():
         return target
+    with cache_lock(target.name):
+        if (target / ".complete").exists():  # made by another process while this one waited
+            return target
+        return _download_wheels(target)
+
+
+def _download_wheels(target: Path) -> Path:
     check_host_python(sys.version_info[:2], _glibc())
     partial = target.with_name(target.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
@@ -149,6 +155,14 @@ def wheels_for(python: tuple[int, int], glibc: tuple[int, int]) -> Path:
     target = cache_dir() / "wheels" / f"ray-{RAY_VERSION}-{tag}-{machine}"
     if (target / ".complete").exists():
         return target
+    with cache_lock(target.name):
+        if not (target / ".complete").exists():
+            _download_for(target, python, machine, glibc)
+    return target
+
+
+def _download_for(target: Path, python: tuple[int, int], machine: str, glibc: tuple[int, int]) -> None:
+    tag = f"cp{python[0]}{python[1]}"
     platforms = [f"manylinux_2_{minor}_{machine}" for minor in range(17, glibc[1] + 1)]
     argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--implementation", "cp",
             "--python-version", f"{python[0]}.{python[1]}", "--abi", tag, "--abi", "abi3", "--abi", "none",
@@ -161,7 +175,6 @@ def wheels_for(python: tuple[int, int], glibc: tuple[int, int]) -> Path:
             f"lab: pip download {RAY_REQUIREMENT} for {tag} failed (exit {done.returncode}):\n{tail}"
         )
     (target / ".complete").write_text("\n".join(sorted(p.name for p in target.glob("*.whl"))) + "\n")
-    return target
 
 
 def build_context(wheels: Path, standin_source: bytes) -> bytes:

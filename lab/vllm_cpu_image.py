@@ -36,7 +36,7 @@ from lab.images import (
     image_id,
     save_image,
 )
-from lab.layout import LabError, LabNode, cache_dir
+from lab.layout import LabError, LabNode, cache_dir, cache_lock
 from lab.ray_image import check_host_python, rootfs_identity
 from lab.remote import docker
 
@@ -102,6 +102,13 @@ def ensure_wheels() -> Path:
     target = wheels_dir()
     if (target / ".complete").exists():
         return target
+    with cache_lock(target.name):
+        if (target / ".complete").exists():  # made by another process while this one waited
+            return target
+        return _download_wheels(target)
+
+
+def _download_wheels(target: Path) -> Path:
     check_host_python(sys.version_info[:2], ())
     partial = target.with_name(target.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
