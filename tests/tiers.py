@@ -11,6 +11,14 @@ The background tiers' output is kept in `.background-tests.log` and printed afte
 status is non-zero when any tier failed (or was stopped). Stopped (Ctrl-C, SIGTERM, SIGHUP), it
 waits a bounded time for the lab and engine tiers' teardowns and stops the background tiers with
 their process group. Run as `python -m tests.tiers [MAKE]`.
+
+What only the engine tier needs is made while the lab tier runs: `make engine` (the Pulumi CLI and
+plugins from their Go modules, about 13 CPU-minutes on a fresh machine) and `make lab-fetch` (the
+lab's downloads: the real-vLLM image's wheels, Ray's, the Debian root filesystems) start beside it at
+a middle priority (`nice 10`: below the lab tier, above the unit and release tiers), and the engine
+tier starts once they are done. On a fresh machine that takes the engine's build off the critical
+path; on a warm one both find their caches and end in seconds. Their output is kept in
+`.prepare-tests.log` and printed with the others'.
 """
 
 from __future__ import annotations
@@ -24,14 +32,54 @@ import time
 from pathlib import Path
 
 LOG = Path(".background-tests.log")
+PREPARE_LOG = Path(".prepare-tests.log")
 BACKGROUND = ("unit", "releasetest")  # CPU-bound, niced; make stops at the first that fails
+PREPARE = ("engine", "lab-fetch")  # what only later tiers need, made beside the lab tier
 FOREGROUND = ("labtest", "enginetest")  # the lab's nodes: one tier at a time
 FINISH_S = 300  # how long a stopped run waits for the lab and engine tiers' teardowns
+# How long the engine tier waits for the preparation once the lab tier is done: a cold Go build on a
+# loaded 2-core machine has taken 13 min, and it started with the lab tier; past this the engine tier
+# starts anyway and `make engine` (its prerequisite) finishes or names the failure.
+PREPARE_WAIT_S = 3600
+PREPARE_NICE = 10
+
+
+# What a first `make test` on a machine makes, and where: (what, folder under the cache, marker glob).
+FIRST_RUN = (
+    ("two vLLM release venvs (the release tier)", "release", "vllm-*/.qwen35-complete"),
+    ("the engine (Pulumi CLI and plugins from Go modules)", "engine", "*/.complete"),
+    ("the real-vLLM lab image, saved (lab/vllm_cpu_image.py)", "lab/images", "lab-vllm-cpu-*.tar"),
+)
+# Measured on a fresh 2-core machine (docs/testing.md, "A first run"); README's Quickstart says the same.
+FIRST_RUN_MINUTES = 60
+FIRST_RUN_DISK_GB = 40
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("QWEN35_CACHE") or "~/.cache/qwen35-spark").expanduser()
+
+
+def first_run_notice(root: Path | None = None) -> str:
+    """What this run will make before it can test, said before it starts (nothing when all is cached)."""
+    root = root or cache_root()
+    missing = [what for what, folder, marker in FIRST_RUN if not any((root / folder).glob(marker))]
+    if not missing:
+        return "tiers: the venvs, the engine and the lab's images are cached: no first-run builds"
+    return (
+        f"tiers: first run on this machine: {'; '.join(missing)} not yet in {root}. Making them takes"
+        f" `make test` to about {FIRST_RUN_MINUTES} minutes on 2 cores (later runs about 45) and about"
+        f" {FIRST_RUN_DISK_GB} GB of disk (docs/testing.md#a-first-run)"
+    )
 
 
 def lowest_priority() -> None:
     """In the background tiers' child before it runs: the lowest CPU priority."""
     os.nice(19)
+
+
+def middle_priority() -> None:
+    """In the preparation's child: below the lab tier, above the background tiers."""
+    os.nice(PREPARE_NICE)
 
 
 def background_argv(make: str) -> list[str]:
@@ -84,36 +132,80 @@ def finish(foreground: subprocess.Popen, signum: int) -> None:
         foreground.wait()
 
 
+def _side(argv: list[str], log: Path, priority) -> subprocess.Popen:
+    """A run beside the foreground, in its own session (one process group to stop), output to `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=priority,
+        )
+
+
+def wait_prepared(prepare: subprocess.Popen, bound_s: float | None = None) -> int | None:
+    """The preparation's exit status once it ends; None when it ran past `bound_s` (PREPARE_WAIT_S
+    unless given), and it is then stopped."""
+    try:
+        return prepare.wait(timeout=PREPARE_WAIT_S if bound_s is None else bound_s)
+    except subprocess.TimeoutExpired:
+        stop(prepare)
+        return None
+
+
+class Foreground:
+    """The lab tier, then (once it passed and the preparation ended) the engine tier, one process at a
+    time; `current` is the one running, for a stop to pass its signal to."""
+
+    def __init__(self, make: str):
+        self.make = make
+        self.current: subprocess.Popen | None = None
+
+    def _tier(self, target: str) -> int:
+        self.current = subprocess.Popen([self.make, "--no-print-directory", target])
+        return self.current.wait()
+
+    def run(self, prepare: subprocess.Popen, started: float) -> int:
+        """The first failure's exit status, as `make labtest enginetest` would give."""
+        lab_tier, engine_tier = FOREGROUND
+        code = self._tier(lab_tier)
+        if code != 0:
+            return code
+        waited = time.monotonic()
+        prepared = wait_prepared(prepare)
+        said = "ran past its bound and was stopped" if prepared is None else f"exit {prepared}"
+        print(f"tiers: preparation ({' '.join(PREPARE)}) {said}; waited {time.monotonic() - waited:.0f}s"
+              f" for it at {waited - started:.0f}s; its output is in {PREPARE_LOG}", flush=True)  # fmt: skip
+        return self._tier(engine_tier)
+
+
 def main(argv: list[str]) -> int:
     make = argv[0] if argv else os.environ.get("MAKE", "make")
     started = time.monotonic()
     previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    background = foreground = None
+    background = prepare = None
+    foreground = Foreground(make)
     try:
-        with LOG.open("wb") as out:
-            background = subprocess.Popen(
-                background_argv(make),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=lowest_priority,
-            )
-        foreground = subprocess.Popen([make, "--no-print-directory", *FOREGROUND])
-        others = foreground.wait()
+        print(first_run_notice(), flush=True)
+        background = _side(background_argv(make), LOG, lowest_priority)
+        prepare = _side([make, "--no-print-directory", "-j2", *PREPARE], PREPARE_LOG, middle_priority)
+        others = foreground.run(prepare, started)
         done = time.monotonic() - started
         print(f"tiers: lab and engine done in {done:.0f}s (exit {others}); the unit and release tiers' "
               "output follows")  # fmt: skip
         released = background.wait()
     except (KeyboardInterrupt, Stopped) as exc:
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
-        if foreground is not None:
-            finish(foreground, signum)
+        if foreground.current is not None:
+            finish(foreground.current, signum)
         print(f"tiers: stopped by signal {signum}; the unit and release tiers are stopped", file=sys.stderr)
         return 128 + signum
-    finally:  # on every way out: the background tiers end with this run
-        if background is not None:
-            stop(background)
+    finally:  # on every way out: the background tiers and the preparation end with this run
+        for process in (background, prepare):
+            if process is not None:
+                stop(process)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     sys.stdout.flush()
