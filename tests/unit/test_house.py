@@ -37,18 +37,35 @@ NODE_RESOURCE_FILES = (
     "resource.py",  # the Pulumi resource
     "errors.py",  # the package's errors, in one place
 )
-# HealthSecret touches no node (create draws a secret here): no facts or programs.
-SHAPES = {
-    "node_image": NODE_RESOURCE_FILES,
-    "checkpoint": NODE_RESOURCE_FILES,
-    "model_support": NODE_RESOURCE_FILES,
-    "readiness_gate": NODE_RESOURCE_FILES,
-    "fabric_check": NODE_RESOURCE_FILES,
-    "image_build": NODE_RESOURCE_FILES,
-    "stack_claim": NODE_RESOURCE_FILES,
-    "serve_bench": NODE_RESOURCE_FILES,
-    "health_secret": ("plan.py", "execute.py", "provider.py", "resource.py", "errors.py"),
+# The packages whose shape differs from NODE_RESOURCE_FILES, each with its files and why.
+SHAPE_EXCEPTIONS = {
+    "health_secret": (
+        ("plan.py", "execute.py", "provider.py", "resource.py", "errors.py"),
+        "touches no node (create draws a secret here): no facts or programs",
+    ),
 }
+
+
+def contract_packages(root: Path) -> dict[str, tuple[str, ...]]:
+    """Every package of `root`/components with a provider.py, and the files its shape holds: the
+    contract is derived from the tree, so a new package cannot slip past it."""
+    found = sorted(p.parent.name for p in (root / "components").glob("*/provider.py"))
+    return {name: SHAPE_EXCEPTIONS.get(name, (NODE_RESOURCE_FILES, ""))[0] for name in found}
+
+
+SHAPES = contract_packages(ROOT)
+
+
+def test_the_contract_is_every_package_with_a_provider_and_each_exception_is_one(tmp_path):
+    assert set(SHAPE_EXCEPTIONS) <= set(SHAPES), "an exception names a package that has no provider.py"
+    assert all(why for _files, why in SHAPE_EXCEPTIONS.values()), "every exception says why"
+    # A package added with a provider alone is in the contract, held to the whole shape.
+    (tmp_path / "components" / "throwaway").mkdir(parents=True)
+    (tmp_path / "components" / "throwaway" / "provider.py").write_text("")
+    (tmp_path / "components" / "not_a_resource").mkdir()
+    assert contract_packages(tmp_path) == {"throwaway": NODE_RESOURCE_FILES}
+    missing = [f for f in NODE_RESOURCE_FILES if not (tmp_path / "components" / "throwaway" / f).is_file()]
+    assert missing == [f for f in NODE_RESOURCE_FILES if f != "provider.py"]
 
 
 def long_functions(roots: tuple[str, ...], limit: int) -> list[str]:
