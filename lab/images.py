@@ -189,7 +189,8 @@ def _debootstrap(suite: str, tarball: Path) -> Path:
     if os.geteuid() != 0:
         raise LabError("lab: must run as root (debootstrap needs it)")
     cache.mkdir(parents=True, exist_ok=True)
-    work = cache / f"rootfs-{os.getpid()}"
+    # Named by suite too: `lab fetch` debootstraps two suites at once in one process.
+    work = cache / f"rootfs-{suite}-{os.getpid()}"
     mirror = debian_mirror()
     argv = [
         debootstrap,

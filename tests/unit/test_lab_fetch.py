@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,27 @@ def test_a_lock_held_past_the_deadline_is_named_with_what_to_do(cache):
     finally:
         holder.terminate()
         holder.join(30)
+
+
+def test_two_suites_debootstrapped_at_once_by_one_process_never_share_a_folder(cache, monkeypatch):
+    """`lab fetch` makes bookworm's and trixie's root filesystems in two threads of one process: a
+    folder named by the pid alone was one folder for both, and the tarballs mixed two releases."""
+    from lab import images
+
+    folders = []
+
+    def run(argv, **_kwargs):
+        if argv[0] == "debootstrap":
+            folders.append(argv[-2])
+        else:  # tar: the tarball it would write
+            Path(argv[argv.index("-cf") + 1]).write_bytes(b"")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(images, "find_binary", lambda name: name)
+    monkeypatch.setattr(images, "debian_mirror", lambda: "http://mirror.invalid/debian")
+    monkeypatch.setattr(images.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(images.subprocess, "run", run)
+    with ThreadPoolExecutor(2) as pool:
+        made = list(pool.map(images.debian_rootfs_tarball, ["bookworm", "trixie"]))
+    assert [p.name for p in made] == ["debian-bookworm-minbase.tar", "debian-trixie-minbase.tar"]
+    assert len(set(folders)) == 2, folders
