@@ -443,8 +443,9 @@ def test_node_requests_name_the_declared_things_and_no_secret(config):
 
 
 def test_api_key_from_the_cli_where_it_exists_else_the_environment(tmp_path):
-    env = {"QWEN35_API_KEY": "sk-env"}
-    assert facts.api_key("lab", env={}, which=lambda _: None) == (None, "")
+    # QWEN35_CACHE: where no CLI was built (else `make engine`'s would be asked).
+    env = {"QWEN35_API_KEY": "sk-env", "QWEN35_CACHE": str(tmp_path)}
+    assert facts.api_key("lab", env={"QWEN35_CACHE": str(tmp_path)}, which=lambda _: None) == (None, "")
     assert facts.api_key("lab", env=env, which=lambda _: None) == ("sk-env", "$QWEN35_API_KEY")
     cli = tmp_path / "pulumi"
     # argv: config get --show-secrets KEY --stack STACK
