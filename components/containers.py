@@ -125,6 +125,10 @@ def host_path(path: str, user: str) -> str:
     return home + path[1:]
 
 
+# What NCCL prints in every serving container: its init and network choice, nothing per message.
+SERVING_NCCL_DEBUG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+
 @dataclass(frozen=True)
 class NodeFabric:
     """What NCCL on one node is given: its HCAs and RoCE GID index (None: NCCL_IB_GID_INDEX unset).
@@ -156,6 +160,9 @@ def fabric_env(config: StackConfig, node: NodeConfig, fabric: NodeFabric | None 
         "OMPI_MCA_btl_tcp_if_include": ifname,
         # No HCA (the lab pins none) turns InfiniBand off rather than letting NCCL guess.
         "NCCL_IB_DISABLE": "0" if fabric.ib_hca else "1",
+        # NCCL's own account of the transport it chose (a few dozen lines per start): after the gate,
+        # the serving ranks' network, HCAs and GID index are read from these (docs/fabric.md).
+        **SERVING_NCCL_DEBUG,
         # Ray's memory monitor kills workers when unified memory looks "full" (the model fills it).
         "RAY_memory_monitor_refresh_ms": "0",
         "HF_HOME": CONTAINER_HF_HOME,

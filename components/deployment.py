@@ -61,6 +61,7 @@ from components.layout import (
     fabric_check_inputs,
     health_output,
     memory_inputs,
+    nccl_transport,
     node_container_names,
     node_proof_inputs,
     probe_input,
@@ -367,9 +368,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
                     "rank": rank,
                     "image_id": self._image_id(node.name),
                     # What that node's serving containers get: its own interface, HCAs and GID index.
-                    "env": fabric.apply(lambda f, n=node: fabric_env(cfg, n, f))
-                    if fabric
-                    else fabric_env(cfg, node),
+                    "env": self._fabric_env(node),
                     "ib_hca": fabric.apply(lambda f: list(f.ib_hca))
                     if fabric
                     else list(configured_fabric(cfg, node).ib_hca),
@@ -559,8 +558,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
 
     def _serve_bench(self, name: str, api_key: pulumi.Output[str] | None) -> ServeBench | None:
         """After the gate, on the head: the served speed measured (none under `bench.mode: off`). It
-        measures again when every node's image ID, the server's argv, the node set or the bench
-        settings change; FabricCheck's outputs only explain a figure below its floor."""
+        measures again when a node's image ID or NCCL settings, the server's argv, the node set or the
+        bench settings change; FabricCheck's outputs only explain a figure below its floor."""
         cfg, head = self.config, self.config.head
         if cfg.bench.mode is BenchMode.OFF:
             return None
@@ -578,6 +577,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             log_container=vllm_container_name(cfg),
             api_key=api_key,
             fabric=self._fabric_outputs(),
+            nccl_env={n.name: self._nccl_env(n) for n in cfg.nodes},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.ready]),
         )
 
@@ -733,6 +733,19 @@ class Qwen35Deployment(pulumi.ComponentResource):
             # (a dynamic resource's numbers come back as floats: 3.0 must read "3")
             lambda v: NodeFabric(tuple(v[0] or ()), None if v[1] is None else int(v[1]))
         )
+
+    def _fabric_env(self, node: NodeConfig) -> pulumi.Input[dict[str, str]]:
+        """The fabric environment of `node`'s serving containers (its FabricCheck's HCAs and GID index)."""
+        fabric = self._fabric(node)
+        if fabric is None:
+            return fabric_env(self.config, node)
+        return fabric.apply(lambda f: fabric_env(self.config, node, f))
+
+    def _nccl_env(self, node: NodeConfig) -> pulumi.Input[dict[str, str]]:
+        """What picks NCCL's transport in `node`'s serving containers (the bench measures again when
+        it changes)."""
+        env = self._fabric_env(node)
+        return env.apply(nccl_transport) if isinstance(env, pulumi.Output) else nccl_transport(env)
 
     def _specs(
         self, node: NodeConfig, build: Callable[[NodeFabric | None], ContainerSpec]

@@ -154,6 +154,16 @@ def probe_input(cfg: StackConfig, head_dict: Mapping[str, Any]) -> dict[str, Any
     }
 
 
+# What picks NCCL's transport in a node's serving containers (of `containers.fabric_env`): the bench
+# measures again when any changes on any node (a fabric fixed is a new speed).
+NCCL_TRANSPORT_ENV = ("NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME")
+
+
+def nccl_transport(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a node's fabric environment that picks NCCL's transport (ServeBench's `nccl_env`)."""
+    return {key: env[key] for key in NCCL_TRANSPORT_ENV if key in env}
+
+
 # The node proof's outputs that the stack exports (`fabric.proof`).
 NODE_PROOF_OUTPUTS = ("verdict", "backend", "busbw_gbs", "problems", "warnings", "results")
 # The node proof's sized all-reduce: NCCL's over the fabric, or gloo's over sockets (the lab, no GPU).

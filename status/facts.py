@@ -12,7 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,52 @@ API_KEY_ENV = PROBE_API_KEY_ENV
 NODE_COMMAND_S = 90.0
 HTTP_TIMEOUT_S = 10.0
 COMPLETION_TIMEOUT_S = 120.0
+# Where no `pulumi` is on PATH: the project's own CLI that `make engine` builds (engine/build.sh, one
+# folder per build with a `.complete` marker) and `make up` runs with the checkout's file backend and
+# the lab's passphrase (engine/__init__.py; tests/unit/test_status_cli.py keeps the two in step).
+# Without them `status` could not read what `make up` recorded.
+ENGINE_STATE = ROOT / ".pulumi-state"
+ENGINE_PASSPHRASE = "qwen35-lab"
+
+
+def engine_cache(env: Mapping[str, str] = os.environ) -> Path:
+    """`${QWEN35_CACHE:-~/.cache/qwen35-spark}/engine`: where `make engine` builds the CLI."""
+    return Path(env.get("QWEN35_CACHE") or "~/.cache/qwen35-spark").expanduser() / "engine"
+
+
+@dataclass(frozen=True)
+class PulumiCli:
+    """The CLI that reads the stack: its path and the environment it runs in (None: ours as is)."""
+
+    path: str
+    env: dict[str, str] | None = None
+
+
+def pulumi_cli(
+    which: Callable[[str], str | None] = shutil.which, env: Mapping[str, str] = os.environ
+) -> PulumiCli | None:
+    """A `pulumi` on PATH, else the newest one `make engine` built (with `make up`'s backend and
+    passphrase where the environment names none), else None."""
+    found = which("pulumi")
+    if found:
+        return PulumiCli(found)
+    built = sorted(engine_cache(env).glob("*/.complete"), key=lambda m: m.stat().st_mtime, reverse=True)
+    cli = next(
+        (m.parent / "bin" / "pulumi" for m in built if os.access(m.parent / "bin" / "pulumi", os.X_OK)), None
+    )
+    if cli is None:
+        return None
+    run_env = {**env, "PULUMI_HOME": str(engine_cache(env) / "home"), "PULUMI_SKIP_UPDATE_CHECK": "true"}
+    if "PULUMI_BACKEND_URL" not in env:
+        run_env["PULUMI_BACKEND_URL"] = f"file://{ENGINE_STATE}"
+        if not {"PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"} & set(env):
+            run_env["PULUMI_CONFIG_PASSPHRASE"] = ENGINE_PASSPHRASE
+    return PulumiCli(str(cli), run_env)
+
+
+def no_cli(env: Mapping[str, str] = os.environ) -> str:
+    """Why no stack output can be read, and what to do."""
+    return f"no Pulumi CLI here (none on PATH, none built by `make engine` under {engine_cache(env)})"
 
 
 def read_stack_file(path: Path) -> dict[str, Any]:
@@ -78,12 +124,18 @@ def api_key(
     which: Callable[[str], str | None] = shutil.which,
 ) -> tuple[str | None, str]:
     """(key, where it came from): the Pulumi CLI's secret where the CLI exists, else $QWEN35_API_KEY."""
-    cli = which("pulumi")
+    cli = pulumi_cli(which, env)
     if cli:
-        argv = [cli, "config", "get", "--show-secrets", f"{NAMESPACE}:api_key", "--stack", stack]
+        argv = [cli.path, "config", "get", "--show-secrets", f"{NAMESPACE}:api_key", "--stack", stack]
         try:
             done = subprocess.run(
-                argv, cwd=cwd, capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False
+                argv,
+                cwd=cwd,
+                env=cli.env,
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=60,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             done = None
@@ -211,16 +263,20 @@ def fabric_facts(config: StackConfig, transport: SshTransport, node_name: str) -
 
 
 def stack_output(
-    name: str, stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
+    name: str,
+    stack: str,
+    cwd: Path = ROOT,
+    which: Callable[[str], str | None] = shutil.which,
+    env: Mapping[str, str] = os.environ,
 ) -> dict[str, Any]:
     """The stack output `name` as the last `pulumi up` recorded it ({"output": …}), or {"error": why}
     (no Pulumi CLI, no such stack, nothing deployed)."""
-    cli = which("pulumi")
+    cli = pulumi_cli(which, env)
     if not cli:
-        return {"error": f"no Pulumi CLI here to read the stack output `{name}`"}
-    argv = [cli, "stack", "output", name, "--json", "--stack", stack]
+        return {"error": f"{no_cli(env)} to read the stack output `{name}`"}
+    argv = [cli.path, "stack", "output", name, "--json", "--stack", stack]
     try:
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=60, check=False)
+        done = subprocess.run(argv, cwd=cwd, env=cli.env, capture_output=True, timeout=60, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"`pulumi stack output {name}` did not answer in 60 s"}
     if done.returncode != 0:
@@ -234,27 +290,36 @@ def stack_output(
 
 
 def stack_fabric(
-    stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
+    stack: str,
+    cwd: Path = ROOT,
+    which: Callable[[str], str | None] = shutil.which,
+    env: Mapping[str, str] = os.environ,
 ) -> dict[str, Any]:
     """The stack output `fabric` ({"output": …}: per node what FabricCheck recorded, the probe's
     `throughput` among it), or {"error": why}."""
-    return stack_output("fabric", stack, cwd, which)
+    return stack_output("fabric", stack, cwd, which, env)
 
 
 def stack_bench(
-    stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
+    stack: str,
+    cwd: Path = ROOT,
+    which: Callable[[str], str | None] = shutil.which,
+    env: Mapping[str, str] = os.environ,
 ) -> dict[str, Any]:
     """The stack output `serve_bench` ({"output": …}: the figures the last `up` measured), or
     {"error": why}. `status` sends no bench of its own: a minute of the server's time is `up`'s call."""
-    return stack_output("serve_bench", stack, cwd, which)
+    return stack_output("serve_bench", stack, cwd, which, env)
 
 
 def stack_cold_start(
-    stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
+    stack: str,
+    cwd: Path = ROOT,
+    which: Callable[[str], str | None] = shutil.which,
+    env: Mapping[str, str] = os.environ,
 ) -> dict[str, Any]:
     """The stack output `cold_start` ({"output": …}: the serving start the readiness gate last waited
     for, `node_programs/cold_start.py`), or {"error": why}."""
-    return stack_output("cold_start", stack, cwd, which)
+    return stack_output("cold_start", stack, cwd, which, env)
 
 
 def gather(

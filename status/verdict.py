@@ -405,9 +405,18 @@ def expected_concurrency(config: StackConfig, sizing: dict[str, Any]) -> tuple[i
 
 def _concurrency(config: StackConfig, head_report: dict) -> str:
     """Expected maximum concurrency at max_model_len, beside what the server logged at start-up."""
-    expected = expected_concurrency(config, head_report.get("sizing") or {})
     logged = head_report.get("server_concurrency") or {}
-    parts = [f"expected {expected[1]:.2f}x at {expected[0]} tokens" if expected else "expected: unknown"]
+    if config.serve.cpu is not None:
+        # vLLM's CPU platform sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not from a share of the
+        # nodes' memory: the memory fit's figure (the lab's 566974.07x) would mean nothing there.
+        space = config.serve.cpu.kvcache_space_gb
+        parts = [
+            f"expected: as the KV cache serve.cpu.kvcache_space_gb gives ({space} GiB per rank; "
+            "the memory fit does not apply)"
+        ]
+    else:
+        expected = expected_concurrency(config, head_report.get("sizing") or {})
+        parts = [f"expected {expected[1]:.2f}x at {expected[0]} tokens" if expected else "expected: unknown"]
     if logged:
         parts.append(f"vLLM logged {logged['max_concurrency']:.2f}x at {logged['max_model_len']} tokens")
     return "; ".join(parts)

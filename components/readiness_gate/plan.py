@@ -6,11 +6,13 @@ No I/O here: diff() uses these, and the tests are tables.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from components.fabric_check.plan import ENFORCE, nccl_problems
 from components.provider_kit.change import Change
 from components.provider_kit.inputs import node_problems
+from components.readiness_gate.facts import ServingTransport
 
 # How long `pulumi refresh` waits for a server that answered before.
 REFRESH_DEADLINE_S = 60
@@ -92,3 +94,23 @@ def failure_hint(
 def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(field, reason) for each input `check` refuses: no I/O; a value not known yet passes."""
     return node_problems(props, "node")
+
+
+def serving_verdict(
+    node: str, mode: str, transport: ServingTransport, ib_hca: Sequence[str]
+) -> tuple[dict[str, Any], str | None]:
+    """(what is recorded for `node`, the refusal under enforce or None). Refused: the serving ranks'
+    NCCL used sockets while HCAs were given, naming the node and quoting NCCL's line. Ranks without
+    NCCL (gloo, the CPU build) are recorded as such, never refused."""
+    record = transport.record()
+    if not transport.nccl.lines:
+        return {**record, "verdict": "pass", "problems": []}, None
+    problems, warnings = nccl_problems(node, transport.nccl, ib_hca)
+    record = {**record, "verdict": "fail" if problems else "pass", "problems": problems + warnings}
+    if mode != ENFORCE or not problems:
+        return record, None
+    return record, (
+        f"serving ranks on {node}: NCCL would not use the fabric's RDMA:\n"
+        + "\n".join(f"  - {p}" for p in problems)
+        + "\n  (fabric.node_proof: enforce stops here; `report` records this and goes on)"
+    )

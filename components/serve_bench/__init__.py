@@ -5,8 +5,9 @@ program on stdin, the API key in its environment) and runs it there: a warm-up, 
 `bench.output_tokens` (decode tokens/s, time to first token), one prompt of about
 `bench.prompt_tokens` (prefill tokens/s), `bench.concurrency` streams at once (aggregate tokens/s).
 Dynamic providers' create never runs during preview, and diff does no I/O. It measures again only
-when what it measures changes (every node's image ID, the server's argv, the node set, the bench
-settings); `read` (pulumi refresh) gives back the recorded figures and runs nothing.
+when what it measures changes (every node's image ID, the server's argv, the node set, what each
+node's serving containers give NCCL, the bench settings); new floors or mode judge the recorded
+figures again; `read` (pulumi refresh) gives back the recorded figures and runs nothing.
 
 Files, by job:
     facts.py     the bench's report parsed; its figures as one line

@@ -14,7 +14,7 @@ from components.provider_kit.progress import tell_operator
 from components.remote import RemoteError, lines_marked, require_ssh, run_relaying, ssh_argv
 from components.serve_bench.errors import BelowFloor, BenchFailed
 from components.serve_bench.facts import figures_line, parse_report
-from components.serve_bench.plan import ENFORCE, judged
+from components.serve_bench.plan import ENFORCE, Action, judged, recorded_report, update_action
 from components.serve_bench.programs import EXIT_HINTS, bench_argv, bench_program
 
 # Beyond the bench's own deadline: SSH, the program's start and its read of the server's log.
@@ -47,17 +47,24 @@ def _run(props: Mapping[str, Any]) -> dict[str, Any]:
 
 def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Measure, then judge against the floors: the bench's outputs (the inputs, the figures, the
-    verdict). Under enforce, a bench that could not measure or a figure below its floor fails `up`;
-    under report both are recorded and `up` goes on."""
+    verdict). An update of only the floors or mode (`olds`: the recorded state) judges the recorded
+    figures again without measuring. Under enforce, a bench that could not measure or a figure below
+    its floor fails `up`; under report both are recorded and `up` goes on."""
     node = props["node"]["name"]
-    try:
-        report = _run(props)
-    except (RemoteError, ValueError) as exc:
-        if props.get("mode") == ENFORCE:
-            raise
-        outs = judged(props, None, error=str(exc))
-        tell_operator(f"serve bench on {node}: not measured (bench.mode report goes on): {exc}")
-        return {**props, **outs}
+    if olds is not None and update_action(olds, props) is Action.JUDGE:
+        report = recorded_report(olds)
+        tell_operator(
+            f"serve bench on {node}: new floors or mode: the recorded figures judged again, not measured"
+        )
+    else:
+        try:
+            report = _run(props)
+        except (RemoteError, ValueError) as exc:
+            if props.get("mode") == ENFORCE:
+                raise
+            outs = judged(props, None, error=str(exc))
+            tell_operator(f"serve bench on {node}: not measured (bench.mode report goes on): {exc}")
+            return {**props, **outs}
     outs = judged(props, report)
     if outs["shortfalls"] and props.get("mode") == ENFORCE:
         raise BelowFloor(node, outs["shortfalls"], outs["causes"])

@@ -6,6 +6,7 @@ are tables.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from typing import Any
 
 from components.provider_kit.change import Change
@@ -13,13 +14,16 @@ from components.provider_kit.inputs import node_problems
 
 ENFORCE, REPORT = "enforce", "report"
 # Inputs whose change means "measure again": what is measured (the image on every node, the
-# server's exact argv, the node set, the endpoint and model) and how (the bench settings).
-MEASURE_KEYS = ("url", "model", "image_ids", "server_argv", "nodes", "settings", "floors", "mode")
+# server's exact argv, the node set, the endpoint and model, what each node's serving containers give
+# NCCL: HCAs, GID index, IB on or off) and how (the bench settings).
+MEASURE_KEYS = ("url", "model", "image_ids", "server_argv", "nodes", "nccl_env", "settings")
+# Inputs whose change means "judge the recorded figures again": the same figures, other floors.
+JUDGE_KEYS = ("floors", "mode")
 # Inputs recorded in place without measuring: how the head is reached, where its log is.
 RECORD_KEYS = ("node", "log_container")
 # Not compared at all: `api_key` (a rotated key serves the same speed; the next run reads the new
 # one from its inputs) and `fabric` (FabricCheck's figures, read only to explain a slow figure).
-UPDATE_KEYS = (*MEASURE_KEYS, *RECORD_KEYS)
+UPDATE_KEYS = (*MEASURE_KEYS, *JUDGE_KEYS, *RECORD_KEYS)
 # What each floor holds, as (figure, how it is said, unit, a ceiling rather than a floor).
 FLOORS = {
     "min_decode_tps": ("decode_tps", "decode", "tokens/s", False),
@@ -49,6 +53,30 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
 def measures_again(change: Change) -> bool:
     """Whether an update runs the bench again (what it measures changed), or only records the inputs."""
     return any(key in MEASURE_KEYS for key in change.updates)
+
+
+class Action(Enum):
+    """What an update does: measure, judge the recorded figures again, or record the inputs."""
+
+    MEASURE = "measure"
+    JUDGE = "judge"
+    RECORD = "record"
+
+
+def update_action(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Action:
+    """An update's action, no I/O. New floors or mode over recorded figures judge those again (a
+    minute of the server's time would measure the same); with nothing recorded, it measures."""
+    change = plan_change(olds, news)
+    if measures_again(change):
+        return Action.MEASURE
+    if any(key in JUDGE_KEYS for key in change.updates):
+        return Action.JUDGE if olds.get("figures") else Action.MEASURE
+    return Action.RECORD
+
+
+def recorded_report(olds: Mapping[str, Any]) -> dict[str, Any]:
+    """The last run's report as its outputs recorded it: what `judged` reads."""
+    return {key: olds.get(key) for key in ("figures", "nccl_network", "measured_at", "elapsed_s")}
 
 
 def shortfalls(figures: Mapping[str, Any] | None, floors: Mapping[str, Any] | None) -> list[str]:

@@ -9,12 +9,12 @@ import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
 from components.serve_bench.execute import ensure, observe, release
-from components.serve_bench.plan import OUTPUT_KEYS, measures_again, plan_change, validate
+from components.serve_bench.plan import OUTPUT_KEYS, Action, plan_change, update_action, validate
 
 
 class ServeBenchProvider(ExplainedErrors, dynamic.ResourceProvider):
-    """create: measure; update: measure again when what it measures changed; read: the recorded
-    figures; delete: nothing."""
+    """create: measure; update: measure again when what it measures changed, judge the recorded
+    figures again when only the floors or mode did; read: the recorded figures; delete: nothing."""
 
     # Stacks pickle this class by reference to `components.serve_bench.ServeBenchProvider`: keep
     # that its path whatever file it lives in.
@@ -31,12 +31,13 @@ class ServeBenchProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.DiffResult(changes=plan_change(olds, news).changes, replaces=[])
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        if not measures_again(plan_change(olds, news)):
+        if update_action(olds, news) is Action.RECORD:
             # The new inputs over the recorded figures (the declared outputs come as nulls in news).
             inputs = {key: value for key, value in news.items() if key not in OUTPUT_KEYS}
             return dynamic.UpdateResult(outs={**olds, **inputs})
-        # A failed bench (enforce) leaves the state as it was: the next `up` measures again.
-        return dynamic.UpdateResult(outs=ensure(news))
+        # Measure again, or judge the recorded figures again (ensure decides from olds). A failed
+        # bench (enforce) leaves the state as it was: the next `up` tries again.
+        return dynamic.UpdateResult(outs=ensure(news, olds))
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         return dynamic.ReadResult(id_=id_, outs=observe(props))

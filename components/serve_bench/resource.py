@@ -40,6 +40,7 @@ class ServeBench(dynamic.Resource, module="qwen35", name="ServeBench"):
         log_container: str | None,
         api_key: pulumi.Input[str] | None,
         fabric: pulumi.Input[dict] | None = None,
+        nccl_env: dict[str, pulumi.Input[dict[str, str]]] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -58,6 +59,9 @@ class ServeBench(dynamic.Resource, module="qwen35", name="ServeBench"):
             "api_key": pulumi.Output.secret(api_key) if api_key is not None else None,
             # The stack output `fabric` (each node's MTU, the probe's figure): a miss's likely causes.
             "fabric": fabric,
+            # Per node, what picks NCCL's transport in its serving containers (NCCL_IB_HCA, GID
+            # index, NCCL_IB_DISABLE, the socket interface): a change measures again.
+            "nccl_env": nccl_env,
             **{key: None for key in OUTPUT_KEYS},
         }
         secret = pulumi.ResourceOptions(additional_secret_outputs=["api_key"])

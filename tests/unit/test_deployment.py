@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pulumi
 import pytest
 
-from tests.support.program import FAKE_HEALTH_SECRET, ProgramRun, run_program, stack_config
+from tests.support.program import FAKE_HEALTH_SECRET, ProgramRun, mp_stack_config, run_program, stack_config
 
 CONTAINER = "docker:index/container:Container"
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
@@ -958,3 +958,14 @@ def test_the_switch_off_removes_the_volumes_the_mounts_and_the_variables(monkeyp
         assert "/root/.cache/qwen35-compile" not in volume_mounts(graph, name)
         assert not COMPILE_VARS.keys() & envs(graph, name).keys()
         assert not any("compile-cache" in dep for dep in graph.deps[name])
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_every_serving_container_prints_nccl_s_init_and_network_lines(monkeypatch, executor):
+    # Read after the gate: the serving ranks' own transport (issue 52), not only the node proof's.
+    graph = run_graph(monkeypatch, stack_config("dev") if executor == "ray" else mp_stack_config(2))
+    serving = [c.name for c in cluster_containers(graph)]
+    assert "qwen35-vllm" in serving and len(serving) >= (3 if executor == "ray" else 2), serving
+    for name in serving:
+        env = envs(graph, name)
+        assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET"), name

@@ -139,3 +139,47 @@ def test_every_config_key_is_in_the_configuration_reference(key):
     fields = keys(model) + (keys(RayPorts) if model is NodeConfig else [])
     missing = [f for f in fields if not re.search(rf"`(?:{key}\.)?{f}`", body)]
     assert missing == [], f"qwen35-spark:{key} keys missing from docs/configuration.md: {missing}"
+
+
+def resource_names() -> list[str]:
+    """Every dynamic resource's type name (`qwen35:<Name>`), from the packages on disk."""
+    found = []
+    for path in sorted((ROOT / "components").glob("*/resource.py")):
+        found += re.findall(r'module="qwen35", name="(\w+)"', path.read_text())
+    return found
+
+
+def fence_after(text: str, heading: str) -> str:
+    """The first ``` block under a README heading."""
+    match = re.search(rf"^## {re.escape(heading)}\n.*?^```\n(.*?)^```", text, re.M | re.S)
+    assert match, f"README.md has no code block under '## {heading}'"
+    return match.group(1)
+
+
+def test_the_resources_come_from_the_packages():
+    # The lists below are derived, so a test that read none would pass on anything.
+    assert {"NodeProof", "FabricCheck", "ServeBench", "ReadinessGate"} <= set(resource_names())
+
+
+@pytest.mark.parametrize("name", resource_names())
+def test_the_readme_s_tree_names_every_resource(name):
+    tree = fence_after(README.read_text(), "What a stack deploys")
+    assert f"dynamic/qwen35:{name} " in tree, f"the README's tree of resources omits {name}"
+
+
+@pytest.mark.parametrize(
+    "package", sorted(p.parent.name for p in (ROOT / "components").glob("*/resource.py"))
+)
+def test_the_readme_s_layout_names_every_resource_package(package):
+    layout = fence_after(README.read_text(), "Layout")
+    assert f"{package}/" in layout, f"the README's layout omits components/{package}/"
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in resource_names() if n.endswith(("Check", "Proof", "Gate", "Bench"))]
+)
+def test_the_readme_s_table_of_checks_names_every_check(name):
+    text = README.read_text()
+    start = text.index("| step | what the program checks |")
+    checks = text[start:].partition("\n\n")[0]
+    assert f"`{name}`" in checks, f"the README's table of checks omits {name}"

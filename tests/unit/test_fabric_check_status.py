@@ -223,7 +223,8 @@ def test_the_stack_output_is_read_with_the_pulumi_cli(tmp_path):
     assert got == {"output": {"check": "enforce", "nodes": {"node-b": {"throughput": {"gbytes_s": 11.8}}}}}
     missing = facts.stack_fabric("dev", cwd=tmp_path, which=lambda _: cli)
     assert missing == {"error": "`pulumi stack output fabric --stack dev`: error: no stack named lab"}
-    assert "no Pulumi CLI" in facts.stack_fabric("lab", which=lambda _: None)["error"]
+    nothing_built = {"QWEN35_CACHE": str(tmp_path)}
+    assert "no Pulumi CLI" in facts.stack_fabric("lab", which=lambda _: None, env=nothing_built)["error"]
     assert facts.stack_fabric("lab", cwd=tmp_path, which=lambda _: fake_cli(tmp_path, "echo oops\n")) == {
         "error": "`pulumi stack output fabric` printed no JSON"
     }

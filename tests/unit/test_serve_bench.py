@@ -30,6 +30,7 @@ from components.serve_bench import (
     shortfalls,
 )
 from components.serve_bench import execute as bench_execute
+from components.serve_bench.plan import Action, update_action
 
 MODEL = "qwen3.5-test"
 KEY = "sk-bench-secret-789"
@@ -409,30 +410,63 @@ RECORDED = {
     "log_container": "qwen35-vllm",
     "api_key": KEY,
     "fabric": FABRIC,
+    # What each node's serving containers give NCCL (layout.nccl_transport of containers.fabric_env).
+    "nccl_env": {
+        "spark-1": {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "rocep1s0f0", "NCCL_IB_GID_INDEX": "3"},
+        "spark-2": {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "rocep1s0f0", "NCCL_IB_GID_INDEX": "3"},
+    },
     "figures": FIGURES,
+    "nccl_network": "IB",
+    "measured_at": 1_800_000_000,
+    "elapsed_s": 41.0,
     "verdict": "measured",
 }
 
 
+def nccl_env(node: str, **env: str) -> dict:
+    """RECORDED's `nccl_env` with `node`'s variables changed."""
+    return {**RECORDED["nccl_env"], node: {**RECORDED["nccl_env"][node], **env}}
+
+
 @pytest.mark.parametrize(
-    ("key", "value", "measures"),
+    ("key", "value", "action"),
     [
-        ("image_ids", {**RECORDED["image_ids"], "spark-2": "sha256:" + "c" * 64}, True),
-        ("server_argv", [*RECORDED["server_argv"][:-1], "8"], True),
-        ("nodes", ["spark-1", "spark-2", "spark-3"], True),
-        ("settings", {**RECORDED["settings"], "concurrency": 8}, True),
-        ("floors", {"min_decode_tps": 18}, True),
-        ("mode", "enforce", True),
-        ("url", "http://127.0.0.1:8001", True),
-        ("model", "other", True),
-        ("node", {"name": "spark-1", "host": "10.1.230.190"}, False),
-        ("log_container", "other-vllm", False),
+        ("image_ids", {**RECORDED["image_ids"], "spark-2": "sha256:" + "c" * 64}, Action.MEASURE),
+        ("server_argv", [*RECORDED["server_argv"][:-1], "8"], Action.MEASURE),
+        ("nodes", ["spark-1", "spark-2", "spark-3"], Action.MEASURE),
+        ("settings", {**RECORDED["settings"], "concurrency": 8}, Action.MEASURE),
+        ("url", "http://127.0.0.1:8001", Action.MEASURE),
+        ("model", "other", Action.MEASURE),
+        # A fabric fixed (or broken) changes what the serving ranks' NCCL runs over.
+        ("nccl_env", nccl_env("spark-2", NCCL_IB_HCA="rocep1s0f0,roceP2p1s0f0"), Action.MEASURE),
+        ("nccl_env", nccl_env("spark-2", NCCL_IB_GID_INDEX="1"), Action.MEASURE),
+        ("nccl_env", nccl_env("spark-1", NCCL_IB_DISABLE="1"), Action.MEASURE),
+        # The same figures held to other floors, or under another mode: judged again, not measured.
+        ("floors", {"min_decode_tps": 18}, Action.JUDGE),
+        ("mode", "enforce", Action.JUDGE),
+        ("node", {"name": "spark-1", "host": "10.1.230.190"}, Action.RECORD),
+        ("log_container", "other-vllm", Action.RECORD),
     ],
 )
-def test_a_change_to_what_it_measures_measures_again(key, value, measures):
-    change = plan_change(RECORDED, {**RECORDED, key: value})
+def test_what_a_change_does(key, value, action):
+    news = {**RECORDED, key: value}
+    change = plan_change(RECORDED, news)
     assert change.updates == (key,) and change.replaces == ()
-    assert measures_again(change) is measures
+    assert measures_again(change) is (action is Action.MEASURE)
+    assert update_action(RECORDED, news) is action
+
+
+def test_a_new_floor_over_a_run_that_measured_nothing_measures():
+    failed = {**RECORDED, "figures": None, "verdict": "failed", "error": "serve bench: decode: answered 500"}
+    assert update_action(failed, {**failed, "floors": {"min_decode_tps": 18}}) is Action.MEASURE
+    assert update_action(failed, {**failed, "mode": "enforce"}) is Action.MEASURE
+    # A floor changed beside what is measured: measured (the new figures are judged on the new floor).
+    both = {
+        **RECORDED,
+        "floors": {"min_decode_tps": 18},
+        "settings": {**RECORDED["settings"], "concurrency": 8},
+    }
+    assert update_action(RECORDED, both) is Action.MEASURE
 
 
 @pytest.mark.parametrize(
@@ -483,6 +517,48 @@ def test_an_update_that_changes_nothing_measured_records_without_running(runs):
     news = {**RECORDED, "node": {"name": "spark-1", "host": "10.1.230.190"}, "figures": None}
     outs = ServeBenchProvider().update("id", dict(RECORDED), news).outs
     assert calls == [] and outs["node"]["host"] == "10.1.230.190" and outs["figures"] == FIGURES
+
+
+def test_an_update_of_the_fabric_measures_again(runs):
+    calls, answers = runs
+    answers.append({**REPORT, "figures": {**FIGURES, "decode_tps": 21.0}})
+    news = {**RECORDED, "nccl_env": nccl_env("spark-2", NCCL_IB_DISABLE="0", NCCL_IB_HCA="rocep1s0f1")}
+    outs = ServeBenchProvider().update("id", dict(RECORDED), news).outs
+    assert len(calls) == 1 and outs["figures"]["decode_tps"] == 21.0 and outs["nccl_env"] == news["nccl_env"]
+
+
+@pytest.mark.parametrize(
+    ("change", "verdict", "shortfall"),
+    [
+        (
+            {"floors": {"min_decode_tps": 18}},
+            "below",
+            "decode 12.5 tokens/s is below bench.min_decode_tps 18",
+        ),
+        ({"floors": {"min_decode_tps": 12}}, "pass", None),
+        ({"floors": {}}, "measured", None),
+        ({"mode": "enforce", "floors": {"min_decode_tps": 12}}, "pass", None),
+    ],
+)
+def test_an_update_of_floors_or_mode_judges_the_recorded_figures_again(runs, change, verdict, shortfall):
+    calls, _ = runs  # no answer queued: a run would fail the test
+    olds = {**RECORDED, "floors": {"min_decode_tps": 10}, "verdict": "pass"}
+    news = {**olds, **change, "figures": None, "verdict": None}
+    outs = ServeBenchProvider().update("id", olds, news).outs
+    assert calls == []
+    assert outs["verdict"] == verdict and outs["figures"] == FIGURES
+    assert (outs["measured_at"], outs["elapsed_s"], outs["nccl_network"]) == (1_800_000_000, 41.0, "IB")
+    assert outs["floors"] == news["floors"] and outs["mode"] == news["mode"]
+    assert outs["shortfalls"][0].startswith(shortfall) if shortfall else outs["shortfalls"] == []
+    assert bool(outs["causes"]) is (verdict == "below")
+
+
+def test_enforce_refuses_recorded_figures_below_a_new_floor_without_measuring(runs):
+    calls, _ = runs
+    news = {**RECORDED, "mode": "enforce", "floors": {"min_decode_tps": 18}, "figures": None}
+    with pytest.raises(BelowFloor, match="decode 12.5 tokens/s is below bench.min_decode_tps 18"):
+        ServeBenchProvider().update("id", dict(RECORDED), news)
+    assert calls == []
 
 
 def test_an_update_of_the_image_measures_again_with_the_new_inputs(runs):

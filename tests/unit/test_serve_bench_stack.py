@@ -146,3 +146,25 @@ def test_a_serve_setting_changes_the_bench_s_argv_input(monkeypatch):
     assert {k: v for k, v in before.items() if k != "server_argv"} == {
         k: v for k, v in after.items() if k != "server_argv"
     }
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_the_bench_compares_what_each_node_s_serving_containers_give_nccl(monkeypatch, executor):
+    from tests.unit.test_deployment import envs, unpinned_config
+
+    cfg = unpinned_config(gid_index="resolve") if executor == "ray" else mp_stack_config(2)
+    graph = run_graph(monkeypatch, cfg)
+    inputs = graph.run.named("qwen35-bench").inputs
+    serving = (
+        {"spark-1": "qwen35-ray-head", "spark-2": "qwen35-ray-worker-spark-2"}
+        if executor == "ray"
+        else {"spark-1": "qwen35-vllm", "spark-2": "qwen35-vllm-headless-spark-2"}
+    )
+    keys = ("NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME")
+    for node, container in serving.items():
+        env = envs(graph, container)
+        assert inputs["nccl_env"][node] == {k: env[k] for k in keys if k in env}, node
+    # Each node's own FabricCheck decided it (the mocks cable spark-2 on its f1 functions).
+    if executor == "ray":
+        assert inputs["nccl_env"]["spark-2"]["NCCL_IB_HCA"] == "rocep1s0f1:1,roceP2p1s0f1:1"
+        assert inputs["nccl_env"]["spark-2"]["NCCL_IB_GID_INDEX"] == "3"

@@ -443,8 +443,9 @@ def test_node_requests_name_the_declared_things_and_no_secret(config):
 
 
 def test_api_key_from_the_cli_where_it_exists_else_the_environment(tmp_path):
-    env = {"QWEN35_API_KEY": "sk-env"}
-    assert facts.api_key("lab", env={}, which=lambda _: None) == (None, "")
+    # QWEN35_CACHE: where no CLI was built (else `make engine`'s would be asked).
+    env = {"QWEN35_API_KEY": "sk-env", "QWEN35_CACHE": str(tmp_path)}
+    assert facts.api_key("lab", env={"QWEN35_CACHE": str(tmp_path)}, which=lambda _: None) == (None, "")
     assert facts.api_key("lab", env=env, which=lambda _: None) == ("sk-env", "$QWEN35_API_KEY")
     cli = tmp_path / "pulumi"
     # argv: config get --show-secrets KEY --stack STACK
@@ -717,3 +718,25 @@ def test_a_ray_stack_has_no_rank_column(config):
 )
 def test_the_node_program_reads_the_rank_from_the_container_s_args(args, rank):
     assert node_status.node_rank(args) == rank
+
+
+def test_under_the_cpu_platform_concurrency_says_what_sizes_the_kv_cache():
+    from engine.lab_stack import real_engine_config
+
+    raw = real_engine_config("lab-vllm-cpu:t", "http://127.0.0.1:1")
+    lab = parse_stack_config({k.split(":", 1)[1]: v for k, v in raw.items()})
+    fixture = Path(__file__).resolve().parents[2] / "patches" / "proof_configs" / "qwen3_5_moe-fp8"
+    sizing = {"config": json.loads((fixture / "config.json").read_text()), "weight_bytes": 10**9}
+    # The memory fit does give a figure here (the lab's `566974.07x at 512 tokens`): one that means
+    # nothing, as VLLM_CPU_KVCACHE_SPACE, not a share of the nodes' memory, sizes the CPU KV cache.
+    assert verdict_module.expected_concurrency(lab, sizing) is not None
+    head = {
+        "reachable": True,
+        "sizing": sizing,
+        "server_concurrency": {"max_model_len": 512, "max_concurrency": 2048.0},
+    }
+    verdict = judge(lab, {"nodes": {"node-a": head}, "server": {}})
+    assert verdict.cluster["concurrency"] == (
+        f"expected: as the KV cache serve.cpu.kvcache_space_gb gives ({lab.serve.cpu.kvcache_space_gb} GiB "
+        "per rank; the memory fit does not apply); vLLM logged 2048.00x at 512 tokens"
+    )
