@@ -72,3 +72,38 @@ def kernel_findings(report: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
         for name in KERNEL_STEPS
         if isinstance(steps.get(name), dict)
     }
+
+
+# What a refresh reads again on a node's host (cheap, no container); the image's versions (torch,
+# NCCL, vLLM) come from the proof's run and change only with the image, an input already.
+HOST_KEYS = ("driver", "cuda", "kernel", "firmware")
+IMAGE_KEYS = ("torch", "nccl", "vllm")
+
+
+def node_software(host: dict[str, Any] | None, report: dict[str, Any] | None) -> dict[str, Any]:
+    """One node's software: the host's facts (None each where unread) and the image's versions from
+    its proof's report (None each where the proof did not run)."""
+    image = (report or {}).get("software") or {}
+    found = {key: (host or {}).get(key) for key in HOST_KEYS}
+    return {**found, **{key: image.get(key) for key in IMAGE_KEYS}}
+
+
+def software_drift(recorded: Any, observed: Any) -> dict[str, dict[str, tuple[Any, Any]]]:
+    """Node -> {fact: (proved under, read now)} for each host fact a refresh read otherwise than the
+    proof ran under. A fact unread on either side (None) is no drift: a node out of reach on refresh
+    must not prove again."""
+    if not isinstance(recorded, dict) or not isinstance(observed, dict):
+        return {}
+    drift = {}
+    for node, now in observed.items():
+        was = recorded.get(node)
+        if not isinstance(was, dict) or not isinstance(now, dict):
+            continue
+        moved = {
+            key: (was.get(key), now.get(key))
+            for key in HOST_KEYS
+            if was.get(key) is not None and now.get(key) is not None and was.get(key) != now.get(key)
+        }
+        if moved:
+            drift[node] = moved
+    return drift

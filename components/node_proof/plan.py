@@ -10,7 +10,16 @@ from components.fabric_check.facts import NcclFacts
 from components.fabric_check.plan import nccl_problems
 from components.node_programs.health_wire import gb1
 from components.node_programs.node_proof import KERNEL_STEPS
-from components.node_proof.facts import ALONE, MISSING, RIGHT, WRONG, busbw, failed_steps, kernel_findings
+from components.node_proof.facts import (
+    ALONE,
+    MISSING,
+    RIGHT,
+    WRONG,
+    busbw,
+    failed_steps,
+    kernel_findings,
+    software_drift,
+)
 from components.provider_kit.change import Change
 
 ENFORCE, REPORT = "enforce", "report"
@@ -21,7 +30,12 @@ INPUT_KEYS = (
     "nodes", "master_addr", "port", "mode", "gpu", "run", "bytes", "iterations", "deadline_s",
     "min_busbw_gbs", "container_prefix", "min_available_bytes",
 )  # fmt: skip
-OUTPUT_KEYS = ("verdict", "problems", "warnings", "results", "busbw_gbs", "backend")
+OUTPUT_KEYS = (
+    "verdict", "problems", "warnings", "results", "busbw_gbs", "backend",
+    # Per node, what the proof ran under (`node_software`, for other resources to take as an input)
+    # and what the last refresh read on the host (`observed_software`): drift between them proves again.
+    "node_software", "observed_software",
+)  # fmt: skip
 GPU_NEXT = (
     'an image built for this GPU ("no kernel image is available": its kernels were not built for '
     "this device's compute capability; GB10 is sm_121)"
@@ -73,8 +87,12 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     """From recorded state and new inputs, no I/O: an update (the proof runs again) for each changed
-    input, never a replacement."""
-    return Change(replaces=(), updates=tuple(key for key in INPUT_KEYS if olds.get(key) != news.get(key)))
+    input, never a replacement; and for host software a refresh read otherwise than the proof ran
+    under (a driver upgraded, new firmware: `node_software` against `observed_software`)."""
+    updates = [key for key in INPUT_KEYS if olds.get(key) != news.get(key)]
+    if software_drift(olds.get("node_software"), olds.get("observed_software")):
+        updates.append("node_software")
+    return Change(replaces=(), updates=tuple(updates))
 
 
 def backend(gpu: bool) -> str:
@@ -234,6 +252,15 @@ def skipped(props: Mapping[str, Any], short: Mapping[str, int]) -> dict:
         "verdict": "skipped", "problems": [], "warnings": warnings, "results": {},
         "busbw_gbs": None, "backend": backend(props["gpu"]),
     }  # fmt: skip
+
+
+def drift_said(olds: Mapping[str, Any]) -> list[str]:
+    """Each node's host software that a refresh read otherwise than the proof ran under, in words."""
+    return [
+        f"{node}: {key} {was} -> {now}"
+        for node, moved in software_drift(olds.get("node_software"), olds.get("observed_software")).items()
+        for key, (was, now) in moved.items()
+    ]
 
 
 def refusal(problems: Sequence[str]) -> str:
