@@ -16,18 +16,9 @@ from components.node_proof import ensure, observe, plan_change
 from components.node_proof.facts import software_drift
 from components.node_proof.programs import software_argv
 from components.remote import Result
+from tests.support.fabric_trees import write_tree
+from tests.support.host_trees import NVRM, SMI, host_tree
 from tests.unit.test_node_proof import props, report
-
-NVRM = (
-    "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  {}  Release Build  "
-    "(dvs-builder@U22-I3-AF03-09-1)  Tue Sep 23 09:38:35 UTC 2025\n"
-    "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n"
-)
-SMI = (
-    "+-----------------------------------------------------------------------------------------+\n"
-    "| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |\n"
-    "|-----------------------------------------+------------------------+----------------------+\n"
-)
 
 
 @pytest.mark.parametrize(
@@ -51,7 +42,7 @@ def test_the_driver_is_read_from_the_nvrm_line(text, driver):
 @pytest.mark.parametrize(
     ("text", "versions"),
     [
-        (SMI, ("580.95.05", "13.0")),
+        (SMI.format("580.95.05", "13.0"), ("580.95.05", "13.0")),
         (
             "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4.1 |",
             ("550.54.15", "12.4.1"),
@@ -71,21 +62,13 @@ def test_the_kernel_release_is_the_files_one_line(text, release):
     assert program.osrelease_of(text) == release
 
 
-def host_tree(root, driver="580.95.05", firmware=None):
-    """A crafted tree laid out like `/`: what a lab node's `host_root` holds."""
-    (root / "proc/driver/nvidia").mkdir(parents=True, exist_ok=True)
-    (root / "proc/driver/nvidia/version").write_text(NVRM.format(driver))
-    (root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
-    (root / "proc/sys/kernel/osrelease").write_text("6.11.0-1016-nvidia\n")
-    (root / program.SMI_FILE).write_text(SMI)
-    for device, version in (firmware or {"rocep1s0f0": "28.45.1020", "rocep1s0f1": "28.45.1020"}).items():
-        (root / "sys/class/infiniband" / device).mkdir(parents=True, exist_ok=True)
-        (root / "sys/class/infiniband" / device / "fw_ver").write_text(version + "\n")
-    return root
+def crafted(root, driver="580.95.05"):
+    """A host tree written at `root` (what a lab node's `host_root` holds)."""
+    return write_tree(root, host_tree(driver))
 
 
 def test_the_program_reads_every_fact_under_a_crafted_root(tmp_path):
-    root = host_tree(tmp_path)
+    root = crafted(tmp_path)
     argv = program_argv("node_software", [json.dumps({"root": str(root)})], sys.executable)
     done = subprocess.run(argv, capture_output=True, text=True, check=True)
     assert json.loads(done.stdout) == {
@@ -132,7 +115,7 @@ def test_a_driver_upgraded_after_the_proof_is_drift_that_proves_again(tmp_path, 
     monkeypatch.setattr("pulumi.log.warn", lambda line, *a, **k: warned.append(line))
     monkeypatch.setattr("pulumi.log.info", lambda *a, **k: None)
     p = props(gpu=False)
-    roots = {entry["name"]: host_tree(tmp_path / entry["name"]) for entry in p["nodes"]}
+    roots = {entry["name"]: crafted(tmp_path / entry["name"]) for entry in p["nodes"]}
     for entry in p["nodes"]:
         entry["host_root"] = str(roots[entry["name"]])
     transports = {e["name"]: Host(e["name"], roots[e["name"]], e["rank"]) for e in p["nodes"]}
@@ -145,7 +128,7 @@ def test_a_driver_upgraded_after_the_proof_is_drift_that_proves_again(tmp_path, 
     # A refresh with nothing changed: no drift, a no-op `up`.
     assert not plan_change(observe(state, transports=transports), p).changes and warned == []
     # `apt upgrade` of the driver on spark-2: refresh reads it, and the next `up` proves again.
-    host_tree(roots["spark-2"], driver="580.105.08")
+    crafted(roots["spark-2"], driver="580.105.08")
     refreshed = observe(state, transports=transports)
     assert refreshed["observed_software"]["spark-2"]["driver"] == "580.105.08"
     assert refreshed["node_software"] == state["node_software"]  # what the proof ran under
