@@ -372,6 +372,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
                     "ib_hca": fabric.apply(lambda f: list(f.ib_hca))
                     if fabric
                     else list(configured_fabric(cfg, node).ib_hca),
+                    # Lab only, and only when set (an unset key would change every stack's input).
+                    **({"host_root": node.host_root} if node.host_root else {}),
                 }
             )
         return NodeProof(

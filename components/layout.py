@@ -165,7 +165,7 @@ def nccl_transport(env: Mapping[str, str]) -> dict[str, str]:
 
 
 # The node proof's outputs that the stack exports (`fabric.proof`).
-NODE_PROOF_OUTPUTS = ("verdict", "backend", "busbw_gbs", "problems", "warnings", "results")
+NODE_PROOF_OUTPUTS = ("verdict", "backend", "busbw_gbs", "problems", "warnings", "results", "node_software")
 # The node proof's sized all-reduce: NCCL's over the fabric, or gloo's over sockets (the lab, no GPU).
 NODE_PROOF_SIZES = {True: (256 << 20, 20), False: (16 << 20, 5)}
 # Each rank's bound, from its start to its report: importing torch and vLLM in the image, the GPU

@@ -759,9 +759,23 @@ def proof_line(recorded: dict[str, Any]) -> tuple[str, list[Problem]]:
     )
     figure = proof.get("busbw_gbs")
     speed = f"{figure:.2f} GB/s bus bandwidth" if isinstance(figure, int | float) else "no bandwidth measured"
-    line = f"{proof['verdict']} over {proof.get('backend')}: {nets}; {speed} (proved by `pulumi up`, not now)"
+    line = (
+        f"{proof['verdict']} over {proof.get('backend')}: {nets}; {speed}{kernels_said(results)} "
+        "(proved by `pulumi up`, not now)"
+    )
     problems = [Problem("cluster", f"node proof: {p}", PROOF_NEXT) for p in proof.get("problems") or []]
     return line, problems
+
+
+def kernels_said(results: dict[str, Any]) -> str:
+    """The kernels each node's proof ran, as `; kernels: NODE op KERNEL (state), …` (none: empty)."""
+    said = [
+        f"{name} {op} {(found or {}).get('kernel') or '-'} ({(found or {}).get('state')})"
+        for name, result in results.items()
+        for op, found in ((result or {}).get("kernels") or {}).items()
+        if (found or {}).get("state") != "not callable alone"
+    ]
+    return f"; kernels: {', '.join(said)}" if said else ""
 
 
 def cold_start_line(recorded: dict[str, Any], watched: Any, now: Any) -> str:

@@ -80,6 +80,10 @@ class NodeConfig(_Model):
     docker_socket: str = "/var/run/docker.sock"
     # LAB ONLY: a crafted meminfo the health programs read instead of the node's /proc/meminfo.
     meminfo_path: str | None = None
+    # LAB ONLY: a folder laid out like `/` (proc/driver/nvidia/version, proc/sys/kernel/osrelease,
+    # sys/class/infiniband/<dev>/fw_ver, plus `nvidia-smi.txt`: what nvidia-smi prints) where the node
+    # proof reads the host's software instead of the node's own.
+    host_root: str | None = None
 
     @field_validator("ib_hca")
     @classmethod
@@ -107,6 +111,16 @@ class NodeConfig(_Model):
             raise ValueError(
                 f"{v!r}: a lab-only absolute path to a crafted meminfo (real nodes read /proc/meminfo: "
                 "leave it unset)"
+            )
+        return v
+
+    @field_validator("host_root")
+    @classmethod
+    def _host_root(cls, v: str | None) -> str | None:
+        if v is not None and (not ABS_PATH.match(v) or not v.startswith("/") or v.rstrip("/") == ""):
+            raise ValueError(
+                f"{v!r}: a lab-only absolute path to a test tree laid out like / (real nodes read their "
+                "own: leave it unset)"
             )
         return v
 

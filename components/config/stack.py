@@ -306,6 +306,13 @@ class StackConfig(_Model):
                         "node's nodes[].ib_hca and remove fabric.ib_hca",
                     )
                 )
+            if node.host_root is not None and self.fabric.proof is FabricCheckMode.OFF:
+                problems.append(
+                    (
+                        f"nodes.{i}.host_root",
+                        "is read by the node proof only, and fabric.node_proof is off: remove it",
+                    )
+                )
             if node.sysfs_root is not None and self.fabric.check is FabricCheckMode.OFF:
                 problems.append(
                     (

@@ -16,16 +16,25 @@ import pulumi
 from components.fabric_check.facts import parse_nccl_log
 from components.node_programs.health_wire import mem_available
 from components.node_proof.errors import NodeProofError
-from components.node_proof.plan import ENFORCE, judged, refusal, skipped
-from components.node_proof.programs import EXIT_HINTS, proof_argv, proof_program, remove_argv
+from components.node_proof.facts import HOST_KEYS, node_software
+from components.node_proof.plan import ENFORCE, drift_said, judged, refusal, skipped
+from components.node_proof.programs import (
+    EXIT_HINTS,
+    SOFTWARE_HINTS,
+    proof_argv,
+    proof_program,
+    remove_argv,
+    software_argv,
+)
 from components.nodes import transport_to
-from components.provider_kit.reports import read_report
+from components.provider_kit.reports import read_report, run_program
 from components.remote import RemoteError, Transport
 
 # Beyond the proof's own deadline (and the program's 15 s of grace): SSH, `docker run`, the removal.
 TRANSPORT_SLACK_S = 60
 REMOVE_TIMEOUT_S = 30
 MEMINFO_TIMEOUT_S = 30
+SOFTWARE_TIMEOUT_S = 60
 
 
 def _remove(transport: Transport, props: Mapping[str, Any]) -> None:
@@ -123,12 +132,13 @@ def ensure(
     """Run the proof on every node and judge it: its outputs; NodeProofError under enforce when a
     node is refused (nothing recorded: the next `up` proves again)."""
     transports = node_transports(props, transports)
+    host = host_software(props, transports)
     short = memory_short(props, transports)
     if short:  # the serving containers hold the memory: the proof would compete with them
         outs = skipped(props, short)
         for line in outs["warnings"]:
             pulumi.log.warn(f"node proof: {line}")
-        return {**props, **outs}
+        return {**props, **outs, **software_outputs(host, {})}
     runs = run_all(props, transports)
     outs = judged(props, runs, {name: parse_nccl_log(run.get("text") or "") for name, run in runs.items()})
     if outs["problems"] and props["mode"] == ENFORCE:
@@ -140,13 +150,50 @@ def ensure(
     figure = outs["busbw_gbs"]
     said = f"{figure:.2f} GB/s bus bandwidth" if figure is not None else "no bandwidth measured"
     pulumi.log.info(f"node proof: {outs['verdict']} on {len(runs)} node(s) over {outs['backend']}; {said}")
-    return {**props, **outs}
+    return {**props, **outs, **software_outputs(host, runs)}
 
 
-def observe(props: Mapping[str, Any]) -> dict[str, Any]:
+def host_software(props: Mapping[str, Any], transports: Mapping[str, Transport]) -> dict[str, dict | None]:
+    """Node -> its host's software facts (`node_programs/node_software.py` over SSH, no container),
+    or None where they could not be read (the node out of reach: its proof says why)."""
+    found: dict[str, dict | None] = {}
+    for entry in props["nodes"]:
+        name = str(entry["name"])
+        try:
+            _, report = run_program(
+                transports[name], software_argv(entry), timeout=SOFTWARE_TIMEOUT_S, hints=SOFTWARE_HINTS
+            )
+        except RemoteError:
+            report = None
+        found[name] = {key: report.get(key) for key in HOST_KEYS} if report else None
+    return found
+
+
+def software_outputs(host: Mapping[str, dict | None], runs: Mapping[str, Mapping[str, Any]]) -> dict:
+    """`node_software` (what the proof ran under: the host's facts and the image's versions) and
+    `observed_software` (the host's facts as read now: the same, until a refresh reads otherwise)."""
+    software = {
+        name: node_software(facts, (runs.get(name) or {}).get("report")) for name, facts in host.items()
+    }
+    return {"node_software": software, "observed_software": {name: dict(s) for name, s in software.items()}}
+
+
+def observe(props: Mapping[str, Any], *, transports: Mapping[str, Transport] | None = None) -> dict[str, Any]:
     """Refresh: what `up` proved, unchanged (a proof is run by `up` alone: it claims the head's
-    port and a GPU for seconds)."""
-    return dict(props)
+    port and a GPU for seconds), with each node's host software read again (`observed_software`;
+    a node out of reach keeps what was recorded). A change is drift: the next `up` proves again."""
+    recorded = props.get("node_software") or {}
+    host = host_software(props, node_transports(props, transports))
+    observed = {
+        name: {**(recorded.get(name) or {}), **(facts if facts is not None else {})}
+        for name, facts in host.items()
+    }
+    outs = {**props, "observed_software": observed}
+    for line in drift_said(outs):
+        pulumi.log.warn(
+            f"node proof: host software changed since the proof ({line}); the next `up` proves again"
+        )
+    return outs
 
 
 def release(props: Mapping[str, Any]) -> None:

@@ -9,21 +9,56 @@ from typing import Any
 from components.fabric_check.facts import NcclFacts
 from components.fabric_check.plan import nccl_problems
 from components.node_programs.health_wire import gb1
-from components.node_proof.facts import busbw, failed_steps
+from components.node_programs.node_proof import KERNEL_STEPS
+from components.node_proof.facts import (
+    ALONE,
+    MISSING,
+    RIGHT,
+    WRONG,
+    busbw,
+    failed_steps,
+    kernel_findings,
+    software_drift,
+)
 from components.provider_kit.change import Change
 
 ENFORCE, REPORT = "enforce", "report"
 MODES = (ENFORCE, REPORT)
-GPU_STEPS = ("gpu", "bf16_matmul", "fp8_scaled_mm", "vllm_op", "gpu_memory")
+GPU_STEPS = ("gpu", "bf16_matmul", "fp8_scaled_mm", "vllm_op", "gpu_memory", *KERNEL_STEPS)
 # Every input: a change to any proves again (a proof is not live state; nothing stays on a node).
 INPUT_KEYS = (
     "nodes", "master_addr", "port", "mode", "gpu", "run", "bytes", "iterations", "deadline_s",
     "min_busbw_gbs", "container_prefix", "min_available_bytes",
 )  # fmt: skip
-OUTPUT_KEYS = ("verdict", "problems", "warnings", "results", "busbw_gbs", "backend")
+OUTPUT_KEYS = (
+    "verdict", "problems", "warnings", "results", "busbw_gbs", "backend",
+    # Per node, what the proof ran under (`node_software`, for other resources to take as an input)
+    # and what the last refresh read on the host (`observed_software`): drift between them proves again.
+    "node_software", "observed_software",
+)  # fmt: skip
 GPU_NEXT = (
     'an image built for this GPU ("no kernel image is available": its kernels were not built for '
     "this device's compute capability; GB10 is sm_121)"
+)
+# Per kernel step, what to do when it is off its reference: the block GEMM's wrong kernel can be turned
+# off (vLLM then picks its next one), the fused MoE's and any missing op need another image.
+KERNEL_OPS = {
+    "fp8_block_gemm": "vLLM's FP8 block-scaled GEMM (Fp8LinearMethod, weight_block_size [128, 128])",
+    "fused_moe": "vLLM's fused MoE (fused_experts, FP8 block quant)",
+    "attention": "vLLM's attention backend",
+}
+WRONG_NEXT = {
+    "fp8_block_gemm": (
+        "exclude the kernel vLLM chose: an image with "
+        "ENV VLLM_DISABLED_KERNELS=CutlassFp8BlockScaledMMKernel (vllm#43367: CUTLASS block-scaled "
+        "FP8 GEMMs compute wrong on sm_121), then `pulumi up`"
+    ),
+    "fused_moe": (
+        "an image whose vLLM computes it right on this GPU (vllm#43507: no CUTLASS FP8 MoE on SM12x)"
+    ),
+}
+MISSING_NEXT = (
+    "an image whose vLLM has this op for FP8 block-quantised models (a release with Qwen3.5 support)"
 )
 NO_GPU_NEXT = (
     "give the containers the GPU: containers.gpu_runtime true and the NVIDIA container toolkit on "
@@ -52,8 +87,12 @@ def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     """From recorded state and new inputs, no I/O: an update (the proof runs again) for each changed
-    input, never a replacement."""
-    return Change(replaces=(), updates=tuple(key for key in INPUT_KEYS if olds.get(key) != news.get(key)))
+    input, never a replacement; and for host software a refresh read otherwise than the proof ran
+    under (a driver upgraded, new firmware: `node_software` against `observed_software`)."""
+    updates = [key for key in INPUT_KEYS if olds.get(key) != news.get(key)]
+    if software_drift(olds.get("node_software"), olds.get("observed_software")):
+        updates.append("node_software")
+    return Change(replaces=(), updates=tuple(updates))
 
 
 def backend(gpu: bool) -> str:
@@ -87,7 +126,12 @@ def node_problems(
         return [f"{node}: the proof gave no report ({said}); next: {run.get('hint') or 'see the error'}"], []
     if report.get("error"):
         return [f"{node}: {report['error']}; next: deploy an image with torch and vLLM"], []
-    problems = [_step_problem(node, step, error, props) for step, error in failed_steps(report)]
+    problems = [
+        _step_problem(node, step, error, props)
+        for step, error in failed_steps(report)
+        if step not in KERNEL_STEPS  # judged by their figures, below
+    ]
+    problems += kernel_problems(node, report)
     if report.get("deadline") and not problems:
         # The bound cut a step: the one that ran says what it was waiting for (a join: the head).
         cut = report.get("running")
@@ -99,6 +143,38 @@ def node_problems(
     if problems or not props["gpu"] or len(props["nodes"]) < 2:
         return problems, []
     return nccl_problems(node, nccl, list(entry.get("ib_hca") or []))
+
+
+def kernel_problems(node: str, report: Mapping[str, Any]) -> list[str]:
+    """One problem per kernel step that is wrong, missing or failed: the op, the node, the compute
+    capability (GB10 is 12.1), the kernel vLLM chose, the figures, and what to do next."""
+    device = ((report.get("steps") or {}).get("gpu")) or {}
+    where = f"{node} (compute capability {device.get('capability') or '?'})"
+    problems = []
+    for step, found in kernel_findings(dict(report)).items():
+        state, op = found["state"], KERNEL_OPS[step]
+        if state in (RIGHT, ALONE):
+            continue
+        if state == WRONG:
+            error = found["rel_error"]
+            off = f"relative error {error:.3g}" if isinstance(error, int | float) else "non-finite values"
+            problems.append(
+                f"{where}: {op} is wrong: {off} against the torch reference, above {found['tolerance']:g}, "
+                f"with kernel {found['kernel'] or '?'}; next: {WRONG_NEXT.get(step, GPU_NEXT)}"
+            )
+        elif state == MISSING:
+            problems.append(f"{where}: {op} is missing: {found['error']}; next: {MISSING_NEXT}")
+        else:
+            problems.append(f"{where}: {op} did not run: {found['error']}; next: {GPU_NEXT}")
+    return problems
+
+
+def node_kernels(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per kernel step, what the output and `status` show: its state, the kernel and its error."""
+    return {
+        step: {"state": found["state"], "kernel": found["kernel"], "rel_error": found["rel_error"]}
+        for step, found in kernel_findings(dict(report)).items()
+    }
 
 
 def node_result(entry: Mapping[str, Any], run: Mapping[str, Any], nccl: NcclFacts, gpu: bool) -> dict:
@@ -125,6 +201,7 @@ def node_result(entry: Mapping[str, Any], run: Mapping[str, Any], nccl: NcclFact
         "failed": [step for step, _ in failed_steps(report)],
         "busbw_gbs": busbw(report),
         "torch": report.get("torch"),
+        "kernels": node_kernels(report),
         "nccl_lines": list(nccl.lines[:20]),
     }
 
@@ -175,6 +252,15 @@ def skipped(props: Mapping[str, Any], short: Mapping[str, int]) -> dict:
         "verdict": "skipped", "problems": [], "warnings": warnings, "results": {},
         "busbw_gbs": None, "backend": backend(props["gpu"]),
     }  # fmt: skip
+
+
+def drift_said(olds: Mapping[str, Any]) -> list[str]:
+    """Each node's host software that a refresh read otherwise than the proof ran under, in words."""
+    return [
+        f"{node}: {key} {was} -> {now}"
+        for node, moved in software_drift(olds.get("node_software"), olds.get("observed_software")).items()
+        for key, (was, now) in moved.items()
+    ]
 
 
 def refusal(problems: Sequence[str]) -> str:

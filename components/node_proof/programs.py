@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from components.node_programs import program_stdin
+from components.node_programs import node_software, program_argv, program_stdin
 from components.node_programs.node_proof import Exit
 
 # What NCCL is asked to say: its network, HCAs, GID index and the variables it read.
@@ -85,3 +85,15 @@ def remove_argv(props: Mapping[str, Any]) -> list[str]:
 
 def proof_program() -> bytes:
     return program_stdin("node_proof")
+
+
+SOFTWARE_HINTS = {
+    node_software.Exit.USAGE: "the software facts program was given a bad SPEC (a bug in this program)"
+}
+
+
+def software_argv(entry: Mapping[str, Any], python: str = "python3") -> list[str]:
+    """What the node's host runs (driver, CUDA, kernel, ConnectX firmware), read on the host over SSH
+    with no container; a lab node's `host_root` stands in for `/`."""
+    spec = {"root": str(entry.get("host_root") or "/")}
+    return program_argv("node_software", [json.dumps(spec, sort_keys=True)], python)

@@ -21,6 +21,11 @@ class NodeProof(dynamic.Resource, module="qwen35", name="NodeProof"):
     results: pulumi.Output[dict]
     busbw_gbs: pulumi.Output[float | None]
     backend: pulumi.Output[str]
+    # Node -> {driver, cuda, kernel, firmware, torch, nccl, vllm}: what the proof ran under. Take it
+    # as an input to rerun on a node's software change (the proof reruns first, on refreshed drift).
+    node_software: pulumi.Output[dict]
+    # Node -> the host's facts as the last refresh read them (the same as above until they drift).
+    observed_software: pulumi.Output[dict]
 
     def __init__(
         self,
@@ -42,7 +47,8 @@ class NodeProof(dynamic.Resource, module="qwen35", name="NodeProof"):
     ):
         props = {
             # The head first (rank 0): name, node access, rank, image_id, env (its NCCL settings),
-            # ib_hca (what NCCL was given there).
+            # ib_hca (what NCCL was given there); host_root (lab only: a tree standing in for `/`
+            # where the host's software facts are read).
             "nodes": nodes,
             "master_addr": master_addr,
             "port": port,

@@ -7,6 +7,7 @@ tests/release/test_node_proof_program.py.)"""
 
 from __future__ import annotations
 
+import secrets
 import time
 
 import pytest
@@ -18,6 +19,8 @@ from components.layout import node_proof_inputs
 from components.node_proof import NodeProofError, NodeProofProvider, container_name
 from lab.images import DEBIAN_TAG, debian_image
 from lab.vllm_cpu_image import vllm_cpu_images
+from tests.support.fabric_trees import writer_source
+from tests.support.host_trees import host_tree
 from tests.support.lab_nodes import node_dict
 from tests.support.ports import free_port
 from tests.support.program import dev_raw
@@ -71,7 +74,7 @@ def test_two_lab_nodes_prove_over_gloo_with_the_images_torch_and_leave_nothing(n
         assert (result["network"], result["gpu"], result["failed"]) == ("gloo", None, []), result
         assert result["torch"].startswith("2."), result
     assert left_containers([node_a, node_b], props) == []
-    # Refresh reads nothing: what `up` proved stays.
+    # Refresh reads only the hosts' software again (unchanged): what `up` proved stays.
     assert PROVIDER.read("qwen35-node-proof", outs).outs == outs
 
 
@@ -96,3 +99,41 @@ def test_a_proof_that_cannot_reach_the_head_is_refused_within_its_bound_naming_b
     # plus the SSH round trips that start and remove the containers.
     assert elapsed < JOIN_BOUND_S + 60 + 120, elapsed
     assert left_containers([node_a, node_b], props) == []
+
+
+def test_a_driver_changed_on_a_node_is_seen_by_refresh_and_proves_again(node_a, node_b, images):
+    # The lab has no NVIDIA driver: node-b's host facts come from a crafted tree (`host_root`), as
+    # FabricCheck's sysfs trees do; an `apt upgrade` of the driver is that file rewritten.
+    root = f"/tmp/qwen35-host-{secrets.token_hex(4)}"
+
+    def craft(driver: str) -> None:
+        written = lab.on_node(
+            node_b, ["python3", "-", root], input=writer_source(host_tree(driver)), timeout=60
+        )
+        assert written.out.strip() == root, written.err
+
+    try:
+        craft("580.95.05")
+        props = proof_props([node_a, node_b], images)
+        props["nodes"][1]["host_root"] = root
+        outs = PROVIDER.create(props).outs
+        assert outs["verdict"] == "passed", outs["problems"]
+        recorded = outs["node_software"]["node-b"]
+        assert (recorded["driver"], recorded["cuda"], recorded["firmware"]) == (
+            "580.95.05", "13.0", {"rocep1s0f0": "28.45.1020", "rocep1s0f1": "28.45.1020"}
+        )  # fmt: skip
+        assert recorded["torch"].startswith("2.") and recorded["vllm"]
+        assert (
+            PROVIDER.diff("qwen35-node-proof", PROVIDER.read("qwen35-node-proof", outs).outs, props).changes
+            is False
+        )
+        craft("580.105.08")
+        refreshed = PROVIDER.read("qwen35-node-proof", outs).outs
+        assert refreshed["observed_software"]["node-b"]["driver"] == "580.105.08"
+        assert refreshed["node_software"]["node-b"]["driver"] == "580.95.05"
+        assert PROVIDER.diff("qwen35-node-proof", refreshed, props).changes is True
+        again = PROVIDER.update("qwen35-node-proof", refreshed, props).outs
+        assert again["node_software"]["node-b"]["driver"] == "580.105.08"
+        assert PROVIDER.diff("qwen35-node-proof", again, props).changes is False
+    finally:
+        lab.on_node(node_b, ["rm", "-rf", "--", root], timeout=60)

@@ -246,6 +246,14 @@ def test_failed_steps_come_in_the_order_the_proof_runs_them():
 # ---- ensure: every node at once, enforce and report ----------------------------------------------------
 
 
+HOST = {
+    "driver": "580.95.05",
+    "cuda": "13.0",
+    "kernel": "6.11.0-1016-nvidia",
+    "firmware": {"rocep1s0f1": "28.45.1020"},
+}
+
+
 class Canned:
     """A transport that answers `docker rm` with nothing and `docker run` with a canned run."""
 
@@ -257,6 +265,8 @@ class Canned:
         self.argvs.append(list(argv))
         if argv[:2] == ["docker", "rm"]:
             return Result(tuple(argv), 1, b"", b"No such container", self.name)
+        if argv[0] == "python3":  # the host's software facts (node_programs/node_software.py)
+            return Result(tuple(argv), 0, json.dumps(HOST).encode(), b"", self.name)
         if self.fail:
             raise RemoteError(self.name, argv, -1, b"", f"timed out after {timeout:g} s")
         assert stdin and b"node_proof" in stdin or b"torch" in stdin
@@ -277,9 +287,14 @@ def test_ensure_refuses_under_enforce_and_records_under_report(monkeypatch):
     assert "fabric.node_proof: enforce stops here" in str(raised.value)
     outs = ensure(props(mode="report"), transports=transports)
     assert outs["verdict"] == "problems recorded" and outs["results"]["spark-1"]["network"] == "IB"
-    # A left container is removed first, then the proof runs, on every node.
+    # The host's software read (no container), a left container removed, then the proof, on every node.
     for transport in transports.values():
-        assert [argv[:2] for argv in transport.argvs] == [["docker", "rm"], ["docker", "run"]] * 2
+        assert [argv[:2] for argv in transport.argvs if argv[0] != "python3"] == [
+            ["docker", "rm"],
+            ["docker", "run"],
+        ] * 2
+        assert [argv[0] for argv in transport.argvs].count("python3") == 2
+    assert outs["node_software"]["spark-1"] == {**HOST, "torch": None, "nccl": None, "vllm": None}
 
 
 def test_a_run_that_times_out_is_removed_and_named(monkeypatch):
@@ -290,7 +305,7 @@ def test_a_run_that_times_out_is_removed_and_named(monkeypatch):
         "spark-2": Canned("spark-2", "", fail=True),
     }
     outs = ensure(props(gpu=False, mode="report"), transports=transports)
-    assert [argv[:2] for argv in transports["spark-2"].argvs] == [
+    assert [argv[:2] for argv in transports["spark-2"].argvs if argv[0] != "python3"] == [
         ["docker", "rm"],
         ["docker", "run"],
         ["docker", "rm"],
@@ -387,8 +402,9 @@ def test_a_node_whose_memory_the_serving_containers_hold_is_not_proved_and_nothi
         "skipped by the last `pulumi up` (spark-2: not run: 9.2 GB of memory available, below the "
         "proof's 12.9 GB): nothing proved then"
     )
-    # Only /proc/meminfo was read: no container ran on either node.
-    assert [argv for t in transports.values() for argv in t.argvs] == [["cat", "/proc/meminfo"]] * 2
+    # Only the host's software and /proc/meminfo were read: no container ran on either node.
+    assert [argv[0] for t in transports.values() for argv in t.argvs] == ["python3", "cat"] * 2
+    assert outs["node_software"]["spark-2"] == {**HOST, "torch": None, "nccl": None, "vllm": None}
 
 
 def test_with_room_on_every_node_the_proof_runs(monkeypatch):
