@@ -84,6 +84,9 @@ def test_fabric_env_uses_the_nodes_own_address(dev, node, ip):
         "OMPI_MCA_btl_tcp_if_include": "enp1s0f0np0",
         "NCCL_IB_HCA": "rocep1s0f0,roceP2p1s0f0",
         "NCCL_IB_DISABLE": "0",
+        # NCCL says which transport the serving ranks took (read after the gate).
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
         "RAY_memory_monitor_refresh_ms": "0",
         "HF_HOME": CONTAINER_HF_HOME,
     }
