@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.fabric_check.facts import NcclFacts
-from components.fabric_check.plan import nccl_problems
+from components.nccl import NcclFacts, nccl_problems
 from components.node_programs.health_wire import gb1
 from components.node_proof.facts import busbw, failed_steps
 from components.provider_kit.change import Change

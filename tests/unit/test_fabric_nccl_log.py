@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from components.fabric_check import ENFORCE, REPORT, NcclDevice, nccl_verdict, parse_nccl_log
+from components.fabric_check import REPORT
+from components.nccl import ENFORCE, NcclDevice, nccl_verdict, parse_nccl_log
 
 LOGS = Path(__file__).resolve().parents[1] / "support" / "nccl_logs"
 

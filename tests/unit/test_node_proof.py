@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from components.config import parse_stack_config
-from components.fabric_check.facts import parse_nccl_log
 from components.layout import node_proof_inputs
+from components.nccl import parse_nccl_log
 from components.node_programs.health_wire import mem_available
 from components.node_proof import (
     NodeProofError,
