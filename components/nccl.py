@@ -15,6 +15,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENFORCE = "enforce"
+# NCCL's internal TCP transport: the one network that is the fallback from RDMA. `IB` is NCCL's own
+# verbs; any other name (`IBext`, `IBext_v6`, `IBext_v8` from HPC-X's RDMA plugin, `UCX`,
+# `AWS Libfabric`) is a network plugin, judged by the HCAs its `NET/IB : Using` line lists.
+SOCKET = "Socket"
+
+
+def networks(network: str | None) -> tuple[str, ...]:
+    """The names in a network as the parser and the bench record it (several joined by `,`)."""
+    return tuple(name.strip() for name in (network or "").split(",") if name.strip())
+
+
+def on_sockets(network: str | None) -> bool:
+    """Whether NCCL ran (any communicator) over its TCP socket fallback: the one test the node
+    verdict and the bench's likely cause both use, so they never disagree."""
+    return SOCKET in networks(network)
 
 
 # ---- NCCL's own account of the transport it chose (NCCL_DEBUG=INFO, subsystems INIT,NET,ENV) ----------
@@ -23,11 +38,18 @@ ENFORCE = "enforce"
 # (v2.28.9 and master, 2026-12-04): src/init.cc, src/plugin/net.cc, src/transport/net_ib*.cc,
 # src/transport/net_socket.cc, src/misc/param.cc.
 _NCCL_INFO = re.compile(r"NCCL INFO (?P<message>.*?)\s*$")
-_USING_NETWORK = re.compile(r"^Using network (?P<name>\S+)")
+# `Using network %s`: the name may hold a space (`AWS Libfabric`).
+_USING_NETWORK = re.compile(r"^Using network (?P<name>.+)$")
+# `Channel 00/0 : 0[0] -> 1[0] [send] via NET/IBext_v6/1` (transport/net.cc): the network each
+# channel runs over, read where no `Using network` line was kept.
+_CHANNEL_NETWORK = re.compile(r"^Channel \d+/\d+ : .* via NET/(?P<name>[^/]+)/\d+")
 # `NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>` (the list may be empty;
-# newer NCCL adds `:rail` or `::plane` after the port).
+# newer NCCL adds `:rail` or `::plane` after the port). A plugin prints the same line: HPC-X's adds
+# `/SHARP` after the link; IBext_v8 may merge ports as `[0]={[0] mlx5_2:1/RoCE, [1] mlx5_3:1/RoCE}`.
 _IB_USING = re.compile(r"^NET/IB : Using(?P<devices>.*?);\s*OOB (?P<oob>\S+)")
-_IB_DEVICE = re.compile(r"\[(?P<index>\d+)\](?P<device>[^\s:/\[]+):(?P<port>\d+)(?::[^\s/]*)?/(?P<link>\w+)")
+_IB_DEVICE = re.compile(
+    r"\[(?P<index>\d+)\] ?(?P<device>[^\s:/\[\]{}=,]+):(?P<port>\d+)(?::[^\s/]*)?/(?P<link>\w+)"
+)
 # `NET/Socket : Using [0]lo:127.0.0.1<0> [1]eth0:10.0.0.1<0>`
 _SOCKET_USING = re.compile(r"^NET/Socket : Using(?P<ifs>.*)$")
 _SOCKET_IF = re.compile(r"\[(?P<index>\d+)\](?P<ifname>[^\s:\[]+):(?P<address>[^\s<]+)(?:<\d+>)?")
@@ -40,6 +62,8 @@ _GID = re.compile(
 )
 # `NCCL_IB_HCA set to …` (net_ib) and `NCCL_X set by environment to …` (a number ends with a period).
 _ENV = re.compile(r"^(?P<key>NCCL_\w+) set (?:by environment )?to (?P<value>.*)$")
+# Exact messages: `Failed to initialize NET plugin IBext` is a plugin failing, after which NCCL's
+# own IB may still serve.
 _IB_FAILED = ("NET/IB : No device found.", "Failed to initialize NET plugin IB")
 IBV_MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 
@@ -62,7 +86,8 @@ class NcclDevice:
 class NcclFacts:
     """What one node's NCCL said about its transport, from its INFO lines (pure values)."""
 
-    # The network the communicator used (`IB`, `Socket`, or a plugin's name); None: no such line.
+    # The networks the communicators used (`IB`, `Socket`, or a plugin's name; several joined by `,`,
+    # in the order NCCL named them); None: no `Using network` or channel line.
     network: str | None = None
     ib_disabled: bool = False
     # `NET/IB : No device found.` or `Failed to initialize NET plugin IB`.
@@ -85,6 +110,11 @@ class NcclFacts:
     def ib_hcas(self) -> tuple[str, ...]:
         return tuple(d.hca for d in self.ib_devices)
 
+    @property
+    def ib_listed(self) -> bool:
+        """Whether NCCL's IB (or a plugin in its format) printed its `NET/IB : Using … OOB` line."""
+        return self.oob is not None
+
 
 def _env_value(value: str) -> str:
     # param.cc prints numbers as `%lld.`: the period is not part of the value.
@@ -92,9 +122,14 @@ def _env_value(value: str) -> str:
 
 
 def _nccl_line(found: dict[str, Any], message: str) -> bool:
-    """Fold one INFO message into `found`; True when it was one this parser reads."""
+    """Fold one INFO message into `found`; True when it is one to quote (a channel line only the first
+    time its network shows: there is one per channel and peer)."""
     if m := _USING_NETWORK.match(message):
-        found["network"] = m["name"]
+        found["networks"].setdefault(m["name"], None)
+    elif m := _CHANNEL_NETWORK.match(message):
+        if m["name"] in found["channels"]:
+            return False
+        found["channels"].setdefault(m["name"], None)
     elif m := _IB_USING.match(message):
         found["ib_devices"] = [
             NcclDevice(int(d["index"]), d["device"], int(d["port"]), d["link"])
@@ -107,7 +142,7 @@ def _nccl_line(found: dict[str, Any], message: str) -> bool:
         found["gids"].append((int(m["ibdev"]), int(m["port"]), int(m["gid"]), int(m["mtu"])))
     elif m := _ENV.match(message):
         found["env"][m["key"]] = _env_value(m["value"].strip())
-    elif message.startswith(_IB_FAILED):
+    elif message in _IB_FAILED:
         found["ib_failed"] = True
     else:
         return False
@@ -116,11 +151,12 @@ def _nccl_line(found: dict[str, Any], message: str) -> bool:
 
 def parse_nccl_log(text: str) -> NcclFacts:
     """NCCL's INFO lines (NCCL_DEBUG=INFO output, any other lines among them ignored) as NcclFacts."""
-    found: dict[str, Any] = {"gids": [], "env": {}, "lines": []}
+    # Dicts as ordered sets: every rank and communicator repeats its lines.
+    found: dict[str, Any] = {"gids": [], "env": {}, "lines": {}, "networks": {}, "channels": {}}
     for raw in text.splitlines():
         m = _NCCL_INFO.search(raw)
         if m and _nccl_line(found, m["message"]):
-            found["lines"].append(f"NCCL INFO {m['message']}")
+            found["lines"].setdefault(f"NCCL INFO {m['message']}", None)
     devices = {d.index: d for d in found.get("ib_devices", ())}
     gid_index: dict[str, int] = {}
     active_mtu: dict[str, int] = {}
@@ -130,7 +166,7 @@ def parse_nccl_log(text: str) -> NcclFacts:
         active_mtu.setdefault(name, IBV_MTU_BYTES.get(mtu, mtu))
     disable = found["env"].get("NCCL_IB_DISABLE", "0")
     return NcclFacts(
-        network=found.get("network"),
+        network=",".join(found["networks"] or found["channels"]) or None,
         ib_disabled=disable.lstrip("-").isdigit() and int(disable) != 0,
         ib_failed=bool(found.get("ib_failed")),
         ib_devices=tuple(found.get("ib_devices", ())),
@@ -190,12 +226,18 @@ def nccl_problems(node: str, nccl: NcclFacts, ib_hca: Sequence[str]) -> tuple[li
             f"{node}: NCCL's log names no network (no `Using network` line; it said: {said}); next: run "
             "with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET,ENV so the transport can be judged"
         ], []
-    if nccl.network != "IB":
+    if on_sockets(nccl.network):
         return [
-            f"{node}: NCCL used network {nccl.network}, not IB, although NCCL_IB_HCA is "
+            f"{node}: NCCL used network {nccl.network}, not RDMA, although NCCL_IB_HCA is "
             f"{','.join(ib_hca)}: it fell back to TCP sockets without failing (a fraction of the "
             f"speed, or a hang under load). NCCL said: {said}; next: {_socket_fallback_step(nccl)}"
         ], []
+    if not nccl.ib_listed and nccl.network != "IB":
+        return [], [
+            f"{node}: NCCL used the network plugin {nccl.network}, which printed no `NET/IB : Using` "
+            f"line, so which of {','.join(ib_hca)} it took is not known (not TCP sockets: NCCL names "
+            f"those `Socket`). NCCL said: {said}; next: see the plugin's own lines in {node}'s log"
+        ]
     missing = [entry for entry in ib_hca if not _hca_taken(entry, nccl.ib_hcas)]
     if not missing:
         return [], []

@@ -42,8 +42,11 @@ SHORT_PROMPT = "Write a long story about a lighthouse keeper and the sea."
 # Common English words that Qwen's (and most BPE) tokenizers keep as one token each with their space.
 FILLER = ("the", "of", "and", "to", "in", "is", "it", "that", "was", "for", "on", "with", "as", "at", "by")
 WARMUP_TOKENS = 8
-# NCCL prints `NCCL INFO Using network IB` (or Socket) at init (src/init.cc).
-_NCCL_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+# NCCL prints `NCCL INFO Using network IB` (Socket, or a plugin's name such as `IBext_v8` or
+# `AWS Libfabric`) at init (src/init.cc), and `… via NET/<name>/<dev>` per channel. The same two
+# forms as components/nccl.py's parser reads (a unit test holds them equal; this file is stdlib-only).
+_NCCL_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
+_NCCL_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : .* via NET/([^/]+)/\d+")
 LOG_SCAN_LINES = 200_000
 LOG_SCAN_S = 20.0
 
@@ -162,13 +165,16 @@ def figures(decode: StreamFigures, prefill: StreamFigures, streams: list[StreamF
 
 
 def nccl_network(lines: Iterable[str]) -> str | None:
-    """The networks NCCL said it used (`IB`, `Socket`, several joined by `,`), None if it never said."""
-    seen: list[str] = []
+    """The networks NCCL said it used (`IB`, `Socket`, a plugin's name; several joined by `,`), from its
+    `Using network` lines, else its channel lines; None if it never said."""
+    named: dict[str, None] = {}
+    channels: dict[str, None] = {}
     for line in lines:
-        match = _NCCL_NETWORK.search(line)
-        if match and match.group(1) not in seen:
-            seen.append(match.group(1))
-    return ",".join(seen) or None
+        if match := _NCCL_NETWORK.search(line):
+            named.setdefault(match.group(1), None)
+        elif match := _NCCL_CHANNEL.search(line):
+            channels.setdefault(match.group(1), None)
+    return ",".join(named or channels) or None
 
 
 def nonce() -> str:

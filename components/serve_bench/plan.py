@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from components.nccl import on_sockets
 from components.provider_kit.change import Change
 from components.provider_kit.inputs import node_problems
 
@@ -99,12 +100,15 @@ def _nccl_cause(nccl_network: str | None) -> str:
             "whether NCCL used RDMA is not known (the server's log has no `NCCL INFO Using network` "
             "line: NCCL_DEBUG=INFO prints it): NCCL on TCP sockets halves decode over two nodes"
         )
-    if "Socket" in nccl_network.split(","):
+    if on_sockets(nccl_network):
         return (
             f"NCCL used network {nccl_network} (TCP sockets, not RDMA), per the server's log: see "
             "docs/fabric.md (the HCAs, /dev/infiniband in the containers, NCCL_IB_HCA)"
         )
-    return f"NCCL used network {nccl_network} (RDMA), per the server's log"
+    if nccl_network == "IB":
+        return "NCCL used network IB (RDMA), per the server's log"
+    # HPC-X's IBext*, UCX, AWS Libfabric: a network plugin, not the TCP fallback (NCCL names that Socket).
+    return f"NCCL used network {nccl_network} (a network plugin, not TCP sockets), per the server's log"
 
 
 def _fabric_causes(fabric: Mapping[str, Any] | None) -> list[str]:

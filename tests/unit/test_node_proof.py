@@ -162,7 +162,7 @@ def test_nccl_falling_back_to_sockets_is_refused_naming_the_node_and_its_lines()
     outs = judged(p, runs_of(p, reports, text), nccl_of(p, text))
     assert outs["verdict"] == "refused"
     (problem,) = outs["problems"]
-    assert problem.startswith("spark-2: NCCL used network Socket, not IB")
+    assert problem.startswith("spark-2: NCCL used network Socket, not RDMA")
     assert "NET/IB : No device found." in problem and "/dev/infiniband" in problem
     assert outs["results"]["spark-2"]["network"] == "Socket"
     assert judged(props(mode="report"), runs_of(p, reports, text), nccl_of(p, text))["verdict"] == (
