@@ -9,6 +9,9 @@ with `ignore_eos` and `max_tokens`, so lengths are what was asked:
 - aggregate: `--concurrency` such streams at once: every generated token over the wall time.
 Every prompt starts with a fresh nonce, so prefix caching never serves one from an earlier request.
 Everything ends by `--deadline` seconds; a request cut by it fails the bench (exit 3) naming the stage.
+Each stream must end as vLLM ends one: a `finish_reason`, then `data: [DONE]`, with the usage's
+`completion_tokens` equal to the `max_tokens` asked; a stream cut short (a clean close after some
+tokens) or broken mid-chunk fails its stage, naming it and the cause, rather than giving figures.
 
 With `--log-container`, the server's log is read for NCCL's `Using network …` line (printed with
 NCCL_DEBUG=INFO), so a slow figure can say whether NCCL ran over sockets.
@@ -22,6 +25,7 @@ $QWEN35_API_KEY (`wire.PROBE_API_KEY_ENV`, set by the stdin prelude), never from
 
 import argparse
 import binascii
+import http.client
 import json
 import os
 import re
@@ -93,7 +97,15 @@ class StreamFigures:
         return self.prompt_tokens / self.ttft_s
 
 
-def parse_sse(lines: Iterable[tuple[float, bytes]]) -> list[tuple[float, dict]]:
+@dataclass(frozen=True)
+class Sse:
+    """A stream's events as (time, JSON payload), and whether it ended with `data: [DONE]`."""
+
+    events: list[tuple[float, dict]]
+    done: bool
+
+
+def parse_sse(lines: Iterable[tuple[float, bytes]]) -> Sse:
     """Server-sent events as (time, JSON payload): `data:` lines only, up to `data: [DONE]`."""
     events = []
     for at, raw in lines:
@@ -102,7 +114,7 @@ def parse_sse(lines: Iterable[tuple[float, bytes]]) -> list[tuple[float, dict]]:
             continue
         data = line[len("data:") :].strip()
         if data == "[DONE]":
-            break
+            return Sse(events, done=True)
         try:
             payload = json.loads(data)
         except ValueError:
@@ -111,13 +123,51 @@ def parse_sse(lines: Iterable[tuple[float, bytes]]) -> list[tuple[float, dict]]:
             raise BenchError("stream", f"the server sent an error: {str(payload['error'])[:300]}")
         if isinstance(payload, dict):
             events.append((at, payload))
-    return events
+    return Sse(events, done=False)
+
+
+def _usage(events: list[tuple[float, dict]]) -> dict | None:
+    """The last usage the stream carried (vLLM sends it in a chunk of its own, before `[DONE]`)."""
+    return next((p["usage"] for _, p in reversed(events) if isinstance(p.get("usage"), dict)), None)
+
+
+def end_problem(sse: Sse, asked: int) -> str | None:
+    """Why a stream did not end as vLLM ends one asked for `asked` tokens with ignore_eos (None: it
+    did): `data: [DONE]`, a `finish_reason` on its last choice, and usage counting `asked` tokens."""
+    chunks = sum(1 for _, payload in sse.events if payload.get("choices"))
+    if not sse.done:
+        return (
+            f"the stream ended after {chunks} token chunk(s) without `data: [DONE]`: the server or a "
+            "proxy closed it before the engine finished (see the server's log)"
+        )
+    reasons = [
+        choice.get("finish_reason")
+        for _, payload in sse.events
+        for choice in payload.get("choices") or []
+        if isinstance(choice, dict) and choice.get("finish_reason")
+    ]
+    if not reasons:
+        return f"the stream ended without a finish_reason ({chunks} token chunk(s)): no engine ended it"
+    usage = _usage(sse.events)
+    if usage and usage.get("completion_tokens") is not None:
+        if int(usage["completion_tokens"]) != asked:
+            return (
+                f"the server generated {usage['completion_tokens']} of the {asked} tokens asked "
+                f"(finish_reason {reasons[-1]!r}): a server that ignores `ignore_eos`, or an engine that "
+                "cut the request (see the server's log)"
+            )
+    elif reasons[-1] != "length":
+        return (
+            f"the stream finished with finish_reason {reasons[-1]!r}, not 'length', and carried no usage: "
+            f"fewer than the {asked} tokens asked (a server that ignores `ignore_eos`)"
+        )
+    return None
 
 
 def stream_figures(started: float, events: list[tuple[float, dict]]) -> StreamFigures:
     """A stream's figures from its events (times on the clock `started` was read from)."""
     token_times = [at for at, payload in events if payload.get("choices")]
-    usage = next((p["usage"] for _, p in reversed(events) if isinstance(p.get("usage"), dict)), None)
+    usage = _usage(events)
     end = events[-1][0] if events else started
     if usage and usage.get("completion_tokens") is not None:
         tokens, prompt, counted = int(usage["completion_tokens"]), usage.get("prompt_tokens"), "usage"
@@ -233,7 +283,12 @@ class Client:
             raise BenchError(stage, "the bench's deadline passed before it started")
         try:
             with urllib.request.urlopen(request, timeout=left) as answer:
-                events = parse_sse(self._lines(stage, answer))
+                sse = parse_sse(self._lines(stage, answer))
+        except http.client.HTTPException as exc:
+            # IncompleteRead (closed inside a chunk), RemoteDisconnected: not URLErrors, so named here.
+            said = f"{type(exc).__name__}: {exc}"
+            detail = f"the connection broke before the stream ended ({said}): the server or a proxy cut it"
+            raise BenchError(stage, detail) from None
         except urllib.error.HTTPError as exc:
             text = exc.read()[:300].decode(errors="replace")
             if exc.code in (401, 403):
@@ -242,9 +297,12 @@ class Client:
             raise BenchError(stage, f"the server answered {exc.code}: {text}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise BenchError(stage, f"{self.url}: {getattr(exc, 'reason', exc)}") from None
-        figures = stream_figures(started, events)
+        problem = end_problem(sse, int(payload["max_tokens"]))
+        if problem:
+            raise BenchError(stage, problem)
+        figures = stream_figures(started, sse.events)
         if figures.ttft_s is None:
-            raise BenchError(stage, f"the stream carried no token ({len(events)} events)")
+            raise BenchError(stage, f"the stream carried no token ({len(sse.events)} events)")
         return figures
 
     def count_tokens(self, model: str, prompt: str) -> int | None:
@@ -282,6 +340,8 @@ def concurrent(client: Client, model: str, count: int, tokens: int) -> list[Stre
             results[i] = client.stream("concurrent", body(model, f"[{nonce()}] {SHORT_PROMPT}", tokens))
         except BenchError as exc:
             failures.append(exc)
+        except Exception as exc:  # noqa: BLE001 -- a thread's traceback would leave only "did not end"
+            failures.append(BenchError("concurrent", f"{type(exc).__name__}: {exc}"))
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
     for thread in threads:

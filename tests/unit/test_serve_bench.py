@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -44,8 +45,10 @@ def sse(*payloads: dict | str) -> list[bytes]:
     return lines
 
 
-def token(text: str = "x") -> dict:
-    return {"choices": [{"index": 0, "text": text}]}
+def token(text: str = "x", finish: str | None = None) -> dict:
+    """A completion chunk as vLLM streams one: its last carries the finish_reason (`length` under
+    ignore_eos), every other None."""
+    return {"choices": [{"index": 0, "text": text, "finish_reason": finish}], "usage": None}
 
 
 def usage(prompt: int, completion: int) -> dict:
@@ -116,7 +119,7 @@ def timed(lines: list[bytes], times: list[float]) -> list[tuple[float, bytes]]:
     ],
 )
 def test_stream_figures_from_canned_streams(case, payloads, times, expected):
-    figures = stream_figures(0.0, parse_sse(timed(sse(*payloads), times)))
+    figures = stream_figures(0.0, parse_sse(timed(sse(*payloads), times)).events)
     assert figures.ttft_s == pytest.approx(expected["ttft_s"]), case
     assert figures.completion_tokens == expected["completion_tokens"], case
     assert figures.prompt_tokens == expected["prompt_tokens"], case
@@ -128,7 +131,7 @@ def test_stream_figures_from_canned_streams(case, payloads, times, expected):
 
 
 def test_prefill_is_prompt_tokens_over_the_time_to_first_token():
-    figures = stream_figures(10.0, parse_sse(timed(sse(token(), usage(2000, 1)), [12.5, 12.5])))
+    figures = stream_figures(10.0, parse_sse(timed(sse(token(), usage(2000, 1)), [12.5, 12.5])).events)
     assert figures.ttft_s == pytest.approx(2.5)
     assert figures.prefill_tps == pytest.approx(800.0)
 
@@ -214,23 +217,48 @@ class Streamer(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b'{"error": "invalid key"}')
             return
+        cut = server.cut(len(server.seen) - 1, body)
+        if cut == "mid-chunk":
+            self.break_mid_chunk()
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         tokens = int(body["max_tokens"])
-        for _ in range(tokens):
-            self.wfile.write(f"data: {json.dumps(token())}\n\n".encode())
+        if isinstance(cut, tuple):  # ("stop", N): ends as vLLM does, but after N tokens (no ignore_eos)
+            tokens = cut[1]
+        sent = cut if isinstance(cut, int) else tokens
+        for i in range(sent):
+            finish = None if isinstance(cut, int) or i < sent - 1 else ("stop" if cut else "length")
+            self.wfile.write(f"data: {json.dumps(token(finish=finish))}\n\n".encode())
             self.wfile.flush()
+        if isinstance(cut, int):  # closed cleanly after `cut` tokens, as a dying server or proxy does
+            return
         prompt = len(str(body["prompt"]).split())
         if body.get("stream_options", {}).get("include_usage"):
             self.wfile.write(f"data: {json.dumps(usage(prompt, tokens))}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
+
+    def break_mid_chunk(self) -> None:
+        """An HTTP/1.1 chunked stream (as uvicorn sends one) whose connection closes inside a chunk."""
+        self.protocol_version = "HTTP/1.1"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        first = f"data: {json.dumps(token())}\n\n".encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(first), first))
+        self.wfile.write(b"64\r\n" + first[:20])  # 100 bytes announced, 20 sent
+        self.wfile.flush()
+        self.close_connection = True
 
 
 @pytest.fixture
 def streamer():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Streamer)
     server.seen, server.counted, server.key = [], [], KEY
+    # (request index, body) -> None: stream in full; N: close cleanly after N tokens; "mid-chunk".
+    server.cut = lambda _index, _body: None
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -287,6 +315,80 @@ def test_a_deadline_passed_fails_the_stage_it_cut(streamer, capsys, monkeypatch)
     client = program.Client(f"http://127.0.0.1:{streamer.server_address[1]}", KEY, 20, lambda: next(ticks))
     with pytest.raises(program.BenchError, match="decode: the bench's deadline passed"):
         program.run(client, MODEL, 64, 100, 2, lambda _line: None)
+
+
+@pytest.mark.parametrize(
+    ("case", "payloads", "asked", "said"),
+    [
+        ("as vLLM ends one", [token(), token(finish="length"), usage(9, 2), "[DONE]"], 2, None),
+        ("no usage: finish_reason length", [token(), token(finish="length"), "[DONE]"], 2, None),
+        ("closed after 5 of 32, no [DONE]", [token()] * 5, 32,
+         "ended after 5 token chunk(s) without `data: [DONE]`"),
+        ("[DONE] but no finish_reason", [token(), usage(9, 1), "[DONE]"], 1, "without a finish_reason"),
+        ("usage short of what was asked", [token(), token(finish="stop"), usage(9, 2), "[DONE]"], 32,
+         "generated 2 of the 32 tokens asked (finish_reason 'stop')"),
+        ("no usage and a stop", [token(), token(finish="stop"), "[DONE]"], 32,
+         "finish_reason 'stop', not 'length'"),
+    ],
+)  # fmt: skip
+def test_a_stream_must_end_as_vllm_ends_one(case, payloads, asked, said):
+    problem = program.end_problem(parse_sse(timed(sse(*payloads), [1.0] * len(payloads))), asked)
+    if said is None:
+        assert problem is None, case
+    else:
+        assert problem is not None and said in problem, (case, problem)
+
+
+def run_against(streamer, monkeypatch, cut) -> tuple[int, str, float]:
+    """The program against `streamer` with `cut` deciding each request's stream: exit, stderr, seconds."""
+    monkeypatch.setenv(wire.PROBE_API_KEY_ENV, KEY)
+    streamer.cut = cut
+    argv = bench_argv(props_for(f"http://127.0.0.1:{streamer.server_address[1]}"))
+    env = {**os.environ, wire.PROBE_API_KEY_ENV: KEY}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, *argv[1:]],
+        input=bench_program(KEY),
+        capture_output=True,
+        env=env,
+        cwd="/",
+        timeout=60,
+    )
+    return done.returncode, done.stderr.decode(), time.monotonic() - started
+
+
+def decode_only(value):
+    """A cut for the decode stage alone (the second request)."""
+    return lambda index, _body: value if index == 1 else None
+
+
+def concurrent_only(value):
+    """A cut for one stream of the parallel stage (after warm-up, decode and prefill)."""
+    return lambda index, _body: value if index == 4 else None
+
+
+@pytest.mark.parametrize(
+    ("cut", "said"),
+    [
+        (decode_only(5), "serve bench: decode: the stream ended after 5 token chunk(s) without `data:"),
+        (decode_only(("stop", 5)), "serve bench: decode: the server generated 5 of the 32 tokens asked"),
+        (concurrent_only(5), "serve bench: concurrent: the stream ended after 5 token chunk(s)"),
+    ],
+)  # fmt: skip
+def test_a_stream_cut_short_fails_its_stage_with_no_figures(streamer, monkeypatch, cut, said):
+    code, err, _ = run_against(streamer, monkeypatch, cut)
+    assert code == program.Exit.FAILED and said in err, err
+
+
+@pytest.mark.parametrize(
+    ("cut", "stage"), [(decode_only("mid-chunk"), "decode"), (concurrent_only("mid-chunk"), "concurrent")]
+)
+def test_a_disconnect_inside_a_chunk_names_the_stage_and_the_cause(streamer, monkeypatch, cut, stage):
+    code, err, seconds = run_against(streamer, monkeypatch, cut)
+    assert code == program.Exit.FAILED and "Traceback" not in err, err
+    assert f"serve bench: {stage}: the connection broke before the stream ended (IncompleteRead" in err, err
+    # Reported at once, not as a stream that "did not end by the bench's deadline" (30 s).
+    assert "deadline" not in err and seconds < 20
 
 
 def test_nothing_listening_fails_naming_the_stage(capsys, monkeypatch):
