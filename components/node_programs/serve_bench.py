@@ -105,8 +105,9 @@ class Sse:
     done: bool
 
 
-def parse_sse(lines: Iterable[tuple[float, bytes]]) -> Sse:
-    """Server-sent events as (time, JSON payload): `data:` lines only, up to `data: [DONE]`."""
+def parse_sse(lines: Iterable[tuple[float, bytes]], stage: str) -> Sse:
+    """Server-sent events as (time, JSON payload): `data:` lines only, up to `data: [DONE]`; an error
+    event or one that is not JSON fails `stage`."""
     events = []
     for at, raw in lines:
         line = raw.decode("utf-8", errors="replace").strip()
@@ -118,9 +119,9 @@ def parse_sse(lines: Iterable[tuple[float, bytes]]) -> Sse:
         try:
             payload = json.loads(data)
         except ValueError:
-            raise BenchError("stream", f"an event that is not JSON: {data[:120]!r}") from None
+            raise BenchError(stage, f"an event that is not JSON: {data[:120]!r}") from None
         if isinstance(payload, dict) and payload.get("error"):
-            raise BenchError("stream", f"the server sent an error: {str(payload['error'])[:300]}")
+            raise BenchError(stage, f"the server sent an error: {str(payload['error'])[:300]}")
         if isinstance(payload, dict):
             events.append((at, payload))
     return Sse(events, done=False)
@@ -165,10 +166,11 @@ def end_problem(sse: Sse, asked: int) -> str | None:
 
 
 def stream_figures(started: float, events: list[tuple[float, dict]]) -> StreamFigures:
-    """A stream's figures from its events (times on the clock `started` was read from)."""
+    """A stream's figures from its events (times on the clock `started` was read from). It ends at its
+    last token chunk, as `vllm bench serve` times it: the usage chunk after it carries no token."""
     token_times = [at for at, payload in events if payload.get("choices")]
     usage = _usage(events)
-    end = events[-1][0] if events else started
+    end = token_times[-1] if token_times else (events[-1][0] if events else started)
     if usage and usage.get("completion_tokens") is not None:
         tokens, prompt, counted = int(usage["completion_tokens"]), usage.get("prompt_tokens"), "usage"
     else:
@@ -283,7 +285,7 @@ class Client:
             raise BenchError(stage, "the bench's deadline passed before it started")
         try:
             with urllib.request.urlopen(request, timeout=left) as answer:
-                sse = parse_sse(self._lines(stage, answer))
+                sse = parse_sse(self._lines(stage, answer), stage)
         except http.client.HTTPException as exc:
             # IncompleteRead (closed inside a chunk), RemoteDisconnected: not URLErrors, so named here.
             said = f"{type(exc).__name__}: {exc}"

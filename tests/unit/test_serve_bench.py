@@ -93,6 +93,14 @@ def timed(lines: list[bytes], times: list[float]) -> list[tuple[float, bytes]]:
             },
         ),
         (
+            # vLLM sends usage in a chunk of its own after the last token: decode ends at the last token
+            # (as `vllm bench serve` times it), not at the usage chunk a second later.
+            "usage after the last token",
+            [token(), token(), token(), usage(12, 3), "[DONE]"],
+            [1.0, 1.5, 2.0, 3.0, 3.0],
+            {"ttft_s": 1.0, "completion_tokens": 3, "prompt_tokens": 12, "counted": "usage", "decode": 2.0},
+        ),
+        (
             "one token (prefill): no decode figure",
             [token(), usage(2048, 1), "[DONE]"],
             [2.0, 2.0, 2.0],
@@ -119,7 +127,7 @@ def timed(lines: list[bytes], times: list[float]) -> list[tuple[float, bytes]]:
     ],
 )
 def test_stream_figures_from_canned_streams(case, payloads, times, expected):
-    figures = stream_figures(0.0, parse_sse(timed(sse(*payloads), times)).events)
+    figures = stream_figures(0.0, parse_sse(timed(sse(*payloads), times), "decode").events)
     assert figures.ttft_s == pytest.approx(expected["ttft_s"]), case
     assert figures.completion_tokens == expected["completion_tokens"], case
     assert figures.prompt_tokens == expected["prompt_tokens"], case
@@ -131,7 +139,9 @@ def test_stream_figures_from_canned_streams(case, payloads, times, expected):
 
 
 def test_prefill_is_prompt_tokens_over_the_time_to_first_token():
-    figures = stream_figures(10.0, parse_sse(timed(sse(token(), usage(2000, 1)), [12.5, 12.5])).events)
+    figures = stream_figures(
+        10.0, parse_sse(timed(sse(token(), usage(2000, 1)), [12.5, 12.5]), "prefill").events
+    )
     assert figures.ttft_s == pytest.approx(2.5)
     assert figures.prefill_tps == pytest.approx(800.0)
 
@@ -143,9 +153,9 @@ def test_prefill_is_prompt_tokens_over_the_time_to_first_token():
         ("data: not json", "not JSON"),
     ],
 )
-def test_an_error_event_or_garbage_fails_the_stream(line, said):
-    with pytest.raises(program.BenchError, match=said):
-        parse_sse([(0.0, line.encode())])
+def test_an_error_event_or_garbage_fails_the_stream_naming_its_stage(line, said):
+    with pytest.raises(program.BenchError, match=f"serve bench: prefill: .*{said}"):
+        parse_sse([(0.0, line.encode())], "prefill")
 
 
 def test_aggregate_is_every_token_over_the_wall_time():
@@ -332,7 +342,7 @@ def test_a_deadline_passed_fails_the_stage_it_cut(streamer, capsys, monkeypatch)
     ],
 )  # fmt: skip
 def test_a_stream_must_end_as_vllm_ends_one(case, payloads, asked, said):
-    problem = program.end_problem(parse_sse(timed(sse(*payloads), [1.0] * len(payloads))), asked)
+    problem = program.end_problem(parse_sse(timed(sse(*payloads), [1.0] * len(payloads)), "decode"), asked)
     if said is None:
         assert problem is None, case
     else:
