@@ -79,6 +79,11 @@ def step(name, run):
 
 def gpu_steps(torch):
     def device():
+        if torch.version.cuda is None:  # a `+cpu` wheel: no container setting gives it the GPU
+            raise RuntimeError(
+                f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None): "
+                "it sees no CUDA device"
+            )
         if not torch.cuda.is_available():
             raise RuntimeError(
                 f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)"

@@ -195,6 +195,45 @@ def test_a_gpu_build_without_kernels_for_the_node_names_the_node_and_the_op():
     assert "sm_121" in problem
 
 
+def one_problem(torch: str = "2.11.0", **steps) -> str:
+    """The one problem of a two-node proof whose first node's report has `steps` (and `torch`)."""
+    p = props()
+    reports = {"spark-1": {**report("spark-1", 0, **steps), "torch": torch}, "spark-2": report("spark-2", 1)}
+    text = {name: log("spark_roce_v2.28.9.log") for name in ("spark-1", "spark-2")}
+    (problem,) = judged(p, runs_of(p, reports, text), nccl_of(p, text))["problems"]
+    return problem
+
+
+def test_an_image_without_vllm_is_told_to_install_it_not_about_kernels():
+    error = "ModuleNotFoundError: No module named 'vllm'"
+    problem = one_problem(vllm_op={"ok": False, "error": error})
+    assert problem.startswith(f"spark-1: the GPU step vllm_op failed: {error}; next: ")
+    assert "no kernel image" not in problem and "sm_121" not in problem
+    assert "cannot import vllm" in problem and "deployment image" in problem
+
+
+def test_a_cpu_only_torch_is_told_to_use_a_cuda_build_not_to_give_the_gpu():
+    error = "RuntimeError: torch 2.9.0+cpu is a CPU-only build (torch.version.cuda is None): it sees no CUDA"
+    problem = one_problem("2.9.0+cpu", gpu={"ok": False, "error": error})
+    assert "give the containers the GPU" not in problem and "gpu_runtime" not in problem
+    assert "torch is built with CUDA" in problem
+    # The version alone says so too (a report from an older program, without the CPU-only line).
+    older = one_problem("2.9.0+cpu", gpu={"ok": False, "error": "RuntimeError: torch sees no CUDA device"})
+    assert "torch is built with CUDA" in older and "gpu_runtime" not in older
+
+
+def test_a_cuda_torch_that_sees_no_device_is_told_to_give_the_gpu():
+    problem = one_problem(gpu={"ok": False, "error": "RuntimeError: torch 2.11.0 sees no CUDA device"})
+    assert "give the containers the GPU" in problem and "torch is built with CUDA" not in problem
+
+
+def test_a_gpu_step_failing_otherwise_gets_no_kernel_image_hint():
+    problem = one_problem(
+        bf16_matmul={"ok": False, "error": "RuntimeError: the BF16 matmul gave non-finite values"}
+    )
+    assert "no kernel image" not in problem and "the GPU step bf16_matmul failed" in problem
+
+
 def test_a_node_that_cannot_join_is_named_with_the_head_address_and_bound():
     p = props(gpu=False)
     timeout = "DistStoreError: Timed out after 31 seconds waiting for clients. 1/2 clients joined."
