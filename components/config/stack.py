@@ -31,6 +31,7 @@ from components.config.nodes import (
     SshConfig,
 )
 from components.config.serve import ServeConfig
+from components.node_programs.wire import bench_prompt_slack
 
 
 class StackConfig(_Model):
@@ -162,8 +163,10 @@ class StackConfig(_Model):
         bench, limit = self.bench, self.serve.max_model_len
         if bench.mode is BenchMode.OFF or limit is None:
             return []
+        # The prompt may come out up to its slack over prompt_tokens (the program sizes it to within
+        # that), and 8 more for the nonce and the special tokens.
         requests = {
-            "bench.prompt_tokens": bench.prompt_tokens + 8,
+            "bench.prompt_tokens": bench.prompt_tokens + bench_prompt_slack(bench.prompt_tokens) + 8,
             "bench.output_tokens": bench.output_tokens + 32,
         }
         return [

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
-from components.node_programs.wire import PROBE_API_KEY_ENV
+from components.node_programs.wire import PROBE_API_KEY_ENV, bench_prompt_slack
 
 BENCH_PROGRESS_PREFIX = "bench "  # the stderr lines ServeBench relays to the operator
 SHORT_PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -245,7 +245,7 @@ def sized_prompt(client: "Client", model: str, tokens: int) -> str:
     prompt = long_prompt(tokens)
     for _ in range(2):
         counted = client.count_tokens(model, prompt)
-        if not counted or abs(counted - tokens) <= max(tokens // 20, 2):
+        if not counted or abs(counted - tokens) <= bench_prompt_slack(tokens):
             return prompt
         words = len(prompt.split()) - 1
         prompt = long_prompt(tokens, words_per_token=max(words, 1) / max(counted - 8, 1))
