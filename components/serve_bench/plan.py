@@ -11,6 +11,7 @@ from typing import Any
 from components.nccl import on_sockets
 from components.provider_kit.change import Change
 from components.provider_kit.inputs import node_problems
+from components.serve_bench.facts import CHUNKS_COUNTED
 
 ENFORCE, REPORT = "enforce", "report"
 # Inputs whose change means "measure again": what is measured (the image on every node, the
@@ -21,6 +22,8 @@ RECORD_KEYS = ("node", "log_container")
 # Not compared at all: `api_key` (a rotated key serves the same speed; the next run reads the new
 # one from its inputs) and `fabric` (FabricCheck's figures, read only to explain a slow figure).
 UPDATE_KEYS = (*MEASURE_KEYS, *RECORD_KEYS)
+# Figures made from the count of generated tokens (a chunk count, without usage, makes them low).
+TOKEN_COUNTED = ("decode_tps", "aggregate_tps")
 # What each floor holds, as (figure, how it is said, unit, a ceiling rather than a floor).
 FLOORS = {
     "min_decode_tps": ("decode_tps", "decode", "tokens/s", False),
@@ -65,7 +68,11 @@ def shortfalls(figures: Mapping[str, Any] | None, floors: Mapping[str, Any] | No
             missed.append(f"{said} was not measured (bench.{key} {float(floor):g} {unit})")
         elif (value > float(floor)) if ceiling else (value < float(floor)):
             where = "above" if ceiling else "below"
-            missed.append(f"{said} {value:g} {unit} is {where} bench.{key} {float(floor):g} {unit}")
+            chunked = figure in TOKEN_COUNTED and (figures or {}).get("counted") == "chunks"
+            missed.append(
+                f"{said} {value:g} {unit} is {where} bench.{key} {float(floor):g} {unit}"
+                + (f" ({CHUNKS_COUNTED})" if chunked else "")
+            )
     return missed
 
 

@@ -449,6 +449,20 @@ def test_floor_verdicts(floors, missed):
     assert shortfalls(FIGURES, floors) == missed
 
 
+def test_a_floor_missed_by_tokens_counted_from_chunks_says_so():
+    """Without usage the program counts chunks; under MTP a chunk carries several tokens, so the
+    figure is low by that factor: the message says which count was used."""
+    chunked = {**FIGURES, "counted": "chunks"}
+    (decode,) = shortfalls(chunked, {"min_decode_tps": 18})
+    assert decode.startswith("decode 12.5 tokens/s is below bench.min_decode_tps 18 tokens/s")
+    assert "counted from chunks" in decode and "MTP" in decode
+    # TTFT and prefill do not depend on the count of generated tokens.
+    assert shortfalls(chunked, {"max_ttft_s": 0.5}) == [
+        "time to first token 0.8 s is above bench.max_ttft_s 0.5 s"
+    ]
+    assert "chunks" not in shortfalls({**FIGURES, "counted": "usage"}, {"min_decode_tps": 18})[0]
+
+
 def test_a_figure_not_measured_misses_its_floor():
     assert shortfalls({**FIGURES, "decode_tps": None}, {"min_decode_tps": 1}) == [
         "decode was not measured (bench.min_decode_tps 1 tokens/s)"
@@ -504,6 +518,10 @@ def test_figures_line():
         "decode 12.5 tok/s (TTFT 0.80 s), prefill 900 tok/s (2048 tokens), 4 streams 40.0 tok/s"
     )
     assert figures_line(None) == "not measured"
+    assert figures_line({**FIGURES, "counted": "usage"}) == figures_line(FIGURES)
+    assert figures_line({**FIGURES, "counted": "chunks"}) == figures_line(FIGURES) + (
+        "; tokens counted from chunks, not the server's usage (low under MTP)"
+    )
 
 
 # ---- what makes it measure again -------------------------------------------------------------------------
