@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from components.config.bench import BenchConfig, BenchMode
 from components.config.checkpoint import HUB_REPO, ModelConfig
 from components.config.cluster import (
+    FLOOR_UNITS,
     LEGACY_IB_HCA,
     ClusterConfig,
     ContainerConfig,
@@ -297,7 +298,8 @@ class StackConfig(_Model):
             problems.append(
                 (
                     "fabric.min_busbw_gbps",
-                    "one node forms no group, so the node proof measures no bus bandwidth: remove it",
+                    f"one node forms no group, so the node proof measures no bus bandwidth (the floor, in "
+                    f"{FLOOR_UNITS['min_busbw_gbps']}, is never compared): remove it",
                 )
             )
         for i, node in enumerate(self.nodes):

@@ -459,3 +459,41 @@ def test_a_floor_in_gbits_and_a_floor_for_one_node_are_refused():
     raw["fabric"] = {**raw.get("fabric", {}), "min_busbw_gbps": 20}
     with pytest.raises(ValueError, match="fabric.min_busbw_gbps: one node forms no group"):
         parse_stack_config(raw)
+
+
+# ---- the two floors' units: fabric.min_gbps is in Gb/s, fabric.min_busbw_gbps in GB/s ------------------
+# The names stay (stacks carry them); every message that names one says its unit.
+
+
+def refusal_of(**sections) -> str:
+    with pytest.raises(ValueError) as info:
+        config(**sections)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fabric",
+    [
+        {"min_busbw_gbps": 0},
+        {"min_busbw_gbps": -3},
+        {"check": "off", "min_busbw_gbps": 20},
+        {"min_busbw_gbps": 176},
+    ],
+)
+def test_every_refusal_of_the_busbw_floor_says_gigabytes(fabric):
+    message = refusal_of(fabric=fabric)
+    assert "fabric.min_busbw_gbps" in message and "GB/s (gigabytes per second" in message, message
+
+
+@pytest.mark.parametrize("floor", [0, -100])
+def test_every_refusal_of_the_probe_floor_says_gigabits(floor):
+    message = refusal_of(fabric={"min_gbps": floor})
+    assert "fabric.min_gbps" in message and "Gb/s (gigabits per second" in message, message
+
+
+def test_the_one_node_refusal_says_gigabytes():
+    raw = dev_raw()
+    raw["nodes"] = raw["nodes"][:1]
+    raw["fabric"] = {**raw.get("fabric", {}), "min_busbw_gbps": 20}
+    with pytest.raises(ValueError, match=r"fabric.min_busbw_gbps: .*GB/s \(gigabytes per second"):
+        parse_stack_config(raw)
