@@ -51,6 +51,12 @@ GidIndex = Literal["unset", "resolve"] | Annotated[int, Field(ge=0, le=255)]
 # Above any bus bandwidth two ConnectX-7 ports (2 x 200 Gb/s, 50 GB/s) can carry: a floor set higher
 # was written in Gb/s.
 MAX_BUSBW_GBPS = 100.0
+# The fabric floors' units, said in every message that names one: the probe's is a link's rate in
+# bits, the node proof's a bus bandwidth in bytes (as nccl-tests prints busbw), 8x apart.
+FLOOR_UNITS = {
+    "min_gbps": "Gb/s (gigabits per second, a link's rate: a Spark port is 200)",
+    "min_busbw_gbps": "GB/s (gigabytes per second, as nccl-tests prints busbw: two Sparks show about 21.9)",
+}
 
 
 class FabricConfig(_Model):
@@ -73,7 +79,7 @@ class FabricConfig(_Model):
     probe_port: int = Field(default=29590, ge=1024, le=65535)
     # The probe's floor in Gb/s (gigabits per second, a link's rate: a Spark port is 200); the probe
     # reports GB/s (gigabytes), so 11.8 GB/s is 94.4 Gb/s. Below it `up` and `status` warn.
-    min_gbps: float | None = Field(default=None, gt=0)
+    min_gbps: float | None = None
     # Before any serving container, on every node at once (components/node_proof): the image's GPU
     # step and one torch.distributed group over the fabric (NCCL; gloo without containers.gpu_runtime)
     # on the head's probe_port, judged from NCCL's own lines. unset: as `check` says.
@@ -81,7 +87,17 @@ class FabricConfig(_Model):
     # The node proof's floor on its all-reduce's bus bandwidth, in GB/s (gigabytes per second, as
     # nccl-tests prints busbw: NVIDIA's two-Spark setup shows about 21.9). Below it: refused under
     # enforce, recorded under report.
-    min_busbw_gbps: float | None = Field(default=None, gt=0)
+    min_busbw_gbps: float | None = None
+
+    @field_validator("min_gbps", "min_busbw_gbps")
+    @classmethod
+    def _positive_floor(cls, v: float | None, info: Any) -> float | None:
+        # The two floors differ by 8x (bits and bytes): every refusal says which unit its key is in.
+        if v is not None and v <= 0:
+            raise ValueError(
+                f"{v:g}: give a positive floor in {FLOOR_UNITS[info.field_name]}, or leave it unset"
+            )
+        return v
 
     @field_validator("socket_ifname")
     @classmethod
@@ -114,14 +130,15 @@ class FabricConfig(_Model):
             )
         if self.min_busbw_gbps is not None and self.min_busbw_gbps > MAX_BUSBW_GBPS:
             raise ValueError(
-                f"fabric.min_busbw_gbps {self.min_busbw_gbps:g} is in GB/s (gigabytes, as nccl-tests "
-                f"prints busbw), and no RoCE pair of Sparks reaches {MAX_BUSBW_GBPS:g}: a link rate in "
-                "Gb/s divided by 8 is GB/s (two Sparks show about 21.9)"
+                f"fabric.min_busbw_gbps {self.min_busbw_gbps:g} is in {FLOOR_UNITS['min_busbw_gbps']}, "
+                f"and no RoCE pair of Sparks reaches {MAX_BUSBW_GBPS:g}: a link rate in Gb/s divided by 8 "
+                "is GB/s"
             )
         if self.min_busbw_gbps is not None and self.proof is FabricCheckMode.OFF:
             raise ValueError(
                 "fabric.min_busbw_gbps is the node proof's floor, and the proof is off: set "
-                "fabric.node_proof to enforce or report, or remove fabric.min_busbw_gbps"
+                "fabric.node_proof to enforce or report, or remove fabric.min_busbw_gbps (its unit: "
+                f"{FLOOR_UNITS['min_busbw_gbps']})"
             )
         if self.gid_index == "resolve" and self.check is FabricCheckMode.OFF:
             raise ValueError(

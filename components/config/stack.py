@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from components.config.bench import BenchConfig, BenchMode
 from components.config.checkpoint import HUB_REPO, ModelConfig
 from components.config.cluster import (
+    FLOOR_UNITS,
     LEGACY_IB_HCA,
     ClusterConfig,
     ContainerConfig,
@@ -31,6 +32,7 @@ from components.config.nodes import (
     SshConfig,
 )
 from components.config.serve import ServeConfig
+from components.node_programs.wire import bench_prompt_slack
 
 
 class StackConfig(_Model):
@@ -162,8 +164,10 @@ class StackConfig(_Model):
         bench, limit = self.bench, self.serve.max_model_len
         if bench.mode is BenchMode.OFF or limit is None:
             return []
+        # The prompt may come out up to its slack over prompt_tokens (the program sizes it to within
+        # that), and 8 more for the nonce and the special tokens.
         requests = {
-            "bench.prompt_tokens": bench.prompt_tokens + 8,
+            "bench.prompt_tokens": bench.prompt_tokens + bench_prompt_slack(bench.prompt_tokens) + 8,
             "bench.output_tokens": bench.output_tokens + 32,
         }
         return [
@@ -294,7 +298,8 @@ class StackConfig(_Model):
             problems.append(
                 (
                     "fabric.min_busbw_gbps",
-                    "one node forms no group, so the node proof measures no bus bandwidth: remove it",
+                    f"one node forms no group, so the node proof measures no bus bandwidth (the floor, in "
+                    f"{FLOOR_UNITS['min_busbw_gbps']}, is never compared): remove it",
                 )
             )
         for i, node in enumerate(self.nodes):

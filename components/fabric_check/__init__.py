@@ -11,11 +11,10 @@ outputs (mode report: the stack output `fabric`). read (pulumi refresh) reads th
 port gone DOWN, a changed MTU or a GID index that moved shows as drift; check and diff do no I/O.
 
 Files, by job:
-    facts.py     the programs' reports parsed; the facts program's as frozen values; NCCL's own
-                 INFO lines (`parse_nccl_log`: the network, HCAs, GID index it took) (pure)
+    facts.py     the programs' reports parsed; the facts program's as frozen values (pure)
     programs.py  the facts program's and the probe's argv, what their exit status means
-    plan.py      the pure decisions: ports, GID index, MTU, problems, refusal, `plan_change`, and
-                 `nccl_verdict` (NCCL used sockets while HCAs were given: refused under enforce)
+    plan.py      the pure decisions: ports, GID index, MTU, problems, refusal, `plan_change`
+(NCCL's own log, parsed and judged, is components/nccl.py: the node proof and the bench read it too.)
     execute.py   the check carried out over SSH (the only I/O): ensure (create, update), observe
                  (refresh)
     errors.py    FabricCheckError
@@ -39,14 +38,11 @@ from components.fabric_check.execute import (
 )
 from components.fabric_check.facts import (
     Gid,
-    NcclDevice,
-    NcclFacts,
     Netdev,
     NodeFacts,
     Port,
     ipv4_of_gid,
     node_facts,
-    parse_nccl_log,
 )
 from components.fabric_check.plan import (
     ENFORCE,
@@ -56,11 +52,9 @@ from components.fabric_check.plan import (
     RESOLVE,
     UNSET,
     Decision,
-    NcclVerdict,
     Settings,
     check_id,
     decide,
-    nccl_verdict,
     plan_change,
     probe_after,
     refusal,
@@ -85,9 +79,6 @@ __all__ = [
     "FabricCheckError",
     "FabricCheckProvider",
     "Gid",
-    "NcclDevice",
-    "NcclFacts",
-    "NcclVerdict",
     "Netdev",
     "NodeFacts",
     "Port",
@@ -100,10 +91,8 @@ __all__ = [
     "facts_spec",
     "ipv4_of_gid",
     "node_facts",
-    "nccl_verdict",
     "node_transport",
     "observe",
-    "parse_nccl_log",
     "plan_change",
     "probe_after",
     "probe_head",

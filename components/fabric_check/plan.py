@@ -9,8 +9,6 @@ Per node:
 - the MTU of its fabric path (the socket interface and each used port's netdev): none below
   `fabric.mtu` when set; MTUs that differ on the node or from the head's (every worker's reference)
   warn, as NCCL runs each connection at the smaller end's MTU.
-And from a node's NCCL log (`facts.parse_nccl_log`): `nccl_verdict`, refused when NCCL used sockets
-while HCAs were configured.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from components.fabric_check.facts import NcclFacts, NodeFacts, Port
+from components.fabric_check.facts import NodeFacts, Port
 from components.provider_kit.change import Change
 
 ENFORCE, REPORT = "enforce", "report"
@@ -501,82 +499,3 @@ def with_probe(decision: Decision, probe: Probe) -> Decision:
         warnings=decision.warnings + probe.warnings,
         throughput=probe.outputs(),
     )
-
-
-@dataclass(frozen=True)
-class NcclVerdict:
-    """What one node's NCCL log says about its transport: problems (a refusal under enforce) and
-    warnings; `refusal` is the message that stops `up`, None where it goes on."""
-
-    node: str
-    network: str | None
-    problems: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-    refusal: str | None = None
-
-    @property
-    def verdict(self) -> str:
-        return "fail" if self.problems else "pass"
-
-
-def _hca_taken(entry: str, taken: Sequence[str]) -> bool:
-    """A configured NCCL_IB_HCA entry (`dev` or `dev:port`) among the `dev:port` NCCL took."""
-    entry = entry.lstrip("=")
-    return entry in taken if ":" in entry else any(hca.split(":")[0] == entry for hca in taken)
-
-
-def _socket_fallback_step(nccl: NcclFacts) -> str:
-    """The next step for an NCCL that fell back to sockets, from what its log says."""
-    if nccl.ib_disabled:
-        return (
-            "NCCL_IB_DISABLE is set in the container's environment while HCAs are given: remove it "
-            "(fabric_env sets it only on a node without HCAs)"
-        )
-    return (
-        "NCCL saw no usable RDMA device in the container: check that it has /dev/infiniband "
-        "(containers.devices), that the image has libibverbs and its provider (rdma-core: `ibv_devices` "
-        "in the image lists the HCAs), and that NCCL_IB_HCA names this node's devices (`rdma link show`)"
-    )
-
-
-def nccl_problems(node: str, nccl: NcclFacts, ib_hca: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(problems, warnings) of one node's NCCL transport against the HCAs it was given (`ib_hca`,
-    NCCL_IB_HCA's entries; none: sockets are what it was meant to use)."""
-    if not ib_hca:
-        return [], []
-    said = "; ".join(f"`{line}`" for line in nccl.lines) or "no NCCL INFO line"
-    if nccl.network is None:
-        return [
-            f"{node}: NCCL's log names no network (no `Using network` line; it said: {said}); next: run "
-            "with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET,ENV so the transport can be judged"
-        ], []
-    if nccl.network != "IB":
-        return [
-            f"{node}: NCCL used network {nccl.network}, not IB, although NCCL_IB_HCA is "
-            f"{','.join(ib_hca)}: it fell back to TCP sockets without failing (a fraction of the "
-            f"speed, or a hang under load). NCCL said: {said}; next: {_socket_fallback_step(nccl)}"
-        ], []
-    missing = [entry for entry in ib_hca if not _hca_taken(entry, nccl.ib_hcas)]
-    if not missing:
-        return [], []
-    return [], [
-        f"{node}: NCCL took {', '.join(nccl.ib_hcas) or 'no HCA'} but was given {','.join(ib_hca)} "
-        f"({', '.join(missing)} left out: less bandwidth); NCCL said: {said}; next: check "
-        f"{', '.join(missing)} with `rdma link show` on {node}"
-    ]
-
-
-def nccl_verdict(node: str, mode: str, nccl: NcclFacts, ib_hca: Sequence[str] | None = None) -> NcclVerdict:
-    """The verdict on one node's NCCL log: refused under enforce when NCCL used sockets while HCAs
-    were configured (`ib_hca`: the node's NCCL_IB_HCA entries; None: what the log says NCCL read)."""
-    if ib_hca is None:
-        ib_hca = [e for e in nccl.env.get("NCCL_IB_HCA", "").split(",") if e]
-    problems, warnings = nccl_problems(node, nccl, ib_hca)
-    message = None
-    if mode == ENFORCE and problems:
-        message = (
-            f"NCCL check on {node}: NCCL would not use the fabric's RDMA ({len(problems)} problem(s)):\n"
-            + "\n".join(f"  - {p}" for p in problems)
-            + "\n  (fabric.check: enforce stops here; `report` records these and goes on)"
-        )
-    return NcclVerdict(node, nccl.network, tuple(problems), tuple(warnings), message)

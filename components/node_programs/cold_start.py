@@ -30,7 +30,8 @@ ENGINE = re.compile(
     r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s(?: \(compilation: ([0-9.]+) s)?"
 )
 API = re.compile(r"Application startup complete\.")
-MODEL_MEMORY = re.compile(r"Model loading took ([0-9.]+) GiB memory and ([0-9.]+) seconds")
+# `… GiB memory and N seconds` (older vLLM) or `… GiB and N seconds` (newer).
+MODEL_MEMORY = re.compile(r"Model loading took ([0-9.]+) GiB (?:memory )?and ([0-9.]+) seconds")
 MILESTONES = ("weights_loaded", "engine_ready", "api_ready", "first_completion")
 # Every line `milestones` reads: a reader of a long log keeps these alone.
 MARKS = (WEIGHTS, ENGINE, API, MODEL_MEMORY)

@@ -329,6 +329,11 @@ def image_software(torch):
 
 def gpu_steps(torch):
     def device():
+        if torch.version.cuda is None:  # a `+cpu` wheel: no container setting gives it the GPU
+            raise RuntimeError(
+                f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None): "
+                "it sees no CUDA device"
+            )
         if not torch.cuda.is_available():
             raise RuntimeError(
                 f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)"
@@ -385,6 +390,14 @@ def gpu_steps(torch):
     return all(entry.get("ok") for entry in REPORT["steps"].values())
 
 
+def bandwidth(size, seconds, world):
+    """An all-reduce's algorithm and bus bandwidth in GB/s, as nccl-tests computes them: algbw is
+    bytes over seconds; busbw scales it by 2(n-1)/n, the share of the data each rank sends and
+    receives in a ring, so the figure compares with the link's speed whatever the world size."""
+    factor = 2 * (world - 1) / world
+    return {"algbw_gbs": size / seconds / 1e9, "busbw_gbs": size * factor / seconds / 1e9}
+
+
 def group_steps(torch, spec, backend):
     import torch.distributed as dist
 
@@ -427,10 +440,8 @@ def group_steps(torch, spec, backend):
             dist.all_reduce(tensor)
         sync()
         seconds = (time.perf_counter() - started) / iterations
-        size = count * 4
-        factor = 2 * (world - 1) / world  # a world of one returned before any group
-        return {"bytes": size, "iterations": iterations, "seconds": seconds,
-                "algbw_gbs": size / seconds / 1e9, "busbw_gbs": size * factor / seconds / 1e9}  # fmt: skip
+        figures = bandwidth(count * 4, seconds, world)  # a world of one returned before any group
+        return {"bytes": count * 4, "iterations": iterations, "seconds": seconds, **figures}
 
     ok = step("join", join) and step("all_reduce", all_reduce) and step("sized_all_reduce", sized)
     if dist.is_initialized():

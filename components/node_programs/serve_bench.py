@@ -9,6 +9,9 @@ with `ignore_eos` and `max_tokens`, so lengths are what was asked:
 - aggregate: `--concurrency` such streams at once: every generated token over the wall time.
 Every prompt starts with a fresh nonce, so prefix caching never serves one from an earlier request.
 Everything ends by `--deadline` seconds; a request cut by it fails the bench (exit 3) naming the stage.
+Each stream must end as vLLM ends one: a `finish_reason`, then `data: [DONE]`, with the usage's
+`completion_tokens` equal to the `max_tokens` asked; a stream cut short (a clean close after some
+tokens) or broken mid-chunk fails its stage, naming it and the cause, rather than giving figures.
 
 With `--log-container`, the server's log is read for NCCL's `Using network …` line (printed with
 NCCL_DEBUG=INFO), so a slow figure can say whether NCCL ran over sockets.
@@ -22,6 +25,7 @@ $QWEN35_API_KEY (`wire.PROBE_API_KEY_ENV`, set by the stdin prelude), never from
 
 import argparse
 import binascii
+import http.client
 import json
 import os
 import re
@@ -35,15 +39,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
-from components.node_programs.wire import PROBE_API_KEY_ENV
+from components.node_programs.wire import PROBE_API_KEY_ENV, bench_prompt_slack
 
 BENCH_PROGRESS_PREFIX = "bench "  # the stderr lines ServeBench relays to the operator
 SHORT_PROMPT = "Write a long story about a lighthouse keeper and the sea."
 # Common English words that Qwen's (and most BPE) tokenizers keep as one token each with their space.
 FILLER = ("the", "of", "and", "to", "in", "is", "it", "that", "was", "for", "on", "with", "as", "at", "by")
 WARMUP_TOKENS = 8
-# NCCL prints `NCCL INFO Using network IB` (or Socket) at init (src/init.cc).
-_NCCL_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+# NCCL prints `NCCL INFO Using network IB` (Socket, or a plugin's name such as `IBext_v8` or
+# `AWS Libfabric`) at init (src/init.cc), and `… via NET/<name>/<dev>` per channel. The same two
+# forms as components/nccl.py's parser reads (a unit test holds them equal; this file is stdlib-only).
+_NCCL_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
+_NCCL_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : .* via NET/([^/]+)/\d+")
 LOG_SCAN_LINES = 200_000
 LOG_SCAN_S = 20.0
 
@@ -90,8 +97,17 @@ class StreamFigures:
         return self.prompt_tokens / self.ttft_s
 
 
-def parse_sse(lines: Iterable[tuple[float, bytes]]) -> list[tuple[float, dict]]:
-    """Server-sent events as (time, JSON payload): `data:` lines only, up to `data: [DONE]`."""
+@dataclass(frozen=True)
+class Sse:
+    """A stream's events as (time, JSON payload), and whether it ended with `data: [DONE]`."""
+
+    events: list[tuple[float, dict]]
+    done: bool
+
+
+def parse_sse(lines: Iterable[tuple[float, bytes]], stage: str) -> Sse:
+    """Server-sent events as (time, JSON payload): `data:` lines only, up to `data: [DONE]`; an error
+    event or one that is not JSON fails `stage`."""
     events = []
     for at, raw in lines:
         line = raw.decode("utf-8", errors="replace").strip()
@@ -99,23 +115,62 @@ def parse_sse(lines: Iterable[tuple[float, bytes]]) -> list[tuple[float, dict]]:
             continue
         data = line[len("data:") :].strip()
         if data == "[DONE]":
-            break
+            return Sse(events, done=True)
         try:
             payload = json.loads(data)
         except ValueError:
-            raise BenchError("stream", f"an event that is not JSON: {data[:120]!r}") from None
+            raise BenchError(stage, f"an event that is not JSON: {data[:120]!r}") from None
         if isinstance(payload, dict) and payload.get("error"):
-            raise BenchError("stream", f"the server sent an error: {str(payload['error'])[:300]}")
+            raise BenchError(stage, f"the server sent an error: {str(payload['error'])[:300]}")
         if isinstance(payload, dict):
             events.append((at, payload))
-    return events
+    return Sse(events, done=False)
+
+
+def _usage(events: list[tuple[float, dict]]) -> dict | None:
+    """The last usage the stream carried (vLLM sends it in a chunk of its own, before `[DONE]`)."""
+    return next((p["usage"] for _, p in reversed(events) if isinstance(p.get("usage"), dict)), None)
+
+
+def end_problem(sse: Sse, asked: int) -> str | None:
+    """Why a stream did not end as vLLM ends one asked for `asked` tokens with ignore_eos (None: it
+    did): `data: [DONE]`, a `finish_reason` on its last choice, and usage counting `asked` tokens."""
+    chunks = sum(1 for _, payload in sse.events if payload.get("choices"))
+    if not sse.done:
+        return (
+            f"the stream ended after {chunks} token chunk(s) without `data: [DONE]`: the server or a "
+            "proxy closed it before the engine finished (see the server's log)"
+        )
+    reasons = [
+        choice.get("finish_reason")
+        for _, payload in sse.events
+        for choice in payload.get("choices") or []
+        if isinstance(choice, dict) and choice.get("finish_reason")
+    ]
+    if not reasons:
+        return f"the stream ended without a finish_reason ({chunks} token chunk(s)): no engine ended it"
+    usage = _usage(sse.events)
+    if usage and usage.get("completion_tokens") is not None:
+        if int(usage["completion_tokens"]) != asked:
+            return (
+                f"the server generated {usage['completion_tokens']} of the {asked} tokens asked "
+                f"(finish_reason {reasons[-1]!r}): a server that ignores `ignore_eos`, or an engine that "
+                "cut the request (see the server's log)"
+            )
+    elif reasons[-1] != "length":
+        return (
+            f"the stream finished with finish_reason {reasons[-1]!r}, not 'length', and carried no usage: "
+            f"fewer than the {asked} tokens asked (a server that ignores `ignore_eos`)"
+        )
+    return None
 
 
 def stream_figures(started: float, events: list[tuple[float, dict]]) -> StreamFigures:
-    """A stream's figures from its events (times on the clock `started` was read from)."""
+    """A stream's figures from its events (times on the clock `started` was read from). It ends at its
+    last token chunk, as `vllm bench serve` times it: the usage chunk after it carries no token."""
     token_times = [at for at, payload in events if payload.get("choices")]
-    usage = next((p["usage"] for _, p in reversed(events) if isinstance(p.get("usage"), dict)), None)
-    end = events[-1][0] if events else started
+    usage = _usage(events)
+    end = token_times[-1] if token_times else (events[-1][0] if events else started)
     if usage and usage.get("completion_tokens") is not None:
         tokens, prompt, counted = int(usage["completion_tokens"]), usage.get("prompt_tokens"), "usage"
     else:
@@ -162,13 +217,16 @@ def figures(decode: StreamFigures, prefill: StreamFigures, streams: list[StreamF
 
 
 def nccl_network(lines: Iterable[str]) -> str | None:
-    """The networks NCCL said it used (`IB`, `Socket`, several joined by `,`), None if it never said."""
-    seen: list[str] = []
+    """The networks NCCL said it used (`IB`, `Socket`, a plugin's name; several joined by `,`), from its
+    `Using network` lines, else its channel lines; None if it never said."""
+    named: dict[str, None] = {}
+    channels: dict[str, None] = {}
     for line in lines:
-        match = _NCCL_NETWORK.search(line)
-        if match and match.group(1) not in seen:
-            seen.append(match.group(1))
-    return ",".join(seen) or None
+        if match := _NCCL_NETWORK.search(line):
+            named.setdefault(match.group(1), None)
+        elif match := _NCCL_CHANNEL.search(line):
+            channels.setdefault(match.group(1), None)
+    return ",".join(named or channels) or None
 
 
 def nonce() -> str:
@@ -187,7 +245,7 @@ def sized_prompt(client: "Client", model: str, tokens: int) -> str:
     prompt = long_prompt(tokens)
     for _ in range(2):
         counted = client.count_tokens(model, prompt)
-        if not counted or abs(counted - tokens) <= max(tokens // 20, 2):
+        if not counted or abs(counted - tokens) <= bench_prompt_slack(tokens):
             return prompt
         words = len(prompt.split()) - 1
         prompt = long_prompt(tokens, words_per_token=max(words, 1) / max(counted - 8, 1))
@@ -227,7 +285,12 @@ class Client:
             raise BenchError(stage, "the bench's deadline passed before it started")
         try:
             with urllib.request.urlopen(request, timeout=left) as answer:
-                events = parse_sse(self._lines(stage, answer))
+                sse = parse_sse(self._lines(stage, answer), stage)
+        except http.client.HTTPException as exc:
+            # IncompleteRead (closed inside a chunk), RemoteDisconnected: not URLErrors, so named here.
+            said = f"{type(exc).__name__}: {exc}"
+            detail = f"the connection broke before the stream ended ({said}): the server or a proxy cut it"
+            raise BenchError(stage, detail) from None
         except urllib.error.HTTPError as exc:
             text = exc.read()[:300].decode(errors="replace")
             if exc.code in (401, 403):
@@ -236,9 +299,12 @@ class Client:
             raise BenchError(stage, f"the server answered {exc.code}: {text}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise BenchError(stage, f"{self.url}: {getattr(exc, 'reason', exc)}") from None
-        figures = stream_figures(started, events)
+        problem = end_problem(sse, int(payload["max_tokens"]))
+        if problem:
+            raise BenchError(stage, problem)
+        figures = stream_figures(started, sse.events)
         if figures.ttft_s is None:
-            raise BenchError(stage, f"the stream carried no token ({len(events)} events)")
+            raise BenchError(stage, f"the stream carried no token ({len(sse.events)} events)")
         return figures
 
     def count_tokens(self, model: str, prompt: str) -> int | None:
@@ -276,6 +342,8 @@ def concurrent(client: Client, model: str, count: int, tokens: int) -> list[Stre
             results[i] = client.stream("concurrent", body(model, f"[{nonce()}] {SHORT_PROMPT}", tokens))
         except BenchError as exc:
             failures.append(exc)
+        except Exception as exc:  # noqa: BLE001 -- a thread's traceback would leave only "did not end"
+            failures.append(BenchError("concurrent", f"{type(exc).__name__}: {exc}"))
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
     for thread in threads:

@@ -33,6 +33,16 @@ STACK_RECORDS = "~/.qwen35/stacks"  # stack_claim: each stack's claim on a node,
 # The readiness probe reads the server's API key from this variable (set by its stdin prelude, never
 # argv); `status` reads the operator's from the same name.
 PROBE_API_KEY_ENV = "QWEN35_API_KEY"
+# The serve bench sizes its prefill prompt to within this share of bench.prompt_tokens (by the
+# server's tokenizer); the config check that the request fits serve.max_model_len counts it too.
+BENCH_PROMPT_SLACK = 0.05
+
+
+def bench_prompt_slack(tokens: int) -> int:
+    """How many tokens over `tokens` the bench's sized prompt may come out (5 %, at least 2)."""
+    return max(int(tokens * BENCH_PROMPT_SLACK), 2)
+
+
 PROBE_PROGRESS_PREFIX = "waiting "  # the probe's stderr lines the gate relays to the operator as they come
 
 # ---- Docker facts ------------------------------------------------------------------------------------

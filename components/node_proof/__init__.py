@@ -10,7 +10,7 @@ the serving containers' devices, GPU request, limits and that node's NCCL settin
    head's fabric address on `fabric.probe_port` (FabricCheck's probes are done by then), check one
    all-reduce and time a sized one (bus bandwidth, as nccl-tests computes it).
 NCCL's INFO lines name the network it used: sockets where HCAs were given is refused under
-`fabric.node_proof: enforce` (fabric_check's `nccl_problems`), as is a bus bandwidth below
+`fabric.node_proof: enforce` (`components/nccl.py`'s `nccl_problems`), as is a bus bandwidth below
 `fabric.min_busbw_gbps`; `report` records them. With the GPU step, a node whose MemAvailable is
 below `min_available_bytes` (the serving containers hold it: an update) gets no container at all:
 the verdict is `skipped`, a warning, never a refusal. The verdict is in the stack output `fabric` and

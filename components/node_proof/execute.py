@@ -13,7 +13,7 @@ from typing import Any
 
 import pulumi
 
-from components.fabric_check.facts import parse_nccl_log
+from components.nccl import parse_nccl_log
 from components.node_programs.health_wire import mem_available
 from components.node_proof.errors import NodeProofError
 from components.node_proof.facts import HOST_KEYS, node_software

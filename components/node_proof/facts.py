@@ -1,5 +1,5 @@
 """What a node's proof printed, parsed into values (pure): its report's findings (the report itself
-is read by provider_kit's `read_report`; NCCL's own INFO lines by fabric_check's `parse_nccl_log`;
+is read by provider_kit's `read_report`; NCCL's own INFO lines by `components/nccl.py`'s `parse_nccl_log`;
 a node's /proc/meminfo by health_wire's `mem_available`)."""
 
 from __future__ import annotations

@@ -3,11 +3,11 @@ verdict on every node's report and NCCL lines (`judged`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.fabric_check.facts import NcclFacts
-from components.fabric_check.plan import nccl_problems
+from components.nccl import NcclFacts, nccl_problems
 from components.node_programs.health_wire import gb1
 from components.node_programs.node_proof import KERNEL_STEPS
 from components.node_proof.facts import (
@@ -64,6 +64,17 @@ NO_GPU_NEXT = (
     "give the containers the GPU: containers.gpu_runtime true and the NVIDIA container toolkit on "
     "the node (`docker run --rm --gpus all IMAGE nvidia-smi` lists it)"
 )
+CPU_TORCH_NEXT = (
+    "an image whose torch is built with CUDA (this one's is a CPU-only build, `+cpu`: it sees no GPU "
+    "however the container is given one); the deployment image's own torch is such a build"
+)
+MISSING_MODULE_NEXT = (
+    "an image whose python3 can import {module}: the deployment image (image.*) with vLLM installed, "
+    "not a bare torch image"
+)
+# Where a GPU step's error says what it is, the next step follows from it, not from the step's name.
+NO_KERNEL = "no kernel image"
+MISSING_MODULE = re.compile(r"No module named '(?P<module>[\w.]+)'")
 
 
 def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -100,12 +111,33 @@ def backend(gpu: bool) -> str:
     return "nccl" if gpu else "gloo"
 
 
-def _step_problem(node: str, step: str, error: str, props: Mapping[str, Any]) -> str:
+def _cpu_only(torch: str | None, error: str) -> bool:
+    """A CPU-only torch: the program says so, or its version does (`2.9.0+cpu`)."""
+    return "CPU-only" in error or (torch or "").endswith("+cpu")
+
+
+def _gpu_step_next(step: str, error: str, torch: str | None) -> str:
+    """The next step for a failed GPU step, from what its error says."""
+    if missing := MISSING_MODULE.search(error):
+        module = missing["module"].split(".")[0]
+        return MISSING_MODULE_NEXT.format(module=module) + f" (the image's python3 cannot import {module})"
+    if _cpu_only(torch, error):
+        return CPU_TORCH_NEXT
+    if step == "gpu":
+        return NO_GPU_NEXT
+    if NO_KERNEL in error:
+        return GPU_NEXT
+    return "check the image against this GPU (`status` shows each node's GPU and torch) and the error above"
+
+
+def _step_problem(
+    node: str, step: str, error: str, props: Mapping[str, Any], torch: str | None = None
+) -> str:
     head = props["nodes"][0]["name"]
     if step == "gpu":
-        return f"{node}: {error}; next: {NO_GPU_NEXT}"
+        return f"{node}: {error}; next: {_gpu_step_next(step, error, torch)}"
     if step in GPU_STEPS:
-        return f"{node}: the GPU step {step} failed: {error}; next: {GPU_NEXT}"
+        return f"{node}: the GPU step {step} failed: {error}; next: {_gpu_step_next(step, error, torch)}"
     if step == "join":
         return (
             f"{node}: could not join the group of {head} at {props['master_addr']}:{int(props['port'])} "
@@ -127,7 +159,7 @@ def node_problems(
     if report.get("error"):
         return [f"{node}: {report['error']}; next: deploy an image with torch and vLLM"], []
     problems = [
-        _step_problem(node, step, error, props)
+        _step_problem(node, step, error, props, report.get("torch"))
         for step, error in failed_steps(report)
         if step not in KERNEL_STEPS  # judged by their figures, below
     ]

@@ -9,8 +9,10 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
+from components.nccl import on_sockets
 from components.provider_kit.change import Change
 from components.provider_kit.inputs import node_problems
+from components.serve_bench.facts import CHUNKS_COUNTED
 
 ENFORCE, REPORT = "enforce", "report"
 # Inputs whose change means "measure again": what is measured (the image on every node, the
@@ -24,6 +26,8 @@ RECORD_KEYS = ("node", "log_container")
 # Not compared at all: `api_key` (a rotated key serves the same speed; the next run reads the new
 # one from its inputs) and `fabric` (FabricCheck's figures, read only to explain a slow figure).
 UPDATE_KEYS = (*MEASURE_KEYS, *JUDGE_KEYS, *RECORD_KEYS)
+# Figures made from the count of generated tokens (a chunk count, without usage, makes them low).
+TOKEN_COUNTED = ("decode_tps", "aggregate_tps")
 # What each floor holds, as (figure, how it is said, unit, a ceiling rather than a floor).
 FLOORS = {
     "min_decode_tps": ("decode_tps", "decode", "tokens/s", False),
@@ -92,7 +96,11 @@ def shortfalls(figures: Mapping[str, Any] | None, floors: Mapping[str, Any] | No
             missed.append(f"{said} was not measured (bench.{key} {float(floor):g} {unit})")
         elif (value > float(floor)) if ceiling else (value < float(floor)):
             where = "above" if ceiling else "below"
-            missed.append(f"{said} {value:g} {unit} is {where} bench.{key} {float(floor):g} {unit}")
+            chunked = figure in TOKEN_COUNTED and (figures or {}).get("counted") == "chunks"
+            missed.append(
+                f"{said} {value:g} {unit} is {where} bench.{key} {float(floor):g} {unit}"
+                + (f" ({CHUNKS_COUNTED})" if chunked else "")
+            )
     return missed
 
 
@@ -127,12 +135,15 @@ def _nccl_cause(nccl_network: str | None) -> str:
             "whether NCCL used RDMA is not known (the server's log has no `NCCL INFO Using network` "
             "line: NCCL_DEBUG=INFO prints it): NCCL on TCP sockets halves decode over two nodes"
         )
-    if "Socket" in nccl_network.split(","):
+    if on_sockets(nccl_network):
         return (
             f"NCCL used network {nccl_network} (TCP sockets, not RDMA), per the server's log: see "
             "docs/fabric.md (the HCAs, /dev/infiniband in the containers, NCCL_IB_HCA)"
         )
-    return f"NCCL used network {nccl_network} (RDMA), per the server's log"
+    if nccl_network == "IB":
+        return "NCCL used network IB (RDMA), per the server's log"
+    # HPC-X's IBext*, UCX, AWS Libfabric: a network plugin, not the TCP fallback (NCCL names that Socket).
+    return f"NCCL used network {nccl_network} (a network plugin, not TCP sockets), per the server's log"
 
 
 def _fabric_causes(fabric: Mapping[str, Any] | None) -> list[str]:

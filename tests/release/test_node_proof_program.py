@@ -54,7 +54,10 @@ def test_the_ranks_form_the_group_and_measure_its_bus_bandwidth(prebuilt, world)
     for rank, (code, report) in enumerate(done):
         assert code == Exit.OK and failed_steps(report) == [], report
         assert report["steps"]["join"]["backend"] == "gloo" and report["rank"] == rank
-        assert report["steps"]["sized_all_reduce"]["busbw_gbs"] > 0
+        sized = report["steps"]["sized_all_reduce"]
+        assert sized["busbw_gbs"] > 0
+        # nccl-tests' bus bandwidth: the algorithm bandwidth times 2(n-1)/n (1 at two ranks, 4/3 at three).
+        assert sized["busbw_gbs"] == pytest.approx(sized["algbw_gbs"] * 2 * (world - 1) / world)
         assert report["torch"].startswith("2.")
 
 

@@ -92,6 +92,19 @@ def test_vllm_s_gpu_lines_give_the_compile_time_and_the_model_s_memory():
 
 
 @pytest.mark.parametrize(
+    "line",
+    [
+        "Model loading took 59.8 GiB memory and 530.123456 seconds",  # gpu_model_runner.py, older
+        "Model loading took 59.8 GiB and 530.123456 seconds",  # newer: no "memory"
+    ],
+)
+def test_both_forms_of_vllm_s_model_loading_line(line):
+    stamped_line = f"2026-12-06T07:00:41.500000000Z (Worker_TP0 pid=3) INFO [gpu_model_runner.py:4100] {line}"
+    record = cold_start.cold_start("2026-12-06T06:51:00Z", [stamped_line])
+    assert record["vllm"] == {"model_memory_gib": 59.8, "model_loading_s": 530.123456}
+
+
+@pytest.mark.parametrize(
     ("text", "expected"),
     [
         ("2026-12-06T06:18:28.154076306Z", 1796537908.154076),

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from components.fabric_check import ENFORCE, REPORT, NcclDevice, nccl_verdict, parse_nccl_log
+from components.fabric_check import REPORT
+from components.nccl import ENFORCE, NcclDevice, nccl_verdict, parse_nccl_log
 
 LOGS = Path(__file__).resolve().parents[1] / "support" / "nccl_logs"
 
@@ -108,7 +109,7 @@ def test_sockets_while_hcas_are_configured_are_refused_under_enforce_naming_node
     verdict = nccl_verdict("spark-2", ENFORCE, nccl, ["rocep1s0f1:1", "roceP2p1s0f1:1"])
     assert verdict.verdict == "fail" and verdict.network == "Socket"
     (problem,) = verdict.problems
-    assert problem.startswith("spark-2: NCCL used network Socket, not IB, although NCCL_IB_HCA is ")
+    assert problem.startswith("spark-2: NCCL used network Socket, not RDMA, although NCCL_IB_HCA is ")
     assert "`NCCL INFO Using network Socket`" in problem and "`NCCL INFO NET/Socket : Using [0]" in problem
     assert verdict.refusal.startswith("NCCL check on spark-2:") and problem in verdict.refusal
     if nccl.ib_disabled:
@@ -158,3 +159,119 @@ def test_a_log_without_the_network_line_cannot_prove_rdma():
     verdict = nccl_verdict("spark-1", ENFORCE, parse_nccl_log("NCCL INFO NCCL_IB_HCA set to x:1"), ["x:1"])
     (problem,) = verdict.problems
     assert "names no network" in problem and "NCCL_DEBUG=INFO" in problem and verdict.refusal
+
+
+# ---- network plugins: only `Socket` is the fallback to TCP ------------------------------------------
+# NGC images load HPC-X's RDMA plugin (`IBext`, `IBext_v6`, `IBext_v8`); others load `UCX` or
+# `AWS Libfabric`. Each is judged by the HCAs its own `NET/IB : Using` line lists, not by its name.
+
+
+def test_hpcx_rdma_plugin_is_parsed_with_its_hcas():
+    nccl = parse_nccl_log(log("hpcx_ibext_plugin.log"))
+    assert nccl.network == "IBext"
+    # `Failed to find ncclNetPlugin_v8 symbol.` is NCCL probing the plugin's API, not a failure.
+    assert not nccl.ib_failed and not nccl.ib_disabled
+    assert nccl.ib_hcas == ("mlx5_0:1", "mlx5_1:1") and nccl.oob == "eth0:10.0.1.2"
+    assert "NCCL INFO Using network IBext" in nccl.lines
+    # One channel line per network is quoted, not one per channel.
+    assert sum("via NET/" in line for line in nccl.lines) == 1
+
+
+def test_hpcx_rdma_plugin_over_the_given_hcas_passes_under_enforce():
+    nccl = parse_nccl_log(log("hpcx_ibext_plugin.log"))
+    verdict = nccl_verdict("gpu-a", ENFORCE, nccl, ["mlx5_0:1", "mlx5_1:1"])
+    assert (verdict.verdict, verdict.problems, verdict.warnings, verdict.refusal) == ("pass", (), (), None)
+    # The HCAs NCCL read from its environment are the default, as for NCCL's own IB.
+    assert nccl_verdict("gpu-a", ENFORCE, nccl).problems == ()
+
+
+def test_a_plugin_that_took_fewer_hcas_than_given_warns_as_ib_does():
+    nccl = parse_nccl_log(log("hpcx_ibext_plugin.log"))
+    verdict = nccl_verdict("gpu-a", ENFORCE, nccl, ["mlx5_0:1", "mlx5_1:1", "mlx5_2:1"])
+    assert verdict.verdict == "pass" and verdict.refusal is None
+    (warning,) = verdict.warnings
+    assert "NCCL took mlx5_0:1, mlx5_1:1" in warning and "mlx5_2:1 left out" in warning
+
+
+def test_ibext_v8_with_merged_devices_lists_each_port():
+    nccl = parse_nccl_log(
+        "h:1:2 [0] NCCL INFO P2P plugin IBext_v8\n"
+        "h:1:2 [0] NCCL INFO NET/IB : Using [0]={[0] mlx5_2:1/RoCE, [1] mlx5_3:1/RoCE} "
+        "[1]={[2] mlx5_0:1/RoCE, [3] mlx5_1:1/RoCE} [RO]; OOB bond0:10.1.1.9<0>\n"
+        "h:1:2 [0] NCCL INFO Using network IBext_v8\n"
+    )
+    assert nccl.network == "IBext_v8"
+    assert nccl.ib_hcas == ("mlx5_2:1", "mlx5_3:1", "mlx5_0:1", "mlx5_1:1")
+    given = ["mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1"]
+    assert nccl_verdict("h", ENFORCE, nccl, given).verdict == "pass"
+
+
+def test_a_log_with_only_channel_lines_names_the_plugin():
+    nccl = parse_nccl_log(
+        "h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB/SHARP [1]mlx5_1:1/RoCE ; OOB eth0:10.0.1.2<0>\n"
+        "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IBext_v6/1\n"
+        "h:1:2 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[0] [send] via NET/IBext_v6/1\n"
+    )
+    assert nccl.network == "IBext_v6"
+    assert nccl_verdict("h", ENFORCE, nccl, ["mlx5_0:1", "mlx5_1:1"]).verdict == "pass"
+
+
+def test_channels_over_sockets_are_the_fallback_too():
+    nccl = parse_nccl_log("h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0\n")
+    assert nccl.network == "Socket"
+    assert nccl_verdict("h", ENFORCE, nccl, ["mlx5_0:1"]).refusal
+
+
+@pytest.mark.parametrize("name", ["UCX", "AWS Libfabric"])
+def test_a_plugin_without_an_ib_device_line_is_not_taken_for_sockets(name):
+    nccl = parse_nccl_log(f"h:1:2 [0] NCCL INFO Using network {name}\n")
+    assert nccl.network == name  # the whole name, spaces and all
+    verdict = nccl_verdict("h", ENFORCE, nccl, ["mlx5_0:1"])
+    assert verdict.verdict == "pass" and verdict.refusal is None
+    (warning,) = verdict.warnings
+    assert f"network plugin {name}" in warning and "NET/IB : Using" in warning
+
+
+def test_a_plugin_that_failed_to_load_is_not_the_internal_ib_failing():
+    nccl = parse_nccl_log("NCCL INFO Failed to initialize NET plugin IBext\nNCCL INFO Using network IB\n")
+    assert not nccl.ib_failed and nccl.network == "IB"
+    assert parse_nccl_log("NCCL INFO Failed to initialize NET plugin IB\n").ib_failed
+
+
+def test_several_communicators_name_every_network_once():
+    said = ("NCCL INFO Using network IB", "NCCL INFO Using network Socket", "NCCL INFO Using network IB")
+    nccl = parse_nccl_log("\n".join(said))
+    assert nccl.network == "IB,Socket"
+    assert nccl.lines == ("NCCL INFO Using network IB", "NCCL INFO Using network Socket")
+    assert nccl_verdict("h", ENFORCE, nccl, ["x:1"]).refusal
+
+
+NETWORK_LINES = [
+    "NCCL INFO Using network IB",
+    "NCCL INFO Using network IBext",
+    "NCCL INFO Using network IBext_v6",
+    "NCCL INFO Using network IBext_v8",
+    "NCCL INFO Using network UCX",
+    "NCCL INFO Using network AWS Libfabric",
+    "NCCL INFO Using network Socket",
+    "NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IBext_v6/1",
+    "NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0",
+    "NCCL INFO NCCL_IB_HCA set to x:1",
+]
+
+
+@pytest.mark.parametrize("line", NETWORK_LINES)
+def test_the_bench_cause_and_the_verdict_agree_on_sockets(line):
+    """The bench reads the serving log's network name; the verdict reads a node's log: one function
+    (`nccl.on_sockets`) decides for both, so they never disagree on what is the TCP fallback."""
+    from components.node_programs.serve_bench import nccl_network
+    from components.serve_bench.plan import likely_causes
+
+    nccl = parse_nccl_log(line)
+    verdict = nccl_verdict("h", ENFORCE, nccl, ["x:1"])
+    network = nccl_network([f"h:1:2 [0] {line}"])
+    assert network == nccl.network
+    (cause,) = [c for c in likely_causes(None, network, ["a", "b"]) if "NCCL" in c]
+    sockets = "Socket" in line
+    assert ("(TCP sockets, not RDMA)" in cause) is sockets
+    assert any("fell back to TCP sockets" in p for p in verdict.problems) is sockets

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from components.config import parse_stack_config
-from components.fabric_check.facts import parse_nccl_log
 from components.layout import node_proof_inputs
+from components.nccl import parse_nccl_log
 from components.node_programs.health_wire import mem_available
 from components.node_proof import (
     NodeProofError,
@@ -162,7 +162,7 @@ def test_nccl_falling_back_to_sockets_is_refused_naming_the_node_and_its_lines()
     outs = judged(p, runs_of(p, reports, text), nccl_of(p, text))
     assert outs["verdict"] == "refused"
     (problem,) = outs["problems"]
-    assert problem.startswith("spark-2: NCCL used network Socket, not IB")
+    assert problem.startswith("spark-2: NCCL used network Socket, not RDMA")
     assert "NET/IB : No device found." in problem and "/dev/infiniband" in problem
     assert outs["results"]["spark-2"]["network"] == "Socket"
     assert judged(props(mode="report"), runs_of(p, reports, text), nccl_of(p, text))["verdict"] == (
@@ -193,6 +193,45 @@ def test_a_gpu_build_without_kernels_for_the_node_names_the_node_and_the_op():
     (problem,) = outs["problems"]
     assert problem.startswith(f"spark-1: the GPU step bf16_matmul failed: {error}; next: an image built")
     assert "sm_121" in problem
+
+
+def one_problem(torch: str = "2.11.0", **steps) -> str:
+    """The one problem of a two-node proof whose first node's report has `steps` (and `torch`)."""
+    p = props()
+    reports = {"spark-1": {**report("spark-1", 0, **steps), "torch": torch}, "spark-2": report("spark-2", 1)}
+    text = {name: log("spark_roce_v2.28.9.log") for name in ("spark-1", "spark-2")}
+    (problem,) = judged(p, runs_of(p, reports, text), nccl_of(p, text))["problems"]
+    return problem
+
+
+def test_an_image_without_vllm_is_told_to_install_it_not_about_kernels():
+    error = "ModuleNotFoundError: No module named 'vllm'"
+    problem = one_problem(vllm_op={"ok": False, "error": error})
+    assert problem.startswith(f"spark-1: the GPU step vllm_op failed: {error}; next: ")
+    assert "no kernel image" not in problem and "sm_121" not in problem
+    assert "cannot import vllm" in problem and "deployment image" in problem
+
+
+def test_a_cpu_only_torch_is_told_to_use_a_cuda_build_not_to_give_the_gpu():
+    error = "RuntimeError: torch 2.9.0+cpu is a CPU-only build (torch.version.cuda is None): it sees no CUDA"
+    problem = one_problem("2.9.0+cpu", gpu={"ok": False, "error": error})
+    assert "give the containers the GPU" not in problem and "gpu_runtime" not in problem
+    assert "torch is built with CUDA" in problem
+    # The version alone says so too (a report from an older program, without the CPU-only line).
+    older = one_problem("2.9.0+cpu", gpu={"ok": False, "error": "RuntimeError: torch sees no CUDA device"})
+    assert "torch is built with CUDA" in older and "gpu_runtime" not in older
+
+
+def test_a_cuda_torch_that_sees_no_device_is_told_to_give_the_gpu():
+    problem = one_problem(gpu={"ok": False, "error": "RuntimeError: torch 2.11.0 sees no CUDA device"})
+    assert "give the containers the GPU" in problem and "torch is built with CUDA" not in problem
+
+
+def test_a_gpu_step_failing_otherwise_gets_no_kernel_image_hint():
+    problem = one_problem(
+        bf16_matmul={"ok": False, "error": "RuntimeError: the BF16 matmul gave non-finite values"}
+    )
+    assert "no kernel image" not in problem and "the GPU step bf16_matmul failed" in problem
 
 
 def test_a_node_that_cannot_join_is_named_with_the_head_address_and_bound():
@@ -435,4 +474,42 @@ def test_a_floor_in_gbits_and_a_floor_for_one_node_are_refused():
     raw["nodes"] = raw["nodes"][:1]
     raw["fabric"] = {**raw.get("fabric", {}), "min_busbw_gbps": 20}
     with pytest.raises(ValueError, match="fabric.min_busbw_gbps: one node forms no group"):
+        parse_stack_config(raw)
+
+
+# ---- the two floors' units: fabric.min_gbps is in Gb/s, fabric.min_busbw_gbps in GB/s ------------------
+# The names stay (stacks carry them); every message that names one says its unit.
+
+
+def refusal_of(**sections) -> str:
+    with pytest.raises(ValueError) as info:
+        config(**sections)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fabric",
+    [
+        {"min_busbw_gbps": 0},
+        {"min_busbw_gbps": -3},
+        {"check": "off", "min_busbw_gbps": 20},
+        {"min_busbw_gbps": 176},
+    ],
+)
+def test_every_refusal_of_the_busbw_floor_says_gigabytes(fabric):
+    message = refusal_of(fabric=fabric)
+    assert "fabric.min_busbw_gbps" in message and "GB/s (gigabytes per second" in message, message
+
+
+@pytest.mark.parametrize("floor", [0, -100])
+def test_every_refusal_of_the_probe_floor_says_gigabits(floor):
+    message = refusal_of(fabric={"min_gbps": floor})
+    assert "fabric.min_gbps" in message and "Gb/s (gigabits per second" in message, message
+
+
+def test_the_one_node_refusal_says_gigabytes():
+    raw = dev_raw()
+    raw["nodes"] = raw["nodes"][:1]
+    raw["fabric"] = {**raw.get("fabric", {}), "min_busbw_gbps": 20}
+    with pytest.raises(ValueError, match=r"fabric.min_busbw_gbps: .*GB/s \(gigabytes per second"):
         parse_stack_config(raw)

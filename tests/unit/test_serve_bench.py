@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -45,8 +46,10 @@ def sse(*payloads: dict | str) -> list[bytes]:
     return lines
 
 
-def token(text: str = "x") -> dict:
-    return {"choices": [{"index": 0, "text": text}]}
+def token(text: str = "x", finish: str | None = None) -> dict:
+    """A completion chunk as vLLM streams one: its last carries the finish_reason (`length` under
+    ignore_eos), every other None."""
+    return {"choices": [{"index": 0, "text": text, "finish_reason": finish}], "usage": None}
 
 
 def usage(prompt: int, completion: int) -> dict:
@@ -91,6 +94,14 @@ def timed(lines: list[bytes], times: list[float]) -> list[tuple[float, bytes]]:
             },
         ),
         (
+            # vLLM sends usage in a chunk of its own after the last token: decode ends at the last token
+            # (as `vllm bench serve` times it), not at the usage chunk a second later.
+            "usage after the last token",
+            [token(), token(), token(), usage(12, 3), "[DONE]"],
+            [1.0, 1.5, 2.0, 3.0, 3.0],
+            {"ttft_s": 1.0, "completion_tokens": 3, "prompt_tokens": 12, "counted": "usage", "decode": 2.0},
+        ),
+        (
             "one token (prefill): no decode figure",
             [token(), usage(2048, 1), "[DONE]"],
             [2.0, 2.0, 2.0],
@@ -117,7 +128,7 @@ def timed(lines: list[bytes], times: list[float]) -> list[tuple[float, bytes]]:
     ],
 )
 def test_stream_figures_from_canned_streams(case, payloads, times, expected):
-    figures = stream_figures(0.0, parse_sse(timed(sse(*payloads), times)))
+    figures = stream_figures(0.0, parse_sse(timed(sse(*payloads), times), "decode").events)
     assert figures.ttft_s == pytest.approx(expected["ttft_s"]), case
     assert figures.completion_tokens == expected["completion_tokens"], case
     assert figures.prompt_tokens == expected["prompt_tokens"], case
@@ -129,7 +140,9 @@ def test_stream_figures_from_canned_streams(case, payloads, times, expected):
 
 
 def test_prefill_is_prompt_tokens_over_the_time_to_first_token():
-    figures = stream_figures(10.0, parse_sse(timed(sse(token(), usage(2000, 1)), [12.5, 12.5])))
+    figures = stream_figures(
+        10.0, parse_sse(timed(sse(token(), usage(2000, 1)), [12.5, 12.5]), "prefill").events
+    )
     assert figures.ttft_s == pytest.approx(2.5)
     assert figures.prefill_tps == pytest.approx(800.0)
 
@@ -141,9 +154,9 @@ def test_prefill_is_prompt_tokens_over_the_time_to_first_token():
         ("data: not json", "not JSON"),
     ],
 )
-def test_an_error_event_or_garbage_fails_the_stream(line, said):
-    with pytest.raises(program.BenchError, match=said):
-        parse_sse([(0.0, line.encode())])
+def test_an_error_event_or_garbage_fails_the_stream_naming_its_stage(line, said):
+    with pytest.raises(program.BenchError, match=f"serve bench: prefill: .*{said}"):
+        parse_sse([(0.0, line.encode())], "prefill")
 
 
 def test_aggregate_is_every_token_over_the_wall_time():
@@ -215,23 +228,48 @@ class Streamer(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b'{"error": "invalid key"}')
             return
+        cut = server.cut(len(server.seen) - 1, body)
+        if cut == "mid-chunk":
+            self.break_mid_chunk()
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         tokens = int(body["max_tokens"])
-        for _ in range(tokens):
-            self.wfile.write(f"data: {json.dumps(token())}\n\n".encode())
+        if isinstance(cut, tuple):  # ("stop", N): ends as vLLM does, but after N tokens (no ignore_eos)
+            tokens = cut[1]
+        sent = cut if isinstance(cut, int) else tokens
+        for i in range(sent):
+            finish = None if isinstance(cut, int) or i < sent - 1 else ("stop" if cut else "length")
+            self.wfile.write(f"data: {json.dumps(token(finish=finish))}\n\n".encode())
             self.wfile.flush()
+        if isinstance(cut, int):  # closed cleanly after `cut` tokens, as a dying server or proxy does
+            return
         prompt = len(str(body["prompt"]).split())
         if body.get("stream_options", {}).get("include_usage"):
             self.wfile.write(f"data: {json.dumps(usage(prompt, tokens))}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
+
+    def break_mid_chunk(self) -> None:
+        """An HTTP/1.1 chunked stream (as uvicorn sends one) whose connection closes inside a chunk."""
+        self.protocol_version = "HTTP/1.1"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        first = f"data: {json.dumps(token())}\n\n".encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(first), first))
+        self.wfile.write(b"64\r\n" + first[:20])  # 100 bytes announced, 20 sent
+        self.wfile.flush()
+        self.close_connection = True
 
 
 @pytest.fixture
 def streamer():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Streamer)
     server.seen, server.counted, server.key = [], [], KEY
+    # (request index, body) -> None: stream in full; N: close cleanly after N tokens; "mid-chunk".
+    server.cut = lambda _index, _body: None
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -290,6 +328,80 @@ def test_a_deadline_passed_fails_the_stage_it_cut(streamer, capsys, monkeypatch)
         program.run(client, MODEL, 64, 100, 2, lambda _line: None)
 
 
+@pytest.mark.parametrize(
+    ("case", "payloads", "asked", "said"),
+    [
+        ("as vLLM ends one", [token(), token(finish="length"), usage(9, 2), "[DONE]"], 2, None),
+        ("no usage: finish_reason length", [token(), token(finish="length"), "[DONE]"], 2, None),
+        ("closed after 5 of 32, no [DONE]", [token()] * 5, 32,
+         "ended after 5 token chunk(s) without `data: [DONE]`"),
+        ("[DONE] but no finish_reason", [token(), usage(9, 1), "[DONE]"], 1, "without a finish_reason"),
+        ("usage short of what was asked", [token(), token(finish="stop"), usage(9, 2), "[DONE]"], 32,
+         "generated 2 of the 32 tokens asked (finish_reason 'stop')"),
+        ("no usage and a stop", [token(), token(finish="stop"), "[DONE]"], 32,
+         "finish_reason 'stop', not 'length'"),
+    ],
+)  # fmt: skip
+def test_a_stream_must_end_as_vllm_ends_one(case, payloads, asked, said):
+    problem = program.end_problem(parse_sse(timed(sse(*payloads), [1.0] * len(payloads)), "decode"), asked)
+    if said is None:
+        assert problem is None, case
+    else:
+        assert problem is not None and said in problem, (case, problem)
+
+
+def run_against(streamer, monkeypatch, cut) -> tuple[int, str, float]:
+    """The program against `streamer` with `cut` deciding each request's stream: exit, stderr, seconds."""
+    monkeypatch.setenv(wire.PROBE_API_KEY_ENV, KEY)
+    streamer.cut = cut
+    argv = bench_argv(props_for(f"http://127.0.0.1:{streamer.server_address[1]}"))
+    env = {**os.environ, wire.PROBE_API_KEY_ENV: KEY}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, *argv[1:]],
+        input=bench_program(KEY),
+        capture_output=True,
+        env=env,
+        cwd="/",
+        timeout=60,
+    )
+    return done.returncode, done.stderr.decode(), time.monotonic() - started
+
+
+def decode_only(value):
+    """A cut for the decode stage alone (the second request)."""
+    return lambda index, _body: value if index == 1 else None
+
+
+def concurrent_only(value):
+    """A cut for one stream of the parallel stage (after warm-up, decode and prefill)."""
+    return lambda index, _body: value if index == 4 else None
+
+
+@pytest.mark.parametrize(
+    ("cut", "said"),
+    [
+        (decode_only(5), "serve bench: decode: the stream ended after 5 token chunk(s) without `data:"),
+        (decode_only(("stop", 5)), "serve bench: decode: the server generated 5 of the 32 tokens asked"),
+        (concurrent_only(5), "serve bench: concurrent: the stream ended after 5 token chunk(s)"),
+    ],
+)  # fmt: skip
+def test_a_stream_cut_short_fails_its_stage_with_no_figures(streamer, monkeypatch, cut, said):
+    code, err, _ = run_against(streamer, monkeypatch, cut)
+    assert code == program.Exit.FAILED and said in err, err
+
+
+@pytest.mark.parametrize(
+    ("cut", "stage"), [(decode_only("mid-chunk"), "decode"), (concurrent_only("mid-chunk"), "concurrent")]
+)
+def test_a_disconnect_inside_a_chunk_names_the_stage_and_the_cause(streamer, monkeypatch, cut, stage):
+    code, err, seconds = run_against(streamer, monkeypatch, cut)
+    assert code == program.Exit.FAILED and "Traceback" not in err, err
+    assert f"serve bench: {stage}: the connection broke before the stream ended (IncompleteRead" in err, err
+    # Reported at once, not as a stream that "did not end by the bench's deadline" (30 s).
+    assert "deadline" not in err and seconds < 20
+
+
 def test_nothing_listening_fails_naming_the_stage(capsys, monkeypatch):
     monkeypatch.setenv(wire.PROBE_API_KEY_ENV, KEY)
     assert program.main(bench_argv(props_for("http://127.0.0.1:9"))[2:]) == program.Exit.FAILED
@@ -336,6 +448,20 @@ FIGURES = {
 )
 def test_floor_verdicts(floors, missed):
     assert shortfalls(FIGURES, floors) == missed
+
+
+def test_a_floor_missed_by_tokens_counted_from_chunks_says_so():
+    """Without usage the program counts chunks; under MTP a chunk carries several tokens, so the
+    figure is low by that factor: the message says which count was used."""
+    chunked = {**FIGURES, "counted": "chunks"}
+    (decode,) = shortfalls(chunked, {"min_decode_tps": 18})
+    assert decode.startswith("decode 12.5 tokens/s is below bench.min_decode_tps 18 tokens/s")
+    assert "counted from chunks" in decode and "MTP" in decode
+    # TTFT and prefill do not depend on the count of generated tokens.
+    assert shortfalls(chunked, {"max_ttft_s": 0.5}) == [
+        "time to first token 0.8 s is above bench.max_ttft_s 0.5 s"
+    ]
+    assert "chunks" not in shortfalls({**FIGURES, "counted": "usage"}, {"min_decode_tps": 18})[0]
 
 
 def test_a_figure_not_measured_misses_its_floor():
@@ -393,6 +519,10 @@ def test_figures_line():
         "decode 12.5 tok/s (TTFT 0.80 s), prefill 900 tok/s (2048 tokens), 4 streams 40.0 tok/s"
     )
     assert figures_line(None) == "not measured"
+    assert figures_line({**FIGURES, "counted": "usage"}) == figures_line(FIGURES)
+    assert figures_line({**FIGURES, "counted": "chunks"}) == figures_line(FIGURES) + (
+        "; tokens counted from chunks, not the server's usage (low under MTP)"
+    )
 
 
 # ---- what makes it measure again -------------------------------------------------------------------------

@@ -57,7 +57,9 @@ def test_a_spark_stack_reports_by_default_with_bounded_counts():
         ({"max_ttft_s": -1}, ["bench.max_ttft_s:"]),
         ({"mode": "always"}, ["bench.mode:"]),
         # The dev stack's serve.max_model_len is 32768.
-        ({"prompt_tokens": 40000}, ["bench.prompt_tokens: a bench request of about 40008 tokens exceeds"]),
+        ({"prompt_tokens": 40000}, ["bench.prompt_tokens: a bench request of about 42008 tokens exceeds"]),
+        # Within max_model_len by 8, but not with the sized prompt's 5 % slack (1638 tokens).
+        ({"prompt_tokens": 32760}, ["bench.prompt_tokens: a bench request of about 34406 tokens exceeds"]),
     ],
 )
 def test_bad_bench_sections_are_refused_naming_the_key(bench, expected):
