@@ -47,6 +47,7 @@ SHAPES = {
     "image_build": NODE_RESOURCE_FILES,
     "stack_claim": NODE_RESOURCE_FILES,
     "serve_bench": NODE_RESOURCE_FILES,
+    "answer_check": NODE_RESOURCE_FILES,
     "health_secret": ("plan.py", "execute.py", "provider.py", "resource.py", "errors.py"),
 }
 
