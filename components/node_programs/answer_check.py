@@ -37,12 +37,11 @@ import math
 import os
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from enum import IntEnum
 
-from components.node_programs.wire import PROBE_API_KEY_ENV
+from components.node_programs.wire import PROBE_API_KEY_ENV, http_failure
 
 ANSWERS_PROGRESS_PREFIX = "answers "  # the stderr lines AnswerCheck relays to the operator
 TOKEN_ID_PREFIX = "token_id:"  # how vLLM names a token under return_tokens_as_token_ids
@@ -88,14 +87,9 @@ class Client:
         try:
             with urllib.request.urlopen(request, timeout=min(left, self.request_s)) as answer:
                 raw = answer.read(ANSWER_LIMIT + 1)
-        except urllib.error.HTTPError as exc:
-            text = exc.read()[:300].decode(errors="replace")
-            if exc.code in (401, 403):
-                detail = f"the server answered {exc.code}: the API key does not match the server's"
-                raise AnswerError(where, detail, rejected=True) from None
-            raise AnswerError(where, f"{url} answered {exc.code}: {text}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise AnswerError(where, f"{url}: {getattr(exc, 'reason', exc)}") from None
+        except OSError as exc:  # urllib's URLError and HTTPError among them
+            detail, rejected = http_failure(exc, url)
+            raise AnswerError(where, detail, rejected=rejected) from None
         if len(raw) > ANSWER_LIMIT:
             raise AnswerError(where, f"{url} answered over {ANSWER_LIMIT} bytes")
         try:

@@ -5,10 +5,12 @@ fails (a wrong key, a deadline, an answer in another shape)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import urllib.error
 
 import pytest
 
@@ -189,3 +191,26 @@ def test_an_infinite_logprob_is_recorded_finite():
     entry = {"7": {"logprob": float("-inf"), "rank": 900}, "8": {"logprob": -0.1, "rank": 1}}
     assert program.prompt_token_logprob(entry, 7) == program.FLOOR_LOGPROB
     assert program.ranked(entry, 5) == [[8, -0.1], [7, program.FLOOR_LOGPROB]]
+
+
+@pytest.mark.parametrize(
+    ("error", "said", "rejected"),
+    [
+        (urllib.error.HTTPError("u", 401, "no", {}, io.BytesIO(b"")), "the API key does not match", True),
+        (urllib.error.HTTPError("u", 403, "no", {}, io.BytesIO(b"")), "answered 403: the API key", True),
+        (
+            urllib.error.HTTPError("u", 500, "x", {}, io.BytesIO(b"engine dead")),
+            "answered 500: engine dead",
+            False,
+        ),
+        (
+            urllib.error.URLError(ConnectionRefusedError(111, "refused")),
+            "http://h:1: [Errno 111] refused",
+            False,
+        ),
+        (TimeoutError("timed out"), "http://h:1: timed out", False),
+    ],
+)
+def test_one_reading_of_a_failed_request_for_the_bench_and_the_check(error, said, rejected):
+    detail, refused = wire.http_failure(error, "http://h:1")
+    assert said in detail and refused is rejected
