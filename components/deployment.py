@@ -6,8 +6,9 @@ reference; none under `fabric.check: off`) → the image on the head (strategy `
 there, nothing built; `hybrid` or `graft`: BuiltImage builds it) → NodeImage per node →
 model-support check on the head, and the node proof on every node (after every NodeImage and
 FabricCheck; none under `fabric.node_proof: off`) → Ray head → Ray workers → vLLM server on the
-head → readiness gate (every container after every node's FabricCheck and the node proof) → serve
-bench on the head (none under `bench.mode: off`) and health (none under `health.mode: off`): the
+head → readiness gate (every container after every node's FabricCheck and the node proof) → answer
+check on the head (none under `answers.mode: off`) → serve bench on the head (none under
+`bench.mode: off`) and health (none under `health.mode: off`): the
 watchdog's state volume on the head, an agent on every worker, then the watchdog on the head. Under
 `cluster.executor: mp` no Ray runs: the headless vLLM ranks (one per worker) → the serving rank on
 the head → readiness gate (see components/mp_executor.py). Every container runs the `sha256:` image
@@ -25,8 +26,10 @@ from typing import Any
 import pulumi
 import pulumi_docker as docker
 
+from components.answer_check import AnswerCheck
 from components.checkpoint import Checkpoint, checkpoint_tree
 from components.config import (
+    AnswersMode,
     BenchMode,
     Executor,
     FabricCheckMode,
@@ -53,10 +56,12 @@ from components.health.containers import (
 from components.health_secret import HealthSecret
 from components.image_build.component import BuiltImage, BuiltImageArgs, image_ref
 from components.layout import (
+    ANSWER_CHECK_OUTPUTS,
     FABRIC_OUTPUTS,
     MODEL_SUPPORT_OUTPUTS,
     NODE_PROOF_OUTPUTS,
     SERVE_BENCH_OUTPUTS,
+    answer_check_inputs,
     cluster_proof,
     fabric_check_inputs,
     health_output,
@@ -224,6 +229,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
             self.ray_tmp, self.ray_containers = self._ray_cluster(name, secrets)
             self.server = self._vllm_server(name, secrets)
         self.ready = self._readiness_gate(name, args.api_key)
+        self.answers: AnswerCheck | None = self._answer_check(name, args.api_key)
         self.bench: ServeBench | None = self._serve_bench(name, args.api_key)
         self.health_volume: docker.Volume | None = None
         self.health_agents: dict[str, docker.Container] = {}
@@ -558,6 +564,53 @@ class Qwen35Deployment(pulumi.ComponentResource):
             ),
         )
 
+    def _answer_check(self, name: str, api_key: pulumi.Output[str] | None) -> AnswerCheck | None:
+        """After the gate, on the head: the served answers recorded and judged (none under
+        `answers.mode: off`). It checks again when every node's image ID, the server's argv, the node
+        set, the fabric NCCL is given, the prompt set, the reference or the settings change."""
+        cfg, head = self.config, self.config.head
+        if cfg.answers.mode is AnswersMode.OFF:
+            return None
+        return AnswerCheck(
+            f"{name}-answers",
+            node=self.access[head.name].node_dict(),
+            url=local_url(cfg.serve),
+            model=cfg.serve.model_name,
+            **answer_check_inputs(cfg),
+            image_ids={n.name: self._image_id(n.name) for n in cfg.nodes},
+            server_argv=server_argv(cfg, self._served_revision()),
+            nodes=[n.name for n in cfg.nodes],
+            fabric=self._nccl_fabric(),
+            api_key=api_key,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.ready]),
+        )
+
+    def _nccl_fabric(self) -> dict[str, Any]:
+        """Per node, the HCAs and GID index NCCL is given (FabricCheck's, else config's): a change is
+        a change to how the ranks compute together. Not the probes' figures, which move every run."""
+        fabric = {}
+        for node in self.config.nodes:
+            check = self.fabric_checks.get(node.name)
+            if check is None:
+                configured = configured_fabric(self.config, node)
+                fabric[node.name] = {"ib_hca": list(configured.ib_hca), "gid_index": configured.gid_index}
+            else:
+                fabric[node.name] = {"ib_hca": check.ib_hca, "gid_index": check.gid_index}
+        return fabric
+
+    def _answers_output(self) -> dict[str, Any]:
+        """The stack output `answers`: the mode, the settings, the prompt set and the reference's
+        path, and what the last run recorded (receipts, verdict, problems, what it judged against)."""
+        answers = self.config.answers
+        if self.answers is None:
+            return {"mode": answers.mode.value}
+        return {
+            "mode": answers.mode.value,
+            "settings": answers.settings(),
+            "reference": answers.reference,
+            **{key: getattr(self.answers, key) for key in ANSWER_CHECK_OUTPUTS},
+        }
+
     def _serve_bench(self, name: str, api_key: pulumi.Output[str] | None) -> ServeBench | None:
         """After the gate, on the head: the served speed measured (none under `bench.mode: off`). It
         measures again when a node's image ID or NCCL settings, the server's argv, the node set or the
@@ -580,7 +633,11 @@ class Qwen35Deployment(pulumi.ComponentResource):
             api_key=api_key,
             fabric=self._fabric_outputs(),
             nccl_env={n.name: self._nccl_env(n) for n in cfg.nodes},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.ready]),
+            # After the answer check: the bench's streams would share the server's batches with the
+            # check's requests, and a batch changes logprobs by a little.
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self.ready, *([self.answers] if self.answers else [])]
+            ),
         )
 
     def _bench_output(self) -> dict[str, Any]:
@@ -688,6 +745,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
             "cold_start": self.ready.report.apply(lambda report: (report or {}).get("cold_start")),
             # The served speed as the last `up` measured it (ServeBench; `status` shows it).
             "serve_bench": self._bench_output(),
+            # The served answers as the last `up` recorded and judged them (AnswerCheck; `status` shows it).
+            "answers": self._answers_output(),
             # How many replaced images each node keeps for a rollback (image.keep_previous).
             "keep_previous": cfg.image.keep_previous,
             "head": cfg.head.name,

@@ -6,9 +6,13 @@ here, so `status` reads the same layout as the graph (`components/deployment.py`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from components.config import Executor, HealthMode, NodeConfig, StackConfig
+from components.answer_check.prompts import VERSION as ANSWERS_VERSION
+from components.answer_check.prompts import set_digest
+from components.answer_check.reference import read_reference
+from components.config import PROJECT_DIR, ConfigError, Executor, HealthMode, NodeConfig, StackConfig
 from components.containers import CAPABILITIES, ulimits
 from components.health.containers import (
     agent_container_name,
@@ -43,6 +47,22 @@ SERVE_BENCH_OUTPUTS = (
     "causes",
     "nccl_network",
     "measured_at",
+    "elapsed_s",
+    "error",
+)
+
+# AnswerCheck's outputs that the stack exports (`answers`): all but the last accepted receipts it
+# carries for its next run.
+ANSWER_CHECK_OUTPUTS = (
+    "verdict",
+    "problems",
+    "judged_against",
+    "known_answers",
+    "findings",
+    "notes",
+    "receipts",
+    "version",
+    "checked_at",
     "elapsed_s",
     "error",
 )
@@ -231,4 +251,22 @@ def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
         "speculative_tokens": serve.speculative.num_speculative_tokens if serve.speculative else 0,
         "speculative_method": serve.speculative.method if serve.speculative else None,
         "language_model_only": serve.language_model_only,
+    }
+
+
+def answer_check_inputs(cfg: StackConfig, project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
+    """AnswerCheck's inputs from config alone: the mode, the settings, the prompt set's version and
+    digest, and the reference's content (`answers.reference`, read now: a ConfigError naming the key
+    when it cannot be used)."""
+    answers = cfg.answers
+    reference = None
+    if answers.reference is not None:
+        reference, problems = read_reference(answers.reference, project_dir)
+        if problems:
+            raise ConfigError([f"answers.reference: {p}" for p in problems])
+    return {
+        "mode": answers.mode.value,
+        "settings": answers.settings(),
+        "prompt_set": {"version": ANSWERS_VERSION, "digest": set_digest(answers.long_prompt_tokens)},
+        "reference": reference,
     }

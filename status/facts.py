@@ -21,6 +21,7 @@ import yaml
 from components.checkpoint.fan_out import node_cache_dir
 from components.config import (
     NAMESPACE,
+    AnswersMode,
     BenchMode,
     ConfigError,
     Executor,
@@ -311,6 +312,14 @@ def stack_bench(
     return stack_output("serve_bench", stack, cwd, which, env)
 
 
+def stack_answers(
+    stack: str, cwd: Path = ROOT, which: Callable[[str], str | None] = shutil.which
+) -> dict[str, Any]:
+    """The stack output `answers` ({"output": …}: the receipts and verdict the last `up` recorded), or
+    {"error": why}. `status` sends no prompt of its own: the check is `up`'s, when what it judges changed."""
+    return stack_output("answers", stack, cwd, which)
+
+
 def stack_cold_start(
     stack: str,
     cwd: Path = ROOT,
@@ -327,7 +336,8 @@ def gather(
 ) -> dict[str, Any]:
     """Every node's report and the server's answers, all at once (a dead node costs its connect timeout);
     with `stack` given, the stack outputs `fabric` (FabricCheck on: the last probe's figures) and
-    `serve_bench` (the bench on: the last `up`'s figures) and `cold_start` (the gate's last start)."""
+    `serve_bench` (the bench on: the last `up`'s figures), `answers` (the answer check on: the last
+    `up`'s verdict) and `cold_start` (the gate's last start)."""
     requests = node_requests(config)
     access = node_access(config)
     # Every job at once: the server, each node's ask and fabric read, the stack output.
@@ -358,6 +368,8 @@ def gather(
         recorded = pool.submit(stack_fabric, stack) if (fabric or proof_on) and stack else None
         bench_on = config.bench.mode is not BenchMode.OFF
         bench = pool.submit(stack_bench, stack) if bench_on and stack else None
+        answers_on = config.answers.mode is not AnswersMode.OFF
+        answers = pool.submit(stack_answers, stack) if answers_on and stack else None
         started = pool.submit(stack_cold_start, stack) if stack else None
         nodes = {name: future.result() for name, future in asked.items()}
         for name, future in fabric.items():
@@ -368,6 +380,8 @@ def gather(
             gathered["fabric_output"] = recorded.result()
         if bench is not None:
             gathered["bench_output"] = bench.result()
+        if answers is not None:
+            gathered["answers_output"] = answers.result()
         if started is not None:
             gathered["cold_start_output"] = started.result()
         return gathered

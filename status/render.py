@@ -57,9 +57,10 @@ def text(verdict: Verdict, stack: str) -> str:
             [(name, *(cells.get(c, "-") for c in columns)) for name, cells in verdict.nodes.items()],
         )
     )
-    # The bench row only where the bench is on (its figures are the last `up`'s, from the stack output);
-    # the cold start's where the stack's outputs were read.
-    rows = [*CLUSTER_ROWS, *(k for k in ("node proof", "bench", "cold start") if k in verdict.cluster)]
+    # The answers and bench rows only where each is on (the last `up`'s, from the stack outputs); the
+    # cold start's where the stack's outputs were read.
+    optional_rows = ("node proof", "answers", "bench", "cold start")
+    rows = [*CLUSTER_ROWS, *(k for k in optional_rows if k in verdict.cluster)]
     parts.append(table(("cluster", "state"), [(k, verdict.cluster.get(k, "-")) for k in rows]))
     if verdict.retention:
         kept = verdict.retention.get("previous") or {}

@@ -11,7 +11,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from components.answer_check import summary_line as answers_summary
 from components.config import (
+    AnswersMode,
     BenchMode,
     Executor,
     FabricCheckMode,
@@ -109,6 +111,9 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
     verdict.problems += _watchdog(config, verdict.cluster, head_report)
+    if config.answers.mode is not AnswersMode.OFF:
+        verdict.cluster["answers"], refused = answers_line(config, facts.get("answers_output") or {})
+        verdict.warnings += refused
     if config.bench.mode is not BenchMode.OFF:
         verdict.cluster["bench"], slow = bench_line(config, facts.get("bench_output") or {})
         verdict.warnings += slow
@@ -822,6 +827,29 @@ def bench_line(config: StackConfig, recorded: dict[str, Any]) -> tuple[str, list
         line += "; bench settings changed since: the next `up` measures again"
     missed = shortfalls(figures, config.bench.floors())
     return line, [Problem("cluster", f"serve bench: {m}", BENCH_NEXT) for m in missed]
+
+
+ANSWERS_NEXT = (
+    "see docs/answers.md (every finding is in the stack output `answers`); `pulumi up` checks again "
+    "once the image, the serving flags, the nodes, the fabric or an answers key change"
+)
+
+
+def answers_line(config: StackConfig, recorded: dict[str, Any]) -> tuple[str, list[Problem]]:
+    """The `answers` row: the verdict the last `pulumi up` recorded (the stack output `answers`;
+    `status` sends no prompt of its own), and a warning per problem it recorded."""
+    output = recorded.get("output")
+    if recorded.get("error") or not isinstance(output, dict):
+        return f"last verdict unknown ({_first_line(recorded.get('error') or 'not asked')})", []
+    if output.get("mode") == "off" or "verdict" not in output:
+        return "no answers recorded (the last `pulumi up` ran with answers.mode off)", []
+    line = (
+        f"{answers_summary(output)} (checked by `pulumi up` {_when(output.get('checked_at'), None)}, not now)"
+    )
+    if output.get("settings") not in (None, config.answers.settings()):
+        line += "; answers settings changed since: the next `up` checks again"
+    problems = [p for p in output.get("problems") or [] if output.get("verdict") == "fail"]
+    return line, [Problem("cluster", f"answer check: {p}", ANSWERS_NEXT) for p in problems]
 
 
 def _ray(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]:

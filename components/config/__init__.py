@@ -6,11 +6,13 @@ Stack config (Pulumi.<stack>.yaml) → frozen pydantic models → components. Co
 
 - `fields`: the base model, field types, name patterns and one-field checks the sections share;
 - `nodes` (`nodes`, `ssh`), `image` (`image`, `copy`), `serve`, `checkpoint` (`model`),
-  `cluster` (`fabric`, `ray`, `cluster`, `containers`), `health`, `bench`: the section models;
+  `cluster` (`fabric`, `ray`, `cluster`, `containers`), `health`, `bench`, `answers`: the section
+  models;
 - `stack`: StackConfig and the checks across sections;
 - `loading`: reading Pulumi's config, and pydantic's errors as the operator's messages.
 """
 
+from components.config.answers import AnswersConfig, AnswersMode
 from components.config.bench import BenchConfig, BenchMode
 from components.config.checkpoint import ModelConfig
 from components.config.cluster import (
@@ -55,6 +57,8 @@ __all__ = [
     "PROJECT_DIR",
     "RAY_CLIENT_SERVER_PORT",
     "RAY_DASHBOARD_AGENT_LISTEN_PORT",
+    "AnswersConfig",
+    "AnswersMode",
     "BenchConfig",
     "BenchMode",
     "ClusterConfig",

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from components.config.answers import AnswersConfig
 from components.config.bench import BenchConfig
 from components.config.checkpoint import ModelConfig
 from components.config.cluster import ClusterConfig, ContainerConfig, FabricConfig, RayConfig
@@ -51,6 +52,7 @@ SECTIONS: dict[str, type[BaseModel] | None] = {
     "model": ModelConfig,
     "health": HealthConfig,
     "bench": BenchConfig,
+    "answers": AnswersConfig,
 }
 SECRET_KEYS = ("hf_token", "api_key")
 

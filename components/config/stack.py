@@ -8,6 +8,7 @@ import difflib
 
 from pydantic import Field, model_validator
 
+from components.config.answers import AnswersConfig, AnswersMode
 from components.config.bench import BenchConfig, BenchMode
 from components.config.checkpoint import HUB_REPO, ModelConfig
 from components.config.cluster import (
@@ -50,6 +51,7 @@ class StackConfig(_Model):
     model: ModelConfig = ModelConfig()
     health: HealthConfig = HealthConfig()
     bench: BenchConfig = BenchConfig()
+    answers: AnswersConfig = AnswersConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> StackConfig:
@@ -107,6 +109,7 @@ class StackConfig(_Model):
         problems += self._cpu_problems()
         problems += self._health_problems()
         problems += self._bench_problems()
+        problems += self._answers_problems()
         if problems:
             raise _CrossFieldErrors(problems)
         return self
@@ -177,6 +180,23 @@ class StackConfig(_Model):
             )
             for key, tokens in requests.items()
             if tokens > limit
+        ]
+
+    def _answers_problems(self) -> list[tuple[str, str]]:
+        """The answer check's longest request (the long prompt, its generation and the chat
+        template's few tokens) fits `serve.max_model_len`, when that is set."""
+        answers, limit = self.answers, self.serve.max_model_len
+        if answers.mode is AnswersMode.OFF or limit is None:
+            return []
+        tokens = answers.long_prompt_tokens + answers.max_tokens + 64
+        if tokens <= limit:
+            return []
+        return [
+            (
+                "answers.long_prompt_tokens",
+                f"the long prompt and its generation, about {tokens} tokens, exceed serve.max_model_len "
+                f"{limit}: lower it",
+            )
         ]
 
     def _mp_problems(self) -> list[tuple[str, str]]:

@@ -33,13 +33,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
-from components.node_programs.wire import PROBE_API_KEY_ENV, bench_prompt_slack
+from components.node_programs.wire import PROBE_API_KEY_ENV, bench_prompt_slack, http_failure
 
 BENCH_PROGRESS_PREFIX = "bench "  # the stderr lines ServeBench relays to the operator
 SHORT_PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -291,14 +290,9 @@ class Client:
             said = f"{type(exc).__name__}: {exc}"
             detail = f"the connection broke before the stream ended ({said}): the server or a proxy cut it"
             raise BenchError(stage, detail) from None
-        except urllib.error.HTTPError as exc:
-            text = exc.read()[:300].decode(errors="replace")
-            if exc.code in (401, 403):
-                detail = f"the server answered {exc.code}: the API key does not match the server's"
-                raise BenchError(stage, detail, rejected=True) from None
-            raise BenchError(stage, f"the server answered {exc.code}: {text}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise BenchError(stage, f"{self.url}: {getattr(exc, 'reason', exc)}") from None
+        except OSError as exc:  # urllib's URLError and HTTPError among them
+            detail, rejected = http_failure(exc, self.url)
+            raise BenchError(stage, detail, rejected=rejected) from None
         problem = end_problem(sse, int(payload["max_tokens"]))
         if problem:
             raise BenchError(stage, problem)

@@ -45,6 +45,19 @@ def bench_prompt_slack(tokens: int) -> int:
 
 PROBE_PROGRESS_PREFIX = "waiting "  # the probe's stderr lines the gate relays to the operator as they come
 
+
+def http_failure(exc: OSError, url: str) -> tuple[str, bool]:
+    """Why a request to the server failed, said for people, and whether the server refused the API
+    key (401, 403): the bench's and the answer check's one reading of urllib's errors."""
+    import urllib.error
+
+    if isinstance(exc, urllib.error.HTTPError):
+        if exc.code in (401, 403):
+            return f"the server answered {exc.code}: the API key does not match the server's", True
+        return f"the server answered {exc.code}: {exc.read()[:300].decode(errors='replace')}", False
+    return f"{url}: {getattr(exc, 'reason', exc)}", False
+
+
 # ---- Docker facts ------------------------------------------------------------------------------------
 
 # The lines `docker … --format` prints for these formats are the lines `engine_api` builds from the API's

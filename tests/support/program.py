@@ -130,6 +130,7 @@ IMAGE_BUILD = "pulumi-python:dynamic/qwen35:ImageBuild"
 
 
 FABRIC_CHECK = "pulumi-python:dynamic/qwen35:FabricCheck"
+ANSWER_CHECK = "pulumi-python:dynamic/qwen35:AnswerCheck"
 HEALTH_SECRET = "pulumi-python:dynamic/qwen35:HealthSecret"
 FAKE_HEALTH_SECRET = "5ec7e7" + "0123456789abcdef" * 3 + "0a1b2c3d4e"
 
@@ -150,6 +151,35 @@ def fake_fabric(inputs: dict[str, Any]) -> dict[str, Any]:
         "paths": {"enp1s0f0np0": 9000},
         "verdict": "pass",
         "problems": [],
+    }
+
+
+def fake_answers(inputs: dict[str, Any]) -> dict[str, Any]:
+    """What a passing AnswerCheck reports (the provider itself is tested in test_answer_check.py): one
+    receipt, judged against the reference where one is given and its own generation."""
+    receipt = {
+        "id": "capital-france",
+        "prompt_tokens": 6,
+        "prompt_digest": "0" * 16,
+        "prompt_nll": 2.31,
+        "generated": [12366, 13],
+        "generated_logprobs": [-0.02, -0.4],
+        "text": " Paris.",
+        "scored": [],
+    }
+    return {
+        "receipts": [receipt],
+        "verdict": "pass",
+        "problems": [],
+        "findings": [],
+        "judged_against": ["reference", "self"] if inputs.get("reference") else ["self"],
+        "known_answers": {"correct": 5, "of": 5, "min_correct": None, "answers": {}},
+        "accepted": None,
+        "notes": [],
+        "version": (inputs.get("prompt_set") or {}).get("version"),
+        "checked_at": 1_800_000_000,
+        "elapsed_s": 4.2,
+        "error": None,
     }
 
 
@@ -198,6 +228,8 @@ def default_fake_outputs(args: pulumi.runtime.MockResourceArgs) -> dict[str, Any
         }
     if args.typ == FABRIC_CHECK:
         return fake_fabric(args.inputs)
+    if args.typ == ANSWER_CHECK:
+        return fake_answers(args.inputs)
     if args.typ == HEALTH_SECRET:
         # What create draws (a real one is random); tests look for this value where it must not be.
         return {"secret": FAKE_HEALTH_SECRET}

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 import pulumi
 import pytest
 
-from tests.support.program import FAKE_HEALTH_SECRET, ProgramRun, mp_stack_config, run_program, stack_config
+from tests.support.program import (
+    ANSWER_CHECK,
+    FAKE_HEALTH_SECRET,
+    ProgramRun,
+    mp_stack_config,
+    run_program,
+    stack_config,
+)
 
 CONTAINER = "docker:index/container:Container"
 NODE_IMAGE = "pulumi-python:dynamic/qwen35:NodeImage"
@@ -142,6 +149,7 @@ DEV_RESOURCES = {
     (CONTAINER, "qwen35-ray-worker-spark-2"),
     (CONTAINER, "qwen35-vllm"),
     (GATE, "qwen35-ready"),
+    (ANSWER_CHECK, "qwen35-answers"),
     (BENCH, "qwen35-bench"),
     (CLAIM, "qwen35-claim-spark-1"),
     (CLAIM, "qwen35-claim-spark-2"),

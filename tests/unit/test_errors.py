@@ -122,12 +122,14 @@ def test_outside_the_provider_process_errors_propagate_untouched():
 def test_every_dynamic_provider_explains_its_errors():
     import pulumi.dynamic as dynamic
 
+    import components.answer_check
     import components.checkpoint
     import components.fabric_check
     import components.health_secret
     import components.image_build
     import components.model_support
     import components.node_image
+    import components.node_proof
     import components.readiness_gate
     import components.serve_bench
     import components.stack_claim  # noqa: F401  (each registers its provider class)
@@ -140,6 +142,7 @@ def test_every_dynamic_provider_explains_its_errors():
     found = providers(dynamic.ResourceProvider)
     ours = {p.__name__: p for p in found if p.__module__.startswith("components")}
     assert set(ours) == {
+        "AnswerCheckProvider",
         "CheckpointProvider",
         "ImageBuildProvider",
         "FabricCheckProvider",
