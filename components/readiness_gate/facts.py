@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from components.fabric_check.facts import NcclFacts, parse_nccl_log
+from components.nccl import NcclFacts, parse_nccl_log
 from components.provider_kit.reports import require_report
 from components.remote import Result
 

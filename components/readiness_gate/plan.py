@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.fabric_check.plan import ENFORCE, nccl_problems
+from components.nccl import ENFORCE, nccl_problems
 from components.provider_kit.change import Change
 from components.provider_kit.inputs import node_problems
 from components.readiness_gate.facts import ServingTransport
