@@ -48,7 +48,7 @@ def answer_spec(props: Mapping[str, Any], forced: Mapping[str, Sequence[Sequence
     prompts = []
     for prompt in prompt_set(int(props["settings"]["long_prompt_tokens"])):
         given = reference.get(prompt["id"]) or {}
-        entry = {key: prompt[key] for key in ("id", "text", "messages") if key in prompt}
+        entry = {key: prompt[key] for key in ("id", "text", "messages", "limit") if key in prompt}
         if given.get("prompt_ids"):
             entry["prompt_ids"] = [int(t) for t in given["prompt_ids"]]
         entry["force"] = [[int(t) for t in tokens] for tokens in forced.get(prompt["id"]) or []]

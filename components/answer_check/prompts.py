@@ -73,7 +73,9 @@ def prompt_set(long_prompt_tokens: int) -> list[dict[str, Any]]:
     return [
         *(dict(p) for p in SHORT),
         *(dict(p) for p in CHAT),
-        {"id": LONG_ID, "text": long_text(long_prompt_tokens)},
+        # `limit`: the server's token ids are cut there, whatever a word takes (a byte-level tokenizer,
+        # as the lab's, spends about six tokens a word).
+        {"id": LONG_ID, "text": long_text(long_prompt_tokens), "limit": long_prompt_tokens},
     ]
 
 

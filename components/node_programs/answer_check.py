@@ -239,7 +239,8 @@ def tokenized(client: Client, model: str, prompt: dict) -> list[int]:
         raise AnswerError(
             f"prompt {prompt['id']}: tokenize", f"no token ids in the answer: {str(answer)[:200]}"
         )
-    return tokens
+    # The long prompt is sized in tokens (its text in words): cut where the set says.
+    return tokens[: int(prompt["limit"])] if prompt.get("limit") else tokens
 
 
 def receipt(client: Client, model: str, prompt: dict, max_tokens: int, top: int) -> dict:

@@ -214,3 +214,14 @@ def test_an_infinite_logprob_is_recorded_finite():
 def test_one_reading_of_a_failed_request_for_the_bench_and_the_check(error, said, rejected):
     detail, refused = wire.http_failure(error, "http://h:1")
     assert said in detail and refused is rejected
+
+
+def test_the_long_prompt_is_cut_to_its_size_in_tokens_whatever_a_word_takes(server):
+    # The stand-in's tokenizer spends a token a word; a byte-level one (the lab's) about six: the
+    # long prompt is sized in tokens, so the server's ids are cut at `long_prompt_tokens`.
+    props = props_for(server.url)
+    (long,) = [p for p in answer_spec(props, {})["prompts"] if p["id"] == "long"]
+    assert long["limit"] == SETTINGS["long_prompt_tokens"]
+    report = parse_report(run_shipped({**props, "settings": {**SETTINGS, "long_prompt_tokens": 10}}).stdout)
+    (receipt,) = [r for r in report["receipts"] if r["id"] == "long"]
+    assert receipt["prompt_tokens"] == 10, receipt
