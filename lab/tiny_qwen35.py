@@ -8,8 +8,9 @@ tensor-parallel ranks can split. The tensors carry the release's Hugging Face na
 (`patches/prove_model.py` `checkpoint_tensors`, the model-support proof's own table; vLLM's loader is the
 judge that both are right), in two safetensors shards with an index. The tokenizer is a byte-level BPE
 in `tokenizer.json` format with Qwen's special tokens and a ChatML chat template. The values are
-pseudo-random BF16 of small magnitude from SHAKE-256 of each tensor's name: the output is noise, the
-mechanics are real.
+pseudo-random BF16 from SHAKE-256 of each tensor's name, a few kinds drawn larger (`SCALES`) so that
+the next token depends on the input and a changed expert shows: the output is noise, the mechanics
+are real, and what the server computes can be held to another implementation's answer.
 
     python -m lab.tiny_qwen35 DIR     # writes the repo into DIR
 """
@@ -115,23 +116,49 @@ def tensor_shapes(tiny: dict) -> dict[str, tuple[int, ...]]:
 
 
 # High bytes of a little-endian BF16 whose exponent is 2^-7 .. 2^-4, either sign: small, finite values.
-_HIGH = bytes((0x3C, 0x3D, 0xBC, 0xBD)[b % 4] for b in range(256))
+# A shift of s adds s to each, multiplying the values by 4^s.
+def _high(shift: int) -> bytes:
+    return bytes((0x3C + shift, 0x3D + shift, 0xBC + shift, 0xBD + shift)[b % 4] for b in range(256))
 
 
-def tensor_bytes(name: str, shape: tuple[int, ...]) -> bytes:
+# Tensors drawn larger than the rest (name suffix -> shift): values of one scale everywhere give
+# near-uniform logits (every next token within a few tenths of a nat of the others), and a check of
+# the answers would then pass whatever the server computed. With these the next token depends on the
+# input, the experts' share of the residual stream is large enough that a wrong expert moves it, and
+# the model still answers noise.
+# Measured with transformers (float32 against BF16, and one expert changed), 2026-12-07:
+# - `lm_head` and `embed_tokens` x4: logits spread about 3.5 nats (0.9 before), the top token 0.2 to
+#   3.5 nats above the next;
+# - the experts' router (`mlp.gate`) x16: the two experts each token takes are chosen by a clear
+#   margin, so BF16's rounding does not flip one (flipped, a token's logprobs moved 3 nats);
+# - then BF16 and float32 agree within 0.3 nats at every position of the short prompts, while one
+#   expert's down_proj in layer 0 redrawn moves them by 4 to 14 nats.
+SCALES: dict[str, int] = {"lm_head.weight": 1, "embed_tokens.weight": 1, "mlp.gate.weight": 2}
+# The tensor `changed` redraws (`files(changed=True)`): one expert of the first layer, as a wrong
+# shard or a broken MoE kernel would leave it. The answer check must refuse a server that loads it.
+CHANGED_EXPERT = "model.language_model.layers.0.mlp.experts.0.down_proj.weight"
+
+
+def scale_of(name: str) -> int:
+    return next((shift for suffix, shift in SCALES.items() if name.endswith(suffix)), 0)
+
+
+def tensor_bytes(name: str, shape: tuple[int, ...], shift: int | None = None) -> bytes:
     count = 1
     for dim in shape:
         count *= dim
     data = bytearray(hashlib.shake_256(name.encode()).digest(2 * count))
-    data[1::2] = bytes(data[1::2]).translate(_HIGH)
+    data[1::2] = bytes(data[1::2]).translate(_high(scale_of(name) if shift is None else shift))
     return bytes(data)
 
 
-def safetensors(tensors: dict[str, tuple[int, ...]]) -> bytes:
-    """One safetensors file: an 8-byte header length, the JSON header, the data (BF16)."""
+def safetensors(tensors: dict[str, tuple[int, ...]], changed: str | None = None) -> bytes:
+    """One safetensors file: an 8-byte header length, the JSON header, the data (BF16); the tensor
+    `changed`, if it is here, drawn anew (same shape and scale, other values)."""
     header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
     for name in sorted(tensors):
-        blob = tensor_bytes(name, tensors[name])
+        drawn = f"{name}#changed" if name == changed else name
+        blob = tensor_bytes(drawn, tensors[name], scale_of(name))
         header[name] = {
             "dtype": "BF16",
             "shape": list(tensors[name]),
@@ -188,8 +215,9 @@ def tokenizer_config() -> dict:
     }
 
 
-def files() -> dict[str, bytes]:
-    """The repo's files: path -> bytes, identical on every call."""
+def files(changed: bool = False) -> dict[str, bytes]:
+    """The repo's files: path -> bytes, identical on every call; with `changed`, CHANGED_EXPERT
+    drawn anew and every other byte the same."""
     tiny = config()
     shapes = tensor_shapes(tiny)
     names = sorted(shapes)
@@ -199,7 +227,7 @@ def files() -> dict[str, bytes]:
     for index in range(SHARDS):
         shard = f"model-{index + 1:05d}-of-{SHARDS:05d}.safetensors"
         part = {name: shapes[name] for name in names[index * split : (index + 1) * split]}
-        out[shard] = safetensors(part)
+        out[shard] = safetensors(part, CHANGED_EXPERT if changed else None)
         weight_map.update(dict.fromkeys(part, shard))
         total += sum(2 * _count(shape) for shape in part.values())
     index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
@@ -224,10 +252,10 @@ def _count(shape: tuple[int, ...]) -> int:
     return count
 
 
-def write(directory: Path) -> Path:
+def write(directory: Path, changed: bool = False) -> Path:
     """The repo written into `directory` (made if missing); files already there with other names stay."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name, data in files().items():
+    for name, data in files(changed).items():
         (directory / name).write_bytes(data)
     return directory
 

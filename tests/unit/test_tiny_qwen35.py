@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import struct
 
+import pytest
+
 from lab import tiny_qwen35 as tiny
 from tests.release.checkpoint import index_names
 
@@ -48,12 +50,45 @@ def test_every_tensor_the_release_names_is_in_a_shard_the_index_points_to():
     assert index["metadata"]["total_size"] == total
 
 
+def bf16_values(data: bytes) -> list[float]:
+    widened = b"".join(b"\0\0" + data[i : i + 2] for i in range(0, len(data), 2))
+    return [value for (value,) in struct.iter_unpack("<f", widened)]
+
+
 def test_values_are_small_finite_bf16():
-    data = tiny.tensor_bytes("model.language_model.norm.weight", (256,))
-    for (value,) in struct.iter_unpack(
-        "<f", b"".join(b"\0\0" + data[i : i + 2] for i in range(0, len(data), 2))
-    ):
+    for value in bf16_values(tiny.tensor_bytes("model.language_model.norm.weight", (256,))):
         assert 2**-8 < abs(value) < 2**-3, value
+
+
+@pytest.mark.parametrize(
+    ("name", "low", "high"),
+    [
+        ("lm_head.weight", 2**-6, 2**-1),  # x4: logits spread enough that the input decides
+        ("model.language_model.embed_tokens.weight", 2**-6, 2**-1),
+        ("model.language_model.layers.1.mlp.gate.weight", 2**-4, 2**1),  # x16: decisive routing
+        ("model.language_model.layers.1.mlp.shared_expert_gate.weight", 2**-8, 2**-3),
+    ],
+)
+def test_the_kinds_drawn_larger_are_and_no_others(name, low, high):
+    for value in bf16_values(tiny.tensor_bytes(name, (512,), tiny.scale_of(name))):
+        assert low < abs(value) < high, (name, value)
+
+
+def test_the_changed_checkpoint_differs_in_one_expert_s_tensor_only():
+    plain, changed = tiny.files(), tiny.files(changed=True)
+    assert plain == tiny.files() and changed == tiny.files(changed=True)
+    differ = sorted(name for name in plain if plain[name] != changed[name])
+    (shard,) = differ  # one shard file: the one holding the expert
+    header = json.loads(plain[shard][8 : 8 + struct.unpack("<Q", plain[shard][:8])[0]])
+    body = 8 + struct.unpack("<Q", plain[shard][:8])[0]
+    moved = [
+        name
+        for name, meta in header.items()
+        if name != "__metadata__"
+        and plain[shard][body + meta["data_offsets"][0] : body + meta["data_offsets"][1]]
+        != changed[shard][body + meta["data_offsets"][0] : body + meta["data_offsets"][1]]
+    ]
+    assert moved == [tiny.CHANGED_EXPERT]
 
 
 def test_the_config_is_the_release_s_architecture_cut_to_what_two_ranks_split():
