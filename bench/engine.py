@@ -43,6 +43,7 @@ from engine.lab_stack import (
     engine_lab_config,
     lab_image_config,
     mp_lab_config,
+    real_answers,
     real_engine_config,
     stack_file,
     write_config,
@@ -301,14 +302,55 @@ def measure_real(engine: Engine, nodes: dict[str, lab.LabNode], folder: Path) ->
         f"{record.get('size_bytes', 0) / 1e9:.2f} GB; first build on {record.get('built_on', '?')} "
         f"(install + commit + save); this run placed it on both nodes in {placed:.1f} s",
     )]  # fmt: skip
-    with StandinHub({tiny_qwen35.REPO_ID: tiny_qwen35.write(folder / "tiny")}) as hub:
-        config = real_engine_config(image, hub.endpoint)
+    repo = tiny_qwen35.write(folder / "tiny")
+    reference, made_s = timed_reference(nodes["node-a"], image, repo)
+    with StandinHub({tiny_qwen35.REPO_ID: repo}) as hub:
+        config = real_engine_config(image, hub.endpoint, reference)
         for node in nodes.values():  # the first start's compile cache is new (a destroy keeps the volume)
             lab.docker(node, "volume", "rm", f"{name_prefix(config)}-compile-cache", check=False)
         with bench_stack(engine, REAL_STACK, config) as api_key:
             bench = Bench(REAL_STACK, "real mp", api_key, cold_start=True)
             rows += measure(engine, nodes, config, image, bench)
+            rows += answer_rows(engine, bench, reference, made_s)
     return rows
+
+
+def timed_reference(node: lab.LabNode, image: str, repo: Path) -> tuple[Path, float]:
+    """transformers' reference for the real stack's answer check, made anew (not from the cache), and
+    the seconds it took."""
+    from lab.answers_reference import make_reference, reference_path
+
+    image_id = lab.docker(node, "image", "inspect", "--format", "{{.Id}}", image).out.strip()
+    reference_path(image_id, repo, real_answers()).unlink(missing_ok=True)
+    started = time.monotonic()
+    made = make_reference(node, image, repo, real_answers())
+    return made, time.monotonic() - started
+
+
+def answer_rows(engine: Engine, bench: Bench, reference: Path, made_s: float) -> list[tuple]:
+    """The answer check's own time: the reference's, the check's in the last `up` that ran it (its
+    stack output), and the plain alternative, the same prompts sent once each as plain greedy
+    completions without logprobs, timed here against the same server."""
+    outputs = json.loads(engine.run("stack", "output", "--json", stack=bench.stack).out)
+    answers = outputs["answers"]
+    prompts = json.loads(reference.read_text())["prompts"]
+    client = openai.OpenAI(base_url=outputs["endpoint"], api_key=bench.api_key, max_retries=0, timeout=120)
+    started = time.monotonic()
+    for entry in prompts.values():
+        client.completions.create(
+            model=outputs["served_model"], prompt=entry["prompt_ids"], max_tokens=len(entry["tokens"]),
+            temperature=0,
+        )  # fmt: skip
+    plain = time.monotonic() - started
+    checked = float(answers["elapsed_s"])
+    return [
+        ("real: answer reference (transformers, float32)", f"{made_s:.1f}",
+         f"{len(prompts)} prompts, in the image on node-a; cached after"),
+        ("real: answer check (teacher forcing)", f"{checked:.1f}",
+         f"verdict {answers['verdict']} against {', '.join(answers['judged_against'])}; "
+         f"{len(answers['receipts'])} prompts"),
+        ("plain greedy completions (same prompts)", f"{plain:.1f}", f"check / plain = {checked / plain:.2f}"),
+    ]  # fmt: skip
 
 
 def build_seconds(run: Run) -> float:

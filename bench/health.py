@@ -177,7 +177,9 @@ def real_hang_times(nodes: dict[str, lab.LabNode]) -> tuple[list[tuple[float, fl
         engine = ensure_engine(backend=Path(folder))
         (image,) = {vllm_cpu_image(node)[0] for node in nodes.values()}
         with StandinHub({tiny_qwen35.REPO_ID: tiny_qwen35.write(Path(folder) / "tiny")}) as hub:
-            config = real_engine_config(image, hub.endpoint, health=REAL_HEALTH, bench={"mode": "off"})
+            config = real_engine_config(
+                image, hub.endpoint, health=REAL_HEALTH, bench={"mode": "off"}, answers={"mode": "off"}
+            )
             with bench_stack(engine, f"{REAL_STACK}-health", config):
                 first = up(engine, f"{REAL_STACK}-health")
                 if first.returncode:

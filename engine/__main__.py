@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from engine import ROOT, Engine, EngineError, ensure_engine
-from engine.lab_stack import real_engine_config, stack_file, write_config
+from engine.lab_stack import real_answers, real_engine_config, stack_file, write_config
+from lab.layout import LabError
 from lab.nodes import bind_error
 
 STACK = "lab-engine"
@@ -75,6 +76,19 @@ def stop_hub() -> None:
         pidfile.unlink()
 
 
+def answers_reference(node, image: str) -> Path:
+    """transformers' answers on the checkpoint the stand-in Hub serves (the same bytes: it is made
+    deterministically), for the answer check; made in the image on `node` once, then cached."""
+    from lab import tiny_qwen35
+    from lab.answers_reference import make_reference
+
+    repo = tiny_qwen35.write(state_dir() / "answers-checkpoint")
+    try:
+        return make_reference(node, image, repo, real_answers())
+    except LabError as exc:
+        raise EngineError(f"the answer check's reference could not be made: {exc}") from None
+
+
 def up() -> int:
     import lab
     from lab.vllm_cpu_image import vllm_cpu_image
@@ -85,7 +99,8 @@ def up() -> int:
     # On both nodes, so NodeImage sends nothing and a destroy keeps the 6.5 GB of layers.
     tags = {vllm_cpu_image(node)[0] for node in nodes.values()}
     endpoint = start_hub()
-    config = real_engine_config(tags.pop(), endpoint)
+    image = tags.pop()
+    config = real_engine_config(image, endpoint, answers_reference(nodes["node-a"], image))
     stacks = engine.run("stack", "ls", "--json").json()
     if not any(s["name"] == STACK for s in stacks):
         config_file().unlink(missing_ok=True)

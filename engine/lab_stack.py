@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from components.config import ImageConfig
+from components.config.answers import AnswersConfig
 from engine import ROOT
 
 NAMESPACE = "qwen35-spark"
@@ -90,11 +91,21 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 REAL_VLLM = ROOT / "engine" / "real_vllm.yaml"
 
 
-def real_engine_config(image: str, hub_endpoint: str, **sections: Any) -> dict[str, Any]:
+def real_answers() -> dict[str, Any]:
+    """engine/real_vllm.yaml's `answers` section with every default filled in, as the program reads it:
+    what a reference for that stack must be made with (lab/answers_reference.py)."""
+    section = yaml.safe_load(REAL_VLLM.read_text())["config"][f"{NAMESPACE}:answers"]
+    return AnswersConfig(**section).model_dump(mode="json")
+
+
+def real_engine_config(
+    image: str, hub_endpoint: str, reference: Path | None = None, **sections: Any
+) -> dict[str, Any]:
     """The lab stack that the real vLLM serves: Pulumi.lab.yaml under executor mp with
     engine/real_vllm.yaml's keys over its sections' (key by key; `image` whole, its keys depend on its
-    strategy), the real-vLLM lab image `image`, and this Hub; `sections` replace whole sections last,
-    as in `engine_lab_config`."""
+    strategy), the real-vLLM lab image `image`, this Hub, and the answer check's `reference` (made by
+    lab/answers_reference.py; None: the check judges against its own receipts only); `sections`
+    replace whole sections last, as in `engine_lab_config`."""
     overlay = yaml.safe_load(REAL_VLLM.read_text())["config"]
     master_port = overlay[f"{NAMESPACE}:cluster"]["master_port"]
     config = mp_lab_config(engine_lab_config(None, hub_endpoint), master_port)
@@ -102,6 +113,11 @@ def real_engine_config(image: str, hub_endpoint: str, **sections: Any) -> dict[s
         whole = key == f"{NAMESPACE}:image"
         config[key] = value if whole else {**config.get(key, {}), **value}
     config[f"{NAMESPACE}:image"]["prebuilt"] = image
+    answers = config[f"{NAMESPACE}:answers"]
+    if reference is None:
+        answers.pop("reference", None)
+    else:
+        answers["reference"] = str(reference)
     for key, value in sections.items():
         config[f"{NAMESPACE}:{key}"] = value
     return config

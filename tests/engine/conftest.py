@@ -16,7 +16,7 @@ import pytest
 
 import lab
 from engine import Engine, EngineError, ensure_engine
-from engine.lab_stack import engine_lab_config, real_engine_config, stack_file, write_config
+from engine.lab_stack import engine_lab_config, real_answers, real_engine_config, stack_file, write_config
 from lab import tiny_qwen35
 from lab.layout import lab_dir
 from lab.ray_image import ray_image
@@ -224,11 +224,28 @@ def real_image(lab_nodes) -> str:
 
 
 @pytest.fixture(scope="session")
-def real_hub(tmp_path_factory) -> Iterator[StandinHub]:
-    """The stand-in Hub serving the tiny real checkpoint (lab/tiny_qwen35.py)."""
-    repo = tiny_qwen35.write(tmp_path_factory.mktemp("tiny-qwen35"))
-    with StandinHub({tiny_qwen35.REPO_ID: repo}) as served:
+def real_repo(tmp_path_factory) -> Path:
+    """The tiny real checkpoint's files (lab/tiny_qwen35.py)."""
+    return tiny_qwen35.write(tmp_path_factory.mktemp("tiny-qwen35"))
+
+
+@pytest.fixture(scope="session")
+def real_hub(real_repo) -> Iterator[StandinHub]:
+    """The stand-in Hub serving the tiny real checkpoint."""
+    with StandinHub({tiny_qwen35.REPO_ID: real_repo}) as served:
         yield served
+
+
+@pytest.fixture(scope="session")
+def real_reference(lab_nodes, real_image, real_repo) -> Path:
+    """transformers' answers on the same checkpoint, for the real stack's answer check (computed in
+    the real-vLLM image on node-a, once per checkpoint and image: lab/answers_reference.py)."""
+    from lab.answers_reference import make_reference
+
+    try:
+        return make_reference(lab_nodes["node-a"], real_image, real_repo, real_answers())
+    except lab.LabError as exc:
+        pytest.fail(f"the answer check's reference could not be made: {exc}", pytrace=False)
 
 
 @dataclass
@@ -241,8 +258,10 @@ class RealStack:
 
 
 @contextlib.contextmanager
-def real_stack_up(engine: Engine, name: str, image: str, hub: StandinHub, secrets: dict, **sections):
+def real_stack_up(
+    engine: Engine, name: str, image: str, hub: StandinHub, secrets: dict, reference: Path | None, **sections
+):
     """A real-engine stack of its own (destroyed after: its two ranks each hold a core while up)."""
-    config = real_engine_config(image, hub.endpoint, **sections)
+    config = real_engine_config(image, hub.endpoint, reference, **sections)
     with secret_stack(engine, name, config, secrets) as made:
         yield RealStack(made, up_or_fail(made), secrets["api_key"])

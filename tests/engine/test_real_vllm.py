@@ -43,8 +43,8 @@ R_RANK1 = "qwen35-vllm-headless-node-b"
 
 
 @pytest.fixture(scope="module")
-def real_stack(engine, lab_nodes, real_image, real_hub, secrets) -> Iterator[RealStack]:
-    with real_stack_up(engine, "engine-real", real_image, real_hub, secrets) as made:
+def real_stack(engine, lab_nodes, real_image, real_hub, real_reference, secrets) -> Iterator[RealStack]:
+    with real_stack_up(engine, "engine-real", real_image, real_hub, secrets, real_reference) as made:
         yield made
 
 
@@ -121,6 +121,28 @@ def test_the_bench_measured_vllm_s_own_speed_after_the_gate(real_stack):
         assert figures[key] > 0, (key, bench)
     assert figures["concurrency"] == 2 and 200 <= figures["prompt_tokens"] <= 300, bench
     print(f"real engine bench: {json.dumps(figures)}")
+
+
+def answers_output(real_stack) -> dict:
+    return real_stack.stack.run("stack", "output", "answers", "--json").json()
+
+
+def test_the_answer_check_held_vllm_s_answers_to_transformers_on_the_same_checkpoint(real_stack):
+    """Two vLLM ranks (BF16, tensor-parallel over gloo) against one transformers process (float32)
+    on the same checkpoint files, by teacher forcing, under enforce: the first `up` passed it."""
+    names = [n for _, n, _ in finished(real_stack.first_up)]
+    assert names.index("qwen35-ready") < names.index("qwen35-answers") < names.index("qwen35-bench"), names
+    answers = answers_output(real_stack)
+    assert (answers["mode"], answers["verdict"], answers["problems"]) == ("enforce", "pass", []), answers
+    assert answers["judged_against"][:1] == ["reference"] and "self" in answers["judged_against"], answers
+    assert len(answers["receipts"]) == 9 and all(r["generated"] for r in answers["receipts"]), answers
+    # Every position of the reference's continuations was scored by the served model.
+    findings = answers.get("findings") or []
+    assert all(f["kind"] == "tie" for f in findings), findings
+    # A model of noise knows no answer: the scoring ran, and says so.
+    assert (answers["known_answers"]["correct"], answers["known_answers"]["of"]) == (0, 5), answers
+    said = f"{answers['judged_against']}, {len(findings)} near-tie(s), {answers['elapsed_s']}s"
+    print(f"real engine answers: {said}")
 
 
 def started_at(node: lab.LabNode, name: str) -> str:
@@ -208,6 +230,7 @@ def test_status_shows_each_rank_and_the_serving_engine(real_stack):
     assert "measured by the readiness gate of `pulumi up`" in table and "first completion" in table, table
     assert "measured by `pulumi up`" in table and "decode" in table, table
     assert "passed over gloo: node-a gloo, node-b gloo; " in table, table
+    assert "pass: 9 prompts against reference and self" in table, table
     report = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=180,
                                        env=env, cwd=root).stdout)  # fmt: skip
     assert HEAD in json.dumps(report) and RANK1 in json.dumps(report)
@@ -282,9 +305,12 @@ def engine_pids(node: lab.LabNode, container: str, name: str) -> list[int]:
     return [int(line.split()[0]) for line in top if line.split()[1:] and line.split()[1].startswith(name)]
 
 
-def test_the_watchdog_takes_over_without_touching_the_serving_containers(real_stack, real_image, real_hub):
+def test_the_watchdog_takes_over_without_touching_the_serving_containers(
+    real_stack, real_image, real_hub, real_reference
+):
     stack = real_stack.stack
-    write_config(stack.config, real_engine_config(real_image, real_hub.endpoint, health=HEALTH))
+    config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
+    write_config(stack.config, config)
     run = up(stack)
     touched = {n for t, n, op in finished(run) if t == CONTAINER and op not in ("same", "read", "refresh")}
     assert touched and not touched & {HEAD, R_RANK1}, touched
@@ -353,10 +379,10 @@ def test_a_killed_headless_rank_is_recovered_as_a_world(real_stack, lab_nodes):
     print(f"real engine: the watchdog's record of a world restart: {json.dumps(seen)}")
 
 
-def test_a_serving_setting_changed_by_up_spends_no_budget(real_stack, real_image, real_hub):
+def test_a_serving_setting_changed_by_up_spends_no_budget(real_stack, real_image, real_hub, real_reference):
     stack = real_stack.stack
     before = state_of(real_stack)
-    config = real_engine_config(real_image, real_hub.endpoint, health=HEALTH)
+    config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
     config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
     write_config(stack.config, config)
     run = up(stack)
@@ -366,11 +392,34 @@ def test_a_serving_setting_changed_by_up_spends_no_budget(real_stack, real_image
     time.sleep(3 * HEALTH["interval_s"])
     after = wait_state(real_stack, lambda s: s["state"] == "healthy", 120, "healthy after the up")
     assert after["restarts"] == before["restarts"] and after["budget_left"] == before["budget_left"], after
+    # The server's argv changed: the answers are judged again, against the last accepted receipt too.
+    answers = answers_output(real_stack)
+    assert answers["verdict"] == "pass" and "receipt" in answers["judged_against"], answers
 
 
-def test_a_speed_below_a_floor_fails_up_under_enforce_naming_the_figure(real_stack, real_image, real_hub):
+def test_known_answers_below_answers_min_correct_fail_up_under_enforce(
+    real_stack, real_image, real_hub, real_reference
+):
+    """The tiny model answers noise: `min_correct: 1` refuses it, which shows the scoring runs. Only
+    the check runs again: no container is touched."""
     stack = real_stack.stack
-    config = real_engine_config(real_image, real_hub.endpoint, health=HEALTH)
+    config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
+    config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
+    config[f"{NS}:answers"] = {**config[f"{NS}:answers"], "min_correct": 1}
+    write_config(stack.config, config)
+    failed = stack.run("up", "--yes", "--skip-preview", "--json", check=False, timeout=1800)
+    assert failed.returncode != 0, "up passed although the noise model knows none of the answers"
+    message = "\n".join(errors(failed.events()))
+    assert "known answers: 0 of 5 right, below answers.min_correct 1" in message, message[-3000:]
+    touched = [(n, op) for t, n, op in changed_steps(failed.events()) if t == CONTAINER]
+    assert touched == [], touched
+
+
+def test_a_speed_below_a_floor_fails_up_under_enforce_naming_the_figure(
+    real_stack, real_image, real_hub, real_reference
+):
+    stack = real_stack.stack
+    config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
     config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
     config[f"{NS}:bench"] = {**config[f"{NS}:bench"], "mode": "enforce", "min_decode_tps": 100000}
     write_config(stack.config, config)
@@ -380,14 +429,45 @@ def test_a_speed_below_a_floor_fails_up_under_enforce_naming_the_figure(real_sta
     assert "below bench.min_decode_tps 100000" in message, message[-3000:]
 
 
+def test_a_checkpoint_with_one_expert_changed_is_refused_naming_the_first_divergent_token(
+    real_stack, real_image, real_hub, real_reference, tmp_path
+):
+    """A new revision of the checkpoint, one expert's tensor drawn anew (a wrong shard would do as
+    much): Checkpoint accepts its hashes, vLLM loads and serves it, the gate passes, and the answer
+    check refuses it against transformers' reference, naming the prompt, the token and the gap."""
+    from lab import tiny_qwen35
+    from lab.standin_hub import load_repo
+
+    changed = load_repo(tiny_qwen35.REPO_ID, tiny_qwen35.write(tmp_path / "changed", changed=True))
+    old = real_hub.push(changed)
+    try:
+        stack = real_stack.stack
+        config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
+        config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
+        config[f"{NS}:model"] = {**config[f"{NS}:model"], "revision": changed.sha}
+        write_config(stack.config, config)
+        failed = stack.run("up", "--yes", "--skip-preview", "--json", check=False, timeout=1800)
+    finally:  # the next test serves the original checkpoint again
+        real_hub.repos[tiny_qwen35.REPO_ID] = old
+        real_hub.earlier.pop(tiny_qwen35.REPO_ID, None)
+    assert failed.returncode != 0, "up passed a server that loads a changed expert"
+    message = "\n".join(errors(failed.events()))
+    assert "answer check on node-a" in message and "judged against reference" in message, message[-4000:]
+    # The first divergent token of a prompt, with both tokens and the gap.
+    assert "expected token" in message and "served token" in message, message[-4000:]
+    assert "beyond answers.tie_logprob" in message or "a drift of" in message, message[-4000:]
+    steps = finished(failed.events())
+    assert any(n == "qwen35-ready" and op != "same" for _, n, op in steps), steps
+
+
 def test_flags_vllm_cannot_serve_with_fail_up_at_the_gate_naming_vllm_s_error(
-    real_stack, real_image, real_hub
+    real_stack, real_image, real_hub, real_reference
 ):
     """The recipe's fp8 KV cache, MTP and prefix caching on the CPU build: /health answers, the first
     completion fails inside vLLM, and `up` fails at the gate with vLLM's own error line. Last in the
     module: the stack is destroyed after it."""
     stack = real_stack.stack
-    recipe = real_engine_config(real_image, real_hub.endpoint)
+    recipe = real_engine_config(real_image, real_hub.endpoint, real_reference)
     recipe[f"{NS}:serve"] = {
         **recipe[f"{NS}:serve"],
         "kv_cache_dtype": "fp8",
