@@ -8,6 +8,7 @@ import fcntl
 import os
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -127,13 +128,11 @@ CACHE_LOCK_DEADLINE_S = 2400.0
 
 
 @contextlib.contextmanager
-def cache_lock(name: str, deadline_s: float = CACHE_LOCK_DEADLINE_S) -> Iterator[None]:
-    """Hold `<cache>/locks/<name>.lock` while making a cached thing: `make test` fetches the lab's
-    downloads beside the lab tier, which may ask for the same ones; the second waits for the first and
-    then finds it made."""
-    folder = cache_dir() / "locks"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{name}.lock", "a+") as handle:
+def file_lock(path: Path, deadline_s: float, held: str) -> Iterator[None]:
+    """Hold an exclusive lock on `path`, waiting at most `deadline_s` for another process; past it a
+    LabError says `held` (what the holder is doing, and what to do)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
         deadline = time.monotonic() + deadline_s
         while True:
             try:
@@ -141,15 +140,23 @@ def cache_lock(name: str, deadline_s: float = CACHE_LOCK_DEADLINE_S) -> Iterator
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise LabError(
-                        f"lab: another process held {handle.name} for {deadline_s:.0f}s while making {name}:"
-                        " if none runs now (`ps -ef | grep -e lab -e pytest`), remove the file and run again"
-                    ) from None
-                time.sleep(0.5)
+                    raise LabError(f"lab: another process held {path} for {deadline_s:.0f}s {held}") from None
+                time.sleep(0.2)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def cache_lock(name: str, deadline_s: float = CACHE_LOCK_DEADLINE_S) -> AbstractContextManager[None]:
+    """Hold `<cache>/locks/<name>.lock` while making a cached thing: `make test` fetches the lab's
+    downloads beside the lab tier, which may ask for the same ones; the second waits for the first and
+    then finds it made."""
+    held = (
+        f"while making {name}: if none runs now (`ps -ef | grep -e lab -e pytest`), remove the file and"
+        " run again"
+    )
+    return file_lock(cache_dir() / "locks" / f"{name}.lock", deadline_s, held)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from lab.layout import (
     Store,
     data_dir,
     door_port,
+    file_lock,
     known_hosts_line,
     lab_dir,
     node_paths,
@@ -521,23 +521,8 @@ LOCK_DEADLINE = 600.0
 def lab_lock() -> Iterator[None]:
     """Serialize up/down across processes (several engineers and test sessions share this machine)."""
     require_root()
-    lab_dir().mkdir(parents=True, exist_ok=True)
-    with open(lab_dir() / "lock", "a+") as handle:
-        deadline = time.monotonic() + LOCK_DEADLINE
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise LabError(
-                        f"lab: another lab up/down holds {lab_dir() / 'lock'} for {LOCK_DEADLINE:.0f}s"
-                    ) from None
-                time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(lab_dir() / "lock", LOCK_DEADLINE, "in a lab up or down"):
+        yield
 
 
 def up(nodes: list[str] | tuple[str, ...] | None = None) -> dict[str, LabNode]:
