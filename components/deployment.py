@@ -558,11 +558,27 @@ class Qwen35Deployment(pulumi.ComponentResource):
             log_container=vllm_container_name(cfg),
             api_key=api_key,
             deployed=deployed(cfg, self.image_ref, head_checkpoint.revision if head_checkpoint else None),
+            serving_logs=self._serving_logs(),
+            nccl_fabric=self._nccl_fabric(),
+            transport_mode=cfg.fabric.proof.value,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[self.server, *self.ray_containers.values(), *self.ranks.values()],
             ),
         )
+
+    def _serving_logs(self) -> dict[str, dict[str, Any]]:
+        """Where the gate reads what the serving ranks logged about their transport: under executor mp
+        each node's rank container; under Ray the server's container on the head, where Ray forwards
+        every rank's lines (recorded under the head)."""
+        cfg, head = self.config, self.config.head
+        if cfg.cluster.executor is Executor.MP:
+            return {
+                n.name: {"node": self.access[n.name].node_dict(), "container": mp_container_name(cfg, n)}
+                for n in cfg.nodes
+            }
+        server = {"node": self.access[head.name].node_dict(), "container": vllm_container_name(cfg)}
+        return {head.name: server}
 
     def _answer_check(self, name: str, api_key: pulumi.Output[str] | None) -> AnswerCheck | None:
         """After the gate, on the head: the served answers recorded and judged (none under
@@ -764,7 +780,12 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 }
                 for n in cfg.nodes
             }
-            return {"check": cfg.fabric.check.value, "nodes": nodes, **self._proof_output()}
+            return {
+                "check": cfg.fabric.check.value,
+                "nodes": nodes,
+                **self._proof_output(),
+                "serving": self.ready.serving_transport,
+            }
         return {
             "check": cfg.fabric.check.value,
             "nodes": {
@@ -772,6 +793,8 @@ class Qwen35Deployment(pulumi.ComponentResource):
                 for node, check in self.fabric_checks.items()
             },
             **self._proof_output(),
+            # What the serving ranks logged about their transport, read by the gate (node -> record).
+            "serving": self.ready.serving_transport,
         }
 
     def _proof_output(self) -> dict[str, Any]:

@@ -363,9 +363,11 @@ def gather(
                 )
                 for name, acc in access.items()
             }
-        # The stack output `fabric`: the probes' figures, and the node proof's verdict.
+        # The stack output `fabric`: the probes' figures, the node proof's verdict and what the serving
+        # ranks logged about their transport (over more than one node).
         proof_on = config.fabric.proof is not FabricCheckMode.OFF
-        recorded = pool.submit(stack_fabric, stack) if (fabric or proof_on) and stack else None
+        wanted = fabric or proof_on or len(config.nodes) > 1
+        recorded = pool.submit(stack_fabric, stack) if wanted and stack else None
         bench_on = config.bench.mode is not BenchMode.OFF
         bench = pool.submit(stack_bench, stack) if bench_on and stack else None
         answers_on = config.answers.mode is not AnswersMode.OFF

@@ -59,7 +59,7 @@ def text(verdict: Verdict, stack: str) -> str:
     )
     # The answers and bench rows only where each is on (the last `up`'s, from the stack outputs); the
     # cold start's where the stack's outputs were read.
-    optional_rows = ("node proof", "answers", "bench", "cold start")
+    optional_rows = ("node proof", "serving transport", "answers", "bench", "cold start")
     rows = [*CLUSTER_ROWS, *(k for k in optional_rows if k in verdict.cluster)]
     parts.append(table(("cluster", "state"), [(k, verdict.cluster.get(k, "-")) for k in rows]))
     if verdict.retention:

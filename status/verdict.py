@@ -107,6 +107,9 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     if config.fabric.proof is not FabricCheckMode.OFF:
         verdict.cluster["node proof"], recorded = proof_line(facts.get("fabric_output") or {})
         verdict.warnings += recorded
+    if len(config.nodes) > 1 and "fabric_output" in facts:
+        verdict.cluster["serving transport"], refused = serving_line(facts["fabric_output"])
+        verdict.warnings += refused
     verdict.problems += _ray(config, verdict.cluster, head_report)
     verdict.problems += _server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = _concurrency(config, head_report)
@@ -770,6 +773,28 @@ def proof_line(recorded: dict[str, Any]) -> tuple[str, list[Problem]]:
     )
     problems = [Problem("cluster", f"node proof: {p}", PROOF_NEXT) for p in proof.get("problems") or []]
     return line, problems
+
+
+def serving_line(recorded: dict[str, Any]) -> tuple[str, list[Problem]]:
+    """The `serving transport` row: what each node's serving ranks logged about their transport at
+    the last `pulumi up` (the stack output `fabric.serving`, read by the readiness gate), and a warning
+    per node whose ranks used sockets while HCAs were given."""
+    output = recorded.get("output")
+    serving = output.get("serving") if isinstance(output, dict) else None
+    if recorded.get("error") or not isinstance(serving, dict) or not serving:
+        why = recorded.get("error") or "no `serving` in the stack output `fabric`"
+        return f"not recorded ({_first_line(why)}): the next `pulumi up` reads the ranks' logs", []
+    said = "; ".join(
+        f"{name} {(r or {}).get('said') or '?'}" + (" (FAIL)" if (r or {}).get("verdict") == "fail" else "")
+        for name, r in sorted(serving.items())
+    )
+    problems = [
+        Problem("cluster", f"serving ranks on {name}: {p}", PROOF_NEXT)
+        for name, r in sorted(serving.items())
+        if (r or {}).get("verdict") == "fail"
+        for p in (r or {}).get("problems") or []
+    ]
+    return f"{said} (their logs, read by `pulumi up`'s readiness gate)", problems
 
 
 def kernels_said(results: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from components.errors import Qwen35Error
 from components.remote import RemoteError, stderr_tail
 
 
@@ -16,3 +17,9 @@ class GateFailed(RemoteError):
         if self.hint:
             lines.append(f"  next: {self.hint}")
         return "\n".join(lines)
+
+
+class ServingTransportRefused(Qwen35Error):
+    """Under `fabric.node_proof: enforce`, the serving ranks' NCCL said it used TCP sockets on a node
+    whose HCAs were given: the server answers, but over the slow path. The message names each node and
+    quotes NCCL's own lines."""

@@ -11,9 +11,11 @@ from typing import Any
 
 from components.nccl import ENFORCE, nccl_problems
 from components.provider_kit.change import Change
-from components.provider_kit.inputs import node_problems
+from components.provider_kit.inputs import known, node_problems
 from components.readiness_gate.facts import ServingTransport
 
+# `fabric.node_proof`'s modes, which also judge the serving ranks' transport.
+TRANSPORT_MODES = ("off", "report", "enforce")
 # How long `pulumi refresh` waits for a server that answered before.
 REFRESH_DEADLINE_S = 60
 # Inputs whose change means "probe again" (everything but the secret and the node's access details).
@@ -30,9 +32,13 @@ PROBE_KEYS = (
     "ray_container",
     "log_container",
 )
+# Inputs that decide how the serving ranks' transport is read and judged: where each node's serving
+# container is, the HCAs NCCL was given and the mode (`fabric.node_proof`). A change reads the logs
+# again without probing (a new server changes `container_ids`, which probes and reads).
+TRANSPORT_KEYS = ("serving_logs", "nccl_fabric", "transport_mode")
 # Inputs whose change is an update: what it probes, plus what only the next probe would use (a new
 # API key, deadline or access details) and what it deploys (for the rollback hint).
-UPDATE_KEYS = (*PROBE_KEYS, "api_key", "deadline_s", "node", "deployed")
+UPDATE_KEYS = (*PROBE_KEYS, *TRANSPORT_KEYS, "api_key", "deadline_s", "node", "deployed")
 
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
@@ -44,6 +50,11 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
 def probes_again(change: Change) -> bool:
     """Whether an update runs the probe again (what it probes changed), or only records the inputs."""
     return any(key in PROBE_KEYS for key in change.updates)
+
+
+def reads_transport_again(change: Change) -> bool:
+    """Whether an update that does not probe reads the serving ranks' logs again."""
+    return any(key in TRANSPORT_KEYS for key in change.updates)
 
 
 def kept_cold_start(old_report: Mapping[str, Any] | None, report: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,7 +104,22 @@ def failure_hint(
 
 def validate(props: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(field, reason) for each input `check` refuses: no I/O; a value not known yet passes."""
-    return node_problems(props, "node")
+    problems = node_problems(props, "node")
+    logs = props.get("serving_logs")
+    if known(logs):
+        if not isinstance(logs, Mapping):
+            return [*problems, ("serving_logs", "give node name -> {node, container}")]
+        for name, where in logs.items():
+            container = where.get("container") if isinstance(where, Mapping) else None
+            if not known(container) or not container:
+                problems.append((f"serving_logs.{name}", "name the node's serving container (`container`)"))
+                continue
+            problems += [(f"serving_logs.{name}.{k}", why) for k, why in node_problems(where, "node")]
+    mode = props.get("transport_mode")
+    if known(mode) and mode not in TRANSPORT_MODES:
+        modes = ", ".join(TRANSPORT_MODES)
+        problems.append(("transport_mode", f"one of {modes} (fabric.node_proof), not {mode!r}"))
+    return problems
 
 
 def serving_verdict(

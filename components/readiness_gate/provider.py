@@ -9,8 +9,14 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.errors import ExplainedErrors
-from components.readiness_gate.execute import ensure, observe, release
-from components.readiness_gate.plan import kept_cold_start, plan_change, probes_again, validate
+from components.readiness_gate.execute import ensure, observe, release, serving_transports
+from components.readiness_gate.plan import (
+    kept_cold_start,
+    plan_change,
+    probes_again,
+    reads_transport_again,
+    validate,
+)
 
 
 class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
@@ -34,8 +40,14 @@ class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.DiffResult(changes=plan_change(olds, news).changes, replaces=[])
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        if not probes_again(plan_change(olds, news)):
-            return dynamic.UpdateResult(outs={**olds, **news})
+        change = plan_change(olds, news)
+        if not probes_again(change):
+            outs = {**olds, **news}
+            if reads_transport_again(change):
+                # The mode, the HCAs given or where the ranks run changed, the server did not: read
+                # and judge the ranks' logs again, no probe.
+                outs["serving_transport"] = serving_transports(news)
+            return dynamic.UpdateResult(outs=outs)
         # A failed probe leaves the state as it was: `deployed` stays what last served.
         outs = ensure(news, olds)
         return dynamic.UpdateResult(

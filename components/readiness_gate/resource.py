@@ -15,6 +15,8 @@ class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
 
     ready: pulumi.Output[bool]
     report: pulumi.Output[dict]
+    # Per node, what its serving ranks logged about their transport, judged (`facts.ServingTransport`).
+    serving_transport: pulumi.Output[dict]
 
     def __init__(
         self,
@@ -33,6 +35,9 @@ class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
         log_container: str,
         api_key: pulumi.Input[str] | None,
         deployed: pulumi.Input[dict] | None = None,
+        serving_logs: dict[str, dict[str, Any]] | None = None,
+        nccl_fabric: pulumi.Input[dict] | None = None,
+        transport_mode: str | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         props = {
@@ -50,8 +55,14 @@ class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
             "api_key": pulumi.Output.secret(api_key) if api_key is not None else None,
             # What this probe deploys (image, revision) and the config line that sets each.
             "deployed": deployed,
+            # Node -> {node, container}: where each node's serving ranks log (read after the probe).
+            "serving_logs": serving_logs,
+            # Node -> {ib_hca, gid_index}: what NCCL was given there; the mode is fabric.node_proof's.
+            "nccl_fabric": nccl_fabric,
+            "transport_mode": transport_mode,
             "ready": None,
             "report": None,
+            "serving_transport": None,
         }
         opts = pulumi.ResourceOptions.merge(
             opts,

@@ -116,6 +116,7 @@ def likely_causes(
     causes = []
     if len(nodes) > 1:
         causes.append(_nccl_cause(nccl_network))
+        causes += _serving_causes(fabric)
         causes += _fabric_causes(fabric)
     argv = list(server_argv or [])
     if "--enforce-eager" in argv:
@@ -144,6 +145,25 @@ def _nccl_cause(nccl_network: str | None) -> str:
         return "NCCL used network IB (RDMA), per the server's log"
     # HPC-X's IBext*, UCX, AWS Libfabric: a network plugin, not the TCP fallback (NCCL names that Socket).
     return f"NCCL used network {nccl_network} (a network plugin, not TCP sockets), per the server's log"
+
+
+def _serving_causes(fabric: Mapping[str, Any] | None) -> list[str]:
+    """What each node's serving ranks logged about their transport, as the readiness gate read it
+    (the stack output `fabric.serving`), a sockets verdict first."""
+    serving = (fabric or {}).get("serving")
+    if not isinstance(serving, Mapping) or not serving:
+        return []
+    causes = []
+    for name, record in sorted(serving.items()):
+        record = record if isinstance(record, Mapping) else {}
+        said = record.get("said") or "not recorded"
+        problems = record.get("problems") or []
+        if record.get("verdict") == "fail":
+            why = problems[0] if problems else "refused"
+            causes.insert(0, f"the serving ranks on {name} said {said}: {why}")
+        else:
+            causes.append(f"the serving ranks on {name} said {said} (the readiness gate read their log)")
+    return causes
 
 
 def _fabric_causes(fabric: Mapping[str, Any] | None) -> list[str]:

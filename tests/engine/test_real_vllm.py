@@ -113,6 +113,17 @@ def test_the_node_proof_ran_the_image_s_torch_on_both_nodes_before_any_serving_c
         assert result["torch"].startswith("2."), (name, result)
 
 
+def test_the_gate_recorded_what_the_serving_ranks_said_about_their_transport(real_stack):
+    """The serving ranks' own group, read from each rank's log by the gate: the CPU build has no NCCL,
+    so each node's ranks said gloo, and that passes under enforce."""
+    serving = real_stack.stack.run("stack", "output", "fabric", "--json").json()["serving"]
+    assert set(serving) == {"node-a", "node-b"}, serving
+    for name, record in serving.items():
+        assert (record["backend"], record["said"], record["verdict"]) == (
+            "gloo", "gloo, no NCCL lines", "pass"
+        ), (name, record)  # fmt: skip
+
+
 def test_the_bench_measured_vllm_s_own_speed_after_the_gate(real_stack):
     bench = real_stack.stack.run("stack", "output", "serve_bench", "--json").json()
     figures = bench["figures"]
@@ -230,6 +241,7 @@ def test_status_shows_each_rank_and_the_serving_engine(real_stack):
     assert "measured by the readiness gate of `pulumi up`" in table and "first completion" in table, table
     assert "measured by `pulumi up`" in table and "decode" in table, table
     assert "passed over gloo: node-a gloo, node-b gloo; " in table, table
+    assert "node-a gloo, no NCCL lines; node-b gloo, no NCCL lines (their logs" in table, table
     assert "pass: 9 prompts against reference and self" in table, table
     report = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=180,
                                        env=env, cwd=root).stdout)  # fmt: skip

@@ -840,6 +840,8 @@ def test_off_registers_no_fabric_check_and_deploys_the_old_settings(monkeypatch)
         "nodes": {
             n: {"ib_hca": ["rocep1s0f0", "roceP2p1s0f0"], "gid_index": None} for n in ("spark-1", "spark-2")
         },
+        # The readiness gate's record of the serving ranks' transport (the mocks echo inputs: none yet).
+        "serving": None,
     }
 
 
@@ -977,3 +979,15 @@ def test_every_serving_container_prints_nccl_s_init_and_network_lines(monkeypatc
     for name in serving:
         env = envs(graph, name)
         assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET"), name
+
+
+def test_under_ray_the_gate_reads_the_server_s_log_where_ray_forwards_every_rank_s_lines(monkeypatch):
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["qwen35-spark:fabric"] = {**cfg.get("qwen35-spark:fabric", {}), "node_proof": "report"}
+    graph = run_graph(monkeypatch, cfg)
+    (gate,) = graph.run.by_type(GATE)
+    (head,) = [name for name in gate.inputs["serving_logs"]]
+    assert head == graph.run.outputs["head"]
+    assert gate.inputs["serving_logs"][head]["container"] == "qwen35-vllm"
+    assert gate.inputs["transport_mode"] == "report"
+    assert gate.inputs["nccl_fabric"][head]["ib_hca"]

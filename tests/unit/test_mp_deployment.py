@@ -231,3 +231,14 @@ def test_a_ray_stack_carries_no_world(monkeypatch):
         assert WORLD_ENV not in envs(dev, container.name), container.name
         labels = {label["label"] for label in container.inputs["labels"]}
         assert labels == {"qwen35.role", "qwen35.node"}, container.name
+
+
+def test_the_gate_reads_each_rank_s_log_on_its_own_node_judged_by_the_node_proof_s_mode(mp):
+    (gate,) = mp.run.by_type(GATE)
+    inputs = gate.inputs
+    nodes = mp.run.outputs["nodes"]
+    where = {name: (spec["node"]["name"], spec["container"]) for name, spec in inputs["serving_logs"].items()}
+    assert where == {n: (n, "qwen35-vllm" if i == 0 else f"qwen35-vllm-rank{i}") for i, n in enumerate(nodes)}
+    assert all(spec["node"]["known_hosts"] for spec in inputs["serving_logs"].values())
+    assert sorted(inputs["nccl_fabric"]) == sorted(nodes)
+    assert inputs["transport_mode"] == "enforce"  # the stack's fabric.node_proof (the default)

@@ -532,6 +532,7 @@ def test_ensure_returns_the_gates_outputs_and_observe_none_once_it_no_longer_ans
         **props,
         "ready": True,
         "report": {"completion_tokens": 2},
+        "serving_transport": {},  # no serving_logs given: nothing read
     }
     assert observe(props) == props
     assert asked == [(900.0, {"image": "app:1"}), (60, None)]  # refresh waits at most a minute
