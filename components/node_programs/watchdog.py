@@ -408,6 +408,9 @@ class Watchdog:
             self._memory_wait(now)
             return
         probe = self._probe()
+        # Whatever follows is decided now, after the probe's wait (up to its deadline), not at the
+        # tick's start: a recorded time is the decision's.
+        now = self.clock()
         if probe.ok:
             self._answered(now, probe)
             return
@@ -494,6 +497,7 @@ class Watchdog:
         One that timed out while the engine generated tokens is an overloaded engine, not a hung one."""
         probe = self.world.probe_completion(self.s.completion_deadline_s)
         self.last_probe = probe
+        now = self.clock()  # after the completion's wait (up to its deadline): the decision's time
         if probe.ok:
             self.completion_failures, self.last_ttft = 0, probe.latency_s
             self._healthy(now)

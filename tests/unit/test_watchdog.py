@@ -449,6 +449,30 @@ def test_a_hang_that_health_hides_is_declared_within_the_bound(health):
     assert state["restarts"][0]["reason"] == "hang" and state["hang_bound_s"] == watchdog.s.hang_bound_s()
 
 
+def test_a_hang_s_records_carry_the_time_of_the_decision_not_of_the_tick_s_start():
+    """The third completion times out 60 s after its tick began: the diagnosis and the restart are
+    stamped when the watchdog decided, after that wait (else a measured detection time reads ~60 s low)."""
+    clock = Clock()
+    world = FakeWorld(clock)
+    watchdog, _ = dog(world, clock, completion_every=1, completion_deadline_s=60)
+    run(watchdog, clock, 100)
+    world.completion = Probe(False, 60.0, "timeout", "no answer")
+    decided: list[tuple[float, float]] = []
+
+    def stop(target):
+        # As the first stop finds it: the diagnosis the recovery just made.
+        decided.append((clock.now, watchdog.snapshot()["last_diagnosis"]["at"]))
+        return {"ok": True}
+
+    world.stop = stop  # type: ignore[method-assign]
+    run(watchdog, clock, 400)
+    assert decided, "the hang was never recovered"
+    stopped_at, diagnosed_at = decided[0]
+    assert diagnosed_at == stopped_at, decided[0]
+    # The restart is recorded when the stopped containers start again, no earlier than the decision.
+    assert watchdog.snapshot()["restarts"][0]["at"] >= stopped_at
+
+
 def test_the_bound_with_the_defaults_is_270_s():
     cfg = config_from("dev")
     assert Settings.from_json(health_config(cfg, cfg.head)).hang_bound_s() == 6 * 10 + 2 * 70 + 70
