@@ -49,6 +49,10 @@ class HealthConfig(_Model):
     # wedged unified-memory node does; one restart of the budget. 0 turns it off.
     memory_floor_gb: float = Field(default=2, ge=0, le=1024)
     memory_floor_s: float = Field(default=5, gt=0, le=3600)
+    # How long a container the guard stops gets to exit on SIGTERM before Docker sends SIGKILL: short,
+    # because a node short of memory is when the OOM killer or a wedge arrives (not the containers'
+    # own 120 s grace, which `pulumi up` and the watchdog's restarts use).
+    guard_stop_s: int = Field(default=10, ge=1, le=120)
     # Let the watchdog and the agents read the kernel's log (/dev/kmsg and CAP_SYSLOG) so a diagnosis
     # names the kernel's OOM kills and NVRM Xids; off: Docker's OOMKilled only (docs/health.md).
     kernel_log: bool = False

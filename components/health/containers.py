@@ -104,6 +104,7 @@ def health_config(
         "memory_wait_s": h.memory_wait_s,
         "memory_floor_bytes": int(round(h.memory_floor_gb * GB)) or None,
         "memory_floor_s": h.memory_floor_s,
+        "guard_stop_s": h.guard_stop_s,
         "gpu_memory_utilization": cfg.serve.gpu_memory_utilization,
         "max_restarts": h.max_restarts,
         "window_s": h.window_s,

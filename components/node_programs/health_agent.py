@@ -51,6 +51,7 @@ class AgentSettings:
     mode: str = "enforce"
     memory_floor_bytes: int | None = None
     memory_floor_s: float = 5.0
+    guard_stop_s: int = 10  # the guard's stop: SIGTERM, then SIGKILL after this many seconds
 
     @staticmethod
     def from_json(text: str) -> AgentSettings:
@@ -68,6 +69,7 @@ class AgentSettings:
             raw.get("mode", "enforce"),
             raw.get("memory_floor_bytes"),
             float(raw.get("memory_floor_s", 5)),
+            int(raw.get("guard_stop_s", 10)),
         )
 
 
@@ -189,8 +191,10 @@ class Agent:
     def _guard_stop(self, name: str) -> dict:
         with self.lock:
             self.actions += 1
-        done = self.docker("stop", name, self.s.stop_timeout_s.get(name, 30))
-        log(f"memory guard: stop {name}: {'done' if done.get('ok') else done.get('error')}")
+        done = wire.guard_stopped(
+            self.docker("stop", name, self.s.guard_stop_s), self.docker("inspect", name), self.s.guard_stop_s
+        )
+        log(f"memory guard: stop {name}: {wire.guard_stop_said(done)}")
         return done
 
     def metrics(self) -> str:

@@ -250,6 +250,34 @@ def gb1(value: int | float) -> str:
     return f"{value / 1e9:.1f} GB"
 
 
+# A container's exit status when Docker's stop ended it with SIGKILL (128 + 9) after its grace.
+SIGKILL_EXIT = 137
+
+
+def guard_stopped(done: dict, inspected: dict, stop_s: int) -> dict:
+    """A guard's stop as recorded: the stop's own {ok, error}, its bound (`stop_s`: SIGTERM, then
+    SIGKILL), and how the container ended (`exit_code`; `killed`: it was still running after `stop_s`
+    and SIGKILL ended it, or the kernel's OOM killer did: both exit 137)."""
+    code = inspected.get("exit_code") if inspected.get("state") in ("exited", "dead") else None
+    return {
+        **done,
+        "stop_s": stop_s,
+        "exit_code": code,
+        "killed": None if code is None else code == SIGKILL_EXIT,
+    }
+
+
+def guard_stop_said(done: dict) -> str:
+    """One stop in words: `SIGTERM, exit 0 within 10 s`, `SIGKILL after 10 s (exit 137)`, the error."""
+    if not done.get("ok"):
+        return f"failed: {done.get('error')}"
+    if done.get("killed"):
+        return f"SIGKILL after {done.get('stop_s')} s (exit {done.get('exit_code')})"
+    if done.get("exit_code") is None:
+        return f"stopped (SIGTERM, then SIGKILL after {done.get('stop_s')} s; exit status not read)"
+    return f"SIGTERM, exit {done.get('exit_code')} within {done.get('stop_s')} s"
+
+
 class MemoryGuard:
     """One node's guard (issue 41 item 6): MemAvailable below `floor_bytes` for `floor_s` stops this
     stack's serving containers that run on the node, once, before the kernel's OOM killer or a hung
@@ -301,16 +329,17 @@ class MemoryGuard:
         if not names:  # nothing of this stack runs here: nothing to stop, and nothing spent
             return None
         self.armed = False
-        errors = {}
+        errors, stops = {}, {}
         for name in names if self.enforce else ():
             done = self.stop(name)
+            stops[name] = {k: done.get(k) for k in ("stop_s", "exit_code", "killed")}
             if not done.get("ok"):
                 errors[name] = done.get("error")
         self.trips += 1
-        self.last = self._record(now, available, names, errors)
+        self.last = self._record(now, available, names, errors, stops)
         return self.last
 
-    def _record(self, now: float, available: int, names: list[str], errors: dict) -> dict:
+    def _record(self, now: float, available: int, names: list[str], errors: dict, stops: dict) -> dict:
         below = now - (self.below_since or now)
         done = "stopped" if self.enforce else "report mode: would stop"
         message = (
@@ -318,6 +347,9 @@ class MemoryGuard:
             f"{gb1(self.floor_bytes or 0)} for {below:.0f} s: {done} {', '.join(names)} before the "
             "kernel's OOM killer or a hang"
         )
+        killed = [name for name, stop in stops.items() if stop.get("killed")]
+        if killed:
+            message += f" ({', '.join(killed)} SIGKILLed after {stops[killed[0]].get('stop_s')} s)"
         return {
             "node": self.node,
             "at": now,
@@ -326,6 +358,8 @@ class MemoryGuard:
             "below_s": below,
             "acted": self.enforce,
             "stopped": names,
+            # Per container stopped: the bound (SIGTERM, then SIGKILL), its exit status, SIGKILL or not.
+            "stops": stops,
             "errors": errors,
             "message": message,
         }

@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.node_programs import cold_start, gpu_memory, health_wire
@@ -114,6 +114,7 @@ class Settings:
     stall_s: float = 300.0
     memory_floor_bytes: int | None = None  # the memory guard's floor (None: off)
     memory_floor_s: float = 5.0
+    guard_stop_s: int = 10  # the guard's stop: SIGTERM, then SIGKILL after this many seconds
     # serve.gpu_memory_utilization: vLLM's start-up rule is checked before a restart (None: not)
     gpu_memory_utilization: float | None = None
 
@@ -154,6 +155,7 @@ class Settings:
             stall_s=float(raw.get("stall_s", 300)),
             memory_floor_bytes=raw.get("memory_floor_bytes"),
             memory_floor_s=float(raw.get("memory_floor_s", 5)),
+            guard_stop_s=int(raw.get("guard_stop_s", 10)),
             gpu_memory_utilization=raw.get("gpu_memory_utilization"),
         )
 
@@ -644,7 +646,13 @@ class Watchdog:
 
     def _guard_stop(self, name: str) -> dict:
         target = next(t for t in self.s.serving() if t.node == self.s.head and t.name == name)
-        return self._do("stop", target)
+        # The guard's own short bound, not the container's grace: SIGKILL after guard_stop_s.
+        bounded = replace(target, stop_timeout_s=self.s.guard_stop_s)
+        done = self.world.stop(bounded)
+        found = next((c for c in self.world.containers(target.node) if c.get("name") == name), {})
+        done = wire.guard_stopped(done, found, self.s.guard_stop_s)
+        log(f"memory guard: stop {name} on {target.node}: {wire.guard_stop_said(done)}")
+        return done
 
     def _guard_trips(self, now: float) -> bool:
         """A node's guard stopped its serving containers (or would have, under report): the world is

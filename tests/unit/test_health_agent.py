@@ -244,6 +244,8 @@ class Node:
 
     def __init__(self, available: int | None = 100 * 10**9) -> None:
         self.available, self.now, self.running = available, NOW, {"qwen35-ray-worker": True}
+        # How each container ends when stopped: 0 on SIGTERM, 137 when SIGKILL had to end it.
+        self.exit_code = {"qwen35-ray-worker": 0}
 
     def meminfo(self):
         return self.available, None if self.available is not None else "unreadable"
@@ -256,7 +258,9 @@ def guarded_agent(mode: str = "enforce", **health) -> tuple[Agent, Node, list[tu
 
     def docker(what: str, name: str, *args):
         if what == "inspect":
-            return {"name": name, "state": "running" if node.running.get(name) else "exited"}
+            running = node.running.get(name)
+            return {"name": name, "state": "running" if running else "exited",
+                    "exit_code": None if running else node.exit_code.get(name)}  # fmt: skip
         calls.append((what, name, *args))
         node.running[name] = what != "stop"
         return {"ok": True}
@@ -271,16 +275,43 @@ def test_the_agent_s_guard_stops_its_serving_container_once_and_reports_the_trip
     node.available = int(1.2 * 10**9)
     for second in range(12):  # one check a second, as its thread makes them
         agent.guard.check(NOW + second)
-    assert calls == [("stop", "qwen35-ray-worker", 30)]
+    # The guard's own bound (health.guard_stop_s, 10 s), not the container's 30 s grace.
+    assert calls == [("stop", "qwen35-ray-worker", 10)]
     answer = request(agent, health_wire.AGENT_CONTAINERS, {})
     guard = answer.body["guard"]
     assert guard["trips"] == 1 and guard["last"]["at"] == NOW + 5 and guard["last"]["acted"]
+    assert guard["last"]["stops"] == {"qwen35-ray-worker": {"stop_s": 10, "exit_code": 0, "killed": False}}
     assert guard["last"]["message"] == (
         "spark-2: MemAvailable 1.2 GB below the memory floor 2.0 GB for 5 s: stopped qwen35-ray-worker "
         "before the kernel's OOM killer or a hang"
     )
     assert 'qwen35_health_agent_memory_guard_trips_total{node="spark-2"} 1' in agent.metrics()
     assert 'qwen35_health_agent_actions_total{node="spark-2"} 1' in agent.metrics()
+
+
+@pytest.mark.parametrize(
+    ("guard_stop_s", "exit_code", "killed", "said"),
+    [
+        (10, 137, True, " (qwen35-ray-worker SIGKILLed after 10 s)"),  # still running after 10 s
+        (3, 143, False, ""),  # ended by SIGTERM within its 3 s
+    ],
+)
+def test_the_guard_s_stop_is_bounded_by_guard_stop_s_and_records_a_kill(
+    guard_stop_s, exit_code, killed, said
+):
+    agent, node, calls = guarded_agent(guard_stop_s=guard_stop_s)
+    node.exit_code["qwen35-ray-worker"] = exit_code
+    node.available = int(1.2 * 10**9)
+    for second in range(7):
+        agent.guard.check(NOW + second)
+    assert calls == [("stop", "qwen35-ray-worker", guard_stop_s)]
+    last = agent.guard.report()["last"]
+    assert last["stops"]["qwen35-ray-worker"] == {
+        "stop_s": guard_stop_s,
+        "exit_code": exit_code,
+        "killed": killed,
+    }
+    assert last["message"].endswith("before the kernel's OOM killer or a hang" + said), last["message"]
 
 
 @pytest.mark.parametrize(
@@ -310,7 +341,7 @@ def test_the_guard_stops_nothing_when_nothing_of_the_stack_runs_and_stays_armed(
     node.available = 10**9
     assert [agent.guard.check(NOW + s) for s in range(8)] == [None] * 8 and calls == []
     node.running["qwen35-ray-worker"] = True  # started again while memory is still short
-    assert agent.guard.check(NOW + 9) and calls == [("stop", "qwen35-ray-worker", 30)]
+    assert agent.guard.check(NOW + 9) and calls == [("stop", "qwen35-ray-worker", 10)]
 
 
 def test_under_report_the_agent_s_guard_records_and_stops_nothing():

@@ -58,6 +58,7 @@ class FakeWorld(World):
         self.running: dict[tuple[str, str], bool] = {}
         self.box: dict[tuple[str, str], dict] = {}  # facts beyond running: id, started_at, restarts, state
         self.actions: list[tuple[str, str, str]] = []
+        self.stop_bounds: list[int] = []  # each stop's SIGTERM grace before SIGKILL
         self.booted: float | None = None
         self.skew: dict[str, float] = {}
         self.guards: dict[str, dict] = {}  # each agent's memory guard report
@@ -104,6 +105,7 @@ class FakeWorld(World):
 
     def stop(self, target: Target) -> dict:
         self.actions.append(("stop", target.node, target.name))
+        self.stop_bounds.append(target.stop_timeout_s)
         self.running[(target.node, target.name)] = False
         return {"ok": True}
 
@@ -722,6 +724,10 @@ def test_the_head_s_memory_guard_stops_its_serving_containers_once_and_the_world
     assert state["step"] == "memory_wait" and state["state"] == "recovering"
     trip = state["memory_guard"]["spark-1"]
     assert trip["acted"] and trip["stopped"] == ["qwen35-vllm", "qwen35-ray-head"]
+    # The guard's two stops get health.guard_stop_s (10 s) before SIGKILL; the recovery's their own grace.
+    assert world.stop_bounds[:2] == [10, 10] and world.stop_bounds[2] > 10, world.stop_bounds
+    assert set(trip["stops"]) == {"qwen35-vllm", "qwen35-ray-head"}
+    assert all(stop["stop_s"] == 10 for stop in trip["stops"].values()), trip["stops"]
     assert trip["message"] == (
         "spark-1: MemAvailable 1.5 GB below the memory floor 2.0 GB for 10 s: stopped qwen35-vllm, "
         "qwen35-ray-head before the kernel's OOM killer or a hang"
