@@ -883,6 +883,15 @@ class Watchdog:
             self.next_step = "budget reset: waiting for the server to be ready"
             self._set(wire.State.STARTING, now)
 
+    def _episode_from(self, now: float) -> float:
+        """Since when a fault belongs to this failure: the last time the server answered (less one
+        interval of slack for the clocks), within the budget's window. A fault the server answered
+        after did not cause this."""
+        since = now - self.s.window_s
+        if self.last_ready is not None:
+            since = max(since, self.last_ready - self.s.interval_s)
+        return since
+
     def _diagnose(self, now: float, reason: str) -> dict:
         """What an operator needs to see after the fact; every read bounded, every failure recorded."""
         found: dict[str, Any] = {"at": now, "reason": reason, "containers": {}, "mem_available_bytes": {}}
@@ -901,7 +910,7 @@ class Watchdog:
             f"or `docker logs {self.s.server.name}` on {self.s.server.node}"
         )
         found["kernel"] = {
-            n.name: self.world.kernel_faults(n.name, now - self.s.window_s) for n in self.s.nodes
+            n.name: self.world.kernel_faults(n.name, self._episode_from(now)) for n in self.s.nodes
         }
         if self.tripped:
             found["memory_guard"] = self.tripped

@@ -876,3 +876,34 @@ def test_a_diagnosis_names_a_memory_or_gpu_fault(kernel, box, fault):
     assert diagnosis["kernel"]["spark-2"] == kernel.get("spark-2", {"faults": [], "error": None})
     found = diagnosis["fault"]
     assert (found and (found["kind"], found["says"])) == (fault or None)
+
+
+def test_an_xid_from_before_the_server_last_answered_does_not_name_a_later_crash():
+    """The kernel's faults are read for this episode only: from the last time the server answered (less
+    one interval of slack), not the whole budget window. An Xid an hour ago, after which the server
+    served, is not what killed it now; the OOM kill since is."""
+    world, clock = FakeWorld(), Clock()
+    asked: list[float] = []
+    faults = [
+        {"kind": "xid", "xid": 79, "meaning": "GPU has fallen off the bus", "at": clock.now - 1800},
+        {"kind": "oom_kill", "pid": 4242, "process": "python3", "at": None},  # stamped when the crash comes
+    ]
+
+    def kernel_faults(node: str, since: float) -> dict:
+        asked.append(since)
+        found = [f for f in faults if node == "spark-1" and f["at"] is not None and f["at"] >= since]
+        return {"faults": found, "error": None}
+
+    world.kernel_faults = kernel_faults  # type: ignore[method-assign]
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 30)  # 300 s of a healthy server after the Xid
+    answered = watchdog.snapshot()["last_ready"]
+    faults[1]["at"] = clock.now
+    world.health = [DOWN] * 3
+    ticks(watchdog, clock, 3)
+    diagnosis = watchdog.snapshot()["last_diagnosis"]
+    assert asked and min(asked) >= answered - watchdog.s.interval_s, (asked, answered)
+    assert diagnosis["fault"] == {
+        "kind": "memory",
+        "says": "spark-1: the kernel's OOM killer killed python3 (pid 4242)",
+    }
