@@ -124,7 +124,9 @@ def _message(body: bytes) -> str:
 
 
 def run_probe(socket_path: str, template: str, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
-    """Run `PROBE` on this node beside `template` (a container of the stack): {report, error, took_s}.
+    """Run `PROBE` on this node beside `template` (a container of the stack): {report, error, took_s},
+    and `output` (its last lines) when it printed no report: the error never carries the container's
+    output, which goes to the watchdog's log only (/state answers anyone who can reach it).
     Every step within `timeout_s` in all; then the probe container is removed whatever happened (at
     most REMOVE_S more)."""
     started = time.monotonic()
@@ -137,8 +139,9 @@ def run_probe(socket_path: str, template: str, timeout_s: float = PROBE_TIMEOUT_
             raise TimeoutError(f"{name}: {timeout_s:g} s spent before {method} {url.split('?')[0]}")
         return engine_api.call(socket_path, method, url, min(cap, left), body)
 
-    def done(report: dict | None, error: str | None) -> dict:
-        return {"report": report, "error": error, "took_s": round(time.monotonic() - started, 3)}
+    def done(report: dict | None, error: str | None, output: str | None = None) -> dict:
+        found = {"report": report, "error": error, "took_s": round(time.monotonic() - started, 3)}
+        return {**found, "output": output} if output is not None else found
 
     lines: list[str] = []
     code = None
@@ -168,7 +171,9 @@ def run_probe(socket_path: str, template: str, timeout_s: float = PROBE_TIMEOUT_
     report = last_report(lines)
     if report is None:
         tail = " | ".join(lines[-3:]) or "no output"
-        return done(None, f"{name} exited {code} without a report: {tail[:300]}")
+        return done(
+            None, f"{name} exited {code} without a report (its last lines: the watchdog's log)", tail[:300]
+        )
     return done(report, None)
 
 

@@ -798,7 +798,10 @@ class Watchdog:
                 due.append(name)
         for name, done in self._probe_all(due).items():
             if done.get("error"):
-                rule = {"checked": False, "why": str(done["error"])}
+                # The probe's own output goes to this log only; /state keeps the bounded reason.
+                if done.get("output"):
+                    log(f"{name}: the memory probe's last lines: {done['output']}")
+                rule = {"checked": False, "why": str(done["error"])[:200]}
             else:
                 try:
                     rule = gpu_memory.startup_rule(done.get("report"), float(util), self.mem.get(name))

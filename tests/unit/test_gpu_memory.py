@@ -365,7 +365,7 @@ def test_a_probe_creates_runs_reads_and_removes_its_container(engine):
         ({("POST", f"{PROBE_C}/start"): (500, b'{"message": "could not select device driver"}')},
          "cannot start qwen35-vllm-memory-probe: could not select device driver", True),
         ({("GET", f"{PROBE_C}/logs"): (200, frame("Traceback (most recent call last):\nSegfault\n"))},
-         "exited 0 without a report: Traceback (most recent call last): | Segfault", True),
+         "exited 0 without a report (its last lines: the watchdog's log)", True),
     ],
     ids=["no-template", "create-refused", "start-refused", "no-report"],
 )  # fmt: skip
@@ -373,6 +373,11 @@ def test_a_probe_that_fails_says_where_and_leaves_no_container(engine, over, sai
     path, fake = engine(over)
     done = gpu_memory.run_probe(path, "qwen35-vllm", 30)
     assert done["report"] is None and said in done["error"], done
+    # The container's own output is never in the error (it reaches /state): it is `output`, logged.
+    assert "Traceback" not in done["error"]
+    assert done.get("output") == (
+        "Traceback (most recent call last): | Segfault" if "report" in said else None
+    )
     requests = asked(fake)
     assert (requests[-1] == ("DELETE", PROBE_C) and requests.count(("DELETE", PROBE_C)) == 2) is removed
 
