@@ -616,6 +616,13 @@ class Watchdog:
             return False
         names = ", ".join(f"{name} on {node}" for node, name in sorted(restarted))
         log(f"Docker restarted {names} {sum(restarted.values())} time(s) on its own")
+        if self.s.executor == "mp" and self.step in (wire.Step.DIAGNOSE, wire.Step.MEMORY_WAIT):
+            # The watchdog has stopped the world and not yet started it again (its stop broke the world:
+            # a rank that lost its peers crashed and Docker's policy restarted it): part of that
+            # recovery, which starts every rank again; its diagnosis and its one restart of the budget
+            # stand. Once it started the world, a restart is a crash again, counted as one.
+            log(f"part of the world restart under way ({self.reason}): not a recovery of its own")
+            return False
         report = self.s.mode == wire.Mode.REPORT.value
         if self.s.executor == "mp" and not report:
             self._recover(now, "docker_restart", wire.Step.RESTART_CLUSTER)

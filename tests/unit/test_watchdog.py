@@ -907,3 +907,27 @@ def test_an_xid_from_before_the_server_last_answered_does_not_name_a_later_crash
         "kind": "memory",
         "says": "spark-1: the kernel's OOM killer killed python3 (pid 4242)",
     }
+
+
+def test_under_mp_a_rank_docker_restarts_during_the_watchdog_s_own_world_restart_keeps_the_diagnosis():
+    """The watchdog stops the world for a hang; a headless rank that lost its peers crashes and Docker's
+    policy restarts it while the world waits for memory. That restart is part of the recovery under way:
+    no second recovery, no second restart of the budget, and the diagnosis still says why it began."""
+    world, clock = FakeWorld(clock=None), Clock()
+    for key in (SERVER, RANK1):
+        world.facts(key, id=f"id-{key[1]}", restarts=0)
+    watchdog, _ = dog(world, clock, executor="mp", max_restarts=3, need=NEED, memory_wait_s=300)
+    ticks(watchdog, clock, 3)
+    world.memory["spark-2"] = NEED["spark-2"] // 2  # the stop frees it slowly: the world waits
+    world.health = [DOWN] * 3
+    ticks(watchdog, clock, 3)
+    first = watchdog.snapshot()
+    assert first["step"] == "memory_wait" and first["last_diagnosis"]["reason"] != "docker_restart", first
+    reason = first["last_diagnosis"]["reason"]
+    world.facts(RANK1, restarts=2)  # Docker restarted the rank twice meanwhile
+    ticks(watchdog, clock, 2)
+    world.memory["spark-2"] = 100 * GB
+    ticks(watchdog, clock, 2)
+    state = watchdog.snapshot()
+    assert state["last_diagnosis"]["reason"] == reason, state["last_diagnosis"]
+    assert state["restarts_total"] == {reason: 1}, state["restarts_total"]
