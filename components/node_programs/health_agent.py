@@ -35,6 +35,9 @@ CALL_TIMEOUT_S = 10.0
 # Nonces remembered at once: the watchdog sends a few requests a tick, so this many within twice the
 # signature window is not the watchdog; past it every request is refused until older nonces expire.
 NONCE_LIMIT = 100_000
+# Where the agent keeps the nonces it accepted: its container's own filesystem, which a restart of the
+# container (Docker's policy, a crash) keeps, so a request replayed to the restarted agent is refused.
+NONCE_FILE = "/var/tmp/qwen35-health-agent-nonces.json"
 
 
 def log(message: str) -> None:
@@ -90,6 +93,7 @@ class Agent:
         meminfo: Callable[[], tuple[int | None, str | None]],
         clock: Callable[[], float] = time.time,
         kernel_log: str = wire.DEFAULT_KERNEL_LOG,
+        nonce_file: str | None = None,
     ):
         self.s, self.secret, self.docker, self.meminfo, self.clock = settings, secret, docker, meminfo, clock
         self.kernel_log = kernel_log
@@ -104,7 +108,10 @@ class Agent:
             self._running,
             self._guard_stop,
         )
-        self.nonces: dict[str, int] = {}  # nonce -> until when a replay of it would pass the time check
+        # nonce -> until when a replay of it would pass the time check; kept in `nonce_file` (the
+        # container's own filesystem) too, so an agent restarted by Docker still refuses a replay.
+        self.nonce_file = nonce_file
+        self.nonces: dict[str, int] = self._load_nonces()
         self.lock = threading.Lock()
         self.probing = threading.Lock()  # one memory probe at a time on this node
 
@@ -132,6 +139,36 @@ class Agent:
         answer.body.update(refusals=self.refusals, clock=now)
         return answer
 
+    def _load_nonces(self) -> dict[str, int]:
+        """The nonces an earlier run of this agent accepted that are still within their window (none
+        where the file is absent or unreadable: the agent starts and says so)."""
+        if not self.nonce_file:
+            return {}
+        try:
+            with open(self.nonce_file) as handle:
+                raw = json.load(handle)
+            now = self.clock()
+            return {str(n): int(u) for n, u in raw.items() if int(u) >= now}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log(
+                f"the nonces of the last run in {self.nonce_file} could not be read ({exc}): starting without"
+            )
+            return {}
+
+    def _save_nonces(self) -> None:
+        """Write the nonces still in their window (atomically: a crash mid-write leaves the last file)."""
+        if not self.nonce_file:
+            return
+        part = f"{self.nonce_file}.part"
+        try:
+            with open(part, "w") as handle:
+                json.dump(self.nonces, handle)
+            os.replace(part, self.nonce_file)
+        except OSError as exc:
+            log(f"cannot keep the nonces in {self.nonce_file} ({exc}): a restart would forget them")
+
     def _first_use(self, nonce: str, stamp: int, now: float) -> str | None:
         """Remember a signed request's nonce until its time leaves the window; None the first time,
         why not when it was seen (a replay) or too many are remembered."""
@@ -142,6 +179,7 @@ class Agent:
             if len(self.nonces) >= NONCE_LIMIT:
                 return f"more than {NONCE_LIMIT} signed requests within the signature window"
             self.nonces[nonce] = stamp + wire.SIGNATURE_WINDOW_S
+            self._save_nonces()
         return None
 
     def _signed(self, path: str, payload: dict) -> Answer:
@@ -292,6 +330,7 @@ def main(argv: list[str]) -> int:
         docker_on(wire.DOCKER_SOCKET_MOUNT),
         lambda: wire.read_mem_available(meminfo),
         kernel_log=os.environ.get(wire.KERNEL_LOG_ENV, wire.DEFAULT_KERNEL_LOG),
+        nonce_file=NONCE_FILE,
     )
     try:
         server = serve(agent, settings.host, settings.port)

@@ -189,6 +189,35 @@ def test_a_replayed_signed_request_is_refused_within_the_window_and_changes_noth
     assert fresh.status == 200 and len(agent.nonces) == 1, "a nonce outlived the window it guards"
 
 
+def test_a_request_replayed_to_a_restarted_agent_is_refused(tmp_path):
+    """The agent keeps the nonces it accepted in its container's filesystem: Docker restarting it (a
+    crash, its policy) does not make a request replayed within the window pass again."""
+    cfg = config_from("dev")
+    settings = AgentSettings.from_json(health_config(cfg, cfg.nodes[1]))
+    calls: list[tuple] = []
+
+    def docker(what, name, *args):
+        calls.append((what, name, *args))
+        return {"ok": True} if what != "inspect" else {"name": name, "state": "running"}
+
+    kept = str(tmp_path / "nonces.json")
+    first = Agent(settings, SECRET, docker, lambda: (1, None), clock=lambda: NOW, nonce_file=kept)
+    body = json.dumps({"name": "qwen35-ray-worker"}).encode()
+    signed = health_wire.signed_headers(SECRET, "POST", health_wire.AGENT_STOP, body, NOW, node="spark-2")
+    headers = {k.lower(): v for k, v in signed.items()}
+    assert first.handle("POST", health_wire.AGENT_STOP, headers, body).status == 200
+    again = Agent(settings, SECRET, docker, lambda: (1, None), clock=lambda: NOW + 20, nonce_file=kept)
+    replayed = again.handle("POST", health_wire.AGENT_STOP, headers, body)
+    assert replayed.status == 401 and "replayed" in replayed.body["error"], replayed.body
+    assert [c for c in calls if c[0] == "stop"] == [("stop", "qwen35-ray-worker", 30)]
+    # Past the window the file holds nothing a later start needs: a start after it loads none.
+    later = Agent(settings, SECRET, docker, lambda: (1, None), clock=lambda: NOW + 120, nonce_file=kept)
+    assert later.nonces == {}
+    # A file that cannot be read (truncated by a crash of the disk, say): the agent starts without.
+    (tmp_path / "nonces.json").write_text("{not json")
+    assert Agent(settings, SECRET, docker, lambda: (1, None), clock=lambda: NOW, nonce_file=kept).nonces == {}
+
+
 @pytest.mark.parametrize("node", ["spark-1", "spark-3", ""])
 def test_a_request_signed_for_another_node_is_refused(node):
     agent, calls = agent_for()
