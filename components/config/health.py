@@ -29,13 +29,17 @@ class HealthConfig(_Model):
     # Seconds between /health probes, and a probe's deadline.
     interval_s: float = Field(default=10, gt=0, le=3600)
     deadline_s: float = Field(default=5, gt=0, le=600)
-    # Every Nth probe is also a one-token chat completion, with its own deadline.
+    # While vLLM's /metrics says the engine is idle (no request running or waiting), every probe is also a
+    # one-token chat completion within idle_completion_deadline_s: a hang /health hides is found within
+    # a minute at the defaults. Under load every Nth probe is, within completion_deadline_s (and the
+    # stall rule below judges the engine by its token counters).
     completion_every: int = Field(default=6, ge=1, le=10_000)
     completion_deadline_s: float = Field(default=60, gt=0, le=3600)
+    idle_completion_deadline_s: float = Field(default=10, gt=0, le=600)
     # Consecutive failed probes before a recovery (/health probes, and completions counted on their own).
     failures: int = Field(default=3, ge=1, le=1000)
-    # Requests running in the engine (vLLM's /metrics) while no token is generated for this long is a
-    # hang. Longer than the longest prefill expected: a prefill generates no token until it is done.
+    # Requests running or waiting in the engine (vLLM's /metrics) while no token is counted (prompt or
+    # generated) for this long is a hang. Longer than the longest prefill expected.
     stall_s: float = Field(default=300, gt=0, le=86400)
     # No verdict before the server was first ready or this long since the containers started (a
     # first boot can spend tens of minutes in JIT tuning).

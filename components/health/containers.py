@@ -97,6 +97,7 @@ def health_config(
         "deadline_s": h.deadline_s,
         "completion_every": h.completion_every,
         "completion_deadline_s": h.completion_deadline_s,
+        "idle_completion_deadline_s": h.idle_completion_deadline_s,
         "failures": h.failures,
         "stall_s": h.stall_s,
         "startup_s": h.startup_s,

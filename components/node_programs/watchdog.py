@@ -4,8 +4,11 @@ memory-checked and within a restart budget; serve /metrics (Prometheus text) and
     python3 -I -S -c <program> [--once]      (config: QWEN35_HEALTH_CONFIG, secret: /run/qwen35-health/secret)
 
 Every `interval_s` one tick: a /health probe (liveness) within its deadline; once the server serves,
-also vLLM's /metrics (requests running while no token is generated for `stall_s` is a hang) and, every
-`completion_every`-th probe and every probe after a failed one, a one-token chat completion: failed
+also vLLM's /metrics (requests running or waiting while no prompt or generated token is counted for
+`stall_s` is a hang) and a one-token chat completion: on every probe while /metrics says the engine is
+idle (within `idle_completion_deadline_s`: an idle engine answers one token at once, so a hang behind
+a passing /health is found in under a minute at the defaults), else every `completion_every`-th probe
+(within `completion_deadline_s`), and every probe after a failed one: failed
 completions are counted on their own, a passing /health does not clear them (vLLM's /health answers
 while its engine hangs). A slow answer within the deadline is not a failure. No verdict before the
 server was first ready or `startup_s` has passed since the server's container started in this boot;
@@ -115,6 +118,8 @@ class Settings:
     memory_floor_bytes: int | None = None  # the memory guard's floor (None: off)
     memory_floor_s: float = 5.0
     guard_stop_s: int = 10  # the guard's stop: SIGTERM, then SIGKILL after this many seconds
+    # A completion sent while /metrics says the engine is idle: due every probe, within this deadline.
+    idle_completion_deadline_s: float = 10.0
     # serve.gpu_memory_utilization: vLLM's start-up rule is checked before a restart (None: not)
     gpu_memory_utilization: float | None = None
 
@@ -156,6 +161,7 @@ class Settings:
             memory_floor_bytes=raw.get("memory_floor_bytes"),
             memory_floor_s=float(raw.get("memory_floor_s", 5)),
             guard_stop_s=int(raw.get("guard_stop_s", 10)),
+            idle_completion_deadline_s=float(raw.get("idle_completion_deadline_s", 10)),
             gpu_memory_utilization=raw.get("gpu_memory_utilization"),
         )
 
@@ -166,13 +172,31 @@ class Settings:
         """Every container that serves (the cluster's and the server), each once, in start order."""
         return tuple(dict.fromkeys((*self.cluster, self.server)))
 
+    def idle_deadline_s(self) -> float:
+        """The deadline of a completion sent to an idle engine (never longer than a busy one's)."""
+        return min(self.idle_completion_deadline_s, self.completion_deadline_s)
+
     def hang_bound_s(self) -> float:
-        """The longest a hang that /health hides goes undeclared (docs/health.md): the wait for the next
-        due completion, then `failures` completions in a row, each run to its deadline after a /health
-        and a /metrics read that answer at once or within `deadline_s`."""
+        """The longest a hang that /health hides goes undeclared while the engine was idle
+        (docs/health.md): a completion is due every probe, so the wait for the next tick, then
+        `failures` completions in a row, each run to its deadline after a /health and a /metrics read
+        that answer at once (READS_S). At the defaults: 3 x max(10, 10 + 2) + 10 = 46 s. Under load a
+        hang is the stall rule's: `stall_bound_s`."""
+        hung_tick = READS_S + self.idle_deadline_s()
+        period = max(self.interval_s, hung_tick)
+        return self.failures * period + self.idle_deadline_s()
+
+    def unread_bound_s(self) -> float:
+        """The bound where /metrics cannot be read (no idle engine known): a completion every
+        `completion_every` probes, each within `completion_deadline_s` after reads within `deadline_s`."""
         hung_tick = 2 * self.deadline_s + self.completion_deadline_s
         period = max(self.interval_s, hung_tick)
         return self.completion_every * self.interval_s + (self.failures - 1) * period + hung_tick
+
+    def stall_bound_s(self) -> float:
+        """The longest a hang under load goes undeclared: `stall_s` without a token counted, seen at the
+        next tick (a tick may wait out a completion's deadline)."""
+        return self.stall_s + max(self.interval_s, READS_S + self.completion_deadline_s)
 
 
 # ---- what the watchdog observes and does (the World), and what it decides (Watchdog) ------------------
@@ -193,18 +217,25 @@ class Probe:
 REASONS = {"timeout": "hang", "refused": "down", "status": "error", "error": "error"}
 # Docker states of a container that `pulumi up` (or an operator) is replacing: no verdict meanwhile.
 REPLACING = ("missing", "created", "removing")
-# vLLM's own figures (its /metrics): requests in the engine, and tokens it has generated so far.
+# vLLM's own figures (its /metrics): requests in the engine (running, waiting), and the tokens it has
+# computed so far, prompt and generated (a long prefill is progress too). Running and generated are
+# required; the others count as 0 where a server does not export them.
 RUNNING_METRIC = "vllm:num_requests_running"
+WAITING_METRIC = "vllm:num_requests_waiting"
 TOKENS_METRIC = "vllm:generation_tokens_total"
+PROMPT_METRIC = "vllm:prompt_tokens_total"
+# Allowance for /health's and /metrics' reads in a tick of a hang /health hides (they answer at once).
+READS_S = 2.0
 
 
-def engine_progress(text: str) -> tuple[float, float] | None:
-    """(requests running, tokens generated) from Prometheus text, each summed over its series (one per
-    engine and model); None when either is absent."""
+def engine_progress(text: str) -> tuple[float, float, float] | None:
+    """(requests running, requests waiting, tokens computed: prompt and generated) from Prometheus
+    text, each summed over its series (one per engine and model); None when requests running or tokens
+    generated are absent."""
     sums: dict[str, float] = {}
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name not in (RUNNING_METRIC, TOKENS_METRIC):
+        if name not in (RUNNING_METRIC, WAITING_METRIC, TOKENS_METRIC, PROMPT_METRIC):
             continue
         rest = line.rsplit("}", 1)[1] if "{" in line else line[len(name) :]
         try:
@@ -213,7 +244,11 @@ def engine_progress(text: str) -> tuple[float, float] | None:
             continue
     if RUNNING_METRIC not in sums or TOKENS_METRIC not in sums:
         return None
-    return sums[RUNNING_METRIC], sums[TOKENS_METRIC]
+    return (
+        sums[RUNNING_METRIC],
+        sums.get(WAITING_METRIC, 0.0),
+        sums[TOKENS_METRIC] + sums.get(PROMPT_METRIC, 0.0),
+    )
 
 
 class World:
@@ -483,21 +518,25 @@ class Watchdog:
         before = self._progress(now)
         if self.stall_since is not None and now - self.stall_since >= self.s.stall_s:
             log(
-                f"no token generated for {now - self.stall_since:.0f} s with "
-                f"{self.progress and self.progress['running']:g} request(s) running: the engine is hung"
+                f"no token computed for {now - self.stall_since:.0f} s with "
+                f"{self.progress and self.progress['running']:g} request(s) running and "
+                f"{self.progress and self.progress['waiting']:g} waiting: the engine is hung"
             )
             self.stall_since = None  # report mode: the next verdict after another stall_s
             self._recover(now, "stall", wire.Step.RESTART_SERVER)
             return
-        if not self.completion_failures and self.probes % self.s.completion_every:
+        idle = before is not None and before[0] + before[1] <= 0
+        if not idle and not self.completion_failures and self.probes % self.s.completion_every:
             self._healthy(now)
             return
-        self._completion(now, before)
+        self._completion(now, before, self.s.idle_deadline_s() if idle else self.s.completion_deadline_s)
 
-    def _completion(self, now: float, before: tuple[float, float] | None) -> None:
-        """One chat completion: due every `completion_every` probes, and on every probe after one failed.
-        One that timed out while the engine generated tokens is an overloaded engine, not a hung one."""
-        probe = self.world.probe_completion(self.s.completion_deadline_s)
+    def _completion(self, now: float, before: tuple[float, float, float] | None, deadline_s: float) -> None:
+        """One chat completion: due on every probe while the engine is idle (its short deadline: an idle
+        engine answers one token at once), else every `completion_every` probes, and on every probe
+        after one failed. One that timed out while the engine computed tokens (prompt or generated) is
+        an overloaded engine, not a hung one."""
+        probe = self.world.probe_completion(deadline_s)
         self.last_probe = probe
         now = self.clock()  # after the completion's wait (up to its deadline): the decision's time
         if probe.ok:
@@ -506,30 +545,30 @@ class Watchdog:
             return
         if probe.kind == "timeout" and before is not None:
             after = self._progress(now)
-            if after is not None and after[1] > before[1]:
-                self.next_step = "a completion timed out while the engine generated tokens: busy, not hung"
+            if after is not None and after[2] > before[2]:
+                self.next_step = "a completion timed out while the engine computed tokens: busy, not hung"
                 log(self.next_step)
                 return
         self.completion_failures += 1
         log(f"completion failed ({probe.kind}: {probe.detail}) while /health answers")
         self._failed(now, self.completion_failures, REASONS.get(probe.kind, "error"), "completions")
 
-    def _progress(self, now: float) -> tuple[float, float] | None:
-        """vLLM's /metrics: (requests running, tokens generated), and since when requests have run
-        without a token generated (`stall_since`); None when /metrics does not say."""
+    def _progress(self, now: float) -> tuple[float, float, float] | None:
+        """vLLM's /metrics: (requests running, waiting, tokens computed), and since when requests have
+        been in the engine without a token computed (`stall_since`); None when /metrics does not say."""
         text = self.world.probe_metrics(self.s.deadline_s)
         found = engine_progress(text) if text else None
         last, self.progress = self.progress, None
         if found is None:
             self.stall_since = None
             return None
-        running, tokens = found
-        if running <= 0:
+        running, waiting, tokens = found
+        if running + waiting <= 0:
             self.stall_since = None
         elif self.stall_since is None or last is None or tokens != last["tokens"]:
             self.stall_since = now
         stalled = 0.0 if self.stall_since is None else now - self.stall_since
-        self.progress = {"running": running, "tokens": tokens, "stalled_s": stalled}
+        self.progress = {"running": running, "waiting": waiting, "tokens": tokens, "stalled_s": stalled}
         return found
 
     # -- the serving containers: new ones, ones being replaced, Docker's own restarts --

@@ -434,9 +434,11 @@ def first_stop(world: FakeWorld) -> int:
 )
 def test_a_hang_that_health_hides_is_declared_within_the_bound(health):
     """vLLM's /health answers 200 in a millisecond while its worker is stopped (SIGSTOP) and every
-    completion times out: the completions decide, within `hang_bound_s`, whatever /health says."""
+    completion times out: the completions decide, within `hang_bound_s`, whatever /health says. Its
+    /metrics still answer, with the figures of the idle engine it was (the engine core sends none)."""
     clock = Clock()
     world = FakeWorld(clock)
+    world.metrics = [metrics(0, 100)]
     watchdog, _ = dog(world, clock, **health)
     run(watchdog, clock, 200)
     assert watchdog.snapshot()["state"] == "healthy"
@@ -475,9 +477,57 @@ def test_a_hang_s_records_carry_the_time_of_the_decision_not_of_the_tick_s_start
     assert watchdog.snapshot()["restarts"][0]["at"] >= stopped_at
 
 
-def test_the_bound_with_the_defaults_is_270_s():
+def test_the_bound_with_the_defaults_is_under_a_minute_idle_and_stall_s_under_load():
     cfg = config_from("dev")
-    assert Settings.from_json(health_config(cfg, cfg.head)).hang_bound_s() == 6 * 10 + 2 * 70 + 70
+    found = Settings.from_json(health_config(cfg, cfg.head))
+    # Idle: a completion every probe, 10 s each (+2 s for the reads), 3 in a row.
+    assert found.hang_bound_s() == 3 * 12 + 10 <= 60
+    # Under load, the stall rule (300 s) seen at the next tick, which may wait out a 60 s completion.
+    assert found.stall_bound_s() == 300 + 62
+    # With no /metrics to read, a completion every 6th probe: the old bound.
+    assert found.unread_bound_s() == 6 * 10 + 2 * 70 + 70
+
+
+def test_an_idle_engine_gets_a_completion_every_probe_with_the_short_deadline_and_a_busy_one_every_nth():
+    clock = Clock()
+    world = FakeWorld(clock)
+    asked: list[float] = []
+    world.probe_completion = lambda deadline_s: asked.append(deadline_s) or Probe(True, 0.2)  # type: ignore[method-assign]
+    world.metrics = [metrics(0, 100)]
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 12)
+    assert asked == [10.0] * 11, asked  # the first probe finds the server ready; then one per probe
+    asked.clear()
+    world.metrics = [metrics(3, 100 + 40 * i) for i in range(40)]  # busy: tokens move
+    ticks(watchdog, clock, 12)
+    assert asked == [60.0] * 2, asked  # every 6th probe, with the busy deadline
+
+
+def test_a_hang_under_load_is_declared_within_the_stall_bound():
+    clock = Clock()
+    world = FakeWorld(clock)
+    world.metrics = [metrics(3, 100 + 40 * i) for i in range(30)] + [metrics(3, 1300)]
+    watchdog, _ = dog(world, clock, stall_s=120)
+    run(watchdog, clock, 300)
+    assert watchdog.snapshot()["state"] == "healthy" and not watchdog.snapshot()["restarts"]
+    hung_at = clock.now  # the counters stop moving: requests in the engine, no token counted
+    world.completion = Probe(False, 60.0, "timeout", "no answer")
+    stops: list[float] = []
+    world.stop = lambda target: stops.append(clock.now) or {"ok": True}  # type: ignore[method-assign]
+    run(watchdog, clock, 2 * watchdog.s.stall_bound_s())
+    assert stops and stops[0] - hung_at <= watchdog.s.stall_bound_s(), (stops, hung_at)
+
+
+def test_a_long_prefill_moves_the_prompt_counter_and_is_not_a_stall():
+    prefill = (
+        "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+        "vllm:generation_tokens_total 100\nvllm:prompt_tokens_total {p}\n"
+    )
+    world, clock = FakeWorld(), Clock()
+    world.metrics = [prefill.format(p=1000 + 2048 * i) for i in range(60)]
+    watchdog, _ = dog(world, clock, stall_s=60)
+    ticks(watchdog, clock, 40)
+    assert world.actions == [] and not watchdog.snapshot()["restarts"]
 
 
 OK = Probe(True, 0.5)
@@ -557,9 +607,14 @@ def test_a_completion_that_times_out_while_tokens_are_generated_is_busy_not_hung
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (metrics(3, 12345), (3.0, 12345.0)),
-        ("vllm:num_requests_running 1\nvllm:generation_tokens_total 5\n", (1.0, 5.0)),
-        (metrics(1, 2) + metrics(2, 3).replace('engine="0"', 'engine="1"'), (3.0, 5.0)),
+        (metrics(3, 12345), (3.0, 0.0, 12345.0)),
+        ("vllm:num_requests_running 1\nvllm:generation_tokens_total 5\n", (1.0, 0.0, 5.0)),
+        (metrics(1, 2) + metrics(2, 3).replace('engine="0"', 'engine="1"'), (3.0, 0.0, 5.0)),
+        (
+            "vllm:num_requests_running 0\nvllm:num_requests_waiting 4\n"
+            "vllm:generation_tokens_total 5\nvllm:prompt_tokens_total 70\n",
+            (0.0, 4.0, 75.0),
+        ),
         ("vllm:num_requests_running 1\n", None),
     ],
 )
