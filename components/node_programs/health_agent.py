@@ -111,6 +111,7 @@ class Agent:
         # nonce -> until when a replay of it would pass the time check; kept in `nonce_file` (the
         # container's own filesystem) too, so an agent restarted by Docker still refuses a replay.
         self.nonce_file = nonce_file
+        self.nonce_file_failed = False
         self.nonces: dict[str, int] = self._load_nonces()
         self.lock = threading.Lock()
         self.probing = threading.Lock()  # one memory probe at a time on this node
@@ -167,7 +168,9 @@ class Agent:
                 json.dump(self.nonces, handle)
             os.replace(part, self.nonce_file)
         except OSError as exc:
-            log(f"cannot keep the nonces in {self.nonce_file} ({exc}): a restart would forget them")
+            if not self.nonce_file_failed:  # said once, not on every request
+                log(f"cannot keep the nonces in {self.nonce_file} ({exc}): a restart would forget them")
+            self.nonce_file_failed = True
 
     def _first_use(self, nonce: str, stamp: int, now: float) -> str | None:
         """Remember a signed request's nonce until its time leaves the window; None the first time,
