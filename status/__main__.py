@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from components.config import ConfigError
-from status import facts, render
+from status import gather, render
 from status.verdict import judge
 
 
@@ -24,17 +24,17 @@ def main(argv: list[str] | None = None) -> int:
         "--connect-timeout", type=int, default=10, help="seconds an unanswering node may cost (default 10)"
     )
     args = parser.parse_args(argv)
-    path = args.file or facts.ROOT / f"Pulumi.{args.stack}.yaml"
+    path = args.file or gather.ROOT / f"Pulumi.{args.stack}.yaml"
     stack = args.stack
     if args.file and args.file.name.startswith("Pulumi.") and args.file.suffix == ".yaml":
         stack = args.file.name.removeprefix("Pulumi.").removesuffix(".yaml")
     try:
-        config = facts.load_config(path)
+        config = gather.load_config(path)
     except ConfigError as exc:
         print(f"status: {path}: {exc}", file=sys.stderr)  # names every bad field; nothing was asked
         return 2
-    key, _source = facts.api_key(stack)
-    gathered = facts.gather(config, key, connect_timeout=args.connect_timeout, stack=stack)
+    key, _source = gather.api_key(stack)
+    gathered = gather.gather(config, key, connect_timeout=args.connect_timeout, stack=stack)
     verdict = judge(config, gathered)
     if args.json:
         print(render.as_json(verdict, stack, gathered))

@@ -85,7 +85,7 @@ class Verdict:
 
 
 def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
-    """The verdict on gathered facts (`status.facts.gather`) for this stack."""
+    """The verdict on gathered facts (`status.gather.gather`) for this stack."""
     verdict = Verdict()
     head_report = facts["nodes"].get(config.head.name, {})
     containers = node_container_names(config)

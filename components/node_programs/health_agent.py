@@ -28,8 +28,6 @@ from typing import Any
 
 from components.node_programs import gpu_memory, health_wire
 
-wire = health_wire  # the short name below
-
 BODY_LIMIT = 64 << 10  # a request body longer than this is not one the watchdog sends
 CALL_TIMEOUT_S = 10.0
 # Nonces remembered at once: the watchdog sends a few requests a tick, so this many within twice the
@@ -92,18 +90,18 @@ class Agent:
         docker: Callable[..., Any],
         meminfo: Callable[[], tuple[int | None, str | None]],
         clock: Callable[[], float] = time.time,
-        kernel_log: str = wire.DEFAULT_KERNEL_LOG,
+        kernel_log: str = health_wire.DEFAULT_KERNEL_LOG,
         nonce_file: str | None = None,
     ):
         self.s, self.secret, self.docker, self.meminfo, self.clock = settings, secret, docker, meminfo, clock
         self.kernel_log = kernel_log
         self.refusals = 0
         self.actions = 0
-        self.guard = wire.MemoryGuard(
+        self.guard = health_wire.MemoryGuard(
             settings.node,
             settings.memory_floor_bytes,
             settings.memory_floor_s,
-            settings.mode == wire.Mode.ENFORCE.value,
+            settings.mode == health_wire.Mode.ENFORCE.value,
             meminfo,
             self._running,
             self._guard_stop,
@@ -117,13 +115,13 @@ class Agent:
         self.probing = threading.Lock()  # one memory probe at a time on this node
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
-        if method == "GET" and path == wire.METRICS_PATH:
+        if method == "GET" and path == health_wire.METRICS_PATH:
             return Answer(200, {"metrics": self.metrics()})
         now = self.clock()
-        why = wire.check_signature(self.secret, method, path, body, headers, now, self.s.node)
+        why = health_wire.check_signature(self.secret, method, path, body, headers, now, self.s.node)
         if why is None:
-            stamp = int(headers[wire.TIME_HEADER.lower()])
-            why = self._first_use(headers[wire.NONCE_HEADER.lower()], stamp, now)
+            stamp = int(headers[health_wire.TIME_HEADER.lower()])
+            why = self._first_use(headers[health_wire.NONCE_HEADER.lower()], stamp, now)
         if why is not None:
             with self.lock:
                 self.refusals += 1
@@ -181,30 +179,30 @@ class Agent:
                 return "a replayed request (its nonce was seen within the signature window)"
             if len(self.nonces) >= NONCE_LIMIT:
                 return f"more than {NONCE_LIMIT} signed requests within the signature window"
-            self.nonces[nonce] = stamp + wire.SIGNATURE_WINDOW_S
+            self.nonces[nonce] = stamp + health_wire.SIGNATURE_WINDOW_S
             self._save_nonces()
         return None
 
     def _signed(self, path: str, payload: dict) -> Answer:
-        if path == wire.AGENT_MEMINFO:
+        if path == health_wire.AGENT_MEMINFO:
             available, error = self.meminfo()
             return Answer(200, {"available_bytes": available, "error": error})
-        if path == wire.AGENT_CONTAINERS:
+        if path == health_wire.AGENT_CONTAINERS:
             found = [self.docker("inspect", name) for name in self.s.containers]
             return Answer(200, {"containers": found, "guard": self.guard.report()})
-        if path == wire.AGENT_KERNEL:
+        if path == health_wire.AGENT_KERNEL:
             since = payload.get("since")
             since = float(since) if isinstance(since, int | float) else 0.0
-            return Answer(200, wire.recent_kernel_faults(self.kernel_log, since))
+            return Answer(200, health_wire.recent_kernel_faults(self.kernel_log, since))
         name = payload.get("name")
-        if path not in (*wire.AGENT_ACTIONS, wire.AGENT_LOGS, wire.AGENT_MEMORY_PROBE):
+        if path not in (*health_wire.AGENT_ACTIONS, health_wire.AGENT_LOGS, health_wire.AGENT_MEMORY_PROBE):
             return Answer(404, {"error": f"no endpoint {path}"})
         if name not in self.s.containers:
             log(f"refused {path} of {name!r}: not one of this stack's containers on {self.s.node}")
             return Answer(403, {"error": f"{name!r} is not one of this stack's containers on {self.s.node}"})
-        if path == wire.AGENT_LOGS:
+        if path == health_wire.AGENT_LOGS:
             return Answer(200, {"lines": self.docker("logs", name, int(payload.get("tail") or 20))})
-        if path == wire.AGENT_MEMORY_PROBE:
+        if path == health_wire.AGENT_MEMORY_PROBE:
             return self._memory_probe(name)
         action = path.lstrip("/")
         with self.lock:
@@ -232,10 +230,10 @@ class Agent:
     def _guard_stop(self, name: str) -> dict:
         with self.lock:
             self.actions += 1
-        done = wire.guard_stopped(
+        done = health_wire.guard_stopped(
             self.docker("stop", name, self.s.guard_stop_s), self.docker("inspect", name), self.s.guard_stop_s
         )
-        log(f"memory guard: stop {name}: {wire.guard_stop_said(done)}")
+        log(f"memory guard: stop {name}: {health_wire.guard_stop_said(done)}")
         return done
 
     def metrics(self) -> str:
@@ -258,12 +256,12 @@ def docker_on(socket_path: str) -> Callable[..., Any]:
 
     def docker(what: str, name: str, *args: Any) -> Any:
         if what == "inspect":
-            return wire.inspect(socket_path, name)
+            return health_wire.inspect(socket_path, name)
         if what == "logs":
-            return wire.logs(socket_path, name, args[0])
+            return health_wire.logs(socket_path, name, args[0])
         if what == "memory_probe":
             return gpu_memory.run_probe(socket_path, name)
-        return wire.act(socket_path, what, name, args[0], CALL_TIMEOUT_S + args[0])
+        return health_wire.act(socket_path, what, name, args[0], CALL_TIMEOUT_S + args[0])
 
     return docker
 
@@ -288,7 +286,7 @@ def serve(agent: Agent, host: str, port: int):
             body = self.rfile.read(length) if length else b""
             headers = {k.lower(): v for k, v in self.headers.items()}
             answer = agent.handle(method, self.path, headers, body)
-            if "metrics" in answer.body and self.path == wire.METRICS_PATH:
+            if "metrics" in answer.body and self.path == health_wire.METRICS_PATH:
                 data, kind = answer.body["metrics"].encode(), "text/plain; version=0.0.4"
             else:
                 data, kind = json.dumps(answer.body).encode(), "application/json"
@@ -311,39 +309,39 @@ def serve(agent: Agent, host: str, port: int):
 
 def main(argv: list[str]) -> int:
     try:
-        raw = os.environ[wire.CONFIG_ENV]
-        if json.loads(raw).get("mode") == wire.Mode.OFF.value:
+        raw = os.environ[health_wire.CONFIG_ENV]
+        if json.loads(raw).get("mode") == health_wire.Mode.OFF.value:
             log("health.mode is off: nothing to serve")
-            return wire.Exit.MODE_OFF
+            return health_wire.Exit.MODE_OFF
         settings = AgentSettings.from_json(raw)
     except (KeyError, ValueError, TypeError, StopIteration) as exc:
-        log(f"{wire.CONFIG_ENV} missing or not an agent's config ({type(exc).__name__}: {exc})")
-        return wire.Exit.BAD_CONFIG
-    secret = wire.read_secret()
+        log(f"{health_wire.CONFIG_ENV} missing or not an agent's config ({type(exc).__name__}: {exc})")
+        return health_wire.Exit.BAD_CONFIG
+    secret = health_wire.read_secret()
     if not secret:
         log(
-            f"no secret in {wire.SECRET_FILE} (nor {wire.SECRET_ENV}): "
+            f"no secret in {health_wire.SECRET_FILE} (nor {health_wire.SECRET_ENV}): "
             "refusing to serve requests nobody could sign"
         )
-        return wire.Exit.NO_SECRET
-    meminfo = os.environ.get(wire.MEMINFO_ENV, wire.DEFAULT_MEMINFO)
+        return health_wire.Exit.NO_SECRET
+    meminfo = os.environ.get(health_wire.MEMINFO_ENV, health_wire.DEFAULT_MEMINFO)
     agent = Agent(
         settings,
         secret,
-        docker_on(wire.DOCKER_SOCKET_MOUNT),
-        lambda: wire.read_mem_available(meminfo),
-        kernel_log=os.environ.get(wire.KERNEL_LOG_ENV, wire.DEFAULT_KERNEL_LOG),
+        docker_on(health_wire.DOCKER_SOCKET_MOUNT),
+        lambda: health_wire.read_mem_available(meminfo),
+        kernel_log=os.environ.get(health_wire.KERNEL_LOG_ENV, health_wire.DEFAULT_KERNEL_LOG),
         nonce_file=NONCE_FILE,
     )
     try:
         server = serve(agent, settings.host, settings.port)
     except OSError as exc:
         log(f"cannot listen on {settings.host}:{settings.port}: {exc}")
-        return wire.Exit.CANNOT_LISTEN
+        return health_wire.Exit.CANNOT_LISTEN
     log(f"{settings.node}: serving on {settings.host}:{settings.port} for {', '.join(settings.containers)}")
-    wire.guard_thread(agent.guard, log)
+    health_wire.guard_thread(agent.guard, log)
     server.serve_forever()
-    return wire.Exit.OK
+    return health_wire.Exit.OK
 
 
 if __name__ == "__main__":

@@ -52,8 +52,6 @@ from typing import Any
 
 from components.node_programs import cold_start, gpu_memory, health_wire
 
-wire = health_wire  # the short name below
-
 LOG_TAIL = 20  # server log lines kept in a diagnosis
 CALL_TIMEOUT_S = 10.0  # any one call to an agent, the daemon or Ray (the stop's own wait is added)
 # A start's log read once it answers: its milestones are among the first lines (vLLM's per-request and
@@ -361,10 +359,10 @@ class Watchdog:
         # what tells a new container (a fresh grace) and Docker's own restarts apart.
         self.seen: dict[tuple[str, str], dict] = {}
         self.ever_ready = False
-        self.state = wire.State.BUDGET_SPENT if self.p.spent else wire.State.STARTING
+        self.state = health_wire.State.BUDGET_SPENT if self.p.spent else health_wire.State.STARTING
         self.since = now
-        self.step: wire.Step | None = None
-        self.after: wire.Step | None = None  # the restart a memory wait leads to
+        self.step: health_wire.Step | None = None
+        self.after: health_wire.Step | None = None  # the restart a memory wait leads to
         self.step_deadline = 0.0
         self.pending: list[Target] = []  # what a memory wait starts, in order
         self.memory_nodes: list[str] = []
@@ -385,11 +383,11 @@ class Watchdog:
         self.held: dict | None = None
         self.diagnosis: dict | None = None
         self.would: dict | None = None
-        self.guard = wire.MemoryGuard(
+        self.guard = health_wire.MemoryGuard(
             settings.head,
             settings.memory_floor_bytes,
             settings.memory_floor_s,
-            settings.mode == wire.Mode.ENFORCE.value,
+            settings.mode == health_wire.Mode.ENFORCE.value,
             lambda: world.mem_available(settings.head),
             self._head_running,
             self._guard_stop,
@@ -425,7 +423,7 @@ class Watchdog:
         with self.lock:
             self._tick(self.clock())
 
-    def _set(self, state: wire.State, now: float) -> None:
+    def _set(self, state: health_wire.State, now: float) -> None:
         if state is not self.state:
             log(f"state {self.state.value} -> {state.value}")
             self.state, self.since = state, now
@@ -438,10 +436,10 @@ class Watchdog:
             return
         if self._guard_trips(now):
             return
-        if self.state is wire.State.BUDGET_SPENT:
+        if self.state is health_wire.State.BUDGET_SPENT:
             self._check_reset(now)
             return
-        if self.step is wire.Step.MEMORY_WAIT:
+        if self.step is health_wire.Step.MEMORY_WAIT:
             self._memory_wait(now)
             return
         probe = self._probe()
@@ -451,26 +449,26 @@ class Watchdog:
         if probe.ok:
             self._answered(now, probe)
             return
-        if self.state is wire.State.MEMORY_HELD:
+        if self.state is health_wire.State.MEMORY_HELD:
             return  # stopped acting: an operator frees the memory (reboots the node)
-        if self.step in (wire.Step.RESTART_SERVER, wire.Step.RESTART_CLUSTER):
+        if self.step in (health_wire.Step.RESTART_SERVER, health_wire.Step.RESTART_CLUSTER):
             if now >= self.step_deadline:
                 log(f"not ready {self.s.ready_s:g} s after {self.step.value}: restarting the cluster")
-                self._recover(now, "not_ready", wire.Step.RESTART_CLUSTER)
+                self._recover(now, "not_ready", health_wire.Step.RESTART_CLUSTER)
             return
         if not self.ever_ready and now - self.grace_from < self.s.startup_s:
-            self._set(wire.State.STARTING, now)
+            self._set(health_wire.State.STARTING, now)
             return
         self.failures += 1
         self._failed(now, self.failures, REASONS.get(probe.kind, "error"), "probes")
 
     def _failed(self, now: float, count: int, reason: str, what: str) -> None:
         """`count` failed `what` in a row: a recovery at `failures` (report mode: one per run)."""
-        self._set(wire.State.FAILING, now)
+        self._set(health_wire.State.FAILING, now)
         if count < self.s.failures:
             self.next_step = f"{count} of {self.s.failures} failed {what} in a row before a recovery"
-        elif count == self.s.failures or self.s.mode != wire.Mode.REPORT.value:
-            self._recover(now, reason, wire.Step.RESTART_SERVER)
+        elif count == self.s.failures or self.s.mode != health_wire.Mode.REPORT.value:
+            self._recover(now, reason, health_wire.Step.RESTART_SERVER)
 
     def _probe(self) -> Probe:
         self.probes += 1
@@ -482,7 +480,7 @@ class Watchdog:
 
     def _healthy(self, now: float) -> None:
         self.last_ready, self.next_step = now, "nothing to do"
-        self._set(wire.State.HEALTHY, now)
+        self._set(health_wire.State.HEALTHY, now)
         self._measure_start()
 
     def _measure_start(self) -> None:
@@ -509,7 +507,7 @@ class Watchdog:
         """/health answered: the server is ready (the first time, or after a restart); while it serves,
         /health proves the API server alive only, and the engine's progress and completions decide."""
         self.failures = 0
-        if not self.ever_ready or self.step is not None or self.state is wire.State.MEMORY_HELD:
+        if not self.ever_ready or self.step is not None or self.state is health_wire.State.MEMORY_HELD:
             log(f"the server is ready ({probe.latency_s:.2f} s)")
             self.step, self.held, self.ever_ready = None, None, True
             self.completion_failures, self.stall_since, self.progress = 0, None, None
@@ -523,7 +521,7 @@ class Watchdog:
                 f"{self.progress and self.progress['waiting']:g} waiting: the engine is hung"
             )
             self.stall_since = None  # report mode: the next verdict after another stall_s
-            self._recover(now, "stall", wire.Step.RESTART_SERVER)
+            self._recover(now, "stall", health_wire.Step.RESTART_SERVER)
             return
         idle = before is not None and before[0] + before[1] <= 0
         if not idle and not self.completion_failures and self.probes % self.s.completion_every:
@@ -592,7 +590,7 @@ class Watchdog:
         self.seen = {**before, **known}
         if not before:
             self._first_grace(found)
-        if self.state is wire.State.BUDGET_SPENT:
+        if self.state is health_wire.State.BUDGET_SPENT:
             return False
         replacing = sorted(f"{n} {c['state']}" for (_, n), c in known.items() if c["state"] in REPLACING)
         if replacing:
@@ -641,7 +639,7 @@ class Watchdog:
         self.grace_from, self.ever_ready, self.failures, self.completion_failures = now, False, 0, 0
         self.stall_since, self.progress, self.step, self.pending, self.held = None, None, None, [], None
         self.next_step = said
-        self._set(wire.State.STARTING, now)
+        self._set(health_wire.State.STARTING, now)
 
     def _docker_restarts(self, now: float, restarted: dict[tuple[str, str], int]) -> bool:
         """Docker's own restart policy (`unless-stopped`) restarted a serving container at once, with no
@@ -655,32 +653,32 @@ class Watchdog:
             return False
         names = ", ".join(f"{name} on {node}" for node, name in sorted(restarted))
         log(f"Docker restarted {names} {sum(restarted.values())} time(s) on its own")
-        if self.s.executor == "mp" and self.step in (wire.Step.DIAGNOSE, wire.Step.MEMORY_WAIT):
+        if self.s.executor == "mp" and self.step in (health_wire.Step.DIAGNOSE, health_wire.Step.MEMORY_WAIT):
             # The watchdog has stopped the world and not yet started it again (its stop broke the world:
             # a rank that lost its peers crashed and Docker's policy restarted it): part of that
             # recovery, which starts every rank again; its diagnosis and its one restart of the budget
             # stand. Once it started the world, a restart is a crash again, counted as one.
             log(f"part of the world restart under way ({self.reason}): not a recovery of its own")
             return False
-        report = self.s.mode == wire.Mode.REPORT.value
+        report = self.s.mode == health_wire.Mode.REPORT.value
         if self.s.executor == "mp" and not report:
-            self._recover(now, "docker_restart", wire.Step.RESTART_CLUSTER)
+            self._recover(now, "docker_restart", health_wire.Step.RESTART_CLUSTER)
             return True
         for _ in range(sum(restarted.values())):
             if not report and self.budget_left(now) <= 0:
                 self.reason = "docker_restart"
                 self.diagnosis = self._diagnose(now, "docker_restart")
-                self._spend(now, "docker_restart", wire.Step.RESTART_SERVER)
+                self._spend(now, "docker_restart", health_wire.Step.RESTART_SERVER)
                 return True
-            self._record_restart(now, "docker_restart", wire.Step.RESTART_SERVER)
+            self._record_restart(now, "docker_restart", health_wire.Step.RESTART_SERVER)
         if report:
             if self.s.executor == "mp":
-                self._recover(now, "docker_restart", wire.Step.RESTART_CLUSTER)
+                self._recover(now, "docker_restart", health_wire.Step.RESTART_CLUSTER)
             return False
-        self.reason, self.step = "docker_restart", wire.Step.RESTART_SERVER
+        self.reason, self.step = "docker_restart", health_wire.Step.RESTART_SERVER
         self.step_deadline, self.completion_failures = now + self.s.ready_s, 0
         self.next_step = f"Docker restarted {names}: waiting up to {self.s.ready_s:g} s for ready"
-        self._set(wire.State.RECOVERING, now)
+        self._set(health_wire.State.RECOVERING, now)
         return False
 
     # -- the memory guard: the head's own, and each agent's (read with its containers) --
@@ -696,8 +694,8 @@ class Watchdog:
         bounded = replace(target, stop_timeout_s=self.s.guard_stop_s)
         done = self.world.stop(bounded)
         found = next((c for c in self.world.containers(target.node) if c.get("name") == name), {})
-        done = wire.guard_stopped(done, found, self.s.guard_stop_s)
-        log(f"memory guard: stop {name} on {target.node}: {wire.guard_stop_said(done)}")
+        done = health_wire.guard_stopped(done, found, self.s.guard_stop_s)
+        log(f"memory guard: stop {name} on {target.node}: {health_wire.guard_stop_said(done)}")
         return done
 
     def _guard_trips(self, now: float) -> bool:
@@ -722,45 +720,45 @@ class Watchdog:
         for event in tripped:
             log(f"memory guard: {event.get('message')}")
         busy = (
-            self.state in (wire.State.BUDGET_SPENT, wire.State.MEMORY_HELD)
-            or self.step is wire.Step.MEMORY_WAIT
+            self.state in (health_wire.State.BUDGET_SPENT, health_wire.State.MEMORY_HELD)
+            or self.step is health_wire.Step.MEMORY_WAIT
         )
         if not tripped or busy:
             return False
         self.tripped = tripped[0]
-        self._recover(now, "memory_floor", wire.Step.RESTART_CLUSTER)
+        self._recover(now, "memory_floor", health_wire.Step.RESTART_CLUSTER)
         self.tripped = None
         return True
 
     def _read_skew(self) -> None:
         """Each agent's clock against the head's: beyond the signature window every request is refused."""
         skew = self.world.agent_clock_skew()
-        window = wire.SIGNATURE_WINDOW_S
+        window = health_wire.SIGNATURE_WINDOW_S
         for node, value in skew.items():
             if abs(value) > window and abs(self.skew.get(node, 0.0)) <= window:
-                log(wire.skew_message(node, value))
+                log(health_wire.skew_message(node, value))
         self.skew = skew
 
     # -- recovery --
 
-    def _targets(self, step: wire.Step) -> list[Target]:
+    def _targets(self, step: health_wire.Step) -> list[Target]:
         """What `step` starts, in order (stopped in the reverse order); under mp always the world."""
-        if step is wire.Step.RESTART_SERVER and self.s.executor != "mp":
+        if step is health_wire.Step.RESTART_SERVER and self.s.executor != "mp":
             return [self.s.server]
         return list(self.s.cluster)
 
-    def _recover(self, now: float, reason: str, step: wire.Step) -> None:
+    def _recover(self, now: float, reason: str, step: health_wire.Step) -> None:
         if self.s.executor == "mp":
-            step = wire.Step.RESTART_CLUSTER  # the ranks of one world live and die together
+            step = health_wire.Step.RESTART_CLUSTER  # the ranks of one world live and die together
         self.reason = reason
-        self.step = wire.Step.DIAGNOSE
-        self._set(wire.State.RECOVERING, now)
+        self.step = health_wire.Step.DIAGNOSE
+        self._set(health_wire.State.RECOVERING, now)
         self.diagnosis = self._diagnose(now, reason)
-        if self.s.mode == wire.Mode.REPORT.value:
+        if self.s.mode == health_wire.Mode.REPORT.value:
             self.step = None
             self.would = {"at": now, "step": step.value, "reason": reason}
             self.next_step = f"report mode: would {step.value.replace('_', ' ')} ({reason}); acting is off"
-            self._set(wire.State.FAILING, now)
+            self._set(health_wire.State.FAILING, now)
             return
         if self.budget_left(now) <= 0:
             self._spend(now, reason, step)
@@ -771,7 +769,7 @@ class Watchdog:
         self.pending, self.after = targets, step
         self.memory_nodes = [n.name for n in self.s.nodes]  # what the stop frees
         self.rule_passed, self.rule_next = set(), {}
-        self.step, self.step_deadline = wire.Step.MEMORY_WAIT, now + self.s.memory_wait_s
+        self.step, self.step_deadline = health_wire.Step.MEMORY_WAIT, now + self.s.memory_wait_s
         self._memory_wait(now)
 
     def _do(self, action: str, target: Target) -> dict:
@@ -805,9 +803,9 @@ class Watchdog:
         if short:
             name, available, need, why = short[0]
             message = (
-                wire.held_message(name, available, need)
+                health_wire.held_message(name, available, need)
                 if available is not None
-                else f"{name}: MemAvailable unknown ({why}), {wire.gb(need)} needed: check the node"
+                else f"{name}: MemAvailable unknown ({why}), {health_wire.gb(need)} needed: check the node"
             )
             held = {"node": name, "available_bytes": available, "need_bytes": need, "message": message}
         else:
@@ -823,7 +821,7 @@ class Watchdog:
         log(message)
         self.held = held
         self.step, self.pending, self.next_step = None, [], message
-        self._set(wire.State.MEMORY_HELD, now)
+        self._set(health_wire.State.MEMORY_HELD, now)
 
     def _startup_rule(self, now: float) -> list[tuple[str, dict]]:
         """The nodes whose probe says vLLM would refuse to start now (`gpu_memory.startup_rule`), each
@@ -862,8 +860,8 @@ class Watchdog:
                 continue
             if rule.get("checked"):
                 log(
-                    f"{name}: vLLM's start-up rule passes: {wire.gb1(rule['free_bytes'])} free "
-                    f"({rule['free_from']}), {wire.gb1(rule['requested_bytes'])} requested"
+                    f"{name}: vLLM's start-up rule passes: {health_wire.gb1(rule['free_bytes'])} free "
+                    f"({rule['free_from']}), {health_wire.gb1(rule['requested_bytes'])} requested"
                 )
             else:
                 log(f"{name}: vLLM's start-up rule not checked: {rule['why']}")
@@ -890,13 +888,13 @@ class Watchdog:
             for name in nodes
         }
 
-    def _record_restart(self, now: float, reason: str, step: wire.Step) -> None:
+    def _record_restart(self, now: float, reason: str, step: health_wire.Step) -> None:
         self.p.restarts.append({"at": now, "reason": reason, "step": step.value})
         self.p.restarts = [r for r in self.p.restarts if now - r["at"] < self.s.window_s][-RESTART_KEEP:]
         self.p.restarts_total[reason] = self.p.restarts_total.get(reason, 0) + 1
         self._persist()
 
-    def _spend(self, now: float, reason: str, step: wire.Step) -> None:
+    def _spend(self, now: float, reason: str, step: health_wire.Step) -> None:
         why = (
             f"{self.s.max_restarts} restarts in {self.s.window_s:g} s spent; the server needed another "
             f"({step.value.replace('_', ' ')}, {reason})"
@@ -912,7 +910,7 @@ class Watchdog:
         self.p.spent, self.p.stopped = {"at": now, "why": why}, stopped
         self._persist()
         self.step, self.pending, self.next_step = None, [], self._spent_next_step()
-        self._set(wire.State.BUDGET_SPENT, now)
+        self._set(health_wire.State.BUDGET_SPENT, now)
 
     def _check_reset(self, now: float) -> None:
         """Spent: reset once every container the watchdog stopped runs again (an operator started them)."""
@@ -930,7 +928,7 @@ class Watchdog:
             self._persist()
             self.grace_from, self.ever_ready, self.failures = now, False, 0
             self.next_step = "budget reset: waiting for the server to be ready"
-            self._set(wire.State.STARTING, now)
+            self._set(health_wire.State.STARTING, now)
 
     def _episode_from(self, now: float) -> float:
         """Since when a fault belongs to this failure: the last time the server answered (less one
@@ -963,7 +961,7 @@ class Watchdog:
         }
         if self.tripped:
             found["memory_guard"] = self.tripped
-        found["fault"] = wire.fault_summary(found)
+        found["fault"] = health_wire.fault_summary(found)
         unchecked = [n.name for n in self.s.nodes if n.need_bytes is None]
         if unchecked:
             found["memory_check"] = (
@@ -1020,9 +1018,9 @@ class Watchdog:
             "memory_guard": dict(self.memory_guard),
             "memory_guard_trips": dict(self.guard_trips),
             "clock_skew": [
-                wire.skew_message(node, value)
+                health_wire.skew_message(node, value)
                 for node, value in sorted(self.skew.items())
-                if abs(value) > wire.SIGNATURE_WINDOW_S
+                if abs(value) > health_wire.SIGNATURE_WINDOW_S
             ],
         }
 
@@ -1088,7 +1086,7 @@ def metrics_text(state: dict) -> str:
             "state",
             "gauge",
             "1 for the watchdog's current state.",
-            [(f'{{state="{s.value}"}}', int(state["state"] == s.value)) for s in wire.State],
+            [(f'{{state="{s.value}"}}', int(state["state"] == s.value)) for s in health_wire.State],
         ),
     ]
     return _prometheus(families)
@@ -1110,7 +1108,8 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
         (
             "agent_clock_skew_seconds",
             "gauge",
-            f"Each agent's clock minus the head's (beyond {wire.SIGNATURE_WINDOW_S} s every request fails).",
+            f"Each agent's clock minus the head's (beyond {health_wire.SIGNATURE_WINDOW_S} s every request "
+            "fails).",
             [(f'{{node="{node}"}}', value) for node, value in skew],
         ),
         (
@@ -1223,7 +1222,7 @@ class Agent:
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
         sent = time.time()
-        headers.update(wire.signed_headers(self.secret, "POST", path, body, sent, node=self.node))
+        headers.update(health_wire.signed_headers(self.secret, "POST", path, body, sent, node=self.node))
         status, data = http_call(f"http://{self.address}{path}", "POST", body, headers, timeout)
         answer = json.loads(data) if data else {}
         if skew and isinstance(answer.get("clock"), int | float):
@@ -1240,7 +1239,7 @@ class RealWorld(World):
         self.agents = {n.name: Agent(n.agent, secret, n.name) for n in settings.nodes if n.agent}
         self.refusals: dict[str, int] = {}
         self.guards: dict[str, dict] = {}  # each agent's memory guard report, from its /containers answer
-        self.kernel_log = os.environ.get(wire.KERNEL_LOG_ENV, wire.DEFAULT_KERNEL_LOG)
+        self.kernel_log = os.environ.get(health_wire.KERNEL_LOG_ENV, health_wire.DEFAULT_KERNEL_LOG)
 
     def probe_health(self, deadline_s: float) -> Probe:
         return timed_probe(lambda: http_call(f"{self.s.vllm_url}/health", timeout=deadline_s))
@@ -1272,9 +1271,9 @@ class RealWorld(World):
 
     def mem_available(self, node: str) -> tuple[int | None, str | None]:
         if node not in self.agents:
-            return wire.read_mem_available(self.meminfo)
+            return health_wire.read_mem_available(self.meminfo)
         try:
-            answer = self._agent(node, wire.AGENT_MEMINFO, {})
+            answer = self._agent(node, health_wire.AGENT_MEMINFO, {})
         except (OSError, ValueError) as exc:
             return None, f"its agent did not answer: {exc}"
         return answer.get("available_bytes"), answer.get("error")
@@ -1285,15 +1284,15 @@ class RealWorld(World):
             return gpu_memory.run_probe(self.socket, template)
         try:
             timeout = gpu_memory.PROBE_TIMEOUT_S + gpu_memory.REMOVE_S + CALL_TIMEOUT_S
-            return self._agent(node, wire.AGENT_MEMORY_PROBE, {"name": template}, timeout, skew=False)
+            return self._agent(node, health_wire.AGENT_MEMORY_PROBE, {"name": template}, timeout, skew=False)
         except (OSError, ValueError) as exc:
             return {"report": None, "error": f"its agent did not answer: {exc}"}
 
     def containers(self, node: str) -> list[dict]:
         if node not in self.agents:
-            return [wire.inspect(self.socket, name) for name in self.s.node(node).containers]
+            return [health_wire.inspect(self.socket, name) for name in self.s.node(node).containers]
         try:
-            answer = self._agent(node, wire.AGENT_CONTAINERS, {})
+            answer = self._agent(node, health_wire.AGENT_CONTAINERS, {})
             if isinstance(answer.get("guard"), dict):
                 self.guards[node] = answer["guard"]
             return answer["containers"]
@@ -1304,14 +1303,14 @@ class RealWorld(World):
 
     def _act(self, action: str, target: Target) -> dict:
         if target.node not in self.agents:
-            return wire.act(
+            return health_wire.act(
                 self.socket,
                 action,
                 target.name,
                 target.stop_timeout_s,
                 CALL_TIMEOUT_S + target.stop_timeout_s,
             )
-        path = wire.AGENT_STOP if action == "stop" else wire.AGENT_START
+        path = health_wire.AGENT_STOP if action == "stop" else health_wire.AGENT_START
         try:
             return self._agent(
                 target.node, path, {"name": target.name}, CALL_TIMEOUT_S + target.stop_timeout_s
@@ -1327,16 +1326,17 @@ class RealWorld(World):
 
     def logs(self, target: Target, tail: int) -> list[str]:
         if target.node not in self.agents:
-            return wire.logs(self.socket, target.name, tail)
+            return health_wire.logs(self.socket, target.name, tail)
         try:
-            return self._agent(target.node, wire.AGENT_LOGS, {"name": target.name, "tail": tail})["lines"]
+            asked = {"name": target.name, "tail": tail}
+            return self._agent(target.node, health_wire.AGENT_LOGS, asked)["lines"]
         except (OSError, ValueError, KeyError) as exc:
             return [f"(no logs: {exc})"]
 
     def start_lines(self, target: Target, since: float, until: float) -> list[str]:
         if target.node in self.agents:
             raise OSError(f"{target.name} runs on {target.node}: its log is read on the head only")
-        return wire.stamped_logs(self.socket, target.name, since, until, START_LOG_LINES)
+        return health_wire.stamped_logs(self.socket, target.name, since, until, START_LOG_LINES)
 
     def ray_nodes(self) -> dict:
         """Ray's live nodes from its dashboard (best effort, bounded)."""
@@ -1351,16 +1351,16 @@ class RealWorld(World):
             return {"error": f"{type(exc).__name__}: {exc}"}
 
     def boot_time(self) -> float | None:
-        return wire.boot_time()
+        return health_wire.boot_time()
 
     def memory_guards(self) -> dict[str, dict]:
         return dict(self.guards)
 
     def kernel_faults(self, node: str, since: float) -> dict:
         if node not in self.agents:
-            return wire.recent_kernel_faults(self.kernel_log, since)
+            return health_wire.recent_kernel_faults(self.kernel_log, since)
         try:
-            answer = self._agent(node, wire.AGENT_KERNEL, {"since": since})
+            answer = self._agent(node, health_wire.AGENT_KERNEL, {"since": since})
         except (OSError, ValueError) as exc:
             return {"faults": [], "error": f"its agent did not answer: {exc}"}
         return {"faults": answer.get("faults") or [], "error": answer.get("error")}
@@ -1412,9 +1412,9 @@ def serve_http(dog: Watchdog, host: str, port: int):
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?", 1)[0]
-            if path == wire.METRICS_PATH:
+            if path == health_wire.METRICS_PATH:
                 data, kind = metrics_text(dog.snapshot()).encode(), "text/plain; version=0.0.4"
-            elif path == wire.STATE_PATH:
+            elif path == health_wire.STATE_PATH:
                 data, kind = json.dumps(dog.snapshot()).encode(), "application/json"
             else:
                 self.send_error(404)
@@ -1433,35 +1433,39 @@ def serve_http(dog: Watchdog, host: str, port: int):
 
 def main(argv: list[str]) -> int:
     try:
-        raw = os.environ[wire.CONFIG_ENV]
-        if json.loads(raw).get("mode") == wire.Mode.OFF.value:
+        raw = os.environ[health_wire.CONFIG_ENV]
+        if json.loads(raw).get("mode") == health_wire.Mode.OFF.value:
             log("health.mode is off: nothing to watch")
-            return wire.Exit.MODE_OFF
+            return health_wire.Exit.MODE_OFF
         settings = Settings.from_json(raw)
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
-        log(f"{wire.CONFIG_ENV} missing or not the watchdog's config ({type(exc).__name__}: {exc})")
-        return wire.Exit.BAD_CONFIG
-    secret = wire.read_secret()
+        log(f"{health_wire.CONFIG_ENV} missing or not the watchdog's config ({type(exc).__name__}: {exc})")
+        return health_wire.Exit.BAD_CONFIG
+    secret = health_wire.read_secret()
     if not secret and any(n.agent for n in settings.nodes):
-        log(f"no secret in {wire.SECRET_FILE} (nor {wire.SECRET_ENV}): the agents would refuse every request")
-        return wire.Exit.NO_SECRET
-    state_path = os.path.join(os.environ.get("QWEN35_HEALTH_STATE_DIR", wire.STATE_DIR), wire.STATE_FILE)
+        log(
+            f"no secret in {health_wire.SECRET_FILE} (nor {health_wire.SECRET_ENV}): "
+            "the agents would refuse every request"
+        )
+        return health_wire.Exit.NO_SECRET
+    state_dir = os.environ.get("QWEN35_HEALTH_STATE_DIR", health_wire.STATE_DIR)
+    state_path = os.path.join(state_dir, health_wire.STATE_FILE)
     world = RealWorld(
         settings,
         secret,
-        os.environ.get(wire.API_KEY_ENV) or None,
-        os.environ.get(wire.MEMINFO_ENV, wire.DEFAULT_MEMINFO),
-        wire.DOCKER_SOCKET_MOUNT,
+        os.environ.get(health_wire.API_KEY_ENV) or None,
+        os.environ.get(health_wire.MEMINFO_ENV, health_wire.DEFAULT_MEMINFO),
+        health_wire.DOCKER_SOCKET_MOUNT,
     )
     dog = Watchdog(settings, world, time.time, load_saved(state_path), saver(state_path))
     try:
         serve_http(dog, settings.metrics_host, settings.port)
     except OSError as exc:
         log(f"cannot listen on {settings.metrics_host}:{settings.port}: {exc}")
-        return wire.Exit.CANNOT_LISTEN
+        return health_wire.Exit.CANNOT_LISTEN
     where = f"{settings.metrics_host}:{settings.port}"
     log(f"watching {settings.vllm_url} ({settings.mode}); /metrics and /state on {where}")
-    wire.guard_thread(dog.guard, log)
+    health_wire.guard_thread(dog.guard, log)
     while True:
         started = time.monotonic()
         try:
@@ -1469,7 +1473,7 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # a tick that fails is logged and the next one runs: never exit
             log(f"tick failed: {type(exc).__name__}: {exc}")
         if "--once" in argv:
-            return wire.Exit.OK
+            return health_wire.Exit.OK
         time.sleep(max(settings.interval_s - (time.monotonic() - started), 0.1))
 
 

@@ -23,7 +23,7 @@ import pytest
 import lab
 from engine.lab_stack import write_config
 from lab.layout import lab_dir
-from status import facts
+from status import gather
 from status.verdict import fabric_lines
 from tests.engine.conftest import Stack, changes, secret_stack, steps, urn_name
 from tests.engine.conftest import up_or_fail as up
@@ -111,9 +111,9 @@ def status_speeds(stack: Stack, monkeypatch) -> dict[str, str]:
     """`status`'s fabric lines, their speed part read from this stack's output by the real CLI."""
     for key, value in stack.engine.env().items():
         monkeypatch.setenv(key, value)
-    recorded = facts.stack_fabric(stack.name, which=lambda _: str(stack.engine.pulumi))
+    recorded = gather.stack_fabric(stack.name, which=lambda _: str(stack.engine.pulumi))
     assert "output" in recorded, recorded
-    config = facts.load_config(stack.config)
+    config = gather.load_config(stack.config)
     lines, warnings = fabric_lines(config, {"nodes": {}, "fabric_output": recorded}, {})
     assert warnings == []
     return lines

@@ -20,7 +20,7 @@ import yaml
 
 import lab
 from lab.nodes import running_sshd
-from status.facts import ROOT, deployment_image, load_config
+from status.gather import ROOT, deployment_image, load_config
 from tests.lab.test_e2e import (  # noqa: F401  (engine and placed are fixtures used by name)
     API_KEY,
     HEALTH_ROLES,

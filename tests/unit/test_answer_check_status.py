@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from components.config import parse_stack_config
-from status import facts, render
+from status import gather, render
 from status.verdict import Verdict, answers_line, judge
 from tests.support.program import config_from, dev_raw
 
@@ -71,13 +71,13 @@ def test_gather_reads_answers_only_with_the_check_on(monkeypatch, mode, asked):
     raw["answers"] = {"mode": mode}
     config = parse_stack_config(raw)
     seen = []
-    monkeypatch.setattr(facts, "stack_answers", lambda stack: seen.append(stack) or {"output": RECORDED})
+    monkeypatch.setattr(gather, "stack_answers", lambda stack: seen.append(stack) or {"output": RECORDED})
     for name in ("stack_bench", "stack_fabric", "stack_cold_start"):
-        monkeypatch.setattr(facts, name, lambda stack: {"output": {}})
-    monkeypatch.setattr(facts, "fabric_facts", lambda *a: {})
-    monkeypatch.setattr(facts, "ask_node", lambda *a: {"reachable": True})
-    monkeypatch.setattr(facts, "server_facts", lambda *a: {})
-    gathered = facts.gather(config, None, connect_timeout=1, stack="dev")
+        monkeypatch.setattr(gather, name, lambda stack: {"output": {}})
+    monkeypatch.setattr(gather, "fabric_facts", lambda *a: {})
+    monkeypatch.setattr(gather, "ask_node", lambda *a: {"reachable": True})
+    monkeypatch.setattr(gather, "server_facts", lambda *a: {})
+    gathered = gather.gather(config, None, connect_timeout=1, stack="dev")
     assert seen == (["dev"] if asked else [])
     assert ("answers_output" in gathered) is asked
     verdict = judge(config, {"nodes": {}, "answers_output": {"output": RECORDED}})
@@ -91,7 +91,7 @@ def test_the_answers_output_is_read_with_the_pulumi_cli(tmp_path):
         '&& echo \'{"mode": "report"}\' && exit 0\nexit 255\n'
     )
     cli.chmod(0o755)
-    assert facts.stack_answers("dev", cwd=tmp_path, which=lambda _: str(cli)) == {
+    assert gather.stack_answers("dev", cwd=tmp_path, which=lambda _: str(cli)) == {
         "output": {"mode": "report"}
     }
 

@@ -9,7 +9,7 @@ import pytest
 
 from components.config import parse_stack_config
 from components.remote import LocalTransport
-from status import facts, render
+from status import gather, render
 from status.verdict import judge
 from tests.support.fabric_trees import DOWN, PortSpec, spark_tree, write_tree
 from tests.support.program import stack_config
@@ -28,7 +28,7 @@ def gathered_with(config, trees: dict) -> dict:
     gathered = healthy()
     for node in config.nodes:
         write_tree(Path(node.sysfs_root), trees[node.name])
-        gathered["nodes"][node.name]["fabric"] = facts.fabric_facts(config, LocalTransport(), node.name)
+        gathered["nodes"][node.name]["fabric"] = gather.fabric_facts(config, LocalTransport(), node.name)
     return gathered
 
 
@@ -86,10 +86,10 @@ def test_a_port_down_and_unreadable_facts(tmp_path):
 def test_with_the_check_off_status_reads_no_fabric(monkeypatch):
     config = parse_stack_config({k.split(":", 1)[1]: v for k, v in stack_config("lab").items()})
     asked = []
-    monkeypatch.setattr(facts, "fabric_facts", lambda *a: asked.append(a) or {})
-    monkeypatch.setattr(facts, "ask_node", lambda *a: {"reachable": False, "error": "down"})
-    monkeypatch.setattr(facts, "server_facts", lambda *a: {})
-    gathered = facts.gather(config, None, connect_timeout=1)
+    monkeypatch.setattr(gather, "fabric_facts", lambda *a: asked.append(a) or {})
+    monkeypatch.setattr(gather, "ask_node", lambda *a: {"reachable": False, "error": "down"})
+    monkeypatch.setattr(gather, "server_facts", lambda *a: {})
+    gathered = gather.gather(config, None, connect_timeout=1)
     assert asked == [] and all("fabric" not in n for n in gathered["nodes"].values())
     assert "fabric" not in render.text(judge(config, gathered), "lab")
 
@@ -97,10 +97,10 @@ def test_with_the_check_off_status_reads_no_fabric(monkeypatch):
 @pytest.mark.parametrize("reachable", [True, False])
 def test_gather_asks_each_reachable_node_for_its_fabric(tmp_path, monkeypatch, reachable):
     config = fabric_config(tmp_path)
-    monkeypatch.setattr(facts, "fabric_facts", lambda cfg, transport, name: {"report": name})
-    monkeypatch.setattr(facts, "ask_node", lambda *a: {"reachable": reachable})
-    monkeypatch.setattr(facts, "server_facts", lambda *a: {})
-    gathered = facts.gather(config, None, connect_timeout=1)
+    monkeypatch.setattr(gather, "fabric_facts", lambda cfg, transport, name: {"report": name})
+    monkeypatch.setattr(gather, "ask_node", lambda *a: {"reachable": reachable})
+    monkeypatch.setattr(gather, "server_facts", lambda *a: {})
+    gathered = gather.gather(config, None, connect_timeout=1)
     expect = {"node-a": {"report": "node-a"}, "node-b": {"report": "node-b"}} if reachable else {}
     assert {n: r["fabric"] for n, r in gathered["nodes"].items() if "fabric" in r} == expect
 
@@ -219,13 +219,13 @@ def test_the_stack_output_is_read_with_the_pulumi_cli(tmp_path):
         f'[ "$1 $2 $3 $4 $5 $6" = "stack output fabric --json --stack lab" ] && echo \'{printed}\' '
         '&& exit 0\necho "error: no stack named lab" >&2; exit 255\n',
     )
-    got = facts.stack_fabric("lab", cwd=tmp_path, which=lambda _: cli)
+    got = gather.stack_fabric("lab", cwd=tmp_path, which=lambda _: cli)
     assert got == {"output": {"check": "enforce", "nodes": {"node-b": {"throughput": {"gbytes_s": 11.8}}}}}
-    missing = facts.stack_fabric("dev", cwd=tmp_path, which=lambda _: cli)
+    missing = gather.stack_fabric("dev", cwd=tmp_path, which=lambda _: cli)
     assert missing == {"error": "`pulumi stack output fabric --stack dev`: error: no stack named lab"}
     nothing_built = {"QWEN35_CACHE": str(tmp_path)}
-    assert "no Pulumi CLI" in facts.stack_fabric("lab", which=lambda _: None, env=nothing_built)["error"]
-    assert facts.stack_fabric("lab", cwd=tmp_path, which=lambda _: fake_cli(tmp_path, "echo oops\n")) == {
+    assert "no Pulumi CLI" in gather.stack_fabric("lab", which=lambda _: None, env=nothing_built)["error"]
+    assert gather.stack_fabric("lab", cwd=tmp_path, which=lambda _: fake_cli(tmp_path, "echo oops\n")) == {
         "error": "`pulumi stack output fabric` printed no JSON"
     }
 
@@ -234,11 +234,11 @@ def test_the_stack_output_is_read_with_the_pulumi_cli(tmp_path):
 def test_gather_reads_the_stack_output_where_a_stack_is_named(tmp_path, monkeypatch, stack):
     config = fabric_config(tmp_path)
     asked = []
-    monkeypatch.setattr(facts, "stack_fabric", lambda name: asked.append(name) or {"output": {}})
-    monkeypatch.setattr(facts, "fabric_facts", lambda *a: {})
-    monkeypatch.setattr(facts, "ask_node", lambda *a: {"reachable": True})
-    monkeypatch.setattr(facts, "server_facts", lambda *a: {})
-    gathered = facts.gather(config, None, connect_timeout=1, stack=stack)
+    monkeypatch.setattr(gather, "stack_fabric", lambda name: asked.append(name) or {"output": {}})
+    monkeypatch.setattr(gather, "fabric_facts", lambda *a: {})
+    monkeypatch.setattr(gather, "ask_node", lambda *a: {"reachable": True})
+    monkeypatch.setattr(gather, "server_facts", lambda *a: {})
+    gathered = gather.gather(config, None, connect_timeout=1, stack=stack)
     assert asked == ([stack] if stack else [])
     assert ("fabric_output" in gathered) is bool(stack)
 
@@ -248,8 +248,8 @@ def test_status_names_its_stack_to_gather(tmp_path, monkeypatch):
 
     config = fabric_config(tmp_path)
     seen = {}
-    monkeypatch.setattr(facts, "load_config", lambda path: config)
-    monkeypatch.setattr(facts, "api_key", lambda stack: (None, ""))
-    monkeypatch.setattr(facts, "gather", lambda cfg, key, **kw: seen.update(kw) or healthy())
+    monkeypatch.setattr(gather, "load_config", lambda path: config)
+    monkeypatch.setattr(gather, "api_key", lambda stack: (None, ""))
+    monkeypatch.setattr(gather, "gather", lambda cfg, key, **kw: seen.update(kw) or healthy())
     cli.main(["--file", str(tmp_path / "Pulumi.edge.yaml")])
     assert seen["stack"] == "edge"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from components.config import parse_stack_config
-from status import facts, render
+from status import gather, render
 from status.verdict import Verdict, bench_line
 from tests.support.program import config_from, dev_raw
 
@@ -77,12 +77,12 @@ def test_gather_reads_serve_bench_only_with_the_bench_on(monkeypatch, mode, aske
     raw["bench"] = {"mode": mode}
     config = parse_stack_config(raw)
     seen = []
-    monkeypatch.setattr(facts, "stack_bench", lambda stack: seen.append(stack) or {"output": RECORDED})
-    monkeypatch.setattr(facts, "stack_fabric", lambda stack: {"output": {}})
-    monkeypatch.setattr(facts, "fabric_facts", lambda *a: {})
-    monkeypatch.setattr(facts, "ask_node", lambda *a: {"reachable": True})
-    monkeypatch.setattr(facts, "server_facts", lambda *a: {})
-    gathered = facts.gather(config, None, connect_timeout=1, stack="dev")
+    monkeypatch.setattr(gather, "stack_bench", lambda stack: seen.append(stack) or {"output": RECORDED})
+    monkeypatch.setattr(gather, "stack_fabric", lambda stack: {"output": {}})
+    monkeypatch.setattr(gather, "fabric_facts", lambda *a: {})
+    monkeypatch.setattr(gather, "ask_node", lambda *a: {"reachable": True})
+    monkeypatch.setattr(gather, "server_facts", lambda *a: {})
+    gathered = gather.gather(config, None, connect_timeout=1, stack="dev")
     assert seen == (["dev"] if asked else [])
     assert ("bench_output" in gathered) is asked
 
@@ -94,7 +94,7 @@ def test_the_serve_bench_output_is_read_with_the_pulumi_cli(tmp_path):
         '&& echo \'{"mode": "report"}\' && exit 0\nexit 255\n'
     )
     cli.chmod(0o755)
-    assert facts.stack_bench("dev", cwd=tmp_path, which=lambda _: str(cli)) == {"output": {"mode": "report"}}
+    assert gather.stack_bench("dev", cwd=tmp_path, which=lambda _: str(cli)) == {"output": {"mode": "report"}}
 
 
 def test_the_bench_row_is_rendered_only_when_judged():

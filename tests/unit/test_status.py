@@ -13,7 +13,7 @@ import pytest
 
 from components.config import parse_stack_config
 from components.node_programs import node_status
-from status import facts, render
+from status import gather, render
 from status import verdict as verdict_module
 from status.verdict import Problem, duration, judge
 from tests.support.program import stack_config
@@ -422,13 +422,13 @@ def test_json_carries_verdict_and_facts_without_secrets(config):
 
 
 def test_node_requests_name_the_declared_things_and_no_secret(config):
-    requests = facts.node_requests(config)
+    requests = gather.node_requests(config)
     assert requests["node-a"]["containers"] == ["qwen35-ray-head", "qwen35-vllm", "qwen35-watchdog"]
     assert requests["node-a"]["ray_container"] == "qwen35-ray-head"
     # The head reads its watchdog's /state on the address it listens on (the fabric's).
     assert requests["node-a"]["watchdog_url"] == "http://127.0.0.2:29592/state"
     assert requests["node-b"] == {
-        "image": facts.deployment_image(config),
+        "image": gather.deployment_image(config),
         "containers": ["qwen35-ray-worker", "qwen35-health-agent"],
         "hf_cache": "/run/qwen35-lab/node-b/hf-cache",  # model.cache_dirs: its own
         "model": "lab/standin-qwen35",
@@ -439,21 +439,21 @@ def test_node_requests_name_the_declared_things_and_no_secret(config):
         "server_container": None,
         "watchdog_url": None,
     }
-    assert facts.deployment_image(config).startswith("lab-vllm-qwen35:h-")
+    assert gather.deployment_image(config).startswith("lab-vllm-qwen35:h-")
 
 
 def test_api_key_from_the_cli_where_it_exists_else_the_environment(tmp_path):
     # QWEN35_CACHE: where no CLI was built (else `make engine`'s would be asked).
     env = {"QWEN35_API_KEY": "sk-env", "QWEN35_CACHE": str(tmp_path)}
-    assert facts.api_key("lab", env={"QWEN35_CACHE": str(tmp_path)}, which=lambda _: None) == (None, "")
-    assert facts.api_key("lab", env=env, which=lambda _: None) == ("sk-env", "$QWEN35_API_KEY")
+    assert gather.api_key("lab", env={"QWEN35_CACHE": str(tmp_path)}, which=lambda _: None) == (None, "")
+    assert gather.api_key("lab", env=env, which=lambda _: None) == ("sk-env", "$QWEN35_API_KEY")
     cli = tmp_path / "pulumi"
     # argv: config get --show-secrets KEY --stack STACK
     cli.write_text('#!/bin/sh\n[ "$4" = qwen35-spark:api_key ] && [ "$6" = lab ] && echo sk-cli\n')
     cli.chmod(0o755)
-    assert facts.api_key("lab", env=env, which=lambda _: str(cli)) == ("sk-cli", "pulumi config")
+    assert gather.api_key("lab", env=env, which=lambda _: str(cli)) == ("sk-cli", "pulumi config")
     # A stack without the secret: the CLI prints nothing; the environment still counts.
-    assert facts.api_key("dev", env=env, which=lambda _: str(cli)) == ("sk-env", "$QWEN35_API_KEY")
+    assert gather.api_key("dev", env=env, which=lambda _: str(cli)) == ("sk-env", "$QWEN35_API_KEY")
 
 
 def test_problem_line():
@@ -541,7 +541,7 @@ def test_node_program_runs_as_shipped_and_reports_without_docker(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python3").symlink_to(os.path.realpath("/usr/bin/python3"))
     done = subprocess.run(
-        facts.NODE_PROGRAM_ARGV,
+        gather.NODE_PROGRAM_ARGV,
         input=json.dumps(request).encode(),
         capture_output=True,
         env=env,
@@ -595,7 +595,7 @@ def test_a_node_that_never_answers_costs_its_connect_timeout(tmp_path):
     try:
         target = SshTarget("127.0.0.1", "root", str(tmp_path / "kh"), port=listener.getsockname()[1],
                            connect_timeout=1)  # fmt: skip
-        report = facts.ask_node(SshTransport(target), {"image": "x"}, timeout=30)
+        report = gather.ask_node(SshTransport(target), {"image": "x"}, timeout=30)
     finally:
         listener.close()
     assert report["reachable"] is False
@@ -661,7 +661,7 @@ def lab_mp_config():
 
 def test_under_executor_mp_status_asks_for_each_node_s_rank_and_no_ray():
     cfg = lab_mp_config()
-    requests = facts.node_requests(cfg)
+    requests = gather.node_requests(cfg)
     assert requests["node-a"]["containers"] == ["qwen35-vllm", "qwen35-watchdog"]
     assert requests["node-a"]["ray_container"] is None
     assert requests["node-b"]["containers"] == ["qwen35-vllm-rank1", "qwen35-health-agent"]
