@@ -8,8 +8,6 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-import pulumi
-
 from components.fabric_check.errors import FabricCheckError
 from components.fabric_check.facts import NodeFacts, node_facts
 from components.fabric_check.plan import Decision, Probe, decide, probe_verdict, refusal, settings, with_probe
@@ -92,6 +90,8 @@ def ensure(
 ) -> dict[str, Any]:
     """Check the node's fabric (`_checked`), tell the operator what it found, and return the check's
     outputs (the inputs and the decision's); FabricCheckError when refused (mode enforce)."""
+    import pulumi  # here, not at the top: `status` reads facts with this module, and no Pulumi
+
     decision = _checked(props, transport)
     if decision.problems:  # mode report: recorded, and `up` goes on
         pulumi.log.warn("\n".join(decision.problems) + "\n  (fabric.check: report: continuing)")

@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pulumi
-
 from components.model_support import programs
 from components.model_support.errors import ModelSupportError, ServeArgsError
 from components.model_support.facts import (
@@ -89,6 +87,8 @@ def refuse_or_record(
     if expected is not None and proof and report is not None and expected_refusal(props, proof, report):
         expected[proof] = str(report["failed_stage"])
         return
+    import pulumi  # here, not at the top: importing the package, as `status` does, loads no Pulumi
+
     # The provider process's log goes to stderr (pulumi/pulumi#6065): the outputs carry it too.
     pulumi.log.warn(f"{message}\n  (image.model_check: report: continuing)")
 
@@ -215,6 +215,8 @@ def ensure(
         outs["serve_args"] = prove_serve_args(transport, props, args, steps.deadline_s, expected)
     outs.update(prove_model(transport, props, payload, steps.deadline_s, expected))
     if expected:
+        import pulumi  # here, not at the top: see `refuse_or_record`
+
         # Not news (the stack declared them): one line, where a refusal would show three warnings.
         pulumi.log.info(expected_summary(props, expected))
     return outs

@@ -11,8 +11,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import pulumi
-
 from components.nccl import parse_nccl_log
 from components.node_programs.health_wire import mem_available
 from components.node_proof.errors import NodeProofError
@@ -131,6 +129,8 @@ def ensure(
 ) -> dict[str, Any]:
     """Run the proof on every node and judge it: its outputs; NodeProofError under enforce when a
     node is refused (nothing recorded: the next `up` proves again)."""
+    import pulumi  # here, not at the top: importing the package loads no Pulumi (provider_kit/lazy.py)
+
     transports = node_transports(props, transports)
     host = host_software(props, transports)
     short = memory_short(props, transports)
@@ -189,6 +189,8 @@ def observe(props: Mapping[str, Any], *, transports: Mapping[str, Transport] | N
         for name, facts in host.items()
     }
     outs = {**props, "observed_software": observed}
+    import pulumi  # here, not at the top: see `ensure`
+
     for line in drift_said(outs):
         pulumi.log.warn(
             f"node proof: host software changed since the proof ({line}); the next `up` proves again"

@@ -156,8 +156,8 @@ def test_unchanged_inputs_after_a_create_need_no_new_run(head):
 @pytest.fixture
 def said(monkeypatch) -> dict[str, list[str]]:
     said: dict[str, list[str]] = {"warn": [], "info": []}
-    monkeypatch.setattr(execute.pulumi.log, "warn", lambda message, *_a, **_k: said["warn"].append(message))
-    monkeypatch.setattr(execute.pulumi.log, "info", lambda message, *_a, **_k: said["info"].append(message))
+    monkeypatch.setattr("pulumi.log.warn", lambda message, *_a, **_k: said["warn"].append(message))
+    monkeypatch.setattr("pulumi.log.info", lambda message, *_a, **_k: said["info"].append(message))
     return said
 
 
