@@ -46,8 +46,16 @@ from components.answer_check.plan import (
 )
 from components.answer_check.programs import answer_argv, answer_program, answer_spec
 from components.answer_check.prompts import VERSION, known_answers, prompt_set, set_digest
-from components.answer_check.provider import AnswerCheckProvider
-from components.answer_check.resource import AnswerCheck
+from components.provider_kit.lazy import lazy_exports
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "AnswerCheck": ".resource",
+        "AnswerCheckProvider": ".provider",
+    },
+)
 
 __all__ = [
     "CHECK_KEYS",

@@ -17,8 +17,17 @@ The same parts as every node resource:
 """
 
 from components.checkpoint.errors import CheckpointError
-from components.checkpoint.fan_out import checkpoint_tree, node_cache_dir
-from components.checkpoint.provider import CheckpointProvider
-from components.checkpoint.resource import Checkpoint
+from components.provider_kit.lazy import lazy_exports
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Checkpoint": ".resource",
+        "CheckpointProvider": ".provider",
+        "checkpoint_tree": ".fan_out",
+        "node_cache_dir": ".fan_out",
+    },
+)
 
 __all__ = ["Checkpoint", "CheckpointError", "CheckpointProvider", "checkpoint_tree", "node_cache_dir"]

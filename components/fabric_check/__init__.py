@@ -62,8 +62,16 @@ from components.fabric_check.plan import (
     validate,
 )
 from components.fabric_check.programs import ADDRESSES_FILE, facts_argv, facts_spec
-from components.fabric_check.provider import FabricCheckProvider
-from components.fabric_check.resource import FabricCheck
+from components.provider_kit.lazy import lazy_exports
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "FabricCheck": ".resource",
+        "FabricCheckProvider": ".provider",
+    },
+)
 
 __all__ = [
     "ADDRESSES_FILE",

@@ -8,6 +8,9 @@ programs are `components/node_programs/watchdog.py` and `health_agent.py`, their
 pickled it by reference as `components.health.HealthSecretProvider`.
 """
 
-from components.health_secret import HealthSecretProvider
+from components.provider_kit.lazy import lazy_exports
+
+# Loaded on first use: the provider imports Pulumi, and `status` reads this package's containers.
+__getattr__, __dir__ = lazy_exports(__name__, {"HealthSecretProvider": "components.health_secret"})
 
 __all__ = ["HealthSecretProvider"]

@@ -23,8 +23,16 @@ from components.health_secret.plan import (
     plan_change,
     validate,
 )
-from components.health_secret.provider import HealthSecretProvider
-from components.health_secret.resource import HealthSecret
+from components.provider_kit.lazy import lazy_exports
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "HealthSecret": ".resource",
+        "HealthSecretProvider": ".provider",
+    },
+)
 
 __all__ = [
     "SECRET_KEY",

@@ -74,8 +74,16 @@ from components.image_build.programs import (
     untag_argv,
     write_context,
 )
-from components.image_build.provider import ImageBuildProvider
-from components.image_build.resource import ImageBuild
+from components.provider_kit.lazy import lazy_exports
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ImageBuild": ".resource",
+        "ImageBuildProvider": ".provider",
+    },
+)
 
 __all__ = [
     "BUILD_TAG_PREFIX",

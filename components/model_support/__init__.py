@@ -112,8 +112,16 @@ from components.model_support.programs import (
     serve_args_argv,
     throwaway_run,
 )
-from components.model_support.provider import ModelSupportCheckProvider
-from components.model_support.resource import ModelSupportCheck
+from components.provider_kit.lazy import lazy_exports
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ModelSupportCheck": ".resource",
+        "ModelSupportCheckProvider": ".provider",
+    },
+)
 
 __all__ = [
     "CHECKPOINT_AT_FAULT",

@@ -43,13 +43,22 @@ from components.node_image.facts import (
     parse_layer_sizes,
     same_image,
 )
-from components.node_image.fan_out import copy_tree
 from components.node_image.inputs import NODE_KEYS, STORES, Node, clean_node, inputs, parse
 from components.node_image.plan import Copy, Retag, Skip, disk_needed, plan, plan_change, replace_reasons
 from components.node_image.programs import TMP_TAG_PREFIX, facts_argv, filter_argv, filter_spec, load_argv
-from components.node_image.provider import NodeImageProvider
-from components.node_image.resource import OUTPUT_KEYS, NodeImage
+from components.provider_kit.lazy import lazy_exports
 from components.transfer import TIMING_ENV, PhaseTimes, Tuning, peer_target
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "NodeImage": ".resource",
+        "NodeImageProvider": ".provider",
+        "OUTPUT_KEYS": ".resource",
+        "copy_tree": ".fan_out",
+    },
+)
 
 __all__ = [
     "INSPECT_FORMAT",

@@ -45,8 +45,16 @@ from components.node_proof.plan import (
     validate,
 )
 from components.node_proof.programs import container_name, proof_argv, proof_spec, run_options
-from components.node_proof.provider import NodeProofProvider
-from components.node_proof.resource import NodeProof
+from components.provider_kit.lazy import lazy_exports
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "NodeProof": ".resource",
+        "NodeProofProvider": ".provider",
+    },
+)
 
 __all__ = [
     "ENFORCE",

@@ -21,6 +21,7 @@ Keep `ReadinessGateProvider` importable here under this name, with no import-tim
 pickle it by reference to this module.
 """
 
+from components.provider_kit.lazy import lazy_exports
 from components.readiness_gate.errors import GateFailed
 from components.readiness_gate.execute import TRANSPORT_SLACK_S, ensure, observe
 from components.readiness_gate.facts import probe_report
@@ -32,8 +33,15 @@ from components.readiness_gate.plan import (
     rollback_hint,
 )
 from components.readiness_gate.programs import probe_argv, probe_program
-from components.readiness_gate.provider import ReadinessGateProvider
-from components.readiness_gate.resource import ReadinessGate
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ReadinessGate": ".resource",
+        "ReadinessGateProvider": ".provider",
+    },
+)
 
 __all__ = [
     "PROBE_KEYS",

@@ -26,6 +26,7 @@ Keep `ServeBenchProvider` importable here under this name, with no import-time s
 pickle it by reference to this module.
 """
 
+from components.provider_kit.lazy import lazy_exports
 from components.serve_bench.errors import BelowFloor, BenchFailed
 from components.serve_bench.execute import ensure, observe
 from components.serve_bench.facts import figures_line, parse_report
@@ -38,8 +39,15 @@ from components.serve_bench.plan import (
     shortfalls,
 )
 from components.serve_bench.programs import bench_argv, bench_program
-from components.serve_bench.provider import ServeBenchProvider
-from components.serve_bench.resource import ServeBench
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ServeBench": ".resource",
+        "ServeBenchProvider": ".provider",
+    },
+)
 
 __all__ = [
     "MEASURE_KEYS",

@@ -20,6 +20,7 @@ Keep `StackClaimProvider` importable here under this name, with no import-time s
 pickle it by reference to this module.
 """
 
+from components.provider_kit.lazy import lazy_exports
 from components.stack_claim.errors import ClaimRefused
 from components.stack_claim.execute import SSH_TIMEOUT_S, ensure, observe, release
 from components.stack_claim.facts import claim_report, held_as_claimed
@@ -33,8 +34,15 @@ from components.stack_claim.plan import (
     refusal,
 )
 from components.stack_claim.programs import claim_argv, claim_spec
-from components.stack_claim.provider import StackClaimProvider
-from components.stack_claim.resource import StackClaim
+
+# Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "StackClaim": ".resource",
+        "StackClaimProvider": ".provider",
+    },
+)
 
 __all__ = [
     "CLAIM_KEYS",
