@@ -1,10 +1,13 @@
-"""The deployment's layout from config alone: what each resource is given, the containers' names on
-each node, and the shapes of the stack's outputs. Pure: no Pulumi resource is declared or imported
-here, so `status` reads the same layout as the graph (`components/deployment.py`) without the graph.
+"""The deployment's layout from config alone: what each resource is given, the image every node holds
+and where each keeps the checkpoint, the containers' names on each node, and the shapes of the
+stack's outputs. Pure: no Pulumi resource is declared or imported here, so `status` reads the same
+layout as the graph (`components/deployment.py`) without the graph.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,14 +15,24 @@ from typing import Any
 from components.answer_check.prompts import VERSION as ANSWERS_VERSION
 from components.answer_check.prompts import set_digest
 from components.answer_check.reference import read_reference
-from components.config import PROJECT_DIR, ConfigError, Executor, HealthMode, NodeConfig, StackConfig
-from components.containers import CAPABILITIES, ulimits
+from components.config import (
+    PROJECT_DIR,
+    ConfigError,
+    Executor,
+    HealthMode,
+    ImageConfig,
+    ImageStrategy,
+    NodeConfig,
+    StackConfig,
+)
+from components.containers import CAPABILITIES, host_path, ulimits
 from components.health.containers import (
     agent_container_name,
     health_volume_name,
     metrics_host,
     watchdog_container_name,
 )
+from components.image_build.programs import context_digest, context_rules
 from components.mp_executor import mp_container_name
 from components.ray_cluster import ray_container_name
 from components.vllm_server import vllm_container_name
@@ -270,3 +283,65 @@ def answer_check_inputs(cfg: StackConfig, project_dir: Path = PROJECT_DIR) -> di
         "prompt_set": {"version": ANSWERS_VERSION, "digest": set_digest(answers.long_prompt_tokens)},
         "reference": reference,
     }
+
+
+# The build context of the built image (image.strategy hybrid or graft).
+PATCH_DIR = PROJECT_DIR / "patches"
+# The behaviour proofs (prove_model.py) and the cluster-layer proofs (prove_cluster.py) a build runs;
+# without torch (image.smoke false: the lab's stand-ins) only those that need no torch.
+BEHAVIOUR_PROOFS = "config,construct,load"
+CLUSTER_PROOFS = "ray,cluster,executor"
+CLUSTER_PROOFS_WITHOUT_TORCH = "ray,cluster"
+
+
+def build_args(image: ImageConfig) -> dict[str, str]:
+    """The Dockerfile's build args, from validated config (each strategy passes what its file reads)."""
+    if image.strategy is ImageStrategy.GRAFT:
+        return {
+            "BASE_IMAGE": image.base_ref,
+            "DONOR_IMAGE": image.donor_ref,
+            "PIP_ARGS": " ".join(image.pip_args),
+            # The stack's own Ray spec, proven in the build beside the base's exact version.
+            "RAY_VERSION": image.ray_version or "",
+            "CLUSTER_PROOFS": CLUSTER_PROOFS if image.smoke else CLUSTER_PROOFS_WITHOUT_TORCH,
+            "PROOFS": BEHAVIOUR_PROOFS if image.smoke else "",
+            "SMOKE": "1" if image.smoke else "0",
+        }
+    return {
+        "BASE_IMAGE": image.base_ref,
+        "DONOR_IMAGE": image.donor_ref,
+        "BASE_VLLM_DIR": image.base_vllm_dir,
+        "DONOR_VLLM_DIR": image.donor_vllm_dir,
+        "TRANSFORMERS_SPEC": f"transformers{image.transformers}",
+        "PIP_ARGS": " ".join(image.pip_args),
+        # The steps that need torch: the behaviour proofs and the import smoke (both off only in the lab).
+        "PROOFS": BEHAVIOUR_PROOFS if image.smoke else "",
+        "SMOKE": "1" if image.smoke else "0",
+    }
+
+
+def content_tag(context: Path, args: dict[str, str], platform: str, digest: str | None = None) -> str:
+    """A tag that changes exactly when a build input changes: the files the build sends (`digest`,
+    their context_digest, when already made), build args, platform."""
+    files = digest or context_digest(context, context_rules(args))
+    inputs = json.dumps({"context": files, "args": args, "platform": platform}, sort_keys=True)
+    return "h-" + hashlib.sha256(inputs.encode()).hexdigest()[:16]
+
+
+def image_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
+    """The deployment image's reference on every node: the prebuilt image's `name:tag` (strategy
+    prebuilt), or the built image's `name:tag` (the content hash unless pinned)."""
+    if image.strategy is ImageStrategy.PREBUILT:
+        return image.prebuilt_ref.tagged
+    return built_ref(image, context)
+
+
+def built_ref(image: ImageConfig, context: Path = PATCH_DIR, digest: str | None = None) -> str:
+    """The build's reference (hybrid or graft): `name:tag` (the content hash unless pinned)."""
+    return f"{image.name}:{image.tag or content_tag(context, build_args(image), image.platform, digest)}"
+
+
+def node_cache_dir(config: StackConfig, name: str) -> str:
+    """The node's HF cache dir as an absolute host path (what its containers mount as HF_HOME)."""
+    node = next(n for n in config.nodes if n.name == name)
+    return host_path(config.hf_cache(node), config.node_user(node))

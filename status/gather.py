@@ -18,7 +18,6 @@ from typing import Any
 
 import yaml
 
-from components.checkpoint.fan_out import node_cache_dir
 from components.config import (
     NAMESPACE,
     AnswersMode,
@@ -30,8 +29,13 @@ from components.config import (
     parse_stack_config,
 )
 from components.fabric_check import facts_report
-from components.image_build.component import image_ref
-from components.layout import fabric_check_inputs, health_output, node_container_names
+from components.layout import (
+    fabric_check_inputs,
+    health_output,
+    image_ref,
+    node_cache_dir,
+    node_container_names,
+)
 from components.node_programs import program_argv, readiness
 from components.node_programs.wire import PROBE_API_KEY_ENV, PROGRESS_DIR
 from components.nodes import node_access

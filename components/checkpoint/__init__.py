@@ -26,7 +26,7 @@ __getattr__, __dir__ = lazy_exports(
         "Checkpoint": ".resource",
         "CheckpointProvider": ".provider",
         "checkpoint_tree": ".fan_out",
-        "node_cache_dir": ".fan_out",
+        "node_cache_dir": "components.layout",
     },
 )
 

@@ -9,15 +9,10 @@ import pulumi
 from components.checkpoint.resource import Checkpoint
 from components.config import StackConfig
 from components.containers import host_path
+from components.layout import node_cache_dir
 from components.node_programs.wire import PROGRESS_DIR
 from components.nodes import NodeAccess
 from components.provider_kit.fan_out_tree import fan_out_tree
-
-
-def node_cache_dir(config: StackConfig, name: str) -> str:
-    """The node's HF cache dir as an absolute host path (what its containers mount as HF_HOME)."""
-    node = next(n for n in config.nodes if n.name == name)
-    return host_path(config.hf_cache(node), config.node_user(node))
 
 
 def checkpoint_tree(

@@ -12,8 +12,6 @@ what depends on the image) while unchanged inputs never do. Its child is the pro
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,16 +23,14 @@ from components.config import ImageConfig, ImageStrategy
 from components.image_build.programs import context_digest, context_rules
 from components.image_build.resource import ImageBuild
 
-PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
-
+# The reference every node holds, and the build's inputs it hashes, are the layout's (`status` reads
+# them there, without Pulumi); the graph's readers keep importing them here too.
+from components.layout import PATCH_DIR, build_args, built_ref
+from components.layout import content_tag as content_tag
+from components.layout import image_ref as image_ref
 
 # The Dockerfile of each built strategy, in the build context.
 DOCKERFILES = {ImageStrategy.HYBRID: "Dockerfile", ImageStrategy.GRAFT: "Dockerfile.graft"}
-# The behaviour proofs (prove_model.py) and the cluster-layer proofs (prove_cluster.py) a build runs;
-# without torch (image.smoke false: the lab's stand-ins) only those that need no torch.
-BEHAVIOUR_PROOFS = "config,construct,load"
-CLUSTER_PROOFS = "ray,cluster,executor"
-CLUSTER_PROOFS_WITHOUT_TORCH = "ray,cluster"
 # The build args naming the images a build starts from: the build follows their IDs on the head, so
 # `vllm-node:latest` rebuilt with a new NCCL rebuilds this image at the next `up --refresh`.
 SOURCE_ARGS = ("BASE_IMAGE", "DONOR_IMAGE")
@@ -45,53 +41,6 @@ def dockerfile(image: ImageConfig) -> str:
     if image.strategy not in DOCKERFILES:
         raise ValueError(f"image.strategy {image.strategy.value!r} builds nothing (the image is used as is)")
     return DOCKERFILES[image.strategy]
-
-
-def build_args(image: ImageConfig) -> dict[str, str]:
-    """The Dockerfile's build args, from validated config (each strategy passes what its file reads)."""
-    if image.strategy is ImageStrategy.GRAFT:
-        return {
-            "BASE_IMAGE": image.base_ref,
-            "DONOR_IMAGE": image.donor_ref,
-            "PIP_ARGS": " ".join(image.pip_args),
-            # The stack's own Ray spec, proven in the build beside the base's exact version.
-            "RAY_VERSION": image.ray_version or "",
-            "CLUSTER_PROOFS": CLUSTER_PROOFS if image.smoke else CLUSTER_PROOFS_WITHOUT_TORCH,
-            "PROOFS": BEHAVIOUR_PROOFS if image.smoke else "",
-            "SMOKE": "1" if image.smoke else "0",
-        }
-    return {
-        "BASE_IMAGE": image.base_ref,
-        "DONOR_IMAGE": image.donor_ref,
-        "BASE_VLLM_DIR": image.base_vllm_dir,
-        "DONOR_VLLM_DIR": image.donor_vllm_dir,
-        "TRANSFORMERS_SPEC": f"transformers{image.transformers}",
-        "PIP_ARGS": " ".join(image.pip_args),
-        # The steps that need torch: the behaviour proofs and the import smoke (both off only in the lab).
-        "PROOFS": BEHAVIOUR_PROOFS if image.smoke else "",
-        "SMOKE": "1" if image.smoke else "0",
-    }
-
-
-def content_tag(context: Path, args: dict[str, str], platform: str, digest: str | None = None) -> str:
-    """A tag that changes exactly when a build input changes: the files the build sends (`digest`,
-    their context_digest, when already made), build args, platform."""
-    files = digest or context_digest(context, context_rules(args))
-    inputs = json.dumps({"context": files, "args": args, "platform": platform}, sort_keys=True)
-    return "h-" + hashlib.sha256(inputs.encode()).hexdigest()[:16]
-
-
-def image_ref(image: ImageConfig, context: Path = PATCH_DIR) -> str:
-    """The deployment image's reference on every node: the prebuilt image's `name:tag` (strategy
-    prebuilt), or the built image's `name:tag` (the content hash unless pinned)."""
-    if image.strategy is ImageStrategy.PREBUILT:
-        return image.prebuilt_ref.tagged
-    return built_ref(image, context)
-
-
-def built_ref(image: ImageConfig, context: Path = PATCH_DIR, digest: str | None = None) -> str:
-    """The build's reference (hybrid or graft): `name:tag` (the content hash unless pinned)."""
-    return f"{image.name}:{image.tag or content_tag(context, build_args(image), image.platform, digest)}"
 
 
 @dataclass(frozen=True)

@@ -765,13 +765,24 @@ def test_without_a_checkpoint_the_check_proves_the_fixture_configs(monkeypatch):
 def test_one_definition_of_the_reference_every_node_holds(request, graph_name):
     # `status` asks the nodes for `image_ref(config.image)`: it must be what NodeImage places.
     from components.config import parse_stack_config
-    from components.image_build.component import image_ref
+    from components.layout import image_ref
 
     raw = hybrid_config() if graph_name == "hybrid" else stack_config("dev")
     config = parse_stack_config({k.split(":", 1)[1]: v for k, v in raw.items()})
     graph: Graph = request.getfixturevalue(graph_name)
     for node in ("spark-1", "spark-2"):
         assert node_image_of(graph, node).inputs["image"] == image_ref(config.image)
+
+
+def test_the_layout_s_values_keep_their_earlier_names():
+    # status takes them from the layout; the graph, the bench and the lab tests from where they were.
+    from components import checkpoint, layout
+    from components.checkpoint import fan_out
+    from components.image_build import component
+
+    assert component.image_ref is layout.image_ref and component.content_tag is layout.content_tag
+    assert component.build_args is layout.build_args and component.PATCH_DIR == layout.PATCH_DIR
+    assert fan_out.node_cache_dir is checkpoint.node_cache_dir is layout.node_cache_dir
 
 
 def unpinned_config(**fabric) -> dict:
