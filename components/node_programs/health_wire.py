@@ -133,6 +133,7 @@ STATE_KEYS = (
     "clock_skew",
     "memory_guard",
     "cold_start",
+    "docker_events",
 )
 
 

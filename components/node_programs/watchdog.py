@@ -15,8 +15,11 @@ server was first ready or `startup_s` has passed since the server's container st
 a new serving container (another ID, or started again by someone else, e.g. `pulumi up`) gets a new
 grace, and while one is missing or not yet started the watchdog neither judges nor acts. Docker's
 own restarts (a crash under `unless-stopped`, with no memory check) spend the budget as the
-watchdog's do; under mp one of any rank means the world is restarted. After `failures` failures in a
-row:
+watchdog's do; under mp one of any rank means the world is restarted. They are read from Docker's
+event log (each `start` its restart policy makes after a `die`), which every tick reads for the
+serving containers, telling the watchdog's own stops and starts from others' by when it made them;
+RestartCount, which Docker resets on every start through its API, only where the events cannot be
+read. After `failures` failures in a row:
 
   1. diagnose: every node's containers (state, exit code), Ray's live nodes under executor ray (best
      effort, bounded), every node's MemAvailable, the server's last log lines;
@@ -46,6 +49,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -59,6 +63,14 @@ CALL_TIMEOUT_S = 10.0  # any one call to an agent, the daemon or Ray (the stop's
 START_LOG_LINES = 20000
 RESTART_KEEP = 50  # restarts kept in /state's history (the window's count is what the budget reads)
 RULE_RETRY_S = 15.0  # a node vLLM's start-up rule refused is probed again after this, within the wait
+# Docker's event log (issue 53): read every tick, per node, since the last read.
+EVENTS_KEPT = 200  # events kept (the newest; /state shows EVENTS_SHOWN of them)
+EVENTS_SHOWN = 20
+EVENTS_OVERLAP_S = 5.0  # each read goes back this far over the last (an event logged late is not lost)
+OWN_KEPT = 100  # the watchdog's own stops and starts remembered, to tell their events from others'
+OWN_SLACK_S = 2.0  # an event this close to one of its own actions is that action's (clocks, the daemon's lag)
+# Docker's own event actions that end a run of the container (its process gone) or begin one.
+STOPPING = ("kill", "die", "stop")
 
 
 def log(message: str) -> None:
@@ -363,6 +375,16 @@ class Watchdog:
         # Each serving container's last facts ({state, id, started_at, restarts}), by (node, name):
         # what tells a new container (a fresh grace) and Docker's own restarts apart.
         self.seen: dict[tuple[str, str], dict] = {}
+        # Docker's events (issue 53): each node's read so far (the head's clock) and why the last one
+        # failed (None: read; its restarts are then counted from the events, else from RestartCount).
+        self.started = now
+        self.events_read: dict[str, float] = {}
+        self.events_error: dict[str, str | None] = {}
+        self.events: deque[dict] = deque(maxlen=EVENTS_KEPT)
+        self.event_keys: deque[tuple] = deque(maxlen=2 * EVENTS_KEPT)
+        # The watchdog's own stops and starts ({node, name, action, by, begin, end}): whose events are whose.
+        self.own: deque[dict] = deque(maxlen=OWN_KEPT)
+        self.guards_learned: deque[tuple] = deque(maxlen=OWN_KEPT)
         self.ever_ready = False
         self.state = health_wire.State.BUDGET_SPENT if self.p.spent else health_wire.State.STARTING
         self.since = now
@@ -587,9 +609,11 @@ class Watchdog:
         return found
 
     def _observe(self, now: float) -> bool:
-        """Read the serving containers. True when this tick ends here: they are being replaced (no
-        verdict, no action), or Docker restarted one and the watchdog acted on it."""
+        """Read the serving containers and their Docker events. True when this tick ends here: they
+        are being replaced (no verdict, no action), or Docker restarted one and the watchdog acted on it."""
         found = self._read_serving()
+        self._learn_guard_stops()
+        starts = self._digest(self._read_events(now))
         before = self.seen
         known = {key: facts for key, facts in found.items() if facts.get("state") != "unknown"}
         self.seen = {**before, **known}
@@ -601,7 +625,7 @@ class Watchdog:
         if replacing:
             self._fresh_grace(now, f"{', '.join(replacing)}: the serving containers are being replaced")
             return True
-        new, restarted = self._changes(before, known)
+        new, restarted = self._changes(before, known, starts)
         if new:
             self._fresh_grace(now, f"new serving container(s) {', '.join(sorted(new))}")
             return False
@@ -617,9 +641,13 @@ class Watchdog:
         if started is not None and (boot is None or started >= boot) and started < self.grace_from:
             self.grace_from = started
 
-    def _changes(self, before: dict, known: dict) -> tuple[list[str], dict[tuple[str, str], int]]:
+    def _changes(
+        self, before: dict, known: dict, starts: dict[tuple[str, str], dict[str, int]]
+    ) -> tuple[list[str], dict[tuple[str, str], int]]:
         """The serving containers new since the last read (another ID; or started again, not by the
-        watchdog nor by Docker's restart policy), and how often Docker's policy restarted the others."""
+        watchdog nor by Docker's restart policy), and how often Docker's policy restarted the others:
+        from Docker's events (`starts`), or where a node's could not be read, from RestartCount (which
+        Docker resets on every start through its API, the watchdog's own included)."""
         new, restarted = [], {}
         for key, facts in known.items():
             was = before.get(key)
@@ -628,12 +656,118 @@ class Watchdog:
             if facts.get("id") != was.get("id"):
                 new.append(key[1])
                 continue
+            started_again = facts.get("started_at") != was.get("started_at") and self.step is None
+            if self.events_error.get(key[0]) is None:
+                seen = starts.get(key) or {}
+                if seen.get("policy"):
+                    restarted[key] = seen["policy"]
+                # Started by someone else (`up`, an operator); or its start event was not read in time.
+                if seen.get("other") or (started_again and not seen):
+                    new.append(key[1])
+                continue
             count, earlier = facts.get("restarts"), was.get("restarts")
             if isinstance(count, int) and isinstance(earlier, int) and count > earlier:
                 restarted[key] = count - earlier
-            elif facts.get("started_at") != was.get("started_at") and self.step is None:
+            elif started_again:
                 new.append(key[1])  # started by someone else than the watchdog (`up`, an operator)
         return new, restarted
+
+    # -- Docker's events: whose stop or start each one is, and Docker's own restarts --
+
+    def _read_events(self, now: float) -> list[dict]:
+        """Each node's Docker events of its serving containers since the last read (a little before
+        it: an event logged late is not lost; the ones already seen are dropped), in the head's clock.
+        A node whose events cannot be read is recorded in `events_error` and said once."""
+        fresh = []
+        for node in dict.fromkeys(t.node for t in self.s.serving()):
+            skew = self.skew.get(node, 0.0)  # the node's clock minus the head's (0 on the head)
+            since = max(self.started, self.events_read.get(node, self.started) - EVENTS_OVERLAP_S)
+            try:
+                found, error = self.world.events(node, since + skew, now + skew)
+            except Exception as exc:  # the World's own bound failed: not read, never a failed tick
+                found, error = [], f"{type(exc).__name__}: {exc}"
+            self.events_read[node] = now
+            if error is not None and self.events_error.get(node) != error:
+                log(f"{node}: Docker's events could not be read ({error}): its restarts are counted from "
+                    "RestartCount, which Docker resets on every start through its API")  # fmt: skip
+            self.events_error[node] = error
+            for raw in found if error is None else ():
+                key = (node, raw.get("id"), raw.get("action"), raw.get("at"))
+                if key in self.event_keys or not isinstance(raw.get("at"), int | float):
+                    continue
+                self.event_keys.append(key)
+                fresh.append({**raw, "node": node, "at": float(raw["at"]) - skew})
+        return sorted(fresh, key=lambda e: e["at"])
+
+    def _digest(self, fresh: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
+        """Keep the new events, each marked with whose it is (`by`: watchdog, guard or None: someone
+        else's or Docker's own). Returns the starts by others per container: `policy` (Docker's restart
+        policy: after a `die` with no `stop` by anyone) and `other` (an operator, `pulumi up`)."""
+        starts: dict[tuple[str, str], dict[str, int]] = {}
+        for event in fresh:
+            key = (event["node"], event["name"])
+            event["by"] = self._by(event)
+            if event["action"] == "start" and event["by"] is None:
+                kind = "policy" if self._after_die(event) else "other"
+                count = starts.setdefault(key, {"policy": 0, "other": 0})
+                count[kind] += 1
+            self.events.append(event)
+        return starts
+
+    def _after_die(self, start: dict) -> bool:
+        """Whether the container's last event before `start` was a `die` (no `stop` by anyone since):
+        Docker's restart policy started it again."""
+        for event in reversed(self.events):
+            if (event["node"], event["name"], event["id"]) != (start["node"], start["name"], start["id"]):
+                continue
+            if event["action"] in ("create", "start", "kill", "stop", "die"):
+                return event["action"] == "die"
+        return False
+
+    def _by(self, event: dict) -> str | None:
+        """Whose the event is: `watchdog` or `guard` when one of their own stops (kill, die, stop) or
+        starts made it, None otherwise. A start claims one `start` event only: a crash restarted by
+        Docker a moment after the watchdog's own start is still Docker's."""
+        wanted = "start" if event["action"] == "start" else "stop" if event["action"] in STOPPING else None
+        if wanted is None:
+            return None
+        now = self.clock()
+        for act in reversed(self.own):
+            if (act["node"], act["name"], act["action"]) != (event["node"], event["name"], wanted):
+                continue
+            end = act["end"] if act["end"] is not None else now
+            if not act["begin"] - OWN_SLACK_S <= event["at"] <= end + OWN_SLACK_S:
+                continue
+            mark = (event["id"], event["at"])
+            if wanted == "start" and act.setdefault("claimed", mark) != mark:
+                continue  # this start's own event was another one
+            return act["by"]
+        return None
+
+    def _own(self, action: str, target: Target, by: str) -> dict:
+        """Stop or start `target`, remembering when (the head's clock): its events are then its own."""
+        record = {"node": target.node, "name": target.name, "action": action, "by": by,
+                  "begin": self.clock(), "end": None}  # fmt: skip
+        self.own.append(record)
+        try:
+            return (self.world.stop if action == "stop" else self.world.start)(target)
+        finally:
+            record["end"] = self.clock()
+
+    def _learn_guard_stops(self) -> None:
+        """An agent's memory guard stops its node's containers on its own: its last trip's stops (from
+        its /containers answer) are the guard's, not someone else's."""
+        for node, report in self.world.memory_guards().items():
+            last = report.get("last") if isinstance(report, dict) else None
+            at = last.get("at") if isinstance(last, dict) and last.get("acted") else None
+            if not isinstance(at, int | float) or (node, at) in self.guards_learned:
+                continue
+            self.guards_learned.append((node, at))
+            begin, stopped = float(at) - self.skew.get(node, 0.0), list(last.get("stopped") or [])
+            took = len(stopped) * (self.s.guard_stop_s + CALL_TIMEOUT_S)
+            for name in stopped:
+                self.own.append({"node": node, "name": name, "action": "stop", "by": "guard",
+                                 "begin": begin, "end": begin + took})  # fmt: skip
 
     def _fresh_grace(self, now: float, why: str) -> None:
         """A new server (or rank set), whatever made it: no verdict before it is ready or startup_s has
@@ -697,7 +831,7 @@ class Watchdog:
         target = next(t for t in self.s.serving() if t.node == self.s.head and t.name == name)
         # The guard's own short bound, not the container's grace: SIGKILL after guard_stop_s.
         bounded = replace(target, stop_timeout_s=self.s.guard_stop_s)
-        done = self.world.stop(bounded)
+        done = self._own("stop", bounded, "guard")
         found = next((c for c in self.world.containers(target.node) if c.get("name") == name), {})
         done = health_wire.guard_stopped(done, found, self.s.guard_stop_s)
         log(f"memory guard: stop {name} on {target.node}: {health_wire.guard_stop_said(done)}")
@@ -778,7 +912,7 @@ class Watchdog:
         self._memory_wait(now)
 
     def _do(self, action: str, target: Target) -> dict:
-        done = (self.world.stop if action == "stop" else self.world.start)(target)
+        done = self._own(action, target, "watchdog")
         log(f"{action} {target.name} on {target.node}: {'done' if done.get('ok') else done.get('error')}")
         return done
 
@@ -1022,12 +1156,30 @@ class Watchdog:
             "agent_clock_skew_s": dict(self.skew),
             "memory_guard": dict(self.memory_guard),
             "memory_guard_trips": dict(self.guard_trips),
+            "docker_events": self._events_state(),
             "clock_skew": [
                 health_wire.skew_message(node, value)
                 for node, value in sorted(self.skew.items())
                 if abs(value) > health_wire.SIGNATURE_WINDOW_S
             ],
         }
+
+    def _events_state(self) -> dict:
+        """/state's `docker_events`: each node's read (and whether its restarts are counted from the
+        events or from RestartCount), and the newest events with whose they are."""
+        nodes = {
+            node: {
+                "read_until": self.events_read.get(node),
+                "error": error,
+                "restarts_from": "events" if error is None else "RestartCount",
+            }
+            for node, error in self.events_error.items()
+        }
+        recent = [
+            {**{k: v for k, v in event.items() if k != "id"}, "id": str(event.get("id"))[:12]}
+            for event in list(self.events)[-EVENTS_SHOWN:]
+        ]
+        return {"nodes": nodes, "recent": recent}
 
     def _persist(self) -> None:
         self._save(self.p.as_dict())
@@ -1102,6 +1254,7 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
     refusals = sorted((state.get("agent_refusals") or {}).items())
     skew = sorted((state.get("agent_clock_skew_s") or {}).items())
     trips = sorted((state.get("memory_guard_trips") or {}).items())
+    events = sorted(((state.get("docker_events") or {}).get("nodes") or {}).items())
     rules = sorted((node, r) for node, r in (state.get("memory_rule") or {}).items() if r.get("checked"))
     return [
         (
@@ -1122,6 +1275,12 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
             "counter",
             "Times a node's memory guard stopped (report mode: would have stopped) its serving containers.",
             [(f'{{node="{node}"}}', count) for node, count in trips],
+        ),
+        (
+            "docker_events_read",
+            "gauge",
+            "1 when the node's Docker events were read last tick; 0: its restarts counted from RestartCount.",
+            [(f'{{node="{node}"}}', int(read.get("error") is None)) for node, read in events],
         ),
         (
             "memory_rule_free_bytes",
