@@ -68,6 +68,7 @@ EVENTS_KEPT = 200  # events kept (the newest; /state shows EVENTS_SHOWN of them)
 EVENTS_SHOWN = 20
 EVENTS_OVERLAP_S = 5.0  # each read goes back this far over the last (an event logged late is not lost)
 OWN_KEPT = 100  # the watchdog's own stops and starts remembered, to tell their events from others'
+OOM_KEPT = 20  # Docker's `oom` events kept for the next diagnosis
 OWN_SLACK_S = 2.0  # an event this close to one of its own actions is that action's (clocks, the daemon's lag)
 # Docker's own event actions that end a run of the container (its process gone) or begin one.
 STOPPING = ("kill", "die", "stop")
@@ -385,6 +386,7 @@ class Watchdog:
         # The watchdog's own stops and starts ({node, name, action, by, begin, end}): whose events are whose.
         self.own: deque[dict] = deque(maxlen=OWN_KEPT)
         self.guards_learned: deque[tuple] = deque(maxlen=OWN_KEPT)
+        self.ooms: deque[dict] = deque(maxlen=OOM_KEPT)  # Docker's `oom` events: the next diagnosis's
         self.ever_ready = False
         self.state = health_wire.State.BUDGET_SPENT if self.p.spent else health_wire.State.STARTING
         self.since = now
@@ -707,6 +709,11 @@ class Watchdog:
         for event in fresh:
             key = (event["node"], event["name"])
             event["by"] = self._by(event)
+            if event["action"] == "oom":
+                # The kernel's OOM killer killed a process in it: the container may run on (a worker
+                # process killed), and OOMKilled stays false unless its main process was the one.
+                log(f"Docker's oom event: the kernel's OOM killer killed a process in {key[1]} on {key[0]}")
+                self.ooms.append(event)
             if event["action"] == "start" and event["by"] is None:
                 kind = "policy" if self._after_die(event) else "other"
                 count = starts.setdefault(key, {"policy": 0, "other": 0})
@@ -1100,6 +1107,10 @@ class Watchdog:
         }
         if self.tripped:
             found["memory_guard"] = self.tripped
+        episode = self._episode_from(now)
+        found["docker_oom"] = [
+            {k: event.get(k) for k in ("node", "name", "at")} for event in self.ooms if event["at"] >= episode
+        ]
         found["fault"] = health_wire.fault_summary(found)
         unchecked = [n.name for n in self.s.nodes if n.need_bytes is None]
         if unchecked:

@@ -1098,3 +1098,34 @@ def test_without_docker_s_events_restarts_are_counted_from_restart_count_and_sta
     read = state["docker_events"]["nodes"]["spark-1"]
     assert read["error"] == "cannot connect to the Docker daemon" and read["restarts_from"] == "RestartCount"
     assert 'qwen35_health_docker_events_read{node="spark-1"} 0' in metrics_text(state)
+
+
+def test_docker_s_oom_event_of_a_container_that_kept_running_names_memory_in_the_diagnosis():
+    """The OOM killer killed a process inside the server's container (a worker, say), not its main
+    process: the container keeps running and OOMKilled stays false. Docker's `oom` event says so."""
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    world.emit(SERVER, "oom")
+    ticks(watchdog, clock, 1)
+    world.default = DOWN
+    ticks(watchdog, clock, 3)
+    diagnosis = watchdog.snapshot()["last_diagnosis"]
+    assert world.box[SERVER].get("oom_killed") is None and diagnosis["containers"]["spark-1"]
+    assert [(e["node"], e["name"]) for e in diagnosis["docker_oom"]] == [SERVER]
+    assert diagnosis["fault"] == {
+        "kind": "memory",
+        "says": "spark-1: Docker's oom event: the kernel's OOM killer killed a process in qwen35-vllm",
+    }
+
+
+def test_an_oom_event_the_server_answered_after_names_no_later_crash():
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 2)
+    world.emit(SERVER, "oom")
+    ticks(watchdog, clock, 30)  # it served on for 300 s
+    world.default = DOWN
+    ticks(watchdog, clock, 3)
+    diagnosis = watchdog.snapshot()["last_diagnosis"]
+    assert diagnosis["docker_oom"] == [] and diagnosis["fault"] is None
