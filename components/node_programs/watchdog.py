@@ -19,7 +19,10 @@ watchdog's do; under mp one of any rank means the world is restarted. They are r
 event log (each `start` its restart policy makes after a `die`), which every tick reads for the
 serving containers, telling the watchdog's own stops and starts from others' by when it made them;
 RestartCount, which Docker resets on every start through its API, only where the events cannot be
-read. After `failures` failures in a row:
+read. A serving container someone else is stopping (a `kill` event the watchdog did not send:
+`pulumi up`'s delete, an operator) makes it stand back, neither judging nor acting, until that
+container is removed or started again (then a fresh grace), at most its stop timeout plus a minute.
+Docker's `oom` events go into the next diagnosis. After `failures` failures in a row:
 
   1. diagnose: every node's containers (state, exit code), Ray's live nodes under executor ray (best
      effort, bounded), every node's MemAvailable, the server's last log lines;
@@ -70,8 +73,12 @@ EVENTS_OVERLAP_S = 5.0  # each read goes back this far over the last (an event l
 OWN_KEPT = 100  # the watchdog's own stops and starts remembered, to tell their events from others'
 OOM_KEPT = 20  # Docker's `oom` events kept for the next diagnosis
 OWN_SLACK_S = 2.0  # an event this close to one of its own actions is that action's (clocks, the daemon's lag)
-# Docker's own event actions that end a run of the container (its process gone) or begin one.
+# The events a stop makes: Docker's `kill` (SIGTERM, and SIGKILL after the grace), the exit, `stop`.
 STOPPING = ("kill", "die", "stop")
+# Standing back for a stop someone else sent lasts at most the container's stop timeout plus this.
+STAND_BACK_EXTRA_S = 60.0
+STAND_BACKS_KEPT = 20  # ended stand-backs kept in /state
+SIGNALS = {"1": "SIGHUP", "2": "SIGINT", "3": "SIGQUIT", "9": "SIGKILL", "15": "SIGTERM"}
 
 
 def log(message: str) -> None:
@@ -358,6 +365,22 @@ class Persisted:
         }
 
 
+@dataclass
+class DockerEvents:
+    """What the watchdog has read of Docker's events (issue 53), and its own stops and starts, which
+    tell its events from others'. Times are the head's clock."""
+
+    read: dict[str, float] = field(default_factory=dict)  # each node's events read up to
+    # Why each node's last read failed (None: read; its restarts are counted from the events, else from
+    # RestartCount).
+    error: dict[str, str | None] = field(default_factory=dict)
+    kept: deque[dict] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+    keys: deque[tuple] = field(default_factory=lambda: deque(maxlen=2 * EVENTS_KEPT))  # the ones seen
+    own: deque[dict] = field(default_factory=lambda: deque(maxlen=OWN_KEPT))  # {node, name, action, by, …}
+    guards_learned: deque[tuple] = field(default_factory=lambda: deque(maxlen=OWN_KEPT))
+    ooms: deque[dict] = field(default_factory=lambda: deque(maxlen=OOM_KEPT))  # the next diagnosis's
+
+
 class Watchdog:
     """The decisions, one `tick()` at a time: the clock and the World are given, so tests drive it."""
 
@@ -376,17 +399,13 @@ class Watchdog:
         # Each serving container's last facts ({state, id, started_at, restarts}), by (node, name):
         # what tells a new container (a fresh grace) and Docker's own restarts apart.
         self.seen: dict[tuple[str, str], dict] = {}
-        # Docker's events (issue 53): each node's read so far (the head's clock) and why the last one
-        # failed (None: read; its restarts are then counted from the events, else from RestartCount).
         self.started = now
-        self.events_read: dict[str, float] = {}
-        self.events_error: dict[str, str | None] = {}
-        self.events: deque[dict] = deque(maxlen=EVENTS_KEPT)
-        self.event_keys: deque[tuple] = deque(maxlen=2 * EVENTS_KEPT)
-        # The watchdog's own stops and starts ({node, name, action, by, begin, end}): whose events are whose.
-        self.own: deque[dict] = deque(maxlen=OWN_KEPT)
-        self.guards_learned: deque[tuple] = deque(maxlen=OWN_KEPT)
-        self.ooms: deque[dict] = deque(maxlen=OOM_KEPT)  # Docker's `oom` events: the next diagnosis's
+        self.docker = DockerEvents()
+        # Serving containers someone else is stopping (a `kill` event not the watchdog's), by (node,
+        # name): no verdict and no action until they are removed or started again, or the bound.
+        self.standing: dict[tuple[str, str], dict] = {}
+        self.stand_backs: deque[dict] = deque(maxlen=STAND_BACKS_KEPT)  # ended ones, newest last
+        self.stand_backs_total = 0
         self.ever_ready = False
         self.state = health_wire.State.BUDGET_SPENT if self.p.spent else health_wire.State.STARTING
         self.since = now
@@ -615,12 +634,13 @@ class Watchdog:
         are being replaced (no verdict, no action), or Docker restarted one and the watchdog acted on it."""
         found = self._read_serving()
         self._learn_guard_stops()
-        starts = self._digest(self._read_events(now))
+        starts, ended = self._digest(self._read_events(now))
         before = self.seen
         known = {key: facts for key, facts in found.items() if facts.get("state") != "unknown"}
         self.seen = {**before, **known}
         if not before:
             self._first_grace(found)
+        self._review_stand_backs(now, known)
         if self.state is health_wire.State.BUDGET_SPENT:
             return False
         replacing = sorted(f"{n} {c['state']}" for (_, n), c in known.items() if c["state"] in REPLACING)
@@ -628,10 +648,13 @@ class Watchdog:
             self._fresh_grace(now, f"{', '.join(replacing)}: the serving containers are being replaced")
             return True
         new, restarted = self._changes(before, known, starts)
-        if new:
-            self._fresh_grace(now, f"new serving container(s) {', '.join(sorted(new))}")
-            return False
-        return self._docker_restarts(now, restarted)
+        if new or ended:
+            said = [f"new serving container(s) {', '.join(sorted(new))}"] if new else []
+            self._fresh_grace(now, "; ".join(said + ended))
+        if self.standing:
+            self._stand_back(now, restarted)
+            return True
+        return False if new or ended else self._docker_restarts(now, restarted)
 
     def _first_grace(self, found: dict[tuple[str, str], dict]) -> None:
         """The grace runs from the server container's start: a watchdog replaced (an upgrade) while
@@ -659,7 +682,7 @@ class Watchdog:
                 new.append(key[1])
                 continue
             started_again = facts.get("started_at") != was.get("started_at") and self.step is None
-            if self.events_error.get(key[0]) is None:
+            if self.docker.error.get(key[0]) is None:
                 seen = starts.get(key) or {}
                 if seen.get("policy"):
                     restarted[key] = seen["policy"]
@@ -683,48 +706,57 @@ class Watchdog:
         fresh = []
         for node in dict.fromkeys(t.node for t in self.s.serving()):
             skew = self.skew.get(node, 0.0)  # the node's clock minus the head's (0 on the head)
-            since = max(self.started, self.events_read.get(node, self.started) - EVENTS_OVERLAP_S)
+            since = max(self.started, self.docker.read.get(node, self.started) - EVENTS_OVERLAP_S)
             try:
                 found, error = self.world.events(node, since + skew, now + skew)
             except Exception as exc:  # the World's own bound failed: not read, never a failed tick
                 found, error = [], f"{type(exc).__name__}: {exc}"
-            self.events_read[node] = now
-            if error is not None and self.events_error.get(node) != error:
-                log(f"{node}: Docker's events could not be read ({error}): its restarts are counted from "
-                    "RestartCount, which Docker resets on every start through its API")  # fmt: skip
-            self.events_error[node] = error
+            self.docker.read[node] = now
+            if error is not None and self.docker.error.get(node) != error:
+                log(
+                    f"{node}: Docker's events could not be read ({error}): its restarts are counted from "
+                    "RestartCount, which Docker resets on every start through its API"
+                )
+            self.docker.error[node] = error
             for raw in found if error is None else ():
                 key = (node, raw.get("id"), raw.get("action"), raw.get("at"))
-                if key in self.event_keys or not isinstance(raw.get("at"), int | float):
+                if key in self.docker.keys or not isinstance(raw.get("at"), int | float):
                     continue
-                self.event_keys.append(key)
+                self.docker.keys.append(key)
                 fresh.append({**raw, "node": node, "at": float(raw["at"]) - skew})
         return sorted(fresh, key=lambda e: e["at"])
 
-    def _digest(self, fresh: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
+    def _digest(self, fresh: list[dict]) -> tuple[dict[tuple[str, str], dict[str, int]], list[str]]:
         """Keep the new events, each marked with whose it is (`by`: watchdog, guard or None: someone
         else's or Docker's own). Returns the starts by others per container: `policy` (Docker's restart
-        policy: after a `die` with no `stop` by anyone) and `other` (an operator, `pulumi up`)."""
+        policy: after a `die` with no `stop` by anyone) and `other` (an operator, `pulumi up`); and the
+        stand-backs a removal or a start ended (what follows gets a fresh grace). A `kill` no one the
+        watchdog knows sent begins a stand-back."""
         starts: dict[tuple[str, str], dict[str, int]] = {}
+        ended: list[str] = []
         for event in fresh:
             key = (event["node"], event["name"])
             event["by"] = self._by(event)
+            if event["action"] == "kill" and event["by"] is None and key not in self.standing:
+                self._begin_stand_back(key, event)
+            elif event["action"] in ("destroy", "start") and key in self.standing:
+                ended.append(self._end_stand_back(key, event["action"], event["at"]))
             if event["action"] == "oom":
                 # The kernel's OOM killer killed a process in it: the container may run on (a worker
                 # process killed), and OOMKilled stays false unless its main process was the one.
                 log(f"Docker's oom event: the kernel's OOM killer killed a process in {key[1]} on {key[0]}")
-                self.ooms.append(event)
+                self.docker.ooms.append(event)
             if event["action"] == "start" and event["by"] is None:
                 kind = "policy" if self._after_die(event) else "other"
                 count = starts.setdefault(key, {"policy": 0, "other": 0})
                 count[kind] += 1
-            self.events.append(event)
-        return starts
+            self.docker.kept.append(event)
+        return starts, ended
 
     def _after_die(self, start: dict) -> bool:
         """Whether the container's last event before `start` was a `die` (no `stop` by anyone since):
         Docker's restart policy started it again."""
-        for event in reversed(self.events):
+        for event in reversed(self.docker.kept):
             if (event["node"], event["name"], event["id"]) != (start["node"], start["name"], start["id"]):
                 continue
             if event["action"] in ("create", "start", "kill", "stop", "die"):
@@ -739,7 +771,7 @@ class Watchdog:
         if wanted is None:
             return None
         now = self.clock()
-        for act in reversed(self.own):
+        for act in reversed(tuple(self.docker.own)):  # a copy: the head's guard thread adds its stops
             if (act["node"], act["name"], act["action"]) != (event["node"], event["name"], wanted):
                 continue
             end = act["end"] if act["end"] is not None else now
@@ -753,9 +785,9 @@ class Watchdog:
 
     def _own(self, action: str, target: Target, by: str) -> dict:
         """Stop or start `target`, remembering when (the head's clock): its events are then its own."""
-        record = {"node": target.node, "name": target.name, "action": action, "by": by,
-                  "begin": self.clock(), "end": None}  # fmt: skip
-        self.own.append(record)
+        record = {"node": target.node, "name": target.name, "action": action, "by": by}
+        record.update(begin=self.clock(), end=None)
+        self.docker.own.append(record)
         try:
             return (self.world.stop if action == "stop" else self.world.start)(target)
         finally:
@@ -767,14 +799,83 @@ class Watchdog:
         for node, report in self.world.memory_guards().items():
             last = report.get("last") if isinstance(report, dict) else None
             at = last.get("at") if isinstance(last, dict) and last.get("acted") else None
-            if not isinstance(at, int | float) or (node, at) in self.guards_learned:
+            if not isinstance(at, int | float) or (node, at) in self.docker.guards_learned:
                 continue
-            self.guards_learned.append((node, at))
+            self.docker.guards_learned.append((node, at))
             begin, stopped = float(at) - self.skew.get(node, 0.0), list(last.get("stopped") or [])
             took = len(stopped) * (self.s.guard_stop_s + CALL_TIMEOUT_S)
             for name in stopped:
-                self.own.append({"node": node, "name": name, "action": "stop", "by": "guard",
-                                 "begin": begin, "end": begin + took})  # fmt: skip
+                stop = {"node": node, "name": name, "action": "stop", "by": "guard"}
+                self.docker.own.append({**stop, "begin": begin, "end": begin + took})
+
+    # -- a stop someone else sent (`pulumi up` replacing a container, an operator): stand back --
+
+    def _begin_stand_back(self, key: tuple[str, str], kill: dict) -> None:
+        """A serving container was sent a signal by someone else than the watchdog: `pulumi up`'s
+        delete stops it with a 120 s grace, and it reads `running` until its process exits. Fighting
+        that would spend a restart and start the old container again."""
+        target = next((t for t in self.s.serving() if (t.node, t.name) == key), None)
+        stop_s = target.stop_timeout_s if target else Target(*key).stop_timeout_s
+        self.standing[key] = {
+            "node": key[0],
+            "name": key[1],
+            "id": kill.get("id"),
+            "since": kill["at"],
+            "signal": signal_name(kill.get("signal")),
+            "until": kill["at"] + stop_s + STAND_BACK_EXTRA_S,
+            "kill": kill,
+        }
+        self.stand_backs_total += 1
+        log(
+            f"{key[1]} on {key[0]} was sent {signal_name(kill.get('signal'))} by someone else than the "
+            f"watchdog (`pulumi up` replacing it, or an operator): standing back until it is removed or "
+            f"started again, at most {stop_s + STAND_BACK_EXTRA_S:g} s (its stop timeout plus a minute)"
+        )
+
+    def _end_stand_back(self, key: tuple[str, str], how: str, at: float) -> str:
+        """End one stand-back (`how`: destroy, start, bound, or whose stop it was after all)."""
+        entry = self.standing.pop(key)
+        self.stand_backs.append(
+            {"node": key[0], "name": key[1], "since": entry["since"], "ended": at, "how": how}
+        )
+        said = {
+            "destroy": "was removed",
+            "start": "was started again",
+            "bound": f"was neither removed nor started again by {entry['until'] - entry['since']:g} s "
+            "after the stop: judging it again",
+        }.get(how, f"was the {how}'s own stop after all")
+        log(f"{key[1]} on {key[0]}, stopped by someone else, {said}")
+        return f"{key[1]} on {key[0]}, stopped by someone else, {said}"
+
+    def _review_stand_backs(self, now: float, known: dict[tuple[str, str], dict]) -> None:
+        """Each tick: a stop the memory guard turns out to have made (its trip is recorded once its
+        stops are done) is no one else's; a container gone or replaced (its events not read) ends it;
+        and the bound: the container's stop timeout plus a minute, then the watchdog judges again."""
+        for key, entry in list(self.standing.items()):
+            facts, by = known.get(key) or {}, self._by(entry["kill"])
+            if by is not None:
+                self._end_stand_back(key, by, now)
+            elif facts.get("state") == "missing" or facts.get("id", entry["id"]) != entry["id"]:
+                self._end_stand_back(key, "destroy", now)
+            elif now >= entry["until"]:
+                self._end_stand_back(key, "bound", now)
+
+    def _stand_back(self, now: float, restarted: dict[tuple[str, str], int]) -> None:
+        """No verdict and no action while someone else stops a serving container (`starting`)."""
+        if restarted:  # e.g. a rank whose peer `up` stops: the stop under way is not the watchdog's
+            names = ", ".join(f"{name} on {node}" for node, name in sorted(restarted))
+            log(f"Docker restarted {names} while another stops a serving container: not spent")
+        entries = sorted(self.standing.values(), key=lambda e: e["since"])
+        who = ", ".join(
+            f"{e['name']} on {e['node']} ({e['signal']} {now - e['since']:.0f} s ago)" for e in entries
+        )
+        self.next_step = (
+            f"wait: {who} is being stopped by someone else than the watchdog (`pulumi up` replacing it, or "
+            f"an operator): no verdict and no action until it is removed or started again, at most "
+            f"{max(e['until'] for e in entries) - now:.0f} s more"
+        )
+        self.failures, self.completion_failures, self.stall_since = 0, 0, None
+        self._set(health_wire.State.STARTING, now)
 
     def _fresh_grace(self, now: float, why: str) -> None:
         """A new server (or rank set), whatever made it: no verdict before it is ready or startup_s has
@@ -1109,7 +1210,9 @@ class Watchdog:
             found["memory_guard"] = self.tripped
         episode = self._episode_from(now)
         found["docker_oom"] = [
-            {k: event.get(k) for k in ("node", "name", "at")} for event in self.ooms if event["at"] >= episode
+            {k: event.get(k) for k in ("node", "name", "at")}
+            for event in self.docker.ooms
+            if event["at"] >= episode
         ]
         found["fault"] = health_wire.fault_summary(found)
         unchecked = [n.name for n in self.s.nodes if n.need_bytes is None]
@@ -1168,6 +1271,12 @@ class Watchdog:
             "memory_guard": dict(self.memory_guard),
             "memory_guard_trips": dict(self.guard_trips),
             "docker_events": self._events_state(),
+            "standing_back": [
+                {**{k: v for k, v in e.items() if k not in ("kill", "id")}, "id": str(e.get("id"))[:12]}
+                for e in list(self.standing.values())
+            ],
+            "stand_backs": list(self.stand_backs),
+            "stand_backs_total": self.stand_backs_total,
             "clock_skew": [
                 health_wire.skew_message(node, value)
                 for node, value in sorted(self.skew.items())
@@ -1180,15 +1289,15 @@ class Watchdog:
         events or from RestartCount), and the newest events with whose they are."""
         nodes = {
             node: {
-                "read_until": self.events_read.get(node),
+                "read_until": self.docker.read.get(node),
                 "error": error,
                 "restarts_from": "events" if error is None else "RestartCount",
             }
-            for node, error in self.events_error.items()
+            for node, error in self.docker.error.items()
         }
         recent = [
             {**{k: v for k, v in event.items() if k != "id"}, "id": str(event.get("id"))[:12]}
-            for event in list(self.events)[-EVENTS_SHOWN:]
+            for event in list(self.docker.kept)[-EVENTS_SHOWN:]
         ]
         return {"nodes": nodes, "recent": recent}
 
@@ -1230,6 +1339,12 @@ def metrics_text(state: dict) -> str:
             [(f'{{reason="{reason}"}}', count) for reason, count in totals],
         ),
         ("budget_left", "gauge", "Restarts left in the window.", [("", state["budget_left"])]),
+        (
+            "stand_backs_total",
+            "counter",
+            "Times the watchdog stood back for a serving container someone else was stopping.",
+            [("", state.get("stand_backs_total"))],
+        ),
         (
             "mem_available_bytes",
             "gauge",
@@ -1556,6 +1671,12 @@ class RealWorld(World):
 
     def agent_clock_skew(self) -> dict[str, float]:
         return {node: agent.skew_s for node, agent in self.agents.items() if agent.skew_s is not None}
+
+
+def signal_name(signal: object) -> str:
+    """A `kill` event's signal (Docker 20.10 gives its number, `15`) by name: SIGTERM."""
+    text = str(signal or "")
+    return text if text.startswith("SIG") else SIGNALS.get(text, f"signal {text}" if text else "a signal")
 
 
 def parse_started_at(text: str) -> float | None:
