@@ -249,11 +249,19 @@ def test_status_shows_each_rank_and_the_serving_engine(real_stack):
 
 
 def test_a_rank_stopped_by_hand_is_drift_and_up_brings_the_world_back(real_stack, lab_nodes):
+    outputs = real_stack.stack.run("stack", "output", "--json").json()
+    hello = [{"role": "user", "content": "hi"}]
+    body = {"model": outputs["served_model"], "messages": hello, "max_tokens": 1}
     lab.docker(lab_nodes["node-b"], "stop", RANK1)
-    # vLLM's head exits once its peer is gone (its process group broke).
+    # vLLM's head exits once its peer is gone (its process group broke) and a request finds its engine
+    # dead, as a client's would. (The watchdog stands back while someone else stops a serving container,
+    # so its probes are not what ends it.)
     deadline = time.monotonic() + 120
     while running(lab_nodes["node-a"], HEAD) and time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            request(f"{outputs['endpoint']}/chat/completions", real_stack.api_key, body, timeout=10)
         time.sleep(1)
+    assert not running(lab_nodes["node-a"], HEAD), "the head still runs 120 s after its peer was stopped"
     refreshed = real_stack.stack.run("refresh", "--yes", "--skip-preview", "--json", check=False, timeout=900)
     assert refreshed.returncode == 0, refreshed.err[-3000:]
     assert changes(refreshed.events()).get(R_RANK1) == "update", changes(refreshed.events())
