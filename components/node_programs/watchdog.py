@@ -731,15 +731,13 @@ class Watchdog:
         else's or Docker's own). Returns the starts by others per container: `policy` (Docker's restart
         policy: after a `die` with no `stop` by anyone) and `other` (an operator, `pulumi up`); and the
         stand-backs a removal or a start ended (what follows gets a fresh grace). A `kill` no one the
-        watchdog knows sent begins a stand-back, unless it is SIGKILL: that ends the container at once
-        (`docker kill`, a crash's like), so there is no stop to wait out and the watchdog judges it."""
+        watchdog knows sent begins a stand-back."""
         starts: dict[tuple[str, str], dict[str, int]] = {}
         ended: list[str] = []
         for event in fresh:
             key = (event["node"], event["name"])
             event["by"] = self._by(event)
-            slow_stop = signal_name(event.get("signal")) != "SIGKILL"
-            if event["action"] == "kill" and event["by"] is None and key not in self.standing and slow_stop:
+            if event["action"] == "kill" and event["by"] is None and key not in self.standing:
                 self._begin_stand_back(key, event)
             elif event["action"] in ("destroy", "start") and key in self.standing:
                 ended.append(self._end_stand_back(key, event["action"], event["at"]))

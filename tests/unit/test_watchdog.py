@@ -1207,21 +1207,6 @@ def test_standing_back_ends_at_the_stop_timeout_plus_a_minute_and_the_watchdog_j
     assert [s["how"] for s in state["stand_backs"]] == ["bound"]
 
 
-def test_a_sigkill_someone_else_sent_is_judged_at_once_not_waited_out():
-    """`docker kill` (SIGKILL) ends the container at once: there is no stop to wait out, so the watchdog
-    does not stand back; the server down is judged as any crash."""
-    world, clock = events_world()
-    watchdog, _ = dog(world, clock)
-    ticks(watchdog, clock, 3)
-    world.emit(SERVER, "kill", signal="9")
-    exits(world)
-    world.default = DOWN
-    ticks(watchdog, clock, 5)
-    state = watchdog.snapshot()
-    assert state["standing_back"] == [] and state["stand_backs_total"] == 0, state
-    assert ("start", "spark-1", "qwen35-vllm") in world.actions, world.actions
-
-
 def test_an_operator_s_docker_restart_is_a_fresh_grace_not_a_stand_back():
     world, clock = events_world()
     watchdog, _ = dog(world, clock)
