@@ -15,14 +15,8 @@ server was first ready or `startup_s` has passed since the server's container st
 a new serving container (another ID, or started again by someone else, e.g. `pulumi up`) gets a new
 grace, and while one is missing or not yet started the watchdog neither judges nor acts. Docker's
 own restarts (a crash under `unless-stopped`, with no memory check) spend the budget as the
-watchdog's do; under mp one of any rank means the world is restarted. They are read from Docker's
-event log (each `start` its restart policy makes after a `die`), which every tick reads for the
-serving containers, telling the watchdog's own stops and starts from others' by when it made them;
-RestartCount, which Docker resets on every start through its API, only where the events cannot be
-read. A serving container someone else is stopping (a `kill` event the watchdog did not send:
-`pulumi up`'s delete, an operator) makes it stand back, neither judging nor acting, until that
-container is removed or started again (then a fresh grace), at most its stop timeout plus a minute.
-Docker's `oom` events go into the next diagnosis. After `failures` failures in a row:
+watchdog's do; under mp one of any rank means the world is restarted. After `failures` failures in a
+row:
 
   1. diagnose: every node's containers (state, exit code), Ray's live nodes under executor ray (best
      effort, bounded), every node's MemAvailable, the server's last log lines;
@@ -52,7 +46,6 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -66,19 +59,6 @@ CALL_TIMEOUT_S = 10.0  # any one call to an agent, the daemon or Ray (the stop's
 START_LOG_LINES = 20000
 RESTART_KEEP = 50  # restarts kept in /state's history (the window's count is what the budget reads)
 RULE_RETRY_S = 15.0  # a node vLLM's start-up rule refused is probed again after this, within the wait
-# Docker's event log (issue 53): read every tick, per node, since the last read.
-EVENTS_KEPT = 200  # events kept (the newest; /state shows EVENTS_SHOWN of them)
-EVENTS_SHOWN = 20
-EVENTS_OVERLAP_S = 5.0  # each read goes back this far over the last (an event logged late is not lost)
-OWN_KEPT = 100  # the watchdog's own stops and starts remembered, to tell their events from others'
-OOM_KEPT = 20  # Docker's `oom` events kept for the next diagnosis
-OWN_SLACK_S = 2.0  # an event this close to one of its own actions is that action's (clocks, the daemon's lag)
-# The events a stop makes: Docker's `kill` (SIGTERM, and SIGKILL after the grace), the exit, `stop`.
-STOPPING = ("kill", "die", "stop")
-# Standing back for a stop someone else sent lasts at most the container's stop timeout plus this.
-STAND_BACK_EXTRA_S = 60.0
-STAND_BACKS_KEPT = 20  # ended stand-backs kept in /state
-SIGNALS = {"1": "SIGHUP", "2": "SIGINT", "3": "SIGQUIT", "9": "SIGKILL", "15": "SIGTERM"}
 
 
 def log(message: str) -> None:
@@ -292,11 +272,6 @@ class World:
         """`gpu_memory.run_probe` on `node` beside its first stack container: {report, error, took_s}."""
         return {"report": None, "error": "no memory probe in this world"}
 
-    def events(self, node: str, since: float, until: float) -> tuple[list[dict], str | None]:
-        """Docker's events of `node`'s stack containers from `since` to `until` (that node's clock),
-        as `health_wire.events` gives them: (events, None), or ([], why they could not be read)."""
-        return [], "no Docker event log in this world"
-
     def stop(self, target: Target) -> dict:
         raise NotImplementedError
 
@@ -365,22 +340,6 @@ class Persisted:
         }
 
 
-@dataclass
-class DockerEvents:
-    """What the watchdog has read of Docker's events (issue 53), and its own stops and starts, which
-    tell its events from others'. Times are the head's clock."""
-
-    read: dict[str, float] = field(default_factory=dict)  # each node's events read up to
-    # Why each node's last read failed (None: read; its restarts are counted from the events, else from
-    # RestartCount).
-    error: dict[str, str | None] = field(default_factory=dict)
-    kept: deque[dict] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
-    keys: deque[tuple] = field(default_factory=lambda: deque(maxlen=2 * EVENTS_KEPT))  # the ones seen
-    own: deque[dict] = field(default_factory=lambda: deque(maxlen=OWN_KEPT))  # {node, name, action, by, …}
-    guards_learned: deque[tuple] = field(default_factory=lambda: deque(maxlen=OWN_KEPT))
-    ooms: deque[dict] = field(default_factory=lambda: deque(maxlen=OOM_KEPT))  # the next diagnosis's
-
-
 class Watchdog:
     """The decisions, one `tick()` at a time: the clock and the World are given, so tests drive it."""
 
@@ -399,13 +358,6 @@ class Watchdog:
         # Each serving container's last facts ({state, id, started_at, restarts}), by (node, name):
         # what tells a new container (a fresh grace) and Docker's own restarts apart.
         self.seen: dict[tuple[str, str], dict] = {}
-        self.started = now
-        self.docker = DockerEvents()
-        # Serving containers someone else is stopping (a `kill` event not the watchdog's), by (node,
-        # name): no verdict and no action until they are removed or started again, or the bound.
-        self.standing: dict[tuple[str, str], dict] = {}
-        self.stand_backs: deque[dict] = deque(maxlen=STAND_BACKS_KEPT)  # ended ones, newest last
-        self.stand_backs_total = 0
         self.ever_ready = False
         self.state = health_wire.State.BUDGET_SPENT if self.p.spent else health_wire.State.STARTING
         self.since = now
@@ -630,31 +582,25 @@ class Watchdog:
         return found
 
     def _observe(self, now: float) -> bool:
-        """Read the serving containers and their Docker events. True when this tick ends here: they
-        are being replaced (no verdict, no action), or Docker restarted one and the watchdog acted on it."""
+        """Read the serving containers. True when this tick ends here: they are being replaced (no
+        verdict, no action), or Docker restarted one and the watchdog acted on it."""
         found = self._read_serving()
-        self._learn_guard_stops()
-        starts, ended = self._digest(self._read_events(now))
         before = self.seen
         known = {key: facts for key, facts in found.items() if facts.get("state") != "unknown"}
         self.seen = {**before, **known}
         if not before:
             self._first_grace(found)
-        self._review_stand_backs(now, known)
         if self.state is health_wire.State.BUDGET_SPENT:
             return False
         replacing = sorted(f"{n} {c['state']}" for (_, n), c in known.items() if c["state"] in REPLACING)
         if replacing:
             self._fresh_grace(now, f"{', '.join(replacing)}: the serving containers are being replaced")
             return True
-        new, restarted = self._changes(before, known, starts)
-        if new or ended:
-            said = [f"new serving container(s) {', '.join(sorted(new))}"] if new else []
-            self._fresh_grace(now, "; ".join(said + ended))
-        if self.standing:
-            self._stand_back(now, restarted)
-            return True
-        return False if new or ended else self._docker_restarts(now, restarted)
+        new, restarted = self._changes(before, known)
+        if new:
+            self._fresh_grace(now, f"new serving container(s) {', '.join(sorted(new))}")
+            return False
+        return self._docker_restarts(now, restarted)
 
     def _first_grace(self, found: dict[tuple[str, str], dict]) -> None:
         """The grace runs from the server container's start: a watchdog replaced (an upgrade) while
@@ -666,13 +612,9 @@ class Watchdog:
         if started is not None and (boot is None or started >= boot) and started < self.grace_from:
             self.grace_from = started
 
-    def _changes(
-        self, before: dict, known: dict, starts: dict[tuple[str, str], dict[str, int]]
-    ) -> tuple[list[str], dict[tuple[str, str], int]]:
+    def _changes(self, before: dict, known: dict) -> tuple[list[str], dict[tuple[str, str], int]]:
         """The serving containers new since the last read (another ID; or started again, not by the
-        watchdog nor by Docker's restart policy), and how often Docker's policy restarted the others:
-        from Docker's events (`starts`), or where a node's could not be read, from RestartCount (which
-        Docker resets on every start through its API, the watchdog's own included)."""
+        watchdog nor by Docker's restart policy), and how often Docker's policy restarted the others."""
         new, restarted = [], {}
         for key, facts in known.items():
             was = before.get(key)
@@ -681,201 +623,12 @@ class Watchdog:
             if facts.get("id") != was.get("id"):
                 new.append(key[1])
                 continue
-            started_again = facts.get("started_at") != was.get("started_at") and self.step is None
-            if self.docker.error.get(key[0]) is None:
-                seen = starts.get(key) or {}
-                if seen.get("policy"):
-                    restarted[key] = seen["policy"]
-                # Started by someone else (`up`, an operator); or its start event was not read in time.
-                if seen.get("other") or (started_again and not seen):
-                    new.append(key[1])
-                continue
             count, earlier = facts.get("restarts"), was.get("restarts")
             if isinstance(count, int) and isinstance(earlier, int) and count > earlier:
                 restarted[key] = count - earlier
-            elif started_again:
+            elif facts.get("started_at") != was.get("started_at") and self.step is None:
                 new.append(key[1])  # started by someone else than the watchdog (`up`, an operator)
         return new, restarted
-
-    # -- Docker's events: whose stop or start each one is, and Docker's own restarts --
-
-    def _read_events(self, now: float) -> list[dict]:
-        """Each node's Docker events of its serving containers since the last read (a little before
-        it: an event logged late is not lost; the ones already seen are dropped), in the head's clock.
-        A node whose events cannot be read is recorded in `events_error` and said once."""
-        fresh = []
-        for node in dict.fromkeys(t.node for t in self.s.serving()):
-            skew = self.skew.get(node, 0.0)  # the node's clock minus the head's (0 on the head)
-            since = max(self.started, self.docker.read.get(node, self.started) - EVENTS_OVERLAP_S)
-            try:
-                found, error = self.world.events(node, since + skew, now + skew)
-            except Exception as exc:  # the World's own bound failed: not read, never a failed tick
-                found, error = [], f"{type(exc).__name__}: {exc}"
-            self.docker.read[node] = now
-            if error is not None and self.docker.error.get(node) != error:
-                log(
-                    f"{node}: Docker's events could not be read ({error}): its restarts are counted from "
-                    "RestartCount, which Docker resets on every start through its API"
-                )
-            self.docker.error[node] = error
-            for raw in found if error is None else ():
-                key = (node, raw.get("id"), raw.get("action"), raw.get("at"))
-                if key in self.docker.keys or not isinstance(raw.get("at"), int | float):
-                    continue
-                self.docker.keys.append(key)
-                fresh.append({**raw, "node": node, "at": float(raw["at"]) - skew})
-        return sorted(fresh, key=lambda e: e["at"])
-
-    def _digest(self, fresh: list[dict]) -> tuple[dict[tuple[str, str], dict[str, int]], list[str]]:
-        """Keep the new events, each marked with whose it is (`by`: watchdog, guard or None: someone
-        else's or Docker's own). Returns the starts by others per container: `policy` (Docker's restart
-        policy: after a `die` with no `stop` by anyone) and `other` (an operator, `pulumi up`); and the
-        stand-backs a removal or a start ended (what follows gets a fresh grace). A `kill` no one the
-        watchdog knows sent begins a stand-back."""
-        starts: dict[tuple[str, str], dict[str, int]] = {}
-        ended: list[str] = []
-        for event in fresh:
-            key = (event["node"], event["name"])
-            event["by"] = self._by(event)
-            if event["action"] == "kill" and event["by"] is None and key not in self.standing:
-                self._begin_stand_back(key, event)
-            elif event["action"] in ("destroy", "start") and key in self.standing:
-                ended.append(self._end_stand_back(key, event["action"], event["at"]))
-            if event["action"] == "oom":
-                # The kernel's OOM killer killed a process in it: the container may run on (a worker
-                # process killed), and OOMKilled stays false unless its main process was the one.
-                log(f"Docker's oom event: the kernel's OOM killer killed a process in {key[1]} on {key[0]}")
-                self.docker.ooms.append(event)
-            if event["action"] == "start" and event["by"] is None:
-                kind = "policy" if self._after_die(event) else "other"
-                count = starts.setdefault(key, {"policy": 0, "other": 0})
-                count[kind] += 1
-            self.docker.kept.append(event)
-        return starts, ended
-
-    def _after_die(self, start: dict) -> bool:
-        """Whether the container's last event before `start` was a `die` (no `stop` by anyone since):
-        Docker's restart policy started it again."""
-        for event in reversed(self.docker.kept):
-            if (event["node"], event["name"], event["id"]) != (start["node"], start["name"], start["id"]):
-                continue
-            if event["action"] in ("create", "start", "kill", "stop", "die"):
-                return event["action"] == "die"
-        return False
-
-    def _by(self, event: dict) -> str | None:
-        """Whose the event is: `watchdog` or `guard` when one of their own stops (kill, die, stop) or
-        starts made it, None otherwise. A start claims one `start` event only: a crash restarted by
-        Docker a moment after the watchdog's own start is still Docker's."""
-        wanted = "start" if event["action"] == "start" else "stop" if event["action"] in STOPPING else None
-        if wanted is None:
-            return None
-        now = self.clock()
-        for act in reversed(tuple(self.docker.own)):  # a copy: the head's guard thread adds its stops
-            if (act["node"], act["name"], act["action"]) != (event["node"], event["name"], wanted):
-                continue
-            end = act["end"] if act["end"] is not None else now
-            if not act["begin"] - OWN_SLACK_S <= event["at"] <= end + OWN_SLACK_S:
-                continue
-            mark = (event["id"], event["at"])
-            if wanted == "start" and act.setdefault("claimed", mark) != mark:
-                continue  # this start's own event was another one
-            return act["by"]
-        return None
-
-    def _own(self, action: str, target: Target, by: str) -> dict:
-        """Stop or start `target`, remembering when (the head's clock): its events are then its own."""
-        record = {"node": target.node, "name": target.name, "action": action, "by": by}
-        record.update(begin=self.clock(), end=None)
-        self.docker.own.append(record)
-        try:
-            return (self.world.stop if action == "stop" else self.world.start)(target)
-        finally:
-            record["end"] = self.clock()
-
-    def _learn_guard_stops(self) -> None:
-        """An agent's memory guard stops its node's containers on its own: its last trip's stops (from
-        its /containers answer) are the guard's, not someone else's."""
-        for node, report in self.world.memory_guards().items():
-            last = report.get("last") if isinstance(report, dict) else None
-            at = last.get("at") if isinstance(last, dict) and last.get("acted") else None
-            if not isinstance(at, int | float) or (node, at) in self.docker.guards_learned:
-                continue
-            self.docker.guards_learned.append((node, at))
-            begin, stopped = float(at) - self.skew.get(node, 0.0), list(last.get("stopped") or [])
-            took = len(stopped) * (self.s.guard_stop_s + CALL_TIMEOUT_S)
-            for name in stopped:
-                stop = {"node": node, "name": name, "action": "stop", "by": "guard"}
-                self.docker.own.append({**stop, "begin": begin, "end": begin + took})
-
-    # -- a stop someone else sent (`pulumi up` replacing a container, an operator): stand back --
-
-    def _begin_stand_back(self, key: tuple[str, str], kill: dict) -> None:
-        """A serving container was sent a signal by someone else than the watchdog: `pulumi up`'s
-        delete stops it with a 120 s grace, and it reads `running` until its process exits. Fighting
-        that would spend a restart and start the old container again."""
-        target = next((t for t in self.s.serving() if (t.node, t.name) == key), None)
-        stop_s = target.stop_timeout_s if target else Target(*key).stop_timeout_s
-        self.standing[key] = {
-            "node": key[0],
-            "name": key[1],
-            "id": kill.get("id"),
-            "since": kill["at"],
-            "signal": signal_name(kill.get("signal")),
-            "until": kill["at"] + stop_s + STAND_BACK_EXTRA_S,
-            "kill": kill,
-        }
-        self.stand_backs_total += 1
-        log(
-            f"{key[1]} on {key[0]} was sent {signal_name(kill.get('signal'))} by someone else than the "
-            f"watchdog (`pulumi up` replacing it, or an operator): standing back until it is removed or "
-            f"started again, at most {stop_s + STAND_BACK_EXTRA_S:g} s (its stop timeout plus a minute)"
-        )
-
-    def _end_stand_back(self, key: tuple[str, str], how: str, at: float) -> str:
-        """End one stand-back (`how`: destroy, start, bound, or whose stop it was after all)."""
-        entry = self.standing.pop(key)
-        self.stand_backs.append(
-            {"node": key[0], "name": key[1], "since": entry["since"], "ended": at, "how": how}
-        )
-        said = {
-            "destroy": "was removed",
-            "start": "was started again",
-            "bound": f"was neither removed nor started again by {entry['until'] - entry['since']:g} s "
-            "after the stop: judging it again",
-        }.get(how, f"was the {how}'s own stop after all")
-        log(f"{key[1]} on {key[0]}, stopped by someone else, {said}")
-        return f"{key[1]} on {key[0]}, stopped by someone else, {said}"
-
-    def _review_stand_backs(self, now: float, known: dict[tuple[str, str], dict]) -> None:
-        """Each tick: a stop the memory guard turns out to have made (its trip is recorded once its
-        stops are done) is no one else's; a container gone or replaced (its events not read) ends it;
-        and the bound: the container's stop timeout plus a minute, then the watchdog judges again."""
-        for key, entry in list(self.standing.items()):
-            facts, by = known.get(key) or {}, self._by(entry["kill"])
-            if by is not None:
-                self._end_stand_back(key, by, now)
-            elif facts.get("state") == "missing" or facts.get("id", entry["id"]) != entry["id"]:
-                self._end_stand_back(key, "destroy", now)
-            elif now >= entry["until"]:
-                self._end_stand_back(key, "bound", now)
-
-    def _stand_back(self, now: float, restarted: dict[tuple[str, str], int]) -> None:
-        """No verdict and no action while someone else stops a serving container (`starting`)."""
-        if restarted:  # e.g. a rank whose peer `up` stops: the stop under way is not the watchdog's
-            names = ", ".join(f"{name} on {node}" for node, name in sorted(restarted))
-            log(f"Docker restarted {names} while another stops a serving container: not spent")
-        entries = sorted(self.standing.values(), key=lambda e: e["since"])
-        who = ", ".join(
-            f"{e['name']} on {e['node']} ({e['signal']} {now - e['since']:.0f} s ago)" for e in entries
-        )
-        self.next_step = (
-            f"wait: {who} is being stopped by someone else than the watchdog (`pulumi up` replacing it, or "
-            f"an operator): no verdict and no action until it is removed or started again, at most "
-            f"{max(e['until'] for e in entries) - now:.0f} s more"
-        )
-        self.failures, self.completion_failures, self.stall_since = 0, 0, None
-        self._set(health_wire.State.STARTING, now)
 
     def _fresh_grace(self, now: float, why: str) -> None:
         """A new server (or rank set), whatever made it: no verdict before it is ready or startup_s has
@@ -939,7 +692,7 @@ class Watchdog:
         target = next(t for t in self.s.serving() if t.node == self.s.head and t.name == name)
         # The guard's own short bound, not the container's grace: SIGKILL after guard_stop_s.
         bounded = replace(target, stop_timeout_s=self.s.guard_stop_s)
-        done = self._own("stop", bounded, "guard")
+        done = self.world.stop(bounded)
         found = next((c for c in self.world.containers(target.node) if c.get("name") == name), {})
         done = health_wire.guard_stopped(done, found, self.s.guard_stop_s)
         log(f"memory guard: stop {name} on {target.node}: {health_wire.guard_stop_said(done)}")
@@ -1020,7 +773,7 @@ class Watchdog:
         self._memory_wait(now)
 
     def _do(self, action: str, target: Target) -> dict:
-        done = self._own(action, target, "watchdog")
+        done = (self.world.stop if action == "stop" else self.world.start)(target)
         log(f"{action} {target.name} on {target.node}: {'done' if done.get('ok') else done.get('error')}")
         return done
 
@@ -1208,12 +961,6 @@ class Watchdog:
         }
         if self.tripped:
             found["memory_guard"] = self.tripped
-        episode = self._episode_from(now)
-        found["docker_oom"] = [
-            {k: event.get(k) for k in ("node", "name", "at")}
-            for event in self.docker.ooms
-            if event["at"] >= episode
-        ]
         found["fault"] = health_wire.fault_summary(found)
         unchecked = [n.name for n in self.s.nodes if n.need_bytes is None]
         if unchecked:
@@ -1270,36 +1017,12 @@ class Watchdog:
             "agent_clock_skew_s": dict(self.skew),
             "memory_guard": dict(self.memory_guard),
             "memory_guard_trips": dict(self.guard_trips),
-            "docker_events": self._events_state(),
-            "standing_back": [
-                {**{k: v for k, v in e.items() if k not in ("kill", "id")}, "id": str(e.get("id"))[:12]}
-                for e in list(self.standing.values())
-            ],
-            "stand_backs": list(self.stand_backs),
-            "stand_backs_total": self.stand_backs_total,
             "clock_skew": [
                 health_wire.skew_message(node, value)
                 for node, value in sorted(self.skew.items())
                 if abs(value) > health_wire.SIGNATURE_WINDOW_S
             ],
         }
-
-    def _events_state(self) -> dict:
-        """/state's `docker_events`: each node's read (and whether its restarts are counted from the
-        events or from RestartCount), and the newest events with whose they are."""
-        nodes = {
-            node: {
-                "read_until": self.docker.read.get(node),
-                "error": error,
-                "restarts_from": "events" if error is None else "RestartCount",
-            }
-            for node, error in self.docker.error.items()
-        }
-        recent = [
-            {**{k: v for k, v in event.items() if k != "id"}, "id": str(event.get("id"))[:12]}
-            for event in list(self.docker.kept)[-EVENTS_SHOWN:]
-        ]
-        return {"nodes": nodes, "recent": recent}
 
     def _persist(self) -> None:
         self._save(self.p.as_dict())
@@ -1340,12 +1063,6 @@ def metrics_text(state: dict) -> str:
         ),
         ("budget_left", "gauge", "Restarts left in the window.", [("", state["budget_left"])]),
         (
-            "stand_backs_total",
-            "counter",
-            "Times the watchdog stood back for a serving container someone else was stopping.",
-            [("", state.get("stand_backs_total"))],
-        ),
-        (
             "mem_available_bytes",
             "gauge",
             "MemAvailable per node, last read.",
@@ -1380,7 +1097,6 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
     refusals = sorted((state.get("agent_refusals") or {}).items())
     skew = sorted((state.get("agent_clock_skew_s") or {}).items())
     trips = sorted((state.get("memory_guard_trips") or {}).items())
-    events = sorted(((state.get("docker_events") or {}).get("nodes") or {}).items())
     rules = sorted((node, r) for node, r in (state.get("memory_rule") or {}).items() if r.get("checked"))
     return [
         (
@@ -1401,12 +1117,6 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
             "counter",
             "Times a node's memory guard stopped (report mode: would have stopped) its serving containers.",
             [(f'{{node="{node}"}}', count) for node, count in trips],
-        ),
-        (
-            "docker_events_read",
-            "gauge",
-            "1 when the node's Docker events were read last tick; 0: its restarts counted from RestartCount.",
-            [(f'{{node="{node}"}}', int(read.get("error") is None)) for node, read in events],
         ),
         (
             "memory_rule_free_bytes",
@@ -1591,17 +1301,6 @@ class RealWorld(World):
                 {"name": name, "state": "unknown", "error": str(exc)} for name in self.s.node(node).containers
             ]
 
-    def events(self, node: str, since: float, until: float) -> tuple[list[dict], str | None]:
-        names = self.s.node(node).containers
-        if node not in self.agents:
-            return health_wire.events(self.socket, since, until, names, CALL_TIMEOUT_S)
-        try:
-            answer = self._agent(node, health_wire.AGENT_EVENTS, {"since": since, "until": until})
-        except (OSError, ValueError) as exc:
-            return [], f"its agent did not answer: {exc}"
-        found = answer.get("events")
-        return (found, answer.get("error")) if isinstance(found, list) else ([], "its agent gave no events")
-
     def _act(self, action: str, target: Target) -> dict:
         if target.node not in self.agents:
             return health_wire.act(
@@ -1671,12 +1370,6 @@ class RealWorld(World):
 
     def agent_clock_skew(self) -> dict[str, float]:
         return {node: agent.skew_s for node, agent in self.agents.items() if agent.skew_s is not None}
-
-
-def signal_name(signal: object) -> str:
-    """A `kill` event's signal (Docker 20.10 gives its number, `15`) by name: SIGTERM."""
-    text = str(signal or "")
-    return text if text.startswith("SIG") else SIGNALS.get(text, f"signal {text}" if text else "a signal")
 
 
 def parse_started_at(text: str) -> float | None:
