@@ -254,8 +254,7 @@ def test_a_rank_stopped_by_hand_is_drift_and_up_brings_the_world_back(real_stack
     body = {"model": outputs["served_model"], "messages": hello, "max_tokens": 1}
     lab.docker(lab_nodes["node-b"], "stop", RANK1)
     # vLLM's head exits once its peer is gone (its process group broke) and a request finds its engine
-    # dead, as a client's would. (The watchdog stands back while someone else stops a serving container,
-    # so its probes are not what ends it.)
+    # dead, as a client's would (the test does not count on the watchdog's probes to be that request).
     deadline = time.monotonic() + 120
     while running(lab_nodes["node-a"], HEAD) and time.monotonic() < deadline:
         with contextlib.suppress(OSError, ValueError):
