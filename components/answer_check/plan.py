@@ -64,7 +64,7 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
 
 def checks_again(change: Change) -> bool:
     """Whether an update runs the check again (what it judges changed), or only records the inputs."""
-    return any(key in CHECK_KEYS for key in change.updates)
+    return change.updates_any(CHECK_KEYS)
 
 
 def last_accepted(olds: Mapping[str, Any] | None) -> list[dict] | None:

@@ -15,3 +15,8 @@ class Change:
     @property
     def changes(self) -> bool:
         return bool(self.replaces or self.updates)
+
+    def updates_any(self, keys: tuple[str, ...]) -> bool:
+        """Whether any of `keys` is among the updated inputs (what decides whether an update does the
+        work again: probe, measure, check, read)."""
+        return any(key in keys for key in self.updates)

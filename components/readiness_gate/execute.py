@@ -68,7 +68,7 @@ def _read_serving_log(name: str, where: Mapping[str, Any]) -> str:
     return result.stdout.decode(errors="replace") + "\n" + result.stderr.decode(errors="replace")
 
 
-def _unread(name: str, exc: Exception) -> dict[str, Any]:
+def _unread(exc: Exception) -> dict[str, Any]:
     reason = stderr_tail(str(exc), lines=2).strip().replace("\n", " ")
     return {
         "backend": None,
@@ -100,7 +100,7 @@ def serving_transports(props: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         try:
             text = future.result()
         except (RemoteError, NodeDictError) as exc:
-            records[name] = _unread(name, exc)
+            records[name] = _unread(exc)
             continue
         hcas = list((fabric.get(name) or {}).get("ib_hca") or [])
         records[name], refusal = serving_verdict(name, mode, serving_transport(text), hcas)

@@ -49,12 +49,12 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
 
 def probes_again(change: Change) -> bool:
     """Whether an update runs the probe again (what it probes changed), or only records the inputs."""
-    return any(key in PROBE_KEYS for key in change.updates)
+    return change.updates_any(PROBE_KEYS)
 
 
 def reads_transport_again(change: Change) -> bool:
     """Whether an update that does not probe reads the serving ranks' logs again."""
-    return any(key in TRANSPORT_KEYS for key in change.updates)
+    return change.updates_any(TRANSPORT_KEYS)
 
 
 def kept_cold_start(old_report: Mapping[str, Any] | None, report: Mapping[str, Any]) -> dict[str, Any]:

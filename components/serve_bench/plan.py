@@ -56,7 +56,7 @@ def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
 
 def measures_again(change: Change) -> bool:
     """Whether an update runs the bench again (what it measures changed), or only records the inputs."""
-    return any(key in MEASURE_KEYS for key in change.updates)
+    return change.updates_any(MEASURE_KEYS)
 
 
 class Action(Enum):
@@ -73,7 +73,7 @@ def update_action(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Action:
     change = plan_change(olds, news)
     if measures_again(change):
         return Action.MEASURE
-    if any(key in JUDGE_KEYS for key in change.updates):
+    if change.updates_any(JUDGE_KEYS):
         return Action.JUDGE if olds.get("figures") else Action.MEASURE
     return Action.RECORD
 
