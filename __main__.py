@@ -3,7 +3,7 @@
 import pulumi
 
 from components.config import load_secrets, load_stack_config
-from components.deployment import DeploymentArgs, Qwen35Deployment
+from components.deployment.component import DeploymentArgs, Qwen35Deployment
 
 config = load_stack_config()
 secrets = load_secrets()

@@ -1,7 +1,7 @@
 """The deployment's layout from config alone: what each resource is given, the image every node holds
 and where each keeps the checkpoint, the containers' names on each node, and the shapes of the
 stack's outputs. Pure: no Pulumi resource is declared or imported here, so `status` reads the same
-layout as the graph (`components/deployment.py`) without the graph.
+layout as the graph (`components/deployment/`) without the graph.
 """
 
 from __future__ import annotations

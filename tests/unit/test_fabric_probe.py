@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from components.deployment import probe_input
 from components.fabric_check.plan import Decision, Settings, probe_input_problems, probe_verdict, with_probe
 from components.fabric_check.programs import PROBE_HINTS, probe_argv, probe_spec
+from components.layout import probe_input
 from components.node_programs import fabric_probe
 from components.node_programs.fabric_probe import Exit
 from tests.support.ports import free_port

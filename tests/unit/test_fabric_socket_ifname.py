@@ -10,8 +10,8 @@ import pytest
 
 from components.config import ConfigError, parse_stack_config
 from components.containers import fabric_env
-from components.deployment import fabric_check_inputs
 from components.fabric_check import decide, read_facts, settings
+from components.layout import fabric_check_inputs
 from components.remote import LocalTransport
 from tests.support.fabric_trees import DOWN, PortSpec, spark_tree, write_tree
 from tests.support.program import dev_raw

@@ -189,7 +189,7 @@ def test_what_earlier_stacks_pickled_still_imports_as_the_class(module, name):
 
 def providers() -> list[type]:
     """Every dynamic provider class the program defines (its packages imported first)."""
-    importlib.import_module("components.deployment")
+    importlib.import_module("components.deployment.component")
     for name in SHAPES:
         importlib.import_module(f"components.{name}")
 
@@ -347,7 +347,7 @@ def test_the_report_reader_check_sees_a_parser_of_its_own(tmp_path, monkeypatch)
 
 def test_status_reads_the_layout_not_the_graph():
     """`status` needs the containers' names and the resources' inputs from config: components/layout.py
-    gives them without the Pulumi graph (components/deployment.py), which declares resources."""
+    gives them without the Pulumi graph (components/deployment/), which declares resources."""
     for path in sorted((ROOT / "status").rglob("*.py")):
         graph = {m for m in imported_modules(path) if m.startswith("components.deployment")}
         assert not graph, f"{path.relative_to(ROOT)} imports {sorted(graph)}: take it from components.layout"
