@@ -24,7 +24,7 @@ import lab
 from engine.lab_stack import write_config
 from lab.layout import lab_dir
 from status import gather
-from status.verdict import fabric_lines
+from status.fabric import fabric_lines
 from tests.engine.conftest import Stack, changes, secret_stack, steps, urn_name
 from tests.engine.conftest import up_or_fail as up
 from tests.lab.test_fabric_check import write_on_node

@@ -20,7 +20,7 @@ import pytest
 import lab
 from components.health.containers import watchdog_container_name
 from components.node_programs import gpu_memory, health_wire
-from status.verdict import _guard_trips
+from status.watchdog import _guard_trips
 from tests.lab.test_mp_standin import standin_image
 from tests.support.health_lab import (
     DEADLINE,

@@ -8,7 +8,8 @@ import pytest
 
 from components.config import parse_stack_config
 from status import gather, render
-from status.verdict import Verdict, answers_line, judge
+from status.checks import answers_line
+from status.verdict import Verdict, judge
 from tests.support.program import config_from, dev_raw
 
 SETTINGS = config_from().answers.settings()

@@ -13,7 +13,7 @@ from components.node_programs import cold_start
 from components.node_programs.cold_start import milestones, parse_stamp, summary
 from components.node_programs.watchdog import Probe, metrics_text
 from components.readiness_gate.plan import kept_cold_start
-from status.verdict import cold_start_line
+from status.serving import cold_start_line
 
 LOGS = Path(__file__).resolve().parents[1] / "support" / "vllm_logs"
 # Docker timestamps each line that ends in `\n`: a progress bar's `\r` stays inside its line.

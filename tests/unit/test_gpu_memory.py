@@ -14,7 +14,7 @@ import pytest
 
 from components.node_programs import gpu_memory
 from components.node_programs.watchdog import Probe, metrics_text
-from status.verdict import _memory_held
+from status.watchdog import _memory_held
 from tests.support.standin_engine import StandinEngine
 from tests.unit.test_watchdog import GB, HANG, Clock, FakeWorld, dog, ticks
 

@@ -24,7 +24,7 @@ from components.node_proof import (
 )
 from components.remote import RemoteError, Result
 from components.stack_claim import claimed_ports
-from status.verdict import proof_line
+from status.fabric import proof_line
 from tests.support.program import dev_raw
 
 LOGS = Path(__file__).resolve().parents[1] / "support" / "nccl_logs"

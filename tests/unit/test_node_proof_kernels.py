@@ -16,7 +16,7 @@ from components.node_programs import node_proof as program
 from components.node_proof import judged
 from components.node_proof.facts import FAILED, MISSING, RIGHT, WRONG, kernel_findings, kernel_state
 from components.node_proof.plan import kernel_problems
-from status.verdict import proof_line
+from status.fabric import proof_line
 from tests.unit.test_node_proof import log, nccl_of, props, runs_of
 
 REPORTS = Path(__file__).resolve().parents[1] / "support" / "node_proof_reports"

@@ -8,7 +8,8 @@ import pytest
 
 from components.config import parse_stack_config
 from status import gather, render
-from status.verdict import Verdict, bench_line
+from status.checks import bench_line
+from status.verdict import Verdict
 from tests.support.program import config_from, dev_raw
 
 FIGURES = {

@@ -13,9 +13,9 @@ import pytest
 
 from components.config import parse_stack_config
 from components.node_programs import node_status
-from status import gather, render
-from status import verdict as verdict_module
-from status.verdict import Problem, duration, judge
+from status import gather, render, serving
+from status.problem import Problem, duration
+from status.verdict import judge
 from tests.support.program import stack_config
 
 URL = "http://127.0.0.2:18000"
@@ -335,7 +335,7 @@ def test_concurrency_expected_from_the_head_s_config_beside_what_vllm_logged():
     }
     verdict = judge(dev, {"nodes": {"spark-1": head}, "server": {}})
     # The model-support check's own figure for the recipe on two Sparks (model_support/memory_fit.py).
-    expected = verdict_module.expected_concurrency(dev, sizing)
+    expected = serving.expected_concurrency(dev, sizing)
     assert expected[0] == 32768 and 150 < expected[1] < 200
     assert verdict.cluster["concurrency"] == (
         f"expected {expected[1]:.2f}x at 32768 tokens; vLLM logged 150.20x at 32768 tokens"
@@ -729,7 +729,7 @@ def test_under_the_cpu_platform_concurrency_says_what_sizes_the_kv_cache():
     sizing = {"config": json.loads((fixture / "config.json").read_text()), "weight_bytes": 10**9}
     # The memory fit does give a figure here (the lab's `566974.07x at 512 tokens`): one that means
     # nothing, as VLLM_CPU_KVCACHE_SPACE, not a share of the nodes' memory, sizes the CPU KV cache.
-    assert verdict_module.expected_concurrency(lab, sizing) is not None
+    assert serving.expected_concurrency(lab, sizing) is not None
     head = {
         "reachable": True,
         "sizing": sizing,
