@@ -3,7 +3,7 @@
 Every node runs one `vllm serve` with the same command line and its own `--node-rank`: rank 0 on the
 head serves the API and listens on `--master-addr:--master-port` (the head's fabric address); the
 other ranks run `--headless` (no API server) and dial it. vLLM gives every node the same number of
-local ranks (TP×PP / nnodes), which the config checks (components/config/stack.py, `_mp_problems`).
+local ranks (TP×PP / nnodes), which the config checks (components/config/cross_checks.py, `mp_problems`).
 
 The ranks of one world live and die together: a rank replaced alone would find the others still in
 the old, broken world (NCCL has no way to take a member back). So every rank's environment carries

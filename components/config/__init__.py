@@ -8,7 +8,7 @@ Stack config (Pulumi.<stack>.yaml) → frozen pydantic models → components. Co
 - `nodes` (`nodes`, `ssh`), `image` (`image`, `copy`), `serve`, `checkpoint` (`model`),
   `cluster` (`fabric`, `ray`, `cluster`, `containers`), `health`, `bench`, `answers`: the section
   models;
-- `stack`: StackConfig and the checks across sections;
+- `stack`: StackConfig; `cross_checks`: the checks across its sections;
 - `loading`: reading Pulumi's config, and pydantic's errors as the operator's messages.
 """
 
