@@ -1,6 +1,6 @@
-"""What the watchdog shows: /metrics (Prometheus text, `metrics_text`, made from /state), and the HTTP
-server that answers /state and /metrics. A library of `watchdog`: standard library only; it travels
-with the program to the node.
+"""What the watchdog shows: /state (JSON, `snapshot`) and /metrics (Prometheus text, `metrics_text`),
+made from its Status and its persisted history, and the HTTP server that answers both. A library of
+`watchdog`: standard library only; it travels with the program to the node.
 """
 
 from __future__ import annotations
@@ -11,6 +11,53 @@ from collections.abc import Callable
 from typing import Any
 
 from components.node_programs import cold_start, health_wire
+from components.node_programs.watchdog_policy import budget_left, in_window
+from components.node_programs.watchdog_settings import Settings
+from components.node_programs.watchdog_state import Persisted, Status
+
+
+def snapshot(s: Settings, st: Status, p: Persisted, now: float) -> dict:
+    """/state at `now`: the keys `health_wire.STATE_KEYS` names, and the figures behind /metrics."""
+    return {
+        "state": st.state.value,
+        "mode": s.mode,
+        "step": st.step.value if st.step else None,
+        "since": st.since,
+        "last_ready": st.last_ready,
+        "consecutive_failures": st.failures,
+        "consecutive_completion_failures": st.completion_failures,
+        "progress": None if st.progress is None else dict(st.progress),
+        "hang_bound_s": s.hang_bound_s(),
+        "restarts": in_window(s, p.restarts, now),
+        "restarts_total": dict(p.restarts_total),
+        "budget_left": budget_left(s, p.restarts, now),
+        "spent": p.spent,
+        "held": st.held,
+        "budget_resets": list(p.budget_resets),
+        "last_diagnosis": st.diagnosis,
+        "would": st.would,
+        "next_step": st.next_step,
+        "mem_available_bytes": dict(st.mem),
+        "memory_rule": {node: dict(rule) for node, rule in st.rules.items()},
+        "last_probe": None
+        if st.last_probe is None
+        else {
+            "ok": st.last_probe.ok,
+            "kind": st.last_probe.kind,
+            "latency_s": st.last_probe.latency_s,
+        },
+        "last_ttft_s": st.last_ttft,
+        "cold_start": None if st.cold_start is None else dict(st.cold_start),
+        "agent_refusals": dict(st.refusals or {}),
+        "agent_clock_skew_s": dict(st.skew),
+        "memory_guard": dict(st.memory_guard),
+        "memory_guard_trips": dict(st.guard_trips),
+        "clock_skew": [
+            health_wire.skew_message(node, value)
+            for node, value in sorted(st.skew.items())
+            if abs(value) > health_wire.SIGNATURE_WINDOW_S
+        ],
+    }
 
 
 def _number(value: float | int) -> str:

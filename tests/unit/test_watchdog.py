@@ -11,7 +11,8 @@ import pytest
 from components.config import parse_stack_config
 from components.health.containers import health_config
 from components.node_programs import health_wire
-from components.node_programs.watchdog import Watchdog, engine_progress, parse_started_at
+from components.node_programs.watchdog import Watchdog
+from components.node_programs.watchdog_policy import engine_progress, parse_started_at
 from components.node_programs.watchdog_report import metrics_text
 from components.node_programs.watchdog_settings import Settings, Target
 from components.node_programs.watchdog_world import Probe, World
