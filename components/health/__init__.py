@@ -1,8 +1,9 @@
 """Health: the watchdog on the head, which probes the server and recovers a hung or crashed one, and
 an agent on every other node, its hands there. Here they are pure container specs and their config
 (`containers.py`: the containers' specs, their config JSON and each node's memory need); the
-programs are `components/node_programs/watchdog.py` and `health_agent.py`, their shared constants
-`health_wire`. The secret the watchdog signs with is `components/health_secret`.
+programs are `components/node_programs/watchdog.py` (its parts in `watchdog_*.py`) and
+`health_agent.py`, their shared constants `health_wire`. The secret the watchdog signs with is
+`components/health_secret`.
 
 `HealthSecretProvider` stays importable here: stacks made before the secret had a package of its own
 pickled it by reference as `components.health.HealthSecretProvider`.

@@ -11,7 +11,8 @@ import pytest
 
 from components.node_programs import cold_start
 from components.node_programs.cold_start import milestones, parse_stamp, summary
-from components.node_programs.watchdog import Probe, metrics_text
+from components.node_programs.watchdog_report import metrics_text
+from components.node_programs.watchdog_world import Probe
 from components.readiness_gate.plan import kept_cold_start
 from status.serving import cold_start_line
 

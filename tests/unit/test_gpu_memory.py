@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from components.node_programs import gpu_memory
-from components.node_programs.watchdog import Probe, metrics_text
+from components.node_programs.watchdog_report import metrics_text
+from components.node_programs.watchdog_world import Probe
 from status.watchdog import _memory_held
 from tests.support.standin_engine import StandinEngine
 from tests.unit.test_watchdog import GB, HANG, Clock, FakeWorld, dog, ticks

@@ -247,7 +247,7 @@ def test_the_watchdog_s_client_measures_an_agent_s_clock_skew_from_a_refusal():
     import threading
 
     from components.node_programs.health_agent import serve
-    from components.node_programs.watchdog import Agent as Client
+    from components.node_programs.watchdog_world import Agent as Client
     from tests.support.ports import free_port
 
     agent, calls = agent_for()

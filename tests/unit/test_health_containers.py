@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ from components.health.containers import (
     watchdog_container_spec,
 )
 from components.model_support.memory_fit import GB
-from components.node_programs import health_wire, program_argv
+from components.node_programs import FOLDER, health_wire, libraries, program_argv
 from tests.support.program import config_from, dev_raw, mp_raw
 
 
@@ -140,6 +141,29 @@ def test_the_programs_run_with_only_the_standard_library_and_refuse_a_missing_co
         argv, capture_output=True, text=True, timeout=60, env={health_wire.CONFIG_ENV: '{"mode": "off"}'}
     )
     assert off.returncode == health_wire.Exit.MODE_OFF, off.stdout + off.stderr
+
+
+def test_the_packed_watchdog_ships_its_parts_and_builds_itself_up_to_listening(tmp_path):
+    """Every part of the watchdog (`watchdog_*.py`) travels in its one packed command, and under
+    `-I -S` the program reads its config and its saved state, builds its World and its parts, and
+    stops where it would listen (the port is held here): before any probe or Docker call."""
+    assert {path.stem for path in FOLDER.glob("watchdog_*.py")} <= set(libraries("watchdog"))
+    cfg = config_from("dev")
+    (tmp_path / health_wire.STATE_FILE).write_text("not json")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        raw = {**json.loads(health_config(cfg, cfg.head)), "metrics_host": "127.0.0.1", "port": port}
+        env = {
+            health_wire.CONFIG_ENV: json.dumps(raw),
+            health_wire.SECRET_ENV: "a secret",
+            "QWEN35_HEALTH_STATE_DIR": str(tmp_path),
+        }
+        argv = program_argv("watchdog", ["--once"], python=sys.executable)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == health_wire.Exit.CANNOT_LISTEN, done.stdout + done.stderr
+    assert "state.json unreadable" in done.stdout and f"cannot listen on 127.0.0.1:{port}" in done.stdout
 
 
 def test_an_agent_without_the_secret_does_not_serve(tmp_path):

@@ -11,16 +11,11 @@ import pytest
 from components.config import parse_stack_config
 from components.health.containers import health_config
 from components.node_programs import health_wire
-from components.node_programs.watchdog import (
-    Probe,
-    Settings,
-    Target,
-    Watchdog,
-    World,
-    engine_progress,
-    metrics_text,
-    parse_started_at,
-)
+from components.node_programs.watchdog import Watchdog
+from components.node_programs.watchdog_policy import engine_progress, parse_started_at
+from components.node_programs.watchdog_report import metrics_text
+from components.node_programs.watchdog_settings import Settings, Target
+from components.node_programs.watchdog_world import Probe, World
 from tests.support.program import config_from, mp_raw
 
 GB = 10**9

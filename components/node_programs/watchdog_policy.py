@@ -1,0 +1,227 @@
+"""The watchdog's decisions as pure functions (its policy): what a probe's failure is called, when a
+completion is due and whether the engine stalls, what a change of the serving containers means, the
+restart budget, what a recovery restarts, and what holds a restart. Observations in, a verdict out:
+no I/O, no clock, so tests read each rule as a table. A library of `watchdog`: standard library only;
+it travels with the program to the node.
+"""
+
+from __future__ import annotations
+
+from components.node_programs import cold_start, gpu_memory, health_wire
+from components.node_programs.watchdog_settings import Settings, Target
+
+# A failed probe's kind as a restart's reason (`restarts_total{reason}`); `stall`, `not_ready`,
+# `docker_restart` and `memory_floor` (a node's memory guard stopped its serving containers) are the others.
+REASONS = {"timeout": "hang", "refused": "down", "status": "error", "error": "error"}
+# Docker states of a container that `pulumi up` (or an operator) is replacing: no verdict meanwhile.
+REPLACING = ("missing", "created", "removing")
+# vLLM's own figures (its /metrics): requests in the engine (running, waiting), and the tokens it has
+# computed so far, prompt and generated (a long prefill is progress too). Running and generated are
+# required; the others count as 0 where a server does not export them.
+RUNNING_METRIC = "vllm:num_requests_running"
+WAITING_METRIC = "vllm:num_requests_waiting"
+TOKENS_METRIC = "vllm:generation_tokens_total"
+PROMPT_METRIC = "vllm:prompt_tokens_total"
+SPENT_NEXT_STEP = (
+    "the restart budget is spent and the server and cluster containers are stopped: find the "
+    "cause (last_diagnosis), then start them again (`pulumi up --refresh`); the watchdog sees "
+    "them running and resets its budget"
+)
+
+# ---- the server: probes, completions, the engine's progress -------------------------------------------
+
+
+def reason_for(kind: str) -> str:
+    """A failed probe's kind (`Probe.kind`) as a restart's reason."""
+    return REASONS.get(kind, "error")
+
+
+def recovery_due(settings: Settings, count: int) -> bool:
+    """After `count` failures in a row, `failures` or more: a recovery at `failures`; past it, another
+    only where the watchdog acts (report mode records one per run of failures)."""
+    return count == settings.failures or settings.mode != health_wire.Mode.REPORT.value
+
+
+def engine_progress(text: str) -> tuple[float, float, float] | None:
+    """(requests running, requests waiting, tokens computed: prompt and generated) from Prometheus
+    text, each summed over its series (one per engine and model); None when requests running or tokens
+    generated are absent."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in (RUNNING_METRIC, WAITING_METRIC, TOKENS_METRIC, PROMPT_METRIC):
+            continue
+        rest = line.rsplit("}", 1)[1] if "{" in line else line[len(name) :]
+        try:
+            sums[name] = sums.get(name, 0.0) + float(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+    if RUNNING_METRIC not in sums or TOKENS_METRIC not in sums:
+        return None
+    return (
+        sums[RUNNING_METRIC],
+        sums.get(WAITING_METRIC, 0.0),
+        sums[TOKENS_METRIC] + sums.get(PROMPT_METRIC, 0.0),
+    )
+
+
+def track_progress(
+    found: tuple[float, float, float] | None, last: dict | None, stall_since: float | None, now: float
+) -> tuple[float | None, dict | None]:
+    """(stall_since, progress) after a /metrics read that found `found` (`engine_progress`), given the
+    last read's progress: since when requests have been in the engine without a token computed."""
+    if found is None:
+        return None, None
+    running, waiting, tokens = found
+    if running + waiting <= 0:
+        stall_since = None
+    elif stall_since is None or last is None or tokens != last["tokens"]:
+        stall_since = now
+    stalled = 0.0 if stall_since is None else now - stall_since
+    return stall_since, {"running": running, "waiting": waiting, "tokens": tokens, "stalled_s": stalled}
+
+
+def completion_deadline(
+    settings: Settings, before: tuple[float, float, float] | None, completion_failures: int, probes: int
+) -> float | None:
+    """The deadline of the completion due on probe number `probes`, None when none is due: every probe
+    while the engine is idle (the short deadline: an idle engine answers one token at once), every
+    probe after a failed one, else every `completion_every`-th probe."""
+    idle = before is not None and before[0] + before[1] <= 0
+    if not idle and not completion_failures and probes % settings.completion_every:
+        return None
+    return settings.idle_deadline_s() if idle else settings.completion_deadline_s
+
+
+# ---- the serving containers -------------------------------------------------------------------------
+
+
+def parse_started_at(text: str) -> float | None:
+    """Docker's `State.StartedAt` (RFC 3339, UTC, nanoseconds) as unix seconds; None for none."""
+    return cold_start.parse_stamp(text or "")
+
+
+def grace_start(grace_from: float, started: float | None, boot: float | None) -> float:
+    """When the start-up grace runs from: the server container's start where that is earlier and in
+    this boot (a start from the last boot counts for nothing), else `grace_from`."""
+    if started is not None and (boot is None or started >= boot) and started < grace_from:
+        return started
+    return grace_from
+
+
+def replacing(known: dict[tuple[str, str], dict]) -> list[str]:
+    """`name state` of each serving container that is being replaced (missing, created, removing)."""
+    return sorted(f"{n} {c['state']}" for (_, n), c in known.items() if c["state"] in REPLACING)
+
+
+def serving_changes(
+    before: dict[tuple[str, str], dict], known: dict[tuple[str, str], dict], acting: bool
+) -> tuple[list[str], dict[tuple[str, str], int]]:
+    """The serving containers new since the last read (another ID; or started again, not by the
+    watchdog, `acting` in a step, nor by Docker's restart policy), and how often Docker's policy
+    restarted the others."""
+    new, restarted = [], {}
+    for key, facts in known.items():
+        was = before.get(key)
+        if was is None:
+            continue
+        if facts.get("id") != was.get("id"):
+            new.append(key[1])
+            continue
+        count, earlier = facts.get("restarts"), was.get("restarts")
+        if isinstance(count, int) and isinstance(earlier, int) and count > earlier:
+            restarted[key] = count - earlier
+        elif facts.get("started_at") != was.get("started_at") and not acting:
+            new.append(key[1])  # started by someone else than the watchdog (`up`, an operator)
+    return new, restarted
+
+
+def judged_restarts(settings: Settings, restarted: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """Docker's own restarts the watchdog answers: any rank's under mp (the world is broken), else the
+    head's containers' only."""
+    if settings.executor != "mp":
+        return {key: n for key, n in restarted.items() if key[0] == settings.head}
+    return restarted
+
+
+# ---- a recovery: its step, what it restarts, the budget, what holds it ----------------------------------
+
+
+def restart_step(settings: Settings, step: health_wire.Step) -> health_wire.Step:
+    """The step a recovery takes: under mp always the cluster (the ranks of one world live and die
+    together)."""
+    return health_wire.Step.RESTART_CLUSTER if settings.executor == "mp" else step
+
+
+def restart_targets(settings: Settings, step: health_wire.Step) -> list[Target]:
+    """What `step` starts, in order (stopped in the reverse order); under mp always the world."""
+    if step is health_wire.Step.RESTART_SERVER and settings.executor != "mp":
+        return [settings.server]
+    return list(settings.cluster)
+
+
+def in_window(settings: Settings, restarts: list[dict], now: float) -> list[dict]:
+    """The restarts that count against the budget at `now` (within `window_s`)."""
+    return [r for r in restarts if now - r["at"] < settings.window_s]
+
+
+def budget_left(settings: Settings, restarts: list[dict], now: float) -> int:
+    return max(settings.max_restarts - len(in_window(settings, restarts, now)), 0)
+
+
+def spent_why(settings: Settings, reason: str, step: health_wire.Step) -> str:
+    """Why the budget is spent (`spent.why` in /state)."""
+    return (
+        f"{settings.max_restarts} restarts in {settings.window_s:g} s spent; the server needed another "
+        f"({step.value.replace('_', ' ')}, {reason})"
+    )
+
+
+def episode_from(settings: Settings, now: float, last_ready: float | None) -> float:
+    """Since when a fault belongs to this failure: the last time the server answered (less one
+    interval of slack for the clocks), within the budget's window. A fault the server answered
+    after did not cause this."""
+    since = now - settings.window_s
+    if last_ready is not None:
+        since = max(since, last_ready - settings.interval_s)
+    return since
+
+
+def short_of_memory(need: int | None, available: int | None) -> bool:
+    """A node's MemAvailable does not reach its need (unknown counts as short; no need: never)."""
+    return need is not None and (available is None or available < need)
+
+
+def startup_rule(done: dict, util: float, available: int | None) -> dict:
+    """vLLM's start-up rule on a node (`gpu_memory.startup_rule`) from its memory probe's answer
+    (`World.memory_probe`); one that cannot judge (no report, an unforeseen shape) says why."""
+    if done.get("error"):
+        return {"checked": False, "why": str(done["error"])[:200]}
+    try:
+        return gpu_memory.startup_rule(done.get("report"), float(util), available)
+    except Exception as exc:  # a report of an unforeseen shape: not judged, never held
+        return {"checked": False, "why": f"the probe's report could not be read: {exc!r}"[:300]}
+
+
+def memory_held(
+    short: list[tuple[str, int | None, int, str | None]], refused: list[tuple[str, dict]]
+) -> dict:
+    """/state's `held` for a restart the memory wait gave up on: the first node short of MemAvailable
+    (name, MemAvailable, need, why MemAvailable is unknown), else the first whose start-up rule refused
+    (name, the rule)."""
+    if short:
+        name, available, need, why = short[0]
+        message = (
+            health_wire.held_message(name, available, need)
+            if available is not None
+            else f"{name}: MemAvailable unknown ({why}), {health_wire.gb(need)} needed: check the node"
+        )
+        return {"node": name, "available_bytes": available, "need_bytes": need, "message": message}
+    name, rule = refused[0]
+    return {
+        "node": name,
+        "available_bytes": rule.get("mem_available_bytes"),
+        "need_bytes": None,
+        "rule": rule,
+        "message": gpu_memory.rule_message(name, rule),
+    }

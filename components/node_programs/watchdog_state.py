@@ -1,0 +1,123 @@
+"""What the watchdog knows between ticks (`Status`: what /state shows and the recovery under way), what
+survives its container (`Persisted`: state.json in the state volume), and its log. A library of
+`watchdog`: standard library only; it travels with the program to the node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from components.node_programs import health_wire
+from components.node_programs.watchdog_settings import Target
+from components.node_programs.watchdog_world import Probe
+
+RESTART_KEEP = 50  # restarts kept in /state's history (the window's count is what the budget reads)
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} watchdog: {message}", flush=True)
+
+
+@dataclass
+class Persisted:
+    """What survives the watchdog's container (state.json in the state volume)."""
+
+    restarts: list[dict] = field(default_factory=list)  # {at, reason, step}, newest last
+    restarts_total: dict[str, int] = field(default_factory=dict)
+    spent: dict | None = None  # {at, why}
+    stopped: list[dict] = field(default_factory=list)  # {node, name} the watchdog stopped when spent
+    budget_resets: list[dict] = field(default_factory=list)  # {at, why}
+
+    @staticmethod
+    def load(raw: dict | None) -> Persisted:
+        raw = raw if isinstance(raw, dict) else {}
+        return Persisted(
+            restarts=list(raw.get("restarts") or []),
+            restarts_total=dict(raw.get("restarts_total") or {}),
+            spent=raw.get("spent"),
+            stopped=list(raw.get("stopped") or []),
+            budget_resets=list(raw.get("budget_resets") or [])[-RESTART_KEEP:],
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "restarts": self.restarts[-RESTART_KEEP:],
+            "restarts_total": self.restarts_total,
+            "spent": self.spent,
+            "stopped": self.stopped,
+            "budget_resets": self.budget_resets[-RESTART_KEEP:],
+        }
+
+
+@dataclass
+class Status:
+    """What the watchdog knows between ticks: its verdict, the step under way, the counts that lead to
+    a verdict, and the last figures it read. Every part of the watchdog reads and writes this one
+    record (a tick runs one part at a time); /state is made from it (`watchdog_report.snapshot`)."""
+
+    state: health_wire.State
+    since: float  # since when `state` holds
+    grace_from: float  # no verdict before the server is first ready or startup_s has passed since this
+    next_step: str
+    ever_ready: bool = False
+    # A recovery: its step, the reason, when the step gives up, what a memory wait starts, in order,
+    # and the restart it leads to.
+    step: health_wire.Step | None = None
+    reason: str = ""
+    step_deadline: float = 0.0
+    pending: list[Target] = field(default_factory=list)
+    after: health_wire.Step | None = None
+    failures: int = 0  # failed /health probes in a row
+    completion_failures: int = 0  # failed completions in a row: a passing /health does not clear them
+    progress: dict | None = None  # the engine's last /metrics figures
+    stall_since: float | None = None  # since when requests ran without a token generated
+    last_ready: float | None = None
+    last_probe: Probe | None = None
+    last_ttft: float | None = None
+    # Each serving container's last facts ({state, id, started_at, restarts}), by (node, name):
+    # what tells a new container (a fresh grace) and Docker's own restarts apart.
+    seen: dict[tuple[str, str], dict] = field(default_factory=dict)
+    mem: dict[str, int | None] = field(default_factory=dict)
+    rules: dict[str, dict] = field(default_factory=dict)  # vLLM's start-up rule per node, as last probed
+    skew: dict[str, float] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)  # each agent's refused requests
+    held: dict | None = None
+    diagnosis: dict | None = None
+    would: dict | None = None
+    guard_trips: dict[str, int] = field(default_factory=dict)  # trips seen since this watchdog started
+    memory_guard: dict[str, dict] = field(default_factory=dict)  # each node's last trip
+    # The server's last start as vLLM's log tells it (`cold_start.cold_start`), once it is ready.
+    cold_start: dict | None = None
+
+    def enter(self, state: health_wire.State, now: float) -> None:
+        """Set the verdict; a change is logged, and `since` is when it changed."""
+        if state is not self.state:
+            log(f"state {self.state.value} -> {state.value}")
+            self.state, self.since = state, now
+
+
+def load_saved(path: str) -> dict | None:
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log(f"state file {path} unreadable ({exc}): starting from an empty history")
+        return None
+
+
+def saver(path: str) -> Callable[[dict], None]:
+    def save(data: dict) -> None:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as handle:
+            json.dump(data, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+
+    return save
