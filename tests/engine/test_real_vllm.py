@@ -93,7 +93,13 @@ def test_the_model_support_check_ran_the_image_s_vllm_in_enforce_and_passed(real
     assert check["verdict"] == "pass", check
     assert (
         check["vllm"].startswith("0.32.0") and check["architecture"] == "Qwen3_5MoeForConditionalGeneration"
-    )
+    ), check
+    # The tiny checkpoint is BF16 and fits: the memory fit read its index on the head. (The lab tier
+    # proves the refusals; this pass is the one the real stack needs, so it is proven here alone.)
+    assert check["quantization"] is None and check["memory_fit"]["fits"] is True, check
+    # Each rank's own command line was proven by the image's vLLM: the head's and node-b's headless one.
+    ranks = check["serve_args"]["ranks"]
+    assert {node: r["verdict"] for node, r in ranks.items()} == {"node-a": "pass", "node-b": "pass"}, check
 
 
 def test_the_node_proof_ran_the_image_s_torch_on_both_nodes_before_any_serving_container(real_stack):
