@@ -32,6 +32,7 @@ from components.model_support.plan import (
     image_label,
     pin_mismatch,
     plan_steps,
+    recorded_outputs,
 )
 from components.model_support.programs import (
     CLUSTER_PROGRAM,
@@ -194,16 +195,24 @@ def prove_model(
 def ensure(
     props: Mapping[str, Any], olds: Mapping[str, Any] | None = None, *, proof_dir: Path | None = None
 ) -> dict[str, Any]:
-    """create(): the whole check on the head; the outputs. ModelSupportError when it fails (mode
-    enforce) or cannot run."""
+    """create(): the whole check on the head; update (`olds`, nothing that replaces changed): the
+    argument proof again when a command line changed, the recorded proofs kept for the rest. The
+    outputs; ModelSupportError when it fails (mode enforce) or cannot run."""
     problems = create_problems(props)
     if problems:
         raise ModelSupportError("model-support check: " + "; ".join(problems))
+    steps = plan_steps(props, olds)
+    if olds is not None and not steps.runs:
+        return recorded_outputs(olds)
     transport = transport_to("model-support check node", props["node"], ModelSupportError)
-    steps = plan_steps(props)
-    payload = proof_payload(proof_dir or PATCH_DIR)  # before any I/O: a missing program fails at once
+    # Before any I/O: a missing program fails at once.
+    payload = proof_payload(proof_dir or PATCH_DIR) if steps.behaviour else ""
     args = proof_payload(proof_dir or PATCH_DIR, ARGS_PROGRAM, configs=False) if steps.serve_args else ""
-    outs: dict[str, Any] = {"memory_fit": None, "serve_args": None, "cluster_layer": cluster_not_run(props)}
+    outs: dict[str, Any] = (
+        recorded_outputs(olds)
+        if olds is not None
+        else {"memory_fit": None, "serve_args": None, "cluster_layer": cluster_not_run(props)}
+    )
     if steps.fit:
         outs["memory_fit"] = check_fit(props, checkpoint_facts(transport, props["snapshot_path"]))
     if steps.pin:
@@ -213,7 +222,8 @@ def ensure(
         outs["cluster_layer"] = check_cluster_layer(transport, props, steps.deadline_s, expected)
     if steps.serve_args:
         outs["serve_args"] = prove_serve_args(transport, props, args, steps.deadline_s, expected)
-    outs.update(prove_model(transport, props, payload, steps.deadline_s, expected))
+    if steps.behaviour:
+        outs.update(prove_model(transport, props, payload, steps.deadline_s, expected))
     if expected:
         import pulumi  # here, not at the top: see `refuse_or_record`
 

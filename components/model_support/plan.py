@@ -48,8 +48,11 @@ REPORT_FIELDS = (
 CLUSTER_FIELDS = ("verdict", "failed_stage", "error", "ray", "wanted", "vllm", "vllm_ray_requirement")
 # Everything create records beside the inputs (update and read return it as recorded).
 OUTPUT_KEYS = (*REPORT_FIELDS, "memory_fit", "serve_args", "cluster_layer")
-# A change of any of these asks for a new proof; anything else is updated in place.
-RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "serve_argv", "rank_argvs", "cluster")
+# A change of any of these asks for a whole new proof (a replacement): what the proofs are about.
+RERUN_KEYS = ("image_id", "checkpoint_digest", "memory", "cluster")
+# A change of these proves the command lines again, in place: the image and the checkpoint are the
+# ones proven, so the behaviour and cluster proofs hold (a serving flag changed by `up`).
+ARGS_KEYS = ("serve_argv", "rank_argvs")
 SOFT_KEYS = ("node", "image", "mode", "snapshot_path", "deadline_s", "container_prefix", "expect")
 
 
@@ -140,23 +143,34 @@ def expected_summary(props: Mapping[str, Any], refused: Mapping[str, str]) -> st
 
 @dataclass(frozen=True)
 class Steps:
-    """What create runs on the head, in this order; the behaviour proof always runs last."""
+    """What create (or an update) runs on the head, in this order."""
 
     fit: bool  # read the snapshot's facts and check the memory fit (a checkpoint and memory declared)
     pin: bool  # the reference is pinned (`…@sha256:`): the head's image must carry that repo digest
     cluster: bool  # the cluster-layer proof (patches/prove_cluster.py)
     serve_args: bool  # the argument proof of the server's argv (patches/prove_args.py)
     deadline_s: float  # each proof's own deadline
+    behaviour: bool = True  # the behaviour proof (patches/prove_model.py), last
+
+    @property
+    def runs(self) -> bool:
+        return self.fit or self.pin or self.cluster or self.serve_args or self.behaviour
 
 
-def plan_steps(props: Mapping[str, Any]) -> Steps:
-    """From validated inputs (create_problems found none): the steps of create."""
+def plan_steps(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> Steps:
+    """From validated inputs (create_problems found none): the steps of create, or of an update from
+    `olds` (no key of RERUN_KEYS changed, or diff would have replaced): only the argument proof, and
+    only when a command line changed (ARGS_KEYS); the recorded proofs hold for the rest."""
+    deadline_s = float(props.get("deadline_s") or DEFAULT_DEADLINE_S)
+    if olds is not None and not plan_change(olds, props).replaces:
+        argv = bool(props.get("serve_argv")) and any(olds.get(k) != props.get(k) for k in ARGS_KEYS)
+        return Steps(False, False, False, argv, deadline_s, behaviour=False)
     return Steps(
         fit=bool(props.get("snapshot_path") and props.get("memory")),
         pin=parse_image_ref(props["image"]).digest is not None,
         cluster=bool(props.get("cluster")) and cluster_not_run(props) is None,
         serve_args=bool(props.get("serve_argv")),
-        deadline_s=float(props.get("deadline_s") or DEFAULT_DEADLINE_S),
+        deadline_s=deadline_s,
     )
 
 
@@ -175,10 +189,11 @@ def cluster_not_run(props: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     """A proof about an image ID, a checkpoint digest and the memory inputs holds until one of those
-    (RERUN_KEYS) changes; the rest (SOFT_KEYS) is updated in place. No I/O."""
+    (RERUN_KEYS) changes; a new command line (ARGS_KEYS) is proven again in place; the rest
+    (SOFT_KEYS) is recorded in place. No I/O."""
     return Change(
         tuple(key for key in RERUN_KEYS if olds.get(key) != news.get(key)),
-        tuple(key for key in SOFT_KEYS if olds.get(key) != news.get(key)),
+        tuple(key for key in (*ARGS_KEYS, *SOFT_KEYS) if olds.get(key) != news.get(key)),
     )
 
 

@@ -1,5 +1,6 @@
-"""The ModelSupportCheck dynamic provider: create runs the check (`execute.ensure`); check, diff,
-update, read and delete never touch the head (`plan.py` decides from inputs and recorded outputs).
+"""The ModelSupportCheck dynamic provider: create runs the check (`execute.ensure`), and update the
+argument proof again when a command line changed (the same `ensure`, from the recorded outputs);
+check, diff, read and delete never touch the head (`plan.py` decides from inputs and recorded outputs).
 
 Keep `ModelSupportCheckProvider` importable as `components.model_support.ModelSupportCheckProvider`,
 with no import-time side effects: stacks pickle it by reference to that path.
@@ -17,7 +18,6 @@ from components.model_support.execute import ensure, observe, release
 from components.model_support.plan import (
     check_id,
     plan_change,
-    recorded_outputs,
     recorded_refusal,
     validate,
 )
@@ -47,7 +47,7 @@ class ModelSupportCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
         refusal = recorded_refusal(olds, news)
         if refusal:
             raise ModelSupportError(refusal)
-        return dynamic.UpdateResult(outs={**news, **recorded_outputs(olds)})
+        return dynamic.UpdateResult(outs={**news, **ensure(news, olds)})
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         return dynamic.ReadResult(id_=id_, outs=observe(props))

@@ -695,11 +695,38 @@ def test_an_argument_proof_without_a_report_is_an_error(monkeypatch, proof_dir):
         execute.ensure(props(serve_argv=SERVE_ARGV, mode="report"), proof_dir=proof_dir)
 
 
-def test_a_changed_command_line_asks_for_a_new_proof():
+def test_a_changed_command_line_is_proven_again_in_place_and_only_it(monkeypatch, proof_dir):
+    """A serving flag changed by `up`: the image and the checkpoint are the ones proven, so the update
+    runs the argument proof on the new argv alone and keeps the recorded behaviour proof."""
     provider = model_support.ModelSupportCheckProvider()
-    old = props(serve_argv=SERVE_ARGV)
+    old = {**props(serve_argv=SERVE_ARGV), **PASS_REPORT, "memory_fit": {"fits": 1}}
     new = props(serve_argv=[*SERVE_ARGV, "--max-num-seqs", "8"])
-    assert "serve_argv" in provider.diff("x", old, new).replaces
+    diff = provider.diff("x", old, new)
+    assert diff.changes and diff.replaces == [], diff.replaces
+    fake = head(monkeypatch)
+    monkeypatch.setattr(execute, "PATCH_DIR", proof_dir)
+    updated = provider.update("x", old, new).outs
+    proved = [call[call.index("--") + 1 :] for call in fake.calls if "--" in call]
+    assert proved == [new["serve_argv"]] and fake.docker_runs() == 1, fake.calls
+    assert updated["serve_args"]["verdict"] == "pass" and updated["serve_argv"] == new["serve_argv"]
+    # What the behaviour proof and the fit recorded stays, unread and unrun.
+    assert (updated["verdict"], updated["vllm"], updated["memory_fit"]) == ("pass", "0.17.1", {"fits": 1})
+
+
+def test_a_new_command_line_vllm_refuses_fails_the_update_and_keeps_the_record(monkeypatch, proof_dir):
+    old = {**props(serve_argv=SERVE_ARGV), **PASS_REPORT}
+    new = props(serve_argv=[*SERVE_ARGV, "--nnodes", "3"])
+    head(monkeypatch, args_result=report_result(LAYOUT_REFUSED, 1))
+    monkeypatch.setattr(execute, "PATCH_DIR", proof_dir)
+    with pytest.raises(ModelSupportError, match="at 'parallel'"):
+        model_support.ModelSupportCheckProvider().update("x", old, new)
+
+
+def test_an_update_of_how_the_head_is_reached_runs_nothing(no_io):
+    old = {**props(serve_argv=SERVE_ARGV), **PASS_REPORT}
+    new = props(serve_argv=SERVE_ARGV, node={**NODE, "host": "10.0.0.9"}, deadline_s=60)
+    updated = model_support.ModelSupportCheckProvider().update("x", old, new).outs
+    assert updated["verdict"] == "pass" and updated["node"]["host"] == "10.0.0.9"
 
 
 def test_the_bootstrap_runs_the_named_program(tmp_path):
@@ -778,11 +805,19 @@ def test_report_mode_records_the_refused_rank(monkeypatch, proof_dir):
     assert recorded["ranks"]["spark-1"]["verdict"] == "pass", recorded
 
 
-def test_a_changed_rank_argv_asks_for_a_new_proof():
+def test_a_changed_rank_argv_is_proven_again_with_the_head_s(monkeypatch, proof_dir):
     provider = model_support.ModelSupportCheckProvider()
-    old = props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV})
-    new = props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": [*HEADLESS_ARGV[:-1], "--max-num-seqs", "8"]})
-    assert "rank_argvs" in provider.diff("x", old, new).replaces
+    old = {**props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}), **PASS_REPORT}
+    rank = [*HEADLESS_ARGV[:-1], "--max-num-seqs", "8"]
+    new = props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": rank})
+    diff = provider.diff("x", old, new)
+    assert diff.changes and diff.replaces == [], diff.replaces
+    fake = head(monkeypatch)
+    monkeypatch.setattr(execute, "PATCH_DIR", proof_dir)
+    updated = provider.update("x", old, new).outs
+    proved = [call[call.index("--") + 1 :] for call in fake.calls if "--" in call]
+    assert proved == [SERVE_ARGV, rank] and fake.docker_runs() == 2, fake.calls
+    assert set(updated["serve_args"]["ranks"]) == {"spark-1", "spark-2"}
 
 
 def test_the_mp_graph_gives_the_check_every_headless_rank_s_argv(monkeypatch):

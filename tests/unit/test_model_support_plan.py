@@ -54,13 +54,50 @@ def test_the_steps_of_create_follow_the_inputs(changes, steps):
     assert plan_steps(props(**changes)) == steps
 
 
+ARGV = ["vllm", "serve", "m"]
+
+
+@pytest.mark.parametrize(
+    ("olds", "news", "steps"),
+    [
+        # An update: only a changed command line is proven again, nothing else runs.
+        (
+            {"serve_argv": ARGV},
+            {"serve_argv": [*ARGV, "--max-num-seqs", "8"]},
+            replace(NOTHING, behaviour=False, serve_args=True),
+        ),
+        (
+            {"serve_argv": ARGV, "rank_argvs": {}},
+            {"serve_argv": ARGV, "rank_argvs": {"s2": ARGV}},
+            replace(NOTHING, behaviour=False, serve_args=True),
+        ),
+        ({"serve_argv": ARGV}, {"serve_argv": ARGV, "mode": "report"}, replace(NOTHING, behaviour=False)),
+        (
+            {"serve_argv": ARGV},
+            {"serve_argv": ARGV, "deadline_s": 60},
+            replace(NOTHING, behaviour=False, deadline_s=60.0),
+        ),
+        # What a replacement proves (never an update: diff replaced): the whole check.
+        (
+            {"serve_argv": ARGV},
+            {"serve_argv": ARGV, "image_id": "sha256:" + "ff" * 32},
+            replace(NOTHING, serve_args=True),
+        ),
+    ],
+)
+def test_an_update_proves_again_only_a_changed_command_line(olds, news, steps):
+    assert plan_steps(props(**news), props(**olds)) == steps
+
+
 @pytest.mark.parametrize(
     ("changes", "replaces", "updates"),
     [
         ({}, (), ()),
         ({"image_id": "sha256:" + "ff" * 32}, ("image_id",), ()),
         ({"memory": {**MEMORY, "tensor_parallel_size": 1}}, ("memory",), ()),
-        ({"serve_argv": ["vllm", "serve", "m"]}, ("serve_argv",), ()),
+        # A new command line is proven again in place (the update runs the argument proof alone).
+        ({"serve_argv": ["vllm", "serve", "m"]}, (), ("serve_argv",)),
+        ({"rank_argvs": {"spark-2": ["vllm", "serve", "m"]}}, (), ("rank_argvs",)),
         ({"cluster": {"ray_version": "==2.60.0"}}, ("cluster",), ()),
         # How the head is reached, what the image is called, how a failure is handled: in place.
         ({"node": {**NODE, "host": "10.0.0.9"}, "mode": "report"}, (), ("node", "mode")),
