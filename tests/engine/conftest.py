@@ -5,6 +5,7 @@ reason; they are never skipped."""
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets as pysecrets
 import shutil
 from collections.abc import Iterator
@@ -94,6 +95,16 @@ def errors(events) -> list[str]:
         for e in events
         if e.get("diagnosticEvent", {}).get("severity") == "error"
     ]
+
+
+def exported(stack: Stack, type_: str) -> dict[str, dict]:
+    """name -> outputs of the live resources of `type_` in the engine's state."""
+    state = json.loads(stack.run("stack", "export").out)
+    return {
+        r["urn"].rsplit("::", 1)[-1]: r.get("outputs") or {}
+        for r in state["deployment"].get("resources") or []
+        if r["type"] == type_ and not r.get("delete")
+    }
 
 
 def up_or_fail(stack: Stack) -> list[dict]:

@@ -26,10 +26,12 @@ import lab
 from engine.lab_stack import real_engine_config, write_config
 from tests.engine.conftest import (
     CONTAINER,
+    NODE_IMAGE,
     RealStack,
     changed_steps,
     changes,
     errors,
+    exported,
     finished,
     real_stack_up,
 )
@@ -44,8 +46,25 @@ R_RANK1 = "qwen35-vllm-headless-node-b"
 
 @pytest.fixture(scope="module")
 def real_stack(engine, lab_nodes, real_image, real_hub, real_reference, secrets) -> Iterator[RealStack]:
-    with real_stack_up(engine, "engine-real", real_image, real_hub, secrets, real_reference) as made:
-        yield made
+    try:
+        with real_stack_up(engine, "engine-real", real_image, real_hub, secrets, real_reference) as made:
+            yield made
+    finally:  # the upgrade's tag (its layer is a few bytes), once the stack that used it is destroyed
+        for node in lab_nodes.values():
+            for tag in lab.docker(node, "images", "--format", "{{.Repository}}:{{.Tag}}").out.split():
+                if tag.startswith(f"{real_image.rpartition(':')[0]}:{UPGRADE}"):
+                    lab.docker(node, "image", "rm", tag, check=False)
+
+
+# The tag of the upgrade's image: the real image plus one new top layer (test_an_upgrade_…).
+UPGRADE = "upgrade-"
+# The image the stack serves now: the real image until the upgrade test moves it on, so the tests
+# after it change only what they mean to.
+SERVED = {}
+
+
+def served_image(real_image: str) -> str:
+    return SERVED.get("image", real_image)
 
 
 def request(url: str, api_key: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -334,7 +353,7 @@ def test_the_watchdog_takes_over_without_touching_the_serving_containers(
     real_stack, real_image, real_hub, real_reference
 ):
     stack = real_stack.stack
-    config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
+    config = real_engine_config(served_image(real_image), real_hub.endpoint, real_reference, health=HEALTH)
     write_config(stack.config, config)
     run = up(stack)
     touched = {n for t, n, op in finished(run) if t == CONTAINER and op not in ("same", "read", "refresh")}
@@ -404,22 +423,40 @@ def test_a_killed_headless_rank_is_recovered_as_a_world(real_stack, lab_nodes):
     print(f"real engine: the watchdog's record of a world restart: {json.dumps(seen)}")
 
 
-def test_a_serving_setting_changed_by_up_spends_no_budget(real_stack, real_image, real_hub, real_reference):
+def test_an_upgrade_by_up_spends_no_budget_and_is_judged_against_the_last_receipt(
+    real_stack, lab_nodes, real_image, real_hub, real_reference
+):
+    """An upgrade as operators do it: the image plus a new top layer (built on the head), with a
+    serving setting changed in the same `up`. NodeImage sends node-b the new layer alone, every rank
+    is replaced, the watchdog spends none of its budget on containers `up` replaced, and the answer
+    check runs again (the image IDs and the server's argv changed) and is judged against the receipt
+    the last accepted run recorded, as well as transformers' reference: the new layer changes no
+    answer, so it passes."""
+    from bench.engine import build_image
+
     stack = real_stack.stack
     before = state_of(real_stack)
-    config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
+    earlier = answers_output(real_stack)
+    nonce = os.urandom(4).hex()
+    tag = f"{real_image.rpartition(':')[0]}:{UPGRADE}{nonce}"
+    build_image(lab_nodes["node-a"], real_image, tag, f"echo {nonce} > /qwen35-upgrade")
+    config = real_engine_config(tag, real_hub.endpoint, real_reference, health=HEALTH)
     config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
     write_config(stack.config, config)
     run = up(stack)
+    SERVED["image"] = tag
     replaced = {n for t, n, op in finished(run) if t == CONTAINER and op == "create-replacement"}
     assert {HEAD, R_RANK1} <= replaced, replaced
+    sent = [outs for name, outs in exported(stack, NODE_IMAGE).items() if name.endswith("node-b")]
+    assert [(o["layers_sent"], o["layers_left_out"]) for o in sent] == [(1, len(sent[0]["layers"]) - 1)], sent
     completion(real_stack)
     time.sleep(3 * HEALTH["interval_s"])
     after = wait_state(real_stack, lambda s: s["state"] == "healthy", 120, "healthy after the up")
     assert after["restarts"] == before["restarts"] and after["budget_left"] == before["budget_left"], after
-    # The server's argv changed: the answers are judged again, against the last accepted receipt too.
     answers = answers_output(real_stack)
-    assert answers["verdict"] == "pass" and "receipt" in answers["judged_against"], answers
+    assert answers["verdict"] == "pass" and answers["checked_at"] != earlier["checked_at"], answers
+    assert {"reference", "receipt"} <= set(answers["judged_against"]), answers
+    print(f"real engine: the upgrade's answers judged against {answers['judged_against']}")
 
 
 def test_known_answers_below_answers_min_correct_fail_up_under_enforce(
@@ -428,7 +465,7 @@ def test_known_answers_below_answers_min_correct_fail_up_under_enforce(
     """The tiny model answers noise: `min_correct: 1` refuses it, which shows the scoring runs. Only
     the check runs again: no container is touched."""
     stack = real_stack.stack
-    config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
+    config = real_engine_config(served_image(real_image), real_hub.endpoint, real_reference, health=HEALTH)
     config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
     config[f"{NS}:answers"] = {**config[f"{NS}:answers"], "min_correct": 1}
     write_config(stack.config, config)
@@ -444,7 +481,7 @@ def test_a_speed_below_a_floor_fails_up_under_enforce_naming_the_figure(
     real_stack, real_image, real_hub, real_reference
 ):
     stack = real_stack.stack
-    config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
+    config = real_engine_config(served_image(real_image), real_hub.endpoint, real_reference, health=HEALTH)
     config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
     config[f"{NS}:bench"] = {**config[f"{NS}:bench"], "mode": "enforce", "min_decode_tps": 100000}
     write_config(stack.config, config)
@@ -467,7 +504,9 @@ def test_a_checkpoint_with_one_expert_changed_is_refused_naming_the_first_diverg
     old = real_hub.push(changed)
     try:
         stack = real_stack.stack
-        config = real_engine_config(real_image, real_hub.endpoint, real_reference, health=HEALTH)
+        config = real_engine_config(
+            served_image(real_image), real_hub.endpoint, real_reference, health=HEALTH
+        )
         config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
         config[f"{NS}:model"] = {**config[f"{NS}:model"], "revision": changed.sha}
         write_config(stack.config, config)
@@ -492,7 +531,7 @@ def test_flags_vllm_cannot_serve_with_fail_up_at_the_gate_naming_vllm_s_error(
     completion fails inside vLLM, and `up` fails at the gate with vLLM's own error line. Last in the
     module: the stack is destroyed after it."""
     stack = real_stack.stack
-    recipe = real_engine_config(real_image, real_hub.endpoint, real_reference)
+    recipe = real_engine_config(served_image(real_image), real_hub.endpoint, real_reference)
     recipe[f"{NS}:serve"] = {
         **recipe[f"{NS}:serve"],
         "kv_cache_dtype": "fp8",

@@ -33,6 +33,7 @@ from tests.engine.conftest import (
     REPO_ID,
     Stack,
     clear_caches,
+    exported,
     secret_stack,
 )
 from tests.support.lab_nodes import container_ids, tags_on
@@ -45,16 +46,6 @@ TOP_MB = 48  # the new top layer: big enough that its copy takes a measurable wh
 def up(stack: Stack) -> Run:
     """`pulumi up --json` of the stack, every engine event stamped on arrival."""
     return engine_up(stack.engine, stack.name)
-
-
-def exported(stack: Stack, type_: str) -> dict[str, dict]:
-    """name -> outputs of the live resources of `type_` in the engine's state."""
-    state = json.loads(stack.run("stack", "export").out)
-    return {
-        r["urn"].rsplit("::", 1)[-1]: r.get("outputs") or {}
-        for r in state["deployment"].get("resources") or []
-        if r["type"] == type_ and not r.get("delete")
-    }
 
 
 def image_section(ref: str, check: str = "report") -> dict:
