@@ -1,6 +1,6 @@
 """Prove that the image's vLLM accepts the server's exact command line, before any GPU is touched.
 
-    python3 prove_args.py [--checkpoint SNAPSHOT_DIR] -- vllm serve MODEL --flag value …
+    python3 prove_args.py [--checkpoint SNAPSHOT_DIR] [--rank NODE ARGV_JSON]… -- vllm serve MODEL --flag …
 
 Runs inside a throwaway container of the deployment image (the model-support check sends it on
 stdin through node_programs/proof_bootstrap.py), offline. It parses the argument list with the
@@ -16,7 +16,8 @@ Over several nodes (`--nnodes` > 1, executor mp) the `parallel` stage runs vLLM'
 builds: vLLM's own checks of the rank's layout (the world size divisible by `--nnodes`, `--node-rank`
 below it, the backend), reported as `parallel`. The rest of that engine config needs the node's GPU
 platform, so the stage stops once the ParallelConfig exists. Each rank's command line is proved on
-its own: the head's and every headless rank's.
+its own: the head's (after `--`) and every headless rank's (`--rank NODE ARGV_JSON`, its argv as a
+JSON list), one after the other in this one process, so vLLM is imported once for all of them.
 
 The `loader` stage then checks that the image has the Python package its `--load-format` loads with:
 vLLM imports `fastsafetensors`, `instanttensor`, `runai_model_streamer`, `tensorizer` or `gguf` only
@@ -26,8 +27,9 @@ above passes and the server fails minutes into its start.
 Stages, in order: environment (vLLM imports), parse, validate, engine_args, parallel, loader,
 speculative. The last stdout line is one JSON report: verdict, failed_stage, flag (the flag at fault,
 when known), error (vLLM's own message), vllm, parallel (the layout vLLM built, over several nodes),
-loader (the package the load format needs, when it needs one).
-Exit 0 when every stage passes, 1 when one fails, 2 on a usage error.
+loader (the package the load format needs, when it needs one); with `--rank`, `ranks` (NODE -> that
+rank's own report, the same fields) beside the head's.
+Exit 0 when every stage passes for every command line, 1 when one fails, 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -327,18 +329,27 @@ def prove(argv: list[str], checkpoint: str | None, model_here: bool = True) -> d
     return report
 
 
-def main(argv: list[str]) -> int:
-    checkpoint = None
-    if "--" not in argv:
-        print("usage: prove_args.py [--checkpoint DIR] -- vllm serve MODEL [flags…]", file=sys.stderr)
-        return 2
-    split = argv.index("--")
-    options, serve = argv[:split], argv[split + 1 :]
-    if options[:1] == ["--checkpoint"] and len(options) == 2:
-        checkpoint = options[1]
-    elif options:
-        print(f"prove_args.py: unknown options {options}", file=sys.stderr)
-        return 2
+USAGE = "usage: prove_args.py [--checkpoint DIR] [--rank NODE ARGV_JSON]… -- vllm serve MODEL [flags…]"
+
+
+def options_of(options: list[str]) -> tuple[str | None, dict[str, list[str]]]:
+    """(--checkpoint, {NODE: argv} of each --rank); ValueError naming what is wrong."""
+    checkpoint, ranks, rest = None, {}, list(options)
+    while rest:
+        if rest[0] == "--checkpoint" and len(rest) >= 2:
+            checkpoint, rest = rest[1], rest[2:]
+        elif rest[0] == "--rank" and len(rest) >= 3:
+            argv = json.loads(rest[2])
+            if not (isinstance(argv, list) and all(isinstance(word, str) for word in argv)):
+                raise ValueError(f"--rank {rest[1]}: its argv is not a JSON list of strings")
+            ranks[rest[1]], rest = argv, rest[3:]
+        else:
+            raise ValueError(f"unknown options {rest}")
+    return checkpoint, ranks
+
+
+def prove_line(serve: list[str], checkpoint: str | None) -> dict:
+    """Every stage on one command line, the model resolved as that line names it."""
     model_here = True
     if serve_from_cache(serve, checkpoint) is None:
         model = model_of(serve) or ""
@@ -348,10 +359,26 @@ def main(argv: list[str]) -> int:
             # checkpoint): keep vLLM's offline mode from looking the model up in an empty cache. The
             # container has no network, so nothing is fetched either way.
             os.environ["HF_HUB_OFFLINE"] = "0"
-    report = prove(serve, checkpoint, model_here)
+    return prove(serve, checkpoint, model_here)
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        print(USAGE, file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    try:
+        checkpoint, ranks = options_of(argv[:split])
+    except ValueError as exc:
+        print(f"prove_args.py: {exc}\n{USAGE}", file=sys.stderr)
+        return 2
+    report = prove_line(argv[split + 1 :], checkpoint)
+    if ranks:
+        report["ranks"] = {node: prove_line(rank, checkpoint) for node, rank in ranks.items()}
     sys.stdout.flush()
     print(json.dumps(report, default=str))
-    return 0 if report["verdict"] == "pass" else 1
+    verdicts = [report["verdict"], *(r["verdict"] for r in (report.get("ranks") or {}).values())]
+    return 0 if all(verdict == "pass" for verdict in verdicts) else 1
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from components.model_support.serve_args import failure_message as args_failure_
 from components.model_support.serve_args import parse_report as parse_args_report
 from components.nodes import transport_to
 from components.provider_kit.reports import read_report
-from components.remote import SshTransport
+from components.remote import Result, SshTransport
 
 # Beyond the proof's own deadline: SSH, `docker run` start-up and removal.
 TRANSPORT_SLACK_S = 60
@@ -125,18 +125,22 @@ def prove_serve_args(
     expected: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The image's vLLM takes the server's exact argv, and under executor mp each headless rank's
-    (`rank_argvs`: its own node rank and `--headless`); a refusal stops `up` (mode enforce). The
-    head's report, or the first refused rank's (`node` names it), with every rank's verdict."""
+    (`rank_argvs`: its own node rank and `--headless`), all in one throwaway container (vLLM imported
+    once); a refusal stops `up` (mode enforce), the head's first. The head's report, or the first
+    refused rank's (`node` names it), with every rank's verdict."""
     head = props["node"]["name"]
-    proofs = [(head, "the server's", props["serve_argv"])]
+    result = transport.run(
+        serve_args_argv(props, container_name(props, "model-args")),
+        stdin=serve_args_source(payload, deadline),
+        timeout=deadline + TRANSPORT_SLACK_S,
+    )
+    raw = read_report(result) or {}
+    proofs = [(head, "the server's", raw or None)]
     proofs += [
-        (node, f"{node}'s headless rank's", argv)
-        for node, argv in sorted((props.get("rank_argvs") or {}).items())
+        (node, f"{node}'s headless rank's", (raw.get("ranks") or {}).get(node))
+        for node in sorted(props.get("rank_argvs") or {})
     ]
-    reports = {
-        node: _prove_argv(transport, props, payload, deadline, whose, argv, expected)
-        for node, whose, argv in proofs
-    }
+    reports = {node: _judge_argv(props, result, whose, report, expected) for node, whose, report in proofs}
     refused = [node for node, report in reports.items() if report["verdict"] != "pass"]
     chosen = dict(reports[refused[0] if refused else head])
     if len(reports) > 1:
@@ -147,24 +151,17 @@ def prove_serve_args(
     return chosen
 
 
-def _prove_argv(
-    transport: SshTransport,
+def _judge_argv(
     props: Mapping[str, Any],
-    payload: str,
-    deadline: float,
+    result: Result,
     whose: str,
-    argv: list[str],
+    raw: Mapping[str, Any] | None,
     expected: dict[str, str] | None,
 ) -> dict[str, Any]:
-    """One command line through prove_args.py in a throwaway container of the image."""
-    result = transport.run(
-        serve_args_argv({**props, "serve_argv": argv}, container_name(props, "model-args")),
-        stdin=serve_args_source(payload, deadline),
-        timeout=deadline + TRANSPORT_SLACK_S,
-    )
+    """One command line's report from the argument proof's run, refused or recorded when it failed."""
     node = props["node"]["name"]
     try:
-        report = parse_args_report(node, result, read_report(result))
+        report = parse_args_report(node, result, raw)
     except ServeArgsError as exc:
         raise ModelSupportError(str(exc)) from None
     if report["verdict"] != "pass":

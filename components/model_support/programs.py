@@ -141,8 +141,9 @@ def cluster_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
 
 def serve_args_argv(props: Mapping[str, Any], container_name: str) -> list[str]:
     """`docker run` of the argument proof: the behaviour proof's container (offline, the checkpoint
-    mounted), the server's exact argv after `--`."""
-    return args_argv(proof_argv(props, container_name), [str(arg) for arg in props["serve_argv"]])
+    mounted), every headless rank's argv (`rank_argvs`) and the server's exact argv after `--`."""
+    ranks = {node: [str(arg) for arg in argv] for node, argv in (props.get("rank_argvs") or {}).items()}
+    return args_argv(proof_argv(props, container_name), [str(arg) for arg in props["serve_argv"]], ranks)
 
 
 # ---- the head's own reads -------------------------------------------------------------------------------

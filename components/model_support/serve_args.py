@@ -10,6 +10,7 @@ with this checkpoint is refused naming the flag and quoting vLLM's message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,9 +43,15 @@ HINTS = {
 }
 
 
-def args_argv(proof_argv: list[str], serve_argv: list[str]) -> list[str]:
-    """The model proof's `docker run … IMAGE - [--checkpoint X]`, with `-- <serve argv>` after it."""
-    return [*proof_argv, "--", *serve_argv]
+def args_argv(
+    proof_argv: list[str], serve_argv: list[str], ranks: Mapping[str, list[str]] | None = None
+) -> list[str]:
+    """The model proof's `docker run … IMAGE - [--checkpoint X]`, each headless rank's argv as
+    `--rank NODE <argv as JSON>` (proved in the same run: vLLM imported once), and `-- <serve argv>`
+    last."""
+    ranked = sorted((ranks or {}).items())
+    options = [word for node, argv in ranked for word in ("--rank", node, json.dumps(argv))]
+    return [*proof_argv, *options, "--", *serve_argv]
 
 
 def parse_report(node: str, result: Result, report: Mapping[str, Any] | None) -> dict[str, Any]:

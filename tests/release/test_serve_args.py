@@ -26,11 +26,17 @@ PROVE_ARGS = PATCHES / "prove_args.py"
 
 
 def run_args_proof(
-    python: Path, argv: list[str], checkpoint: Path | None = None, program: Path = PROVE_ARGS
+    python: Path,
+    argv: list[str],
+    checkpoint: Path | None = None,
+    program: Path = PROVE_ARGS,
+    ranks: dict[str, list[str]] | None = None,
 ) -> Proof:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     options = ["--checkpoint", str(checkpoint)] if checkpoint else []
+    for node, rank in (ranks or {}).items():  # each headless rank's argv, proved in the same process
+        options += ["--rank", node, json.dumps(rank)]
     started = time.monotonic()
     done = subprocess.run(
         [str(python), str(program), *options, "--", *argv],
@@ -180,19 +186,29 @@ def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return changed
 
 
-@pytest.mark.parametrize("rank", [0, 1], ids=["head", "headless"])
-def test_each_mp_rank_s_command_line_passes_the_args_proof(prebuilt, checkpoint, rank):
-    proof = run_args_proof(prebuilt, mp_argv(2, rank, checkpoint.name), checkpoint)
-    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
-    assert proof.report["speculative"]["method"] == "mtp", proof.why()
+@pytest.fixture(scope="module")
+def mp_proof(prebuilt, checkpoint) -> Proof:
+    """One run of the argument proof over a two-node mp stack's command lines, as the check runs it:
+    the head's after `--`, node-b's headless one as `--rank`."""
+    return run_args_proof(
+        prebuilt, mp_argv(2, 0, checkpoint.name), checkpoint, ranks={"node-b": mp_argv(2, 1, checkpoint.name)}
+    )
+
+
+def test_each_mp_rank_s_command_line_passes_the_args_proof_in_one_run(mp_proof):
+    assert mp_proof.returncode == 0 and mp_proof.report["verdict"] == "pass", mp_proof.why()
+    rank = mp_proof.report["ranks"]["node-b"]
+    assert rank["verdict"] == "pass", mp_proof.why()
+    for report in (mp_proof.report, rank):
+        assert report["speculative"]["method"] == "mtp", mp_proof.why()
 
 
 @pytest.mark.parametrize("rank", [0, 1], ids=["head", "headless"])
-def test_each_mp_rank_gets_vllm_s_parallel_config(prebuilt, checkpoint, rank):
-    """The `parallel` stage: vLLM's create_engine_config builds the rank's ParallelConfig."""
-    proof = run_args_proof(prebuilt, mp_argv(2, rank, checkpoint.name), checkpoint)
-    assert proof.returncode == 0 and proof.report["verdict"] == "pass", proof.why()
-    assert proof.report["parallel"] == {
+def test_each_mp_rank_gets_vllm_s_parallel_config(mp_proof, rank):
+    """The `parallel` stage: vLLM's create_engine_config builds each rank's own ParallelConfig, the
+    head's and the headless rank's one after the other in one process."""
+    report = mp_proof.report if rank == 0 else mp_proof.report["ranks"]["node-b"]
+    assert report["parallel"] == {
         "world_size": 2,
         "nnodes": 2,
         "node_rank": rank,
@@ -200,7 +216,17 @@ def test_each_mp_rank_gets_vllm_s_parallel_config(prebuilt, checkpoint, rank):
         "master_port": 29501,
         "backend": "mp",
         "headless": rank == 1,
-    }, proof.why()
+    }, mp_proof.why()
+
+
+def test_a_headless_rank_vllm_refuses_beside_a_good_head_fails_the_run_and_names_it(prebuilt, checkpoint):
+    head = mp_argv(2, 0, checkpoint.name)
+    wrong = with_flag(mp_argv(2, 1, checkpoint.name), "--node-rank", "2")
+    proof = run_args_proof(prebuilt, head, checkpoint, ranks={"node-b": wrong})
+    assert proof.returncode == 1 and proof.report["verdict"] == "pass", proof.why()
+    rank = proof.report["ranks"]["node-b"]
+    assert (rank["verdict"], rank["failed_stage"]) == ("fail", "parallel"), proof.why()
+    assert "node_rank=2 must be less than nnodes=2." in rank["error"], proof.why()
 
 
 @pytest.mark.parametrize(

@@ -226,10 +226,31 @@ class FakeHead:
         if argv[:3] == ["docker", "image", "inspect"]:
             return Result(tuple(argv), 0, json.dumps(self.repo_digests).encode(), b"", "spark-1")
         if argv[:2] == ["docker", "run"]:
-            # The argument proof's run carries the server's argv after `--`.
-            scripted = self.args_result if "--" in argv else self.run_result
-            return Result(tuple(argv), scripted.returncode, scripted.stdout, scripted.stderr, "spark-1")
+            # The argument proof's run carries the server's argv after `--`, each headless rank's
+            # before it (`--rank NODE ARGV_JSON`): their reports go under `ranks`.
+            if "--" not in argv:
+                scripted = self.run_result
+                return Result(tuple(argv), scripted.returncode, scripted.stdout, scripted.stderr, "spark-1")
+            return self.args_run(argv)
         raise AssertionError(f"unexpected command {argv}")
+
+    def args_run(self, argv) -> Result:
+        scripted = self.args_result
+        ranks = {argv[i + 1]: json.loads(argv[i + 2]) for i, word in enumerate(argv) if word == "--rank"}
+        lines = scripted.stdout.decode().splitlines()
+        if not ranks or not lines or not lines[-1].startswith("{"):
+            return Result(tuple(argv), scripted.returncode, scripted.stdout, scripted.stderr, "spark-1")
+        report = {
+            **json.loads(lines[-1]),
+            "ranks": {node: self.rank_report(rank) for node, rank in ranks.items()},
+        }
+        verdicts = [report["verdict"], *(r["verdict"] for r in report["ranks"].values())]
+        code = 0 if all(v == "pass" for v in verdicts) else 1
+        stdout = "\n".join([*lines[:-1], json.dumps(report)]).encode() + b"\n"
+        return Result(tuple(argv), code, stdout, scripted.stderr, "spark-1")
+
+    def rank_report(self, _argv) -> dict:
+        return ARGS_PASS
 
     def docker_runs(self) -> int:
         return sum(1 for call in self.calls if call[:2] == ["docker", "run"])
@@ -756,32 +777,45 @@ class RankScripted(FakeHead):
     """The argument proof answers by the argv it was given: a headless one (`--headless`) gets
     `headless`, the head's passes."""
 
-    def __init__(self, headless: Result):
+    def __init__(self, headless: dict):
         super().__init__()
         self.headless = headless
 
-    def run(self, argv, stdin=None, timeout=None) -> Result:
-        if argv[:2] == ["docker", "run"] and "--headless" in argv:
-            self.calls.append(list(argv))
-            return Result(tuple(argv), self.headless.returncode, self.headless.stdout, b"", "spark-1")
-        return super().run(argv, stdin, timeout)
+    def rank_report(self, argv) -> dict:
+        return self.headless if "--headless" in argv else ARGS_PASS
 
 
-def test_each_headless_rank_s_argv_is_proved_in_its_own_run(monkeypatch, proof_dir):
+def ranked(call: list[str]) -> dict[str, list[str]]:
+    """The command lines one argument proof's run was given: the head's (after `--`) and each rank's."""
+    ranks = {call[i + 1]: json.loads(call[i + 2]) for i, word in enumerate(call) if word == "--rank"}
+    return {"head": call[call.index("--") + 1 :], **ranks}
+
+
+def test_every_rank_s_argv_is_proved_in_one_run_each_on_its_own(monkeypatch, proof_dir):
     fake = head(monkeypatch)
     outs = execute.ensure(
         props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}), proof_dir=proof_dir
     )
-    proved = [call[call.index("--") + 1 :] for call in fake.calls if "--" in call]
-    assert proved == [SERVE_ARGV, HEADLESS_ARGV]
+    runs = [ranked(call) for call in fake.calls if "--" in call]
+    # One container for every command line: vLLM is imported once, however many nodes.
+    assert runs == [{"head": SERVE_ARGV, "spark-2": HEADLESS_ARGV}]
     assert outs["serve_args"]["ranks"] == {
         "spark-1": {"verdict": "pass", "failed_stage": None},
         "spark-2": {"verdict": "pass", "failed_stage": None},
     }
 
 
+def test_a_rank_the_proof_gave_no_report_for_is_an_error_naming_it(monkeypatch, proof_dir):
+    head(monkeypatch)  # the head's report alone: a run that says nothing of spark-2
+    monkeypatch.setattr(FakeHead, "args_run", lambda self, argv: self.args_result)
+    with pytest.raises(ModelSupportError, match="argument proof ended without a report"):
+        execute.ensure(
+            props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}), proof_dir=proof_dir
+        )
+
+
 def test_a_headless_argv_vllm_refuses_stops_up_naming_the_rank(monkeypatch, proof_dir):
-    fake = RankScripted(report_result(LAYOUT_REFUSED, 1))
+    fake = RankScripted(LAYOUT_REFUSED)
     monkeypatch.setattr(nodes, "SshTransport", fake)
     with pytest.raises(ModelSupportError) as info:
         execute.ensure(
@@ -791,11 +825,11 @@ def test_a_headless_argv_vllm_refuses_stops_up_naming_the_rank(monkeypatch, proo
     assert "refuses spark-2's headless rank's command line at 'parallel'" in message, message
     assert "vLLM says: ValueError: node_rank=2 must be less than nnodes=2." in message, message
     assert "multi-node layout" in message, message
-    assert fake.docker_runs() == 2  # the model proof never ran
+    assert fake.docker_runs() == 1  # one run proved both lines; the model proof never ran
 
 
 def test_report_mode_records_the_refused_rank(monkeypatch, proof_dir):
-    monkeypatch.setattr(nodes, "SshTransport", RankScripted(report_result(LAYOUT_REFUSED, 1)))
+    monkeypatch.setattr(nodes, "SshTransport", RankScripted(LAYOUT_REFUSED))
     outs = execute.ensure(
         props(serve_argv=SERVE_ARGV, rank_argvs={"spark-2": HEADLESS_ARGV}, mode="report"),
         proof_dir=proof_dir,
@@ -815,8 +849,8 @@ def test_a_changed_rank_argv_is_proven_again_with_the_head_s(monkeypatch, proof_
     fake = head(monkeypatch)
     monkeypatch.setattr(execute, "PATCH_DIR", proof_dir)
     updated = provider.update("x", old, new).outs
-    proved = [call[call.index("--") + 1 :] for call in fake.calls if "--" in call]
-    assert proved == [SERVE_ARGV, rank] and fake.docker_runs() == 2, fake.calls
+    runs = [ranked(call) for call in fake.calls if "--" in call]
+    assert runs == [{"head": SERVE_ARGV, "spark-2": rank}] and fake.docker_runs() == 1, fake.calls
     assert set(updated["serve_args"]["ranks"]) == {"spark-1", "spark-2"}
 
 
