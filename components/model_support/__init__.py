@@ -14,7 +14,7 @@ create(), over SSH on the head:
    `cluster_layer` says so (`verdict: not-run`), so an image without Ray is accepted.
 4. With `serve_argv` set: the argument proof (`patches/prove_args.py`, `serve_args.py`):
    the image's vLLM parses the server's exact command line, and under executor mp each headless
-   rank's (`rank_argvs`), each in its own run, its multi-node layout built by vLLM.
+   rank's (`rank_argvs`), each on its own in one run, its multi-node layout built by vLLM.
 5. The proof program (`patches/prove_model.py` and its `proof_configs/`) in a short-lived
    container of the image, by image ID: `docker run --rm`, no network, `HF_HUB_OFFLINE=1`, the
    checkpoint's Hugging Face repo folder mounted read-only (its snapshot's `../../blobs` links
