@@ -17,8 +17,11 @@ from components.answer_check.prompts import set_digest
 from components.answer_check.reference import read_reference
 from components.config import (
     PROJECT_DIR,
+    RAY_CLIENT_SERVER_PORT,
+    RAY_DASHBOARD_AGENT_LISTEN_PORT,
     ConfigError,
     Executor,
+    FabricCheckMode,
     HealthMode,
     ImageConfig,
     ImageStrategy,
@@ -33,9 +36,9 @@ from components.health.containers import (
     watchdog_container_name,
 )
 from components.image_build.programs import context_digest, context_rules
-from components.mp_executor import mp_container_name
+from components.mp_executor import mp_container_name, mp_serve_argv
 from components.ray_cluster import ray_container_name
-from components.vllm_server import vllm_container_name
+from components.vllm_server import local_url, serve_argv, vllm_container_name
 
 # The model-support check's outputs that the stack exports (`model_support`).
 MODEL_SUPPORT_OUTPUTS = (
@@ -160,6 +163,57 @@ def scrape_targets(config: StackConfig) -> list[dict[str, Any]]:
     return targets
 
 
+def stack_claim_inputs(cfg: StackConfig, node: NodeConfig) -> dict[str, Any]:
+    """A node's StackClaim inputs from config (all but the node and the owner, which is the Pulumi
+    project and stack): the container name prefix and the host ports the stack binds there."""
+    return {"prefix": cfg.containers.name_prefix, "ports": claimed_ports(cfg, node)}
+
+
+def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
+    """The host ports the stack binds on `node` (its containers', and the fabric probe's listener on
+    the head), as sorted [low, high] ranges."""
+    extra = health_ports(config, node) + probe_ports(config, node)
+    if config.cluster.executor is Executor.MP:
+        # No Ray: the head's API port and the master port its rank 0 listens on for the other ranks.
+        served = [[config.serve.port] * 2, [config.cluster.master_port] * 2] if node is config.head else []
+        return sorted(served + extra)
+    rp = node.ray_ports
+    single = [
+        rp.node_manager_port,
+        rp.object_manager_port,
+        rp.metrics_export_port,
+        rp.dashboard_agent_listen_port or RAY_DASHBOARD_AGENT_LISTEN_PORT,
+        rp.dashboard_agent_grpc_port,
+        rp.runtime_env_agent_port,
+    ]
+    if node is config.head:
+        single += [config.ray.port, config.ray.dashboard_port, config.serve.port, RAY_CLIENT_SERVER_PORT]
+    ranges = [[p, p] for p in single if p] + extra
+    if rp.min_worker_port and rp.max_worker_port:
+        ranges.append([rp.min_worker_port, rp.max_worker_port])
+    return sorted(ranges)
+
+
+def health_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
+    """The watchdog's port on the head, an agent's on every other node (none under health off)."""
+    if config.health.mode is HealthMode.OFF:
+        return []
+    port = config.health.port if node is config.head else config.health.agent_port
+    return [[port, port]]
+
+
+def probe_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
+    """The head's `fabric.probe_port`, where each worker's FabricCheck probe reaches a short-lived
+    listener, and then the node proof's group meets; none without a worker, or with neither the check
+    nor the proof (nothing listens there)."""
+    fabric = config.fabric
+    if node is not config.head or not config.workers:
+        return []
+    if fabric.check is FabricCheckMode.OFF and fabric.proof is FabricCheckMode.OFF:
+        return []
+    return [[config.fabric.probe_port] * 2]
+
+
 def fabric_check_inputs(cfg: StackConfig, node: NodeConfig, node_dict: dict[str, Any]) -> dict[str, Any]:
     """A node's FabricCheck inputs from config (all but the head's `reference`); `status` reads the
     same facts with the same inputs."""
@@ -250,6 +304,21 @@ def cluster_proof(cfg: StackConfig) -> dict[str, Any]:
     return {"ray_version": cfg.image.ray_version, "stages": "ray,cluster,executor"}
 
 
+def model_support_inputs(cfg: StackConfig, ref: str) -> dict[str, Any]:
+    """The model-support check's inputs from config alone (the graph adds the node, the head's image
+    ID and checkpoint, and the argv pinned to its revision): the image as configured (`ref`, the
+    deployment's reference, for a build), the memory to fit, the mode and the cluster layer."""
+    image = cfg.image
+    return {
+        "image": image.prebuilt if image.strategy is ImageStrategy.PREBUILT else ref,
+        "memory": memory_inputs(cfg),
+        "mode": image.model_check.value,
+        "container_prefix": cfg.containers.name_prefix,
+        "cluster": cluster_proof(cfg),
+        "expect": image.model_check_expects.model_dump() if image.model_check_expects else None,
+    }
+
+
 def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
     """What the memory-fit preflight needs from config: each node's memory and GPUs, the parallelism,
     and the serving options that change what a rank holds (components/model_support/memory_fit.py)."""
@@ -268,9 +337,9 @@ def memory_inputs(cfg: StackConfig) -> dict[str, Any]:
 
 
 def answer_check_inputs(cfg: StackConfig, project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
-    """AnswerCheck's inputs from config alone: the mode, the settings, the prompt set's version and
-    digest, and the reference's content (`answers.reference`, read now: a ConfigError naming the key
-    when it cannot be used)."""
+    """AnswerCheck's inputs from config alone: where the server answers, the mode, the settings, the
+    prompt set's version and digest, the node set, and the reference's content (`answers.reference`,
+    read now: a ConfigError naming the key when it cannot be used)."""
     answers = cfg.answers
     reference = None
     if answers.reference is not None:
@@ -278,10 +347,100 @@ def answer_check_inputs(cfg: StackConfig, project_dir: Path = PROJECT_DIR) -> di
         if problems:
             raise ConfigError([f"answers.reference: {p}" for p in problems])
     return {
+        "url": local_url(cfg.serve),
+        "model": cfg.serve.model_name,
         "mode": answers.mode.value,
         "settings": answers.settings(),
         "prompt_set": {"version": ANSWERS_VERSION, "digest": set_digest(answers.long_prompt_tokens)},
         "reference": reference,
+        "nodes": [n.name for n in cfg.nodes],
+    }
+
+
+def readiness_gate_inputs(cfg: StackConfig) -> dict[str, Any]:
+    """ReadinessGate's inputs from config alone (the graph adds the node, the server's and the
+    watched containers' IDs, what is deployed, where the ranks log, and what NCCL is given)."""
+    mp = cfg.cluster.executor is Executor.MP
+    return {
+        "url": local_url(cfg.serve),
+        "model": cfg.serve.model_name,
+        "expect_nodes": len(cfg.nodes),
+        "expect_gpus": sum(n.gpus for n in cfg.nodes),
+        # Ray node address -> name, so a gate that times out names the node that never joined.
+        "expect_node_ips": None if mp else {n.name: n.fabric_ip for n in cfg.nodes},
+        "deadline_s": cfg.serve.ready_timeout,
+        "ray_container": None if mp else ray_container_name(cfg, cfg.head),
+        "log_container": vllm_container_name(cfg),
+        "transport_mode": cfg.fabric.proof.value,
+    }
+
+
+def gate_watched(cfg: StackConfig) -> dict[str, tuple[str, str]]:
+    """What the gate watches, `node/container` -> (node, "ray" or "server"): under executor mp each
+    node's rank; under Ray every node's Ray container and the server on the head. The graph gives
+    each one's container ID, so a recreated container makes the gate probe again."""
+    if cfg.cluster.executor is Executor.MP:
+        return {f"{n.name}/{mp_container_name(cfg, n)}": (n.name, "server") for n in cfg.nodes}
+    return {
+        **{f"{n.name}/{ray_container_name(cfg, n)}": (n.name, "ray") for n in cfg.nodes},
+        f"{cfg.head.name}/{vllm_container_name(cfg)}": (cfg.head.name, "server"),
+    }
+
+
+def serving_log_containers(cfg: StackConfig) -> dict[str, str]:
+    """Node -> the container where the gate reads what the serving ranks logged about their
+    transport: under executor mp each node's rank; under Ray the server on the head, where Ray
+    forwards every rank's lines."""
+    if cfg.cluster.executor is Executor.MP:
+        return {n.name: mp_container_name(cfg, n) for n in cfg.nodes}
+    return {cfg.head.name: vllm_container_name(cfg)}
+
+
+def deployed(cfg: StackConfig, ref: str) -> dict[str, Any]:
+    """What the gate records as served once it passes, before the checkpoint's commit is known (the
+    graph adds it with `deployed_revision`): the image reference with the config line that selects it
+    again (the rollback hint of a later failure)."""
+    if cfg.image.strategy is ImageStrategy.PREBUILT:
+        image_line = f"image.prebuilt: {ref}"
+    else:  # a build's tag is a hash of its inputs: going back is the image section that built it
+        image_line = f"image (the {cfg.image.strategy.value} inputs that built {ref})"
+    return {"image": ref, "revision": None, "lines": {"image": image_line}}
+
+
+def deployed_revision(record: Mapping[str, Any], revision: str) -> dict[str, Any]:
+    """`deployed`'s record with the checkpoint's commit, and the config line that pins it."""
+    return {
+        **record,
+        "revision": revision,
+        "lines": {**record["lines"], "revision": f"model.revision: {revision}"},
+    }
+
+
+def server_argv(cfg: StackConfig) -> list[str]:
+    """The server's argument list, as its container runs it before `--revision` (the graph pins the
+    commit): under executor mp the head's rank 0 (each headless rank's is `rank_argvs`)."""
+    return mp_serve_argv(cfg, cfg.head) if cfg.cluster.executor is Executor.MP else serve_argv(cfg.serve)
+
+
+def rank_argvs(cfg: StackConfig) -> dict[str, list[str]] | None:
+    """Under executor mp, each headless rank's argument list by node (its node rank and `--headless`
+    differ from the head's); None under Ray, where one server runs, and on one node."""
+    if cfg.cluster.executor is not Executor.MP or not cfg.workers:
+        return None
+    return {n.name: mp_serve_argv(cfg, n) for n in cfg.workers}
+
+
+def serve_bench_inputs(cfg: StackConfig) -> dict[str, Any]:
+    """ServeBench's inputs from config alone (the graph adds the node, the image IDs, the server's
+    argv, each node's NCCL settings and FabricCheck's outputs)."""
+    return {
+        "url": local_url(cfg.serve),
+        "model": cfg.serve.model_name,
+        "mode": cfg.bench.mode.value,
+        "settings": cfg.bench.settings(),
+        "floors": cfg.bench.floors(),
+        "nodes": [n.name for n in cfg.nodes],
+        "log_container": vllm_container_name(cfg),
     }
 
 

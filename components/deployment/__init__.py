@@ -21,7 +21,11 @@ the ranks are one world).
 - `nodes` (providers, stack claims, the stack's secrets, FabricCheck), `image` (the build and its
   copies), `checkpoint`, `proofs` (model support, the node proof), `serving` (compile caches, Ray or
   the mp ranks, the server, the readiness gate), `checks` (answers, bench), `health`: the stages;
-- `docker_args` (a ContainerSpec as docker arguments), `served` (the server's argv, what the gate
-  records), `mp_world` (the mp ranks' shared digest), `outputs` (the stack outputs): values, no
-  resource.
+- `docker_args` (a ContainerSpec as docker arguments), `served` (layout's server argv and what the
+  gate records, pinned to the checkpoint's commit), `mp_world` (the mp ranks' shared digest),
+  `outputs` (the stack outputs): values, no resource.
+
+Every resource's inputs from config come from `components/layout.py`; a stage reads config only to
+decide whether a resource exists, and wires the outputs of one resource into the next
+(`tests/unit/test_layout_inputs.py`).
 """

@@ -12,9 +12,8 @@ from components.answer_check import AnswerCheck
 from components.config import AnswersMode, BenchMode
 from components.deployment.outputs import fabric_outputs
 from components.deployment.served import server_argv
-from components.layout import answer_check_inputs
+from components.layout import answer_check_inputs, serve_bench_inputs
 from components.serve_bench import ServeBench
-from components.vllm_server import local_url, vllm_container_name
 
 if TYPE_CHECKING:
     from components.deployment.component import Qwen35Deployment
@@ -32,12 +31,9 @@ def answer_check(
     return AnswerCheck(
         f"{name}-answers",
         node=deployment.access[head.name].node_dict(),
-        url=local_url(cfg.serve),
-        model=cfg.serve.model_name,
         **answer_check_inputs(cfg),
         image_ids={n.name: deployment.image_id(n.name) for n in cfg.nodes},
         server_argv=server_argv(cfg, deployment.served_revision()),
-        nodes=[n.name for n in cfg.nodes],
         fabric=deployment.nccl_fabric(),
         api_key=api_key,
         opts=pulumi.ResourceOptions(parent=deployment, depends_on=[deployment.ready]),
@@ -56,15 +52,9 @@ def serve_bench(
     return ServeBench(
         f"{name}-bench",
         node=deployment.access[head.name].node_dict(),
-        url=local_url(cfg.serve),
-        model=cfg.serve.model_name,
-        mode=cfg.bench.mode.value,
-        settings=cfg.bench.settings(),
-        floors=cfg.bench.floors(),
+        **serve_bench_inputs(cfg),
         image_ids={n.name: deployment.image_id(n.name) for n in cfg.nodes},
         server_argv=server_argv(cfg, deployment.served_revision()),
-        nodes=[n.name for n in cfg.nodes],
-        log_container=vllm_container_name(cfg),
         api_key=api_key,
         fabric=fabric_outputs(deployment),
         nccl_env={n.name: deployment.nccl_env(n) for n in cfg.nodes},

@@ -12,8 +12,8 @@ import pulumi_docker as docker
 from components.config import FabricCheckMode
 from components.fabric_check import FabricCheck, probe_after
 from components.health_secret import HealthSecret
-from components.layout import fabric_check_inputs, probe_input
-from components.stack_claim import StackClaim, claimed_ports
+from components.layout import fabric_check_inputs, probe_input, stack_claim_inputs
+from components.stack_claim import StackClaim
 
 if TYPE_CHECKING:
     from components.deployment.component import Qwen35Deployment
@@ -41,8 +41,7 @@ def stack_claims(name: str, deployment: Qwen35Deployment) -> dict[str, StackClai
             f"{name}-claim-{node.name}",
             node=deployment.access[node.name].node_dict(),
             owner=owner,
-            prefix=cfg.containers.name_prefix,
-            ports=claimed_ports(cfg, node),
+            **stack_claim_inputs(cfg, node),
             opts=pulumi.ResourceOptions(parent=deployment),
         )
         for node in cfg.nodes

@@ -12,7 +12,7 @@ import pulumi
 from components.config import FabricCheckMode
 from components.containers import configured_fabric
 from components.deployment.served import rank_argvs, server_argv
-from components.layout import cluster_proof, memory_inputs, node_proof_inputs
+from components.layout import model_support_inputs, node_proof_inputs
 from components.model_support import ModelSupportCheck
 from components.node_proof import NodeProof
 
@@ -27,20 +27,15 @@ def model_support_check(name: str, deployment: Qwen35Deployment) -> ModelSupport
     return ModelSupportCheck(
         f"{name}-model-support",
         node=deployment.access[head].node_dict(),
-        image=deployment.image_ref if deployment.image else cfg.image.prebuilt,
+        **model_support_inputs(cfg, deployment.image_ref),
         image_id=deployment.node_images[head].image_id,
-        memory=memory_inputs(cfg),
-        mode=cfg.image.model_check.value,
         # The head's checkpoint (none when serve.model is a path and model.repo is unset: then the
         # proof runs on its fixture configs and the memory fit is not checked).
         checkpoint_digest=head_checkpoint.digest if head_checkpoint else None,
         snapshot_path=head_checkpoint.snapshot_path if head_checkpoint else None,
-        container_prefix=cfg.containers.name_prefix,
         # The server's exact command line (with the pinned revision): the image's vLLM parses it.
         serve_argv=server_argv(cfg, deployment.served_revision()),
         rank_argvs=rank_argvs(cfg, deployment.served_revision()),
-        cluster=cluster_proof(cfg),
-        expect=cfg.image.model_check_expects.model_dump() if cfg.image.model_check_expects else None,
         opts=pulumi.ResourceOptions(
             parent=deployment,
             depends_on=[deployment.node_images[head], *([head_checkpoint] if head_checkpoint else [])],

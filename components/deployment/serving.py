@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_docker as docker
 
-from components.config import Executor
 from components.containers import ContainerSpec, compile_cache_volume_name
 from components.deployment.mp_world import with_world
 from components.deployment.nodes import stack_secret
 from components.deployment.served import deployed
-from components.mp_executor import mp_container_name, mp_container_spec, ranked_nodes
-from components.ray_cluster import ray_container_name, ray_container_spec, ray_tmp_volume_name
+from components.layout import gate_watched, readiness_gate_inputs, serving_log_containers
+from components.mp_executor import mp_container_spec, ranked_nodes
+from components.ray_cluster import ray_container_spec, ray_tmp_volume_name
 from components.readiness_gate import ReadinessGate
-from components.vllm_server import local_url, vllm_container_name, vllm_container_spec
+from components.vllm_server import vllm_container_spec
 
 if TYPE_CHECKING:
     from components.deployment.component import Qwen35Deployment
@@ -145,27 +145,20 @@ def readiness_gate(
     under executor mp (no Ray to ask: `--no-ray-check`) once the head serves, which it does only
     after every rank joined."""
     cfg, head = deployment.config, deployment.config.head
-    mp = cfg.cluster.executor is Executor.MP
     head_checkpoint = deployment.checkpoints.get(head.name)
     return ReadinessGate(
         f"{name}-ready",
         node=deployment.access[head.name].node_dict(),
         server_id=deployment.server.id,
-        url=local_url(cfg.serve),
-        model=cfg.serve.model_name,
-        expect_nodes=len(cfg.nodes),
-        expect_gpus=sum(n.gpus for n in cfg.nodes),
-        # Ray node address -> name, so a gate that times out names the node that never joined.
-        expect_node_ips=None if mp else {n.name: n.fabric_ip for n in cfg.nodes},
+        **readiness_gate_inputs(cfg),
         container_ids=gate_container_ids(deployment),
-        deadline_s=cfg.serve.ready_timeout,
-        ray_container=None if mp else ray_container_name(cfg, head),
-        log_container=vllm_container_name(cfg),
         api_key=api_key,
         deployed=deployed(cfg, deployment.image_ref, head_checkpoint.revision if head_checkpoint else None),
-        serving_logs=serving_logs(deployment),
+        serving_logs={
+            node: {"node": deployment.access[node].node_dict(), "container": container}
+            for node, container in serving_log_containers(cfg).items()
+        },
         nccl_fabric=deployment.nccl_fabric(),
-        transport_mode=cfg.fabric.proof.value,
         opts=pulumi.ResourceOptions(
             parent=deployment,
             depends_on=[deployment.server, *deployment.ray_containers.values(), *deployment.ranks.values()],
@@ -173,28 +166,9 @@ def readiness_gate(
     )
 
 
-def serving_logs(deployment: Qwen35Deployment) -> dict[str, dict[str, Any]]:
-    """Where the gate reads what the serving ranks logged about their transport: under executor mp
-    each node's rank container; under Ray the server's container on the head, where Ray forwards
-    every rank's lines (recorded under the head)."""
-    cfg, head = deployment.config, deployment.config.head
-    if cfg.cluster.executor is Executor.MP:
-        return {
-            n.name: {"node": deployment.access[n.name].node_dict(), "container": mp_container_name(cfg, n)}
-            for n in cfg.nodes
-        }
-    server = {"node": deployment.access[head.name].node_dict(), "container": vllm_container_name(cfg)}
-    return {head.name: server}
-
-
 def gate_container_ids(deployment: Qwen35Deployment) -> dict[str, pulumi.Output[str]]:
-    """`node/container` -> ID of what the gate watches: a recreated container (a worker started
-    again by `up`) makes the gate probe again."""
-    cfg, head = deployment.config, deployment.config.head
-    if cfg.cluster.executor is Executor.MP:
-        servers = {head.name: deployment.server, **deployment.ranks}
-        return {f"{n.name}/{mp_container_name(cfg, n)}": servers[n.name].id for n in cfg.nodes}
-    return {
-        **{f"{n.name}/{ray_container_name(cfg, n)}": deployment.ray_containers[n.name].id for n in cfg.nodes},
-        f"{head.name}/{vllm_container_name(cfg)}": deployment.server.id,
-    }
+    """`node/container` -> ID of what the gate watches (`layout.gate_watched`): a recreated
+    container (a worker started again by `up`) makes the gate probe again."""
+    servers = {deployment.config.head.name: deployment.server, **deployment.ranks}
+    containers = {"ray": deployment.ray_containers, "server": servers}
+    return {key: containers[kind][node].id for key, (node, kind) in gate_watched(deployment.config).items()}

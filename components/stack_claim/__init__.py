@@ -9,7 +9,8 @@ Ray volume and only then fails on a container name; its destroy then waits on th
 Files, by job:
     facts.py     the claim program's report parsed (pure)
     programs.py  the claim program's argv for take, held and drop
-    plan.py      the pure decisions: the ports a stack claims, the refusal's text, `plan_change`
+    plan.py      the pure decisions: the refusal's text, `plan_change` (the ports it claims, its
+                 inputs from config: components/layout.py)
     execute.py   the claim carried out over SSH (the only I/O): ensure, observe, release
     errors.py    ClaimRefused: another stack holds this node's names or ports
     provider.py  StackClaimProvider (diff: no I/O)
@@ -24,15 +25,7 @@ from components.provider_kit.lazy import lazy_exports
 from components.stack_claim.errors import ClaimRefused
 from components.stack_claim.execute import SSH_TIMEOUT_S, ensure, observe, release
 from components.stack_claim.facts import claim_report, held_as_claimed
-from components.stack_claim.plan import (
-    CLAIM_KEYS,
-    RAY_CLIENT_SERVER_PORT,
-    claimed_ports,
-    health_ports,
-    plan_change,
-    probe_ports,
-    refusal,
-)
+from components.stack_claim.plan import CLAIM_KEYS, plan_change, refusal
 from components.stack_claim.programs import claim_argv, claim_spec
 
 # Loaded on first use: these modules import Pulumi (components/provider_kit/lazy.py).
@@ -46,7 +39,6 @@ __getattr__, __dir__ = lazy_exports(
 
 __all__ = [
     "CLAIM_KEYS",
-    "RAY_CLIENT_SERVER_PORT",
     "SSH_TIMEOUT_S",
     "ClaimRefused",
     "StackClaim",
@@ -54,13 +46,10 @@ __all__ = [
     "claim_argv",
     "claim_spec",
     "claim_report",
-    "claimed_ports",
     "ensure",
-    "health_ports",
     "held_as_claimed",
     "observe",
     "plan_change",
-    "probe_ports",
     "refusal",
     "release",
 ]

@@ -1,20 +1,12 @@
-"""StackClaim's pure decisions: the host ports a stack claims on a node, the claim the program is
-given, what a refusal says, and `plan_change`. No I/O: diff uses these, and the tests are tables."""
+"""StackClaim's pure decisions: the claim the program is given, what a refusal says, and
+`plan_change`. No I/O: diff uses these, and the tests are tables. The ports a stack claims on a node
+are its inputs, from config: `components/layout.py` (`claimed_ports`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from components.config import (
-    RAY_CLIENT_SERVER_PORT,
-    RAY_DASHBOARD_AGENT_LISTEN_PORT,
-    Executor,
-    FabricCheckMode,
-    HealthMode,
-    NodeConfig,
-    StackConfig,
-)
 from components.node_programs.wire import STACK_RECORDS
 from components.provider_kit.change import Change
 from components.provider_kit.inputs import node_problems
@@ -22,51 +14,6 @@ from components.provider_kit.inputs import node_problems
 # Inputs whose change is an update: the claim taken again. Never a replacement: a new claim created
 # before the old one's delete would be dropped by it.
 CLAIM_KEYS = ("owner", "prefix", "ports", "node")
-
-
-def probe_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
-    """The head's `fabric.probe_port`, where each worker's FabricCheck probe reaches a short-lived
-    listener, and then the node proof's group meets; none without a worker, or with neither the check
-    nor the proof (nothing listens there)."""
-    fabric = config.fabric
-    if node is not config.head or not config.workers:
-        return []
-    if fabric.check is FabricCheckMode.OFF and fabric.proof is FabricCheckMode.OFF:
-        return []
-    return [[config.fabric.probe_port] * 2]
-
-
-def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
-    """The host ports the stack binds on `node` (its containers', and the fabric probe's listener on
-    the head), as sorted [low, high] ranges."""
-    extra = health_ports(config, node) + probe_ports(config, node)
-    if config.cluster.executor is Executor.MP:
-        # No Ray: the head's API port and the master port its rank 0 listens on for the other ranks.
-        served = [[config.serve.port] * 2, [config.cluster.master_port] * 2] if node is config.head else []
-        return sorted(served + extra)
-    rp = node.ray_ports
-    single = [
-        rp.node_manager_port,
-        rp.object_manager_port,
-        rp.metrics_export_port,
-        rp.dashboard_agent_listen_port or RAY_DASHBOARD_AGENT_LISTEN_PORT,
-        rp.dashboard_agent_grpc_port,
-        rp.runtime_env_agent_port,
-    ]
-    if node is config.head:
-        single += [config.ray.port, config.ray.dashboard_port, config.serve.port, RAY_CLIENT_SERVER_PORT]
-    ranges = [[p, p] for p in single if p] + extra
-    if rp.min_worker_port and rp.max_worker_port:
-        ranges.append([rp.min_worker_port, rp.max_worker_port])
-    return sorted(ranges)
-
-
-def health_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
-    """The watchdog's port on the head, an agent's on every other node (none under health off)."""
-    if config.health.mode is HealthMode.OFF:
-        return []
-    port = config.health.port if node is config.head else config.health.agent_port
-    return [[port, port]]
 
 
 def refusal(node: str, owner: str, clashes: list[dict]) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from components.config import parse_stack_config
-from components.layout import node_proof_inputs
+from components.layout import claimed_ports, node_proof_inputs
 from components.nccl import parse_nccl_log
 from components.node_programs.health_wire import mem_available
 from components.node_proof import (
@@ -23,7 +23,6 @@ from components.node_proof import (
     validate,
 )
 from components.remote import RemoteError, Result
-from components.stack_claim import claimed_ports
 from status.fabric import proof_line
 from tests.support.program import dev_raw
 

@@ -9,10 +9,11 @@ import subprocess
 
 import pytest
 
-from components.config import parse_stack_config
+from components.config import RAY_CLIENT_SERVER_PORT, parse_stack_config
+from components.layout import claimed_ports
 from components.node_programs import program_argv
 from components.node_programs.stack_claim import Exit, clashes
-from components.stack_claim import RAY_CLIENT_SERVER_PORT, StackClaimProvider, claimed_ports, refusal
+from components.stack_claim import StackClaimProvider, refusal
 from tests.support.program import dev_raw, stack_config
 from tests.unit.test_deployment import run_graph
 
