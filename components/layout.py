@@ -19,10 +19,9 @@ from components.config import (
     PROJECT_DIR,
     RAY_CLIENT_SERVER_PORT,
     RAY_DASHBOARD_AGENT_LISTEN_PORT,
+    CheckMode,
     ConfigError,
     Executor,
-    FabricCheckMode,
-    HealthMode,
     ImageConfig,
     ImageStrategy,
     NodeConfig,
@@ -106,7 +105,7 @@ def node_container_names(config: StackConfig) -> dict[str, list[str]]:
 
 def health_container_names(config: StackConfig) -> dict[str, str]:
     """The health program's container on each node: the watchdog on the head, an agent elsewhere."""
-    if config.health.mode is HealthMode.OFF:
+    if config.health.mode is CheckMode.OFF:
         return {}
     return {
         node.name: watchdog_container_name(config) if node is config.head else agent_container_name(config)
@@ -117,7 +116,7 @@ def health_container_names(config: StackConfig) -> dict[str, str]:
 def health_output(config: StackConfig) -> dict[str, Any]:
     """The stack output `health`: the mode, the containers, and where the watchdog answers."""
     h = config.health
-    if h.mode is HealthMode.OFF:
+    if h.mode is CheckMode.OFF:
         return {"mode": h.mode.value, "watchdog": None, "agents": {}, "state_url": None, "volume": None}
     base = f"http://{metrics_host(config)}:{h.port}"
     return {
@@ -135,7 +134,7 @@ def scrape_targets(config: StackConfig) -> list[dict[str, Any]]:
     (Ray picks a random port otherwise, which no file can name)."""
     prefix = config.containers.name_prefix
     targets = []
-    if config.health.mode is not HealthMode.OFF:
+    if config.health.mode is not CheckMode.OFF:
         targets.append(
             {
                 "targets": [f"{metrics_host(config)}:{config.health.port}"],
@@ -196,7 +195,7 @@ def claimed_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
 
 def health_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     """The watchdog's port on the head, an agent's on every other node (none under health off)."""
-    if config.health.mode is HealthMode.OFF:
+    if config.health.mode is CheckMode.OFF:
         return []
     port = config.health.port if node is config.head else config.health.agent_port
     return [[port, port]]
@@ -209,7 +208,7 @@ def probe_ports(config: StackConfig, node: NodeConfig) -> list[list[int]]:
     fabric = config.fabric
     if node is not config.head or not config.workers:
         return []
-    if fabric.check is FabricCheckMode.OFF and fabric.proof is FabricCheckMode.OFF:
+    if fabric.check is CheckMode.OFF and fabric.proof is CheckMode.OFF:
         return []
     return [[config.fabric.probe_port] * 2]
 

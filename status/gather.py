@@ -20,11 +20,9 @@ import yaml
 
 from components.config import (
     NAMESPACE,
-    AnswersMode,
-    BenchMode,
+    CheckMode,
     ConfigError,
     Executor,
-    FabricCheckMode,
     StackConfig,
     parse_stack_config,
 )
@@ -357,7 +355,7 @@ def gather(
             for name, acc in access.items()
         }
         fabric = {}
-        if config.fabric.check is not FabricCheckMode.OFF:
+        if config.fabric.check is not CheckMode.OFF:
             fabric = {
                 name: pool.submit(
                     fabric_facts,
@@ -369,12 +367,12 @@ def gather(
             }
         # The stack output `fabric`: the probes' figures, the node proof's verdict and what the serving
         # ranks logged about their transport (over more than one node).
-        proof_on = config.fabric.proof is not FabricCheckMode.OFF
+        proof_on = config.fabric.proof is not CheckMode.OFF
         wanted = fabric or proof_on or len(config.nodes) > 1
         recorded = pool.submit(stack_fabric, stack) if wanted and stack else None
-        bench_on = config.bench.mode is not BenchMode.OFF
+        bench_on = config.bench.mode is not CheckMode.OFF
         bench = pool.submit(stack_bench, stack) if bench_on and stack else None
-        answers_on = config.answers.mode is not AnswersMode.OFF
+        answers_on = config.answers.mode is not CheckMode.OFF
         answers = pool.submit(stack_answers, stack) if answers_on and stack else None
         started = pool.submit(stack_cold_start, stack) if stack else None
         nodes = {name: future.result() for name, future in asked.items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.config import AnswersMode, BenchMode, FabricCheckMode, StackConfig
+from components.config import CheckMode, StackConfig
 from components.layout import node_container_names
 from components.vllm_server import vllm_container_name
 from status.checks import answers_line, bench_line
@@ -71,10 +71,10 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     found: dict[str, str] = {}
     warned: list[Problem] = []
     verdict.problems += judge_fabric(config, verdict.nodes, facts["nodes"], found, warned)
-    if config.fabric.check is not FabricCheckMode.OFF:
+    if config.fabric.check is not CheckMode.OFF:
         verdict.fabric, slow = fabric_lines(config, facts, found)
         verdict.warnings = warned + slow
-    if config.fabric.proof is not FabricCheckMode.OFF:
+    if config.fabric.proof is not CheckMode.OFF:
         verdict.cluster["node proof"], recorded = proof_line(facts.get("fabric_output") or {})
         verdict.warnings += recorded
     if len(config.nodes) > 1 and "fabric_output" in facts:
@@ -84,10 +84,10 @@ def judge(config: StackConfig, facts: dict[str, Any]) -> Verdict:
     verdict.problems += judge_server(verdict.cluster, facts.get("server") or {}, vllm_container_name(config))
     verdict.cluster["concurrency"] = concurrency_line(config, head_report)
     verdict.problems += judge_watchdog(config, verdict.cluster, head_report)
-    if config.answers.mode is not AnswersMode.OFF:
+    if config.answers.mode is not CheckMode.OFF:
         verdict.cluster["answers"], refused = answers_line(config, facts.get("answers_output") or {})
         verdict.warnings += refused
-    if config.bench.mode is not BenchMode.OFF:
+    if config.bench.mode is not CheckMode.OFF:
         verdict.cluster["bench"], slow = bench_line(config, facts.get("bench_output") or {})
         verdict.warnings += slow
     if "cold_start_output" in facts:

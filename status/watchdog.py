@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.config import HealthMode, StackConfig
+from components.config import CheckMode, StackConfig
 from components.health.containers import watchdog_container_name
 from components.node_programs.gpu_memory import COUNTED, DROP_CACHES
 from components.node_programs.health_wire import gb
@@ -14,7 +14,7 @@ from status.problem import Problem, first_line, timestamp
 
 def judge_watchdog(config: StackConfig, cluster: dict, head_report: dict) -> list[Problem]:
     """The `watchdog` line from the head's watchdog /state, with the next step for each verdict."""
-    if config.health.mode is HealthMode.OFF:
+    if config.health.mode is CheckMode.OFF:
         cluster["watchdog"] = "off (health.mode off: nothing watches the server after `up`)"
         return []
     head, name = config.head.name, watchdog_container_name(config)

@@ -12,8 +12,8 @@ Stack config (Pulumi.<stack>.yaml) → frozen pydantic models → components. Co
 - `loading`: reading Pulumi's config, and pydantic's errors as the operator's messages.
 """
 
-from components.config.answers import AnswersConfig, AnswersMode
-from components.config.bench import BenchConfig, BenchMode
+from components.config.answers import AnswersConfig
+from components.config.bench import BenchConfig
 from components.config.checkpoint import ModelConfig
 from components.config.cluster import (
     DEFAULT_MASTER_PORT,
@@ -21,13 +21,12 @@ from components.config.cluster import (
     ClusterConfig,
     ContainerConfig,
     Executor,
-    FabricCheckMode,
     FabricConfig,
     RayConfig,
     RestartPolicy,
 )
-from components.config.fields import IMAGE_STORES, PROJECT_DIR
-from components.config.health import HealthConfig, HealthMode
+from components.config.fields import IMAGE_STORES, PROJECT_DIR, CheckMode
+from components.config.health import HealthConfig
 from components.config.image import CopyConfig, ExpectedRefusals, ImageConfig, ImageStrategy, ModelCheckMode
 from components.config.loading import (
     NAMESPACE,
@@ -58,19 +57,16 @@ __all__ = [
     "RAY_CLIENT_SERVER_PORT",
     "RAY_DASHBOARD_AGENT_LISTEN_PORT",
     "AnswersConfig",
-    "AnswersMode",
+    "CheckMode",
     "BenchConfig",
-    "BenchMode",
     "ClusterConfig",
     "ConfigError",
     "ContainerConfig",
     "CopyConfig",
     "Executor",
     "ExpectedRefusals",
-    "FabricCheckMode",
     "FabricConfig",
     "HealthConfig",
-    "HealthMode",
     "ImageConfig",
     "ImageStrategy",
     "ModelCheckMode",

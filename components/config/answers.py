@@ -2,35 +2,26 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from components.config.fields import _CrossFieldErrors, _Model
+from components.config.fields import CheckMode, _CrossFieldErrors, _Model
 
 # How many known answers the prompt set scores (components/answer_check/prompts.py, `known_answers`;
 # a unit test holds the two equal): `min_correct` above it could never pass.
 KNOWN_ANSWERS = 5
 
 
-class AnswersMode(str, Enum):
-    """What AnswerCheck does after the readiness gate."""
-
-    # Check; fail `up` when an answer is refused (or the check could not run).
-    ENFORCE = "enforce"
-    # Check and record the receipts and the verdict in the stack output `answers`; a refusal is a warning.
-    REPORT = "report"
-    # No check.
-    OFF = "off"
-
-
 class AnswersConfig(_Model):
     """How AnswerCheck records and judges the served answers (docs/answers.md)."""
 
     # report by default, as the bench: a check costs a few seconds and a few dozen requests, only
-    # when what it judges changed; whether a drift stops a deploy is the operator's choice.
-    mode: AnswersMode = AnswersMode.REPORT
+    # when what it judges changed; whether a drift stops a deploy is the operator's choice. What
+    # AnswerCheck does after the readiness gate: enforce: check, and fail `up` when an answer is
+    # refused (or the check could not run); report: check and record the receipts and the verdict in
+    # the stack output `answers`, a refusal is a warning; off: no check.
+    mode: CheckMode = CheckMode.REPORT
     # A file of token ids and logprobs per prompt, computed by another implementation (docs/answers.md
     # gives its format), relative to the project's directory; none: judged against the last accepted
     # receipt and the server's own generation only.
@@ -61,7 +52,7 @@ class AnswersConfig(_Model):
     @model_validator(mode="after")
     def _keys(self) -> AnswersConfig:
         problems = []
-        if self.mode is AnswersMode.OFF:
+        if self.mode is CheckMode.OFF:
             problems += [
                 (f"answers.{key}", "is not read with answers.mode off (no check runs): remove it, or set "
                  "answers.mode to report or enforce")

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from components.config.fields import _CrossFieldErrors, _Model
+from components.config.fields import CheckMode, _CrossFieldErrors, _Model
 
 # The floors, each a figure of the bench's report: `min_*` are tokens/s, `max_ttft_s` seconds.
 FLOOR_KEYS = ("min_decode_tps", "min_prefill_tps", "min_aggregate_tps", "max_ttft_s")
-
-
-class BenchMode(str, Enum):
-    """What ServeBench does after the readiness gate."""
-
-    # Measure; fail `up` when a figure is below its floor (or nothing could be measured).
-    ENFORCE = "enforce"
-    # Measure and record the figures in the stack output `serve_bench`; a floor missed is a warning.
-    REPORT = "report"
-    # No bench.
-    OFF = "off"
 
 
 class BenchConfig(_Model):
@@ -29,8 +17,11 @@ class BenchConfig(_Model):
 
     # report by default: a bench costs about a minute on two Sparks, and only when what it measures
     # changed (image, serving flags, nodes, these settings); floors depend on the hardware, so
-    # enforce is the operator's choice.
-    mode: BenchMode = BenchMode.REPORT
+    # enforce is the operator's choice. What ServeBench does after the readiness gate: enforce:
+    # measure, and fail `up` when a figure is below its floor (or nothing could be measured); report:
+    # measure and record the figures in the stack output `serve_bench`, a floor missed is a warning;
+    # off: no bench.
+    mode: CheckMode = CheckMode.REPORT
     # The decode stream: this many tokens generated (ignore_eos) after a short prompt.
     output_tokens: int = Field(default=256, ge=16, le=8192)
     # The prefill request: a prompt of about this many tokens, one token generated.
@@ -53,13 +44,13 @@ class BenchConfig(_Model):
     @model_validator(mode="after")
     def _keys(self) -> BenchConfig:
         problems = []
-        if self.mode is BenchMode.OFF:
+        if self.mode is CheckMode.OFF:
             problems += [
                 (f"bench.{key}", "is not read with bench.mode off (no bench runs): remove it, or set "
                  "bench.mode to report or enforce")
                 for key in sorted(self.model_fields_set - {"mode"})
             ]  # fmt: skip
-        elif self.mode is BenchMode.ENFORCE and not self.floors():
+        elif self.mode is CheckMode.ENFORCE and not self.floors():
             problems.append(
                 ("bench.mode", "enforce holds the figures to floors and none is set: set at least one of "
                  f"bench.{', bench.'.join(FLOOR_KEYS)}, or use report")

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from components.config.fields import (
     NODE_NAME,
+    CheckMode,
     Port,
     _check_hcas,
     _check_host,
@@ -28,18 +29,6 @@ class RestartPolicy(str, Enum):
     ALWAYS = "always"
     ON_FAILURE = "on-failure"
     NO = "no"
-
-
-class FabricCheckMode(str, Enum):
-    """What FabricCheck (components/fabric_check) does on each node before any container."""
-
-    # Refuse `pulumi up` on a fabric NCCL would fail on (no ACTIVE port, no RoCE v2 IPv4 GID, MTUs
-    # that disagree), before any container on any node.
-    ENFORCE = "enforce"
-    # Record the verdict in the stack output `fabric` and go on.
-    REPORT = "report"
-    # No check: NCCL gets the pinned HCAs (or the old default pair) and the pinned GID index, as before.
-    OFF = "off"
 
 
 # Before FabricCheck this list was every stack's NCCL_IB_HCA: what a stack with `fabric.check: off`
@@ -64,7 +53,12 @@ class FabricConfig(_Model):
 
     # Every node's socket interface unless its `nodes[].socket_ifname` says otherwise.
     socket_ifname: str = "enp1s0f0np0"
-    check: FabricCheckMode = FabricCheckMode.ENFORCE
+    # What FabricCheck (components/fabric_check) does on each node before any container: enforce:
+    # refuse `pulumi up` on a fabric NCCL would fail on (no ACTIVE port, no RoCE v2 IPv4 GID, MTUs
+    # that disagree), before any container on any node; report: record the verdict in the stack
+    # output `fabric` and go on; off: no check, NCCL gets the pinned HCAs (or the old default pair)
+    # and the pinned GID index, as before.
+    check: CheckMode = CheckMode.ENFORCE
     # unset: NCCL_IB_GID_INDEX is never set (NCCL picks a RoCE v2 IPv4 GID per device); resolve: each
     # node's FabricCheck finds that index and its containers get it; an index: that value everywhere.
     gid_index: GidIndex = "unset"
@@ -83,7 +77,7 @@ class FabricConfig(_Model):
     # Before any serving container, on every node at once (components/node_proof): the image's GPU
     # step and one torch.distributed group over the fabric (NCCL; gloo without containers.gpu_runtime)
     # on the head's probe_port, judged from NCCL's own lines. unset: as `check` says.
-    node_proof: FabricCheckMode | None = None
+    node_proof: CheckMode | None = None
     # The node proof's floor on its all-reduce's bus bandwidth, in GB/s (gigabytes per second, as
     # nccl-tests prints busbw: NVIDIA's two-Spark setup shows about 21.9). Below it: refused under
     # enforce, recorded under report.
@@ -134,20 +128,20 @@ class FabricConfig(_Model):
                 f"and no RoCE pair of Sparks reaches {MAX_BUSBW_GBPS:g}: a link rate in Gb/s divided by 8 "
                 "is GB/s"
             )
-        if self.min_busbw_gbps is not None and self.proof is FabricCheckMode.OFF:
+        if self.min_busbw_gbps is not None and self.proof is CheckMode.OFF:
             raise ValueError(
                 "fabric.min_busbw_gbps is the node proof's floor, and the proof is off: set "
                 "fabric.node_proof to enforce or report, or remove fabric.min_busbw_gbps (its unit: "
                 f"{FLOOR_UNITS['min_busbw_gbps']})"
             )
-        if self.gid_index == "resolve" and self.check is FabricCheckMode.OFF:
+        if self.gid_index == "resolve" and self.check is CheckMode.OFF:
             raise ValueError(
                 "fabric.gid_index: resolve needs the check: set fabric.check to enforce or report"
             )
         return self
 
     @property
-    def proof(self) -> FabricCheckMode:
+    def proof(self) -> CheckMode:
         """The node proof's mode: `node_proof`, or the check's when unset."""
         return self.node_proof if self.node_proof is not None else self.check
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from components.config.answers import AnswersMode
-from components.config.bench import BenchMode
-from components.config.cluster import FLOOR_UNITS, Executor, FabricCheckMode, RestartPolicy
-from components.config.health import HealthMode
+from components.config.cluster import FLOOR_UNITS, Executor, RestartPolicy
+from components.config.fields import CheckMode
 from components.config.nodes import RAY_CLIENT_SERVER_PORT, RAY_DASHBOARD_AGENT_LISTEN_PORT, Role
 from components.node_programs.wire import bench_prompt_slack
 
@@ -120,14 +118,14 @@ def fabric_problems(config: StackConfig) -> list[tuple[str, str]]:
                     "node's nodes[].ib_hca and remove fabric.ib_hca",
                 )
             )
-        if node.host_root is not None and config.fabric.proof is FabricCheckMode.OFF:
+        if node.host_root is not None and config.fabric.proof is CheckMode.OFF:
             problems.append(
                 (
                     f"nodes.{i}.host_root",
                     "is read by the node proof only, and fabric.node_proof is off: remove it",
                 )
             )
-        if node.sysfs_root is not None and config.fabric.check is FabricCheckMode.OFF:
+        if node.sysfs_root is not None and config.fabric.check is CheckMode.OFF:
             problems.append(
                 (
                     f"nodes.{i}.sysfs_root",
@@ -141,7 +139,7 @@ def probe_port_problems(config: StackConfig) -> list[tuple[str, str]]:
     """fabric.probe_port is none of the head's other ports: a container holding it would make the
     next probe (a drift repaired by `up`) fail as an unreachable head."""
     fabric = config.fabric
-    if (fabric.check is FabricCheckMode.OFF and fabric.proof is FabricCheckMode.OFF) or len(config.nodes) < 2:
+    if (fabric.check is CheckMode.OFF and fabric.proof is CheckMode.OFF) or len(config.nodes) < 2:
         return []
     port = config.fabric.probe_port
     rp = config.head.ray_ports
@@ -249,7 +247,7 @@ def health_problems(config: StackConfig) -> list[tuple[str, str]]:
     """The health ports against every other port the stack listens on; lab-only keys under off."""
     health = config.health
     problems = []
-    if health.mode is HealthMode.OFF:
+    if health.mode is CheckMode.OFF:
         problems += [
             (f"nodes.{i}.{key}", "is read by the health programs only, and health.mode is off: remove it")
             for i, n in enumerate(config.nodes)
@@ -297,7 +295,7 @@ def bench_problems(config: StackConfig) -> list[tuple[str, str]]:
     """The bench's longest request (its prompt, or a short prompt and its output) fits
     `serve.max_model_len`, when that is set."""
     bench, limit = config.bench, config.serve.max_model_len
-    if bench.mode is BenchMode.OFF or limit is None:
+    if bench.mode is CheckMode.OFF or limit is None:
         return []
     # The prompt may come out up to its slack over prompt_tokens (the program sizes it to within
     # that), and 8 more for the nonce and the special tokens.
@@ -319,7 +317,7 @@ def answers_problems(config: StackConfig) -> list[tuple[str, str]]:
     """The answer check's longest request (the long prompt, its generation and the chat
     template's few tokens) fits `serve.max_model_len`, when that is set."""
     answers, limit = config.answers, config.serve.max_model_len
-    if answers.mode is AnswersMode.OFF or limit is None:
+    if answers.mode is CheckMode.OFF or limit is None:
         return []
     tokens = answers.long_prompt_tokens + answers.max_tokens + 64
     if tokens <= limit:

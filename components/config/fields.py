@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -32,6 +33,19 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 # A node's Docker image store: the one definition (NodeImage, the copy tree and config use it).
 ImageStore = Literal["classic", "containerd"]
 IMAGE_STORES: tuple[str, ...] = get_args(ImageStore)
+
+
+class CheckMode(str, Enum):
+    """What a check does with what it finds: the one vocabulary of `answers.mode`, `bench.mode`,
+    `health.mode`, `fabric.check` and `fabric.node_proof` (each key's comment says what its check
+    does under each). The order is the one every refusal lists the values in."""
+
+    # Act on what is found: fail `up` (or, for health, recover the server).
+    ENFORCE = "enforce"
+    # Record what is found and go on: a failure is a warning.
+    REPORT = "report"
+    # No check.
+    OFF = "off"
 
 
 class _Model(BaseModel):

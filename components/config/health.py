@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from components.config.fields import _check_host, _CrossFieldErrors, _Model
-
-
-class HealthMode(str, Enum):
-    """What the health watchdog (components/health) does once `up` has finished: recover the server,
-    only report what it would do, or not run."""
-
-    # Probe the server; recover a hung or crashed one in steps, memory-checked, within the budget.
-    ENFORCE = "enforce"
-    # Probe and record what it would do; never act.
-    REPORT = "report"
-    # No watchdog, no agents.
-    OFF = "off"
+from components.config.fields import CheckMode, _check_host, _CrossFieldErrors, _Model
 
 
 class HealthConfig(_Model):
     """The watchdog on the head and its agents on the other nodes (docs/health.md)."""
 
-    mode: HealthMode = HealthMode.ENFORCE
+    # What the watchdog (components/health) does once `up` has finished: enforce: probe the server,
+    # and recover a hung or crashed one in steps, memory-checked, within the budget; report: probe
+    # and record what it would do, never act; off: no watchdog, no agents.
+    mode: CheckMode = CheckMode.ENFORCE
     # Seconds between /health probes, and a probe's deadline.
     interval_s: float = Field(default=10, gt=0, le=3600)
     deadline_s: float = Field(default=5, gt=0, le=600)
@@ -83,7 +73,7 @@ class HealthConfig(_Model):
     @model_validator(mode="after")
     def _keys(self) -> HealthConfig:
         problems = []
-        if self.mode is HealthMode.OFF:
+        if self.mode is CheckMode.OFF:
             problems += [
                 (f"health.{key}", "is not read with health.mode off (no watchdog runs): remove it, or set "
                  "health.mode to enforce or report")

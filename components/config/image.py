@@ -66,7 +66,8 @@ STRATEGY_REQUIRED: dict[ImageStrategy, tuple[str, ...]] = {
 
 
 class ModelCheckMode(str, Enum):
-    """What a failed model-support check does."""
+    """What a failed model-support check does. Not `CheckMode`: the check has no `off` (every image
+    is proven to load the model before a container starts), so `image.model_check` takes these two."""
 
     # Stop `pulumi up` before any Ray container starts.
     ENFORCE = "enforce"

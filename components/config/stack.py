@@ -13,12 +13,11 @@ from components.config.cluster import (
     LEGACY_IB_HCA,
     ClusterConfig,
     ContainerConfig,
-    FabricCheckMode,
     FabricConfig,
     RayConfig,
 )
 from components.config.cross_checks import cross_problems
-from components.config.fields import _CrossFieldErrors, _Model
+from components.config.fields import CheckMode, _CrossFieldErrors, _Model
 from components.config.health import HealthConfig
 from components.config.image import CopyConfig, ImageConfig
 from components.config.nodes import NodeConfig, Role, SshConfig
@@ -53,7 +52,7 @@ class StackConfig(_Model):
         """The node's pinned HCAs: `nodes[].ib_hca`, else the old `fabric.ib_hca`; with the check off
         and no pin, the old default pair (what such a stack always deployed). None: FabricCheck's."""
         pin = node.ib_hca if node.ib_hca is not None else self.fabric.ib_hca
-        if pin is None and self.fabric.check is FabricCheckMode.OFF:
+        if pin is None and self.fabric.check is CheckMode.OFF:
             return LEGACY_IB_HCA
         return None if pin is None else tuple(pin)
 

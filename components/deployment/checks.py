@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pulumi
 
 from components.answer_check import AnswerCheck
-from components.config import AnswersMode, BenchMode
+from components.config import CheckMode
 from components.deployment.outputs import fabric_outputs
 from components.deployment.served import server_argv
 from components.layout import answer_check_inputs, serve_bench_inputs
@@ -26,7 +26,7 @@ def answer_check(
     `answers.mode: off`). It checks again when every node's image ID, the server's argv, the node
     set, the fabric NCCL is given, the prompt set, the reference or the settings change."""
     cfg, head = deployment.config, deployment.config.head
-    if cfg.answers.mode is AnswersMode.OFF:
+    if cfg.answers.mode is CheckMode.OFF:
         return None
     return AnswerCheck(
         f"{name}-answers",
@@ -47,7 +47,7 @@ def serve_bench(
     measures again when a node's image ID or NCCL settings, the server's argv, the node set or the
     bench settings change; FabricCheck's outputs only explain a figure below its floor."""
     cfg, head = deployment.config, deployment.config.head
-    if cfg.bench.mode is BenchMode.OFF:
+    if cfg.bench.mode is CheckMode.OFF:
         return None
     return ServeBench(
         f"{name}-bench",

@@ -12,7 +12,7 @@ import pulumi_docker as docker
 
 from components.answer_check import AnswerCheck
 from components.checkpoint import Checkpoint
-from components.config import Executor, HealthMode, NodeConfig, StackConfig
+from components.config import CheckMode, Executor, NodeConfig, StackConfig
 from components.containers import ContainerSpec, NodeFabric, configured_fabric, fabric_env
 from components.deployment import checkpoint, checks, health, image, nodes, outputs, proofs, serving
 from components.deployment.docker_args import container_args
@@ -75,7 +75,7 @@ class Qwen35Deployment(pulumi.ComponentResource):
         self.health_volume: docker.Volume | None = None
         self.health_agents: dict[str, docker.Container] = {}
         self.watchdog: docker.Container | None = None
-        if self.config.health.mode is not HealthMode.OFF:
+        if self.config.health.mode is not CheckMode.OFF:
             self.health_volume, self.health_agents, self.watchdog = health.health(name, self, secrets)
         self.outputs = outputs.stack_outputs(self)
         self.register_outputs(self.outputs)

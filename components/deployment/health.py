@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_docker as docker
 
-from components.config import HealthMode, NodeConfig
+from components.config import CheckMode, NodeConfig
 from components.containers import ContainerSpec
 from components.deployment.nodes import stack_secret
 from components.health.containers import (
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def health_secret(name: str, deployment: Qwen35Deployment) -> HealthSecret | None:
     """The secret the watchdog signs its requests to the agents with (none under health.mode off)."""
-    if deployment.config.health.mode is HealthMode.OFF:
+    if deployment.config.health.mode is CheckMode.OFF:
         return None
     return stack_secret(f"{name}-health-secret", deployment)
 

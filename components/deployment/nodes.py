@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_docker as docker
 
-from components.config import FabricCheckMode
+from components.config import CheckMode
 from components.fabric_check import FabricCheck, probe_after
 from components.health_secret import HealthSecret
 from components.layout import fabric_check_inputs, probe_input, stack_claim_inputs
@@ -63,7 +63,7 @@ def fabric_checks(name: str, deployment: Qwen35Deployment) -> dict[str, FabricCh
     """Per node, before any container: its RoCE fabric is fit for NCCL; what NCCL there is given.
     The head's first: a worker's MTU must equal the head's recorded one. None under `off`."""
     cfg = deployment.config
-    if cfg.fabric.check is FabricCheckMode.OFF:
+    if cfg.fabric.check is CheckMode.OFF:
         return {}
     checks: dict[str, FabricCheck] = {}
     after = probe_after([w.name for w in cfg.workers])

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pulumi
 
-from components.config import FabricCheckMode
+from components.config import CheckMode
 from components.containers import configured_fabric
 from components.deployment.served import rank_argvs, server_argv
 from components.layout import model_support_inputs, node_proof_inputs
@@ -47,7 +47,7 @@ def node_proof(name: str, deployment: Qwen35Deployment) -> NodeProof | None:
     """Before any serving container, on every node at once: the image's GPU step and one group
     over the fabric whose transport NCCL names (none under `fabric.node_proof: off`)."""
     cfg = deployment.config
-    if cfg.fabric.proof is FabricCheckMode.OFF:
+    if cfg.fabric.proof is CheckMode.OFF:
         return None
     nodes = []
     for rank, node in enumerate([cfg.head, *cfg.workers]):

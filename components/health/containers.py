@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from components.config import Executor, HealthMode, NodeConfig, RestartPolicy, StackConfig
+from components.config import CheckMode, Executor, NodeConfig, RestartPolicy, StackConfig
 from components.containers import ContainerSpec, ImageId, Mount
 from components.model_support.memory_fit import GB, MIN_KV_CACHE_GB, RUNTIME_RESERVE_GB
 from components.mp_executor import mp_container_name, ranked_nodes
@@ -137,7 +137,7 @@ def _spec(
     cfg: StackConfig, node: NodeConfig, *, name: str, role: str, image_id: ImageId, program: str,
     config_json: Any, secret_env: dict[str, str], extra_mounts: tuple[Mount, ...],
 ) -> ContainerSpec:  # fmt: skip
-    if cfg.health.mode is HealthMode.OFF:
+    if cfg.health.mode is CheckMode.OFF:
         raise ValueError(f"health.mode is off: no {role} container is declared")
     env = {health_wire.CONFIG_ENV: config_json}
     mounts = [Mount(node.docker_socket, health_wire.DOCKER_SOCKET_MOUNT), *extra_mounts]

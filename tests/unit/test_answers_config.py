@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from components.answer_check import known_answers
-from components.config import AnswersMode, ConfigError, parse_stack_config
+from components.config import CheckMode, ConfigError, parse_stack_config
 from components.config.answers import KNOWN_ANSWERS
 from tests.support.program import dev_raw
 
@@ -29,7 +29,7 @@ def refusal(raw: dict) -> str:
 
 def test_a_spark_stack_reports_by_default_with_bounded_counts():
     answers = parse_stack_config(with_answers(None)).answers
-    assert answers.mode is AnswersMode.REPORT and answers.reference is None
+    assert answers.mode is CheckMode.REPORT and answers.reference is None
     assert answers.settings() == {
         "max_tokens": 16,
         "top": 5,
@@ -71,14 +71,14 @@ def test_bad_answers_sections_are_refused_naming_the_key(answers, expected):
 
 
 def test_off_enforce_and_a_reference_load():
-    assert parse_stack_config(with_answers({"mode": False})).answers.mode is AnswersMode.OFF
+    assert parse_stack_config(with_answers({"mode": False})).answers.mode is CheckMode.OFF
     enforce = parse_stack_config(with_answers({"mode": "enforce", "min_correct": 3, "reference": "r.json"}))
     assert enforce.answers.settings()["min_correct"] == 3 and enforce.answers.reference == "r.json"
 
 
 def test_the_lab_stand_in_stack_runs_no_check():
     # The stand-in vLLM answers no logprobs: nothing to judge there.
-    assert parse_stack_config(dev_raw("lab")).answers.mode is AnswersMode.OFF
+    assert parse_stack_config(dev_raw("lab")).answers.mode is CheckMode.OFF
 
 
 def test_the_config_s_count_of_known_answers_is_the_prompt_set_s():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.config import LEGACY_IB_HCA, ConfigError, FabricCheckMode
+from components.config import LEGACY_IB_HCA, CheckMode, ConfigError
 from components.containers import NodeFabric, configured_fabric, fabric_env
 from tests.support.program import config_from, dev_raw
 
@@ -31,7 +31,7 @@ def problems(raw) -> list[str]:
 
 def test_defaults_enforce_unset_no_mtu_no_pin():
     cfg = parse(without_pin())
-    assert cfg.fabric.check is FabricCheckMode.ENFORCE
+    assert cfg.fabric.check is CheckMode.ENFORCE
     assert cfg.fabric.gid == "unset" and cfg.fabric.mtu is None
     assert [cfg.hca_pin(n) for n in cfg.nodes] == [None, None]
 
@@ -88,7 +88,7 @@ def test_per_node_pins_and_lab_tree():
 def test_off_keeps_what_the_stack_deployed_before_the_check(off):
     # `off` unquoted in a stack file is YAML's false.
     cfg = parse(without_pin(check=off))
-    assert cfg.fabric.check is FabricCheckMode.OFF
+    assert cfg.fabric.check is CheckMode.OFF
     env = fabric_env(cfg, cfg.head)
     assert env["NCCL_IB_HCA"] == ",".join(LEGACY_IB_HCA) == "rocep1s0f0,roceP2p1s0f0"
     assert "NCCL_IB_GID_INDEX" not in env and env["NCCL_IB_DISABLE"] == "0"
@@ -96,7 +96,7 @@ def test_off_keeps_what_the_stack_deployed_before_the_check(off):
 
 def test_the_lab_stack_has_no_check_and_no_infiniband():
     cfg = config_from("lab")
-    assert cfg.fabric.check is FabricCheckMode.OFF
+    assert cfg.fabric.check is CheckMode.OFF
     env = fabric_env(cfg, cfg.head)
     assert env["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in env
 

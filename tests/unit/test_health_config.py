@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from components.config import ConfigError, HealthMode, parse_stack_config
+from components.config import CheckMode, ConfigError, parse_stack_config
 from tests.support.program import dev_raw, mp_raw
 
 
@@ -25,7 +25,7 @@ def problems(health: dict | None = None, raw: dict | None = None, **node0) -> li
 
 def test_defaults():
     h = parse().health
-    assert h.mode is HealthMode.ENFORCE and (h.interval_s, h.deadline_s, h.failures) == (10, 5, 3)
+    assert h.mode is CheckMode.ENFORCE and (h.interval_s, h.deadline_s, h.failures) == (10, 5, 3)
     assert (h.startup_s, h.ready_s, h.memory_wait_s) == (3600, 1800, 300)
     assert (h.max_restarts, h.window_s, h.port, h.agent_port) == (3, 3600, 29592, 29593)
     assert h.stall_s == 300
@@ -37,7 +37,7 @@ def test_defaults():
 def test_an_unquoted_off_from_yaml_is_mode_off():
     health = yaml.safe_load("mode: off")
     assert health == {"mode": False}
-    assert parse(health).health.mode is HealthMode.OFF
+    assert parse(health).health.mode is CheckMode.OFF
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from components.config import BenchMode, ConfigError, parse_stack_config
+from components.config import CheckMode, ConfigError, parse_stack_config
 from tests.support.program import dev_raw, mp_stack_config, stack_config
 from tests.unit.test_deployment import SECRETS, run_graph, unsecret
 
@@ -33,7 +33,7 @@ def refusal(raw: dict) -> str:
 
 def test_a_spark_stack_reports_by_default_with_bounded_counts():
     bench = parse_stack_config(with_bench(None)).bench
-    assert bench.mode is BenchMode.REPORT and bench.floors() == {}
+    assert bench.mode is CheckMode.REPORT and bench.floors() == {}
     assert bench.settings() == {
         "output_tokens": 256,
         "prompt_tokens": 2048,
@@ -69,14 +69,14 @@ def test_bad_bench_sections_are_refused_naming_the_key(bench, expected):
 
 
 def test_off_and_enforce_with_a_floor_load():
-    assert parse_stack_config(with_bench({"mode": False})).bench.mode is BenchMode.OFF
+    assert parse_stack_config(with_bench({"mode": False})).bench.mode is CheckMode.OFF
     enforce = parse_stack_config(with_bench({"mode": "enforce", "max_ttft_s": 2})).bench
     assert enforce.floors() == {"max_ttft_s": 2.0}
 
 
 def test_the_lab_stand_in_stack_runs_no_bench():
     # The stand-in vLLM does not stream: nothing to measure there.
-    assert parse_stack_config(dev_raw("lab")).bench.mode is BenchMode.OFF
+    assert parse_stack_config(dev_raw("lab")).bench.mode is CheckMode.OFF
 
 
 def bench_config(bench: dict | None = None, base: dict | None = None) -> dict:
