@@ -67,7 +67,8 @@ classified (`Failure.NONE / PEER / TRANSPORT / STAGE`); `TransferResult.error()`
 with both nodes named. A source that cannot reach the destination raises `PeerUnreachable` (nothing
 was sent). Verification before anything is named final is the consumer's job.
 
-The modules: `values` (what a caller gives and gets back), `endpoints`, `tuning`, `peer` (the
+The modules: `values` (what a caller gives and gets back), `endpoints` (whom each end reaches, as
+values), `tuning`, `peer` (the
 source's connection to the destination), `pipeline` (one run, and its report read), `watch` (the
 orchestrator's watch and backstop), `ends` (the two ends' sessions), `sessions` (the operation's SSH
 masters), `timing`. On the nodes (`components/node_programs/`): `transfer_source.py` (the connection),

@@ -1,5 +1,6 @@
-"""The two ends of a transfer: how the orchestrator reaches each node, and how the source reaches the
-destination (its fabric address, with the destination's user and port, keys pinned)."""
+"""The addresses of a transfer's nodes, as values (no session): how the orchestrator reaches each
+node (`Endpoint`), and how the source reaches the destination (`peer_target`: its fabric address,
+with the destination's user and port, keys pinned). The sessions held on them: `ends.py`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The two ends of a transfer, each one SSH session the orchestrator holds for a whole operation: the
-source's (`SourceSession`: `transfer_source serve`) and the destination's (`DestinationEnd`:
-`transfer_sink listen`). The conversation: `components/transfer/__init__.py`."""
+"""The live sessions of a transfer (I/O): the SSH session the orchestrator holds on each end for a
+whole operation, the source's (`SourceSession`: `transfer_source serve`) and the destination's
+(`DestinationEnd`: `transfer_sink listen`). Whom they reach, as values: `endpoints.py`. The
+conversation: `components/transfer/__init__.py`."""
 
 from __future__ import annotations
 
