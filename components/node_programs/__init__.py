@@ -18,6 +18,48 @@ each is declared once; what both sides must agree on (markers, folders, environm
 A program may import a library from this folder (`from components.node_programs import engine_api`,
 at the start of a line): the packing ships the library's source with the program and installs it
 under that same name before the program runs, so the import reads the same on a node as here.
+
+The files, by kind (`tests/unit/test_node_programs_index.py` holds every file in one list, and the
+libraries to those some program imports):
+
+Programs, each run on a node (or in a container there) and printing its report:
+    answer_check      the served answers recorded and judged (AnswerCheck), on the head
+    docker_facts      what a node's Docker holds (NodeImage)
+    fabric_facts      what a node's RoCE fabric looks like (FabricCheck)
+    fabric_probe      reachability and link speed between two nodes over the fabric (FabricCheck)
+    health_agent      the watchdog's hands on a worker
+    hf_checkpoint     a Hugging Face cache repo on a node: inventory, send, receive (Checkpoint)
+    hub_fetch         one revision of a Hub repo fetched into the cache, on the head (Checkpoint)
+    image_tag         NodeImage's side on the destination: load, verify, promote
+    layer_filter      the layer filter of a NodeImage copy, on the source
+    model_facts       what the memory-fit preflight reads of a snapshot (ModelSupportCheck)
+    node_proof        the GPU step and one group over the fabric, in the image (NodeProof)
+    node_software     what a node's host runs (NodeProof's drift)
+    node_status       what one node holds and runs (`status`)
+    proof_bootstrap   unpacks and runs the model-support proof in its container (ModelSupportCheck)
+    readiness         is the cluster really serving (ReadinessGate), on the head
+    serve_bench       how fast the server answers (ServeBench), on the head
+    stack_claim       a stack's claim on a node's names and ports (StackClaim)
+    tcp_dial          ssh's dialer (no report: its stdout is ssh's socket)
+    transfer_sink     the destination's end of a transfer
+    transfer_source   the source's end of a transfer
+    watchdog          the health watchdog, on the head
+Libraries, imported by programs and never run on their own:
+    cold_start        how long one start of vLLM took, from its log (watchdog)
+    engine_api        the Docker Engine API over the daemon's socket
+    gpu_memory        vLLM's start-up memory rule (watchdog)
+    health_wire       what the watchdog, its agents and the Pulumi program agree on
+    layer_export      the store export of a NodeImage copy (layer_filter)
+    watchdog_checks   what each tick of the watchdog checks
+    watchdog_memory   the memory check before a restart
+    watchdog_policy   the watchdog's decisions, pure
+    watchdog_recovery the watchdog's acts: a recovery in its steps
+    watchdog_report   what the watchdog shows: /state and /metrics
+    watchdog_settings the watchdog's settings and their bounds
+    watchdog_state    what the watchdog knows between ticks
+    watchdog_world    what the watchdog reads and does to the world
+    watched_pipeline  the watched pipeline of one transfer (transfer_source)
+    wire              what the orchestrator and every program agree on
 """
 
 from __future__ import annotations
