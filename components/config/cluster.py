@@ -33,6 +33,8 @@ class RestartPolicy(str, Enum):
 
 # Before FabricCheck this list was every stack's NCCL_IB_HCA: what a stack with `fabric.check: off`
 # and no pin still gets, so turning the check off never changes what an existing stack deploys.
+# A leftover: remove it (and require a pin under `fabric.check: off`) once no stack runs with the
+# check off and no pin; such a stack's serving containers are replaced when it goes.
 LEGACY_IB_HCA = ("rocep1s0f0", "roceP2p1s0f0")
 GidIndex = Literal["unset", "resolve"] | Annotated[int, Field(ge=0, le=255)]
 
@@ -65,7 +67,10 @@ class FabricConfig(_Model):
     # The MTU every node's fabric path must have; unset: they must agree with the head's.
     mtu: int | None = Field(default=None, ge=576, le=65535)
     # Before FabricCheck (kept working): the HCAs of every node, now the pin of every node
-    # (`nodes[].ib_hca` is the per-node pin), and `ib_gid_index: N`, now `gid_index: N`.
+    # (`nodes[].ib_hca` is the per-node pin), and `ib_gid_index: N`, now `gid_index: N`. Leftovers
+    # of the keys before 2026-12-01 (ba6b9b2): remove both once no stack file sets them
+    # (Pulumi.dev.yaml and Pulumi.lab.yaml still set `ib_hca`); a stack that does must then move to
+    # `nodes[].ib_hca` and `gid_index`, which gives its containers the same environment.
     ib_hca: list[str] | None = None
     ib_gid_index: int | None = Field(default=None, ge=0, le=255)
     # Before Ray: each worker's FabricCheck connects to the head's fabric_ip on this port (a listener

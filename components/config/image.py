@@ -134,7 +134,8 @@ class ImageConfig(_Model):
     prebuilt: str = DEFAULT_PREBUILT
     # strategy hybrid: the base (Ray/NCCL) and donor (Qwen3.5 code) images, full references.
     base: str = "vllm-node:latest"
-    # Older stacks gave the tag apart; still read when `base`/`donor` carry no tag or digest.
+    # Older stacks gave the tag apart; still read when `base`/`donor` carry no tag or digest. Leftovers
+    # of the keys before 2026-12-02 (7f123fd): remove both once no stack file sets them.
     base_tag: str | None = None
     donor: str = "hellohal2064/vllm-qwen3.5-gb10:latest"
     donor_tag: str | None = None

@@ -517,7 +517,9 @@ def release(props: Mapping[str, Any]) -> None:
     on the head, a build under the same tag displaced it. That removal is best effort: a node it cannot
     reach gets a warning, never a failed delete."""
     claim = props.get("claim") or ""
-    legacy = not claim and props.get("placed_tag")  # state written before tag records existed
+    # State written before tag records existed (before 2026-11-30, fe8fcd9), as `legacy_placed_id`
+    # tells image_tag: remove both once every NodeImage made before then is deleted or holds a claim.
+    legacy = not claim and props.get("placed_tag")
     built = bool(props.get("trigger")) and props.get("trigger") == props.get("image_id")
     if not claim and not legacy and not built:
         return

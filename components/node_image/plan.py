@@ -53,7 +53,9 @@ def replace_reasons(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[st
 def legacy_trigger(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
     """The trigger recorded from pulumi_docker.Image, whose ID was the image reference itself (so it
     said nothing `image` does not), now the ImageBuild's image ID of the very image this copy holds:
-    recorded in place, not a new copy (docs/image-build.md)."""
+    recorded in place, not a new copy (docs/image-build.md). A leftover of stacks whose image was built
+    by pulumi_docker.Image (before 2026-12-01, 61584aa): remove once every stack built before then
+    has been updated by `pulumi up` since (its NodeImages then record the build's ID)."""
     new = news.get("trigger") or ""
     held = {olds.get("image_id"), olds.get("verified_image_id"), olds.get("source_image_id")} - {None, ""}
     return bool(olds.get("trigger")) and olds.get("trigger") == olds.get("image") and new in held

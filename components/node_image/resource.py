@@ -72,5 +72,7 @@ class NodeImage(dynamic.Resource, module="qwen35", name="NodeImage"):
             "keep_previous": keep_previous,
             **{key: None for key in OUTPUT_KEYS},
         }
+        # Registered as the generic dynamic type before it had its own (before 2026-11-30, fe8fcd9): not
+        # a replacement. A leftover: remove once every stack made before then has run `pulumi up` since.
         aliased = pulumi.ResourceOptions(aliases=[pulumi.Alias(type_=GENERIC_TYPE)])
         super().__init__(NodeImageProvider(), name, props, pulumi.ResourceOptions.merge(opts, aliased))

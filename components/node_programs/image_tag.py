@@ -12,7 +12,8 @@ record of which NodeImage resources hold a tag.
     image_tag leave SPEC   drop SPEC.claim; the last holder leaving removes the tag, and only while it
                            points at the image that was placed. SPEC.legacy_placed_id: a resource from
                            before the records (no claim) removes a tag it placed when no record exists, and
-                           hands it over to the claims waiting on it when newer ones joined.
+                           hands it over to the claims waiting on it when newer ones joined
+                           (a leftover: removed with node_image/execute.py's `legacy`).
                            SPEC.keep > 0: the last holder leaving while another image of the
                            repository is held here (a replacement) keeps the tag as a previous image
                            (rollback is then a retag, not a copy); of the repository's previous

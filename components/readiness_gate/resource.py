@@ -68,7 +68,9 @@ class ReadinessGate(dynamic.Resource, module="qwen35", name="ReadinessGate"):
             opts,
             pulumi.ResourceOptions(
                 additional_secret_outputs=["api_key"],
-                # Registered as the generic dynamic type before it had its own: not a replacement.
+                # Registered as the generic dynamic type before it had its own (before 2026-11-30,
+                # fe8fcd9): not a replacement. A leftover: remove once every stack made before then
+                # has run `pulumi up` since.
                 aliases=[pulumi.Alias(type_="pulumi-python:dynamic:Resource")],
             ),
         )

@@ -185,6 +185,8 @@ def test_each_provider_pins_its_module_to_a_path_it_imports_from(name):
 
 
 # Where stacks made before the one rule below pickled a provider: each must still import, as the class.
+# Leftovers, each removed with its re-export when its module's docstring says (components/health,
+# components/checkpoint/provider.py).
 EARLIER_PICKLE_PATHS = {
     "components.checkpoint.provider": "CheckpointProvider",
     "components.health": "HealthSecretProvider",

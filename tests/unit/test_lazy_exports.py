@@ -35,7 +35,8 @@ def package_providers() -> list[tuple[str, str]]:
     return found
 
 
-# Where stacks made before the secret had its own package pickled its provider.
+# Where stacks made before the secret had its own package pickled its provider (a leftover, removed
+# when components/health/__init__.py says).
 EARLIER = [("components.health", "HealthSecretProvider")]
 
 # Run in a fresh interpreter: argv = package, class name; stdin = the SDK's pickle of an instance.
