@@ -89,6 +89,7 @@ def test_a_first_run_is_told_what_it_will_make_and_a_warm_one_is_not(tmp_path):
     said = tiers.first_run_notice(tmp_path)
     assert "first run on this machine" in said and "two vLLM release venvs" in said, said
     assert f"about {tiers.FIRST_RUN_MINUTES} minutes" in said and f"{tiers.FIRST_RUN_DISK_GB} GB" in said
+    assert f"later runs about {tiers.WARM_RUN_MINUTES}" in said
     for _what, folder, marker in tiers.FIRST_RUN:
         made = tmp_path / folder / marker.replace("*", "x")
         made.parent.mkdir(parents=True, exist_ok=True)
