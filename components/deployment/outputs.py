@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from components.config import Executor
+from components.config import CheckMode, Executor
 from components.containers import configured_fabric
 from components.layout import (
     ANSWER_CHECK_OUTPUTS,
@@ -111,25 +111,24 @@ def answers_output(deployment: Qwen35Deployment) -> dict[str, Any]:
     """The stack output `answers`: the mode, the settings, the prompt set and the reference's
     path, and what the last run recorded (receipts, verdict, problems, what it judged against)."""
     answers = deployment.config.answers
-    if deployment.answers is None:
-        return {"mode": answers.mode.value}
-    return {
-        "mode": answers.mode.value,
-        "settings": answers.settings(),
-        "reference": answers.reference,
-        **{key: getattr(deployment.answers, key) for key in ANSWER_CHECK_OUTPUTS},
-    }
+    return check_output(
+        answers.mode, deployment.answers, ANSWER_CHECK_OUTPUTS,
+        settings=answers.settings(), reference=answers.reference,
+    )  # fmt: skip
 
 
 def bench_output(deployment: Qwen35Deployment) -> dict[str, Any]:
     """The stack output `serve_bench`: the mode, the settings and floors, and what the last run
     measured (figures, verdict, the floors missed and their likely causes)."""
     bench = deployment.config.bench
-    if deployment.bench is None:
-        return {"mode": bench.mode.value}
-    return {
-        "mode": bench.mode.value,
-        "settings": bench.settings(),
-        "floors": bench.floors(),
-        **{key: getattr(deployment.bench, key) for key in SERVE_BENCH_OUTPUTS},
-    }
+    return check_output(
+        bench.mode, deployment.bench, SERVE_BENCH_OUTPUTS, settings=bench.settings(), floors=bench.floors()
+    )
+
+
+def check_output(mode: CheckMode, check: Any, keys: tuple[str, ...], **described: Any) -> dict[str, Any]:
+    """A check's stack output: its mode alone when it is off (no resource), else the mode, what the
+    stack asked of it (`described`) and what its last run recorded (`keys` of its outputs)."""
+    if check is None:
+        return {"mode": mode.value}
+    return {"mode": mode.value, **described, **{key: getattr(check, key) for key in keys}}

@@ -134,11 +134,11 @@ def prove_serve_args(
         stdin=serve_args_source(payload, deadline),
         timeout=deadline + TRANSPORT_SLACK_S,
     )
-    raw = read_report(result) or {}
-    proofs = [(head, "the server's", raw or None)]
+    raw = read_report(result)
+    ranks = (raw or {}).get("ranks") or {}
+    proofs = [(head, "the server's", raw)]
     proofs += [
-        (node, f"{node}'s headless rank's", (raw.get("ranks") or {}).get(node))
-        for node in sorted(props.get("rank_argvs") or {})
+        (node, f"{node}'s headless rank's", ranks.get(node)) for node in sorted(props.get("rank_argvs") or {})
     ]
     reports = {node: _judge_argv(props, result, whose, report, expected) for node, whose, report in proofs}
     refused = [node for node, report in reports.items() if report["verdict"] != "pass"]

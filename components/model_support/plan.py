@@ -162,8 +162,9 @@ def plan_steps(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) 
     `olds` (no key of RERUN_KEYS changed, or diff would have replaced): only the argument proof, and
     only when a command line changed (ARGS_KEYS); the recorded proofs hold for the rest."""
     deadline_s = float(props.get("deadline_s") or DEFAULT_DEADLINE_S)
-    if olds is not None and not plan_change(olds, props).replaces:
-        argv = bool(props.get("serve_argv")) and any(olds.get(k) != props.get(k) for k in ARGS_KEYS)
+    change = plan_change(olds, props) if olds is not None else None
+    if change is not None and not change.replaces:
+        argv = bool(props.get("serve_argv")) and change.updates_any(ARGS_KEYS)
         return Steps(False, False, False, argv, deadline_s, behaviour=False)
     return Steps(
         fit=bool(props.get("snapshot_path") and props.get("memory")),
