@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 import lab
 from engine.lab_stack import real_engine_config, write_config
@@ -58,13 +59,12 @@ def real_stack(engine, lab_nodes, real_image, real_hub, real_reference, secrets)
 
 # The tag of the upgrade's image: the real image plus one new top layer (test_an_upgrade_…).
 UPGRADE = "upgrade-"
-# The image the stack serves now: the real image until the upgrade test moves it on, so the tests
-# after it change only what they mean to.
-SERVED = {}
 
 
-def served_image(real_image: str) -> str:
-    return SERVED.get("image", real_image)
+def served_image(real_stack: RealStack) -> str:
+    """The image the stack's config names now: the real image until the upgrade test moves it on, so
+    the tests after it change only what they mean to."""
+    return yaml.safe_load(real_stack.stack.config.read_text())["config"][f"{NS}:image"]["prebuilt"]
 
 
 def request(url: str, api_key: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -350,10 +350,10 @@ def engine_pids(node: lab.LabNode, container: str, name: str) -> list[int]:
 
 
 def test_the_watchdog_takes_over_without_touching_the_serving_containers(
-    real_stack, real_image, real_hub, real_reference
+    real_stack, real_hub, real_reference
 ):
     stack = real_stack.stack
-    config = real_engine_config(served_image(real_image), real_hub.endpoint, real_reference, health=HEALTH)
+    config = real_engine_config(served_image(real_stack), real_hub.endpoint, real_reference, health=HEALTH)
     write_config(stack.config, config)
     run = up(stack)
     touched = {n for t, n, op in finished(run) if t == CONTAINER and op not in ("same", "read", "refresh")}
@@ -444,7 +444,6 @@ def test_an_upgrade_by_up_spends_no_budget_and_is_judged_against_the_last_receip
     config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
     write_config(stack.config, config)
     run = up(stack)
-    SERVED["image"] = tag
     replaced = {n for t, n, op in finished(run) if t == CONTAINER and op == "create-replacement"}
     assert {HEAD, R_RANK1} <= replaced, replaced
     sent = [outs for name, outs in exported(stack, NODE_IMAGE).items() if name.endswith("node-b")]
@@ -459,13 +458,11 @@ def test_an_upgrade_by_up_spends_no_budget_and_is_judged_against_the_last_receip
     print(f"real engine: the upgrade's answers judged against {answers['judged_against']}")
 
 
-def test_known_answers_below_answers_min_correct_fail_up_under_enforce(
-    real_stack, real_image, real_hub, real_reference
-):
+def test_known_answers_below_answers_min_correct_fail_up_under_enforce(real_stack, real_hub, real_reference):
     """The tiny model answers noise: `min_correct: 1` refuses it, which shows the scoring runs. Only
     the check runs again: no container is touched."""
     stack = real_stack.stack
-    config = real_engine_config(served_image(real_image), real_hub.endpoint, real_reference, health=HEALTH)
+    config = real_engine_config(served_image(real_stack), real_hub.endpoint, real_reference, health=HEALTH)
     config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
     config[f"{NS}:answers"] = {**config[f"{NS}:answers"], "min_correct": 1}
     write_config(stack.config, config)
@@ -477,11 +474,9 @@ def test_known_answers_below_answers_min_correct_fail_up_under_enforce(
     assert touched == [], touched
 
 
-def test_a_speed_below_a_floor_fails_up_under_enforce_naming_the_figure(
-    real_stack, real_image, real_hub, real_reference
-):
+def test_a_speed_below_a_floor_fails_up_under_enforce_naming_the_figure(real_stack, real_hub, real_reference):
     stack = real_stack.stack
-    config = real_engine_config(served_image(real_image), real_hub.endpoint, real_reference, health=HEALTH)
+    config = real_engine_config(served_image(real_stack), real_hub.endpoint, real_reference, health=HEALTH)
     config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
     config[f"{NS}:bench"] = {**config[f"{NS}:bench"], "mode": "enforce", "min_decode_tps": 100000}
     write_config(stack.config, config)
@@ -492,7 +487,7 @@ def test_a_speed_below_a_floor_fails_up_under_enforce_naming_the_figure(
 
 
 def test_a_checkpoint_with_one_expert_changed_is_refused_naming_the_first_divergent_token(
-    real_stack, real_image, real_hub, real_reference, tmp_path
+    real_stack, real_hub, real_reference, tmp_path
 ):
     """A new revision of the checkpoint, one expert's tensor drawn anew (a wrong shard would do as
     much): Checkpoint accepts its hashes, vLLM loads and serves it, the gate passes, and the answer
@@ -505,7 +500,7 @@ def test_a_checkpoint_with_one_expert_changed_is_refused_naming_the_first_diverg
     try:
         stack = real_stack.stack
         config = real_engine_config(
-            served_image(real_image), real_hub.endpoint, real_reference, health=HEALTH
+            served_image(real_stack), real_hub.endpoint, real_reference, health=HEALTH
         )
         config[f"{NS}:serve"] = {**config[f"{NS}:serve"], "max_num_seqs": 3}
         config[f"{NS}:model"] = {**config[f"{NS}:model"], "revision": changed.sha}
@@ -525,13 +520,13 @@ def test_a_checkpoint_with_one_expert_changed_is_refused_naming_the_first_diverg
 
 
 def test_flags_vllm_cannot_serve_with_fail_up_at_the_gate_naming_vllm_s_error(
-    real_stack, real_image, real_hub, real_reference
+    real_stack, real_hub, real_reference
 ):
     """The recipe's fp8 KV cache, MTP and prefix caching on the CPU build: /health answers, the first
     completion fails inside vLLM, and `up` fails at the gate with vLLM's own error line. Last in the
     module: the stack is destroyed after it."""
     stack = real_stack.stack
-    recipe = real_engine_config(served_image(real_image), real_hub.endpoint, real_reference)
+    recipe = real_engine_config(served_image(real_stack), real_hub.endpoint, real_reference)
     recipe[f"{NS}:serve"] = {
         **recipe[f"{NS}:serve"],
         "kv_cache_dtype": "fp8",
