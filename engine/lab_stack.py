@@ -20,13 +20,14 @@ import yaml
 from components.config import ImageConfig
 from components.config.answers import AnswersConfig
 from engine import ROOT
+from lab.layout import relocated
 
 NAMESPACE = "qwen35-spark"
 
 
 def lab_config() -> dict[str, Any]:
-    """The `config:` block of Pulumi.lab.yaml."""
-    return yaml.safe_load((ROOT / "Pulumi.lab.yaml").read_text())["config"]
+    """The `config:` block of Pulumi.lab.yaml, with this lab's folders (`relocated`)."""
+    return yaml.safe_load(relocated((ROOT / "Pulumi.lab.yaml").read_text()))["config"]
 
 
 def engine_lab_config(prebuilt: str | None, hub_endpoint: str, **sections: Any) -> dict[str, Any]:
@@ -94,7 +95,7 @@ REAL_VLLM = ROOT / "engine" / "real_vllm.yaml"
 def real_answers() -> dict[str, Any]:
     """engine/real_vllm.yaml's `answers` section with every default filled in, as the program reads it:
     what a reference for that stack must be made with (lab/answers_reference.py)."""
-    section = yaml.safe_load(REAL_VLLM.read_text())["config"][f"{NAMESPACE}:answers"]
+    section = yaml.safe_load(relocated(REAL_VLLM.read_text()))["config"][f"{NAMESPACE}:answers"]
     return AnswersConfig(**section).model_dump(mode="json")
 
 
@@ -106,7 +107,7 @@ def real_engine_config(
     strategy), the real-vLLM lab image `image`, this Hub, and the answer check's `reference` (made by
     lab/answers_reference.py; None: the check judges against its own receipts only); `sections`
     replace whole sections last, as in `engine_lab_config`."""
-    overlay = yaml.safe_load(REAL_VLLM.read_text())["config"]
+    overlay = yaml.safe_load(relocated(REAL_VLLM.read_text()))["config"]
     master_port = overlay[f"{NAMESPACE}:cluster"]["master_port"]
     config = mp_lab_config(engine_lab_config(None, hub_endpoint), master_port)
     for key, value in copy.deepcopy(overlay).items():

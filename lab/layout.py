@@ -122,6 +122,17 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "lab"
 
 
+# Where the committed lab stack files (Pulumi.lab.yaml, engine/real_vllm.yaml) find the nodes' sockets,
+# keys and caches: the first lab's LAB_DIR.
+FIRST_LAB_DIR = "/run/qwen35-lab"
+
+
+def relocated(text: str) -> str:
+    """A committed lab stack file's text for this lab: its own LAB_DIR in place of the first lab's (a
+    second lab, lab/apart.py, has the same addresses in a network namespace of its own)."""
+    return text.replace(f"{FIRST_LAB_DIR}/", f"{lab_dir()}/")
+
+
 # How long a process waits for another that is making the same cached thing (a 3 GB download, a
 # debootstrap) before it says so: longer than the slowest such step has taken on a fresh machine.
 CACHE_LOCK_DEADLINE_S = 2400.0

@@ -191,7 +191,7 @@ def secret_stack(engine: Engine, name: str, config: dict, secrets: dict[str, str
 def clear_caches(lab_nodes) -> None:
     """Each node's HF cache of the lab stack, emptied so a first `up` fetches and copies for real."""
     for name in lab_nodes:
-        shutil.rmtree(f"/run/qwen35-lab/{name}/hf-cache", ignore_errors=True)
+        shutil.rmtree(lab_dir() / name / "hf-cache", ignore_errors=True)
 
 
 def answers(stack: Stack, api_key: str) -> None:

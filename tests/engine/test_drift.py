@@ -21,6 +21,7 @@ import pytest
 
 import lab
 from engine.lab_stack import engine_lab_config, write_config
+from lab.layout import lab_dir
 from tests.engine.conftest import (
     REPO_ID,
     Stack,
@@ -76,7 +77,7 @@ def node_state(node: lab.LabNode) -> dict[str, set[str]]:
 
 
 def model_dir(node: str) -> Path:
-    return Path(f"/run/qwen35-lab/{node}/hf-cache/hub/models--{REPO_ID.replace('/', '--')}")
+    return lab_dir() / node / "hf-cache" / "hub" / f"models--{REPO_ID.replace('/', '--')}"
 
 
 big_hub = hub_fixture(REPO_ID, shards=2, shard_bytes=SHARD_BYTES, name="big_hub")

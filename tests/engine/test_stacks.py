@@ -25,6 +25,7 @@ from components.node_programs.health_wire import API_KEY_ENV as HEALTH_API_KEY_E
 from components.node_programs.health_wire import SECRET_ENV as HEALTH_SECRET_ENV
 from components.node_programs.health_wire import SECRET_FILE as HEALTH_SECRET_FILE
 from engine import ROOT, CliResult
+from lab.layout import lab_dir
 from lab.ray_image import ray_image
 from lab.sessions import lab_session
 from tests.engine.conftest import (
@@ -289,7 +290,7 @@ def cd_config(base: dict, image: str) -> dict:
         ports.update(min_worker_port=low, max_worker_port=high)
         nodes.append(
             {"name": name, "role": role, "host": host, "fabric_ip": host, "port": 2222, "gpus": 1}
-            | {"docker_socket": f"/run/qwen35-lab/{name}/docker.sock"}
+            | {"docker_socket": str(lab_dir() / name / "docker.sock")}
             | ({"image_store": store} if store != "classic" else {})
             | {"ray_ports": ports}
         )
@@ -298,7 +299,7 @@ def cd_config(base: dict, image: str) -> dict:
     config[f"{NAMESPACE}:serve"] = {**config[f"{NAMESPACE}:serve"], "host": "127.0.0.4", "port": 18001}
     config[f"{NAMESPACE}:ray"] = {"port": 16380, "dashboard_port": 18266}
     model = dict(config[f"{NAMESPACE}:model"])
-    model["cache_dirs"] = {name: f"/run/qwen35-lab/{name}/hf-cache" for name, *_ in CD_NODES}
+    model["cache_dirs"] = {name: str(lab_dir() / name / "hf-cache") for name, *_ in CD_NODES}
     config[f"{NAMESPACE}:model"] = model
     return config
 
@@ -332,7 +333,7 @@ def node_state(node: lab.LabNode) -> dict[str, object]:
         if t.startswith("lab-ray:")
     )
     records = {}
-    folder = Path(f"/run/qwen35-lab/{node.name}/home/.qwen35/tags")
+    folder = lab_dir() / node.name / "home" / ".qwen35" / "tags"
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         records[path.name] = json.loads(path.read_text())
     return {"containers": containers, "volumes": volumes, "tags": tags, "records": records}
@@ -359,7 +360,7 @@ class TestTwoEnvironments:
     def stacks(cls, engine, all_nodes, lab_config, lab_image, secrets) -> Iterator[dict[str, Stack]]:
         require_clean(all_nodes)
         for name in all_nodes:
-            shutil.rmtree(f"/run/qwen35-lab/{name}/hf-cache", ignore_errors=True)
+            shutil.rmtree(lab_dir() / name / "hf-cache", ignore_errors=True)
         cd_image, _ = ray_image(all_nodes["node-c"])
         assert cd_image == lab_image  # the same tag on both heads: each stack copies from its own head
         made = {

@@ -27,7 +27,7 @@ from components.health.containers import (
     watchdog_container_spec,
 )
 from components.mp_executor import mp_container_name, mp_serve_argv
-from lab.layout import node_paths
+from lab.layout import lab_dir, node_paths
 from lab.nodes import bind_error
 from lab.standin_vllm import FAULT_PATH, LEAK_ENV, MEMINFO_ENV, REJOIN_ENV
 from tests.support.declared import upload_flags
@@ -108,7 +108,7 @@ class Stack:
         self.nodes = {"node-a": node_a, "node-b": node_b}
         self.images = images
         self.prefix = f"hlt{uuid.uuid4().hex[:6]}"
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-", dir="/run/qwen35-lab"))
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-", dir=lab_dir()))
         self.meminfo = {name: self.dir / f"{name}.meminfo" for name in self.nodes}
         for path in self.meminfo.values():
             path.write_text(MEMINFO.format(kb=100 * GB // 1024))
