@@ -264,13 +264,15 @@ def cached_image(
     if existing:
         return existing
     started = time.monotonic()
-    if saved.exists():
+    how = f"loaded from {saved}"
+    # Another lab (lab/apart.py) making the same image now: wait for its tarball, then load that.
+    with cache_lock(f"image-{saved.stem}"):
+        if not saved.exists():
+            build()
+            how = f"built and saved to {saved}"
+    if how.startswith("loaded"):
         with open(saved, "rb") as stream:
             docker(node, "load", stdin=stream, timeout=timeout)
-        how = f"loaded from {saved}"
-    else:
-        build()
-        how = f"built and saved to {saved}"
     found = image_id(node, tag)
     if not found:
         raise LabError(f"lab: {node.name}: {tag} is missing after it was {how}")
