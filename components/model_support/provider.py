@@ -40,7 +40,9 @@ class ModelSupportCheckProvider(ExplainedErrors, dynamic.ResourceProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         change = plan_change(olds, news)
         return dynamic.DiffResult(
-            changes=change.changes, replaces=list(change.replaces), delete_before_replace=True
+            changes=change.changes,
+            replaces=list(change.replaces),
+            delete_before_replace=change.delete_before_replace,
         )
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
