@@ -33,6 +33,7 @@ from components.model_support.plan import (
     pin_mismatch,
     plan_steps,
     recorded_outputs,
+    recorded_refusal,
 )
 from components.model_support.programs import (
     CLUSTER_PROGRAM,
@@ -193,8 +194,19 @@ def ensure(
     props: Mapping[str, Any], olds: Mapping[str, Any] | None = None, *, proof_dir: Path | None = None
 ) -> dict[str, Any]:
     """create(): the whole check on the head; update (`olds`, nothing that replaces changed): the
-    argument proof again when a command line changed, the recorded proofs kept for the rest. The
-    outputs; ModelSupportError when it fails (mode enforce) or cannot run."""
+    argument proof again when a command line changed, the recorded proofs kept for the rest, and
+    refused at once when enforce meets a recorded failure. The inputs with the check's outputs over
+    them; ModelSupportError when it fails (mode enforce) or cannot run."""
+    refusal = recorded_refusal(olds, props) if olds is not None else None
+    if refusal:
+        raise ModelSupportError(refusal)
+    return {**props, **_checked(props, olds, proof_dir)}
+
+
+def _checked(
+    props: Mapping[str, Any], olds: Mapping[str, Any] | None, proof_dir: Path | None
+) -> dict[str, Any]:
+    """The check's outputs (`ensure`'s work)."""
     problems = create_problems(props)
     if problems:
         raise ModelSupportError("model-support check: " + "; ".join(problems))

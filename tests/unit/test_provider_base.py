@@ -1,16 +1,28 @@
 """The one provider base (components/provider_kit/provider_base.py): each engine call made of a
-package's verbs, and the SDK's read and delete where a package has no observe or release."""
+package's verbs, the SDK's read and delete where a package has no observe or release, and the
+providers that stacks stored before the base (tests/unit/fixtures/stored_providers.txt) loading as
+their classes."""
 
 from __future__ import annotations
 
+import base64
+import importlib
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import dill
 import pulumi.dynamic as dynamic
 import pytest
+from pulumi.dynamic.dynamic import serialize_provider
 
+from components.errors import PROVIDER_METHODS
 from components.provider_kit.change import Change
 from components.provider_kit.provider_base import NodeResourceProvider, Verbs
+
+ROOT = Path(__file__).resolve().parents[2]
+STORED = Path(__file__).with_name("fixtures") / "stored_providers.txt"
 
 
 class Calls:
@@ -113,6 +125,68 @@ def test_delete_releases_and_without_release_does_nothing():
     calls.calls.clear()
     assert provider(calls.verbs(release=False)).delete("id", PROPS) is None
     assert calls.calls == []
+
+
+# ---- the pickles stacks hold ------------------------------------------------------------------------
+
+
+def stored() -> list[tuple[str, str, str]]:
+    """(module, class, pickle) of each provider stored before the base (the fixture's lines)."""
+    lines = [line.split() for line in STORED.read_text().splitlines() if line and not line.startswith("#")]
+    return [(module, name, encoded) for module, name, encoded in lines]
+
+
+@pytest.mark.parametrize(("module", "name", "encoded"), stored(), ids=lambda v: v[:40])
+def test_a_provider_stored_before_the_base_loads_as_its_class_with_the_base_s_methods(module, name, encoded):
+    cls = getattr(importlib.import_module(module), name)
+    loaded = dill.loads(base64.b64decode(encoded))
+    assert type(loaded) is cls and isinstance(loaded, NodeResourceProvider)
+    for method in PROVIDER_METHODS:
+        # Each call is the class's own (an override) or the base's.
+        assert getattr(cls, method) is (cls.__dict__.get(method) or getattr(NodeResourceProvider, method))
+    if module == cls.__module__:  # stored again today: still that reference alone, the same bytes
+        assert serialize_provider(loaded) == encoded
+
+
+def test_the_fixture_holds_every_package_s_provider_and_the_earlier_paths():
+    pinned = {(module, name) for module, name, _encoded in stored()}
+    for path in sorted((ROOT / "components").glob("*/provider.py")):
+        module = importlib.import_module(f"components.{path.parent.name}.provider")
+        package = f"components.{path.parent.name}"
+        ours = [c for c in vars(module).values() if isinstance(c, type) and c.__module__ == package]
+        assert ours and all((c.__module__, c.__name__) in pinned for c in ours), path
+    assert ("components.checkpoint.provider", "CheckpointProvider") in pinned
+    assert ("components.health", "HealthSecretProvider") in pinned
+
+
+# As in the engine's provider process: one interpreter that imported nothing of the program first loads
+# the state's pickles one after another.
+FRESH = """
+import base64, sys
+import dill
+
+for line in sys.stdin.read().splitlines():
+    module, name, encoded = line.split()
+    loaded = dill.loads(base64.b64decode(encoded))
+    bases = [f"{c.__module__}.{c.__qualname__}" for c in type(loaded).__mro__]
+    assert "components.provider_kit.provider_base.NodeResourceProvider" in bases, bases
+    assert getattr(sys.modules[module], name) is type(loaded), (module, name)
+    print(module, name)
+"""
+
+
+def test_the_stored_providers_load_in_a_fresh_interpreter():
+    lines = [" ".join(entry) for entry in stored()]
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH],
+        input="\n".join(lines),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:-1] == [" ".join(entry[:2]) for entry in stored()]
 
 
 def test_the_base_pickles_by_reference():
