@@ -1,5 +1,5 @@
 """The AnswerCheck dynamic provider: create/update check (`execute.ensure`); read gives back the
-recorded answers (`execute.observe`, no I/O); diff never touches a node (`plan.plan_change`)."""
+recorded answers (the SDK's read, no I/O); diff never touches a node (`plan.plan_change`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pulumi.dynamic as dynamic
 
-from components.answer_check.execute import ensure, observe, release
+from components.answer_check.execute import ensure
 from components.answer_check.plan import OUTPUT_KEYS, checks_again, plan_change, validate
 from components.provider_kit.provider_base import NodeResourceProvider, Verbs
 
@@ -24,8 +24,6 @@ class AnswerCheckProvider(NodeResourceProvider):
         plan_change,
         ensure,
         resource_id=lambda props, _outs: f"{props['node']['name']}-answers",
-        observe=observe,
-        release=release,
     )
 
     # Not always `ensure`: only a change to what it judges checks again.

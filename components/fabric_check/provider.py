@@ -8,7 +8,7 @@ import-time side effects: stacks pickle it by reference to that path.
 
 from __future__ import annotations
 
-from components.fabric_check.execute import ensure, observe, release
+from components.fabric_check.execute import ensure, observe
 from components.fabric_check.plan import check_id, plan_change, validate
 from components.provider_kit.provider_base import NodeResourceProvider, Verbs
 
@@ -26,5 +26,4 @@ class FabricCheckProvider(NodeResourceProvider):
         ensure,
         resource_id=lambda props, _outs: check_id(props),
         observe=observe,
-        release=release,
     )

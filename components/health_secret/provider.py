@@ -7,7 +7,7 @@ from typing import Any
 
 import pulumi.dynamic as dynamic
 
-from components.health_secret.execute import ensure, observe, release
+from components.health_secret.execute import ensure
 from components.health_secret.plan import kept_outputs, plan_change, validate
 from components.provider_kit.provider_base import NodeResourceProvider, Verbs
 
@@ -26,8 +26,6 @@ class HealthSecretProvider(NodeResourceProvider):
         ensure,
         # The ID names the stack, never the secret.
         resource_id=lambda props, _outs: f"{props.get('owner')}/health-secret",
-        observe=observe,
-        release=release,
     )
 
     # Not `ensure`: an update never draws a new secret.

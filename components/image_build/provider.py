@@ -3,7 +3,7 @@ diff never touch a node (`plan` compares inputs with recorded state)."""
 
 from __future__ import annotations
 
-from components.image_build.execute import ensure, observe, release
+from components.image_build.execute import ensure, observe
 from components.image_build.plan import build_id, plan_change, validate
 from components.provider_kit.provider_base import NodeResourceProvider, Verbs
 
@@ -22,5 +22,4 @@ class ImageBuildProvider(NodeResourceProvider):
         ensure,
         resource_id=lambda props, _outs: build_id(props),
         observe=observe,
-        release=release,
     )

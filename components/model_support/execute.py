@@ -2,6 +2,10 @@
 checkpoint's facts, the image's repo digests), then the proofs (`programs.py`) in the order
 `plan.plan_steps` gives, each report parsed by `facts.py` and judged by `plan.py`. A failed step
 stops `up` (mode enforce) or is recorded in the outputs with a warning (mode report).
+
+There is no `observe`: a proof about an image ID and a checkpoint digest does not drift (those are
+its inputs, and their own resources are refreshed), so refresh keeps the recorded outputs (the SDK's
+read); and no release: the proofs' containers were `--rm`, nothing is left on the head.
 """
 
 from __future__ import annotations
@@ -239,14 +243,3 @@ def _checked(
         # Not news (the stack declared them): one line, where a refusal would show three warnings.
         pulumi.log.info(expected_summary(props, expected))
     return outs
-
-
-def observe(props: Mapping[str, Any]) -> dict[str, Any]:
-    """refresh: the recorded outputs. A proof about an image ID and a checkpoint digest does not
-    drift: those are its inputs, and their own resources are refreshed."""
-    return dict(props)
-
-
-def release(props: Mapping[str, Any]) -> None:
-    """delete: nothing to do; the proofs' containers were `--rm`, nothing is left on the head."""
-    return None

@@ -8,7 +8,7 @@ with no import-time side effects: stacks pickle it by reference to that path.
 
 from __future__ import annotations
 
-from components.model_support.execute import ensure, observe, release
+from components.model_support.execute import ensure
 from components.model_support.plan import check_id, plan_change, validate
 from components.provider_kit.provider_base import NodeResourceProvider, Verbs
 
@@ -24,6 +24,4 @@ class ModelSupportCheckProvider(NodeResourceProvider):
         plan_change,
         ensure,
         resource_id=lambda props, _outs: check_id(props),
-        observe=observe,
-        release=release,
     )

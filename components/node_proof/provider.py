@@ -4,7 +4,7 @@ node (`plan`)."""
 
 from __future__ import annotations
 
-from components.node_proof.execute import ensure, observe, release
+from components.node_proof.execute import ensure, observe
 from components.node_proof.plan import plan_change, validate
 from components.provider_kit.provider_base import NodeResourceProvider, Verbs
 
@@ -21,5 +21,4 @@ class NodeProofProvider(NodeResourceProvider):
         ensure,
         resource_id=lambda props, _outs: f"{props['container_prefix']}-node-proof",
         observe=observe,
-        release=release,
     )

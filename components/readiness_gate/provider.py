@@ -9,7 +9,7 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.provider_kit.provider_base import NodeResourceProvider, Verbs
-from components.readiness_gate.execute import ensure, observe, release, serving_transports
+from components.readiness_gate.execute import ensure, observe, serving_transports
 from components.readiness_gate.plan import (
     kept_cold_start,
     plan_change,
@@ -32,7 +32,6 @@ class ReadinessGateProvider(NodeResourceProvider):
         ensure,
         resource_id=lambda props, _outs: f"{props['node']['name']}-{props['server_id']}"[:120],
         observe=observe,
-        release=release,
     )
 
     # Not always `ensure`: only a change to what it probes probes again, and the cold start is kept.

@@ -1,5 +1,5 @@
 """The ServeBench dynamic provider: create/update measure (`execute.ensure`); read gives back the
-recorded figures (`execute.observe`, no I/O); diff never touches a node (`plan.plan_change`)."""
+recorded figures (the SDK's read, no I/O); diff never touches a node (`plan.plan_change`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pulumi.dynamic as dynamic
 
 from components.provider_kit.provider_base import NodeResourceProvider, Verbs
-from components.serve_bench.execute import ensure, observe, release
+from components.serve_bench.execute import ensure
 from components.serve_bench.plan import OUTPUT_KEYS, Action, plan_change, update_action, validate
 
 
@@ -24,8 +24,6 @@ class ServeBenchProvider(NodeResourceProvider):
         plan_change,
         ensure,
         resource_id=lambda props, _outs: f"{props['node']['name']}-bench",
-        observe=observe,
-        release=release,
     )
 
     # Not always `ensure`: a change to neither what it measures nor how it judges is recorded alone.
