@@ -49,7 +49,9 @@ def explained(method: Callable[..., Any]) -> Callable[..., Any]:
             raise exc from None
         except Exception as exc:
             frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=1000))
-            raise ProviderBug(f"{method.__qualname__} failed unexpectedly (a bug):\n{frames}") from None
+            # The provider the engine called, also when the method is its base's.
+            where = f"{type(args[0]).__name__}.{method.__name__}" if args else method.__qualname__
+            raise ProviderBug(f"{where} failed unexpectedly (a bug):\n{frames}") from None
 
     return call
 

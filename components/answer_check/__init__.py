@@ -19,8 +19,7 @@ Files, by job:
     judge.py     the judgement by teacher forcing: drift, divergence, near-ties, known answers (pure)
     plan.py      the pure decisions: `plan_change`, which changes check again and against what,
                  the verdict on a report
-    execute.py   the check carried out over SSH (the only I/O): ensure (create, update), observe
-                 (refresh: the recorded answers)
+    execute.py   the check carried out over SSH (the only I/O): ensure (create, update)
     errors.py    CheckFailed (could not record), WrongAnswers (enforce: an answer refused)
     provider.py  the dynamic provider (diff: no I/O)
     resource.py  the AnswerCheck resource (type qwen35:AnswerCheck)
@@ -31,7 +30,7 @@ pickle it by reference to this module.
 """
 
 from components.answer_check.errors import CheckFailed, WrongAnswers
-from components.answer_check.execute import ensure, observe, release
+from components.answer_check.execute import ensure
 from components.answer_check.facts import parse_report, summary_line
 from components.answer_check.judge import Finding, Tolerances, judge_continuation, judge_position
 from components.answer_check.plan import (
@@ -79,11 +78,9 @@ __all__ = [
     "judged",
     "known_answers",
     "last_accepted",
-    "observe",
     "parse_report",
     "plan_change",
     "prompt_set",
-    "release",
     "set_digest",
     "summary_line",
 ]

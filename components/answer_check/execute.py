@@ -1,6 +1,7 @@
 """The answer check carried out: shipped to the head over SSH, its progress relayed, its report
-judged. The only I/O of the package: `ensure` (create, update) runs it; `observe` (refresh) never
-does and gives back the recorded answers. A check leaves nothing on the node, so there is no release."""
+judged. The only I/O of the package: `ensure` (create, update) runs it. There is no `observe`: the
+check is run by `up` alone, when what it judges changed, so refresh keeps the recorded answers (the
+SDK's read); and no release: a check leaves nothing on the node."""
 
 from __future__ import annotations
 
@@ -66,14 +67,3 @@ def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> d
     for problem in outs["problems"]:
         tell_operator(f"answer check on {node}: warning: {problem} (answers.mode report goes on)")
     return {**props, **outs}
-
-
-def observe(props: Mapping[str, Any]) -> dict[str, Any]:
-    """Refresh: the recorded inputs and answers, unchanged (the check is run by `up` alone, when what
-    it judges changed)."""
-    return dict(props)
-
-
-def release(props: Mapping[str, Any]) -> None:
-    """delete: nothing to do; a check leaves nothing on the node."""
-    return None

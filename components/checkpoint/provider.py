@@ -11,49 +11,22 @@ in `EARLIER_PICKLE_PATHS` (tests/unit/test_house.py), once every stack made befo
 
 from __future__ import annotations
 
-from typing import Any
-
-import pulumi.dynamic as dynamic
-
 from components.checkpoint.execute import ensure, observe, release
 from components.checkpoint.plan import plan_change, validate
-from components.errors import ExplainedErrors
+from components.provider_kit.provider_base import NodeResourceProvider, Verbs
 
 
-class CheckpointProvider(ExplainedErrors, dynamic.ResourceProvider):
+class CheckpointProvider(NodeResourceProvider):
     """CRUD for Checkpoint; every method but diff/check talks to nodes over SSH."""
 
     # Stacks pickle this class by reference as `components.checkpoint.CheckpointProvider`: keep that
     # its path whatever file it lives in (and this file's name, which older stacks' pickles hold).
     __module__ = "components.checkpoint"
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
-        return dynamic.CheckResult(news, failures)
-
-    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
-        outs = ensure(props)
-        return dynamic.CreateResult(
-            id_=f"{outs['node'].get('name')}:{outs['repo']}@{outs['revision']}", outs=outs
-        )
-
-    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        outs = observe(props)
-        if outs is None:
-            return dynamic.ReadResult("", {})
-        return dynamic.ReadResult(id_, outs)
-
-    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
-        change = plan_change(olds, news)
-        return dynamic.DiffResult(
-            changes=change.changes, replaces=list(change.replaces), delete_before_replace=False
-        )
-
-    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        # A node that held everything at the last refresh most likely still does: its source's
-        # session is opened only once the inventory shows something missing. (Another manifest is a
-        # replacement, never an update.)
-        return dynamic.UpdateResult(outs=ensure(news, olds))
-
-    def delete(self, id_: str, props: dict[str, Any]) -> None:
-        release(props)
+    verbs = Verbs(
+        validate,
+        plan_change,
+        ensure,
+        resource_id=lambda _props, outs: f"{outs['node'].get('name')}:{outs['repo']}@{outs['revision']}",
+        observe=observe,
+        release=release,
+    )

@@ -107,8 +107,3 @@ def observe(props: Mapping[str, Any], *, transport: Transport | None = None) -> 
     moved), never refused: the next `up` does (plan_change). No probe runs."""
     decision = decide(settings(props), read_facts(props, transport))
     return {**props, **decision.outputs()}
-
-
-def release(props: Mapping[str, Any]) -> None:
-    """delete: nothing to do; a check leaves nothing on the node (its probe's listener ends with it)."""
-    return None

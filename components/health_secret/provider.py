@@ -7,12 +7,12 @@ from typing import Any
 
 import pulumi.dynamic as dynamic
 
-from components.errors import ExplainedErrors
-from components.health_secret.execute import ensure, observe, release
+from components.health_secret.execute import ensure
 from components.health_secret.plan import kept_outputs, plan_change, validate
+from components.provider_kit.provider_base import NodeResourceProvider, Verbs
 
 
-class HealthSecretProvider(ExplainedErrors, dynamic.ResourceProvider):
+class HealthSecretProvider(NodeResourceProvider):
     """create: a new random secret; diff: never a replacement; update: the inputs, the same secret;
     read: the recorded state (nothing outside the state holds it); delete: nothing to remove."""
 
@@ -20,24 +20,14 @@ class HealthSecretProvider(ExplainedErrors, dynamic.ResourceProvider):
     # that its path whatever file it lives in. Stacks made before the package was split from health/
     # hold `components.health.HealthSecretProvider`, which components/health re-exports.
     __module__ = "components.health_secret"
-
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
-        return dynamic.CheckResult(news, failures)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
-        change = plan_change(olds, news)
-        return dynamic.DiffResult(changes=change.changes, replaces=[], delete_before_replace=False)
-
-    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+    verbs = Verbs(
+        validate,
+        plan_change,
+        ensure,
         # The ID names the stack, never the secret.
-        return dynamic.CreateResult(id_=f"{props.get('owner')}/health-secret", outs=ensure(props))
+        resource_id=lambda props, _outs: f"{props.get('owner')}/health-secret",
+    )
 
+    # Not `ensure`: an update never draws a new secret.
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         return dynamic.UpdateResult(outs=kept_outputs(olds, news))
-
-    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        return dynamic.ReadResult(id_=id_, outs=observe(props))
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        release(_props)

@@ -1,6 +1,11 @@
 """The build carried out on the head over SSH: read where the tag points, then keep, re-tag or
 build (the context streamed from this machine, every line relayed to the operator), tagging the
-real reference only after the build succeeded. The only I/O of the package."""
+real reference only after the build succeeded. The only I/O of the package.
+
+There is no release: as pulumi_docker.Image did, a deleted build's image stays on the head under its
+tag, the previous image a rollback re-tags instead of rebuilding (another content tag; one built
+again under the same tag is gone with its NodeImage, node-image.md). NodeImage's records decide what
+the nodes keep."""
 
 from __future__ import annotations
 
@@ -192,11 +197,3 @@ def observe(props: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(props.get("source_ids"), Mapping):
         outs["observed_source_ids"] = dict(found.sources)
     return outs
-
-
-def release(props: Mapping[str, Any]) -> None:
-    """delete: nothing to do. As pulumi_docker.Image did, the image stays on the head under its tag:
-    the previous image a rollback re-tags instead of rebuilding (another content tag; one built again
-    under the same tag is gone with its NodeImage, node-image.md). NodeImage's records decide what
-    the nodes keep."""
-    return None

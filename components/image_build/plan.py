@@ -126,7 +126,9 @@ def built_from_current(head: HeadImage, sources: Any) -> bool:
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     """From recorded state and new inputs, no I/O: another image replaces (a build on create), access
-    details and drift are updates (`up` restores the tag), anything else leaves it alone."""
+    details and drift are updates (`up` restores the tag), anything else leaves it alone. A
+    replacement creates first: the new image is tagged before the old resource goes (and its delete
+    leaves the head alone), so what runs keeps its image throughout."""
     replaces = [key for key in REPLACE_KEYS if olds.get(key) != news.get(key)]
     old_node, new_node = olds.get("node"), news.get("node")
     # The image lives in one daemon: another node, or the same name at another address, holds none.

@@ -2,6 +2,10 @@
 checkpoint's facts, the image's repo digests), then the proofs (`programs.py`) in the order
 `plan.plan_steps` gives, each report parsed by `facts.py` and judged by `plan.py`. A failed step
 stops `up` (mode enforce) or is recorded in the outputs with a warning (mode report).
+
+There is no `observe`: a proof about an image ID and a checkpoint digest does not drift (those are
+its inputs, and their own resources are refreshed), so refresh keeps the recorded outputs (the SDK's
+read); and no release: the proofs' containers were `--rm`, nothing is left on the head.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from components.model_support.plan import (
     pin_mismatch,
     plan_steps,
     recorded_outputs,
+    recorded_refusal,
 )
 from components.model_support.programs import (
     CLUSTER_PROGRAM,
@@ -193,8 +198,19 @@ def ensure(
     props: Mapping[str, Any], olds: Mapping[str, Any] | None = None, *, proof_dir: Path | None = None
 ) -> dict[str, Any]:
     """create(): the whole check on the head; update (`olds`, nothing that replaces changed): the
-    argument proof again when a command line changed, the recorded proofs kept for the rest. The
-    outputs; ModelSupportError when it fails (mode enforce) or cannot run."""
+    argument proof again when a command line changed, the recorded proofs kept for the rest, and
+    refused at once when enforce meets a recorded failure. The inputs with the check's outputs over
+    them; ModelSupportError when it fails (mode enforce) or cannot run."""
+    refusal = recorded_refusal(olds, props) if olds is not None else None
+    if refusal:
+        raise ModelSupportError(refusal)
+    return {**props, **_checked(props, olds, proof_dir)}
+
+
+def _checked(
+    props: Mapping[str, Any], olds: Mapping[str, Any] | None, proof_dir: Path | None
+) -> dict[str, Any]:
+    """The check's outputs (`ensure`'s work)."""
     problems = create_problems(props)
     if problems:
         raise ModelSupportError("model-support check: " + "; ".join(problems))
@@ -227,14 +243,3 @@ def ensure(
         # Not news (the stack declared them): one line, where a refusal would show three warnings.
         pulumi.log.info(expected_summary(props, expected))
     return outs
-
-
-def observe(props: Mapping[str, Any]) -> dict[str, Any]:
-    """refresh: the recorded outputs. A proof about an image ID and a checkpoint digest does not
-    drift: those are its inputs, and their own resources are refreshed."""
-    return dict(props)
-
-
-def release(props: Mapping[str, Any]) -> None:
-    """delete: nothing to do; the proofs' containers were `--rm`, nothing is left on the head."""
-    return None

@@ -191,10 +191,12 @@ def cluster_not_run(props: Mapping[str, Any]) -> dict[str, Any] | None:
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     """A proof about an image ID, a checkpoint digest and the memory inputs holds until one of those
     (RERUN_KEYS) changes; a new command line (ARGS_KEYS) is proven again in place; the rest
-    (SOFT_KEYS) is recorded in place. No I/O."""
+    (SOFT_KEYS) is recorded in place. No I/O. A replacement deletes the old check first (as it has
+    since the check's first version: its delete leaves nothing on the head, so the order costs nothing)."""
     return Change(
         tuple(key for key in RERUN_KEYS if olds.get(key) != news.get(key)),
         tuple(key for key in (*ARGS_KEYS, *SOFT_KEYS) if olds.get(key) != news.get(key)),
+        delete_before_replace=True,
     )
 
 

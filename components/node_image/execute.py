@@ -494,13 +494,14 @@ def _producer_failed(producer: transfer.StageOutcome) -> bool:
 
 
 def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
-    """read(): the destination's image now, or None when the tag is gone."""
+    """read(): the recorded outputs with the destination's image now, or None when the tag is gone."""
     image, _, destination, _ = parse(props)
     with ssh_sessions() as control:
         found = DockerOn(destination, "destination", control("d")).facts(image)
     if found.image is None:
         return None
     return {
+        **props,
         "image_id": found.image.image_id,
         "layers": list(found.image.layers),
         "store": found.daemon.store,

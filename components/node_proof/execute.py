@@ -196,8 +196,3 @@ def observe(props: Mapping[str, Any], *, transports: Mapping[str, Transport] | N
             f"node proof: host software changed since the proof ({line}); the next `up` proves again"
         )
     return outs
-
-
-def release(props: Mapping[str, Any]) -> None:
-    """delete: nothing to do; a proof leaves nothing on a node."""
-    return None

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Change:
-    """The inputs that replace the resource, and those recorded in place (an update)."""
+    """The inputs that replace the resource, those recorded in place (an update), and whether a
+    replacement deletes the old resource before it creates the new one (else it creates first)."""
 
     replaces: tuple[str, ...]
     updates: tuple[str, ...]
+    delete_before_replace: bool = False
 
     @property
     def changes(self) -> bool:

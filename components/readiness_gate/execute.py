@@ -128,8 +128,3 @@ def observe(props: Mapping[str, Any]) -> dict[str, Any] | None:
     except (RemoteError, ValueError):
         return None
     return dict(props)
-
-
-def release(props: Mapping[str, Any]) -> None:
-    """delete: nothing to do; a gate leaves nothing on the node."""
-    return None

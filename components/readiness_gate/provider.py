@@ -8,8 +8,8 @@ from typing import Any
 
 import pulumi.dynamic as dynamic
 
-from components.errors import ExplainedErrors
-from components.readiness_gate.execute import ensure, observe, release, serving_transports
+from components.provider_kit.provider_base import NodeResourceProvider, Verbs
+from components.readiness_gate.execute import ensure, observe, serving_transports
 from components.readiness_gate.plan import (
     kept_cold_start,
     plan_change,
@@ -19,26 +19,22 @@ from components.readiness_gate.plan import (
 )
 
 
-class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
-    """create: wait until ready (deadline from config); read: probe once more; delete: nothing."""
+class ReadinessGateProvider(NodeResourceProvider):
+    """create: wait until ready (deadline from config); read: probe once more (not serving any more:
+    the gate gone, so refresh shows it and `up` probes again); delete: nothing."""
 
     # Existing stacks pickled this class as `components.readiness_gate.ReadinessGateProvider` (by
     # reference): keep that its path whatever file it lives in.
     __module__ = "components.readiness_gate"
+    verbs = Verbs(
+        validate,
+        plan_change,
+        ensure,
+        resource_id=lambda props, _outs: f"{props['node']['name']}-{props['server_id']}"[:120],
+        observe=observe,
+    )
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
-        return dynamic.CheckResult(news, failures)
-
-    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
-        outs = ensure(props)
-        return dynamic.CreateResult(id_=f"{props['node']['name']}-{props['server_id']}"[:120], outs=outs)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
-        # In place (update), so the probe still knows what the gate last passed with (olds) and a
-        # failure can say how to go back.
-        return dynamic.DiffResult(changes=plan_change(olds, news).changes, replaces=[])
-
+    # Not always `ensure`: only a change to what it probes probes again, and the cold start is kept.
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         change = plan_change(olds, news)
         if not probes_again(change):
@@ -53,12 +49,3 @@ class ReadinessGateProvider(ExplainedErrors, dynamic.ResourceProvider):
         return dynamic.UpdateResult(
             outs={**outs, "report": kept_cold_start(olds.get("report"), outs["report"])}
         )
-
-    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        if observe(props) is None:
-            # Not serving any more: report the gate gone, so refresh shows it and `up` probes again.
-            return dynamic.ReadResult(id_="", outs={})
-        return dynamic.ReadResult(id_=id_, outs=props)
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        release(_props)

@@ -15,8 +15,7 @@ Files, by job:
                  what its exit status means
     plan.py      the pure decisions: `plan_change`, which changes measure again, the floors'
                  verdict and a miss's likely causes
-    execute.py   the bench carried out over SSH (the only I/O): ensure (create, update), observe
-                 (refresh: the recorded figures)
+    execute.py   the bench carried out over SSH (the only I/O): ensure (create, update)
     errors.py    BenchFailed (could not measure), BelowFloor (enforce: a figure missed its floor)
     provider.py  the dynamic provider (diff: no I/O)
     resource.py  the ServeBench resource (type qwen35:ServeBench)
@@ -28,7 +27,7 @@ pickle it by reference to this module.
 
 from components.provider_kit.lazy import lazy_exports
 from components.serve_bench.errors import BelowFloor, BenchFailed
-from components.serve_bench.execute import ensure, observe
+from components.serve_bench.execute import ensure
 from components.serve_bench.facts import figures_line, parse_report
 from components.serve_bench.plan import (
     MEASURE_KEYS,
@@ -62,7 +61,6 @@ __all__ = [
     "judged",
     "likely_causes",
     "measures_again",
-    "observe",
     "parse_report",
     "plan_change",
     "shortfalls",

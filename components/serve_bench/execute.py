@@ -1,6 +1,8 @@
 """The bench carried out: shipped to the head over SSH, its progress relayed, its report judged.
-The only I/O of the package: `ensure` (create, update) runs it; `observe` (refresh) never does and
-gives back the recorded figures. A bench leaves nothing on the node, so there is no release."""
+The only I/O of the package: `ensure` (create, update) runs it. There is no `observe`: a bench is
+run by `up` alone (it costs a minute of the server's time, and a figure read now would not be what
+`up` measured), so refresh keeps the recorded figures (the SDK's read); and no release: a bench
+leaves nothing on the node."""
 
 from __future__ import annotations
 
@@ -72,14 +74,3 @@ def ensure(props: Mapping[str, Any], olds: Mapping[str, Any] | None = None) -> d
     for missed in outs["shortfalls"]:
         tell_operator(f"serve bench on {node}: warning: {missed} (bench.mode report goes on)")
     return {**props, **outs}
-
-
-def observe(props: Mapping[str, Any]) -> dict[str, Any]:
-    """Refresh: the recorded inputs and figures, unchanged (a bench is run by `up` alone: it costs
-    a minute of the server's time, and a figure read now would not be what `up` measured)."""
-    return dict(props)
-
-
-def release(props: Mapping[str, Any]) -> None:
-    """delete: nothing to do; a bench leaves nothing on the node."""
-    return None

@@ -1,5 +1,5 @@
 """The ServeBench dynamic provider: create/update measure (`execute.ensure`); read gives back the
-recorded figures (`execute.observe`, no I/O); diff never touches a node (`plan.plan_change`)."""
+recorded figures (the SDK's read, no I/O); diff never touches a node (`plan.plan_change`)."""
 
 from __future__ import annotations
 
@@ -7,29 +7,26 @@ from typing import Any
 
 import pulumi.dynamic as dynamic
 
-from components.errors import ExplainedErrors
-from components.serve_bench.execute import ensure, observe, release
+from components.provider_kit.provider_base import NodeResourceProvider, Verbs
+from components.serve_bench.execute import ensure
 from components.serve_bench.plan import OUTPUT_KEYS, Action, plan_change, update_action, validate
 
 
-class ServeBenchProvider(ExplainedErrors, dynamic.ResourceProvider):
+class ServeBenchProvider(NodeResourceProvider):
     """create: measure; update: measure again when what it measures changed, judge the recorded
     figures again when only the floors or mode did; read: the recorded figures; delete: nothing."""
 
     # Stacks pickle this class by reference to `components.serve_bench.ServeBenchProvider`: keep
     # that its path whatever file it lives in.
     __module__ = "components.serve_bench"
+    verbs = Verbs(
+        validate,
+        plan_change,
+        ensure,
+        resource_id=lambda props, _outs: f"{props['node']['name']}-bench",
+    )
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        failures = [dynamic.CheckFailure(key, reason) for key, reason in validate(news)]
-        return dynamic.CheckResult(news, failures)
-
-    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
-        return dynamic.CreateResult(id_=f"{props['node']['name']}-bench", outs=ensure(props))
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
-        return dynamic.DiffResult(changes=plan_change(olds, news).changes, replaces=[])
-
+    # Not always `ensure`: a change to neither what it measures nor how it judges is recorded alone.
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         if update_action(olds, news) is Action.RECORD:
             # The new inputs over the recorded figures (the declared outputs come as nulls in news).
@@ -38,9 +35,3 @@ class ServeBenchProvider(ExplainedErrors, dynamic.ResourceProvider):
         # Measure again, or judge the recorded figures again (ensure decides from olds). A failed
         # bench (enforce) leaves the state as it was: the next `up` tries again.
         return dynamic.UpdateResult(outs=ensure(news, olds))
-
-    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        return dynamic.ReadResult(id_=id_, outs=observe(props))
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        release(_props)

@@ -35,7 +35,8 @@ def refusal(node: str, owner: str, clashes: list[dict]) -> str:
 
 def plan_change(olds: Mapping[str, Any], news: Mapping[str, Any]) -> Change:
     """From recorded state and new inputs, no I/O: an update (the claim taken again) for any changed
-    input, never a replacement."""
+    input, never a replacement (a new claim created before the old one's delete would be dropped by
+    it)."""
     return Change(replaces=(), updates=tuple(key for key in CLAIM_KEYS if olds.get(key) != news.get(key)))
 
 

@@ -97,6 +97,15 @@ def test_in_the_provider_process_a_bug_keeps_its_traceback_in_the_message(provid
     assert "Traceback (most recent call last)" in text and "KeyError: 'missing'" in text
 
 
+class _Inherits(_Refuses):
+    """A provider whose methods are its base's (components/provider_kit/provider_base.py)."""
+
+
+def test_in_the_provider_process_a_bug_in_a_base_s_method_names_the_provider_called(provider_process):
+    text = _as_the_sdk_reports(lambda: _Inherits().delete("id", {}))
+    assert text.startswith("components.errors.ProviderBug: _Inherits.delete failed unexpectedly (a bug):")
+
+
 def test_in_the_provider_process_every_bug_keeps_its_traceback_whatever_ran_before(provider_process):
     """A diff bug after a failed create (the SDK's threads share the process) reads the same."""
     _as_the_sdk_reports(lambda: _Refuses().create({}))
@@ -119,20 +128,30 @@ def test_outside_the_provider_process_errors_propagate_untouched():
     assert raised.traceback[-1].name == "create"
 
 
+PROVIDERS = {
+    "components.answer_check": "AnswerCheckProvider",
+    "components.checkpoint": "CheckpointProvider",
+    "components.fabric_check": "FabricCheckProvider",
+    "components.health_secret": "HealthSecretProvider",
+    "components.image_build": "ImageBuildProvider",
+    "components.model_support": "ModelSupportCheckProvider",
+    "components.node_image": "NodeImageProvider",
+    "components.node_proof": "NodeProofProvider",
+    "components.provider_kit.provider_base": "NodeResourceProvider",
+    "components.readiness_gate": "ReadinessGateProvider",
+    "components.serve_bench": "ServeBenchProvider",
+    "components.stack_claim": "StackClaimProvider",
+}
+
+
 def test_every_dynamic_provider_explains_its_errors():
+    import importlib
+
     import pulumi.dynamic as dynamic
 
-    import components.answer_check
-    import components.checkpoint
-    import components.fabric_check
-    import components.health_secret
-    import components.image_build
-    import components.model_support
-    import components.node_image
-    import components.node_proof
-    import components.readiness_gate
-    import components.serve_bench
-    import components.stack_claim  # noqa: F401  (each registers its provider class)
+    # Each package loads its provider on first use (provider_kit/lazy.py): ask for it by name.
+    for module, name in PROVIDERS.items():
+        getattr(importlib.import_module(module), name)
 
     def providers(cls):
         for sub in cls.__subclasses__():
@@ -141,17 +160,13 @@ def test_every_dynamic_provider_explains_its_errors():
 
     found = providers(dynamic.ResourceProvider)
     ours = {p.__name__: p for p in found if p.__module__.startswith("components")}
-    assert set(ours) == {
-        "AnswerCheckProvider",
-        "CheckpointProvider",
-        "ImageBuildProvider",
-        "FabricCheckProvider",
-        "HealthSecretProvider",
-        "ModelSupportCheckProvider",
-        "NodeImageProvider",
-        "NodeProofProvider",
-        "ReadinessGateProvider",
-        "ServeBenchProvider",
-        "StackClaimProvider",
-    }
+    assert set(ours) == set(PROVIDERS.values())
     assert [name for name, cls in ours.items() if not issubclass(cls, ExplainedErrors)] == []
+    # Every call the engine makes, whether the class defines it or its base does, explains its errors.
+    unexplained = [
+        f"{name}.{method}"
+        for name, cls in ours.items()
+        for method in errors.PROVIDER_METHODS
+        if not hasattr(getattr(cls, method), "__wrapped__")
+    ]
+    assert unexplained == []

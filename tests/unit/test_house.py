@@ -4,6 +4,7 @@
   but those named in TOO_LONG_FOR_NOW, each with its reason;
 - every node resource package in the one shape: the same files, `plan_change` in plan.py, `ensure` in
   execute.py, and each provider class's `__module__` pinned to a path it is importable from;
+- every provider the one base (components/provider_kit/provider_base.py) over its package's verbs;
 - every dynamic provider pickles (as the SDK stores it in a stack's state) by reference to (module,
   class) pairs that import today.
 """
@@ -17,12 +18,18 @@ import inspect
 import pickletools
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import dill
 import pulumi.dynamic as dynamic
 import pytest
 from pulumi.dynamic.dynamic import serialize_provider
+
+from components.errors import PROVIDER_METHODS
+from components.provider_kit.change import Change
+from components.provider_kit.provider_base import NodeResourceProvider, Verbs
 
 ROOT = Path(__file__).resolve().parents[2]
 LONGEST_FUNCTION = 70  # lines, from `def` to its last line, docstring included
@@ -193,18 +200,20 @@ EARLIER_PICKLE_PATHS = {
 }
 
 
+def package_providers(name: str) -> list[type]:
+    """The dynamic provider classes components/<name>/provider.py defines (not those it imports, such
+    as the base)."""
+    module = importlib.import_module(f"components.{name}.provider")
+    classes = [getattr(module, c) for c in top_level_classes(package(name) / "provider.py")]
+    return [c for c in classes if issubclass(c, dynamic.ResourceProvider)]
+
+
 @pytest.mark.parametrize("name", SHAPES)
 def test_every_provider_is_pickled_by_reference_to_its_package(name):
-    module = importlib.import_module(f"components.{name}.provider")
-    for cls in vars(module).values():
-        if (
-            isinstance(cls, type)
-            and issubclass(cls, dynamic.ResourceProvider)
-            and cls.__module__ != "pulumi.dynamic.dynamic"
-        ):
-            assert cls.__module__ == f"components.{name}", (
-                f"{cls.__name__} pins {cls.__module__}: every provider pins its package, components.{name}"
-            )
+    for cls in package_providers(name):
+        assert cls.__module__ == f"components.{name}", (
+            f"{cls.__name__} pins {cls.__module__}: every provider pins its package, components.{name}"
+        )
 
 
 @pytest.mark.parametrize(("module", "name"), EARLIER_PICKLE_PATHS.items())
@@ -304,6 +313,10 @@ BY_VALUE = """
 import pulumi.dynamic as dynamic
 from pulumi.dynamic.dynamic import serialize_provider
 
+from components.errors import PROVIDER_METHODS
+from components.provider_kit.change import Change
+from components.provider_kit.provider_base import NodeResourceProvider, Verbs
+
 unimportable = type("Unimportable", (dynamic.ResourceProvider,), {"__module__": "__main__"})
 print(serialize_provider(unimportable()))
 """
@@ -393,8 +406,9 @@ def parameters(function) -> list[inspect.Parameter]:
 
 @pytest.mark.parametrize("name", CONTRACT_PACKAGES)
 def test_every_node_resource_package_keeps_the_contract(name):
-    """execute: `ensure(props, olds=None) -> dict` (what else it takes, keyword-only), `observe(props)
-    -> dict | None`, `release(props)`; plan: `validate(props) -> list[tuple[str, str]]`,
+    """execute: `ensure(props, olds=None) -> dict` (what else it takes, keyword-only), and where the
+    package has them `observe(props) -> dict | None` and `release(props)` (without them the provider
+    keeps the SDK's read and delete); plan: `validate(props) -> list[tuple[str, str]]`,
     `plan_change(olds, news) -> Change`."""
     execute = importlib.import_module(f"components.{name}.execute")
     plan = importlib.import_module(f"components.{name}.plan")
@@ -402,28 +416,76 @@ def test_every_node_resource_package_keeps_the_contract(name):
     assert [p.name for p in ensure[:2]] == ["props", "olds"] and ensure[1].default is None, ensure
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ensure[2:]), ensure
     assert inspect.signature(execute.ensure).return_annotation == "dict[str, Any]"
-    observe = parameters(execute.observe)
-    assert observe[0].name == "props" and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in observe[1:])
-    assert inspect.signature(execute.observe).return_annotation in ("dict[str, Any]", "dict[str, Any] | None")
-    assert [p.name for p in parameters(execute.release)] == ["props"]
+    if hasattr(execute, "observe"):
+        observe = parameters(execute.observe)
+        assert observe[0].name == "props", observe
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in observe[1:]), observe
+        returns = inspect.signature(execute.observe).return_annotation
+        assert returns in ("dict[str, Any]", "dict[str, Any] | None"), returns
+    if hasattr(execute, "release"):
+        assert [p.name for p in parameters(execute.release)] == ["props"]
     assert [p.name for p in parameters(plan.validate)] == ["props"]
     assert inspect.signature(plan.validate).return_annotation == "list[tuple[str, str]]"
     assert [p.name for p in parameters(plan.plan_change)] == ["olds", "news"]
     assert inspect.signature(plan.plan_change).return_annotation == "Change"
 
 
+# Each call the engine makes on a provider: the package's verb that carries it out, and its arguments.
+ENGINE_CALLS = {
+    "check": ("validate", ({}, {})),
+    "diff": ("plan_change", ("id", {}, {})),
+    "create": ("ensure", ({},)),
+    "update": ("ensure", ("id", {}, {})),
+    "read": ("observe", ("id", {})),
+    "delete": ("release", ("id", {})),
+}
+
+
+class RecordedVerbs:
+    """Stand-ins for a package's verbs that record which ran, to follow the engine's calls."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def verbs(self) -> Verbs:
+        def verb(name: str, result: Any) -> Callable[..., Any]:
+            return lambda *_args: self.ran.append(name) or result
+
+        return Verbs(
+            validate=verb("validate", []),
+            plan_change=verb("plan_change", Change((), ())),
+            ensure=verb("ensure", {}),
+            resource_id=lambda _props, _outs: "id",
+            observe=verb("observe", {}),
+            release=verb("release", None),
+        )
+
+
 @pytest.mark.parametrize("name", CONTRACT_PACKAGES)
-def test_every_provider_calls_the_package_s_verbs(name):
-    """The provider is the engine's face of the package: check runs `validate`, read `observe`, delete
-    `release` (their names in each method's code, read from the source)."""
-    provider = package(name) / "provider.py"
-    methods = {
-        node.name: ast.unparse(node)
-        for node in ast.walk(ast.parse(provider.read_text()))
-        if isinstance(node, ast.FunctionDef)
-    }
-    for method, verb in (("check", "validate("), ("read", "observe("), ("delete", "release(")):
-        assert verb in methods.get(method, ""), f"{provider.relative_to(ROOT)}: {method} does not call {verb}"
+def test_every_provider_is_the_base_over_the_package_s_verbs(name):
+    """The provider is the engine's face of the package, one class for all
+    (components/provider_kit/provider_base.py): check runs `validate`, diff `plan_change`, create and
+    update `ensure`, read `observe` and delete `release` (the SDK's read and delete where the package
+    has none). A provider overrides `update` alone, where its package's update is not `ensure`."""
+    execute = importlib.import_module(f"components.{name}.execute")
+    plan = importlib.import_module(f"components.{name}.plan")
+    [cls] = package_providers(name)
+    assert issubclass(cls, NodeResourceProvider), f"{cls.__name__} is not a NodeResourceProvider"
+    verbs = cls.verbs
+    assert verbs.validate is plan.validate and verbs.plan_change is plan.plan_change, cls.__name__
+    assert verbs.ensure is execute.ensure, cls.__name__
+    assert verbs.observe is getattr(execute, "observe", None), f"{cls.__name__}: observe is not execute's"
+    assert verbs.release is getattr(execute, "release", None), f"{cls.__name__}: release is not execute's"
+    overridden = [method for method in PROVIDER_METHODS if method in vars(cls)]
+    assert overridden in ([], ["update"]), f"{cls.__name__} overrides {overridden}"
+    # Through the base, each call reaches its verb (stand-ins here, so nothing runs).
+    recorded = RecordedVerbs()
+    stand_in = type(cls.__name__, (cls,), {"verbs": recorded.verbs(), "__module__": __name__})()
+    for method, (verb, args) in ENGINE_CALLS.items():
+        if method not in overridden:
+            recorded.ran.clear()
+            getattr(stand_in, method)(*args)
+            assert recorded.ran == [verb], f"{cls.__name__}.{method} ran {recorded.ran}, not {verb}"
 
 
 # Inside a node resource package the modules import one way: facts.py (reports parsed into values)

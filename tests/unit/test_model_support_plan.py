@@ -113,7 +113,7 @@ def test_an_update_proves_again_only_a_changed_command_line(olds, news, steps):
 )
 def test_plan_change_is_a_table(changes, replaces, updates):
     change = plan_change(props(), props(**changes))
-    assert change == Change(replaces, updates)
+    assert change == Change(replaces, updates, delete_before_replace=True)
     assert change.changes == bool(replaces or updates)
 
 
