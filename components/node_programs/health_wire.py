@@ -133,6 +133,7 @@ STATE_KEYS = (
     "clock_skew",
     "memory_guard",
     "cold_start",
+    "docker_events",
 )
 
 
@@ -570,8 +571,9 @@ def recent_kernel_faults(path: str, since: float) -> dict:
 
 
 def fault_summary(diagnosis: dict) -> dict | None:
-    """{kind: memory | gpu, says} from a diagnosis: a GPU's Xid, a container Docker saw OOM-killed, the
-    kernel's OOM kills, the memory guard's stop; None when none is recorded (a plain crash)."""
+    """{kind: memory | gpu, says} from a diagnosis: a GPU's Xid, a container Docker saw OOM-killed (its
+    main process: OOMKilled; any of its processes: an `oom` event), the kernel's OOM kills, the memory
+    guard's stop; None when none is recorded (a plain crash)."""
     says: list[tuple[str, str]] = []
     for node, faults in sorted((diagnosis.get("kernel") or {}).items()):
         for fault in (faults or {}).get("faults") or []:
@@ -586,6 +588,14 @@ def fault_summary(diagnosis: dict) -> dict | None:
                 says.append(
                     ("memory", f"{node}: {container.get('name')} was OOM-killed (Docker's OOMKilled)")
                 )
+    for event in diagnosis.get("docker_oom") or []:
+        says.append(
+            (
+                "memory",
+                f"{event.get('node')}: Docker's oom event: the kernel's OOM killer killed a process in "
+                f"{event.get('name')}",
+            )
+        )
     guard = diagnosis.get("memory_guard")
     if guard:
         says.append(("memory", str(guard.get("message"))))

@@ -1,9 +1,9 @@
 """What each tick of the watchdog checks, in its order: the serving containers (new ones, ones being
-replaced, Docker's own restarts: `ServingWatch`), the memory guards and the agents' clocks
-(`GuardWatch`), and the server (/health, vLLM's /metrics, a completion: `ServerChecks`). Each reads
-through the World, judges by the policy (`watchdog_policy`) and calls on the recovery
-(`watchdog_recovery`) to act. A library of `watchdog`: standard library only; it travels with the
-program to the node.
+replaced, Docker's own restarts: `ServingWatch`) and Docker's events of them (whose each stop and
+start is, Docker's restarts: `EventWatch`), the memory guards and the agents' clocks (`GuardWatch`),
+and the server (/health, vLLM's /metrics, a completion: `ServerChecks`). Each reads through the
+World, judges by the policy (`watchdog_policy`) and calls on the recovery (`watchdog_recovery`) to
+act. A library of `watchdog`: standard library only; it travels with the program to the node.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from dataclasses import replace
 
 from components.node_programs import cold_start, health_wire
 from components.node_programs.watchdog_policy import (
+    after_die,
     completion_deadline,
     engine_progress,
     grace_start,
     judged_restarts,
+    own_act,
     parse_started_at,
     reason_for,
     recovery_due,
@@ -29,18 +31,115 @@ from components.node_programs.watchdog_settings import Settings
 from components.node_programs.watchdog_state import Status, log
 from components.node_programs.watchdog_world import CALL_TIMEOUT_S, Probe, World
 
+EVENTS_OVERLAP_S = 5.0  # each read of Docker's events goes back this far over the last (one logged late)
+
+
+class EventWatch:
+    """Docker's event log of the serving containers (issue 53), read every tick: each event marked with
+    whose it is (the watchdog's own stops and starts, a memory guard's, or None: someone else's or
+    Docker's), Docker's restart policy's starts counted one by one (RestartCount is reset on every
+    start through Docker's API), and `oom` events kept for the next diagnosis."""
+
+    def __init__(self, settings: Settings, world: World, clock: Callable[[], float], status: Status):
+        self.s, self.world, self.clock, self.st = settings, world, clock, status
+
+    def read(self, now: float) -> dict[tuple[str, str], dict[str, int]]:
+        """This tick's new events, digested: Docker's and others' starts per container (`policy`,
+        `other`)."""
+        self._learn_guard_stops()
+        return self._digest(self._read_events(now))
+
+    def _read_events(self, now: float) -> list[dict]:
+        """Each node's Docker events of its serving containers since the last read (a little before
+        it: an event logged late is not lost; the ones already seen are dropped), in the head's clock.
+        A node whose events cannot be read is recorded in `error` and said once."""
+        docker, fresh = self.st.docker, []
+        for node in dict.fromkeys(t.node for t in self.s.serving()):
+            skew = self.st.skew.get(node, 0.0)  # the node's clock minus the head's (0 on the head)
+            since = max(docker.started, docker.read.get(node, docker.started) - EVENTS_OVERLAP_S)
+            try:
+                found, error = self.world.events(node, since + skew, now + skew)
+            except Exception as exc:  # the World's own bound failed: not read, never a failed tick
+                found, error = [], f"{type(exc).__name__}: {exc}"
+            docker.read[node] = now
+            if error is not None and docker.error.get(node) != error:
+                log(
+                    f"{node}: Docker's events could not be read ({error}): its restarts are counted from "
+                    "RestartCount, which Docker resets on every start through its API"
+                )
+            docker.error[node] = error
+            for raw in found if error is None else ():
+                key = (node, raw.get("id"), raw.get("action"), raw.get("at"))
+                if key in docker.keys or not isinstance(raw.get("at"), int | float):
+                    continue
+                docker.keys.append(key)
+                fresh.append({**raw, "node": node, "at": float(raw["at"]) - skew})
+        return sorted(fresh, key=lambda e: e["at"])
+
+    def _digest(self, fresh: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
+        """Keep the new events, each marked with whose it is (`by`). A start by no one the watchdog
+        knows is Docker's restart policy's (`policy`: after a `die` with no `stop` by anyone) or
+        someone else's (`other`: an operator, `pulumi up`)."""
+        starts: dict[tuple[str, str], dict[str, int]] = {}
+        for event in fresh:
+            key = (event["node"], event["name"])
+            event["by"] = self._by(event)
+            if event["action"] == "oom":
+                # The kernel's OOM killer killed a process in it: the container may run on (a worker
+                # process killed), and OOMKilled stays false unless its main process was the one.
+                log(f"Docker's oom event: the kernel's OOM killer killed a process in {key[1]} on {key[0]}")
+                self.st.docker.ooms.append(event)
+            if event["action"] == "start" and event["by"] is None:
+                kind = "policy" if after_die(event, self.st.docker.kept) else "other"
+                count = starts.setdefault(key, {"policy": 0, "other": 0})
+                count[kind] += 1
+            self.st.docker.kept.append(event)
+        return starts
+
+    def _by(self, event: dict) -> str | None:
+        """Whose the event is (`own_act`): `watchdog` or `guard`, None otherwise. A start claims its act."""
+        # A copy: the head's guard thread adds its stops meanwhile.
+        act = own_act(event, tuple(self.st.docker.own), self.clock())
+        if act is None:
+            return None
+        if event["action"] == "start":
+            act.setdefault("claimed", (event["id"], event["at"]))
+        return act["by"]
+
+    def _learn_guard_stops(self) -> None:
+        """An agent's memory guard stops its node's containers on its own: its last trip's stops (from
+        its /containers answer) are the guard's, not someone else's."""
+        docker = self.st.docker
+        for node, report in self.world.memory_guards().items():
+            last = report.get("last") if isinstance(report, dict) else None
+            at = last.get("at") if isinstance(last, dict) and last.get("acted") else None
+            if not isinstance(at, int | float) or (node, at) in docker.guards_learned:
+                continue
+            docker.guards_learned.append((node, at))
+            begin, stopped = float(at) - self.st.skew.get(node, 0.0), list(last.get("stopped") or [])
+            took = len(stopped) * (self.s.guard_stop_s + CALL_TIMEOUT_S)
+            for name in stopped:
+                stop = {"node": node, "name": name, "action": "stop", "by": "guard"}
+                docker.own.append({**stop, "begin": begin, "end": begin + took})
+
 
 class ServingWatch:
-    """The serving containers, read at each tick's start: while they are replaced, or new, no verdict
-    (a fresh grace); Docker's own restarts spend the budget as the watchdog's do."""
+    """The serving containers, read at each tick's start with their Docker events: while they are
+    replaced, or new, no verdict (a fresh grace); Docker's own restarts spend the budget as the
+    watchdog's do."""
 
-    def __init__(self, settings: Settings, world: World, status: Status, recovery: Recovery):
-        self.s, self.world, self.st, self.recovery = settings, world, status, recovery
+    def __init__(
+        self, settings: Settings, world: World, status: Status, recovery: Recovery, events: EventWatch
+    ):
+        self.s, self.world, self.st, self.recovery, self.events = settings, world, status, recovery, events
 
     def observe(self, now: float) -> bool:
-        """Read the serving containers. True when this tick ends here: they are being replaced (no
-        verdict, no action), or Docker restarted one and the watchdog acted on it."""
+        """Read the serving containers and their Docker events. True when this tick ends here: they
+        are being replaced (no verdict, no action), or Docker restarted one and the watchdog acted on
+        it."""
         found = self._read_serving()
+        # After the containers: an agent's memory guard report comes with its /containers answer.
+        starts = self.events.read(now)
         before = self.st.seen
         known = {key: facts for key, facts in found.items() if facts.get("state") != "unknown"}
         self.st.seen = {**before, **known}
@@ -52,7 +151,8 @@ class ServingWatch:
         if replaced:
             self._fresh_grace(now, f"{', '.join(replaced)}: the serving containers are being replaced")
             return True
-        new, restarted = serving_changes(before, known, acting=self.st.step is not None)
+        acting, read = self.st.step is not None, self.st.docker.read_nodes()
+        new, restarted = serving_changes(before, known, acting, starts, read)
         if new:
             self._fresh_grace(now, f"new serving container(s) {', '.join(sorted(new))}")
             return False
@@ -157,7 +257,7 @@ class GuardWatch:
         target = next(t for t in self.s.serving() if t.node == self.s.head and t.name == name)
         # The guard's own short bound, not the container's grace: SIGKILL after guard_stop_s.
         bounded = replace(target, stop_timeout_s=self.s.guard_stop_s)
-        done = self.world.stop(bounded)
+        done = self.recovery.act("stop", bounded, "guard")
         found = next((c for c in self.world.containers(target.node) if c.get("name") == name), {})
         done = health_wire.guard_stopped(done, found, self.s.guard_stop_s)
         log(f"memory guard: stop {name} on {target.node}: {health_wire.guard_stop_said(done)}")

@@ -10,7 +10,11 @@ import urllib.parse
 
 import pytest
 
+from components.health.containers import health_config
 from components.node_programs import health_wire
+from components.node_programs.watchdog_settings import Settings
+from components.node_programs.watchdog_world import RealWorld
+from tests.support.program import config_from
 from tests.support.standin_engine import StandinEngine
 
 NAMES = ("qwen35-vllm", "qwen35-ray-head")
@@ -114,3 +118,32 @@ def test_a_cut_answer_keeps_the_events_before_the_cut():
     body = stream(docker_event("die", "qwen35-vllm", AT, exitCode="1")) + b'{"status": "sta'
     (only,) = health_wire.parse_events(body, NAMES)
     assert only["action"] == "die" and only["exit_code"] == 1
+
+
+def test_the_watchdog_reads_the_head_s_events_itself_and_another_node_s_from_its_agent(engine):
+    cfg = config_from("dev")
+    settings = Settings.from_json(health_config(cfg, cfg.head))
+    world = RealWorld(settings, "s3cret", None, "/proc/meminfo", engine.path)
+    engine.routes[("GET", "/events")] = (200, stream(docker_event("oom", "qwen35-vllm", AT + 1)))
+    found, error = world.events("spark-1", AT, AT + 10)
+    assert error is None and [(e["action"], e["name"]) for e in found] == [("oom", "qwen35-vllm")]
+    filters = json.loads(dict(urllib.parse.parse_qsl(engine.requests[0].partition("?")[2]))["filters"])
+    assert filters["container"] == ["qwen35-ray-head", "qwen35-vllm"]  # the head's stack containers
+    asked: list[tuple] = []
+
+    def call(path, payload, timeout, skew):
+        asked.append((path, payload))
+        return {"events": [{"action": "die", "name": "qwen35-ray-worker"}], "error": None}
+
+    world.agents["spark-2"].call = call  # type: ignore[method-assign]
+    assert world.events("spark-2", AT, AT + 10) == ([{"action": "die", "name": "qwen35-ray-worker"}], None)
+    assert asked == [(health_wire.AGENT_EVENTS, {"since": AT, "until": AT + 10})]
+
+    def refused(path, payload, timeout, skew):
+        raise OSError("agent 192.168.200.13:29593 answered 404: no endpoint /events")
+
+    world.agents["spark-2"].call = refused  # type: ignore[method-assign]
+    assert world.events("spark-2", AT, AT + 10) == (
+        [],
+        "its agent did not answer: agent 192.168.200.13:29593 answered 404: no endpoint /events",
+    )

@@ -58,9 +58,39 @@ class FakeWorld(World):
         self.skew: dict[str, float] = {}
         self.guards: dict[str, dict] = {}  # each agent's memory guard report
         self.kernel: dict[str, dict] = {}  # each node's kernel faults ({faults, error})
+        # Docker's event log per node, as the daemon writes it (`docker events` JSON); None: it cannot
+        # be read (the watchdog then counts Docker's restarts from RestartCount). Needs the clock.
+        self.docker_log: list[tuple[str, dict]] | None = None
 
     def facts(self, key: tuple[str, str], **facts) -> None:
         self.box.setdefault(key, {}).update(facts)
+
+    def emit(self, key: tuple[str, str], action: str, at: float | None = None, **attributes: str) -> None:
+        """One event of the container `key` as Docker 20.10 writes it, now (or `at`)."""
+        if self.docker_log is None:
+            return
+        assert self.clock is not None, "Docker's events need the fake clock"
+        at = self.clock.now if at is None else at
+        cid = self.box.get(key, {}).get("id") or f"id-{key[1]}"
+        message = {"status": action, "id": cid, "from": "sha256:" + "b" * 64, "Type": "container",
+                   "Action": action, "Actor": {"ID": cid, "Attributes": {**attributes, "name": key[1]}},
+                   "scope": "local", "time": int(at), "timeNano": round(at * 1e6) * 1000}  # fmt: skip
+        self.docker_log.append((key[0], message))
+
+    def crash(self, key: tuple[str, str], at: float | None = None, exit_code: int = 1) -> None:
+        """The container's main process exits and Docker's restart policy starts it again at once."""
+        self.emit(key, "die", at, exitCode=str(exit_code))
+        self.emit(key, "start", at)
+        facts = self.box.setdefault(key, {})
+        facts["restarts"] = facts.get("restarts", 0) + 1
+
+    def events(self, node: str, since: float, until: float) -> tuple[list[dict], str | None]:
+        if self.docker_log is None:
+            return [], "cannot connect to the Docker daemon"
+        found = [m for n, m in self.docker_log if n == node and since <= m["timeNano"] / 1e9 <= until]
+        body = b"".join(json.dumps(m).encode() + b"\n" for m in found)
+        names = {m["Actor"]["Attributes"]["name"] for m in found}
+        return health_wire.parse_events(body, names), None
 
     def boot_time(self) -> float | None:
         return self.booted
@@ -99,14 +129,24 @@ class FakeWorld(World):
         return found
 
     def stop(self, target: Target) -> dict:
-        self.actions.append(("stop", target.node, target.name))
+        key = (target.node, target.name)
+        self.actions.append(("stop", *key))
         self.stop_bounds.append(target.stop_timeout_s)
-        self.running[(target.node, target.name)] = False
+        if self.running.get(key, True):  # Docker's stop: SIGTERM, the exit, then its own `stop` event
+            self.emit(key, "kill", signal="15")
+            self.emit(key, "die", exitCode="143")
+            self.emit(key, "stop")
+        self.running[key] = False
         return {"ok": True}
 
     def start(self, target: Target) -> dict:
-        self.actions.append(("start", target.node, target.name))
-        self.running[(target.node, target.name)] = True
+        key = (target.node, target.name)
+        self.actions.append(("start", *key))
+        if not self.running.get(key, True):
+            self.emit(key, "start")
+            if self.docker_log is not None and "restarts" in self.box.get(key, {}):
+                self.box[key]["restarts"] = 0  # Docker resets RestartCount on a start through its API
+        self.running[key] = True
         return {"ok": True}
 
     def logs(self, target: Target, tail: int) -> list[str]:
@@ -981,3 +1021,106 @@ def test_under_mp_a_rank_docker_restarts_during_the_watchdog_s_own_world_restart
     state = watchdog.snapshot()
     assert state["last_diagnosis"]["reason"] == reason, state["last_diagnosis"]
     assert state["restarts_total"] == {reason: 1}, state["restarts_total"]
+
+
+# ---- issue 53: Docker's events instead of its counters -------------------------------------------------
+
+
+def events_world(executor: str = "ray") -> tuple[FakeWorld, Clock]:
+    """A world whose Docker event log can be read, its serving containers running with their IDs."""
+    clock = Clock()
+    world = FakeWorld(clock)
+    world.docker_log = []
+    keys = (SERVER, RANK1) if executor == "mp" else (RAY_HEAD, RAY_WORKER, SERVER)
+    for key in keys:
+        world.facts(key, id=f"id-{key[1]}", restarts=0)
+    return world, clock
+
+
+def test_under_mp_a_crash_loop_is_counted_restart_by_restart_though_restart_count_is_reset():
+    """Docker resets RestartCount when a container is started through its API (the watchdog's own
+    starts): a rank that crashes again right after the watchdog started the world reads 1 restart, as
+    before its start, and the count missed it. Each `start` Docker's policy makes after a `die`, with no
+    `stop` between them and not the watchdog's own, is one restart: each is answered with a world
+    restart until the budget is spent."""
+    world, clock = events_world("mp")
+    watchdog, _ = dog(world, clock, executor="mp", max_restarts=3)
+    ticks(watchdog, clock, 3)
+    assert watchdog.snapshot()["state"] == "healthy"
+    real_start = world.start
+
+    def start(target: Target) -> dict:
+        done = real_start(target)
+        if (target.node, target.name) == RANK1:  # it crashes half a second after each start
+            world.crash(RANK1, at=clock.now + 0.5)
+        return done
+
+    world.start = start  # type: ignore[method-assign]
+    world.crash(RANK1, at=clock.now - 1)
+    ticks(watchdog, clock, 6)
+    state = watchdog.snapshot()
+    assert state["restarts_total"] == {"docker_restart": 3}, (state["restarts_total"], state["next_step"])
+    assert state["state"] == "budget_spent" and "docker_restart" in state["spent"]["why"]
+    assert [a[0] for a in world.actions].count("start") == 2 * 3  # three world restarts, no fourth
+    assert state["docker_events"]["nodes"]["spark-2"] == {
+        "read_until": state["docker_events"]["nodes"]["spark-2"]["read_until"],
+        "error": None,
+        "restarts_from": "events",
+    }
+
+
+def test_the_watchdog_s_own_stops_and_starts_are_neither_docker_s_restarts_nor_someone_else_s():
+    world, clock = events_world()
+    world.health = [Probe(True, 0.1), HANG, HANG, HANG]
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 6)
+    state = watchdog.snapshot()
+    assert world.actions == [("stop", "spark-1", "qwen35-vllm"), ("start", "spark-1", "qwen35-vllm")]
+    assert state["state"] == "healthy" and state["restarts_total"] == {"hang": 1}, state
+    recent = [(e["action"], e["by"]) for e in state["docker_events"]["recent"]]
+    assert recent == [("kill", "watchdog"), ("die", "watchdog"), ("stop", "watchdog"), ("start", "watchdog")]
+
+
+def test_without_docker_s_events_restarts_are_counted_from_restart_count_and_state_says_so():
+    world, clock = FakeWorld(), Clock()
+    world.facts(SERVER, restarts=0)
+    watchdog, _ = dog(world, clock, max_restarts=3)
+    ticks(watchdog, clock, 2)
+    world.facts(SERVER, restarts=2)
+    ticks(watchdog, clock, 1)
+    state = watchdog.snapshot()
+    assert state["restarts_total"] == {"docker_restart": 2}
+    read = state["docker_events"]["nodes"]["spark-1"]
+    assert read["error"] == "cannot connect to the Docker daemon" and read["restarts_from"] == "RestartCount"
+    assert 'qwen35_health_docker_events_read{node="spark-1"} 0' in metrics_text(state)
+
+
+def test_docker_s_oom_event_of_a_container_that_kept_running_names_memory_in_the_diagnosis():
+    """The OOM killer killed a process inside the server's container (a worker, say), not its main
+    process: the container keeps running and OOMKilled stays false. Docker's `oom` event says so."""
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    world.emit(SERVER, "oom")
+    ticks(watchdog, clock, 1)
+    world.default = DOWN
+    ticks(watchdog, clock, 3)
+    diagnosis = watchdog.snapshot()["last_diagnosis"]
+    assert world.box[SERVER].get("oom_killed") is None and diagnosis["containers"]["spark-1"]
+    assert [(e["node"], e["name"]) for e in diagnosis["docker_oom"]] == [SERVER]
+    assert diagnosis["fault"] == {
+        "kind": "memory",
+        "says": "spark-1: Docker's oom event: the kernel's OOM killer killed a process in qwen35-vllm",
+    }
+
+
+def test_an_oom_event_the_server_answered_after_names_no_later_crash():
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 2)
+    world.emit(SERVER, "oom")
+    ticks(watchdog, clock, 30)  # it served on for 300 s
+    world.default = DOWN
+    ticks(watchdog, clock, 3)
+    diagnosis = watchdog.snapshot()["last_diagnosis"]
+    assert diagnosis["docker_oom"] == [] and diagnosis["fault"] is None
