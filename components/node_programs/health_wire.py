@@ -134,6 +134,9 @@ STATE_KEYS = (
     "memory_guard",
     "cold_start",
     "docker_events",
+    "standing_back",
+    "stand_backs",
+    "stand_backs_total",
 )
 
 

@@ -19,7 +19,10 @@ watchdog's do; under mp one of any rank means the world is restarted. They are r
 event log (each `start` its restart policy makes after a `die`), which every tick reads for the
 serving containers, telling the watchdog's own stops and starts from others' by when it made them;
 RestartCount, which Docker resets on every start through its API, only where the events cannot be
-read. Docker's `oom` events go into the next diagnosis. After `failures` failures in a row:
+read. A serving container someone else is stopping (a `kill` event the watchdog did not send, other
+than SIGKILL: `pulumi up`'s delete, an operator) makes it stand back, neither judging nor acting,
+until that container is removed or started again (then a fresh grace), at most its stop timeout plus
+a minute. Docker's `oom` events go into the next diagnosis. After `failures` failures in a row:
 
   1. diagnose: every node's containers (state, exit code), Ray's live nodes under executor ray (best
      effort, bounded), every node's MemAvailable, the server's last log lines;

@@ -1,9 +1,10 @@
 """What each tick of the watchdog checks, in its order: the serving containers (new ones, ones being
 replaced, Docker's own restarts: `ServingWatch`) and Docker's events of them (whose each stop and
-start is, Docker's restarts: `EventWatch`), the memory guards and the agents' clocks (`GuardWatch`),
-and the server (/health, vLLM's /metrics, a completion: `ServerChecks`). Each reads through the
-World, judges by the policy (`watchdog_policy`) and calls on the recovery (`watchdog_recovery`) to
-act. A library of `watchdog`: standard library only; it travels with the program to the node.
+start is, Docker's restarts, a stop someone else began: `EventWatch`), the memory guards and the
+agents' clocks (`GuardWatch`), and the server (/health, vLLM's /metrics, a completion:
+`ServerChecks`). Each reads through the World, judges by the policy (`watchdog_policy`) and calls on
+the recovery (`watchdog_recovery`) to act. A library of `watchdog`: standard library only; it
+travels with the program to the node.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import replace
 from components.node_programs import cold_start, health_wire
 from components.node_programs.watchdog_policy import (
     after_die,
+    begins_stand_back,
     completion_deadline,
     engine_progress,
     grace_start,
@@ -24,6 +26,8 @@ from components.node_programs.watchdog_policy import (
     recovery_due,
     replacing,
     serving_changes,
+    signal_name,
+    stand_back_end,
     track_progress,
 )
 from components.node_programs.watchdog_recovery import Recovery
@@ -38,14 +42,15 @@ class EventWatch:
     """Docker's event log of the serving containers (issue 53), read every tick: each event marked with
     whose it is (the watchdog's own stops and starts, a memory guard's, or None: someone else's or
     Docker's), Docker's restart policy's starts counted one by one (RestartCount is reset on every
-    start through Docker's API), and `oom` events kept for the next diagnosis."""
+    start through Docker's API), `oom` events kept for the next diagnosis, and a stop someone else
+    began (`pulumi up`'s delete with its 120 s grace, an operator) waited out, not fought."""
 
     def __init__(self, settings: Settings, world: World, clock: Callable[[], float], status: Status):
         self.s, self.world, self.clock, self.st = settings, world, clock, status
 
-    def read(self, now: float) -> dict[tuple[str, str], dict[str, int]]:
+    def read(self, now: float) -> tuple[dict[tuple[str, str], dict[str, int]], list[str]]:
         """This tick's new events, digested: Docker's and others' starts per container (`policy`,
-        `other`)."""
+        `other`), and the stand-backs a removal or a start ended (what follows gets a fresh grace)."""
         self._learn_guard_stops()
         return self._digest(self._read_events(now))
 
@@ -76,14 +81,20 @@ class EventWatch:
                 fresh.append({**raw, "node": node, "at": float(raw["at"]) - skew})
         return sorted(fresh, key=lambda e: e["at"])
 
-    def _digest(self, fresh: list[dict]) -> dict[tuple[str, str], dict[str, int]]:
+    def _digest(self, fresh: list[dict]) -> tuple[dict[tuple[str, str], dict[str, int]], list[str]]:
         """Keep the new events, each marked with whose it is (`by`). A start by no one the watchdog
         knows is Docker's restart policy's (`policy`: after a `die` with no `stop` by anyone) or
-        someone else's (`other`: an operator, `pulumi up`)."""
+        someone else's (`other`: an operator, `pulumi up`); a `kill` by no one it knows begins a
+        stand-back (`begins_stand_back`: not SIGKILL), which a removal or a start ends."""
         starts: dict[tuple[str, str], dict[str, int]] = {}
+        ended: list[str] = []
         for event in fresh:
             key = (event["node"], event["name"])
             event["by"] = self._by(event)
+            if begins_stand_back(event, self.st.standing):
+                self._begin_stand_back(key, event)
+            elif event["action"] in ("destroy", "start") and key in self.st.standing:
+                ended.append(self._end_stand_back(key, event["action"], event["at"]))
             if event["action"] == "oom":
                 # The kernel's OOM killer killed a process in it: the container may run on (a worker
                 # process killed), and OOMKilled stays false unless its main process was the one.
@@ -94,7 +105,7 @@ class EventWatch:
                 count = starts.setdefault(key, {"policy": 0, "other": 0})
                 count[kind] += 1
             self.st.docker.kept.append(event)
-        return starts
+        return starts, ended
 
     def _by(self, event: dict) -> str | None:
         """Whose the event is (`own_act`): `watchdog` or `guard`, None otherwise. A start claims its act."""
@@ -122,11 +133,76 @@ class EventWatch:
                 stop = {"node": node, "name": name, "action": "stop", "by": "guard"}
                 docker.own.append({**stop, "begin": begin, "end": begin + took})
 
+    # -- a stop someone else sent (`pulumi up` replacing a container, an operator): stand back --
+
+    def _begin_stand_back(self, key: tuple[str, str], kill: dict) -> None:
+        """A serving container was sent a signal by someone else than the watchdog: `pulumi up`'s
+        delete stops it with a 120 s grace, and it reads `running` until its process exits. Fighting
+        that would spend a restart and start the old container again."""
+        bound_s, signal = self.s.stand_back_s(*key), signal_name(kill.get("signal"))
+        self.st.standing[key] = {
+            "node": key[0],
+            "name": key[1],
+            "id": kill.get("id"),
+            "since": kill["at"],
+            "signal": signal,
+            "until": kill["at"] + bound_s,
+            "kill": kill,
+        }
+        self.st.stand_backs_total += 1
+        log(
+            f"{key[1]} on {key[0]} was sent {signal} by someone else than the watchdog (`pulumi up` "
+            f"replacing it, or an operator): standing back until it is removed or started again, at most "
+            f"{bound_s:g} s (its stop timeout plus a minute)"
+        )
+
+    def _end_stand_back(self, key: tuple[str, str], how: str, at: float) -> str:
+        """End one stand-back (`how`: destroy, start, bound, or whose stop it was after all)."""
+        entry = self.st.standing.pop(key)
+        self.st.stand_backs.append(
+            {"node": key[0], "name": key[1], "since": entry["since"], "ended": at, "how": how}
+        )
+        said = {
+            "destroy": "was removed",
+            "start": "was started again",
+            "bound": f"was neither removed nor started again by {entry['until'] - entry['since']:g} s "
+            "after the stop: judging it again",
+        }.get(how, f"was the {how}'s own stop after all")
+        said = f"{key[1]} on {key[0]}, stopped by someone else, {said}"
+        log(said)
+        return said
+
+    def review(self, now: float, known: dict[tuple[str, str], dict]) -> None:
+        """Each tick: a stop the memory guard turns out to have made (its trip is recorded once its
+        stops are done) is no one else's; a container gone or replaced (its events not read) ends it;
+        and the bound: the container's stop timeout plus a minute, then the watchdog judges again."""
+        for key, entry in list(self.st.standing.items()):
+            how = stand_back_end(entry, known.get(key) or {}, self._by(entry["kill"]), now)
+            if how is not None:
+                self._end_stand_back(key, how, now)
+
+    def stand_back(self, now: float, restarted: dict[tuple[str, str], int]) -> None:
+        """No verdict and no action while someone else stops a serving container (`starting`)."""
+        if restarted:  # e.g. a rank whose peer `up` stops: the stop under way is not the watchdog's
+            names = ", ".join(f"{name} on {node}" for node, name in sorted(restarted))
+            log(f"Docker restarted {names} while another stops a serving container: not spent")
+        entries = sorted(self.st.standing.values(), key=lambda e: e["since"])
+        who = ", ".join(
+            f"{e['name']} on {e['node']} ({e['signal']} {now - e['since']:.0f} s ago)" for e in entries
+        )
+        self.st.next_step = (
+            f"wait: {who} is being stopped by someone else than the watchdog (`pulumi up` replacing it, or "
+            f"an operator): no verdict and no action until it is removed or started again, at most "
+            f"{max(e['until'] for e in entries) - now:.0f} s more"
+        )
+        self.st.failures, self.st.completion_failures, self.st.stall_since = 0, 0, None
+        self.st.enter(health_wire.State.STARTING, now)
+
 
 class ServingWatch:
     """The serving containers, read at each tick's start with their Docker events: while they are
-    replaced, or new, no verdict (a fresh grace); Docker's own restarts spend the budget as the
-    watchdog's do."""
+    replaced, or new, no verdict (a fresh grace); while someone else stops one, none either (a
+    stand-back); Docker's own restarts spend the budget as the watchdog's do."""
 
     def __init__(
         self, settings: Settings, world: World, status: Status, recovery: Recovery, events: EventWatch
@@ -135,16 +211,17 @@ class ServingWatch:
 
     def observe(self, now: float) -> bool:
         """Read the serving containers and their Docker events. True when this tick ends here: they
-        are being replaced (no verdict, no action), or Docker restarted one and the watchdog acted on
-        it."""
+        are being replaced or stopped by someone else (no verdict, no action), or Docker restarted one
+        and the watchdog acted on it."""
         found = self._read_serving()
         # After the containers: an agent's memory guard report comes with its /containers answer.
-        starts = self.events.read(now)
+        starts, ended = self.events.read(now)
         before = self.st.seen
         known = {key: facts for key, facts in found.items() if facts.get("state") != "unknown"}
         self.st.seen = {**before, **known}
         if not before:
             self._first_grace(found)
+        self.events.review(now, known)
         if self.st.state is health_wire.State.BUDGET_SPENT:
             return False
         replaced = replacing(known)
@@ -153,10 +230,13 @@ class ServingWatch:
             return True
         acting, read = self.st.step is not None, self.st.docker.read_nodes()
         new, restarted = serving_changes(before, known, acting, starts, read)
-        if new:
-            self._fresh_grace(now, f"new serving container(s) {', '.join(sorted(new))}")
-            return False
-        return self._docker_restarts(now, restarted)
+        if new or ended:
+            said = [f"new serving container(s) {', '.join(sorted(new))}"] if new else []
+            self._fresh_grace(now, "; ".join(said + ended))
+        if self.st.standing:
+            self.events.stand_back(now, restarted)
+            return True
+        return False if new or ended else self._docker_restarts(now, restarted)
 
     def _read_serving(self) -> dict[tuple[str, str], dict]:
         """Each serving container's facts by (node, name); state `unknown` where its node did not say."""

@@ -29,6 +29,7 @@ PROMPT_METRIC = "vllm:prompt_tokens_total"
 # (the clocks, the daemon's lag).
 STOPPING = ("kill", "die", "stop")
 OWN_SLACK_S = 2.0
+SIGNALS = {"1": "SIGHUP", "2": "SIGINT", "3": "SIGQUIT", "9": "SIGKILL", "15": "SIGTERM"}
 SPENT_NEXT_STEP = (
     "the restart budget is spent and the server and cluster containers are stopped: find the "
     "cause (last_diagnosis), then start them again (`pulumi up --refresh`); the watchdog sees "
@@ -166,7 +167,13 @@ def judged_restarts(settings: Settings, restarted: dict[tuple[str, str], int]) -
     return restarted
 
 
-# ---- Docker's events: whose each one is, Docker's restarts ---------------------------------------------
+# ---- Docker's events: whose each one is, Docker's restarts, a stop someone else began -----------------
+
+
+def signal_name(signal: object) -> str:
+    """A `kill` event's signal (Docker 20.10 gives its number, `15`) by name: SIGTERM."""
+    text = str(signal or "")
+    return text if text.startswith("SIG") else SIGNALS.get(text, f"signal {text}" if text else "a signal")
 
 
 def own_act(event: dict, own: Iterable[dict], now: float) -> dict | None:
@@ -201,6 +208,33 @@ def after_die(start: dict, kept: Iterable[dict]) -> bool:
         if event["action"] in ("create", "start", "kill", "stop", "die"):
             return event["action"] == "die"
     return False
+
+
+def begins_stand_back(event: dict, standing: Collection[tuple[str, str]]) -> bool:
+    """A `kill` no one the watchdog knows sent (`by` None) to a container it does not yet stand back
+    for: someone else began a stop (`pulumi up`'s delete, an operator). Not SIGKILL: that ends the
+    container at once (`docker kill`, a crash's like), so there is no stop to wait out and the server
+    is judged as after any crash."""
+    return (
+        event["action"] == "kill"
+        and event.get("by") is None
+        and (event["node"], event["name"]) not in standing
+        and signal_name(event.get("signal")) != "SIGKILL"
+    )
+
+
+def stand_back_end(entry: dict, facts: dict, by: str | None, now: float) -> str | None:
+    """How a stand-back `entry` ends at `now`, given its container's last facts and whose its `kill`
+    turned out to be (`by`: a memory guard's trip is recorded once its stops are done): that owner's
+    name; `destroy` when the container is gone or replaced; `bound` past its stop timeout plus a
+    minute; None while it goes on."""
+    if by is not None:
+        return by
+    if facts.get("state") == "missing" or facts.get("id", entry["id"]) != entry["id"]:
+        return "destroy"
+    if now >= entry["until"]:
+        return "bound"
+    return None
 
 
 # ---- a recovery: its step, what it restarts, the budget, what holds it ----------------------------------

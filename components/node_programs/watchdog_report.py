@@ -55,6 +55,12 @@ def snapshot(s: Settings, st: Status, p: Persisted, now: float) -> dict:
         "memory_guard": dict(st.memory_guard),
         "memory_guard_trips": dict(st.guard_trips),
         "docker_events": events_state(st),
+        "standing_back": [
+            {**{k: v for k, v in e.items() if k not in ("kill", "id")}, "id": str(e.get("id"))[:12]}
+            for e in list(st.standing.values())
+        ],
+        "stand_backs": list(st.stand_backs),
+        "stand_backs_total": st.stand_backs_total,
         "clock_skew": [
             health_wire.skew_message(node, value)
             for node, value in sorted(st.skew.items())
@@ -189,9 +195,15 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
 
 
 def _event_families(state: dict) -> list[tuple[str, str, str, list]]:
-    """What Docker's event log told (issue 53): whose events could be read."""
+    """What Docker's event log told (issue 53): the stand-backs, and whose events could be read."""
     events = sorted(((state.get("docker_events") or {}).get("nodes") or {}).items())
     return [
+        (
+            "stand_backs_total",
+            "counter",
+            "Times the watchdog stood back for a serving container someone else was stopping.",
+            [("", state.get("stand_backs_total"))],
+        ),
         (
             "docker_events_read",
             "gauge",

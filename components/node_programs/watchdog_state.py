@@ -22,6 +22,7 @@ RESTART_KEEP = 50  # restarts kept in /state's history (the window's count is wh
 EVENTS_KEPT = 200  # events kept (the newest; /state shows watchdog_report.EVENTS_SHOWN of them)
 OWN_KEPT = 100  # the watchdog's own stops and starts remembered, to tell their events from others'
 OOM_KEPT = 20  # Docker's `oom` events kept for the next diagnosis
+STAND_BACKS_KEPT = 20  # ended stand-backs kept in /state
 
 
 def log(message: str) -> None:
@@ -120,6 +121,11 @@ class Status:
     # The server's last start as vLLM's log tells it (`cold_start.cold_start`), once it is ready.
     cold_start: dict | None = None
     docker: DockerEvents = field(default_factory=DockerEvents)
+    # Serving containers someone else is stopping (a `kill` event not the watchdog's), by (node, name):
+    # no verdict and no action until they are removed or started again, or the bound.
+    standing: dict[tuple[str, str], dict] = field(default_factory=dict)
+    stand_backs: deque[dict] = field(default_factory=lambda: deque(maxlen=STAND_BACKS_KEPT))  # ended ones
+    stand_backs_total: int = 0
 
     def enter(self, state: health_wire.State, now: float) -> None:
         """Set the verdict; a change is logged, and `since` is when it changed."""

@@ -1124,3 +1124,133 @@ def test_an_oom_event_the_server_answered_after_names_no_later_crash():
     ticks(watchdog, clock, 3)
     diagnosis = watchdog.snapshot()["last_diagnosis"]
     assert diagnosis["docker_oom"] == [] and diagnosis["fault"] is None
+
+
+def someone_else_stops(world: FakeWorld, key: tuple[str, str] = SERVER) -> float:
+    """`pulumi up`'s delete (or an operator's `docker stop -t 120`): SIGTERM, from no one the watchdog
+    knows. The container reads `running` until its process exits; /health is refused meanwhile."""
+    assert world.clock is not None
+    world.emit(key, "kill", signal="15")
+    world.default = DOWN
+    return world.clock.now
+
+
+def exits(world: FakeWorld, key: tuple[str, str] = SERVER) -> None:
+    world.emit(key, "die", exitCode="0")
+    world.emit(key, "stop")
+    world.running[key] = False
+
+
+@pytest.mark.parametrize("successor", ["replaced", "started again"])
+def test_a_slow_stop_someone_else_sent_spends_nothing_and_its_successor_gets_a_fresh_grace(successor):
+    """Issue 53 item 4: the Docker provider deletes a container by stopping it first with a 120 s
+    grace, and vLLM takes 45 s to exit: the container reads `running` all that time while /health is
+    refused. The watchdog did not send that SIGTERM (its `kill` event is no one's it knows): it stands
+    back, neither judging nor acting, until the container is removed or started again, and never
+    starts the old one itself; what follows gets a fresh start-up grace."""
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock, startup_s=600)
+    ticks(watchdog, clock, 3)
+    kill_at = someone_else_stops(world)
+    ticks(watchdog, clock, 4)  # 40 s of a container that drains: `running`, /health refused
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["state"] == "starting", state
+    assert "qwen35-vllm on spark-1" in state["next_step"] and "SIGTERM" in state["next_step"]
+    assert "someone else than the watchdog" in state["next_step"], state["next_step"]
+    (standing,) = state["standing_back"]
+    assert (standing["node"], standing["name"], standing["since"]) == (*SERVER, kill_at)
+    assert standing["until"] == kill_at + 120 + 60  # the server's stop timeout plus a minute
+    clock.now += 5
+    exits(world)  # 45 s after the SIGTERM
+    clock.now += 5
+    ticks(watchdog, clock, 2)  # exited: `up` has not removed it yet
+    assert world.actions == [] and watchdog.snapshot()["state"] == "starting"
+    if successor == "replaced":  # `up` removes it and creates its replacement
+        world.emit(SERVER, "destroy")
+        world.box[SERVER] = {"state": "missing"}
+        ticks(watchdog, clock, 1)
+        world.box[SERVER] = {"id": "id-new", "restarts": 0}
+        world.emit(SERVER, "create")
+    world.emit(SERVER, "start")
+    world.running[SERVER] = True
+    ticks(watchdog, clock, 50)  # 500 s of a new server loading: within its grace
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["state"] == "starting", state
+    assert state["budget_left"] == 2 and state["restarts_total"] == {} and state["standing_back"] == []
+    (stood,) = state["stand_backs"]
+    assert stood["how"] == ("destroy" if successor == "replaced" else "start"), stood
+    assert "qwen35_health_stand_backs_total 1" in metrics_text(state)
+    ticks(watchdog, clock, 14)  # past startup_s and never ready: now it is judged
+    assert ("stop", "spark-1", "qwen35-vllm") in world.actions
+
+
+def test_standing_back_ends_at_the_stop_timeout_plus_a_minute_and_the_watchdog_judges_again():
+    """Nothing acts on its own beyond a bound: a stop someone else began that neither ends in a removal
+    nor in a start (a caller that died, a stop that hung) is waited out for the container's stop
+    timeout plus 60 s; then the server is judged as before."""
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    kill_at = someone_else_stops(world)
+    while clock.now < kill_at + 120 + 60:
+        ticks(watchdog, clock, 1)
+    assert world.actions == [] and watchdog.snapshot()["standing_back"], watchdog.snapshot()
+    ticks(watchdog, clock, 4)
+    state = watchdog.snapshot()
+    assert world.actions == [("stop", "spark-1", "qwen35-vllm"), ("start", "spark-1", "qwen35-vllm")], state
+    assert state["restarts_total"] == {"down": 1} and state["standing_back"] == []
+    assert [s["how"] for s in state["stand_backs"]] == ["bound"]
+
+
+def test_a_sigkill_someone_else_sent_is_judged_at_once_not_waited_out():
+    """`docker kill` (SIGKILL) ends the container at once: there is no stop to wait out, so the watchdog
+    does not stand back; the server down is judged as any crash."""
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    world.emit(SERVER, "kill", signal="9")
+    exits(world)
+    world.default = DOWN
+    ticks(watchdog, clock, 5)
+    state = watchdog.snapshot()
+    assert state["standing_back"] == [] and state["stand_backs_total"] == 0, state
+    assert ("start", "spark-1", "qwen35-vllm") in world.actions, world.actions
+
+
+def test_an_operator_s_docker_restart_is_a_fresh_grace_not_a_stand_back():
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    for action, attributes in (("kill", {"signal": "15"}), ("die", {"exitCode": "0"}), ("stop", {}),
+                               ("start", {}), ("restart", {})):  # fmt: skip
+        world.emit(SERVER, action, **attributes)
+    world.default = DOWN
+    ticks(watchdog, clock, 10)
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["state"] == "starting" and state["standing_back"] == []
+    assert "new serving container(s) qwen35-vllm" in state["next_step"], state["next_step"]
+    assert [s["how"] for s in state["stand_backs"]] == ["start"] and state["restarts_total"] == {}
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_an_agent_s_memory_guard_stop_is_no_one_else_s_stop(late):
+    """A node's guard stops its rank with its own SIGTERM: not a stop to stand back for, but a trip the
+    watchdog answers with a world restart. Its trip may reach the watchdog a tick after the stop's
+    `kill` event (the agent records the trip once its stops are done): the watchdog then stands back
+    for that tick only."""
+    world, clock = events_world("mp")
+    world.guards = {"spark-2": guard_report(0)}
+    watchdog, _ = dog(world, clock, executor="mp", max_restarts=2)
+    ticks(watchdog, clock, 3)
+    tripped_at = clock.now
+    world.emit(RANK1, "kill", signal="15")
+    exits(world, RANK1)
+    if late:
+        ticks(watchdog, clock, 1)
+        assert world.actions == [] and watchdog.snapshot()["standing_back"]
+    world.guards = {"spark-2": guard_report(1, at=tripped_at)}
+    ticks(watchdog, clock, 1)
+    state = watchdog.snapshot()
+    assert [a[0] for a in world.actions] == ["stop", "stop", "start", "start"], world.actions
+    assert state["restarts_total"] == {"memory_floor": 1} and state["standing_back"] == []
+    assert [s["how"] for s in state["stand_backs"]] == (["guard"] if late else [])

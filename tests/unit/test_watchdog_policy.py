@@ -8,6 +8,7 @@ import pytest
 from components.node_programs import health_wire
 from components.node_programs.watchdog_policy import (
     after_die,
+    begins_stand_back,
     completion_deadline,
     grace_start,
     memory_held,
@@ -15,6 +16,8 @@ from components.node_programs.watchdog_policy import (
     recovery_due,
     restart_targets,
     serving_changes,
+    signal_name,
+    stand_back_end,
     startup_rule,
     track_progress,
 )
@@ -151,6 +154,35 @@ def test_where_docker_s_events_were_read_its_restarts_are_counted_from_them(now,
     )
 
 
+@pytest.mark.parametrize(
+    ("signal", "name"),
+    [("15", "SIGTERM"), ("9", "SIGKILL"), ("SIGINT", "SIGINT"), ("10", "signal 10"), (None, "a signal")],
+)
+def test_a_kill_event_s_signal_is_named(signal, name):
+    assert signal_name(signal) == name
+
+
+def kill(signal: str | None = "15", by: str | None = None, action: str = "kill") -> dict:
+    return {"node": "n", "name": "c", "id": "a", "at": 100.0, "action": action, "signal": signal, "by": by}
+
+
+@pytest.mark.parametrize(
+    ("event", "standing", "begins"),
+    [
+        (kill("15"), (), True),  # `up`'s delete: SIGTERM, a grace of 120 s
+        (kill("2"), (), True),
+        (kill("9"), (), False),  # `docker kill`: over at once, nothing to wait out
+        (kill("SIGKILL"), (), False),
+        (kill("15", by="watchdog"), (), False),  # its own stop
+        (kill("15", by="guard"), (), False),
+        (kill("15"), (("n", "c"),), False),  # already standing back
+        (kill(None, action="die"), (), False),
+    ],
+)
+def test_only_a_kill_by_someone_else_that_is_not_sigkill_begins_a_stand_back(event, standing, begins):
+    assert begins_stand_back(event, standing) is begins
+
+
 def act(action: str, begin: float, end: float | None, by: str = "watchdog") -> dict:
     return {"node": "n", "name": "c", "action": action, "by": by, "begin": begin, "end": end}
 
@@ -201,3 +233,19 @@ def event(action: str, at: float, cid: str = "a") -> dict:
 )
 def test_a_start_after_a_die_with_no_stop_between_is_docker_s_restart_policy(kept, policy):
     assert after_die(event("start", 10), kept) is policy
+
+
+@pytest.mark.parametrize(
+    ("facts", "by", "now", "how"),
+    [
+        ({"state": "running", "id": "a"}, None, 150.0, None),  # still stopping: stand back on
+        ({"state": "running", "id": "a"}, "guard", 150.0, "guard"),  # the guard's stop after all
+        ({"state": "missing"}, None, 150.0, "destroy"),
+        ({"state": "running", "id": "b"}, None, 150.0, "destroy"),  # replaced, its events not read
+        ({"state": "exited", "id": "a"}, None, 280.0, "bound"),  # its stop timeout plus a minute
+        ({}, None, 150.0, None),  # its node did not say
+    ],
+)
+def test_a_stand_back_ends_by_its_owner_a_removal_or_its_bound(facts, by, now, how):
+    entry = {"id": "a", "since": 100.0, "until": 280.0}
+    assert stand_back_end(entry, facts, by, now) == how
