@@ -50,8 +50,9 @@ JOIN_TIMEOUT_S = 600.0
 MASTER_PORT = 29501
 # Fault modes for the watchdog's tests and bench, none of them vLLM's. At run time, POST FAULT_PATH
 # {"mode": "hang"} (the serving process SIGSTOPs itself: the container stays "Up", nothing answers),
-# {"mode": "crash"} (exits 1) or {"mode": "slow", "delay_s": D, "health_delay_s": H} (answers late).
-# A fault lives in the process only: a restarted server is well again.
+# {"mode": "crash"} (exits 1), {"mode": "slow", "delay_s": D, "health_delay_s": H} (answers late) or
+# {"mode": "slow_stop", "stop_s": S} (a SIGTERM then closes the API port and the process exits S seconds
+# later, as a vLLM that drains does). A fault lives in the process only: a restarted server is well again.
 FAULT_PATH = "/standin/fault"
 # The leak (eugr #257): every start lowers MemAvailable in this crafted meminfo by LEAK_ENV bytes,
 # written in place, never given back.
@@ -245,6 +246,7 @@ class Faults:
     def __init__(self) -> None:
         self.delay_s = 0.0
         self.health_delay_s = 0.0
+        self.stop_s = 0.0  # slow_stop: how long after a SIGTERM the server exits (0: at once)
         self.requests = 0
 
     def apply(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -256,8 +258,11 @@ class Faults:
             threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGSTOP)).start()
         elif mode == "crash":
             threading.Timer(0.2, lambda: os._exit(1)).start()
+        elif mode == "slow_stop":
+            self.stop_s = float(body.get("stop_s") or 45)
         else:
-            return 400, error_body(f"no fault mode {mode!r} (hang, crash, slow)", "BadRequestError", 400)
+            message = f"no fault mode {mode!r} (hang, crash, slow, slow_stop)"
+            return 400, error_body(message, "BadRequestError", 400)
         log(f"fault: {mode} {json.dumps(body)}")
         return 200, {"fault": mode, "standin": STANDIN_NOTE}
 
@@ -745,6 +750,7 @@ def serve(args: ServeArgs) -> int:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     server.RequestHandlerClass = make_handler(args, engine, on_dead, faults)
+    stopping = on_sigterm(server, faults)
     if isinstance(engine, RankGroup):
         # A headless rank that dies breaks the group (NCCL would abort): the head exits, not waits.
         threading.Thread(target=engine.watch, args=(on_dead,), daemon=True).start()
@@ -754,7 +760,29 @@ def serve(args: ServeArgs) -> int:
         server.serve_forever()
     finally:
         server.server_close()
+    if stopping.is_set():
+        time.sleep(faults.stop_s)  # the port is closed: /health is refused while it "drains"
+        log(f"exiting {faults.stop_s:g} s after SIGTERM (fault slow_stop)")
     return exit_code["code"]
+
+
+def on_sigterm(server: ThreadingHTTPServer, faults: Faults) -> threading.Event:
+    """SIGTERM as Python's default (the process ends by the signal), unless the slow_stop fault is
+    set: then the API server stops listening at once and `serve` exits `faults.stop_s` later. The
+    event says which. Installed from the main thread (Python's rule for signal handlers)."""
+    stopping = threading.Event()
+
+    def handle(signum: int, frame: object) -> None:
+        if not faults.stop_s:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        log(f"SIGTERM: closing the API server, exiting in {faults.stop_s:g} s (fault slow_stop)")
+        stopping.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handle)
+    return stopping
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
 _ANSWER_LIMIT = 64 << 20  # an answer this long is not one of the few-kilobyte answers asked for
@@ -58,12 +59,21 @@ def engine_socket() -> str | None:
 
 
 def call(
-    path: str, method: str, url: str, timeout: float | None = None, body: object = None
+    path: str,
+    method: str,
+    url: str,
+    timeout: float | None = None,
+    body: object = None,
+    *,
+    limit: int = _ANSWER_LIMIT,
+    total_s: float | None = None,
 ) -> tuple[int, bytes]:
     """One request to the engine on unix socket `path`: its status and body. `body`, when given, is
-    sent as JSON. No time limit by default, as the CLI has none (removing an image can be slow)."""
+    sent as JSON. No time limit by default, as the CLI has none (removing an image can be slow):
+    `timeout` bounds each socket operation, `total_s` the whole exchange, `limit` the answer's bytes."""
     data = b"" if body is None else json.dumps(body).encode()
     kind = "" if body is None else "Content-Type: application/json\r\n"
+    deadline = None if total_s is None else time.monotonic() + total_s
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
@@ -72,13 +82,23 @@ def call(
         sock.sendall(head.encode() + data)
         chunks, size = [], 0
         while True:
-            data = sock.recv(65536)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineError(f"{method} {url}: no complete answer within {total_s:g} s")
+                sock.settimeout(left if timeout is None else min(timeout, left))
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise EngineError(f"{method} {url}: no complete answer within {total_s:g} s") from None
+                raise
             if not data:
                 break
             chunks.append(data)
             size += len(data)
-            if size > _ANSWER_LIMIT:
-                raise EngineError(f"{method} {url}: an answer over {_ANSWER_LIMIT} bytes")
+            if size > limit:
+                raise EngineError(f"{method} {url}: an answer over {limit} bytes")
     finally:
         sock.close()
     return parse_answer(b"".join(chunks))

@@ -12,7 +12,8 @@ Its memory guard (issue 41 item 6) reads MemAvailable every second: below `memor
 `memory_floor_s` it stops this node's serving containers, once (under report: records that it would),
 before the kernel's OOM killer or a wedged node does. Each trip is in every /containers answer, where
 the watchdog reads it and answers with a world restart within its budget. /kernel gives the kernel's
-OOM kills and NVRM Xid lines where this node's log can be read.
+OOM kills and NVRM Xid lines where this node's log can be read; /events Docker's events of this node's
+stack containers (their restarts by Docker's policy, OOM kills, stops by someone else).
 """
 
 from __future__ import annotations
@@ -190,6 +191,8 @@ class Agent:
         if path == health_wire.AGENT_CONTAINERS:
             found = [self.docker("inspect", name) for name in self.s.containers]
             return Answer(200, {"containers": found, "guard": self.guard.report()})
+        if path == health_wire.AGENT_EVENTS:
+            return self._events(payload)
         if path == health_wire.AGENT_KERNEL:
             since = payload.get("since")
             since = float(since) if isinstance(since, int | float) else 0.0
@@ -210,6 +213,16 @@ class Agent:
             done = self.docker(action, name, self.s.stop_timeout_s.get(name, 30))
         log(f"{action} {name}: {'done' if done.get('ok') else done.get('error')}")
         return Answer(200 if done.get("ok") else 502, done)
+
+    def _events(self, payload: dict) -> Answer:
+        """Docker's events of this node's stack containers from `since` to `until` (this node's
+        clock; `until` defaults to now): what the watchdog tells Docker's restarts, OOM kills and
+        someone else's stops from."""
+        since, until = payload.get("since"), payload.get("until", self.clock())
+        if not isinstance(since, int | float) or not isinstance(until, int | float):
+            return Answer(400, {"error": "since and until must be unix seconds"})
+        found, error = self.docker("events", self.s.containers, float(since), float(until))
+        return Answer(200, {"events": found, "error": error})
 
     def _memory_probe(self, name: str) -> Answer:
         """vLLM's start-up figures from the image of `name`, in a short-lived container beside it."""
@@ -254,7 +267,9 @@ class Agent:
 def docker_on(socket_path: str) -> Callable[..., Any]:
     """The node's Docker through its mounted socket, as the Agent calls it."""
 
-    def docker(what: str, name: str, *args: Any) -> Any:
+    def docker(what: str, name: Any, *args: Any) -> Any:
+        if what == "events":  # `name`: every name asked for; args: since, until
+            return health_wire.events(socket_path, args[0], args[1], name, CALL_TIMEOUT_S)
         if what == "inspect":
             return health_wire.inspect(socket_path, name)
         if what == "logs":

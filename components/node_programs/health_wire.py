@@ -26,7 +26,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from components.node_programs import engine_api
 
@@ -77,6 +77,9 @@ AGENT_LOGS = "/logs"  # {"name", "tail"} -> {"lines": [...]}
 AGENT_KERNEL = "/kernel"  # {} -> {"faults": [...], "error": str | None}: the kernel's OOM kills and Xids
 # {"name"} -> gpu_memory.run_probe beside that container: {"report", "error", "took_s"}
 AGENT_MEMORY_PROBE = "/memory_probe"
+# {"since", "until"} (unix seconds, the agent's clock) -> {"events": [...], "error": str | None}: Docker's
+# events of this node's serving containers in that window (`events`)
+AGENT_EVENTS = "/events"
 AGENT_ACTIONS = (AGENT_STOP, AGENT_START, AGENT_RESTART)
 TIME_HEADER = "X-Qwen35-Time"
 NONCE_HEADER = "X-Qwen35-Nonce"
@@ -130,6 +133,10 @@ STATE_KEYS = (
     "clock_skew",
     "memory_guard",
     "cold_start",
+    "docker_events",
+    "standing_back",
+    "stand_backs",
+    "stand_backs_total",
 )
 
 
@@ -567,8 +574,9 @@ def recent_kernel_faults(path: str, since: float) -> dict:
 
 
 def fault_summary(diagnosis: dict) -> dict | None:
-    """{kind: memory | gpu, says} from a diagnosis: a GPU's Xid, a container Docker saw OOM-killed, the
-    kernel's OOM kills, the memory guard's stop; None when none is recorded (a plain crash)."""
+    """{kind: memory | gpu, says} from a diagnosis: a GPU's Xid, a container Docker saw OOM-killed (its
+    main process: OOMKilled; any of its processes: an `oom` event), the kernel's OOM kills, the memory
+    guard's stop; None when none is recorded (a plain crash)."""
     says: list[tuple[str, str]] = []
     for node, faults in sorted((diagnosis.get("kernel") or {}).items()):
         for fault in (faults or {}).get("faults") or []:
@@ -583,6 +591,14 @@ def fault_summary(diagnosis: dict) -> dict | None:
                 says.append(
                     ("memory", f"{node}: {container.get('name')} was OOM-killed (Docker's OOMKilled)")
                 )
+    for event in diagnosis.get("docker_oom") or []:
+        says.append(
+            (
+                "memory",
+                f"{event.get('node')}: Docker's oom event: the kernel's OOM killer killed a process in "
+                f"{event.get('name')}",
+            )
+        )
     guard = diagnosis.get("memory_guard")
     if guard:
         says.append(("memory", str(guard.get("message"))))
@@ -649,11 +665,16 @@ def act(socket_path: str, action: str, name: str, stop_timeout_s: int, timeout: 
         return {"ok": False, "status": None, "error": f"{type(exc).__name__}: {exc}"}
     if status in (204, 304):
         return {"ok": True, "status": status, "error": None}
+    return {"ok": False, "status": status, "error": daemon_message(body)}
+
+
+def daemon_message(body: bytes) -> str:
+    """The daemon's own words for a refusal: its JSON `message`, else the body's first 200 bytes."""
     try:
         message = json.loads(body).get("message")
     except (ValueError, AttributeError):
-        message = body[:200].decode(errors="replace")
-    return {"ok": False, "status": status, "error": message}
+        message = None
+    return str(message) if message is not None else body[:200].decode(errors="replace")
 
 
 def stamped_logs(
@@ -682,3 +703,84 @@ def logs(socket_path: str, name: str, tail: int, timeout: float = 10.0) -> list[
     if status != 200:
         return [f"(no logs: the daemon answered {status})"]
     return demux_logs(body)[-int(tail) :]
+
+
+# ---- Docker's event log: what happened to a container, and when ---------------------------------------
+
+# The container events the watchdog reads; others (exec_*, health_status, attach, …) are left out.
+EVENT_ACTIONS = ("create", "start", "restart", "kill", "die", "oom", "stop", "destroy", "pause", "unpause")
+EVENTS_ANSWER_LIMIT = 4 << 20  # bytes: the daemon keeps its last 256 events, a few hundred bytes each
+EVENTS_KEPT_PER_READ = 1000
+
+
+def parse_events(body: bytes, names: Iterable[str]) -> list[dict]:
+    """Docker's `GET /events` answer (one JSON object a line) as {at, action, name, id, exit_code,
+    signal} per event of the containers named `names`, oldest first (pure). The daemon's `container`
+    filter matches a name's prefix too (`x` matches `x-memory-probe`): only exact names are kept."""
+    wanted, found = set(names), []
+    decoder = json.JSONDecoder()
+    text, at = body.decode(errors="replace"), 0
+    while len(found) < EVENTS_KEPT_PER_READ:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at >= len(text):
+            break
+        try:
+            message, at = decoder.raw_decode(text, at)
+        except ValueError:  # a cut or foreign line: the rest is not read
+            break
+        event = event_facts(message)
+        if event is not None and event["name"] in wanted:
+            found.append(event)
+    return sorted(found, key=lambda e: e["at"])
+
+
+def event_facts(message: object) -> dict | None:
+    """One Docker event message (`{"Type": "container", "Action": "die", "Actor": {"ID", "Attributes":
+    {"name", "exitCode"}}, "timeNano"}`) as the watchdog keeps it, or None for another kind."""
+    if not isinstance(message, dict) or message.get("Type", "container") != "container":
+        return None
+    actor = message.get("Actor") if isinstance(message.get("Actor"), dict) else {}
+    attributes = actor.get("Attributes") if isinstance(actor.get("Attributes"), dict) else {}
+    action = str(message.get("Action") or message.get("status") or "")
+    if action not in EVENT_ACTIONS:
+        return None
+    nano, seconds = message.get("timeNano"), message.get("time")
+    if isinstance(nano, int):
+        at = nano // 10**9 + (nano % 10**9) / 1e9  # as one float division would not: to the microsecond
+    elif isinstance(seconds, int | float):
+        at = float(seconds)
+    else:
+        return None
+    code = str(attributes.get("exitCode", ""))
+    return {
+        "at": at,
+        "action": action,
+        "name": str(attributes.get("name") or ""),
+        "id": str(actor.get("ID") or message.get("id") or ""),
+        "exit_code": int(code) if action == "die" and code.lstrip("-").isdigit() else None,
+        "signal": str(attributes["signal"]) if action == "kill" and "signal" in attributes else None,
+    }
+
+
+def events(
+    socket_path: str, since: float, until: float, names: Iterable[str], timeout: float = 10.0
+) -> tuple[list[dict], str | None]:
+    """Docker's events of the containers `names` from `since` to `until` (unix seconds, this node's
+    clock), in one bounded read that never streams: `until` is in the past (it is cut to now), so the
+    daemon answers from its log and closes. (events, None), or ([], why not): never raises."""
+    names = sorted(set(names))
+    until = min(until, time.time())
+    if not names or int(until) < int(since):
+        return [], None
+    filters = json.dumps({"type": ["container"], "container": names}, separators=(",", ":"))
+    url = f"/events?since={int(since)}&until={int(until)}&filters={engine_api.quote(filters, safe='')}"
+    try:
+        status, body = engine_api.call(
+            socket_path, "GET", url, timeout, limit=EVENTS_ANSWER_LIMIT, total_s=timeout
+        )
+    except engine_api.FAILED as exc:
+        return [], f"{type(exc).__name__}: {exc}"
+    if status != 200:
+        return [], f"the daemon answered {status} for its events: {daemon_message(body)}"
+    return parse_events(body, names), None

@@ -15,8 +15,14 @@ server was first ready or `startup_s` has passed since the server's container st
 a new serving container (another ID, or started again by someone else, e.g. `pulumi up`) gets a new
 grace, and while one is missing or not yet started the watchdog neither judges nor acts. Docker's
 own restarts (a crash under `unless-stopped`, with no memory check) spend the budget as the
-watchdog's do; under mp one of any rank means the world is restarted. After `failures` failures in a
-row:
+watchdog's do; under mp one of any rank means the world is restarted. They are read from Docker's
+event log (each `start` its restart policy makes after a `die`), which every tick reads for the
+serving containers, telling the watchdog's own stops and starts from others' by when it made them;
+RestartCount, which Docker resets on every start through its API, only where the events cannot be
+read. A serving container someone else is stopping (a `kill` event the watchdog did not send, other
+than SIGKILL: `pulumi up`'s delete, an operator) makes it stand back, neither judging nor acting,
+until that container is removed or started again (then a fresh grace), at most its stop timeout plus
+a minute. Docker's `oom` events go into the next diagnosis. After `failures` failures in a row:
 
   1. diagnose: every node's containers (state, exit code), Ray's live nodes under executor ray (best
      effort, bounded), every node's MemAvailable, the server's last log lines;
@@ -30,7 +36,8 @@ acting. The memory guard (issue 41 item 6; `health_wire.MemoryGuard`): MemAvaila
 `memory_floor_bytes` for `memory_floor_s` stops that node's serving containers once (the head's by this
 program, read every second in a thread; the others' by their agents); the watchdog answers each trip
 with a cluster restart, reason `memory_floor`, within the budget. A diagnosis names a memory or GPU
-fault: Docker's OOMKilled, the kernel's OOM kills and NVRM Xids where the kernel's log can be read.
+fault: Docker's OOMKilled and `oom` events, the kernel's OOM kills and NVRM Xids where the kernel's log
+can be read.
 Every restart spends one of `max_restarts` per `window_s`; a recovery that finds the budget
 spent stops the server and the cluster's containers (their memory is freed), records why and waits
 for an operator: `budget_spent` is kept in the state volume, so neither a reboot nor a replaced
@@ -55,12 +62,12 @@ import time
 from collections.abc import Callable
 
 from components.node_programs import health_wire
-from components.node_programs.watchdog_checks import GuardWatch, ServerChecks, ServingWatch
+from components.node_programs.watchdog_checks import EventWatch, GuardWatch, ServerChecks, ServingWatch
 from components.node_programs.watchdog_policy import SPENT_NEXT_STEP
 from components.node_programs.watchdog_recovery import Recovery
 from components.node_programs.watchdog_report import serve_http, snapshot
 from components.node_programs.watchdog_settings import Settings
-from components.node_programs.watchdog_state import Persisted, Status, load_saved, log, saver
+from components.node_programs.watchdog_state import DockerEvents, Persisted, Status, load_saved, log, saver
 from components.node_programs.watchdog_world import RealWorld, World
 
 
@@ -87,9 +94,11 @@ class Watchdog:
             next_step=SPENT_NEXT_STEP
             if self.p.spent
             else "wait: no verdict before the server is first ready or startup_s has passed",
+            docker=DockerEvents(started=now),
         )
-        self.recovery = Recovery(settings, world, self.st, self.p, save)
-        self.serving = ServingWatch(settings, world, self.st, self.recovery)
+        self.recovery = Recovery(settings, world, self.st, self.p, save, clock)
+        self.events = EventWatch(settings, world, clock, self.st)
+        self.serving = ServingWatch(settings, world, self.st, self.recovery, self.events)
         self.guards = GuardWatch(settings, world, self.st, self.recovery)
         self.server = ServerChecks(settings, world, clock, self.st, self.recovery)
         self.guard = self.guards.guard  # the head's memory guard: its thread checks it every second

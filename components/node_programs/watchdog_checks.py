@@ -1,9 +1,10 @@
 """What each tick of the watchdog checks, in its order: the serving containers (new ones, ones being
-replaced, Docker's own restarts: `ServingWatch`), the memory guards and the agents' clocks
-(`GuardWatch`), and the server (/health, vLLM's /metrics, a completion: `ServerChecks`). Each reads
-through the World, judges by the policy (`watchdog_policy`) and calls on the recovery
-(`watchdog_recovery`) to act. A library of `watchdog`: standard library only; it travels with the
-program to the node.
+replaced, Docker's own restarts: `ServingWatch`) and Docker's events of them (whose each stop and
+start is, Docker's restarts, a stop someone else began: `EventWatch`), the memory guards and the
+agents' clocks (`GuardWatch`), and the server (/health, vLLM's /metrics, a completion:
+`ServerChecks`). Each reads through the World, judges by the policy (`watchdog_policy`) and calls on
+the recovery (`watchdog_recovery`) to act. A library of `watchdog`: standard library only; it
+travels with the program to the node.
 """
 
 from __future__ import annotations
@@ -13,15 +14,20 @@ from dataclasses import replace
 
 from components.node_programs import cold_start, health_wire
 from components.node_programs.watchdog_policy import (
+    after_die,
+    begins_stand_back,
     completion_deadline,
     engine_progress,
     grace_start,
     judged_restarts,
+    own_act,
     parse_started_at,
     reason_for,
     recovery_due,
     replacing,
     serving_changes,
+    signal_name,
+    stand_back_end,
     track_progress,
 )
 from components.node_programs.watchdog_recovery import Recovery
@@ -29,34 +35,208 @@ from components.node_programs.watchdog_settings import Settings
 from components.node_programs.watchdog_state import Status, log
 from components.node_programs.watchdog_world import CALL_TIMEOUT_S, Probe, World
 
+EVENTS_OVERLAP_S = 5.0  # each read of Docker's events goes back this far over the last (one logged late)
+
+
+class EventWatch:
+    """Docker's event log of the serving containers (issue 53), read every tick: each event marked with
+    whose it is (the watchdog's own stops and starts, a memory guard's, or None: someone else's or
+    Docker's), Docker's restart policy's starts counted one by one (RestartCount is reset on every
+    start through Docker's API), `oom` events kept for the next diagnosis, and a stop someone else
+    began (`pulumi up`'s delete with its 120 s grace, an operator) waited out, not fought."""
+
+    def __init__(self, settings: Settings, world: World, clock: Callable[[], float], status: Status):
+        self.s, self.world, self.clock, self.st = settings, world, clock, status
+
+    def read(self, now: float) -> tuple[dict[tuple[str, str], dict[str, int]], list[str]]:
+        """This tick's new events, digested: Docker's and others' starts per container (`policy`,
+        `other`), and the stand-backs a removal or a start ended (what follows gets a fresh grace)."""
+        self._learn_guard_stops()
+        return self._digest(self._read_events(now))
+
+    def _read_events(self, now: float) -> list[dict]:
+        """Each node's Docker events of its serving containers since the last read (a little before
+        it: an event logged late is not lost; the ones already seen are dropped), in the head's clock.
+        A node whose events cannot be read is recorded in `error` and said once."""
+        docker, fresh = self.st.docker, []
+        for node in dict.fromkeys(t.node for t in self.s.serving()):
+            skew = self.st.skew.get(node, 0.0)  # the node's clock minus the head's (0 on the head)
+            since = max(docker.started, docker.read.get(node, docker.started) - EVENTS_OVERLAP_S)
+            try:
+                found, error = self.world.events(node, since + skew, now + skew)
+            except Exception as exc:  # the World's own bound failed: not read, never a failed tick
+                found, error = [], f"{type(exc).__name__}: {exc}"
+            docker.read[node] = now
+            if error is not None and docker.error.get(node) != error:
+                log(
+                    f"{node}: Docker's events could not be read ({error}): its restarts are counted from "
+                    "RestartCount, which Docker resets on every start through its API"
+                )
+            docker.error[node] = error
+            for raw in found if error is None else ():
+                key = (node, raw.get("id"), raw.get("action"), raw.get("at"))
+                if key in docker.keys or not isinstance(raw.get("at"), int | float):
+                    continue
+                docker.keys.append(key)
+                fresh.append({**raw, "node": node, "at": float(raw["at"]) - skew})
+        return sorted(fresh, key=lambda e: e["at"])
+
+    def _digest(self, fresh: list[dict]) -> tuple[dict[tuple[str, str], dict[str, int]], list[str]]:
+        """Keep the new events, each marked with whose it is (`by`). A start by no one the watchdog
+        knows is Docker's restart policy's (`policy`: after a `die` with no `stop` by anyone) or
+        someone else's (`other`: an operator, `pulumi up`); a `kill` by no one it knows begins a
+        stand-back (`begins_stand_back`: not SIGKILL), which a removal or a start ends."""
+        starts: dict[tuple[str, str], dict[str, int]] = {}
+        ended: list[str] = []
+        for event in fresh:
+            key = (event["node"], event["name"])
+            event["by"] = self._by(event)
+            if begins_stand_back(event, self.st.standing):
+                self._begin_stand_back(key, event)
+            elif event["action"] in ("destroy", "start") and key in self.st.standing:
+                ended.append(self._end_stand_back(key, event["action"], event["at"]))
+            if event["action"] == "oom":
+                # The kernel's OOM killer killed a process in it: the container may run on (a worker
+                # process killed), and OOMKilled stays false unless its main process was the one.
+                log(f"Docker's oom event: the kernel's OOM killer killed a process in {key[1]} on {key[0]}")
+                self.st.docker.ooms.append(event)
+            if event["action"] == "start" and event["by"] is None:
+                kind = "policy" if after_die(event, self.st.docker.kept) else "other"
+                count = starts.setdefault(key, {"policy": 0, "other": 0})
+                count[kind] += 1
+            self.st.docker.kept.append(event)
+        return starts, ended
+
+    def _by(self, event: dict) -> str | None:
+        """Whose the event is (`own_act`): `watchdog` or `guard`, None otherwise. A start claims its act."""
+        # A copy: the head's guard thread adds its stops meanwhile.
+        act = own_act(event, tuple(self.st.docker.own), self.clock())
+        if act is None:
+            return None
+        if event["action"] == "start":
+            act.setdefault("claimed", (event["id"], event["at"]))
+        return act["by"]
+
+    def _learn_guard_stops(self) -> None:
+        """An agent's memory guard stops its node's containers on its own: its last trip's stops (from
+        its /containers answer) are the guard's, not someone else's."""
+        docker = self.st.docker
+        for node, report in self.world.memory_guards().items():
+            last = report.get("last") if isinstance(report, dict) else None
+            at = last.get("at") if isinstance(last, dict) and last.get("acted") else None
+            if not isinstance(at, int | float) or (node, at) in docker.guards_learned:
+                continue
+            docker.guards_learned.append((node, at))
+            begin, stopped = float(at) - self.st.skew.get(node, 0.0), list(last.get("stopped") or [])
+            took = len(stopped) * (self.s.guard_stop_s + CALL_TIMEOUT_S)
+            for name in stopped:
+                stop = {"node": node, "name": name, "action": "stop", "by": "guard"}
+                docker.own.append({**stop, "begin": begin, "end": begin + took})
+
+    # -- a stop someone else sent (`pulumi up` replacing a container, an operator): stand back --
+
+    def _begin_stand_back(self, key: tuple[str, str], kill: dict) -> None:
+        """A serving container was sent a signal by someone else than the watchdog: `pulumi up`'s
+        delete stops it with a 120 s grace, and it reads `running` until its process exits. Fighting
+        that would spend a restart and start the old container again."""
+        bound_s, signal = self.s.stand_back_s(*key), signal_name(kill.get("signal"))
+        self.st.standing[key] = {
+            "node": key[0],
+            "name": key[1],
+            "id": kill.get("id"),
+            "since": kill["at"],
+            "signal": signal,
+            "until": kill["at"] + bound_s,
+            "kill": kill,
+        }
+        self.st.stand_backs_total += 1
+        log(
+            f"{key[1]} on {key[0]} was sent {signal} by someone else than the watchdog (`pulumi up` "
+            f"replacing it, or an operator): standing back until it is removed or started again, at most "
+            f"{bound_s:g} s (its stop timeout plus a minute)"
+        )
+
+    def _end_stand_back(self, key: tuple[str, str], how: str, at: float) -> str:
+        """End one stand-back (`how`: destroy, start, bound, or whose stop it was after all)."""
+        entry = self.st.standing.pop(key)
+        self.st.stand_backs.append(
+            {"node": key[0], "name": key[1], "since": entry["since"], "ended": at, "how": how}
+        )
+        said = {
+            "destroy": "was removed",
+            "start": "was started again",
+            "bound": f"was neither removed nor started again by {entry['until'] - entry['since']:g} s "
+            "after the stop: judging it again",
+        }.get(how, f"was the {how}'s own stop after all")
+        said = f"{key[1]} on {key[0]}, stopped by someone else, {said}"
+        log(said)
+        return said
+
+    def review(self, now: float, known: dict[tuple[str, str], dict]) -> None:
+        """Each tick: a stop the memory guard turns out to have made (its trip is recorded once its
+        stops are done) is no one else's; a container gone or replaced (its events not read) ends it;
+        and the bound: the container's stop timeout plus a minute, then the watchdog judges again."""
+        for key, entry in list(self.st.standing.items()):
+            how = stand_back_end(entry, known.get(key) or {}, self._by(entry["kill"]), now)
+            if how is not None:
+                self._end_stand_back(key, how, now)
+
+    def stand_back(self, now: float, restarted: dict[tuple[str, str], int]) -> None:
+        """No verdict and no action while someone else stops a serving container (`starting`)."""
+        if restarted:  # e.g. a rank whose peer `up` stops: the stop under way is not the watchdog's
+            names = ", ".join(f"{name} on {node}" for node, name in sorted(restarted))
+            log(f"Docker restarted {names} while another stops a serving container: not spent")
+        entries = sorted(self.st.standing.values(), key=lambda e: e["since"])
+        who = ", ".join(
+            f"{e['name']} on {e['node']} ({e['signal']} {now - e['since']:.0f} s ago)" for e in entries
+        )
+        self.st.next_step = (
+            f"wait: {who} is being stopped by someone else than the watchdog (`pulumi up` replacing it, or "
+            f"an operator): no verdict and no action until it is removed or started again, at most "
+            f"{max(e['until'] for e in entries) - now:.0f} s more"
+        )
+        self.st.failures, self.st.completion_failures, self.st.stall_since = 0, 0, None
+        self.st.enter(health_wire.State.STARTING, now)
+
 
 class ServingWatch:
-    """The serving containers, read at each tick's start: while they are replaced, or new, no verdict
-    (a fresh grace); Docker's own restarts spend the budget as the watchdog's do."""
+    """The serving containers, read at each tick's start with their Docker events: while they are
+    replaced, or new, no verdict (a fresh grace); while someone else stops one, none either (a
+    stand-back); Docker's own restarts spend the budget as the watchdog's do."""
 
-    def __init__(self, settings: Settings, world: World, status: Status, recovery: Recovery):
-        self.s, self.world, self.st, self.recovery = settings, world, status, recovery
+    def __init__(
+        self, settings: Settings, world: World, status: Status, recovery: Recovery, events: EventWatch
+    ):
+        self.s, self.world, self.st, self.recovery, self.events = settings, world, status, recovery, events
 
     def observe(self, now: float) -> bool:
-        """Read the serving containers. True when this tick ends here: they are being replaced (no
-        verdict, no action), or Docker restarted one and the watchdog acted on it."""
+        """Read the serving containers and their Docker events. True when this tick ends here: they
+        are being replaced or stopped by someone else (no verdict, no action), or Docker restarted one
+        and the watchdog acted on it."""
         found = self._read_serving()
+        # After the containers: an agent's memory guard report comes with its /containers answer.
+        starts, ended = self.events.read(now)
         before = self.st.seen
         known = {key: facts for key, facts in found.items() if facts.get("state") != "unknown"}
         self.st.seen = {**before, **known}
         if not before:
             self._first_grace(found)
+        self.events.review(now, known)
         if self.st.state is health_wire.State.BUDGET_SPENT:
             return False
         replaced = replacing(known)
         if replaced:
             self._fresh_grace(now, f"{', '.join(replaced)}: the serving containers are being replaced")
             return True
-        new, restarted = serving_changes(before, known, acting=self.st.step is not None)
-        if new:
-            self._fresh_grace(now, f"new serving container(s) {', '.join(sorted(new))}")
-            return False
-        return self._docker_restarts(now, restarted)
+        acting, read = self.st.step is not None, self.st.docker.read_nodes()
+        new, restarted = serving_changes(before, known, acting, starts, read)
+        if new or ended:
+            said = [f"new serving container(s) {', '.join(sorted(new))}"] if new else []
+            self._fresh_grace(now, "; ".join(said + ended))
+        if self.st.standing:
+            self.events.stand_back(now, restarted)
+            return True
+        return False if new or ended else self._docker_restarts(now, restarted)
 
     def _read_serving(self) -> dict[tuple[str, str], dict]:
         """Each serving container's facts by (node, name); state `unknown` where its node did not say."""
@@ -157,7 +337,7 @@ class GuardWatch:
         target = next(t for t in self.s.serving() if t.node == self.s.head and t.name == name)
         # The guard's own short bound, not the container's grace: SIGKILL after guard_stop_s.
         bounded = replace(target, stop_timeout_s=self.s.guard_stop_s)
-        done = self.world.stop(bounded)
+        done = self.recovery.act("stop", bounded, "guard")
         found = next((c for c in self.world.containers(target.node) if c.get("name") == name), {})
         done = health_wire.guard_stopped(done, found, self.s.guard_stop_s)
         log(f"memory guard: stop {name} on {target.node}: {health_wire.guard_stop_said(done)}")

@@ -7,6 +7,8 @@ it travels with the program to the node.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
+
 from components.node_programs import cold_start, gpu_memory, health_wire
 from components.node_programs.watchdog_settings import Settings, Target
 
@@ -22,6 +24,12 @@ RUNNING_METRIC = "vllm:num_requests_running"
 WAITING_METRIC = "vllm:num_requests_waiting"
 TOKENS_METRIC = "vllm:generation_tokens_total"
 PROMPT_METRIC = "vllm:prompt_tokens_total"
+# Docker's events (issue 53): the ones a stop makes (its `kill`: SIGTERM, and SIGKILL after the grace;
+# the exit; its own `stop`), and an event this close to one of the watchdog's own acts is that act's
+# (the clocks, the daemon's lag).
+STOPPING = ("kill", "die", "stop")
+OWN_SLACK_S = 2.0
+SIGNALS = {"1": "SIGHUP", "2": "SIGINT", "3": "SIGQUIT", "9": "SIGKILL", "15": "SIGTERM"}
 SPENT_NEXT_STEP = (
     "the restart budget is spent and the server and cluster containers are stopped: find the "
     "cause (last_diagnosis), then start them again (`pulumi up --refresh`); the watchdog sees "
@@ -115,11 +123,17 @@ def replacing(known: dict[tuple[str, str], dict]) -> list[str]:
 
 
 def serving_changes(
-    before: dict[tuple[str, str], dict], known: dict[tuple[str, str], dict], acting: bool
+    before: dict[tuple[str, str], dict],
+    known: dict[tuple[str, str], dict],
+    acting: bool,
+    starts: dict[tuple[str, str], dict[str, int]] | None = None,
+    read: Collection[str] = (),
 ) -> tuple[list[str], dict[tuple[str, str], int]]:
     """The serving containers new since the last read (another ID; or started again, not by the
     watchdog, `acting` in a step, nor by Docker's restart policy), and how often Docker's policy
-    restarted the others."""
+    restarted the others. On the nodes whose Docker events were `read`, from the starts by no one the
+    watchdog knows (`starts`: per container, Docker's `policy`'s and an `other`'s); elsewhere from
+    RestartCount, which Docker resets on every start through its API, the watchdog's own included."""
     new, restarted = [], {}
     for key, facts in known.items():
         was = before.get(key)
@@ -128,10 +142,19 @@ def serving_changes(
         if facts.get("id") != was.get("id"):
             new.append(key[1])
             continue
+        started_again = facts.get("started_at") != was.get("started_at") and not acting
+        if key[0] in read:
+            seen = (starts or {}).get(key) or {}
+            if seen.get("policy"):
+                restarted[key] = seen["policy"]
+            # Started by someone else (`up`, an operator); or its start event was not read in time.
+            if seen.get("other") or (started_again and not seen):
+                new.append(key[1])
+            continue
         count, earlier = facts.get("restarts"), was.get("restarts")
         if isinstance(count, int) and isinstance(earlier, int) and count > earlier:
             restarted[key] = count - earlier
-        elif facts.get("started_at") != was.get("started_at") and not acting:
+        elif started_again:
             new.append(key[1])  # started by someone else than the watchdog (`up`, an operator)
     return new, restarted
 
@@ -142,6 +165,76 @@ def judged_restarts(settings: Settings, restarted: dict[tuple[str, str], int]) -
     if settings.executor != "mp":
         return {key: n for key, n in restarted.items() if key[0] == settings.head}
     return restarted
+
+
+# ---- Docker's events: whose each one is, Docker's restarts, a stop someone else began -----------------
+
+
+def signal_name(signal: object) -> str:
+    """A `kill` event's signal (Docker 20.10 gives its number, `15`) by name: SIGTERM."""
+    text = str(signal or "")
+    return text if text.startswith("SIG") else SIGNALS.get(text, f"signal {text}" if text else "a signal")
+
+
+def own_act(event: dict, own: Iterable[dict], now: float) -> dict | None:
+    """The watchdog's or a memory guard's own stop or start (`DockerEvents.own`, oldest first: {node,
+    name, action, by, begin, end: None while under way}) that made `event`, or None: someone else's or
+    Docker's own. A `kill`, `die` or `stop` within one of its stops is the stop's; a `start` within one
+    of its starts is that start's, one `start` per start (`claimed`: the event's id and time), so a
+    crash Docker restarts a moment after the watchdog's own start is still Docker's."""
+    action = event["action"]
+    wanted = "start" if action == "start" else "stop" if action in STOPPING else None
+    if wanted is None:
+        return None
+    mark = (event["id"], event["at"])
+    for act in reversed(tuple(own)):
+        if (act["node"], act["name"], act["action"]) != (event["node"], event["name"], wanted):
+            continue
+        end = act["end"] if act["end"] is not None else now
+        if not act["begin"] - OWN_SLACK_S <= event["at"] <= end + OWN_SLACK_S:
+            continue
+        if wanted == "start" and act.get("claimed", mark) != mark:
+            continue  # this start's own event was another one
+        return act
+    return None
+
+
+def after_die(start: dict, kept: Iterable[dict]) -> bool:
+    """Whether the container's last event before `start` (in `kept`, oldest first) was a `die`, with no
+    `stop` by anyone since: Docker's restart policy started it again."""
+    for event in reversed(tuple(kept)):
+        if (event["node"], event["name"], event["id"]) != (start["node"], start["name"], start["id"]):
+            continue
+        if event["action"] in ("create", "start", "kill", "stop", "die"):
+            return event["action"] == "die"
+    return False
+
+
+def begins_stand_back(event: dict, standing: Collection[tuple[str, str]]) -> bool:
+    """A `kill` no one the watchdog knows sent (`by` None) to a container it does not yet stand back
+    for: someone else began a stop (`pulumi up`'s delete, an operator). Not SIGKILL: that ends the
+    container at once (`docker kill`, a crash's like), so there is no stop to wait out and the server
+    is judged as after any crash."""
+    return (
+        event["action"] == "kill"
+        and event.get("by") is None
+        and (event["node"], event["name"]) not in standing
+        and signal_name(event.get("signal")) != "SIGKILL"
+    )
+
+
+def stand_back_end(entry: dict, facts: dict, by: str | None, now: float) -> str | None:
+    """How a stand-back `entry` ends at `now`, given its container's last facts and whose its `kill`
+    turned out to be (`by`: a memory guard's trip is recorded once its stops are done): that owner's
+    name; `destroy` when the container is gone or replaced; `bound` past its stop timeout plus a
+    minute; None while it goes on."""
+    if by is not None:
+        return by
+    if facts.get("state") == "missing" or facts.get("id", entry["id"]) != entry["id"]:
+        return "destroy"
+    if now >= entry["until"]:
+        return "bound"
+    return None
 
 
 # ---- a recovery: its step, what it restarts, the budget, what holds it ----------------------------------

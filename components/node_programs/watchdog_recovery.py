@@ -8,6 +8,7 @@ library only; it travels with the program to the node.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,8 +42,10 @@ class Recovery:
         status: Status,
         persisted: Persisted,
         save: Callable[[dict], None],
+        clock: Callable[[], float] = time.time,
     ):
         self.s, self.world, self.st, self.p, self._save = settings, world, status, persisted, save
+        self.clock = clock
         self.memory = MemoryGate(settings, world, status)
 
     def budget_left(self, now: float) -> int:
@@ -74,9 +77,20 @@ class Recovery:
         self.memory_wait(now)
 
     def do(self, action: str, target: Target) -> dict:
-        done = (self.world.stop if action == "stop" else self.world.start)(target)
+        done = self.act(action, target, "watchdog")
         log(f"{action} {target.name} on {target.node}: {'done' if done.get('ok') else done.get('error')}")
         return done
+
+    def act(self, action: str, target: Target, by: str) -> dict:
+        """Stop or start `target` for `by` (`watchdog`, or the head's memory guard: `guard`), remembering
+        when (the head's clock): the Docker events it makes are then its own, not someone else's."""
+        record = {"node": target.node, "name": target.name, "action": action, "by": by}
+        record.update(begin=self.clock(), end=None)
+        self.st.docker.own.append(record)
+        try:
+            return (self.world.stop if action == "stop" else self.world.start)(target)
+        finally:
+            record["end"] = self.clock()
 
     def memory_wait(self, now: float) -> None:
         """Start what the recovery stopped once every node has the memory for it; past `memory_wait_s`
@@ -168,6 +182,12 @@ class Recovery:
         found["kernel"] = {n.name: self.world.kernel_faults(n.name, since) for n in self.s.nodes}
         if tripped:
             found["memory_guard"] = tripped
+        # Docker's `oom` events of this episode: a process killed inside a container that may run on.
+        found["docker_oom"] = [
+            {k: event.get(k) for k in ("node", "name", "at")}
+            for event in self.st.docker.ooms
+            if event["at"] >= since
+        ]
         found["fault"] = health_wire.fault_summary(found)
         unchecked = [n.name for n in self.s.nodes if n.need_bytes is None]
         if unchecked:

@@ -15,6 +15,8 @@ from components.node_programs.watchdog_policy import budget_left, in_window
 from components.node_programs.watchdog_settings import Settings
 from components.node_programs.watchdog_state import Persisted, Status
 
+EVENTS_SHOWN = 20  # Docker's events shown in /state (`docker_events.recent`), the newest
+
 
 def snapshot(s: Settings, st: Status, p: Persisted, now: float) -> dict:
     """/state at `now`: the keys `health_wire.STATE_KEYS` names, and the figures behind /metrics."""
@@ -52,12 +54,38 @@ def snapshot(s: Settings, st: Status, p: Persisted, now: float) -> dict:
         "agent_clock_skew_s": dict(st.skew),
         "memory_guard": dict(st.memory_guard),
         "memory_guard_trips": dict(st.guard_trips),
+        "docker_events": events_state(st),
+        "standing_back": [
+            {**{k: v for k, v in e.items() if k not in ("kill", "id")}, "id": str(e.get("id"))[:12]}
+            for e in list(st.standing.values())
+        ],
+        "stand_backs": list(st.stand_backs),
+        "stand_backs_total": st.stand_backs_total,
         "clock_skew": [
             health_wire.skew_message(node, value)
             for node, value in sorted(st.skew.items())
             if abs(value) > health_wire.SIGNATURE_WINDOW_S
         ],
     }
+
+
+def events_state(st: Status) -> dict:
+    """/state's `docker_events`: each node's read (and whether its restarts are counted from the
+    events or from RestartCount), and the newest events with whose they are."""
+    docker = st.docker
+    nodes = {
+        node: {
+            "read_until": docker.read.get(node),
+            "error": error,
+            "restarts_from": "events" if error is None else "RestartCount",
+        }
+        for node, error in list(docker.error.items())
+    }
+    recent = [
+        {**{k: v for k, v in event.items() if k != "id"}, "id": str(event.get("id"))[:12]}
+        for event in list(docker.kept)[-EVENTS_SHOWN:]
+    ]
+    return {"nodes": nodes, "recent": recent}
 
 
 def _number(value: float | int) -> str:
@@ -113,6 +141,7 @@ def metrics_text(state: dict) -> str:
             [("", state.get("last_ttft_s"))],
         ),
         *_node_families(state),
+        *_event_families(state),
         *_start_families(state),
         (
             "state",
@@ -161,6 +190,25 @@ def _node_families(state: dict) -> list[tuple[str, str, str, list]]:
             "gauge",
             "What vLLM needs free to start there: gpu_memory_utilization × total (the same probe).",
             [(f'{{node="{node}"}}', rule.get("requested_bytes")) for node, rule in rules],
+        ),
+    ]
+
+
+def _event_families(state: dict) -> list[tuple[str, str, str, list]]:
+    """What Docker's event log told (issue 53): the stand-backs, and whose events could be read."""
+    events = sorted(((state.get("docker_events") or {}).get("nodes") or {}).items())
+    return [
+        (
+            "stand_backs_total",
+            "counter",
+            "Times the watchdog stood back for a serving container someone else was stopping.",
+            [("", state.get("stand_backs_total"))],
+        ),
+        (
+            "docker_events_read",
+            "gauge",
+            "1 when the node's Docker events were read last tick; 0: its restarts counted from RestartCount.",
+            [(f'{{node="{node}"}}', int(read.get("error") is None)) for node, read in events],
         ),
     ]
 

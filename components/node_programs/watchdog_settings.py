@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 # Allowance for /health's and /metrics' reads in a tick of a hang /health hides (they answer at once).
 READS_S = 2.0
+# Standing back for a stop someone else sent (issue 53) lasts at most the container's stop timeout plus
+# this: then the server is judged again.
+STAND_BACK_EXTRA_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,12 @@ class Settings:
     def serving(self) -> tuple[Target, ...]:
         """Every container that serves (the cluster's and the server), each once, in start order."""
         return tuple(dict.fromkeys((*self.cluster, self.server)))
+
+    def stand_back_s(self, node: str, name: str) -> float:
+        """The longest the watchdog stands back while someone else stops the serving container `name`
+        on `node`: its stop timeout (SIGKILL after it), plus a minute."""
+        found = next((t for t in self.serving() if (t.node, t.name) == (node, name)), Target(node, name))
+        return found.stop_timeout_s + STAND_BACK_EXTRA_S
 
     def idle_deadline_s(self) -> float:
         """The deadline of a completion sent to an idle engine (never longer than a busy one's)."""

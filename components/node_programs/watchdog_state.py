@@ -1,5 +1,6 @@
-"""What the watchdog knows between ticks (`Status`: what /state shows and the recovery under way), what
-survives its container (`Persisted`: state.json in the state volume), and its log. A library of
+"""What the watchdog knows between ticks (`Status`: what /state shows and the recovery under way; and
+`DockerEvents`: what it read of Docker's event log, and its own stops and starts), what survives its
+container (`Persisted`: state.json in the state volume), and its log. A library of
 `watchdog`: standard library only; it travels with the program to the node.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,6 +18,11 @@ from components.node_programs.watchdog_settings import Target
 from components.node_programs.watchdog_world import Probe
 
 RESTART_KEEP = 50  # restarts kept in /state's history (the window's count is what the budget reads)
+# Docker's event log (issue 53), read every tick: what is kept of it.
+EVENTS_KEPT = 200  # events kept (the newest; /state shows watchdog_report.EVENTS_SHOWN of them)
+OWN_KEPT = 100  # the watchdog's own stops and starts remembered, to tell their events from others'
+OOM_KEPT = 20  # Docker's `oom` events kept for the next diagnosis
+STAND_BACKS_KEPT = 20  # ended stand-backs kept in /state
 
 
 def log(message: str) -> None:
@@ -51,6 +58,27 @@ class Persisted:
             "stopped": self.stopped,
             "budget_resets": self.budget_resets[-RESTART_KEEP:],
         }
+
+
+@dataclass
+class DockerEvents:
+    """What the watchdog has read of Docker's events (issue 53), and its own stops and starts, which
+    tell its events from others'. Times are the head's clock."""
+
+    started: float = 0.0  # when the watchdog started: no event before it is read
+    read: dict[str, float] = field(default_factory=dict)  # each node's events read up to
+    # Why each node's last read failed (None: read; its restarts are counted from the events, else from
+    # RestartCount).
+    error: dict[str, str | None] = field(default_factory=dict)
+    kept: deque[dict] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+    keys: deque[tuple] = field(default_factory=lambda: deque(maxlen=2 * EVENTS_KEPT))  # the ones seen
+    own: deque[dict] = field(default_factory=lambda: deque(maxlen=OWN_KEPT))  # {node, name, action, by, …}
+    guards_learned: deque[tuple] = field(default_factory=lambda: deque(maxlen=OWN_KEPT))
+    ooms: deque[dict] = field(default_factory=lambda: deque(maxlen=OOM_KEPT))  # the next diagnosis's
+
+    def read_nodes(self) -> set[str]:
+        """The nodes whose events the last tick read (their restarts are counted from the events)."""
+        return {node for node, error in self.error.items() if error is None}
 
 
 @dataclass
@@ -92,6 +120,12 @@ class Status:
     memory_guard: dict[str, dict] = field(default_factory=dict)  # each node's last trip
     # The server's last start as vLLM's log tells it (`cold_start.cold_start`), once it is ready.
     cold_start: dict | None = None
+    docker: DockerEvents = field(default_factory=DockerEvents)
+    # Serving containers someone else is stopping (a `kill` event not the watchdog's), by (node, name):
+    # no verdict and no action until they are removed or started again, or the bound.
+    standing: dict[tuple[str, str], dict] = field(default_factory=dict)
+    stand_backs: deque[dict] = field(default_factory=lambda: deque(maxlen=STAND_BACKS_KEPT))  # ended ones
+    stand_backs_total: int = 0
 
     def enter(self, state: health_wire.State, now: float) -> None:
         """Set the verdict; a change is logged, and `since` is when it changed."""

@@ -1,8 +1,8 @@
 """The watchdog's World: what it reads (the server's /health, /metrics and a completion; each node's
-containers, MemAvailable and kernel log; Ray's live nodes) and what it does (stop and start a
-container, probe a node's GPU memory). The head's Docker through its mounted socket; every other
-node's only through its agent, each request signed for that node. A library of `watchdog`: standard
-library only; it travels with the program to the node. Tests give a fake World.
+containers, Docker's events of them, MemAvailable and kernel log; Ray's live nodes) and what it does
+(stop and start a container, probe a node's GPU memory). The head's Docker through its mounted
+socket; every other node's only through its agent, each request signed for that node. A library of
+`watchdog`: standard library only; it travels with the program to the node. Tests give a fake World.
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ class World:
     def memory_probe(self, node: str) -> dict:
         """`gpu_memory.run_probe` on `node` beside its first stack container: {report, error, took_s}."""
         return {"report": None, "error": "no memory probe in this world"}
+
+    def events(self, node: str, since: float, until: float) -> tuple[list[dict], str | None]:
+        """Docker's events of `node`'s stack containers from `since` to `until` (that node's clock),
+        as `health_wire.events` gives them: (events, None), or ([], why they could not be read)."""
+        return [], "no Docker event log in this world"
 
     def stop(self, target: Target) -> dict:
         raise NotImplementedError
@@ -228,6 +233,17 @@ class RealWorld(World):
             return [
                 {"name": name, "state": "unknown", "error": str(exc)} for name in self.s.node(node).containers
             ]
+
+    def events(self, node: str, since: float, until: float) -> tuple[list[dict], str | None]:
+        names = self.s.node(node).containers
+        if node not in self.agents:
+            return health_wire.events(self.socket, since, until, names, CALL_TIMEOUT_S)
+        try:
+            answer = self._agent(node, health_wire.AGENT_EVENTS, {"since": since, "until": until})
+        except (OSError, ValueError) as exc:
+            return [], f"its agent did not answer: {exc}"
+        found = answer.get("events")
+        return (found, answer.get("error")) if isinstance(found, list) else ([], "its agent gave no events")
 
     def _act(self, action: str, target: Target) -> dict:
         if target.node not in self.agents:

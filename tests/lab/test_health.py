@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -181,6 +182,43 @@ def test_a_spent_budget_stops_everything_says_why_and_survives_the_watchdog_s_re
     reset = stack.wait_state(lambda s: s["state"] == "healthy", 40, "no reset after the operator's start")
     assert reset["spent"] is None and reset["budget_left"] == 1
     assert reset["budget_resets"] and "run again" in reset["budget_resets"][-1]["why"]
+
+
+def test_a_slow_stop_by_someone_else_spends_nothing_and_is_not_started_again(stack):
+    """Issue 53 item 4 against the lab's dockerd: `pulumi up` deletes a container by stopping it with
+    its 120 s grace; this server traps that SIGTERM, closes its port and exits 45 s later, reading
+    `running` meanwhile. The watchdog did not send that SIGTERM (Docker's `kill` event says someone
+    did): it stands back, spends no budget and never starts the container itself; once the container
+    is started again (as `up --refresh` or an operator would), it gives it a fresh grace."""
+    stack.up(rejoin=True)
+    stack.fault("slow_stop", stop_s=45)
+    stopped: dict = {}
+
+    def stop() -> None:
+        started = time.monotonic()
+        stopped["result"] = stack.docker("node-a", "stop", "--time", "120", stack.server)
+        stopped["took_s"] = time.monotonic() - started
+
+    stopper = threading.Thread(target=stop, daemon=True)
+    stopper.start()
+    state = stack.wait_state(
+        lambda s: [e["name"] for e in s.get("standing_back") or []] == [stack.server], 15, "never stood back"
+    )
+    assert state["state"] == "starting" and stack.server in state["next_step"], state["next_step"]
+    assert stack.inspect("node-a", stack.server)[0] == "running"  # draining, its port closed
+    stopper.join(120)
+    assert stopped.get("took_s", 0) >= 40, stopped  # the SIGTERM was trapped: it drained 45 s
+    assert stack.inspect("node-a", stack.server)[0] == "exited", "the watchdog started it again"
+    state = stack.state()
+    assert state["restarts"] == [] and state["budget_left"] == 3 and state["standing_back"], state
+    started = stack.docker("node-a", "start", stack.server)  # within the stop timeout plus a minute
+    assert started.out.strip() == stack.server
+    state = stack.wait_state(lambda s: s["state"] == "healthy", 60, "not healthy after the start")
+    assert state["restarts"] == [] and state["budget_left"] == 3, state
+    assert [s["how"] for s in state["stand_backs"]] == ["start"] and state["stand_backs_total"] == 1
+    log = stack.docker("node-a", "logs", watchdog_container_name(stack.cfg)).out
+    assert f"start {stack.server} on node-a" not in log, "the watchdog started the server itself"
+    assert f"{stack.server} on node-a was sent SIGTERM by someone else" in log, log[-3000:]
 
 
 @pytest.fixture(scope="module")

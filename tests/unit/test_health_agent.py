@@ -27,6 +27,8 @@ def agent_for(node_index: int = 1) -> tuple[Agent, list[tuple]]:
             return {"name": name, "state": "running"}
         if what == "logs":
             return ["a line"]
+        if what == "events":
+            return [{"at": args[0] + 1, "action": "oom", "name": name[0]}], None
         return {"ok": True}
 
     return Agent(settings, SECRET, docker, lambda: (42 * 10**9, None), clock=lambda: NOW), calls
@@ -509,3 +511,18 @@ def test_the_memory_probe_runs_beside_a_stack_container_only_and_one_at_a_time()
         agent.probing.release()
     assert answer.status == 409 and "already runs on spark-2" in answer.body["error"]
     assert calls == [("memory_probe", "qwen35-ray-worker")]
+
+
+def test_the_agent_answers_docker_s_events_of_its_own_stack_containers_only():
+    """`/events` (issue 53): the node's Docker events for this node's stack containers, never another
+    name, from the watchdog's `since` to its `until` (now when absent)."""
+    agent, calls = agent_for()
+    answer = request(agent, health_wire.AGENT_EVENTS, {"since": NOW - 30, "until": NOW - 1})
+    assert answer.status == 200 and answer.body["error"] is None
+    assert answer.body["events"] == [{"at": NOW - 29, "action": "oom", "name": "qwen35-ray-worker"}]
+    assert calls == [("events", ("qwen35-ray-worker",), NOW - 30, NOW - 1)]
+    request(agent, health_wire.AGENT_EVENTS, {"since": NOW - 10})
+    assert calls[-1] == ("events", ("qwen35-ray-worker",), NOW - 10, NOW)
+    assert request(agent, health_wire.AGENT_EVENTS, {"since": "yesterday"}).status == 400
+    unsigned = request(agent, health_wire.AGENT_EVENTS, {"since": NOW - 10}, secret=None)
+    assert unsigned.status == 401 and len(calls) == 2

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 
 import pytest
@@ -231,6 +232,40 @@ def test_a_request_with_a_body_sends_it_as_json_with_its_length(tmp_path):
     head, _, sent = asked[0].partition(b"\r\n\r\n")
     assert b"Content-Type: application/json" in head.split(b"\r\n")
     assert f"Content-Length: {len(sent)}".encode() in head.split(b"\r\n") and json.loads(sent) == body
+
+
+def test_an_answer_is_bounded_in_bytes_and_in_total_time(tmp_path):
+    """`limit` and `total_s` (`health_wire.events` reads the daemon's event log with both): an answer
+    too long, or one that keeps coming in small pieces past the bound, is a failure, not a hang."""
+    path = str(tmp_path / "engine.sock")
+    thread, _ = serve_once(path, b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 5000)
+    with pytest.raises(engine_api.EngineError, match="over 1000 bytes"):
+        engine_api.call(path, "GET", "/events", 10, limit=1000)
+    thread.join(5)
+    (tmp_path / "engine.sock").unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def dribble():
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n")
+            for _ in range(30):  # a byte every 0.1 s: no recv ever waits its own timeout
+                try:
+                    conn.sendall(b"{")
+                except OSError:
+                    break
+                threading.Event().wait(0.1)
+        listener.close()
+
+    thread = threading.Thread(target=dribble, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(engine_api.EngineError, match="within 0.5 s"):
+        engine_api.call(path, "GET", "/events", 1.0, total_s=0.5)
+    assert time.monotonic() - started < 1.5
+    thread.join(5)
 
 
 def test_the_lines_built_from_the_apis_answers_are_the_formats_lines():

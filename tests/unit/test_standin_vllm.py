@@ -20,6 +20,7 @@ from components.vllm_server import serve_argv
 from lab.layout import LabError
 from lab.ray_image import IMAGE_NAME, build_context, check_host_python, dockerfile, image_tag
 from lab.standin_vllm import (
+    FAULT_PATH,
     JOIN_TIMEOUT_ENV,
     STANDIN_NOTE,
     bearer_ok,
@@ -338,5 +339,31 @@ def test_faults_slow_and_unknown():
     assert faults.apply({"mode": "slow", "delay_s": 2, "health_delay_s": 0.5})[0] == 200
     assert (faults.delay_s, faults.health_delay_s) == (2.0, 0.5)
     assert faults.apply({"mode": "melt"})[0] == 400
+    assert faults.apply({"mode": "slow_stop"})[0] == 200 and faults.stop_s == 45.0
     args = parse_serve_args(["serve", "m", "--served-model-name", "q"], env={})
     assert 'vllm_standin_requests_total{model_name="q"} 0' in metrics_text(faults, args)
+
+
+@pytest.mark.parametrize("stop_s", [0, 2])
+def test_sigterm_ends_the_server_at_once_or_after_the_slow_stop_fault_with_its_port_closed(group, stop_s):
+    """The lab's slow stop (tests/lab/test_health.py): a vLLM that drains after SIGTERM, its port
+    closed, then exits; without the fault SIGTERM ends it at once, as Python's default does."""
+    group.start(2, 1)
+    head = group.start(2, 0)
+    group.wait_serving(head)
+    if stop_s:
+        body = json.dumps({"mode": "slow_stop", "stop_s": stop_s}).encode()
+        request = urllib.request.Request(f"http://{LOOPBACK}:{group.api_port}{FAULT_PATH}", body)
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            assert answer.status == 200
+    sent = time.monotonic()
+    head.terminate()
+    if not stop_s:
+        assert exit_of(head, 10)[0] == -15
+        return
+    while group.get("/health") is not None:
+        assert time.monotonic() - sent < 1.5, "the port stayed open after SIGTERM"
+        time.sleep(0.1)
+    assert head.poll() is None, "it exited at once"
+    code, out = exit_of(head, 10)
+    assert code == 0 and time.monotonic() - sent >= stop_s and "(fault slow_stop)" in out, out

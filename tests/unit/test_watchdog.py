@@ -58,9 +58,39 @@ class FakeWorld(World):
         self.skew: dict[str, float] = {}
         self.guards: dict[str, dict] = {}  # each agent's memory guard report
         self.kernel: dict[str, dict] = {}  # each node's kernel faults ({faults, error})
+        # Docker's event log per node, as the daemon writes it (`docker events` JSON); None: it cannot
+        # be read (the watchdog then counts Docker's restarts from RestartCount). Needs the clock.
+        self.docker_log: list[tuple[str, dict]] | None = None
 
     def facts(self, key: tuple[str, str], **facts) -> None:
         self.box.setdefault(key, {}).update(facts)
+
+    def emit(self, key: tuple[str, str], action: str, at: float | None = None, **attributes: str) -> None:
+        """One event of the container `key` as Docker 20.10 writes it, now (or `at`)."""
+        if self.docker_log is None:
+            return
+        assert self.clock is not None, "Docker's events need the fake clock"
+        at = self.clock.now if at is None else at
+        cid = self.box.get(key, {}).get("id") or f"id-{key[1]}"
+        message = {"status": action, "id": cid, "from": "sha256:" + "b" * 64, "Type": "container",
+                   "Action": action, "Actor": {"ID": cid, "Attributes": {**attributes, "name": key[1]}},
+                   "scope": "local", "time": int(at), "timeNano": round(at * 1e6) * 1000}  # fmt: skip
+        self.docker_log.append((key[0], message))
+
+    def crash(self, key: tuple[str, str], at: float | None = None, exit_code: int = 1) -> None:
+        """The container's main process exits and Docker's restart policy starts it again at once."""
+        self.emit(key, "die", at, exitCode=str(exit_code))
+        self.emit(key, "start", at)
+        facts = self.box.setdefault(key, {})
+        facts["restarts"] = facts.get("restarts", 0) + 1
+
+    def events(self, node: str, since: float, until: float) -> tuple[list[dict], str | None]:
+        if self.docker_log is None:
+            return [], "cannot connect to the Docker daemon"
+        found = [m for n, m in self.docker_log if n == node and since <= m["timeNano"] / 1e9 <= until]
+        body = b"".join(json.dumps(m).encode() + b"\n" for m in found)
+        names = {m["Actor"]["Attributes"]["name"] for m in found}
+        return health_wire.parse_events(body, names), None
 
     def boot_time(self) -> float | None:
         return self.booted
@@ -99,14 +129,24 @@ class FakeWorld(World):
         return found
 
     def stop(self, target: Target) -> dict:
-        self.actions.append(("stop", target.node, target.name))
+        key = (target.node, target.name)
+        self.actions.append(("stop", *key))
         self.stop_bounds.append(target.stop_timeout_s)
-        self.running[(target.node, target.name)] = False
+        if self.running.get(key, True):  # Docker's stop: SIGTERM, the exit, then its own `stop` event
+            self.emit(key, "kill", signal="15")
+            self.emit(key, "die", exitCode="143")
+            self.emit(key, "stop")
+        self.running[key] = False
         return {"ok": True}
 
     def start(self, target: Target) -> dict:
-        self.actions.append(("start", target.node, target.name))
-        self.running[(target.node, target.name)] = True
+        key = (target.node, target.name)
+        self.actions.append(("start", *key))
+        if not self.running.get(key, True):
+            self.emit(key, "start")
+            if self.docker_log is not None and "restarts" in self.box.get(key, {}):
+                self.box[key]["restarts"] = 0  # Docker resets RestartCount on a start through its API
+        self.running[key] = True
         return {"ok": True}
 
     def logs(self, target: Target, tail: int) -> list[str]:
@@ -981,3 +1021,236 @@ def test_under_mp_a_rank_docker_restarts_during_the_watchdog_s_own_world_restart
     state = watchdog.snapshot()
     assert state["last_diagnosis"]["reason"] == reason, state["last_diagnosis"]
     assert state["restarts_total"] == {reason: 1}, state["restarts_total"]
+
+
+# ---- issue 53: Docker's events instead of its counters -------------------------------------------------
+
+
+def events_world(executor: str = "ray") -> tuple[FakeWorld, Clock]:
+    """A world whose Docker event log can be read, its serving containers running with their IDs."""
+    clock = Clock()
+    world = FakeWorld(clock)
+    world.docker_log = []
+    keys = (SERVER, RANK1) if executor == "mp" else (RAY_HEAD, RAY_WORKER, SERVER)
+    for key in keys:
+        world.facts(key, id=f"id-{key[1]}", restarts=0)
+    return world, clock
+
+
+def test_under_mp_a_crash_loop_is_counted_restart_by_restart_though_restart_count_is_reset():
+    """Docker resets RestartCount when a container is started through its API (the watchdog's own
+    starts): a rank that crashes again right after the watchdog started the world reads 1 restart, as
+    before its start, and the count missed it. Each `start` Docker's policy makes after a `die`, with no
+    `stop` between them and not the watchdog's own, is one restart: each is answered with a world
+    restart until the budget is spent."""
+    world, clock = events_world("mp")
+    watchdog, _ = dog(world, clock, executor="mp", max_restarts=3)
+    ticks(watchdog, clock, 3)
+    assert watchdog.snapshot()["state"] == "healthy"
+    real_start = world.start
+
+    def start(target: Target) -> dict:
+        done = real_start(target)
+        if (target.node, target.name) == RANK1:  # it crashes half a second after each start
+            world.crash(RANK1, at=clock.now + 0.5)
+        return done
+
+    world.start = start  # type: ignore[method-assign]
+    world.crash(RANK1, at=clock.now - 1)
+    ticks(watchdog, clock, 6)
+    state = watchdog.snapshot()
+    assert state["restarts_total"] == {"docker_restart": 3}, (state["restarts_total"], state["next_step"])
+    assert state["state"] == "budget_spent" and "docker_restart" in state["spent"]["why"]
+    assert [a[0] for a in world.actions].count("start") == 2 * 3  # three world restarts, no fourth
+    assert state["docker_events"]["nodes"]["spark-2"] == {
+        "read_until": state["docker_events"]["nodes"]["spark-2"]["read_until"],
+        "error": None,
+        "restarts_from": "events",
+    }
+
+
+def test_the_watchdog_s_own_stops_and_starts_are_neither_docker_s_restarts_nor_someone_else_s():
+    world, clock = events_world()
+    world.health = [Probe(True, 0.1), HANG, HANG, HANG]
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 6)
+    state = watchdog.snapshot()
+    assert world.actions == [("stop", "spark-1", "qwen35-vllm"), ("start", "spark-1", "qwen35-vllm")]
+    assert state["state"] == "healthy" and state["restarts_total"] == {"hang": 1}, state
+    recent = [(e["action"], e["by"]) for e in state["docker_events"]["recent"]]
+    assert recent == [("kill", "watchdog"), ("die", "watchdog"), ("stop", "watchdog"), ("start", "watchdog")]
+
+
+def test_without_docker_s_events_restarts_are_counted_from_restart_count_and_state_says_so():
+    world, clock = FakeWorld(), Clock()
+    world.facts(SERVER, restarts=0)
+    watchdog, _ = dog(world, clock, max_restarts=3)
+    ticks(watchdog, clock, 2)
+    world.facts(SERVER, restarts=2)
+    ticks(watchdog, clock, 1)
+    state = watchdog.snapshot()
+    assert state["restarts_total"] == {"docker_restart": 2}
+    read = state["docker_events"]["nodes"]["spark-1"]
+    assert read["error"] == "cannot connect to the Docker daemon" and read["restarts_from"] == "RestartCount"
+    assert 'qwen35_health_docker_events_read{node="spark-1"} 0' in metrics_text(state)
+
+
+def test_docker_s_oom_event_of_a_container_that_kept_running_names_memory_in_the_diagnosis():
+    """The OOM killer killed a process inside the server's container (a worker, say), not its main
+    process: the container keeps running and OOMKilled stays false. Docker's `oom` event says so."""
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    world.emit(SERVER, "oom")
+    ticks(watchdog, clock, 1)
+    world.default = DOWN
+    ticks(watchdog, clock, 3)
+    diagnosis = watchdog.snapshot()["last_diagnosis"]
+    assert world.box[SERVER].get("oom_killed") is None and diagnosis["containers"]["spark-1"]
+    assert [(e["node"], e["name"]) for e in diagnosis["docker_oom"]] == [SERVER]
+    assert diagnosis["fault"] == {
+        "kind": "memory",
+        "says": "spark-1: Docker's oom event: the kernel's OOM killer killed a process in qwen35-vllm",
+    }
+
+
+def test_an_oom_event_the_server_answered_after_names_no_later_crash():
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 2)
+    world.emit(SERVER, "oom")
+    ticks(watchdog, clock, 30)  # it served on for 300 s
+    world.default = DOWN
+    ticks(watchdog, clock, 3)
+    diagnosis = watchdog.snapshot()["last_diagnosis"]
+    assert diagnosis["docker_oom"] == [] and diagnosis["fault"] is None
+
+
+def someone_else_stops(world: FakeWorld, key: tuple[str, str] = SERVER) -> float:
+    """`pulumi up`'s delete (or an operator's `docker stop -t 120`): SIGTERM, from no one the watchdog
+    knows. The container reads `running` until its process exits; /health is refused meanwhile."""
+    assert world.clock is not None
+    world.emit(key, "kill", signal="15")
+    world.default = DOWN
+    return world.clock.now
+
+
+def exits(world: FakeWorld, key: tuple[str, str] = SERVER) -> None:
+    world.emit(key, "die", exitCode="0")
+    world.emit(key, "stop")
+    world.running[key] = False
+
+
+@pytest.mark.parametrize("successor", ["replaced", "started again"])
+def test_a_slow_stop_someone_else_sent_spends_nothing_and_its_successor_gets_a_fresh_grace(successor):
+    """Issue 53 item 4: the Docker provider deletes a container by stopping it first with a 120 s
+    grace, and vLLM takes 45 s to exit: the container reads `running` all that time while /health is
+    refused. The watchdog did not send that SIGTERM (its `kill` event is no one's it knows): it stands
+    back, neither judging nor acting, until the container is removed or started again, and never
+    starts the old one itself; what follows gets a fresh start-up grace."""
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock, startup_s=600)
+    ticks(watchdog, clock, 3)
+    kill_at = someone_else_stops(world)
+    ticks(watchdog, clock, 4)  # 40 s of a container that drains: `running`, /health refused
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["state"] == "starting", state
+    assert "qwen35-vllm on spark-1" in state["next_step"] and "SIGTERM" in state["next_step"]
+    assert "someone else than the watchdog" in state["next_step"], state["next_step"]
+    (standing,) = state["standing_back"]
+    assert (standing["node"], standing["name"], standing["since"]) == (*SERVER, kill_at)
+    assert standing["until"] == kill_at + 120 + 60  # the server's stop timeout plus a minute
+    clock.now += 5
+    exits(world)  # 45 s after the SIGTERM
+    clock.now += 5
+    ticks(watchdog, clock, 2)  # exited: `up` has not removed it yet
+    assert world.actions == [] and watchdog.snapshot()["state"] == "starting"
+    if successor == "replaced":  # `up` removes it and creates its replacement
+        world.emit(SERVER, "destroy")
+        world.box[SERVER] = {"state": "missing"}
+        ticks(watchdog, clock, 1)
+        world.box[SERVER] = {"id": "id-new", "restarts": 0}
+        world.emit(SERVER, "create")
+    world.emit(SERVER, "start")
+    world.running[SERVER] = True
+    ticks(watchdog, clock, 50)  # 500 s of a new server loading: within its grace
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["state"] == "starting", state
+    assert state["budget_left"] == 2 and state["restarts_total"] == {} and state["standing_back"] == []
+    (stood,) = state["stand_backs"]
+    assert stood["how"] == ("destroy" if successor == "replaced" else "start"), stood
+    assert "qwen35_health_stand_backs_total 1" in metrics_text(state)
+    ticks(watchdog, clock, 14)  # past startup_s and never ready: now it is judged
+    assert ("stop", "spark-1", "qwen35-vllm") in world.actions
+
+
+def test_standing_back_ends_at_the_stop_timeout_plus_a_minute_and_the_watchdog_judges_again():
+    """Nothing acts on its own beyond a bound: a stop someone else began that neither ends in a removal
+    nor in a start (a caller that died, a stop that hung) is waited out for the container's stop
+    timeout plus 60 s; then the server is judged as before."""
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    kill_at = someone_else_stops(world)
+    while clock.now < kill_at + 120 + 60:
+        ticks(watchdog, clock, 1)
+    assert world.actions == [] and watchdog.snapshot()["standing_back"], watchdog.snapshot()
+    ticks(watchdog, clock, 4)
+    state = watchdog.snapshot()
+    assert world.actions == [("stop", "spark-1", "qwen35-vllm"), ("start", "spark-1", "qwen35-vllm")], state
+    assert state["restarts_total"] == {"down": 1} and state["standing_back"] == []
+    assert [s["how"] for s in state["stand_backs"]] == ["bound"]
+
+
+def test_a_sigkill_someone_else_sent_is_judged_at_once_not_waited_out():
+    """`docker kill` (SIGKILL) ends the container at once: there is no stop to wait out, so the watchdog
+    does not stand back; the server down is judged as any crash."""
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    world.emit(SERVER, "kill", signal="9")
+    exits(world)
+    world.default = DOWN
+    ticks(watchdog, clock, 5)
+    state = watchdog.snapshot()
+    assert state["standing_back"] == [] and state["stand_backs_total"] == 0, state
+    assert ("start", "spark-1", "qwen35-vllm") in world.actions, world.actions
+
+
+def test_an_operator_s_docker_restart_is_a_fresh_grace_not_a_stand_back():
+    world, clock = events_world()
+    watchdog, _ = dog(world, clock)
+    ticks(watchdog, clock, 3)
+    for action, attributes in (("kill", {"signal": "15"}), ("die", {"exitCode": "0"}), ("stop", {}),
+                               ("start", {}), ("restart", {})):  # fmt: skip
+        world.emit(SERVER, action, **attributes)
+    world.default = DOWN
+    ticks(watchdog, clock, 10)
+    state = watchdog.snapshot()
+    assert world.actions == [] and state["state"] == "starting" and state["standing_back"] == []
+    assert "new serving container(s) qwen35-vllm" in state["next_step"], state["next_step"]
+    assert [s["how"] for s in state["stand_backs"]] == ["start"] and state["restarts_total"] == {}
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_an_agent_s_memory_guard_stop_is_no_one_else_s_stop(late):
+    """A node's guard stops its rank with its own SIGTERM: not a stop to stand back for, but a trip the
+    watchdog answers with a world restart. Its trip may reach the watchdog a tick after the stop's
+    `kill` event (the agent records the trip once its stops are done): the watchdog then stands back
+    for that tick only."""
+    world, clock = events_world("mp")
+    world.guards = {"spark-2": guard_report(0)}
+    watchdog, _ = dog(world, clock, executor="mp", max_restarts=2)
+    ticks(watchdog, clock, 3)
+    tripped_at = clock.now
+    world.emit(RANK1, "kill", signal="15")
+    exits(world, RANK1)
+    if late:
+        ticks(watchdog, clock, 1)
+        assert world.actions == [] and watchdog.snapshot()["standing_back"]
+    world.guards = {"spark-2": guard_report(1, at=tripped_at)}
+    ticks(watchdog, clock, 1)
+    state = watchdog.snapshot()
+    assert [a[0] for a in world.actions] == ["stop", "stop", "start", "start"], world.actions
+    assert state["restarts_total"] == {"memory_floor": 1} and state["standing_back"] == []
+    assert [s["how"] for s in state["stand_backs"]] == (["guard"] if late else [])

@@ -7,12 +7,17 @@ import pytest
 
 from components.node_programs import health_wire
 from components.node_programs.watchdog_policy import (
+    after_die,
+    begins_stand_back,
     completion_deadline,
     grace_start,
     memory_held,
+    own_act,
     recovery_due,
     restart_targets,
     serving_changes,
+    signal_name,
+    stand_back_end,
     startup_rule,
     track_progress,
 )
@@ -123,3 +128,124 @@ def test_a_held_restart_names_the_first_node_short_of_memory_else_the_rule_that_
 def test_a_probe_that_cannot_judge_the_start_up_rule_says_why(done, why):
     rule = startup_rule(done, 0.8, None)
     assert rule["checked"] is False and rule["why"].startswith(why)
+
+
+# ---- Docker's events (issue 53) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("now", "starts", "new", "restarted"),
+    [
+        # RestartCount reads 0 (Docker reset it on the watchdog's own start): the events count.
+        ({"id": "a", "restarts": 0, "started_at": "t2"}, {"policy": 2, "other": 0}, [], {("n", "c"): 2}),
+        ({"id": "a", "restarts": 5, "started_at": "t2"}, {}, ["c"], {}),  # no start event: not the count
+        ({"id": "a", "restarts": 0, "started_at": "t2"}, {"policy": 0, "other": 1}, ["c"], {}),  # `up`
+        ({"id": "a", "restarts": 0, "started_at": "t1"}, {}, [], {}),
+        ({"id": "b", "restarts": 0, "started_at": "t2"}, {"policy": 1, "other": 0}, ["c"], {}),  # another
+    ],
+)
+def test_where_docker_s_events_were_read_its_restarts_are_counted_from_them(now, starts, new, restarted):
+    before = {("n", "c"): {"id": "a", "restarts": 0, "started_at": "t1"}}
+    found = serving_changes(before, {("n", "c"): now}, False, {("n", "c"): starts}, {"n"})
+    assert found == (new, restarted)
+    # Where they were not read, RestartCount decides as before.
+    assert serving_changes(before, {("n", "c"): now}, False, {("n", "c"): starts}, {"other-node"}) == (
+        serving_changes(before, {("n", "c"): now}, False)
+    )
+
+
+@pytest.mark.parametrize(
+    ("signal", "name"),
+    [("15", "SIGTERM"), ("9", "SIGKILL"), ("SIGINT", "SIGINT"), ("10", "signal 10"), (None, "a signal")],
+)
+def test_a_kill_event_s_signal_is_named(signal, name):
+    assert signal_name(signal) == name
+
+
+def kill(signal: str | None = "15", by: str | None = None, action: str = "kill") -> dict:
+    return {"node": "n", "name": "c", "id": "a", "at": 100.0, "action": action, "signal": signal, "by": by}
+
+
+@pytest.mark.parametrize(
+    ("event", "standing", "begins"),
+    [
+        (kill("15"), (), True),  # `up`'s delete: SIGTERM, a grace of 120 s
+        (kill("2"), (), True),
+        (kill("9"), (), False),  # `docker kill`: over at once, nothing to wait out
+        (kill("SIGKILL"), (), False),
+        (kill("15", by="watchdog"), (), False),  # its own stop
+        (kill("15", by="guard"), (), False),
+        (kill("15"), (("n", "c"),), False),  # already standing back
+        (kill(None, action="die"), (), False),
+    ],
+)
+def test_only_a_kill_by_someone_else_that_is_not_sigkill_begins_a_stand_back(event, standing, begins):
+    assert begins_stand_back(event, standing) is begins
+
+
+def act(action: str, begin: float, end: float | None, by: str = "watchdog") -> dict:
+    return {"node": "n", "name": "c", "action": action, "by": by, "begin": begin, "end": end}
+
+
+@pytest.mark.parametrize(
+    ("event_action", "at", "acts", "whose"),
+    [
+        ("kill", 101.0, [act("stop", 100.0, 130.0)], "watchdog"),
+        ("die", 131.5, [act("stop", 100.0, 130.0)], "watchdog"),  # within the slack
+        ("stop", 133.0, [act("stop", 100.0, 130.0)], None),  # past it
+        ("kill", 101.0, [act("stop", 100.0, None, "guard")], "guard"),  # under way (now: 200)
+        ("start", 101.0, [act("stop", 100.0, 130.0)], None),  # a start is not a stop's
+        ("start", 101.0, [act("start", 100.0, 102.0)], "watchdog"),
+        ("oom", 101.0, [act("stop", 100.0, 130.0)], None),  # no act makes an oom
+    ],
+)
+def test_an_event_is_the_act_s_that_made_it_within_its_time(event_action, at, acts, whose):
+    event = {"node": "n", "name": "c", "id": "a", "at": at, "action": event_action}
+    found = own_act(event, acts, 200.0)
+    assert (found and found["by"]) == whose
+
+
+def test_a_start_claims_one_start_event_only():
+    """A crash Docker restarts a moment after the watchdog's own start is Docker's, not the start's."""
+    start = act("start", 100.0, 102.0)
+    first = {"node": "n", "name": "c", "id": "a", "at": 101.0, "action": "start"}
+    assert own_act(first, [start], 200.0) is start
+    start["claimed"] = (first["id"], first["at"])
+    assert own_act(first, [start], 200.0) is start  # read again (the overlap): the same claim
+    again = {**first, "at": 102.5}
+    assert own_act(again, [start], 200.0) is None
+
+
+def event(action: str, at: float, cid: str = "a") -> dict:
+    return {"node": "n", "name": "c", "id": cid, "at": at, "action": action}
+
+
+@pytest.mark.parametrize(
+    ("kept", "policy"),
+    [
+        ([event("start", 1), event("die", 2)], True),  # a crash: Docker's restart policy
+        ([event("die", 2), event("oom", 2.5)], True),  # an oom is no step of a stop or a start
+        ([event("kill", 1), event("die", 2), event("stop", 3)], False),  # stopped: someone started it
+        ([event("start", 1)], False),
+        ([event("die", 2, cid="b")], False),  # another container's
+        ([], False),
+    ],
+)
+def test_a_start_after_a_die_with_no_stop_between_is_docker_s_restart_policy(kept, policy):
+    assert after_die(event("start", 10), kept) is policy
+
+
+@pytest.mark.parametrize(
+    ("facts", "by", "now", "how"),
+    [
+        ({"state": "running", "id": "a"}, None, 150.0, None),  # still stopping: stand back on
+        ({"state": "running", "id": "a"}, "guard", 150.0, "guard"),  # the guard's stop after all
+        ({"state": "missing"}, None, 150.0, "destroy"),
+        ({"state": "running", "id": "b"}, None, 150.0, "destroy"),  # replaced, its events not read
+        ({"state": "exited", "id": "a"}, None, 280.0, "bound"),  # its stop timeout plus a minute
+        ({}, None, 150.0, None),  # its node did not say
+    ],
+)
+def test_a_stand_back_ends_by_its_owner_a_removal_or_its_bound(facts, by, now, how):
+    entry = {"id": "a", "since": 100.0, "until": 280.0}
+    assert stand_back_end(entry, facts, by, now) == how
