@@ -26,6 +26,7 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -52,7 +53,10 @@ MASTER_PORT = 29501
 # {"mode": "hang"} (the serving process SIGSTOPs itself: the container stays "Up", nothing answers),
 # {"mode": "crash"} (exits 1), {"mode": "slow", "delay_s": D, "health_delay_s": H} (answers late) or
 # {"mode": "slow_stop", "stop_s": S} (a SIGTERM then closes the API port and the process exits S seconds
-# later, as a vLLM that drains does). A fault lives in the process only: a restarted server is well again.
+# later, as a vLLM that drains does) or {"mode": "oom", "bytes": N, "child": C} (N bytes taken and
+# touched: by the serving process itself, or by a child that stands for vLLM's engine core, whose death
+# ends the server as vLLM's API server ends with its engine core; past the container's `--memory` the
+# kernel's OOM killer ends either). A fault lives in the process only: a restarted server is well again.
 FAULT_PATH = "/standin/fault"
 # The leak (eugr #257): every start lowers MemAvailable in this crafted meminfo by LEAK_ENV bytes,
 # written in place, never given back.
@@ -247,6 +251,7 @@ class Faults:
         self.delay_s = 0.0
         self.health_delay_s = 0.0
         self.stop_s = 0.0  # slow_stop: how long after a SIGTERM the server exits (0: at once)
+        self.held = b""  # oom: what the serving process took
         self.requests = 0
 
     def apply(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -260,11 +265,30 @@ class Faults:
             threading.Timer(0.2, lambda: os._exit(1)).start()
         elif mode == "slow_stop":
             self.stop_s = float(body.get("stop_s") or 45)
+        elif mode == "oom":
+            size = int(body.get("bytes") or 1 << 30)
+            take = engine_core_takes if body.get("child") else self.take
+            threading.Thread(target=take, args=(size,), daemon=True).start()
         else:
-            message = f"no fault mode {mode!r} (hang, crash, slow, slow_stop)"
+            message = f"no fault mode {mode!r} (hang, crash, slow, slow_stop, oom)"
             return 400, error_body(message, "BadRequestError", 400)
         log(f"fault: {mode} {json.dumps(body)}")
         return 200, {"fault": mode, "standin": STANDIN_NOTE}
+
+    def take(self, size: int) -> None:
+        """The oom fault in the serving process: `size` bytes, every page written (so resident)."""
+        time.sleep(0.2)  # the fault's answer first
+        self.held = b"\x01" * size
+
+
+def engine_core_takes(size: int) -> None:
+    """The oom fault in a child, as vLLM's engine core under its API server: the child takes `size`
+    bytes and waits (at most 10 minutes); when it ends, killed or not, the server exits 1."""
+    held = f"import time; held = b'\\x01' * {size}; time.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", held])
+    code = child.wait()
+    log(f"engine core (pid {child.pid}) ended with {code}: the API server exits, as vLLM's does")
+    os._exit(1)
 
 
 def metrics_text(faults: Faults, args: ServeArgs) -> str:

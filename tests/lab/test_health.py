@@ -21,7 +21,7 @@ import pytest
 import lab
 from components.health.containers import watchdog_container_name
 from components.node_programs import gpu_memory, health_wire
-from status.watchdog import _guard_trips
+from status.watchdog import _guard_trips, judge_watchdog
 from tests.lab.test_mp_standin import standin_image
 from tests.support.health_lab import (
     DEADLINE,
@@ -297,6 +297,52 @@ def test_the_memory_guard_stops_the_rank_below_the_floor_once_and_status_says_wh
     (problem,) = _guard_trips(stack.cfg, again, time.time())  # status's problem line for the trip
     assert problem.node == "node-b" and "the memory guard stopped the serving containers" in problem.what
     assert trip["message"] in problem.what and "health.memory_floor_gb" in problem.next, problem
+
+
+def oom_events(state: dict, name: str) -> list[dict]:
+    """The `oom` events of container `name` the watchdog's last diagnosis holds."""
+    return [e for e in (state.get("last_diagnosis") or {}).get("docker_oom") or [] if e.get("name") == name]
+
+
+@pytest.mark.health(max_restarts=1)
+def test_real_oom_kills_in_a_child_then_in_the_server_are_named_memory_in_the_diagnosis_and_status(stack):
+    """Issue 53 item 3 with the kernel's own OOM killer: the head rank runs under `--memory 160m` (the
+    lab has no swap). First a child of the server (as vLLM's engine core under its API server) takes
+    512 MB and is killed; the container runs on until the server, its engine core gone, exits 1: only
+    Docker's `oom` event says memory. Then the server process itself: the container ends with 137."""
+    stack.up(rejoin=False, memory={"node-a": "160m"})
+    stack.fault("oom", bytes=512 << 20, child=True)
+    state = stack.wait_state(
+        lambda s: s["state"] == "healthy" and s["restarts"], 90, "no restart after the OOM"
+    )
+    assert [r["step"] for r in state["restarts"]] == ["restart_cluster"], state["restarts"]
+    fault = state["last_diagnosis"]["fault"]
+    assert fault and fault["kind"] == "memory", state["last_diagnosis"]
+    assert (
+        f"node-a: Docker's oom event: the kernel's OOM killer killed a process in {stack.server}"
+        in fault["says"]
+    )
+    assert oom_events(state, stack.server), state["last_diagnosis"]
+    # The server itself now: its restart budget (1) is spent, and status names the memory fault.
+    stack.fault("oom", bytes=512 << 20)
+    spent = stack.wait_state(lambda s: s["state"] == "budget_spent", 60, "the OOM-killed server was not seen")
+    assert (
+        stack.docker("node-a", "inspect", "--format", "{{.State.ExitCode}}", stack.server).out.strip()
+        == "137"
+    )
+    fault = spent["last_diagnosis"]["fault"]
+    assert fault and fault["kind"] == "memory" and stack.server in fault["says"], spent["last_diagnosis"]
+    cluster: dict = {}
+    head_report = {
+        "reachable": True,
+        "watchdog": {"state": spent},
+        "containers": {watchdog_container_name(stack.cfg): {"present": True, "state": "running"}},
+        "now": time.time(),
+    }
+    problems = judge_watchdog(stack.cfg, cluster, head_report)
+    assert cluster["watchdog"].endswith("; memory fault"), cluster
+    named = [p for p in problems if "names a memory fault" in p.what]
+    assert named and stack.server in named[0].what and "gpu_memory_utilization" in named[0].next, problems
 
 
 @pytest.mark.health(completion_every=1)

@@ -142,10 +142,15 @@ class Stack:
     def docker(self, node: str, *argv: str, check: bool = True):
         return lab.docker(self.nodes[node], *argv, check=check, timeout=120)
 
-    def start_ranks(self, rejoin: bool = False, leak_gb: int = 0) -> None:
-        """As the deployment orders them: the headless rank, then the head (the server)."""
+    def start_ranks(
+        self, rejoin: bool = False, leak_gb: int = 0, memory: dict[str, str] | None = None
+    ) -> None:
+        """As the deployment orders them: the headless rank, then the head (the server); `memory`: a
+        node's rank under Docker's `--memory` limit (no swap: the kernel's OOM killer acts at it)."""
         for node, name in ((self.worker, self.rank), (self.head, self.server)):
             env = ["--env", "VLLM_STANDIN_JOIN_TIMEOUT_S=120", "--env", f"{REJOIN_ENV}={int(rejoin)}"]
+            if (memory or {}).get(node.name):
+                env += ["--memory", memory[node.name], "--memory-swap", memory[node.name]]
             if leak_gb:
                 env += ["--env", f"{MEMINFO_ENV}=/run/meminfo", "--env", f"{LEAK_ENV}={leak_gb * GB}"]
                 env += ["--volume", f"{self.meminfo[node.name]}:/run/meminfo"]
@@ -166,8 +171,14 @@ class Stack:
         self.docker("node-a", *run_argv(spec, self.images["node-a"], {"health_secret": self.secret}))
         wait_for(lambda: http(f"{self.watchdog_url}/state")[0] == 200, 20, "the watchdog never listened")
 
-    def up(self, rejoin: bool = False, leak_gb: int = 0, need: dict | None = None) -> None:
-        self.start_ranks(rejoin, leak_gb)
+    def up(
+        self,
+        rejoin: bool = False,
+        leak_gb: int = 0,
+        need: dict | None = None,
+        memory: dict[str, str] | None = None,
+    ) -> None:
+        self.start_ranks(rejoin, leak_gb, memory)
         self.start_agent(need)
         self.start_watchdog(need)
         self.wait_state(lambda s: s["state"] == "healthy", 60, "never healthy")

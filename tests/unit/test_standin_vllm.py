@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -31,6 +32,7 @@ from lab.standin_vllm import (
     parse_serve_args,
     prompt_text,
 )
+from tests.support.health_lab import wait_for
 from tests.support.ports import free_port
 from tests.support.program import stack_config
 
@@ -367,3 +369,34 @@ def test_sigterm_ends_the_server_at_once_or_after_the_slow_stop_fault_with_its_p
     assert head.poll() is None, "it exited at once"
     code, out = exit_of(head, 10)
     assert code == 0 and time.monotonic() - sent >= stop_s and "(fault slow_stop)" in out, out
+
+
+def test_the_oom_fault_takes_its_bytes_in_the_server_and_its_engine_core_s_end_ends_the_server(group):
+    """The lab's real OOM kill (tests/lab/test_health.py) without a memory limit: the serving process
+    holds the bytes and serves on; the child that stands for vLLM's engine core holds them too, and when
+    it is killed (there by the OOM killer, here by this test) the server exits 1, as vLLM's does."""
+    from lab.standin_vllm import Faults
+
+    faults = Faults()
+    assert faults.apply({"mode": "oom", "bytes": 4096})[0] == 200
+    wait_for(lambda: len(faults.held) == 4096, 5, "the server never took the bytes")
+    group.start(2, 1)
+    head = group.start(2, 0)
+    group.wait_serving(head)
+    body = json.dumps({"mode": "oom", "bytes": 1 << 20, "child": True}).encode()
+    request = urllib.request.Request(f"http://{LOOPBACK}:{group.api_port}{FAULT_PATH}", body)
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert answer.status == 200
+    children = []
+
+    def core_started() -> bool:  # pgrep: Linux's procps and macOS alike
+        children[:] = subprocess.run(
+            ["pgrep", "-P", str(head.pid)], capture_output=True, text=True
+        ).stdout.split()
+        return bool(children)
+
+    wait_for(core_started, 10, "no engine core child")
+    assert group.get("/health") == 200  # the child alone holds the memory: the server serves on
+    os.kill(int(children[0]), signal.SIGKILL)
+    code, out = exit_of(head, 10)
+    assert code == 1 and f"engine core (pid {children[0]}) ended with -9" in out, out
