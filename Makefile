@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 # python3-venv: Debian's python3 cannot make a virtualenv without it.
 LAB_DEBS := python3-venv docker.io openssh-server busybox-static debootstrap iproute2 ca-certificates xz-utils shellcheck rsync prometheus
 
-.PHONY: setup venv lab-packages test lint unit labtest releasetest enginetest enginetest-real enginetest-standin engine up down lab-up lab-down lab-status lab-fetch bench status clean
+.PHONY: setup venv lab-packages test lint unit labtest releasetest enginetest engine up down lab-up lab-down lab-status lab-fetch bench status clean
 
 # `make status STACK=dev` (add STATUS_ARGS=--json for scripts): the deployed cluster against its stack file.
 STACK ?= dev
@@ -80,15 +80,6 @@ engine: venv
 # The real CLI against the lab (tests/engine/): preview, up, refresh, destroy, day two.
 enginetest: venv engine
 	$(PY) -m pytest -q --durations=5 tests/engine
-
-# The engine tier in two parts that can run at once (`make test` does): the real-vLLM module on the lab,
-# and the modules serving the stand-in on a second lab in a network namespace of its own (lab/apart.py).
-ENGINE_REAL := tests/engine/test_real_vllm.py
-enginetest-real: venv engine
-	$(PY) -m pytest -q --durations=5 $(ENGINE_REAL)
-
-enginetest-standin: venv engine
-	$(PY) -m lab.apart $(PY) -m pytest -q --durations=5 tests/engine --ignore=$(ENGINE_REAL)
 
 # The program deployed onto lab nodes node-a and node-b by the real engine (stack `lab`), and undone.
 up: venv

@@ -1,19 +1,11 @@
-"""`make test`'s tiers after lint: the lab tier then the engine tier's real-vLLM module on the lab,
-beside them the engine tier's stand-in modules on a second lab, and beside all of them the unit and
-release tiers at the lowest CPU priority (`nice 19`, and I/O class idle where `ionice` exists).
+"""`make test`'s tiers after lint: the lab and engine tiers one after the other, and beside them the
+unit and release tiers at the lowest CPU priority (`nice 19`, and I/O class idle where `ionice`
+exists).
 
 Why side by side: the lab and engine tiers spend most of their time waiting on daemons, SSH, servers
 and deadlines, so on a 2-core machine a core is usually idle; the unit and release tiers (CPU-bound:
 the release tier runs real vLLM releases in their venvs) take what they leave and give it back at
-once when they need it. One after the other, the tiers took 71 minutes on a warm CI machine; the lab
-tier then the whole engine tier, 52.
-
-The engine tier's modules that serve the stand-in (everything but tests/engine/test_real_vllm.py, about
-22 minutes) need only the lab Ray image: they run on a second lab (lab/apart.py: the same nodes in a
-network namespace of their own, `make enginetest-standin`) from the moment the engine is built, beside
-the lab tier, so the longest path is the lab tier and then the real-vLLM module
-(`make enginetest-real`), which needs the lab's real-vLLM image where the lab tier left it. Their
-output is kept in `.engine-standin-tests.log` and printed after the lab's.
+once when they need it. One after the other, the tiers took 71 minutes on a warm CI machine.
 
 The background tiers' output is kept in `.background-tests.log` and printed after the others'; the exit
 status is non-zero when any tier failed (or was stopped). Stopped (Ctrl-C, SIGTERM, SIGHUP), it
@@ -23,9 +15,10 @@ their process group. Run as `python -m tests.tiers [MAKE]`.
 What only the engine tier needs is made while the lab tier runs: `make engine` (the Pulumi CLI and
 plugins from their Go modules, about 13 CPU-minutes on a fresh machine) and `make lab-fetch` (the
 lab's downloads: the real-vLLM image's wheels, Ray's, the Debian root filesystems) start beside it at
-a middle priority (`nice 10`: below the lab tier, above the unit and release tiers), and both engine
-parts start once they are done. On a warm machine both find their caches and end in seconds. Their
-output is kept in `.prepare-tests.log` and printed with the others'.
+a middle priority (`nice 10`: below the lab tier, above the unit and release tiers), and the engine
+tier starts once they are done. On a fresh machine that takes the engine's build off the critical
+path; on a warm one both find their caches and end in seconds. Their output is kept in
+`.prepare-tests.log` and printed with the others'.
 """
 
 from __future__ import annotations
@@ -42,13 +35,11 @@ LOG = Path(".background-tests.log")
 PREPARE_LOG = Path(".prepare-tests.log")
 BACKGROUND = ("unit", "releasetest")  # CPU-bound, niced; make stops at the first that fails
 PREPARE = ("engine", "lab-fetch")  # what only later tiers need, made beside the lab tier
-FOREGROUND = ("labtest", "enginetest-real")  # the lab's nodes: one tier at a time
-APART = "enginetest-standin"  # the engine tier's stand-in modules, on a second lab beside them
-APART_LOG = Path(".engine-standin-tests.log")
+FOREGROUND = ("labtest", "enginetest")  # the lab's nodes: one tier at a time
 FINISH_S = 300  # how long a stopped run waits for the lab and engine tiers' teardowns
-# How long the engine tier waits for the preparation: a cold Go build on a loaded 2-core machine has
-# taken 13 min, and it started with the lab tier; past this the engine tier's parts start anyway and
-# `make engine` (their prerequisite) finishes or names the failure.
+# How long the engine tier waits for the preparation once the lab tier is done: a cold Go build on a
+# loaded 2-core machine has taken 13 min, and it started with the lab tier; past this the engine tier
+# starts anyway and `make engine` (its prerequisite) finishes or names the failure.
 PREPARE_WAIT_S = 3600
 PREPARE_NICE = 10
 
@@ -167,44 +158,29 @@ def wait_prepared(prepare: subprocess.Popen, bound_s: float | None = None) -> in
 
 
 class Foreground:
-    """The lab tier, then (once it passed and the preparation ended) the engine tier's real-vLLM module,
-    one process at a time on the lab; from the preparation's end, the stand-in modules on the second
-    lab beside them. `running` holds what runs, for a stop to pass its signal to."""
+    """The lab tier, then (once it passed and the preparation ended) the engine tier, one process at a
+    time; `current` is the one running, for a stop to pass its signal to."""
 
     def __init__(self, make: str):
         self.make = make
-        self.running: list[subprocess.Popen] = []
+        self.current: subprocess.Popen | None = None
 
-    def _start(self, target: str, log: Path | None = None) -> subprocess.Popen:
-        argv = [self.make, "--no-print-directory", target]
-        if log is None:
-            process = subprocess.Popen(argv)
-        else:
-            with log.open("wb") as out:
-                process = subprocess.Popen(
-                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                )
-        self.running.append(process)
-        return process
+    def _tier(self, target: str) -> int:
+        self.current = subprocess.Popen([self.make, "--no-print-directory", target])
+        return self.current.wait()
 
     def run(self, prepare: subprocess.Popen, started: float) -> int:
-        """The first failure's exit status (the lab tier's, the real module's, the stand-in modules')."""
-        lab_tier, real_tier = FOREGROUND
-        lab = self._start(lab_tier)
+        """The first failure's exit status, as `make labtest enginetest` would give."""
+        lab_tier, engine_tier = FOREGROUND
+        code = self._tier(lab_tier)
+        if code != 0:
+            return code
+        waited = time.monotonic()
         prepared = wait_prepared(prepare)
         said = "ran past its bound and was stopped" if prepared is None else f"exit {prepared}"
-        print(f"tiers: preparation ({' '.join(PREPARE)}) {said} at {time.monotonic() - started:.0f}s;"
-              f" the engine tier's stand-in modules start on the second lab (output: {APART_LOG});"
-              f" the preparation's output is in {PREPARE_LOG}", flush=True)  # fmt: skip
-        apart = self._start(APART, APART_LOG)
-        codes = [lab.wait()]
-        if codes[0] == 0:
-            codes.append(self._start(real_tier).wait())
-        codes.append(apart.wait())
-        sys.stdout.flush()
-        sys.stdout.write(APART_LOG.read_text(errors="replace"))
-        print(f"tiers: the engine tier's stand-in modules exit {codes[-1]}", flush=True)
-        return next((code for code in codes if code != 0), 0)
+        print(f"tiers: preparation ({' '.join(PREPARE)}) {said}; waited {time.monotonic() - waited:.0f}s"
+              f" for it at {waited - started:.0f}s; its output is in {PREPARE_LOG}", flush=True)  # fmt: skip
+        return self._tier(engine_tier)
 
 
 def main(argv: list[str]) -> int:
@@ -224,8 +200,8 @@ def main(argv: list[str]) -> int:
         released = background.wait()
     except (KeyboardInterrupt, Stopped) as exc:
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
-        for process in foreground.running:
-            finish(process, signum)
+        if foreground.current is not None:
+            finish(foreground.current, signum)
         print(f"tiers: stopped by signal {signum}; the unit and release tiers are stopped", file=sys.stderr)
         return 128 + signum
     finally:  # on every way out: the background tiers and the preparation end with this run

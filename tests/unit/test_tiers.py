@@ -28,13 +28,11 @@ if targets == ["engine", "lab-fetch"]:
     time.sleep(float(os.environ.get("PREPARE_S", "0.2")))
     open("prepared", "w").write(str(os.nice(0)))
     sys.exit(int(os.environ.get("PREPARE_RC", "0")))
-if targets[0].startswith("enginetest"):
-    print(targets[0], "saw the preparation", os.path.exists("prepared"), flush=True)
+if targets == ["enginetest"]:
+    print("engine tier saw the preparation", os.path.exists("prepared"), flush=True)
 print("ran", " ".join(targets), flush=True)
-began = time.time()
 time.sleep(hang)
-open(targets[0] + ".span", "w").write(str(began) + " " + str(time.time()))
-sys.exit(int(os.environ.get(targets[0].upper().replace("-", "_") + "_RC", "0")))
+sys.exit(int(os.environ.get(targets[0].upper() + "_RC", "0")))
 """
 
 
@@ -48,42 +46,23 @@ def make(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("lab", "real", "standin", "release", "expect"),
-    [(0, 0, 0, 0, 0), (0, 0, 0, 3, 3), (2, 0, 0, 0, 2), (0, 4, 0, 0, 4), (0, 0, 5, 0, 5), (2, 0, 5, 3, 2)],
+    ("lab", "engine", "release", "expect"),
+    [(0, 0, 0, 0), (0, 0, 3, 3), (2, 0, 0, 2), (0, 4, 0, 4), (2, 0, 3, 2)],
 )
 def test_any_tier_failing_fails_and_the_release_output_follows(
-    make, monkeypatch, capfd, lab, real, standin, release, expect
+    make, monkeypatch, capfd, lab, engine, release, expect
 ):
     monkeypatch.setenv("LABTEST_RC", str(lab))
-    monkeypatch.setenv("ENGINETEST_REAL_RC", str(real))
-    monkeypatch.setenv("ENGINETEST_STANDIN_RC", str(standin))
+    monkeypatch.setenv("ENGINETEST_RC", str(engine))
     monkeypatch.setenv("RELEASE_RC", str(release))
     assert tiers.main([make]) == expect
     out = capfd.readouterr().out
     assert out.index("ran labtest") < out.index("release ran at nice"), out
-    # A failed lab tier ends the lab's foreground there: the real-vLLM module needs what it leaves.
-    assert ("ran enginetest-real" in out) is (lab == 0), out
-    # The stand-in modules run on the second lab whatever the lab tier did; their output follows the
-    # lab's, before the background tiers'.
-    assert out.index("ran labtest") < out.index("ran enginetest-standin") < out.index("release ran at"), out
-    assert f"stand-in modules exit {standin}" in out, out
+    # A failed lab tier ends the foreground there, as `make labtest enginetest` did.
+    assert ("ran enginetest" in out) is (lab == 0), out
     niceness = int(out.split("release ran at nice ", 1)[1].split()[0])
     assert niceness >= min(19, os.nice(0) + 19), out  # 19 is Linux's lowest priority, 20 macOS's
     assert f"unit and release tiers exit {release}" in out, out
-
-
-def test_the_stand_in_modules_run_beside_the_lab_tier(make, monkeypatch, capfd):
-    # Each foreground tier takes 2 s: side by side the lab tier and the stand-in modules overlap.
-    monkeypatch.setenv("HANG_S", "2")
-    assert tiers.main([make]) == 0
-    out = capfd.readouterr().out
-    assert "ran enginetest-standin" in out, out
-    span = {
-        t: [float(x) for x in Path(f"{t}.span").read_text().split()]
-        for t in ("labtest", "enginetest-real", "enginetest-standin")
-    }
-    # The stand-in modules began before the lab tier ended; the real-vLLM module after it.
-    assert span["enginetest-standin"][0] < span["labtest"][1] <= span["enginetest-real"][0], span
 
 
 def test_the_engine_tier_starts_once_the_preparation_beside_the_lab_tier_is_done(make, monkeypatch, capfd):
@@ -91,8 +70,7 @@ def test_the_engine_tier_starts_once_the_preparation_beside_the_lab_tier_is_done
     monkeypatch.setenv("PREPARE_S", "2")
     assert tiers.main([make]) == 0
     out = capfd.readouterr().out
-    assert "enginetest-real saw the preparation True" in out, out
-    assert "enginetest-standin saw the preparation True" in out, out
+    assert "engine tier saw the preparation True" in out, out
     assert "tiers: preparation (engine lab-fetch) exit 0" in out, out
     # Below the lab tier's priority, above the background tiers'.
     assert int(Path("prepared").read_text()) >= min(tiers.PREPARE_NICE, os.nice(0) + tiers.PREPARE_NICE)
@@ -104,8 +82,7 @@ def test_a_preparation_past_its_bound_is_stopped_and_the_engine_tier_still_runs(
     assert tiers.main([make]) == 0
     out = capfd.readouterr().out
     assert "preparation (engine lab-fetch) ran past its bound and was stopped" in out, out
-    assert "enginetest-real saw the preparation False" in out, out
-    assert "enginetest-standin saw the preparation False" in out, out
+    assert "engine tier saw the preparation False" in out, out
 
 
 def test_a_first_run_is_told_what_it_will_make_and_a_warm_one_is_not(tmp_path):
