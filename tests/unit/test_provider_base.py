@@ -148,13 +148,21 @@ def test_a_provider_stored_before_the_base_loads_as_its_class_with_the_base_s_me
         assert serialize_provider(loaded) == encoded
 
 
-def test_the_fixture_holds_every_package_s_provider_and_the_earlier_paths():
+# The packages whose providers stacks had stored when the base came (33eeab7): a package added since
+# was never pickled before it, and test_house.py holds that it pickles by reference to its package.
+BEFORE_BASE = (
+    "answer_check", "checkpoint", "fabric_check", "health_secret", "image_build", "model_support",
+    "node_image", "node_proof", "readiness_gate", "serve_bench", "stack_claim",
+)  # fmt: skip
+
+
+def test_the_fixture_holds_every_provider_stored_before_the_base_and_the_earlier_paths():
     pinned = {(module, name) for module, name, _encoded in stored()}
-    for path in sorted((ROOT / "components").glob("*/provider.py")):
-        module = importlib.import_module(f"components.{path.parent.name}.provider")
-        package = f"components.{path.parent.name}"
+    for package_name in BEFORE_BASE:
+        module = importlib.import_module(f"components.{package_name}.provider")
+        package = f"components.{package_name}"
         ours = [c for c in vars(module).values() if isinstance(c, type) and c.__module__ == package]
-        assert ours and all((c.__module__, c.__name__) in pinned for c in ours), path
+        assert ours and all((c.__module__, c.__name__) in pinned for c in ours), package
     assert ("components.checkpoint.provider", "CheckpointProvider") in pinned
     assert ("components.health", "HealthSecretProvider") in pinned
 
