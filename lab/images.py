@@ -264,15 +264,16 @@ def cached_image(
     if existing:
         return existing
     started = time.monotonic()
-    how = f"loaded from {saved}"
-    # Another lab (lab/apart.py) making the same image now: wait for its tarball, then load that.
+    # Another test session (a private lab beside this one) making the same image now: wait for its
+    # tarball, then load that.
     with cache_lock(f"image-{saved.stem}"):
-        if not saved.exists():
+        built = not saved.exists()
+        if built:
             build()
-            how = f"built and saved to {saved}"
-    if how.startswith("loaded"):
+    if not built:
         with open(saved, "rb") as stream:
             docker(node, "load", stdin=stream, timeout=timeout)
+    how = f"built and saved to {saved}" if built else f"loaded from {saved}"
     found = image_id(node, tag)
     if not found:
         raise LabError(f"lab: {node.name}: {tag} is missing after it was {how}")

@@ -93,9 +93,12 @@ class LabNode:
         return f"{self.user}@{self.host}"
 
 
+DEFAULT_LAB_DIR = "/run/qwen35-lab"
+
+
 def lab_dir() -> Path:
     """Runtime state (sockets, pidfiles, keys, logs); short because unix socket paths are limited."""
-    return Path(os.environ.get("LAB_DIR", "/run/qwen35-lab"))
+    return Path(os.environ.get("LAB_DIR", DEFAULT_LAB_DIR))
 
 
 def ssh_port() -> int:
@@ -122,15 +125,10 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "lab"
 
 
-# Where the committed lab stack files (Pulumi.lab.yaml, engine/real_vllm.yaml) find the nodes' sockets,
-# keys and caches: the first lab's LAB_DIR.
-FIRST_LAB_DIR = "/run/qwen35-lab"
-
-
 def relocated(text: str) -> str:
-    """A committed lab stack file's text for this lab: its own LAB_DIR in place of the first lab's (a
-    second lab, lab/apart.py, has the same addresses in a network namespace of its own)."""
-    return text.replace(f"{FIRST_LAB_DIR}/", f"{lab_dir()}/")
+    """A committed lab stack file's text (Pulumi.lab.yaml, engine/real_vllm.yaml: the nodes' sockets,
+    keys and caches under the default LAB_DIR) for this lab: a private lab's LAB_DIR in their place."""
+    return text.replace(f"{DEFAULT_LAB_DIR}/", f"{lab_dir()}/")
 
 
 # How long a process waits for another that is making the same cached thing (a 3 GB download, a
