@@ -267,8 +267,10 @@ class Faults:
             self.stop_s = float(body.get("stop_s") or 45)
         elif mode == "oom":
             size = int(body.get("bytes") or 1 << 30)
-            take = engine_core_takes if body.get("child") else self.take
-            threading.Thread(target=take, args=(size,), daemon=True).start()
+            # As hang and crash: the fault's answer first. A daemon: a child's wait never holds up an exit.
+            taker = threading.Timer(0.2, engine_core_takes if body.get("child") else self.take, args=(size,))
+            taker.daemon = True
+            taker.start()
         else:
             message = f"no fault mode {mode!r} (hang, crash, slow, slow_stop, oom)"
             return 400, error_body(message, "BadRequestError", 400)
@@ -277,7 +279,6 @@ class Faults:
 
     def take(self, size: int) -> None:
         """The oom fault in the serving process: `size` bytes, every page written (so resident)."""
-        time.sleep(0.2)  # the fault's answer first
         self.held = b"\x01" * size
 
 
